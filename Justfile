@@ -1,0 +1,19 @@
+# Recipes for working on kuport. Each is a thin wrapper over a cargo command that also runs
+# without just; CI runs the same commands through .ci/run.
+
+# Unit, golden, CRD-drift and (as root) kernel tests.
+test:
+    cargo test --workspace
+
+# Regenerate crds/ from the Rust types.
+crds:
+    cargo run --quiet -p kuport -- crds --out crds
+
+# Format every crate.
+fmt:
+    cargo fmt --all
+
+# Lint with warnings denied, as CI does.
+lint:
+    cargo fmt --all -- --check
+    cargo clippy --workspace --all-targets -- -D warnings

@@ -1,0 +1,33 @@
+//! The `kuport.wlz.li/v1alpha1` API: `PortMapClass` (cluster-scoped, the administrator's) and
+//! `PortMap` (namespaced, the workload's). These types are the source of truth; the YAML in
+//! `crds/` is generated from them.
+
+mod class;
+mod portmap;
+
+pub use class::{
+    ClassNode, ClassNodeStatus, CniInfo, LinkClaim, PortMapClass, PortMapClassSpec,
+    PortMapClassStatus, PortWindow, ReturnPath, ReturnPathMode, ServingMode, VxlanSettings,
+};
+pub use portmap::{
+    EndpointStatus, PortMap, PortMapSpec, PortMapStatus, Protocol, PublishedAddress, ServiceRef,
+};
+
+/// The API group of both kinds.
+pub const GROUP: &str = "kuport.wlz.li";
+/// The API version of both kinds.
+pub const VERSION: &str = "v1alpha1";
+
+/// Lowest TCP/UDP port, and the default `ports.min` of a class.
+pub const MIN_PORT: i32 = 1;
+/// Highest TCP/UDP port, and the default `ports.max` of a class.
+pub const MAX_PORT: i32 = 65535;
+/// Highest VXLAN network identifier (24 bits).
+pub const MAX_VNI: i32 = 16_777_215;
+/// Default base VNI of a class's links.
+pub const DEFAULT_VXLAN_VNI: i32 = 4242;
+/// Default UDP port of a class's links (the IANA VXLAN port 4789 plus one, to stay clear of
+/// CNIs that use 4789; Cilium uses 8472).
+pub const DEFAULT_VXLAN_PORT: i32 = 4790;
+/// Default link address space: link-local, so no other route is touched.
+pub const DEFAULT_VXLAN_SUBNET: &str = "169.254.77.0/24";

@@ -1,0 +1,193 @@
+//! `PortMap`: a workload's request for a port on the accepting nodes of a class.
+
+// kube's printcolumn(...) repeats keys such as `type_` per column, which clippy mistakes for
+// duplicated attributes.
+#![allow(clippy::duplicated_attributes)]
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A TCP or UDP port (or inclusive range) on the accepting nodes of a class, delivered to the
+/// pod behind a Service in the same namespace with the client's own source address intact.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[kube(
+    group = "kuport.wlz.li",
+    version = "v1alpha1",
+    kind = "PortMap",
+    plural = "portmaps",
+    namespaced,
+    shortname = "pm",
+    category = "kuport",
+    status = "PortMapStatus",
+    derive = "PartialEq",
+    doc = "PortMap is written by a workload in its own namespace: it asks for a TCP or UDP port \
+           (or range) on the accepting nodes of a PortMapClass, delivered to the pod behind a \
+           named Service port with the client's own source address intact.",
+    printcolumn(
+        name = "Class",
+        type_ = "string",
+        json_path = ".spec.className",
+        description = "The PortMapClass asked for."
+    ),
+    printcolumn(
+        name = "Proto",
+        type_ = "string",
+        json_path = ".spec.protocol",
+        description = "TCP or UDP."
+    ),
+    printcolumn(
+        name = "Port",
+        type_ = "integer",
+        json_path = ".spec.port",
+        description = "The port clients dial."
+    ),
+    printcolumn(
+        name = "End",
+        type_ = "integer",
+        json_path = ".spec.endPort",
+        description = "Last port of the range, when a range was asked for."
+    ),
+    printcolumn(
+        name = "Endpoint",
+        type_ = "string",
+        json_path = ".status.endpoint.address",
+        description = "Address of the pod the mapping delivers to."
+    ),
+    printcolumn(
+        name = "Programmed",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Programmed\")].status",
+        description = "Whether the port answers (see the Programmed condition's reason)."
+    ),
+    printcolumn(
+        name = "Published",
+        type_ = "string",
+        json_path = ".status.published[*].address",
+        priority = 1,
+        description = "Addresses the port answers on."
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("!has(self.endPort) || self.endPort >= self.port")
+        .message("endPort must not be lower than port"),
+    validation = Rule::new("has(self.endPort) == has(oldSelf.endPort) && (!has(self.endPort) || self.endPort == oldSelf.endPort)")
+        .message("endPort is immutable: delete the PortMap and create another"),
+)]
+pub struct PortMapSpec {
+    /// Name of the PortMapClass asked for. Immutable.
+    #[schemars(length(min = 1))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("className is immutable: delete the PortMap and create another"))]
+    pub class_name: String,
+
+    /// TCP or UDP. Immutable.
+    #[x_kube(validation = Rule::new("self == oldSelf").message("protocol is immutable: delete the PortMap and create another"))]
+    pub protocol: Protocol,
+
+    /// The port clients dial on the accepting node (the first port of a range). A single port is
+    /// delivered to the pod port the Service's named port lists; a range is delivered port for
+    /// port. Immutable.
+    #[schemars(range(min = 1, max = 65535))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("port is immutable: delete the PortMap and create another"))]
+    pub port: i32,
+
+    /// Last port of an inclusive range; absent for a single port. Immutable together with port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub end_port: Option<i32>,
+
+    /// Narrows, per node, the interfaces the class gives; empty or absent means all of them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub interfaces: Vec<String>,
+
+    /// The Service (in this PortMap's namespace) and its named port whose endpoints receive the
+    /// traffic.
+    pub service_ref: ServiceRef,
+}
+
+/// Transport protocol of a mapping.
+#[derive(
+    JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash,
+)]
+pub enum Protocol {
+    /// TCP.
+    #[serde(rename = "TCP")]
+    Tcp,
+    /// UDP.
+    #[serde(rename = "UDP")]
+    Udp,
+}
+
+/// A named port of a Service in the PortMap's own namespace (there is deliberately no namespace
+/// field: a mapping cannot point at another namespace's workload).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceRef {
+    /// Name of the Service.
+    #[schemars(length(min = 1))]
+    pub name: String,
+
+    /// Name of the Service port; its EndpointSlice entries are the candidate endpoints.
+    #[schemars(length(min = 1))]
+    pub port: String,
+}
+
+/// What kuport observed and decided about the mapping, written by one agent: the mapping's
+/// status writer.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PortMapStatus {
+    /// The PortMap generation this status was computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// The pod the mapping delivers to; absent when no ready endpoint exists.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<EndpointStatus>,
+
+    /// Where the port answers once Programmed is True: one row per programming node and
+    /// interface it binds, sorted by node then interface.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub published: Vec<PublishedAddress>,
+
+    /// Accepted (the request is valid and holds its ports) and Programmed (the port answers).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// The endpoint chosen for a mapping.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointStatus {
+    /// The node the pod runs on.
+    pub node: String,
+
+    /// The pod's IPv4 address.
+    pub address: String,
+
+    /// The pod's port: the number the EndpointSlice lists for the named Service port.
+    pub port: i32,
+}
+
+/// One place a mapping answers.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "camelCase")]
+pub struct PublishedAddress {
+    /// The programming node.
+    pub node: String,
+
+    /// The interface of that node the mapping binds.
+    pub interface: String,
+
+    /// The interface's IPv4 address; empty until the node's agent has resolved it.
+    #[serde(default)]
+    pub address: String,
+}

@@ -1,0 +1,8 @@
+//! kuport's pure core: the API types of the two CRDs, their generated CustomResourceDefinitions,
+//! and (as later work lands) the plan every agent computes and the datapath IR it emits.
+//!
+//! Nothing in this crate performs I/O, reads a clock or draws randomness: every input is an
+//! argument, so every agent that sees the same objects computes the same result.
+
+pub mod api;
+pub mod crd;
