@@ -6,3 +6,8 @@
 
 pub mod api;
 pub mod crd;
+pub mod ir;
+pub mod plan;
+pub mod render;
+pub mod report;
+pub mod snapshot;

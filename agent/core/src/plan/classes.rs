@@ -1,0 +1,439 @@
+//! Class decisions: return-path settings, overlaps between classes, link slots and `Ready`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+use k8s_openapi::jiff::Timestamp;
+
+use super::index::Index;
+use super::mapping::Working;
+use super::reasons::{ClassReason, Outcome};
+use super::{ClaimView, ClassDecision, GcKind, Writes};
+use crate::api::{MAX_VNI, PortMapClass, ReturnPathMode};
+
+/// Link ids are the VNI's low 16 bits.
+const LINK_ID_SPACE: u64 = 1 << 16;
+
+/// A landed claim, as read from the class status.
+#[derive(Clone, Debug)]
+pub struct Claim {
+    pub slot: u32,
+    pub unused_since: Option<Timestamp>,
+}
+
+/// Everything the plan knows about one class.
+pub struct ClassState<'a> {
+    pub name: &'a str,
+    pub class: &'a PortMapClass,
+    pub accepting: Vec<&'a str>,
+    pub mode: ReturnPathMode,
+    /// Parsed, masked subnet of a Vxlan class with usable settings.
+    pub subnet: Option<Ipv4Net>,
+    pub vni: u32,
+    pub port: u16,
+    /// How many /31 slots can be used (bounded by the subnet and by the VNI space).
+    pub usable_slots: u32,
+    /// InvalidSubnet, ReturnPathOverlap or VxlanPortConflict: the class builds no link.
+    pub refusal: Option<Outcome<ClassReason>>,
+    /// Valid landed claims by key.
+    pub claims: BTreeMap<String, Claim>,
+    /// Needed keys without a claim that got a free slot (identical on every node).
+    pub proposals: BTreeMap<String, u32>,
+    /// Needed keys without a claim and without a free slot.
+    pub exhausted: BTreeSet<String>,
+    /// Needed keys, each with the pod nodes of the mappings needing it.
+    pub needed: BTreeMap<String, BTreeSet<String>>,
+    pub ready: Outcome<ClassReason>,
+}
+
+impl ClassState<'_> {
+    /// True when the class may build links (Vxlan, and not refused).
+    pub fn builds_links(&self) -> bool {
+        self.mode == ReturnPathMode::Vxlan && self.refusal.is_none() && self.subnet.is_some()
+    }
+
+    /// The slot of `key`: landed claim first, then this pass's global proposal.
+    pub fn slot_of(&self, key: &str) -> Option<(u32, bool)> {
+        if let Some(claim) = self.claims.get(key) {
+            return Some((claim.slot, true));
+        }
+        self.proposals.get(key).map(|slot| (*slot, false))
+    }
+
+    /// The /31 of a slot, as (network, even address, odd address).
+    pub fn slot_net(&self, slot: u32) -> Option<(Ipv4Net, Ipv4Addr, Ipv4Addr)> {
+        let subnet = self.subnet?;
+        let base = u32::from(subnet.network()).checked_add(slot.checked_mul(2)?)?;
+        let net = Ipv4Net::new(Ipv4Addr::from(base), 31).ok()?;
+        Some((net, Ipv4Addr::from(base), Ipv4Addr::from(base + 1)))
+    }
+}
+
+/// The key of a node pair: the two names sorted bytewise, joined by `/`.
+pub fn pair_key(a: &str, b: &str) -> String {
+    if a <= b {
+        format!("{a}/{b}")
+    } else {
+        format!("{b}/{a}")
+    }
+}
+
+/// Splits a key into its two sorted, distinct node names.
+pub fn split_key(key: &str) -> Option<(&str, &str)> {
+    let (a, b) = key.split_once('/')?;
+    (!a.is_empty() && !b.is_empty() && a < b && !b.contains('/')).then_some((a, b))
+}
+
+/// Per-class facts that do not depend on mappings: accepting nodes, settings, refusals.
+pub fn evaluate_static<'a>(index: &Index<'a>) -> BTreeMap<&'a str, ClassState<'a>> {
+    let mut states: BTreeMap<&str, ClassState> = BTreeMap::new();
+    for (name, class) in &index.classes {
+        let mut state = ClassState {
+            name,
+            class,
+            accepting: index.accepting_nodes(class),
+            mode: class.spec.return_path.mode,
+            subnet: None,
+            vni: 0,
+            port: 0,
+            usable_slots: 0,
+            refusal: None,
+            claims: BTreeMap::new(),
+            proposals: BTreeMap::new(),
+            exhausted: BTreeSet::new(),
+            needed: BTreeMap::new(),
+            ready: Outcome::new(ClassReason::Valid, ""),
+        };
+        if state.mode == ReturnPathMode::Vxlan {
+            match parse_settings(class) {
+                Ok((subnet, vni, port, usable)) => {
+                    state.subnet = Some(subnet);
+                    state.vni = vni;
+                    state.port = port;
+                    state.usable_slots = usable;
+                }
+                Err(message) => {
+                    state.refusal = Some(Outcome::new(ClassReason::InvalidSubnet, message))
+                }
+            }
+        }
+        states.insert(name, state);
+    }
+    find_overlaps(&mut states);
+    if let Some(cni) = index.cni {
+        for state in states
+            .values_mut()
+            .filter(|s| s.mode == ReturnPathMode::Vxlan && s.refusal.is_none())
+        {
+            if state.port == cni.vxlan_port {
+                state.refusal = Some(Outcome::new(
+                    ClassReason::VxlanPortConflict,
+                    format!(
+                        "link port {} of class {} is the VXLAN port of the CNI ({}); choose another returnPath.vxlan.port",
+                        state.port, state.name, cni.name
+                    ),
+                ));
+            }
+        }
+    }
+    for state in states.values_mut() {
+        if let Some(refusal) = &state.refusal {
+            state.ready = refusal.clone();
+        }
+    }
+    states
+}
+
+fn parse_settings(class: &PortMapClass) -> Result<(Ipv4Net, u32, u16, u32), String> {
+    let vxlan = &class.spec.return_path.vxlan;
+    let subnet: Ipv4Net = vxlan.subnet.trim().parse().map_err(|_| {
+        format!(
+            "returnPath.vxlan.subnet {:?} is not an IPv4 CIDR",
+            vxlan.subnet
+        )
+    })?;
+    if subnet.prefix_len() > 31 {
+        return Err(format!(
+            "returnPath.vxlan.subnet {subnet} is too small to hold a /31"
+        ));
+    }
+    let vni = u32::try_from(vxlan.vni)
+        .ok()
+        .filter(|v| (1..=MAX_VNI as u32).contains(v))
+        .ok_or_else(|| format!("returnPath.vxlan.vni {} is outside 1..{MAX_VNI}", vxlan.vni))?;
+    let port = u16::try_from(vxlan.port)
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(|| format!("returnPath.vxlan.port {} is outside 1..65535", vxlan.port))?;
+    let subnet_slots = 1u64 << (31 - u32::from(subnet.prefix_len()));
+    let vni_room = u64::from(MAX_VNI as u32 - vni) + 1;
+    let usable = subnet_slots.min(vni_room).min(u64::from(u32::MAX)) as u32;
+    Ok((subnet.trunc(), vni, port, usable))
+}
+
+/// `ReturnPathOverlap`: a class whose link ids include kuport's local mark, or whose link ids or
+/// subnet intersect an earlier Vxlan class's (creation time, then name). Links of both could meet
+/// on one node, where the kernel refuses the second.
+fn find_overlaps(states: &mut BTreeMap<&str, ClassState>) {
+    let mut order: Vec<(Option<Timestamp>, &str)> = states
+        .values()
+        .filter(|s| s.mode == ReturnPathMode::Vxlan && s.subnet.is_some())
+        .map(|s| {
+            (
+                s.class.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                s.name,
+            )
+        })
+        .collect();
+    order.sort();
+    let mut refusals = Vec::new();
+    for (i, (_, later)) in order.iter().enumerate() {
+        let b = &states[later];
+        if contains_local_mark(b.vni, b.usable_slots) {
+            refusals.push((
+                *later,
+                format!(
+                    "VNIs {}..{} of class {} include a multiple of 65536, whose link id would equal kuport's local mark",
+                    b.vni,
+                    u64::from(b.vni) + u64::from(b.usable_slots),
+                    b.name
+                ),
+            ));
+            continue;
+        }
+        for (_, earlier) in &order[..i] {
+            let a = &states[earlier];
+            let (sa, sb) = (a.subnet.unwrap_or_default(), b.subnet.unwrap_or_default());
+            let subnets = sa.contains(&sb.network()) || sb.contains(&sa.network());
+            if subnets || link_ids_overlap(a.vni, a.usable_slots, b.vni, b.usable_slots) {
+                let what = if subnets {
+                    format!("subnet {sb} overlaps subnet {sa}")
+                } else {
+                    format!(
+                        "VNIs from {} overlap VNIs from {} (modulo 65536)",
+                        b.vni, a.vni
+                    )
+                };
+                refusals.push((*later, format!("{what} of class {}", a.name)));
+                break;
+            }
+        }
+    }
+    for (name, message) in refusals {
+        if let Some(state) = states.get_mut(name) {
+            state.refusal = Some(Outcome::new(ClassReason::ReturnPathOverlap, message));
+        }
+    }
+}
+
+fn contains_local_mark(vni: u32, slots: u32) -> bool {
+    let start = u64::from(vni) % LINK_ID_SPACE;
+    slots > 0 && (start == 0 || start + u64::from(slots) > LINK_ID_SPACE)
+}
+
+fn link_ids_overlap(a: u32, a_len: u32, b: u32, b_len: u32) -> bool {
+    if a_len == 0 || b_len == 0 {
+        return false;
+    }
+    let (a, b) = (u64::from(a) % LINK_ID_SPACE, u64::from(b) % LINK_ID_SPACE);
+    let (a_len, b_len) = (u64::from(a_len), u64::from(b_len));
+    (b + LINK_ID_SPACE - a) % LINK_ID_SPACE < a_len
+        || (a + LINK_ID_SPACE - b) % LINK_ID_SPACE < b_len
+}
+
+/// Reads landed claims, collects needed pairs and assigns free slots to unclaimed ones. Every
+/// node computes the same assignment; only a pair's pod node proposes it.
+pub fn assign_slots(classes: &mut BTreeMap<&str, ClassState>, work: &[Working]) {
+    for w in work {
+        let Some(ep) = &w.decision.endpoint else {
+            continue;
+        };
+        for link in &w.decision.links {
+            if let Some(state) = classes.get_mut(link.class.as_str()) {
+                state
+                    .needed
+                    .entry(link.key.clone())
+                    .or_default()
+                    .insert(ep.node.clone());
+            }
+        }
+    }
+    for state in classes
+        .values_mut()
+        .filter(|s| s.mode == ReturnPathMode::Vxlan && s.subnet.is_some())
+    {
+        state.claims = landed_claims(state);
+    }
+    for state in classes.values_mut().filter(|s| s.builds_links()) {
+        let taken: BTreeSet<u32> = state.claims.values().map(|c| c.slot).collect();
+        let mut next = 0u32;
+        let unclaimed: Vec<String> = state
+            .needed
+            .keys()
+            .filter(|k| !state.claims.contains_key(*k))
+            .cloned()
+            .collect();
+        for key in unclaimed {
+            while next < state.usable_slots && taken.contains(&next) {
+                next += 1;
+            }
+            if next < state.usable_slots {
+                state.proposals.insert(key, next);
+                next += 1;
+            } else {
+                state.exhausted.insert(key);
+            }
+        }
+        if let Some(first) = state.exhausted.first() {
+            let more = state.exhausted.len() - 1;
+            let more = if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            };
+            state.ready = Outcome::new(
+                ClassReason::SubnetExhausted,
+                format!(
+                    "no /31 is free in {} for node pair {first}{more}",
+                    state.subnet.map(|s| s.to_string()).unwrap_or_default()
+                ),
+            );
+        }
+    }
+}
+
+/// Claims from the class status that are well formed and inside the usable slots; when two
+/// claim one slot (only possible by hand), the first by key keeps it.
+fn landed_claims(state: &ClassState) -> BTreeMap<String, Claim> {
+    let mut by_key: Vec<_> = state
+        .class
+        .status
+        .iter()
+        .flat_map(|s| s.links.iter())
+        .collect();
+    by_key.sort_by(|a, b| a.key.cmp(&b.key));
+    let mut used = BTreeSet::new();
+    let mut claims = BTreeMap::new();
+    for link in by_key {
+        let Ok(slot) = u32::try_from(link.slot) else {
+            continue;
+        };
+        if split_key(&link.key).is_none()
+            || slot >= state.usable_slots
+            || claims.contains_key(&link.key)
+        {
+            continue;
+        }
+        if used.insert(slot) {
+            claims.insert(
+                link.key.clone(),
+                Claim {
+                    slot,
+                    unused_since: link.unused_since.as_ref().map(|t| t.0),
+                },
+            );
+        }
+    }
+    claims
+}
+
+/// The class decisions, with each class's claims after this node's proposals and GC.
+pub fn decisions(
+    classes: &BTreeMap<&str, ClassState>,
+    writes: &Writes,
+    now: Timestamp,
+) -> Vec<ClassDecision> {
+    classes
+        .values()
+        .map(|state| {
+            let mut links: BTreeMap<String, ClaimView> = state
+                .claims
+                .iter()
+                .map(|(key, c)| {
+                    (
+                        key.clone(),
+                        ClaimView {
+                            key: key.clone(),
+                            slot: c.slot,
+                            landed: true,
+                            unused_since: c.unused_since,
+                        },
+                    )
+                })
+                .collect();
+            for gc in writes.gc.iter().filter(|g| g.class == state.name) {
+                match gc.action {
+                    GcKind::Drop => {
+                        links.remove(&gc.key);
+                    }
+                    GcKind::MarkUnused => {
+                        if let Some(v) = links.get_mut(&gc.key) {
+                            v.unused_since = Some(now);
+                        }
+                    }
+                    GcKind::ClearUnused => {
+                        if let Some(v) = links.get_mut(&gc.key) {
+                            v.unused_since = None;
+                        }
+                    }
+                }
+            }
+            for claim in writes.claims.iter().filter(|c| c.class == state.name) {
+                links.insert(
+                    claim.key.clone(),
+                    ClaimView {
+                        key: claim.key.clone(),
+                        slot: claim.slot,
+                        landed: false,
+                        unused_since: None,
+                    },
+                );
+            }
+            ClassDecision {
+                name: state.name.to_owned(),
+                ready: state.ready.clone(),
+                generation: state.class.metadata.generation,
+                links: links.into_values().collect(),
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_sort_their_nodes() {
+        assert_eq!(pair_key("worker-b", "edge-a"), "edge-a/worker-b");
+        assert_eq!(split_key("edge-a/worker-b"), Some(("edge-a", "worker-b")));
+        assert_eq!(split_key("worker-b/edge-a"), None);
+        assert_eq!(split_key("a/a"), None);
+        assert_eq!(split_key("a"), None);
+        assert_eq!(split_key("a/b/c"), None);
+    }
+
+    #[test]
+    fn link_id_ranges_wrap_modulo_65536() {
+        assert!(link_ids_overlap(4242, 128, 4300, 10));
+        assert!(!link_ids_overlap(4242, 128, 4370, 10));
+        assert!(link_ids_overlap(65530, 4, 65536 + 65532, 1));
+        assert!(
+            link_ids_overlap(1, 10, 65536 + 5, 1),
+            "equal low 16 bits collide"
+        );
+        assert!(
+            !link_ids_overlap(1, 0, 1, 5),
+            "a class with no slots uses no id"
+        );
+    }
+
+    #[test]
+    fn local_mark_is_never_a_link_id() {
+        assert!(contains_local_mark(65536, 1));
+        assert!(contains_local_mark(65530, 7));
+        assert!(!contains_local_mark(65530, 6));
+        assert!(!contains_local_mark(4242, 128));
+    }
+}

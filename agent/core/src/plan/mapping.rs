@@ -1,0 +1,493 @@
+//! Per-PortMap resolution: admission and conflicts, endpoint, serving and programming nodes,
+//! links needed, the `Programmed` gates, published rows and the status writer.
+
+use std::collections::BTreeMap;
+
+use super::classes::{ClassState, pair_key};
+use super::index::{Index, bindable};
+use super::reasons::{AcceptedReason, Outcome, ProgrammedReason};
+use super::{MappingDecision, NeededLink, endpoint, selector};
+use crate::api::{
+    MAX_PORT, MIN_PORT, PortMap, PortMapClass, Protocol, PublishedAddress, ReturnPathMode,
+    ServingMode,
+};
+use crate::ir::PortRange;
+use crate::snapshot::HostFacts;
+
+/// A mapping being resolved.
+pub struct Working<'a> {
+    pub pm: &'a PortMap,
+    pub decision: MappingDecision,
+    /// True when some programming node is not the pod's node.
+    pub remote: bool,
+}
+
+/// Ports held per (protocol, node, interface): disjoint ranges by first port, with the holder.
+type Holdings = BTreeMap<(Protocol, String, String), BTreeMap<u16, (u16, String)>>;
+
+/// Admission of every PortMap, walking them in conflict order.
+pub fn admit_all<'a>(index: &Index<'a>) -> Vec<Working<'a>> {
+    let mut holdings = Holdings::new();
+    index
+        .portmaps
+        .iter()
+        .map(|pm| admit(index, pm, &mut holdings))
+        .collect()
+}
+
+fn admit<'a>(index: &Index<'a>, pm: &'a PortMap, holdings: &mut Holdings) -> Working<'a> {
+    let namespace = pm.metadata.namespace.clone().unwrap_or_default();
+    let name = pm.metadata.name.clone().unwrap_or_default();
+    let spec = &pm.spec;
+    let ports = port_range(spec.port, spec.end_port);
+    let class = index.classes.get(spec.class_name.as_str()).copied();
+    let accepted = match class {
+        None => Outcome::new(
+            AcceptedReason::ClassNotFound,
+            format!("PortMapClass {:?} does not exist", spec.class_name),
+        ),
+        Some(class) => check(index, pm, class, ports, &namespace, holdings),
+    };
+    Working {
+        pm,
+        decision: MappingDecision {
+            namespace,
+            name,
+            class: spec.class_name.clone(),
+            protocol: spec.protocol,
+            ports,
+            generation: pm.metadata.generation,
+            accepted,
+            programmed: None,
+            endpoint: None,
+            serving_node: None,
+            programming_nodes: Vec::new(),
+            status_writer: None,
+            published: Vec::new(),
+            links: Vec::new(),
+            bindings: BTreeMap::new(),
+            emits: false,
+        },
+        remote: false,
+    }
+}
+
+/// The port range of a spec, when both ends are real ports and in order.
+fn port_range(port: i32, end_port: Option<i32>) -> Option<PortRange> {
+    let first = u16::try_from(port).ok().filter(|p| *p != 0)?;
+    let last = u16::try_from(end_port.unwrap_or(port))
+        .ok()
+        .filter(|p| *p != 0)?;
+    (last >= first).then_some(PortRange { first, last })
+}
+
+fn spec_ports_text(port: i32, end_port: Option<i32>) -> String {
+    match end_port {
+        Some(end) if end != port => format!("ports {port}-{end}"),
+        _ => format!("port {port}"),
+    }
+}
+
+fn check(
+    index: &Index,
+    pm: &PortMap,
+    class: &PortMapClass,
+    ports: Option<PortRange>,
+    namespace: &str,
+    holdings: &mut Holdings,
+) -> Outcome<AcceptedReason> {
+    let spec = &pm.spec;
+    let class_name = class.metadata.name.as_deref().unwrap_or_default();
+    if let Some(end) = spec.end_port.filter(|end| *end < spec.port) {
+        return Outcome::new(
+            AcceptedReason::InvalidPortRange,
+            format!("endPort {end} is lower than port {}", spec.port),
+        );
+    }
+    if let Some(outcome) = check_namespace(index, class, class_name, namespace) {
+        return outcome;
+    }
+    let window = &class.spec.ports;
+    let (min, max) = (window.min.max(MIN_PORT), window.max.min(MAX_PORT));
+    let Some(ports) = ports.filter(|p| i32::from(p.first) >= min && i32::from(p.last) <= max)
+    else {
+        return Outcome::new(
+            AcceptedReason::PortOutOfRange,
+            format!(
+                "{} lie outside the window {min}-{max} of class {class_name}",
+                spec_ports_text(spec.port, spec.end_port)
+            ),
+        );
+    };
+    let mut reserved: Vec<i32> = window
+        .reserved
+        .iter()
+        .copied()
+        .filter(|r| (i32::from(ports.first)..=i32::from(ports.last)).contains(r))
+        .collect();
+    reserved.sort_unstable();
+    if let Some(first) = reserved.first() {
+        return Outcome::new(
+            AcceptedReason::PortReserved,
+            format!("port {first} is reserved by class {class_name}"),
+        );
+    }
+    let offered: std::collections::BTreeSet<&str> = class
+        .spec
+        .nodes
+        .values()
+        .flat_map(|n| n.interfaces.iter().map(String::as_str))
+        .collect();
+    let mut requested: Vec<&str> = spec.interfaces.iter().map(String::as_str).collect();
+    requested.sort_unstable();
+    if let Some(missing) = requested.iter().find(|i| !offered.contains(*i)) {
+        return Outcome::new(
+            AcceptedReason::InterfaceNotInClass,
+            format!("interface {missing} is not given to any node by class {class_name}"),
+        );
+    }
+    let holder = format!(
+        "{namespace}/{}",
+        pm.metadata.name.as_deref().unwrap_or_default()
+    );
+    claim_ports(
+        holdings,
+        spec.protocol,
+        ports,
+        &bindable(class, &spec.interfaces),
+        holder,
+    )
+}
+
+fn check_namespace(
+    index: &Index,
+    class: &PortMapClass,
+    class_name: &str,
+    namespace: &str,
+) -> Option<Outcome<AcceptedReason>> {
+    let selector = class.spec.namespace_selector.as_ref();
+    if selector::is_empty(selector) {
+        return None;
+    }
+    let selector = selector?;
+    let refuse =
+        |message: String| Some(Outcome::new(AcceptedReason::NamespaceNotSelected, message));
+    let Some(labels) = index.namespaces.get(namespace) else {
+        return refuse(format!(
+            "namespace {namespace} was not found, so the selector of class {class_name} cannot match it"
+        ));
+    };
+    match selector::matches(selector, labels) {
+        Some(true) => None,
+        Some(false) => refuse(format!(
+            "namespace {namespace} does not match the namespace selector of class {class_name}"
+        )),
+        None => refuse(format!(
+            "the namespace selector of class {class_name} cannot be parsed, so it selects no namespace"
+        )),
+    }
+}
+
+/// Accepts the mapping unless an accepted one holds an overlapping port of the same protocol on
+/// a shared (node, interface); on acceptance, records its holdings.
+fn claim_ports(
+    holdings: &mut Holdings,
+    protocol: Protocol,
+    ports: PortRange,
+    bindable: &BTreeMap<String, Vec<String>>,
+    holder: String,
+) -> Outcome<AcceptedReason> {
+    for (node, ifaces) in bindable {
+        for iface in ifaces {
+            let Some(held) = holdings.get(&(protocol, node.clone(), iface.clone())) else {
+                continue;
+            };
+            // Held ranges on one (node, interface) are disjoint, so the last one starting at or
+            // before our last port is the only candidate besides earlier ones ending late; walk
+            // back while ranges could still reach us.
+            for (first, (last, by)) in held.range(..=ports.last).rev() {
+                let theirs = PortRange {
+                    first: *first,
+                    last: *last,
+                };
+                if theirs.overlaps(&ports) {
+                    let shared = PortRange {
+                        first: ports.first.max(theirs.first),
+                        last: ports.last.min(theirs.last),
+                    };
+                    let what = if shared.is_range() {
+                        format!("ports {shared} are")
+                    } else {
+                        format!("port {shared} is")
+                    };
+                    return Outcome::new(
+                        AcceptedReason::PortConflict,
+                        format!(
+                            "{what} held by {by} ({} on {node}/{iface})",
+                            protocol_text(protocol)
+                        ),
+                    );
+                }
+                if *last < ports.first {
+                    break;
+                }
+            }
+        }
+    }
+    for (node, ifaces) in bindable {
+        for iface in ifaces {
+            holdings
+                .entry((protocol, node.clone(), iface.clone()))
+                .or_default()
+                .insert(ports.first, (ports.last, holder.clone()));
+        }
+    }
+    Outcome::new(AcceptedReason::Valid, "")
+}
+
+fn protocol_text(protocol: Protocol) -> &'static str {
+    match protocol {
+        Protocol::Tcp => "TCP",
+        Protocol::Udp => "UDP",
+    }
+}
+
+/// Endpoint, serving and programming nodes, bindings and needed links of accepted mappings.
+pub fn resolve_all(index: &Index, classes: &BTreeMap<&str, ClassState>, work: &mut [Working]) {
+    for w in work.iter_mut().filter(|w| w.decision.accepted.is_true()) {
+        let Some(class) = classes.get(w.decision.class.as_str()) else {
+            continue;
+        };
+        let d = &mut w.decision;
+        d.endpoint = endpoint::choose(index, w.pm, &class.accepting);
+        let Some(ep) = &d.endpoint else { continue };
+        let serving = if class.accepting.contains(&ep.node.as_str()) {
+            Some(ep.node.as_str())
+        } else {
+            class.accepting.first().copied()
+        };
+        let Some(serving) = serving else { continue };
+        d.serving_node = Some(serving.to_owned());
+        d.programming_nodes = match class.class.spec.serving_mode {
+            ServingMode::Single => vec![serving.to_owned()],
+            ServingMode::Multi => class.accepting.iter().map(|n| (*n).to_owned()).collect(),
+        };
+        let all = bindable(class.class, &w.pm.spec.interfaces);
+        d.bindings = d
+            .programming_nodes
+            .iter()
+            .map(|n| (n.clone(), all.get(n).cloned().unwrap_or_default()))
+            .collect();
+        w.remote = d.programming_nodes.iter().any(|n| *n != ep.node);
+        let range_translation = d.ports.is_some_and(|p| p.is_range() && p.first != ep.port);
+        let refused = w.remote && class.mode == ReturnPathMode::None;
+        d.emits = !range_translation && !refused;
+        if d.emits && w.remote && class.builds_links() {
+            d.links = d
+                .programming_nodes
+                .iter()
+                // A node binding nothing emits nothing, so it needs no link.
+                .filter(|p| **p != ep.node && d.bindings.get(*p).is_some_and(|i| !i.is_empty()))
+                .map(|p| NeededLink {
+                    class: d.class.clone(),
+                    key: pair_key(p, &ep.node),
+                    slot: None,
+                    landed: false,
+                })
+                .collect();
+            d.links.sort();
+            d.links.dedup();
+        }
+    }
+}
+
+/// The `Programmed` gates, slots of needed links, published rows and the status writer.
+pub fn gate_all(
+    index: &Index,
+    classes: &BTreeMap<&str, ClassState>,
+    work: &mut [Working],
+    this_node: &str,
+    facts: &HostFacts,
+) {
+    for w in work.iter_mut() {
+        let class = classes.get(w.decision.class.as_str());
+        if let Some(class) = class {
+            for link in &mut w.decision.links {
+                if let Some((slot, landed)) = class.slot_of(&link.key) {
+                    link.slot = Some(slot);
+                    link.landed = landed;
+                }
+            }
+        }
+        if let (true, Some(class)) = (w.decision.accepted.is_true(), class) {
+            w.decision.programmed = Some(programmed(index, class, w));
+            if w.decision.emits {
+                w.decision.published = published(index, class, &w.decision, this_node, facts);
+            }
+        }
+        w.decision.status_writer = status_writer(index, class, &w.decision);
+    }
+}
+
+fn programmed(index: &Index, class: &ClassState, w: &Working) -> Outcome<ProgrammedReason> {
+    use ProgrammedReason as R;
+    let d = &w.decision;
+    let Some(ep) = &d.endpoint else {
+        return Outcome::new(
+            R::NoReadyEndpoint,
+            format!(
+                "service {}/{} has no ready IPv4 endpoint for its {} port {:?}",
+                d.namespace,
+                w.pm.spec.service_ref.name,
+                protocol_text(d.protocol),
+                w.pm.spec.service_ref.port
+            ),
+        );
+    };
+    if class.accepting.is_empty() {
+        return Outcome::new(
+            R::NodeNotReady,
+            format!("class {} selects no ready accepting node", class.name),
+        );
+    }
+    if let Some(ports) = d.ports.filter(|p| p.is_range() && p.first != ep.port) {
+        return Outcome::new(
+            R::RangeTranslation,
+            format!(
+                "ports {ports} are delivered port for port, but service port {:?} targets pod port {}",
+                w.pm.spec.service_ref.port, ep.port
+            ),
+        );
+    }
+    let serving = d.serving_node.as_deref().unwrap_or_default();
+    if w.remote && class.mode == ReturnPathMode::None {
+        return Outcome::new(
+            R::ReturnPathUnavailable,
+            format!(
+                "the pod runs on {} but serving node {serving} has no return path to it: class {} has returnPath None",
+                ep.node, class.name
+            ),
+        );
+    }
+    if let (true, Some(refusal)) = (w.remote, &class.refusal) {
+        return Outcome::new(
+            R::ReturnPathUnavailable,
+            format!(
+                "class {} builds no return links ({}): {}",
+                class.name, refusal.reason, refusal.message
+            ),
+        );
+    }
+    let role = |node: &str| {
+        if node == serving {
+            "serving node"
+        } else {
+            "accepting node"
+        }
+    };
+    for node in &d.programming_nodes {
+        match index.row(class.name, node) {
+            None => {
+                return Outcome::new(
+                    R::NodeNotReady,
+                    format!(
+                        "{} {node} has not reported its row in class {} yet",
+                        role(node),
+                        class.name
+                    ),
+                );
+            }
+            Some(row) if !row.ready => {
+                let why = row.message.as_deref().unwrap_or("no reason given");
+                return Outcome::new(
+                    R::NodeNotReady,
+                    format!("{} {node} is not ready: {why}", role(node)),
+                );
+            }
+            Some(_) => {}
+        }
+    }
+    for node in &d.programming_nodes {
+        if d.bindings.get(node).is_none_or(Vec::is_empty) {
+            return Outcome::new(
+                R::NoInterfaceOnNode,
+                format!(
+                    "{} {node} binds none of the requested interfaces {}",
+                    role(node),
+                    w.pm.spec.interfaces.join(", ")
+                ),
+            );
+        }
+    }
+    if w.remote {
+        for link in &d.links {
+            if !link.landed {
+                let message = if class.exhausted.contains(&link.key) {
+                    format!(
+                        "return link for {} is not claimed yet: no /31 is free in {} of class {}",
+                        link.key,
+                        class.subnet.map(|s| s.to_string()).unwrap_or_default(),
+                        class.name
+                    )
+                } else {
+                    format!("return link for {} is not claimed yet", link.key)
+                };
+                return Outcome::new(R::ReturnPathUnavailable, message);
+            }
+            for node in link.key.split('/') {
+                if index.internal_ip(node).is_none() {
+                    return Outcome::new(
+                        R::ReturnPathUnavailable,
+                        format!(
+                            "return link for {} cannot be built: node {node} has no IPv4 InternalIP",
+                            link.key
+                        ),
+                    );
+                }
+            }
+        }
+    }
+    Outcome::new(R::AllNodesReady, "")
+}
+
+fn published(
+    index: &Index,
+    class: &ClassState,
+    d: &MappingDecision,
+    this_node: &str,
+    facts: &HostFacts,
+) -> Vec<PublishedAddress> {
+    let mut rows = Vec::new();
+    for (node, ifaces) in &d.bindings {
+        for iface in ifaces {
+            let address = if node == this_node {
+                facts.interfaces.get(iface).map(ToString::to_string)
+            } else {
+                index
+                    .row(class.name, node)
+                    .and_then(|r| r.addresses.get(iface).cloned())
+            };
+            rows.push(PublishedAddress {
+                node: node.clone(),
+                interface: iface.clone(),
+                address: address.unwrap_or_default(),
+            });
+        }
+    }
+    rows.sort();
+    rows
+}
+
+/// The serving node; else the endpoint's node; else the class's first accepting node; else the
+/// cluster's first Node by name.
+fn status_writer(index: &Index, class: Option<&ClassState>, d: &MappingDecision) -> Option<String> {
+    d.serving_node
+        .clone()
+        .or_else(|| d.endpoint.as_ref().map(|e| e.node.clone()))
+        .or_else(|| {
+            class
+                .and_then(|c| c.accepting.first())
+                .map(|n| (*n).to_owned())
+        })
+        .or_else(|| index.first_node().map(str::to_owned))
+}

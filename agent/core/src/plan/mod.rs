@@ -1,0 +1,237 @@
+//! The plan: one pure, deterministic function from the cluster's objects (and this node's host
+//! facts) to every decision kuport makes.
+//!
+//! The global part of the result (every mapping and class decision, except the addresses inside
+//! `published`) depends neither on which node computes it, nor on host facts, nor on the order of
+//! any input list: that is what lets agents agree without a leader.
+
+mod classes;
+mod endpoint;
+mod host;
+mod index;
+mod mapping;
+pub mod reasons;
+pub mod selector;
+mod status;
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+
+use k8s_openapi::jiff::Timestamp;
+use serde::Serialize;
+
+use crate::api::{ClassNodeStatus, PortMapStatus, Protocol, PublishedAddress};
+use crate::ir::{HostState, PortRange};
+use crate::snapshot::{HostFacts, Snapshot};
+
+pub use reasons::{AcceptedReason, ClassReason, Outcome, ProgrammedReason};
+
+/// How long an unused link claim is kept before it is dropped.
+pub const CLAIM_GC_AFTER_SECONDS: i64 = 24 * 60 * 60;
+
+/// The plan of one node.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Plan {
+    /// The node the plan was computed for.
+    pub node: String,
+    /// Per PortMap decisions, sorted by namespace then name.
+    pub portmaps: Vec<MappingDecision>,
+    /// Per class decisions, sorted by name.
+    pub classes: Vec<ClassDecision>,
+    /// What this node must program.
+    pub host: HostState,
+    /// The status this node owns and should write.
+    pub writes: Writes,
+}
+
+/// The global decision for one PortMap.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct MappingDecision {
+    /// Namespace of the PortMap.
+    pub namespace: String,
+    /// Name of the PortMap.
+    pub name: String,
+    /// The class asked for.
+    pub class: String,
+    /// The protocol.
+    pub protocol: Protocol,
+    /// The ports clients dial; `None` when the spec's ports are not a valid range.
+    pub ports: Option<PortRange>,
+    /// `metadata.generation`, copied into `observedGeneration`.
+    pub generation: Option<i64>,
+    /// The `Accepted` condition.
+    pub accepted: Outcome<AcceptedReason>,
+    /// The `Programmed` condition; `None` unless accepted.
+    pub programmed: Option<Outcome<ProgrammedReason>>,
+    /// The chosen endpoint.
+    pub endpoint: Option<ChosenEndpoint>,
+    /// The serving node (only when an endpoint was chosen and a node accepts).
+    pub serving_node: Option<String>,
+    /// The nodes that program the mapping (Single: the serving node; Multi: every accepting
+    /// node), sorted.
+    pub programming_nodes: Vec<String>,
+    /// The one node that writes this mapping's status.
+    pub status_writer: Option<String>,
+    /// Where the port answers, sorted by node then interface.
+    pub published: Vec<PublishedAddress>,
+    /// The return links the mapping needs, sorted by key.
+    pub links: Vec<NeededLink>,
+    /// Interfaces each programming node binds (the class's, narrowed by the mapping's).
+    pub bindings: BTreeMap<String, Vec<String>>,
+    /// True when the outcome allows DNAT rules at all (accepted, endpoint, accepting node, no
+    /// range translation, not refused for lack of a return path).
+    pub emits: bool,
+}
+
+/// The endpoint chosen for a mapping.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ChosenEndpoint {
+    /// The pod's node.
+    pub node: String,
+    /// The pod's address.
+    pub address: Ipv4Addr,
+    /// The pod's port for the named Service port.
+    pub port: u16,
+    /// The pod's name (`targetRef.name`), when the slice says.
+    pub pod: Option<String>,
+}
+
+/// A return link a mapping needs.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct NeededLink {
+    /// The class the link belongs to.
+    pub class: String,
+    /// The node pair, sorted and joined by `/`.
+    pub key: String,
+    /// The slot, when claimed (landed or proposed in this plan).
+    pub slot: Option<u32>,
+    /// True when the claim is recorded in the class status as read from the API.
+    pub landed: bool,
+}
+
+/// The global decision for one class.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ClassDecision {
+    /// The class name.
+    pub name: String,
+    /// The `Ready` condition.
+    pub ready: Outcome<ClassReason>,
+    /// `metadata.generation`.
+    pub generation: Option<i64>,
+    /// The class's claims after this node's proposals and GC, sorted by key. (This list is the
+    /// one part of a class decision that depends on the computing node.)
+    pub links: Vec<ClaimView>,
+}
+
+/// A link claim as this node sees it after its own proposals and GC.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ClaimView {
+    /// The node pair.
+    pub key: String,
+    /// The slot.
+    pub slot: u32,
+    /// True when read from the API; false for this node's own proposal.
+    pub landed: bool,
+    /// When the claim was last found unused.
+    pub unused_since: Option<Timestamp>,
+}
+
+/// The status this node owns.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Writes {
+    /// PortMap statuses this node writes, sorted by namespace then name.
+    pub portmaps: Vec<PortMapWrite>,
+    /// Class rows (and the class Ready condition) this node writes, sorted by class.
+    pub class_rows: Vec<ClassRowWrite>,
+    /// New link claims this node proposes, sorted by class then key.
+    pub claims: Vec<ClaimProposal>,
+    /// Garbage-collection actions on claims, sorted by class then key.
+    pub gc: Vec<GcAction>,
+}
+
+/// The desired status of one PortMap.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PortMapWrite {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// The full desired status; conditions keep their `lastTransitionTime` unless they flipped.
+    pub status: PortMapStatus,
+}
+
+/// This node's row in one class, and the class's Ready condition as this node computes it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ClassRowWrite {
+    /// The class.
+    pub class: String,
+    /// This node's row.
+    pub row: ClassNodeStatus,
+    /// The `Ready` condition (with `lastTransitionTime` kept unless it flipped), written only
+    /// when it differs from the stored one.
+    pub ready: k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition,
+}
+
+/// A new link claim.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct ClaimProposal {
+    /// The class.
+    pub class: String,
+    /// The node pair.
+    pub key: String,
+    /// The two nodes, sorted.
+    pub peers: [String; 2],
+    /// The slot.
+    pub slot: u32,
+    /// The /31, as text.
+    pub subnet: String,
+}
+
+/// What garbage collection does to one claim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum GcKind {
+    /// Set `unusedSince` to now.
+    MarkUnused,
+    /// Clear `unusedSince`: the pair is needed again.
+    ClearUnused,
+    /// Drop the claim: unused for more than 24 hours.
+    Drop,
+}
+
+/// One garbage-collection action.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct GcAction {
+    /// The class.
+    pub class: String,
+    /// The claim's key.
+    pub key: String,
+    /// The action.
+    pub action: GcKind,
+}
+
+/// Computes the plan of `this_node`.
+pub fn plan(snapshot: &Snapshot, this_node: &str, facts: &HostFacts, now: Timestamp) -> Plan {
+    let index = index::Index::build(snapshot);
+    let mut classes = classes::evaluate_static(&index);
+    let mut decisions = mapping::admit_all(&index);
+    mapping::resolve_all(&index, &classes, &mut decisions);
+    classes::assign_slots(&mut classes, &decisions);
+    mapping::gate_all(&index, &classes, &mut decisions, this_node, facts);
+
+    let host = host::emit(&index, &classes, &decisions, this_node, facts);
+    let writes = status::writes(
+        &index, &classes, &decisions, snapshot, this_node, facts, now,
+    );
+    let class_decisions = classes::decisions(&classes, &writes, now);
+
+    let mut portmaps: Vec<MappingDecision> = decisions.into_iter().map(|d| d.decision).collect();
+    portmaps.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    Plan {
+        node: this_node.to_owned(),
+        portmaps,
+        classes: class_decisions,
+        host,
+        writes,
+    }
+}

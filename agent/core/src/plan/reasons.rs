@@ -1,0 +1,138 @@
+//! Condition reasons and the outcome of one condition.
+
+use serde::{Deserialize, Serialize};
+
+/// Reasons of a PortMap's `Accepted` condition, in the order they are checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum AcceptedReason {
+    /// Every check passed.
+    Valid,
+    /// `className` names no PortMapClass.
+    ClassNotFound,
+    /// `endPort < port`.
+    InvalidPortRange,
+    /// The namespace's labels do not match the class's selector.
+    NamespaceNotSelected,
+    /// A port of the range lies outside the class window.
+    PortOutOfRange,
+    /// The range contains a reserved port.
+    PortReserved,
+    /// `spec.interfaces` names an interface no node of the class carries.
+    InterfaceNotInClass,
+    /// An earlier accepted mapping holds an overlapping port.
+    PortConflict,
+}
+
+/// Reasons of a PortMap's `Programmed` condition, in gate order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum ProgrammedReason {
+    /// Every gate passed.
+    AllNodesReady,
+    /// The named port has no ready endpoint.
+    NoReadyEndpoint,
+    /// A programming node is not ready, or no accepting node is.
+    NodeNotReady,
+    /// A range whose pod port differs from its first port.
+    RangeTranslation,
+    /// The pod is remote and the path back is missing or refused.
+    ReturnPathUnavailable,
+    /// The mapping's interfaces leave a programming node nothing to bind.
+    NoInterfaceOnNode,
+}
+
+/// Reasons of a PortMapClass's `Ready` condition, in check order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum ClassReason {
+    /// The class is usable.
+    Valid,
+    /// `returnPath.vxlan.subnet` is not a usable IPv4 CIDR.
+    InvalidSubnet,
+    /// Another Vxlan class's VNI range or subnet overlaps this one's.
+    ReturnPathOverlap,
+    /// The link port equals the CNI's VXLAN port.
+    VxlanPortConflict,
+    /// A needed node pair has no claim and no /31 is free.
+    SubnetExhausted,
+}
+
+macro_rules! reason_names {
+    ($ty:ty { $($variant:ident),* $(,)? }) => {
+        impl $ty {
+            /// The reason as written in the condition.
+            pub fn as_str(self) -> &'static str {
+                match self { $(Self::$variant => stringify!($variant)),* }
+            }
+        }
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+reason_names!(AcceptedReason {
+    Valid,
+    ClassNotFound,
+    InvalidPortRange,
+    NamespaceNotSelected,
+    PortOutOfRange,
+    PortReserved,
+    InterfaceNotInClass,
+    PortConflict,
+});
+reason_names!(ProgrammedReason {
+    AllNodesReady,
+    NoReadyEndpoint,
+    NodeNotReady,
+    RangeTranslation,
+    ReturnPathUnavailable,
+    NoInterfaceOnNode,
+});
+reason_names!(ClassReason {
+    Valid,
+    InvalidSubnet,
+    ReturnPathOverlap,
+    VxlanPortConflict,
+    SubnetExhausted
+});
+
+/// The computed value of one condition: true only for the success reason.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Outcome<R> {
+    /// The reason.
+    pub reason: R,
+    /// A full sentence naming the objects involved; empty on success.
+    pub message: String,
+}
+
+impl<R> Outcome<R> {
+    /// An outcome with a message.
+    pub fn new(reason: R, message: impl Into<String>) -> Self {
+        Self {
+            reason,
+            message: message.into(),
+        }
+    }
+}
+
+impl Outcome<AcceptedReason> {
+    /// True when the mapping is accepted.
+    pub fn is_true(&self) -> bool {
+        self.reason == AcceptedReason::Valid
+    }
+}
+
+impl Outcome<ProgrammedReason> {
+    /// True when the mapping is programmed everywhere it should be.
+    pub fn is_true(&self) -> bool {
+        self.reason == ProgrammedReason::AllNodesReady
+    }
+}
+
+impl Outcome<ClassReason> {
+    /// True when the class is ready.
+    pub fn is_true(&self) -> bool {
+        self.reason == ClassReason::Valid
+    }
+}

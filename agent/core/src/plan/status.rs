@@ -1,0 +1,224 @@
+//! The status this node owns: PortMap statuses it is the writer of, its class rows, the link
+//! claims it proposes and the garbage collection it performs.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+
+use super::classes::{ClassState, split_key};
+use super::index::Index;
+use super::mapping::Working;
+use super::{
+    CLAIM_GC_AFTER_SECONDS, ClaimProposal, ClassRowWrite, GcAction, GcKind, PortMapWrite, Writes,
+};
+use crate::api::{ClassNodeStatus, CniInfo, EndpointStatus, PortMapStatus};
+use crate::ir::VXLAN_OVERHEAD;
+use crate::snapshot::{HostFacts, Snapshot};
+
+/// Builds a condition, keeping `lastTransitionTime` from the stored one unless the status flips.
+pub fn condition(
+    type_: &str,
+    ok: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    stored: &[Condition],
+    now: Timestamp,
+) -> Condition {
+    let status = if ok { "True" } else { "False" };
+    let last = stored
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map_or(Time(now), |c| c.last_transition_time.clone());
+    Condition {
+        type_: type_.to_owned(),
+        status: status.to_owned(),
+        reason: reason.to_owned(),
+        message: message.to_owned(),
+        last_transition_time: last,
+        observed_generation: generation,
+    }
+}
+
+pub fn writes(
+    index: &Index,
+    classes: &BTreeMap<&str, ClassState>,
+    work: &[Working],
+    snapshot: &Snapshot,
+    this_node: &str,
+    facts: &HostFacts,
+    now: Timestamp,
+) -> Writes {
+    let mut writes = Writes::default();
+    for w in work
+        .iter()
+        .filter(|w| w.decision.status_writer.as_deref() == Some(this_node))
+    {
+        writes.portmaps.push(portmap_write(w, now));
+    }
+    writes
+        .portmaps
+        .sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    for state in classes
+        .values()
+        .filter(|s| s.class.spec.nodes.contains_key(this_node))
+    {
+        writes
+            .class_rows
+            .push(class_row(index, state, snapshot, this_node, facts, now));
+    }
+    for state in classes.values() {
+        for (key, slot) in &state.proposals {
+            let proposes = state
+                .needed
+                .get(key)
+                .is_some_and(|pods| pods.contains(this_node));
+            if let (true, Some((a, b)), Some((net, _, _))) =
+                (proposes, split_key(key), state.slot_net(*slot))
+            {
+                writes.claims.push(ClaimProposal {
+                    class: state.name.to_owned(),
+                    key: key.clone(),
+                    peers: [a.to_owned(), b.to_owned()],
+                    slot: *slot,
+                    subnet: net.to_string(),
+                });
+            }
+        }
+        if state.accepting.contains(&this_node) {
+            writes.gc.extend(gc(state, now));
+        }
+    }
+    writes
+}
+
+fn portmap_write(w: &Working, now: Timestamp) -> PortMapWrite {
+    let d = &w.decision;
+    let stored =
+        w.pm.status
+            .as_ref()
+            .map(|s| s.conditions.as_slice())
+            .unwrap_or_default();
+    let mut conditions = vec![condition(
+        "Accepted",
+        d.accepted.is_true(),
+        d.accepted.reason.as_str(),
+        &d.accepted.message,
+        d.generation,
+        stored,
+        now,
+    )];
+    if let Some(p) = &d.programmed {
+        conditions.push(condition(
+            "Programmed",
+            p.is_true(),
+            p.reason.as_str(),
+            &p.message,
+            d.generation,
+            stored,
+            now,
+        ));
+    }
+    let status = PortMapStatus {
+        observed_generation: d.generation,
+        endpoint: d.endpoint.as_ref().map(|e| EndpointStatus {
+            node: e.node.clone(),
+            address: e.address.to_string(),
+            port: i32::from(e.port),
+        }),
+        published: d.published.clone(),
+        conditions,
+    };
+    PortMapWrite {
+        namespace: d.namespace.clone(),
+        name: d.name.clone(),
+        status,
+    }
+}
+
+fn class_row(
+    index: &Index,
+    state: &ClassState,
+    snapshot: &Snapshot,
+    this_node: &str,
+    facts: &HostFacts,
+    now: Timestamp,
+) -> ClassRowWrite {
+    let interfaces = state
+        .class
+        .spec
+        .nodes
+        .get(this_node)
+        .map(|n| n.interfaces.as_slice())
+        .unwrap_or_default();
+    let mut addresses = BTreeMap::new();
+    let mut missing = None;
+    for iface in interfaces {
+        match facts.interfaces.get(iface) {
+            Some(addr) => {
+                addresses.insert(iface.clone(), addr.to_string());
+            }
+            None => {
+                missing.get_or_insert_with(|| format!("interface {iface} not present"));
+            }
+        }
+    }
+    let underlay_mtu = facts.underlay_mtu.and_then(|m| i32::try_from(m).ok());
+    let row = ClassNodeStatus {
+        name: this_node.to_owned(),
+        ready: missing.is_none(),
+        message: missing,
+        underlay_mtu,
+        link_mtu: underlay_mtu.map(|m| m - VXLAN_OVERHEAD as i32),
+        addresses,
+        cni: snapshot.cni.as_ref().map(|c| CniInfo {
+            name: c.name.clone(),
+            routing_mode: c.routing_mode.clone(),
+            vxlan_port: Some(i32::from(c.vxlan_port)),
+        }),
+    };
+    let _ = index;
+    let stored = state
+        .class
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    let ready = condition(
+        "Ready",
+        state.ready.is_true(),
+        state.ready.reason.as_str(),
+        &state.ready.message,
+        state.class.metadata.generation,
+        stored,
+        now,
+    );
+    ClassRowWrite {
+        class: state.name.to_owned(),
+        row,
+        ready,
+    }
+}
+
+fn gc(state: &ClassState, now: Timestamp) -> Vec<GcAction> {
+    let mut actions = Vec::new();
+    for (key, claim) in &state.claims {
+        let needed = state.builds_links() && state.needed.contains_key(key);
+        let action = match (needed, claim.unused_since) {
+            (true, Some(_)) => Some(GcKind::ClearUnused),
+            (true, None) => None,
+            (false, None) => Some(GcKind::MarkUnused),
+            (false, Some(since)) => (now.as_second() - since.as_second() > CLAIM_GC_AFTER_SECONDS)
+                .then_some(GcKind::Drop),
+        };
+        if let Some(action) = action {
+            actions.push(GcAction {
+                class: state.name.to_owned(),
+                key: key.clone(),
+                action,
+            });
+        }
+    }
+    actions
+}

@@ -1,0 +1,110 @@
+//! The plan's inputs: the cluster objects every agent sees alike, and the facts only this node
+//! can read.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use serde::{Deserialize, Serialize};
+
+use crate::api::{PortMap, PortMapClass};
+
+/// The CNI's VXLAN port when `cilium-config` exists without a `tunnel-port` key.
+pub const CILIUM_DEFAULT_VXLAN_PORT: u16 = 8472;
+/// Namespace and name of the ConfigMap the CNI facts are read from.
+pub const CILIUM_CONFIG: (&str, &str) = ("kube-system", "cilium-config");
+
+/// Everything the plan reads from the API server. Order of the lists does not matter: the plan
+/// sorts whatever it iterates.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    /// Every PortMapClass, with its status (rows and link claims).
+    pub classes: Vec<PortMapClass>,
+    /// Every PortMap.
+    pub portmaps: Vec<PortMap>,
+    /// Every EndpointSlice (discovery.k8s.io/v1).
+    pub endpoint_slices: Vec<EndpointSlice>,
+    /// Every Node.
+    pub nodes: Vec<Node>,
+    /// Every Namespace.
+    pub namespaces: Vec<Namespace>,
+    /// What `kube-system/cilium-config` says, when it exists.
+    pub cni: Option<CniFacts>,
+}
+
+/// The CNI facts read from `kube-system/cilium-config`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CniFacts {
+    /// The CNI's name (`cilium`).
+    pub name: String,
+    /// `routing-mode` (or the older `tunnel` key), as written.
+    pub routing_mode: Option<String>,
+    /// The CNI's own VXLAN port (`tunnel-port`, 8472 when absent or unparsable).
+    pub vxlan_port: u16,
+}
+
+impl CniFacts {
+    /// Reads the facts from Cilium's ConfigMap.
+    pub fn from_cilium_config(config: &ConfigMap) -> Self {
+        let data = config.data.as_ref();
+        let get = |key: &str| data.and_then(|d| d.get(key)).map(|v| v.trim().to_owned());
+        let routing_mode = get("routing-mode").or_else(|| {
+            // Older Cilium: `tunnel: vxlan|geneve|disabled`.
+            get("tunnel").map(|t| {
+                if t == "disabled" {
+                    "native".to_owned()
+                } else {
+                    "tunnel".to_owned()
+                }
+            })
+        });
+        let vxlan_port = get("tunnel-port")
+            .and_then(|p| p.parse::<u16>().ok())
+            .filter(|p| *p != 0)
+            .unwrap_or(CILIUM_DEFAULT_VXLAN_PORT);
+        Self {
+            name: "cilium".to_owned(),
+            routing_mode,
+            vxlan_port,
+        }
+    }
+}
+
+/// What only this node can read from its own host.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HostFacts {
+    /// The IPv4 address of each interface that resolved (interfaces the classes give this node).
+    #[serde(default)]
+    pub interfaces: BTreeMap<String, Ipv4Addr>,
+    /// The device carrying this node's InternalIP (return links are bound to it).
+    #[serde(default)]
+    pub underlay_device: Option<String>,
+    /// That device's MTU.
+    #[serde(default, rename = "underlayMTU")]
+    pub underlay_mtu: Option<u32>,
+}
+
+/// True when the Node's `Ready` condition is `True`.
+pub fn node_is_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|conds| {
+            conds
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        })
+}
+
+/// The first IPv4 `InternalIP` of a Node.
+pub fn node_internal_ip(node: &Node) -> Option<Ipv4Addr> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())?
+        .iter()
+        .filter(|a| a.type_ == "InternalIP")
+        .find_map(|a| a.address.parse::<Ipv4Addr>().ok())
+}

@@ -1,0 +1,465 @@
+//! Endpoint choice, serving and programming nodes, the `Programmed` gates and the status writer.
+
+mod fixture;
+
+use fixture::*;
+use kuport_core::plan::ProgrammedReason as P;
+use serde_json::{Value, json};
+
+fn programmed(c: &Cluster, ns: &str, name: &str) -> (P, String) {
+    let plan = c.plan("edge-a");
+    let d = decision(&plan, ns, name);
+    let p = d
+        .programmed
+        .as_ref()
+        .expect("accepted mappings have Programmed");
+    (p.reason, p.message.clone())
+}
+
+fn same_node() -> Cluster {
+    edge_and_worker().endpoint("games", "gs", "gs-0", "edge-a", "10.244.0.5", 3000)
+}
+
+#[test]
+fn same_node_mapping_is_programmed() {
+    let c = same_node().portmap(pm("games", "gs", "public", 3000));
+    assert_eq!(programmed(&c, "games", "gs").0, P::AllNodesReady);
+    let plan = c.plan("edge-a");
+    let d = decision(&plan, "games", "gs");
+    assert_eq!(d.serving_node.as_deref(), Some("edge-a"));
+    assert_eq!(d.programming_nodes, ["edge-a"]);
+    assert_eq!(d.status_writer.as_deref(), Some("edge-a"));
+    assert!(d.links.is_empty());
+}
+
+#[test]
+fn no_ready_endpoint_variants() {
+    let cases: Vec<(&str, Cluster)> = vec![
+        ("no slice", edge_and_worker()),
+        (
+            "unready",
+            edge_and_worker().endpoint_full(
+                "games",
+                "gs",
+                "game",
+                "UDP",
+                "p",
+                "edge-a",
+                "10.0.0.1",
+                3000,
+                Some(false),
+            ),
+        ),
+        (
+            "wrong protocol",
+            edge_and_worker().endpoint_full(
+                "games", "gs", "game", "TCP", "p", "edge-a", "10.0.0.1", 3000, None,
+            ),
+        ),
+        (
+            "wrong port name",
+            edge_and_worker().endpoint_full(
+                "games", "gs", "rcon", "UDP", "p", "edge-a", "10.0.0.1", 3000, None,
+            ),
+        ),
+        (
+            "other namespace",
+            edge_and_worker().endpoint_full(
+                "other", "gs", "game", "UDP", "p", "edge-a", "10.0.0.1", 3000, None,
+            ),
+        ),
+    ];
+    for (what, c) in cases {
+        let c = c.portmap(pm("games", "gs", "public", 3000));
+        let (reason, msg) = programmed(&c, "games", "gs");
+        assert_eq!(reason, P::NoReadyEndpoint, "{what}");
+        assert!(
+            msg.contains("service games/gs has no ready IPv4 endpoint"),
+            "{what}: {msg}"
+        );
+        let plan = c.plan("edge-a");
+        let d = decision(&plan, "games", "gs");
+        assert!(
+            d.published.is_empty() && d.endpoint.is_none() && plan.host.nft.is_empty(),
+            "{what}"
+        );
+        assert_eq!(
+            d.status_writer.as_deref(),
+            Some("edge-a"),
+            "first accepting node writes: {what}"
+        );
+    }
+}
+
+#[test]
+fn ready_absent_counts_as_ready() {
+    let c = edge_and_worker()
+        .endpoint_full(
+            "games", "gs", "game", "UDP", "p", "edge-a", "10.0.0.1", 3000, None,
+        )
+        .portmap(pm("games", "gs", "public", 3000));
+    assert_eq!(programmed(&c, "games", "gs").0, P::AllNodesReady);
+}
+
+#[test]
+fn no_ready_accepting_node() {
+    let c = Cluster::new()
+        .unready_node("edge-a", "100.64.0.1")
+        .node("worker-b", "100.64.0.2")
+        .namespace("games", json!({}))
+        .class_json("public", vxlan_spec(&[("edge-a", &["wt0"])]), Value::Null)
+        .endpoint("games", "gs", "gs-0", "worker-b", "10.244.1.5", 3000)
+        .portmap(pm("games", "gs", "public", 3000));
+    let (reason, msg) = programmed(&c, "games", "gs");
+    assert_eq!(reason, P::NodeNotReady);
+    assert_eq!(msg, "class public selects no ready accepting node");
+    let plan = c.plan("edge-a");
+    assert_eq!(
+        decision(&plan, "games", "gs").status_writer.as_deref(),
+        Some("worker-b"),
+        "endpoint's node writes"
+    );
+}
+
+#[test]
+fn range_with_a_different_pod_port_is_not_programmed() {
+    let c = edge_and_worker()
+        .endpoint("games", "gs", "gs-0", "edge-a", "10.244.0.5", 4000)
+        .portmap(pm("games", "gs", "public", 3000).end(3009));
+    let (reason, msg) = programmed(&c, "games", "gs");
+    assert_eq!(reason, P::RangeTranslation);
+    assert!(
+        msg.contains("ports 3000-3009 are delivered port for port"),
+        "{msg}"
+    );
+    let plan = c.plan("edge-a");
+    assert!(plan.host.nft.is_empty() && decision(&plan, "games", "gs").published.is_empty());
+}
+
+#[test]
+fn single_port_with_a_different_pod_port_is_translated() {
+    let c = edge_and_worker()
+        .endpoint("games", "gs", "gs-0", "edge-a", "10.244.0.5", 4000)
+        .portmap(pm("games", "gs", "public", 3000));
+    assert_eq!(programmed(&c, "games", "gs").0, P::AllNodesReady);
+    let plan = c.plan("edge-a");
+    assert_eq!(
+        decision(&plan, "games", "gs")
+            .endpoint
+            .as_ref()
+            .map(|e| e.port),
+        Some(4000)
+    );
+}
+
+#[test]
+fn none_mode_refuses_a_remote_pod() {
+    let c = Cluster::new()
+        .node("w1", "100.64.0.1")
+        .node("cp", "100.64.0.9")
+        .namespace("games", json!({}))
+        .class_json("intranet", none_spec(&[("w1", &["wt0"])]), Value::Null)
+        .row("intranet", "w1", json!({"wt0": "100.64.0.1"}), 1400)
+        .endpoint("games", "gs", "gs-0", "cp", "10.244.9.5", 3000)
+        .portmap(pm("games", "gs", "intranet", 3000));
+    let plan = c.plan("w1");
+    let d = decision(&plan, "games", "gs");
+    let p = d.programmed.as_ref().expect("programmed");
+    assert_eq!(p.reason, P::ReturnPathUnavailable);
+    assert!(
+        p.message.contains("class intranet has returnPath None"),
+        "{}",
+        p.message
+    );
+    assert!(d.published.is_empty() && d.links.is_empty());
+    assert!(plan.host.nft.is_empty(), "refused mappings program nothing");
+}
+
+#[test]
+fn class_refusing_links_blocks_remote_mappings_only() {
+    let mut c = edge_and_worker()
+        .endpoint("games", "remote", "r-0", "worker-b", "10.244.1.5", 3000)
+        .endpoint("games", "local", "l-0", "edge-a", "10.244.0.5", 3001)
+        .portmap(pm("games", "remote", "public", 3000))
+        .portmap(pm("games", "local", "public", 3001));
+    c.class_mut("public").spec.return_path.vxlan.subnet = "not-a-cidr".into();
+    let (reason, msg) = programmed(&c, "games", "remote");
+    assert_eq!(reason, P::ReturnPathUnavailable);
+    assert!(
+        msg.contains("class public builds no return links (InvalidSubnet)"),
+        "{msg}"
+    );
+    assert_eq!(programmed(&c, "games", "local").0, P::AllNodesReady);
+}
+
+#[test]
+fn missing_or_unready_rows_quote_the_row() {
+    let c = Cluster::new()
+        .node("edge-a", "100.64.0.1")
+        .namespace("games", json!({}))
+        .class_json("public", vxlan_spec(&[("edge-a", &["wt0"])]), Value::Null)
+        .endpoint("games", "gs", "gs-0", "edge-a", "10.244.0.5", 3000)
+        .portmap(pm("games", "gs", "public", 3000));
+    assert_eq!(
+        programmed(&c, "games", "gs"),
+        (
+            P::NodeNotReady,
+            "serving node edge-a has not reported its row in class public yet".to_owned()
+        )
+    );
+    let c = c.unready_row("public", "edge-a", "interface wt0 not present");
+    assert_eq!(
+        programmed(&c, "games", "gs"),
+        (
+            P::NodeNotReady,
+            "serving node edge-a is not ready: interface wt0 not present".to_owned()
+        )
+    );
+    // The gate changes the condition, not the emission.
+    assert!(!c.plan("edge-a").host.nft.is_empty());
+}
+
+#[test]
+fn multi_node_binding_nothing_is_reported() {
+    let c = Cluster::new()
+        .node("a", "100.64.0.1")
+        .node("b", "100.64.0.2")
+        .namespace("games", json!({}))
+        .class_json(
+            "multi",
+            json!({"nodes": nodes_json(&[("a", &["wt0", "enp1s0"]), ("b", &["wt0", "eth0"])]),
+                   "servingMode": "Multi", "returnPath": {"mode": "Vxlan"}}),
+            Value::Null,
+        )
+        .row("multi", "a", json!({}), 1400)
+        .row("multi", "b", json!({}), 1400)
+        .endpoint("games", "gs", "gs-0", "a", "10.244.0.5", 3000)
+        .portmap(pm("games", "gs", "multi", 3000).ifaces(&["enp1s0"]));
+    let plan = c.plan("a");
+    let d = decision(&plan, "games", "gs");
+    assert_eq!(d.programming_nodes, ["a", "b"]);
+    let p = d.programmed.as_ref().expect("programmed");
+    assert_eq!(p.reason, P::NoInterfaceOnNode);
+    assert_eq!(
+        p.message,
+        "accepting node b binds none of the requested interfaces enp1s0"
+    );
+    assert_eq!(d.published.len(), 1, "only a binds: {:?}", d.published);
+    assert!(
+        d.links.is_empty(),
+        "b binds nothing, so no link to it is needed"
+    );
+}
+
+#[test]
+fn remote_pod_waits_for_its_claim_then_programs() {
+    let c = edge_and_worker()
+        .endpoint("games", "gs", "gs-0", "worker-b", "10.244.1.5", 3000)
+        .portmap(pm("games", "gs", "public", 3000));
+    let (reason, msg) = programmed(&c, "games", "gs");
+    assert_eq!(reason, P::ReturnPathUnavailable);
+    assert_eq!(msg, "return link for edge-a/worker-b is not claimed yet");
+    let edge = c.plan("edge-a");
+    assert!(edge.host.nft.is_empty(), "no DNAT before the path exists");
+    assert!(
+        edge.writes.claims.is_empty(),
+        "only the pod's node proposes"
+    );
+    let worker = c.plan("worker-b");
+    assert_eq!(worker.writes.claims.len(), 1);
+    assert_eq!(
+        (
+            worker.writes.claims[0].key.as_str(),
+            worker.writes.claims[0].slot
+        ),
+        ("edge-a/worker-b", 0)
+    );
+    assert!(
+        worker.host.links.is_empty(),
+        "a proposal is not a landed claim"
+    );
+
+    let c = c.claim("public", "edge-a/worker-b", 0);
+    assert_eq!(programmed(&c, "games", "gs").0, P::AllNodesReady);
+    let d = decision(&c.plan("edge-a"), "games", "gs").clone();
+    assert_eq!(d.links.len(), 1);
+    assert!(d.links[0].landed && d.links[0].slot == Some(0));
+    assert_eq!(d.status_writer.as_deref(), Some("edge-a"));
+}
+
+#[test]
+fn a_link_end_without_internal_ip_is_reported() {
+    let c = Cluster::new()
+        .node("edge-a", "100.64.0.1")
+        .node_without_ip("worker-b")
+        .namespace("games", json!({}))
+        .class_json("public", vxlan_spec(&[("edge-a", &["wt0"])]), Value::Null)
+        .row("public", "edge-a", json!({}), 1400)
+        .claim("public", "edge-a/worker-b", 0)
+        .endpoint("games", "gs", "gs-0", "worker-b", "10.244.1.5", 3000)
+        .portmap(pm("games", "gs", "public", 3000));
+    let (reason, msg) = programmed(&c, "games", "gs");
+    assert_eq!(reason, P::ReturnPathUnavailable);
+    assert!(
+        msg.contains("node worker-b has no IPv4 InternalIP"),
+        "{msg}"
+    );
+    assert!(c.plan("edge-a").host.nft.is_empty());
+}
+
+#[test]
+fn endpoint_tie_breaks() {
+    let base = || {
+        Cluster::new()
+            .node("a", "100.64.0.1")
+            .node("b", "100.64.0.2")
+            .node("c", "100.64.0.3")
+            .namespace("games", json!({}))
+            .class_json(
+                "k",
+                vxlan_spec(&[("b", &["wt0"]), ("c", &["wt0"])]),
+                Value::Null,
+            )
+            .portmap(pm("games", "gs", "k", 3000))
+    };
+    let chosen = |c: &Cluster| {
+        let plan = c.plan("a");
+        let ep = decision(&plan, "games", "gs")
+            .endpoint
+            .clone()
+            .expect("endpoint");
+        (ep.node, ep.address.to_string())
+    };
+    // (a) an accepting node first, by its rank among the sorted accepting nodes.
+    let c = base()
+        .endpoint("games", "gs", "p0", "a", "10.0.0.1", 3000)
+        .endpoint("games", "gs", "p9", "c", "10.0.0.3", 3000)
+        .endpoint("games", "gs", "p5", "b", "10.0.0.2", 3000);
+    assert_eq!(chosen(&c), ("b".into(), "10.0.0.2".into()));
+    // (b) then the pod name.
+    let c = base()
+        .endpoint("games", "gs", "p2", "a", "10.0.0.1", 3000)
+        .endpoint("games", "gs", "p1", "a", "10.0.0.9", 3000);
+    assert_eq!(chosen(&c).1, "10.0.0.9");
+    // (c) then the node name, (d) then the address.
+    let c = base()
+        .endpoint("games", "gs", "p", "z", "10.0.0.1", 3000)
+        .endpoint("games", "gs", "p", "y", "10.0.0.2", 3000);
+    assert_eq!(chosen(&c).0, "y");
+    let c = base()
+        .endpoint("games", "gs", "p", "y", "10.0.0.7", 3000)
+        .endpoint("games", "gs", "p", "y", "10.0.0.3", 3000);
+    assert_eq!(chosen(&c).1, "10.0.0.3");
+}
+
+#[test]
+fn serving_node_is_the_pod_node_when_it_accepts_else_the_first_accepting() {
+    let c = Cluster::new()
+        .node("a", "100.64.0.1")
+        .node("b", "100.64.0.2")
+        .node("w", "100.64.0.3")
+        .namespace("games", json!({}))
+        .class_json(
+            "k",
+            vxlan_spec(&[("a", &["wt0"]), ("b", &["wt0"])]),
+            Value::Null,
+        )
+        .endpoint("games", "on-b", "p", "b", "10.0.0.2", 3000)
+        .endpoint("games", "on-w", "p", "w", "10.0.0.3", 3000)
+        .portmap(pm("games", "on-b", "k", 3000))
+        .portmap(pm("games", "on-w", "k", 3001));
+    let plan = c.plan("a");
+    assert_eq!(
+        decision(&plan, "games", "on-b").serving_node.as_deref(),
+        Some("b")
+    );
+    assert_eq!(
+        decision(&plan, "games", "on-w").serving_node.as_deref(),
+        Some("a")
+    );
+}
+
+#[test]
+fn status_writer_of_a_mapping_without_class_is_the_first_node() {
+    let c = edge_and_worker().portmap(pm("games", "gs", "missing", 3000));
+    let plan = c.plan("worker-b");
+    let d = decision(&plan, "games", "gs");
+    assert!(
+        d.programmed.is_none(),
+        "Programmed exists only while Accepted"
+    );
+    assert_eq!(d.status_writer.as_deref(), Some("edge-a"));
+    assert!(plan.writes.portmaps.is_empty());
+    assert_eq!(c.plan("edge-a").writes.portmaps.len(), 1);
+}
+
+#[test]
+fn published_rows_fill_addresses_from_facts_and_rows() {
+    let c = edge_and_worker()
+        .endpoint("games", "gs", "gs-0", "edge-a", "10.244.0.5", 3000)
+        .portmap(pm("games", "gs", "public", 3000));
+    let from_rows = c.plan("worker-b");
+    let rows: Vec<(String, String, String)> = decision(&from_rows, "games", "gs")
+        .published
+        .iter()
+        .map(|p| (p.node.clone(), p.interface.clone(), p.address.clone()))
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("edge-a".into(), "enp1s0".into(), "203.0.113.9".into()),
+            ("edge-a".into(), "wt0".into(), "100.64.0.1".into())
+        ]
+    );
+    let own = c.plan_with("edge-a", &facts(&[("enp1s0", "198.51.100.7")], "wt0", 1400));
+    let addrs: Vec<&str> = decision(&own, "games", "gs")
+        .published
+        .iter()
+        .map(|p| p.address.as_str())
+        .collect();
+    assert_eq!(
+        addrs,
+        ["198.51.100.7", ""],
+        "this node's rows come from its own facts"
+    );
+}
+
+#[test]
+fn programmed_status_carries_generation_and_keeps_transition_time() {
+    let c = same_node().portmap(pm("games", "gs", "public", 3000));
+    let plan = c.plan("edge-a");
+    let write = &plan.writes.portmaps[0];
+    assert_eq!(write.status.observed_generation, Some(2));
+    let types: Vec<&str> = write
+        .status
+        .conditions
+        .iter()
+        .map(|c| c.type_.as_str())
+        .collect();
+    assert_eq!(types, ["Accepted", "Programmed"]);
+    assert!(
+        write
+            .status
+            .conditions
+            .iter()
+            .all(|c| c.observed_generation == Some(2))
+    );
+    assert_eq!(write.status.conditions[0].last_transition_time.0, now());
+
+    // A stored condition with the same status keeps its time; a flipped one gets now.
+    let mut c2 = c.clone();
+    let earlier: k8s_openapi::jiff::Timestamp = "2026-01-05T00:00:00Z".parse().expect("ts");
+    let mut stored = write.status.clone();
+    for cond in &mut stored.conditions {
+        cond.last_transition_time = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(earlier);
+    }
+    stored.conditions[1].status = "False".into();
+    c2.snapshot.portmaps[0].status = Some(stored);
+    let again = c2.plan("edge-a");
+    let conds = &again.writes.portmaps[0].status.conditions;
+    assert_eq!(
+        conds[0].last_transition_time.0, earlier,
+        "Accepted did not flip"
+    );
+    assert_eq!(conds[1].last_transition_time.0, now(), "Programmed flipped");
+}
