@@ -24,6 +24,7 @@ use crate::api::{ClassNodeStatus, PortMapStatus, Protocol, PublishedAddress};
 use crate::ir::{HostState, PortRange};
 use crate::snapshot::{HostFacts, Snapshot};
 
+pub use host::{fit_nft_text, link_name};
 pub use reasons::{AcceptedReason, ClassReason, Outcome, ProgrammedReason};
 
 /// How long an unused link claim is kept before it is dropped.

@@ -1,0 +1,271 @@
+//! Golden renderings of the datapath IR for each node role, and checks of what each role emits.
+//! Regenerate the files with `KUPORT_BLESS=1 cargo test -p kuport-core --test plan_golden`.
+
+mod fixture;
+
+use fixture::*;
+use kuport_core::ir::{ChainId, LOCAL_MARK, Rule};
+use kuport_core::plan::Plan;
+use kuport_core::render::nft_text;
+use kuport_core::report::PlanReport;
+use serde_json::{Value, json};
+
+fn golden(case: &str, plan: &Plan) {
+    let dir = format!("{}/testdata/golden", env!("CARGO_MANIFEST_DIR"));
+    let nft = nft_text(&plan.host.nft);
+    let report = PlanReport::new(plan);
+    let host = serde_json::to_string_pretty(&json!({
+        "links": report.host.links, "rules": report.host.rules, "routes": report.host.routes
+    }))
+    .expect("json")
+        + "\n";
+    for (file, actual) in [
+        (format!("{case}.nft"), nft),
+        (format!("{case}.host.json"), host),
+    ] {
+        let path = format!("{dir}/{file}");
+        if std::env::var_os("KUPORT_BLESS").is_some() {
+            std::fs::write(&path, &actual).expect("write golden file");
+            continue;
+        }
+        let expected = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{path}: {e} (run with KUPORT_BLESS=1)"));
+        assert!(
+            expected == actual,
+            "{file} differs from the rendering:\n--- expected\n{expected}\n--- actual\n{actual}"
+        );
+    }
+}
+
+fn host_facts() -> kuport_core::snapshot::HostFacts {
+    facts(
+        &[("enp1s0", "203.0.113.9"), ("wt0", "100.64.0.1")],
+        "wt0",
+        1400,
+    )
+}
+
+#[test]
+fn empty() {
+    let plan = edge_and_worker().plan_with("edge-a", &host_facts());
+    assert!(plan.host.nft.is_empty() && plan.host.links.is_empty() && plan.host.rules.is_empty());
+    golden("empty", &plan);
+}
+
+#[test]
+fn same_node_single_port() {
+    let c = edge_and_worker()
+        .endpoint("games", "gs", "gs-0", "edge-a", "10.244.0.5", 3000)
+        .endpoint_full(
+            "games",
+            "rcon",
+            "game",
+            "UDP",
+            "rcon-0",
+            "edge-a",
+            "10.244.0.6",
+            27000,
+            None,
+        )
+        .portmap(pm("games", "gs", "public", 3000))
+        .portmap(pm("games", "rcon", "public", 4000).ifaces(&["wt0"]));
+    let plan = c.plan_with("edge-a", &host_facts());
+    let pre = plan.host.nft.rules(ChainId::Pre);
+    assert_eq!(pre.len(), 3, "two interfaces for gs, one for rcon");
+    assert!(
+        pre.iter()
+            .all(|r| matches!(r, Rule::Dnat(d) if d.set_ct_mark == Some(LOCAL_MARK)))
+    );
+    assert!(plan.host.links.is_empty() && plan.host.routes.is_empty());
+    assert_eq!(
+        plan.host.rules.len(),
+        1,
+        "one local-mark rule however many mappings"
+    );
+    golden("same-node-single-port", &plan);
+}
+
+#[test]
+fn same_node_range() {
+    let c = edge_and_worker()
+        .endpoint("games", "gs", "gs-0", "edge-a", "10.244.0.5", 27015)
+        .portmap(pm("games", "gs", "public", 27015).end(27115).tcp())
+        .endpoint_full(
+            "games",
+            "gs",
+            "game",
+            "TCP",
+            "gs-0",
+            "edge-a",
+            "10.244.0.5",
+            27015,
+            None,
+        );
+    let plan = c.plan_with("edge-a", &host_facts());
+    golden("same-node-range", &plan);
+}
+
+fn remote_single() -> Cluster {
+    edge_and_worker()
+        .row("public", "worker-b", json!({}), 1420)
+        .claim("public", "edge-a/worker-b", 0)
+        .endpoint("games", "gs", "gs-0", "worker-b", "10.244.1.5", 3000)
+        .portmap(pm("games", "gs", "public", 3000))
+}
+
+#[test]
+fn accepting_node_with_remote_pod() {
+    let plan = remote_single().plan_with("edge-a", &host_facts());
+    let link = &plan.host.links[0];
+    let pre = plan.host.nft.rules(ChainId::Pre);
+    assert!(
+        pre.iter()
+            .all(|r| matches!(r, Rule::Dnat(d) if d.to == link.peer_address && d.daddr.is_none()))
+    );
+    assert!(
+        plan.host.routes.is_empty(),
+        "the accepting node replies by the main table"
+    );
+    golden("accepting-remote-pod", &plan);
+}
+
+#[test]
+fn pod_node_single() {
+    let plan = remote_single().plan_with("worker-b", &facts(&[], "wt0", 1420));
+    assert_eq!(
+        plan.host.rules.len(),
+        2,
+        "loop guard and reply rule of the one link"
+    );
+    assert_eq!(plan.host.routes.len(), 1);
+    assert!(
+        plan.host
+            .nft
+            .rules(ChainId::Mangle)
+            .iter()
+            .any(|r| matches!(r, Rule::SaveArrivalLink { .. }))
+    );
+    golden("pod-node-single", &plan);
+}
+
+fn multi() -> Cluster {
+    Cluster::new()
+        .node("edge-a", "100.64.0.1")
+        .node("edge-c", "100.64.0.3")
+        .node("worker-b", "100.64.0.2")
+        .namespace("games", json!({}))
+        .class_json(
+            "vip",
+            json!({"nodes": nodes_json(&[("edge-a", &["wt0"]), ("edge-c", &["wt0"]), ("worker-b", &["wt0"])]),
+                   "servingMode": "Multi", "returnPath": {"mode": "Vxlan", "vxlan": {"vni": 5000}}}),
+            Value::Null,
+        )
+        .row("vip", "edge-a", json!({"wt0": "100.64.0.1"}), 1400)
+        .row("vip", "edge-c", json!({"wt0": "100.64.0.3"}), 1400)
+        .row("vip", "worker-b", json!({"wt0": "100.64.0.2"}), 1400)
+        .claim("vip", "edge-a/worker-b", 0)
+        .claim("vip", "edge-c/worker-b", 1)
+        .claim("vip", "edge-a/edge-c", 2)
+}
+
+#[test]
+fn pod_node_multi_two_links() {
+    // worker-b is not an accepting node of this class variant: it only receives over two links.
+    let mut c = multi();
+    c.class_mut("vip").spec.nodes.remove("worker-b");
+    let c = c
+        .endpoint("games", "gs", "gs-0", "worker-b", "10.244.1.5", 3000)
+        .portmap(pm("games", "gs", "vip", 3000));
+    let plan = c.plan_with("worker-b", &facts(&[], "wt0", 1400));
+    assert_eq!(plan.host.links.len(), 2);
+    assert_eq!(plan.host.rules.len(), 4);
+    assert_eq!(plan.host.routes.len(), 2);
+    let mangle = plan.host.nft.rules(ChainId::Mangle);
+    assert_eq!(mangle.len(), 3, "restore + one save per link");
+    golden("pod-node-multi-two-links", &plan);
+}
+
+#[test]
+fn node_both_accepting_and_holding_the_pod_multi() {
+    let c = multi()
+        .endpoint("games", "gs", "gs-0", "worker-b", "10.244.1.5", 4000)
+        .portmap(pm("games", "gs", "vip", 3000));
+    let plan = c.plan_with("worker-b", &facts(&[("wt0", "100.64.0.2")], "wt0", 1400));
+    let d = decision(&plan, "games", "gs");
+    assert_eq!(d.serving_node.as_deref(), Some("worker-b"));
+    assert_eq!(d.programming_nodes, ["edge-a", "edge-c", "worker-b"]);
+    let pre = plan.host.nft.rules(ChainId::Pre);
+    assert_eq!(pre.len(), 3, "its own wt0 plus one per link");
+    assert!(
+        plan.host
+            .rules
+            .iter()
+            .any(|r| r.fwmark == LOCAL_MARK && r.table == 254)
+    );
+    golden("both-roles-multi", &plan);
+}
+
+#[test]
+fn filter_chains_hold_constant_rules_plus_one_per_link() {
+    let mut c = remote_single();
+    for i in 0..50 {
+        let name = format!("m{i}");
+        c = c
+            .endpoint("games", &name, "p", "worker-b", "10.244.1.5", 4000 + i)
+            .portmap(pm("games", &name, "public", 4000 + i));
+    }
+    for node in ["edge-a", "worker-b"] {
+        let plan = c.plan_with(node, &host_facts());
+        let links = plan.host.links.len();
+        assert_eq!(plan.host.nft.rules(ChainId::Fwd).len(), 2, "{node}");
+        let mangle = plan.host.nft.rules(ChainId::Mangle).len();
+        assert!(
+            mangle == 1 || mangle == 1 + links,
+            "{node}: mangle has {mangle} rules for {links} links"
+        );
+        assert!(plan.host.nft.rules(ChainId::Pre).len() >= 51, "{node}");
+    }
+}
+
+#[test]
+fn rendering_is_identical_for_shuffled_inputs() {
+    let c = multi()
+        .endpoint("games", "gs", "gs-0", "worker-b", "10.244.1.5", 4000)
+        .endpoint("games", "gs2", "gs-1", "edge-a", "10.244.0.7", 3001)
+        .portmap(pm("games", "gs", "vip", 3000))
+        .portmap(pm("games", "gs2", "vip", 3001));
+    let mut shuffled = c.clone();
+    let s = &mut shuffled.snapshot;
+    s.nodes.reverse();
+    s.portmaps.reverse();
+    s.endpoint_slices.reverse();
+    s.classes.reverse();
+    for class in &mut s.classes {
+        if let Some(st) = class.status.as_mut() {
+            st.links.reverse();
+            st.nodes.reverse();
+        }
+    }
+    for node in ["edge-a", "edge-c", "worker-b"] {
+        let (a, b) = (
+            c.plan_with(node, &host_facts()),
+            shuffled.plan_with(node, &host_facts()),
+        );
+        assert_eq!(a, b, "{node}");
+        assert_eq!(nft_text(&a.host.nft), nft_text(&b.host.nft));
+    }
+}
+
+#[test]
+fn long_names_are_cut_to_nft_limits_with_a_hash() {
+    let long = "x".repeat(200);
+    let cut = kuport_core::plan::fit_nft_text(&format!("games/{long}"));
+    assert_eq!(cut.len(), 128);
+    assert!(cut.starts_with("games/xxx") && cut.contains('~'));
+    assert_ne!(
+        cut,
+        kuport_core::plan::fit_nft_text(&format!("games/{long}y")),
+        "the hash keeps cut names apart"
+    );
+    assert_eq!(kuport_core::plan::fit_nft_text("games/gs"), "games/gs");
+}
