@@ -26,6 +26,10 @@ pub const PREF_REPLY: u32 = 102;
 pub const MAIN_TABLE: u32 = 254;
 /// Prefix of every link device kuport owns.
 pub const LINK_PREFIX: &str = "kup-";
+/// Outer TTL of link packets.
+pub const LINK_TTL: u8 = 64;
+/// Loose reverse-path filtering.
+pub const RP_FILTER_LOOSE: u8 = 2;
 /// Bytes VXLAN over IPv4 adds to a packet.
 pub const VXLAN_OVERHEAD: u32 = 50;
 
@@ -248,7 +252,8 @@ impl NftTable {
     }
 }
 
-/// A VXLAN return link.
+/// A VXLAN return link: bound to the underlay device, no learning (both ends are fixed), one VNI
+/// per link so the kernel never refuses a second device with the same VNI and port.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Link {
@@ -277,6 +282,12 @@ pub struct Link {
     pub mtu: Option<u32>,
     /// The link's mark (and routing table number).
     pub mark: u32,
+    /// Outer TTL of the encapsulated packets.
+    pub ttl: u8,
+    /// Reverse-path filtering on the link device: always loose (2). Strict filtering drops
+    /// every cross-node packet on arrival; the kernel takes the maximum of `all` and the
+    /// device's value, so loose on kuport's own devices loosens nothing else.
+    pub rp_filter: u8,
 }
 
 /// An ip rule.

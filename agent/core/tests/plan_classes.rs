@@ -368,6 +368,11 @@ fn both_ends_derive_the_same_link() {
     assert_eq!(w.name, kuport_core::plan::link_name("public", "edge-a"));
     assert!(e.name.starts_with("kup-") && e.name.len() == 12);
     assert_eq!(e.device.as_deref(), Some("wt0"));
+    assert_eq!(
+        (e.ttl, e.rp_filter),
+        (64, 2),
+        "ttl 64, loose reverse-path filtering"
+    );
     assert_eq!(e.mtu, Some(1350), "edge: own 1400, peer has no row");
     assert_eq!(
         w.mtu,

@@ -10,8 +10,9 @@ use super::classes::{ClassState, pair_key};
 use super::index::Index;
 use super::mapping::Working;
 use crate::ir::{
-    ChainId, Counter, DnatRule, HostState, IpRule, LINK_PREFIX, LOCAL_MARK, Link, MAIN_TABLE,
-    PREF_LOOP_GUARD, PREF_REPLY, PortRange, Route, Rule, SnatRule, VXLAN_OVERHEAD, link_mark,
+    ChainId, Counter, DnatRule, HostState, IpRule, LINK_PREFIX, LINK_TTL, LOCAL_MARK, Link,
+    MAIN_TABLE, PREF_LOOP_GUARD, PREF_REPLY, PortRange, RP_FILTER_LOOSE, Route, Rule, SnatRule,
+    VXLAN_OVERHEAD, link_mark,
 };
 use crate::snapshot::HostFacts;
 
@@ -284,6 +285,8 @@ impl Emitter<'_> {
             peer_address: l.peer,
             mtu,
             mark: link_mark(vni),
+            ttl: LINK_TTL,
+            rp_filter: RP_FILTER_LOOSE,
         });
         name
     }

@@ -1,0 +1,1124 @@
+//! Property tests of the plan over arbitrary small clusters (`spec/plan.md`, `spec/targets.md`):
+//! no panic, determinism under shuffled inputs, one global decision whatever the computing node,
+//! a reason for every PortMap, one status writer per PortMap, unique link slots, and no return
+//! link before its claim has landed.
+//!
+//! Cases per property: `KUPORT_PROPTEST_CASES` (default 1000).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::jiff::Timestamp;
+use kuport_core::api::{PortMap, PortMapClass};
+use kuport_core::plan::{AcceptedReason, Plan, plan};
+use kuport_core::snapshot::{CniFacts, HostFacts, Snapshot};
+use proptest::prelude::*;
+use proptest::sample::select;
+use proptest::test_runner::Config as ProptestConfig;
+use serde_json::{Value, json};
+
+// ---------------------------------------------------------------------------------------------
+// Pools. Small on purpose, so that names, ports and slots collide often.
+
+const NODES: [&str; 6] = ["edge-a", "edge-b", "worker-a", "worker-b", "Zeta", "n1"];
+/// A node name with no Node object: planned for, named by classes, endpoints and claims.
+const GHOST: &str = "ghost";
+const NODES_AND_GHOST: [&str; 7] = [
+    "edge-a", "edge-b", "worker-a", "worker-b", "Zeta", "n1", GHOST,
+];
+const CLASS_IFACES: [&str; 3] = ["enp1s0", "wt0", "eth1"];
+const PM_IFACES: [&str; 4] = ["enp1s0", "wt0", "eth1", "bogus"];
+const NAMESPACES: [&str; 3] = ["games", "web", "ops"];
+const CLASSES: [&str; 4] = ["public", "lan", "private", "zz"];
+const MISSING_CLASS: &str = "missing";
+const PM_NAMES: [&str; 6] = [
+    "gs",
+    "lobby",
+    "web",
+    "dns",
+    "x",
+    "a-rather-long-portmap-name-that-is-meant-to-push-the-counter-and-comment-texts-past-the-128-byte-limit-of-nft-comments",
+];
+const SERVICES: [&str; 3] = ["gs", "lobby", "web"];
+const PORT_NAMES: [&str; 3] = ["game", "web", "x"];
+const PODS: [&str; 4] = ["gs-0", "gs-1", "lobby-0", "web-0"];
+const TIMES: [&str; 5] = [
+    "2026-01-01T00:00:00Z",
+    "2026-03-01T00:00:00Z",
+    "2026-05-31T11:00:00Z", // an hour before NOW
+    "2026-05-30T11:00:00Z", // 25 hours before NOW
+    "2026-06-01T13:00:00Z", // after NOW (skewed clock)
+];
+const NOW: &str = "2026-06-01T12:00:00Z";
+const SUBNETS: [&str; 15] = [
+    "169.254.77.0/24",
+    "169.254.77.0/24",
+    "169.254.77.0/31",
+    "169.254.77.4/30",
+    "169.254.78.0/24",
+    "169.254.77.128/25",
+    "10.9.0.0/16",
+    "169.254.77.5/30",
+    " 169.254.79.0/24 ",
+    "169.254.77.0/32",
+    "garbage",
+    "300.1.1.1/24",
+    "10.0.0.0/33",
+    "fd00::/64",
+    "",
+];
+
+fn now() -> Timestamp {
+    NOW.parse().expect("NOW parses")
+}
+
+fn cases() -> u32 {
+    std::env::var("KUPORT_PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000)
+}
+
+fn config() -> ProptestConfig {
+    ProptestConfig {
+        cases: cases(),
+        // Keep the work tree clean: a failure prints its minimal input instead.
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The model: a compact, readable description of a cluster (this is what a failure prints).
+
+#[derive(Clone, Debug)]
+struct NodeM {
+    name: &'static str,
+    ready: bool,
+    /// Last octet of the InternalIP; none: no InternalIP.
+    ip: Option<u8>,
+    /// An IPv6 InternalIP and an ExternalIP listed before the IPv4 InternalIP.
+    noise: bool,
+}
+
+#[derive(Clone, Debug)]
+struct NsM {
+    name: &'static str,
+    tier: Option<&'static str>,
+}
+
+#[derive(Clone, Debug)]
+enum SelM {
+    Empty,
+    Labels(&'static str),
+    In(Vec<&'static str>),
+    NotIn(Vec<&'static str>),
+    Exists,
+    DoesNotExist,
+    /// An unknown operator: the selector cannot be parsed.
+    Unknown,
+    /// `Exists` with values: cannot be parsed either.
+    ExistsWithValues,
+}
+
+#[derive(Clone, Debug)]
+struct RowM {
+    node: &'static str,
+    ready: bool,
+    mtu: Option<i32>,
+    addresses: Vec<(&'static str, u8)>,
+}
+
+#[derive(Clone, Debug)]
+struct ClaimM {
+    key: String,
+    slot: i32,
+    unused_since: Option<&'static str>,
+}
+
+#[derive(Clone, Debug)]
+struct ClassM {
+    name: &'static str,
+    created: Option<&'static str>,
+    nodes: BTreeMap<&'static str, Vec<&'static str>>,
+    multi: bool,
+    /// (min, max, reserved); none: the defaults.
+    window: Option<(i32, i32, Vec<i32>)>,
+    selector: Option<SelM>,
+    vxlan: bool,
+    vni: Option<i32>,
+    port: Option<i32>,
+    subnet: Option<&'static str>,
+    rows: Vec<RowM>,
+    claims: Vec<ClaimM>,
+}
+
+#[derive(Clone, Debug)]
+struct PmM {
+    namespace: &'static str,
+    name: &'static str,
+    class: &'static str,
+    tcp: bool,
+    port: i32,
+    end_port: Option<i32>,
+    interfaces: Vec<&'static str>,
+    service: &'static str,
+    port_name: &'static str,
+    created: Option<&'static str>,
+}
+
+#[derive(Clone, Debug)]
+struct EpM {
+    address: Option<String>,
+    node: Option<&'static str>,
+    ready: Option<bool>,
+    pod: Option<&'static str>,
+}
+
+#[derive(Clone, Debug)]
+struct SliceM {
+    namespace: &'static str,
+    /// The `kubernetes.io/service-name` label; none: unlabelled.
+    service: Option<&'static str>,
+    ipv6: bool,
+    /// (name, protocol, port); names are unique within a slice, as the API requires.
+    ports: Vec<(Option<&'static str>, Option<&'static str>, i32)>,
+    endpoints: Vec<EpM>,
+}
+
+#[derive(Clone, Debug)]
+struct FactsM {
+    interfaces: Vec<(&'static str, u8)>,
+    device: Option<&'static str>,
+    mtu: Option<u32>,
+}
+
+#[derive(Clone, Debug)]
+struct Model {
+    nodes: Vec<NodeM>,
+    namespaces: Vec<NsM>,
+    classes: Vec<ClassM>,
+    portmaps: Vec<PmM>,
+    slices: Vec<SliceM>,
+    cni: Option<u16>,
+    /// Host facts of each name in `NODES_AND_GHOST`, by position.
+    facts: Vec<FactsM>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Strategies.
+
+fn time() -> impl Strategy<Value = &'static str> {
+    select(&TIMES[..])
+}
+
+fn node_attrs() -> impl Strategy<Value = (bool, Option<u8>, bool)> {
+    (
+        prop::bool::weighted(0.8),
+        prop::option::weighted(0.85, 1u8..=250),
+        prop::bool::weighted(0.15),
+    )
+}
+
+fn nodes() -> impl Strategy<Value = Vec<NodeM>> {
+    (
+        prop::sample::subsequence(NODES.to_vec(), 1..=NODES.len()),
+        prop::collection::vec(node_attrs(), NODES.len()),
+    )
+        .prop_map(|(names, attrs)| {
+            names
+                .into_iter()
+                .zip(attrs)
+                .map(|(name, (ready, ip, noise))| NodeM {
+                    name,
+                    ready,
+                    ip,
+                    noise,
+                })
+                .collect()
+        })
+}
+
+fn namespaces() -> impl Strategy<Value = Vec<NsM>> {
+    (
+        prop::sample::subsequence(NAMESPACES.to_vec(), 0..=NAMESPACES.len()),
+        prop::collection::vec(
+            prop::option::of(select(&["public", "private"][..])),
+            NAMESPACES.len(),
+        ),
+    )
+        .prop_map(|(names, tiers)| {
+            names
+                .into_iter()
+                .zip(tiers)
+                .map(|(name, tier)| NsM { name, tier })
+                .collect()
+        })
+}
+
+fn tier_values() -> impl Strategy<Value = Vec<&'static str>> {
+    prop::collection::vec(select(&["public", "private", "other"][..]), 0..=2)
+}
+
+fn selector() -> impl Strategy<Value = SelM> {
+    prop_oneof![
+        Just(SelM::Empty),
+        select(&["public", "private"][..]).prop_map(SelM::Labels),
+        tier_values().prop_map(SelM::In),
+        tier_values().prop_map(SelM::NotIn),
+        Just(SelM::Exists),
+        Just(SelM::DoesNotExist),
+        Just(SelM::Unknown),
+        Just(SelM::ExistsWithValues),
+    ]
+}
+
+fn window_port() -> impl Strategy<Value = i32> {
+    prop_oneof![
+        select(&[0, 1, 1024, 3000, 3001, 3003, 65535, 70000, -1][..]),
+        0..70000i32,
+    ]
+}
+
+fn window() -> impl Strategy<Value = (i32, i32, Vec<i32>)> {
+    (
+        window_port(),
+        window_port(),
+        prop::collection::vec(
+            prop_oneof![3000..3006i32, select(&[0, 1, 65535, 70000][..])],
+            0..=3,
+        ),
+    )
+}
+
+fn vni() -> impl Strategy<Value = i32> {
+    prop_oneof![
+        select(
+            &[
+                4242, 4242, 1, 65535, 65536, 65530, 65408, 131_072, 196_600, 16_777_215,
+                16_777_214, 16_777_000, 0, -5, 16_777_216,
+            ][..]
+        ),
+        1..16_777_216i32,
+    ]
+}
+
+fn vxlan_port() -> impl Strategy<Value = i32> {
+    prop_oneof![select(&[4790, 4790, 8472, 0, 70000, -1][..]), 1..65536i32]
+}
+
+fn claim_key() -> impl Strategy<Value = String> {
+    prop_oneof![
+        6 => (select(&NODES_AND_GHOST[..]), select(&NODES_AND_GHOST[..])).prop_map(|(a, b)| {
+            if a <= b { format!("{a}/{b}") } else { format!("{b}/{a}") }
+        }),
+        1 => (select(&NODES_AND_GHOST[..]), select(&NODES_AND_GHOST[..]))
+            .prop_map(|(a, b)| format!("{b}/{a}")),
+        1 => select(&["edge-a", "edge-a/edge-b/n1", "", "/edge-a", "edge-a/", "edge-a//n1"][..])
+            .prop_map(str::to_owned),
+    ]
+}
+
+fn claim() -> impl Strategy<Value = ClaimM> {
+    (
+        claim_key(),
+        prop_oneof![
+            4 => 0..4i32,
+            1 => select(&[-1, 127, 128, 255, 1 << 20, i32::MAX][..]),
+        ],
+        prop::option::of(time()),
+    )
+        .prop_map(|(key, slot, unused_since)| ClaimM {
+            key,
+            slot,
+            unused_since,
+        })
+}
+
+fn row() -> impl Strategy<Value = RowM> {
+    (
+        select(&NODES_AND_GHOST[..]),
+        prop::bool::weighted(0.8),
+        prop::option::of(select(&[1500, 1400, 9000, 30, -1][..])),
+        prop::collection::vec((select(&CLASS_IFACES[..]), 1u8..=250), 0..=3),
+    )
+        .prop_map(|(node, ready, mtu, addresses)| RowM {
+            node,
+            ready,
+            mtu,
+            addresses,
+        })
+}
+
+fn class_attrs() -> impl Strategy<Value = ClassM> {
+    (
+        (
+            prop::option::of(time()),
+            prop::collection::btree_map(
+                select(&NODES_AND_GHOST[..]),
+                prop::collection::vec(select(&CLASS_IFACES[..]), 0..=2),
+                0..=4,
+            ),
+            any::<bool>(),
+            prop::option::weighted(0.5, window()),
+            prop::option::weighted(0.4, selector()),
+        ),
+        (
+            prop::bool::weighted(0.75),
+            prop::option::weighted(0.5, vni()),
+            prop::option::weighted(0.4, vxlan_port()),
+            prop::option::weighted(0.6, select(&SUBNETS[..])),
+            prop::collection::vec(row(), 0..=5),
+            prop::collection::vec(claim(), 0..=5),
+        ),
+    )
+        .prop_map(
+            |(
+                (created, nodes, multi, window, selector),
+                (vxlan, vni, port, subnet, rows, claims),
+            )| {
+                // The API keeps one row per node and one claim per key (list-type map).
+                let mut seen = BTreeSet::new();
+                let rows = rows.into_iter().filter(|r| seen.insert(r.node)).collect();
+                let mut seen = BTreeSet::new();
+                let claims = claims
+                    .into_iter()
+                    .filter(|c| seen.insert(c.key.clone()))
+                    .collect();
+                ClassM {
+                    name: "",
+                    created,
+                    nodes,
+                    multi,
+                    window,
+                    selector,
+                    vxlan,
+                    vni,
+                    port,
+                    subnet,
+                    rows,
+                    claims,
+                }
+            },
+        )
+}
+
+fn classes() -> impl Strategy<Value = Vec<ClassM>> {
+    (
+        prop::sample::subsequence(CLASSES.to_vec(), 1..=CLASSES.len()),
+        prop::collection::vec(class_attrs(), CLASSES.len()),
+    )
+        .prop_map(|(names, attrs)| {
+            names
+                .into_iter()
+                .zip(attrs)
+                .map(|(name, attrs)| ClassM { name, ..attrs })
+                .collect()
+        })
+}
+
+fn pm_port() -> impl Strategy<Value = i32> {
+    prop_oneof![
+        6 => 3000..3006i32,
+        1 => select(&[0, 1, 65535, 65536, -1, 70000][..]),
+        2 => 0..70000i32,
+    ]
+}
+
+fn portmap() -> impl Strategy<Value = PmM> {
+    (
+        (
+            select(&NAMESPACES[..]),
+            select(&PM_NAMES[..]),
+            prop_oneof![4 => select(&CLASSES[..]), 1 => Just(MISSING_CLASS)],
+            any::<bool>(),
+            pm_port(),
+            prop::option::weighted(0.35, pm_port()),
+        ),
+        (
+            prop_oneof![
+                3 => Just(Vec::new()),
+                2 => prop::collection::vec(select(&PM_IFACES[..]), 1..=2),
+            ],
+            select(&SERVICES[..]),
+            select(&PORT_NAMES[..]),
+            prop::option::weighted(0.9, time()),
+        ),
+    )
+        .prop_map(
+            |(
+                (namespace, name, class, tcp, port, end_port),
+                (interfaces, service, port_name, created),
+            )| PmM {
+                namespace,
+                name,
+                class,
+                tcp,
+                port,
+                end_port,
+                interfaces,
+                service,
+                port_name,
+                created,
+            },
+        )
+}
+
+fn portmaps() -> impl Strategy<Value = Vec<PmM>> {
+    prop::collection::vec(portmap(), 0..=12).prop_map(|pms| {
+        // The API holds one object per namespace/name.
+        let mut seen = BTreeSet::new();
+        pms.into_iter()
+            .filter(|p| seen.insert((p.namespace, p.name)))
+            .collect()
+    })
+}
+
+fn endpoint() -> impl Strategy<Value = EpM> {
+    (
+        prop_oneof![
+            8 => (0u8..3, 1u8..6).prop_map(|(a, b)| Some(format!("10.244.{a}.{b}"))),
+            1 => Just(Some("garbage".to_owned())),
+            1 => Just(None),
+        ],
+        prop::option::weighted(0.9, select(&NODES_AND_GHOST[..])),
+        prop::option::of(prop::bool::weighted(0.8)),
+        prop::option::weighted(0.9, select(&PODS[..])),
+    )
+        .prop_map(|(address, node, ready, pod)| EpM {
+            address,
+            node,
+            ready,
+            pod,
+        })
+}
+
+fn slice() -> impl Strategy<Value = SliceM> {
+    (
+        select(&NAMESPACES[..]),
+        prop::option::weighted(0.9, select(&SERVICES[..])),
+        prop::bool::weighted(0.1),
+        prop::collection::vec(
+            (
+                prop::option::weighted(0.9, select(&PORT_NAMES[..])),
+                prop::option::weighted(0.9, select(&["TCP", "UDP", "SCTP"][..])),
+                prop_oneof![
+                    4 => 3000..3003i32,
+                    1 => select(&[8080, 0, 70000][..]),
+                ],
+            ),
+            0..=3,
+        ),
+        prop::collection::vec(endpoint(), 0..=4),
+    )
+        .prop_map(|(namespace, service, ipv6, ports, endpoints)| {
+            let mut seen = BTreeSet::new();
+            let ports = ports.into_iter().filter(|p| seen.insert(p.0)).collect();
+            SliceM {
+                namespace,
+                service,
+                ipv6,
+                ports,
+                endpoints,
+            }
+        })
+}
+
+fn facts() -> impl Strategy<Value = FactsM> {
+    (
+        prop::collection::vec((select(&CLASS_IFACES[..]), 1u8..=250), 0..=3),
+        prop::option::weighted(0.8, select(&["eth0", "wt0"][..])),
+        prop::option::weighted(0.8, select(&[1500u32, 1450, 9000, 40][..])),
+    )
+        .prop_map(|(interfaces, device, mtu)| FactsM {
+            interfaces,
+            device,
+            mtu,
+        })
+}
+
+fn model() -> impl Strategy<Value = Model> {
+    (
+        nodes(),
+        namespaces(),
+        classes(),
+        portmaps(),
+        prop::collection::vec(slice(), 0..=6),
+        prop::option::weighted(0.4, prop_oneof![Just(8472u16), Just(4790u16), 1..=65535u16]),
+        prop::collection::vec(facts(), NODES_AND_GHOST.len()),
+    )
+        .prop_map(
+            |(nodes, namespaces, classes, portmaps, slices, cni, facts)| Model {
+                nodes,
+                namespaces,
+                classes,
+                portmaps,
+                slices,
+                cni,
+                facts,
+            },
+        )
+}
+
+// ---------------------------------------------------------------------------------------------
+// From the model to the plan's inputs.
+
+fn node_json(n: &NodeM) -> Value {
+    let mut addresses = Vec::new();
+    if n.noise {
+        addresses.push(json!({"type": "InternalIP", "address": "fd00::1"}));
+        addresses.push(json!({"type": "ExternalIP", "address": "198.51.100.1"}));
+    }
+    if let Some(ip) = n.ip {
+        addresses.push(json!({"type": "InternalIP", "address": format!("100.64.0.{ip}")}));
+    }
+    json!({"metadata": {"name": n.name}, "status": {
+    "addresses": addresses,
+    "conditions": [
+        {"type": "MemoryPressure", "status": "False"},
+        {"type": "Ready", "status": if n.ready { "True" } else { "False" }},
+    ]}})
+}
+
+fn selector_json(s: &SelM) -> Value {
+    let expr = |op: &str, values: Option<&[&str]>| {
+        let mut e = json!({"key": "tier", "operator": op});
+        if let Some(values) = values {
+            e["values"] = json!(values);
+        }
+        json!({"matchExpressions": [e]})
+    };
+    match s {
+        SelM::Empty => json!({}),
+        SelM::Labels(tier) => json!({"matchLabels": {"tier": tier}}),
+        SelM::In(values) => expr("In", Some(values)),
+        SelM::NotIn(values) => expr("NotIn", Some(values)),
+        SelM::Exists => expr("Exists", None),
+        SelM::DoesNotExist => expr("DoesNotExist", None),
+        SelM::Unknown => expr("Maybe", Some(&["public"])),
+        SelM::ExistsWithValues => expr("Exists", Some(&["public"])),
+    }
+}
+
+fn class_json(c: &ClassM) -> Value {
+    let nodes: serde_json::Map<String, Value> = c
+        .nodes
+        .iter()
+        .map(|(n, ifaces)| ((*n).to_owned(), json!({"interfaces": ifaces})))
+        .collect();
+    let mut vxlan = json!({});
+    if let Some(vni) = c.vni {
+        vxlan["vni"] = json!(vni);
+    }
+    if let Some(port) = c.port {
+        vxlan["port"] = json!(port);
+    }
+    if let Some(subnet) = c.subnet {
+        vxlan["subnet"] = json!(subnet);
+    }
+    let mut spec = json!({
+        "nodes": nodes,
+        "servingMode": if c.multi { "Multi" } else { "Single" },
+        "returnPath": {"mode": if c.vxlan { "Vxlan" } else { "None" }, "vxlan": vxlan},
+    });
+    if let Some((min, max, reserved)) = &c.window {
+        spec["ports"] = json!({"min": min, "max": max, "reserved": reserved});
+    }
+    if let Some(sel) = &c.selector {
+        spec["namespaceSelector"] = selector_json(sel);
+    }
+    let mut metadata = json!({"name": c.name, "generation": 3});
+    if let Some(t) = c.created {
+        metadata["creationTimestamp"] = json!(t);
+    }
+    let mut obj = json!({"apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMapClass",
+        "metadata": metadata, "spec": spec});
+    if !c.rows.is_empty() || !c.claims.is_empty() {
+        let rows: Vec<Value> = c
+            .rows
+            .iter()
+            .map(|r| {
+                let addresses: serde_json::Map<String, Value> = r
+                    .addresses
+                    .iter()
+                    .map(|(i, a)| ((*i).to_owned(), json!(format!("203.0.113.{a}"))))
+                    .collect();
+                let mut row = json!({"name": r.node, "ready": r.ready, "addresses": addresses});
+                if !r.ready {
+                    row["message"] = json!("interface wt0 not present");
+                }
+                if let Some(mtu) = r.mtu {
+                    row["underlayMTU"] = json!(mtu);
+                }
+                row
+            })
+            .collect();
+        let claims: Vec<Value> = c
+            .claims
+            .iter()
+            .map(|l| {
+                let mut claim = json!({"key": l.key, "peers": l.key.split('/').collect::<Vec<_>>(),
+                    "slot": l.slot, "subnet": ""});
+                if let Some(t) = l.unused_since {
+                    claim["unusedSince"] = json!(t);
+                }
+                claim
+            })
+            .collect();
+        obj["status"] = json!({
+            "conditions": [{"type": "Ready", "status": "True", "reason": "Valid", "message": "",
+                            "lastTransitionTime": TIMES[0]}],
+            "nodes": rows, "links": claims});
+    }
+    obj
+}
+
+fn portmap_json(p: &PmM) -> Value {
+    let mut spec = json!({"className": p.class, "protocol": if p.tcp { "TCP" } else { "UDP" },
+        "port": p.port, "serviceRef": {"name": p.service, "port": p.port_name}});
+    if let Some(end) = p.end_port {
+        spec["endPort"] = json!(end);
+    }
+    if !p.interfaces.is_empty() {
+        spec["interfaces"] = json!(p.interfaces);
+    }
+    let mut metadata = json!({"name": p.name, "namespace": p.namespace, "generation": 2});
+    if let Some(t) = p.created {
+        metadata["creationTimestamp"] = json!(t);
+    }
+    json!({"apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMap",
+        "metadata": metadata, "spec": spec})
+}
+
+fn slice_json(s: &SliceM, i: usize) -> Value {
+    let mut metadata = json!({"name": format!("slice-{i}"), "namespace": s.namespace});
+    if let Some(svc) = s.service {
+        metadata["labels"] = json!({"kubernetes.io/service-name": svc});
+    }
+    let ports: Vec<Value> = s
+        .ports
+        .iter()
+        .map(|(name, protocol, port)| {
+            let mut p = json!({"port": port});
+            if let Some(name) = name {
+                p["name"] = json!(name);
+            }
+            if let Some(protocol) = protocol {
+                p["protocol"] = json!(protocol);
+            }
+            p
+        })
+        .collect();
+    let endpoints: Vec<Value> = s
+        .endpoints
+        .iter()
+        .map(|e| {
+            let mut ep = json!({"addresses": e.address.iter().collect::<Vec<_>>()});
+            if let Some(node) = e.node {
+                ep["nodeName"] = json!(node);
+            }
+            let mut conditions = json!({});
+            if let Some(ready) = e.ready {
+                conditions["ready"] = json!(ready);
+            }
+            ep["conditions"] = conditions;
+            if let Some(pod) = e.pod {
+                ep["targetRef"] = json!({"kind": "Pod", "name": pod, "namespace": s.namespace});
+            }
+            ep
+        })
+        .collect();
+    json!({"metadata": metadata, "addressType": if s.ipv6 { "IPv6" } else { "IPv4" },
+        "ports": ports, "endpoints": endpoints})
+}
+
+fn snapshot(m: &Model) -> Snapshot {
+    Snapshot {
+        classes: m
+            .classes
+            .iter()
+            .map(|c| serde_json::from_value(class_json(c)).expect("class deserialises"))
+            .collect(),
+        portmaps: m
+            .portmaps
+            .iter()
+            .map(|p| serde_json::from_value(portmap_json(p)).expect("portmap deserialises"))
+            .collect(),
+        endpoint_slices: m
+            .slices
+            .iter()
+            .enumerate()
+            .map(|(i, s)| serde_json::from_value(slice_json(s, i)).expect("slice deserialises"))
+            .collect(),
+        nodes: m
+            .nodes
+            .iter()
+            .map(|n| serde_json::from_value(node_json(n)).expect("node deserialises"))
+            .collect(),
+        namespaces: m
+            .namespaces
+            .iter()
+            .map(|ns| {
+                let labels = ns.tier.map_or_else(|| json!({}), |t| json!({"tier": t}));
+                serde_json::from_value(json!({"metadata": {"name": ns.name, "labels": labels}}))
+                    .expect("namespace deserialises")
+            })
+            .collect(),
+        cni: m.cni.map(|port| CniFacts {
+            name: "cilium".to_owned(),
+            routing_mode: Some("tunnel".to_owned()),
+            vxlan_port: port,
+        }),
+    }
+}
+
+fn host_facts(m: &Model, node: &str) -> HostFacts {
+    let Some(f) = NODES_AND_GHOST
+        .iter()
+        .position(|n| *n == node)
+        .and_then(|i| m.facts.get(i))
+    else {
+        return HostFacts::default();
+    };
+    HostFacts {
+        interfaces: f
+            .interfaces
+            .iter()
+            .map(|(i, a)| {
+                (
+                    (*i).to_owned(),
+                    format!("192.0.2.{a}").parse().expect("ipv4"),
+                )
+            })
+            .collect(),
+        underlay_device: f.device.map(str::to_owned),
+        underlay_mtu: f.mtu,
+    }
+}
+
+/// Every node of the cluster plus one that has no Node object.
+fn plan_nodes(m: &Model) -> Vec<&'static str> {
+    let mut names: Vec<&'static str> = m.nodes.iter().map(|n| n.name).collect();
+    names.push(GHOST);
+    names
+}
+
+fn plan_of(m: &Model, snap: &Snapshot, node: &str) -> Plan {
+    plan(snap, node, &host_facts(m, node), now())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shuffling every input list.
+
+/// splitmix64: a tiny deterministic generator for permutations.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            let j = (self.next() % (i as u64 + 1)) as usize;
+            v.swap(i, j);
+        }
+    }
+}
+
+/// Shuffles every list of the snapshot whose order carries no meaning: the object lists, the
+/// class status lists (rows, claims, conditions), the Node conditions, the slices' endpoints and
+/// ports, and set-like spec lists (reserved ports, selector requirements and their values,
+/// interfaces). Lists whose order the API defines (a Node's addresses, an endpoint's addresses:
+/// the first one counts) are left alone.
+fn shuffled(snap: &Snapshot, seed: u64) -> Snapshot {
+    let mut rng = Rng(seed);
+    let mut s = snap.clone();
+    rng.shuffle(&mut s.classes);
+    rng.shuffle(&mut s.portmaps);
+    rng.shuffle(&mut s.endpoint_slices);
+    rng.shuffle(&mut s.nodes);
+    rng.shuffle(&mut s.namespaces);
+    for c in &mut s.classes {
+        shuffle_class(c, &mut rng);
+    }
+    for p in &mut s.portmaps {
+        shuffle_portmap(p, &mut rng);
+    }
+    for slice in &mut s.endpoint_slices {
+        if let Some(ports) = &mut slice.ports {
+            rng.shuffle(ports);
+        }
+        rng.shuffle(&mut slice.endpoints);
+    }
+    for node in &mut s.nodes {
+        if let Some(conds) = node.status.as_mut().and_then(|st| st.conditions.as_mut()) {
+            rng.shuffle(conds);
+        }
+    }
+    s
+}
+
+fn shuffle_class(c: &mut PortMapClass, rng: &mut Rng) {
+    rng.shuffle(&mut c.spec.ports.reserved);
+    for node in c.spec.nodes.values_mut() {
+        rng.shuffle(&mut node.interfaces);
+    }
+    if let Some(exprs) = c
+        .spec
+        .namespace_selector
+        .as_mut()
+        .and_then(|s| s.match_expressions.as_mut())
+    {
+        rng.shuffle(exprs);
+        for e in exprs {
+            if let Some(values) = &mut e.values {
+                rng.shuffle(values);
+            }
+        }
+    }
+    if let Some(status) = &mut c.status {
+        rng.shuffle(&mut status.nodes);
+        rng.shuffle(&mut status.links);
+        rng.shuffle(&mut status.conditions);
+    }
+}
+
+fn shuffle_portmap(p: &mut PortMap, rng: &mut Rng) {
+    rng.shuffle(&mut p.spec.interfaces);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Oracles.
+
+/// Mirrors the plan's notion of a well-formed claim key: two distinct, non-empty node names in
+/// bytewise order joined by one `/`.
+fn well_formed_key(key: &str) -> bool {
+    key.split_once('/')
+        .is_some_and(|(a, b)| !a.is_empty() && !b.is_empty() && a < b && !b.contains('/'))
+}
+
+fn pair_key(a: &str, b: &str) -> String {
+    if a <= b {
+        format!("{a}/{b}")
+    } else {
+        format!("{b}/{a}")
+    }
+}
+
+/// The global part of a plan: mappings with published addresses blanked, and each class's
+/// name, Ready and generation.
+type GlobalPart = (
+    Vec<kuport_core::plan::MappingDecision>,
+    Vec<(String, String, String, Option<i64>)>,
+);
+
+fn global_part(p: &Plan) -> GlobalPart {
+    let mut portmaps = p.portmaps.clone();
+    for d in &mut portmaps {
+        for row in &mut d.published {
+            row.address.clear();
+        }
+    }
+    let classes = p
+        .classes
+        .iter()
+        .map(|c| {
+            (
+                c.name.clone(),
+                c.ready.reason.as_str().to_owned(),
+                c.ready.message.clone(),
+                c.generation,
+            )
+        })
+        .collect();
+    (portmaps, classes)
+}
+
+fn spec_is_invalid(m: &Model, p: &PmM) -> Option<&'static str> {
+    let port_ok = |n: i32| (1..=65535).contains(&n);
+    if !m.classes.iter().any(|c| c.name == p.class) {
+        return Some("class missing");
+    }
+    if p.end_port.is_some_and(|e| e < p.port) {
+        return Some("endPort < port");
+    }
+    if !port_ok(p.port) || p.end_port.is_some_and(|e| !port_ok(e)) {
+        return Some("port outside 1..65535");
+    }
+    None
+}
+
+// ---------------------------------------------------------------------------------------------
+// Properties.
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// (a) The plan never panics, for every node of the cluster and for a node it does not know.
+    #[test]
+    fn plan_never_panics(m in model()) {
+        let snap = snapshot(&m);
+        for node in plan_nodes(&m) {
+            let p = plan_of(&m, &snap, node);
+            prop_assert_eq!(p.node.as_str(), node);
+        }
+    }
+
+    /// (b) Shuffling every input list yields the identical plan, for every node.
+    #[test]
+    fn plan_is_deterministic_under_shuffles(m in model(), seed in any::<u64>()) {
+        let snap = snapshot(&m);
+        let shuffled = shuffled(&snap, seed);
+        for node in plan_nodes(&m) {
+            let a = plan_of(&m, &snap, node);
+            let b = plan_of(&m, &shuffled, node);
+            prop_assert_eq!(a, b, "node {}", node);
+        }
+    }
+
+    /// (c) The global part does not depend on the computing node (nor on its host facts).
+    #[test]
+    fn global_part_is_the_same_on_every_node(m in model()) {
+        let snap = snapshot(&m);
+        let nodes = plan_nodes(&m);
+        let first = global_part(&plan_of(&m, &snap, nodes[0]));
+        for node in &nodes[1..] {
+            let other = global_part(&plan_of(&m, &snap, node));
+            prop_assert_eq!(&first.0, &other.0, "portmaps: {} vs {}", nodes[0], node);
+            prop_assert_eq!(&first.1, &other.1, "classes: {} vs {}", nodes[0], node);
+        }
+    }
+
+    /// (d) Every PortMap gets an Accepted reason; invalid specs are never accepted; Programmed is
+    /// present exactly when Accepted is Valid.
+    #[test]
+    fn every_portmap_gets_a_reason(m in model()) {
+        let snap = snapshot(&m);
+        let wanted: BTreeSet<(String, String)> = m
+            .portmaps
+            .iter()
+            .map(|p| (p.namespace.to_owned(), p.name.to_owned()))
+            .collect();
+        for node in plan_nodes(&m) {
+            let p = plan_of(&m, &snap, node);
+            let got: BTreeSet<(String, String)> = p
+                .portmaps
+                .iter()
+                .map(|d| (d.namespace.clone(), d.name.clone()))
+                .collect();
+            prop_assert_eq!(p.portmaps.len(), m.portmaps.len());
+            prop_assert_eq!(&got, &wanted);
+            for d in &p.portmaps {
+                let spec = m
+                    .portmaps
+                    .iter()
+                    .find(|s| s.namespace == d.namespace && s.name == d.name)
+                    .expect("decision of a known PortMap");
+                if let Some(why) = spec_is_invalid(&m, spec) {
+                    prop_assert_ne!(
+                        d.accepted.reason, AcceptedReason::Valid,
+                        "{}/{} accepted although {}", d.namespace, d.name, why
+                    );
+                }
+                if !d.accepted.is_true() {
+                    prop_assert!(!d.accepted.message.is_empty(), "{}/{}: empty message", d.namespace, d.name);
+                }
+                prop_assert_eq!(
+                    d.programmed.is_some(), d.accepted.is_true(),
+                    "{}/{}: programmed {:?} with accepted {:?}",
+                    d.namespace, d.name, d.programmed, d.accepted
+                );
+            }
+        }
+    }
+
+    /// (e) At most one node writes each PortMap's status, and it is the decision's status writer.
+    #[test]
+    fn one_status_writer_per_portmap(m in model()) {
+        let snap = snapshot(&m);
+        let mut writers: BTreeMap<(String, String), Vec<&str>> = BTreeMap::new();
+        let mut decided: BTreeMap<(String, String), Option<String>> = BTreeMap::new();
+        for node in plan_nodes(&m) {
+            let p = plan_of(&m, &snap, node);
+            for w in &p.writes.portmaps {
+                writers.entry((w.namespace.clone(), w.name.clone())).or_default().push(node);
+            }
+            for d in &p.portmaps {
+                decided.insert((d.namespace.clone(), d.name.clone()), d.status_writer.clone());
+            }
+        }
+        for (key, nodes) in &writers {
+            prop_assert_eq!(nodes.len(), 1, "{:?} written by {:?}", key, nodes);
+            let writer = decided.get(key).cloned().flatten();
+            prop_assert_eq!(writer.as_deref(), Some(nodes[0]), "{:?}", key);
+        }
+    }
+
+    /// (f) Slots are unique per class: within each node's view of a class, and across the
+    /// proposals of every node together with the landed claims.
+    #[test]
+    fn slots_are_unique_per_class(m in model()) {
+        let snap = snapshot(&m);
+        // (class, slot) -> keys proposed for it, by any node.
+        let mut proposed: BTreeMap<(String, u32), BTreeSet<String>> = BTreeMap::new();
+        for node in plan_nodes(&m) {
+            let p = plan_of(&m, &snap, node);
+            for class in &p.classes {
+                let mut slots = BTreeSet::new();
+                for link in &class.links {
+                    prop_assert!(
+                        slots.insert(link.slot),
+                        "node {}: class {} shows slot {} twice: {:?}", node, class.name, link.slot, class.links
+                    );
+                }
+            }
+            for claim in &p.writes.claims {
+                proposed
+                    .entry((claim.class.clone(), claim.slot))
+                    .or_default()
+                    .insert(claim.key.clone());
+            }
+        }
+        for ((class, slot), keys) in &proposed {
+            prop_assert_eq!(keys.len(), 1, "class {} slot {} proposed for {:?}", class, slot, keys);
+            let key = keys.first().expect("one key");
+            let model_class = m.classes.iter().find(|c| c.name == class).expect("class of a proposal");
+            for landed in model_class.claims.iter().filter(|c| well_formed_key(&c.key)) {
+                prop_assert!(
+                    !(i64::from(landed.slot) == i64::from(*slot) && landed.key != *key),
+                    "class {} slot {} proposed for {} but held by landed {}",
+                    class, slot, key, landed.key
+                );
+            }
+        }
+    }
+
+    /// (g) No return link before its claim has landed: every link a node builds is a landed claim
+    /// of its class for the pair (this node, peer), at the link's slot.
+    #[test]
+    fn links_only_for_landed_claims(m in model()) {
+        let snap = snapshot(&m);
+        for node in plan_nodes(&m) {
+            let p = plan_of(&m, &snap, node);
+            for link in &p.host.links {
+                let class = m
+                    .classes
+                    .iter()
+                    .find(|c| c.name == link.class)
+                    .expect("the link's class exists");
+                let key = pair_key(node, &link.peer);
+                let vni = class.vni.unwrap_or(4242);
+                let slot = i64::from(link.vni) - i64::from(vni);
+                prop_assert!(
+                    class.claims.iter().any(|c| c.key == key && i64::from(c.slot) == slot),
+                    "node {} builds {:?} without a landed claim {} at slot {} (claims {:?})",
+                    node, link, key, slot, class.claims
+                );
+            }
+        }
+    }
+}
