@@ -74,7 +74,7 @@ impl CniFacts {
 
 /// What only this node can read from its own host.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HostFacts {
     /// The IPv4 address of each interface that resolved (interfaces the classes give this node).
     #[serde(default)]

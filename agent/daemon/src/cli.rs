@@ -3,6 +3,9 @@
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
+use k8s_openapi::jiff::Timestamp;
+
+use crate::plan_cmd::{Output, PlanArgs};
 
 /// kuport makes a TCP or UDP port (or range) on a node's addresses reach a pod on any node of a
 /// Kubernetes cluster, with the client's own source address intact on the pod and on every
@@ -28,6 +31,54 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         out: Option<PathBuf>,
     },
+    /// Compute offline the plan the agent on one node would compute, from objects on disk.
+    ///
+    /// Reads Kubernetes objects as `kubectl get ... -o yaml` prints them (PortMapClasses,
+    /// PortMaps, EndpointSlices, Nodes, Namespaces, and the kube-system/cilium-config
+    /// ConfigMap; other kinds are skipped), computes the plan for --node, and prints it. Nothing
+    /// is contacted and nothing is changed.
+    ///
+    /// Exit status: 0 on success; 2 when an input cannot be read (a missing path, text that is
+    /// not YAML or JSON, an object that does not fit its type, an invalid --facts file or
+    /// --now), with a message naming the file and the problem; 1 on other errors.
+    #[command(after_help = "Example:
+  mkdir objects
+  kubectl get portmapclasses,portmaps,endpointslices,nodes,namespaces -A -o yaml > objects/cluster.yaml
+  kubectl -n kube-system get configmap cilium-config -o yaml > objects/cilium.yaml
+  kuport plan --objects objects --node worker-1 --output text")]
+    Plan {
+        /// A file or directory of Kubernetes objects; repeat the flag or give several paths.
+        ///
+        /// A file holds one or more YAML documents (separated by `---`), `List` objects whose
+        /// items are read, or JSON (files named `*.json`). A directory is searched recursively
+        /// for `*.yaml`, `*.yml` and `*.json` files, read in sorted path order; entries whose
+        /// names start with `.` are skipped.
+        #[arg(long, value_name = "FILE|DIR", required = true, num_args = 1..)]
+        objects: Vec<PathBuf>,
+        /// The node whose agent the plan is computed for (its Node object's name).
+        ///
+        /// A name with no Node object among the objects is allowed: a warning is printed and
+        /// the node programs nothing.
+        #[arg(long, value_name = "NAME")]
+        node: String,
+        /// A YAML or JSON file of the facts only the node itself can read.
+        ///
+        /// `{interfaces: {<name>: <ipv4>}, underlayDevice: <name>, underlayMTU: <int>}`, every
+        /// key optional: the IPv4 address of each interface the classes name, the device
+        /// carrying the node's InternalIP, and its MTU. Without it no interface resolves (no
+        /// address is published) and return links carry no MTU.
+        #[arg(long, value_name = "FILE")]
+        facts: Option<PathBuf>,
+        /// The current time, as an RFC 3339 timestamp (e.g. 2026-01-01T00:00:00Z).
+        ///
+        /// It stamps condition transitions and link claims newly marked unused, and decides
+        /// when unused claims expire. Defaults to the clock; pass it for reproducible output.
+        #[arg(long, value_name = "RFC3339", value_parser = crate::plan_cmd::parse_now)]
+        now: Option<Timestamp>,
+        /// What to print.
+        #[arg(long, value_enum, value_name = "FORMAT", default_value_t = Output::Json)]
+        output: Output,
+    },
     /// Print kuport's version.
     Version,
 }
@@ -46,6 +97,19 @@ impl Cli {
                 }
                 Ok(())
             }
+            Command::Plan {
+                objects,
+                node,
+                facts,
+                now,
+                output,
+            } => crate::plan_cmd::run(&PlanArgs {
+                objects: &objects,
+                node: &node,
+                facts: facts.as_deref(),
+                now,
+                output,
+            }),
             Command::Version => {
                 println!("kuport {}", env!("CARGO_PKG_VERSION"));
                 Ok(())

@@ -6,6 +6,11 @@ use clap::Parser;
 
 mod cli;
 mod crds;
+mod objects;
+mod plan_cmd;
+
+/// Exit status for input kuport cannot read (as clap uses for a bad command line).
+const EXIT_BAD_INPUT: u8 = 2;
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
@@ -13,7 +18,11 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("kuport: {err:#}");
-            ExitCode::from(1)
+            if err.downcast_ref::<objects::InputError>().is_some() {
+                ExitCode::from(EXIT_BAD_INPUT)
+            } else {
+                ExitCode::from(1)
+            }
         }
     }
 }
