@@ -216,10 +216,10 @@ pub struct SnatRule {
 /// A named counter object: one per mapping and chain, so counts survive rule changes.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Counter {
-    /// Object name (`pre/<namespace>/<name>`, cut with a hash suffix when too long).
+    /// Object name (`pre/<namespace>/<name>`, cut with a hash suffix when too long). Counter
+    /// objects carry no comment: the `nftables` crate's counter object has no such field, and the
+    /// name already says which mapping it counts.
     pub name: String,
-    /// The mapping.
-    pub comment: String,
     /// The chain whose rules reference it.
     pub chain: ChainId,
     /// The mapping's namespace.

@@ -15,9 +15,8 @@ pub fn nft_text(table: &NftTable) -> String {
     let mut blocks = Vec::new();
     for counter in &table.counters {
         blocks.push(format!(
-            "\tcounter {} {{\n\t\tcomment {}\n\t\tpackets 0 bytes 0\n\t}}\n",
-            counter.name,
-            quote(&counter.comment)
+            "\tcounter {} {{\n\t\tpackets 0 bytes 0\n\t}}\n",
+            counter.name
         ));
     }
     for chain in ChainId::ALL {

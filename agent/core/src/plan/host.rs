@@ -125,7 +125,6 @@ impl Emitter<'_> {
         let counter = fit_nft_text(&format!("{}/{namespace}/{name}", chain.label()));
         self.state.nft.counters.push(Counter {
             name: counter.clone(),
-            comment: comment.clone(),
             chain,
             namespace: namespace.to_owned(),
             mapping: name.to_owned(),
