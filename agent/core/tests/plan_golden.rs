@@ -19,9 +19,12 @@ fn golden(case: &str, plan: &Plan) {
     }))
     .expect("json")
         + "\n";
+    // The IR itself, so the host layer's kernel tests apply exactly these states.
+    let ir = serde_json::to_string_pretty(&plan.host).expect("json") + "\n";
     for (file, actual) in [
         (format!("{case}.nft"), nft),
         (format!("{case}.host.json"), host),
+        (format!("{case}.ir.json"), ir),
     ] {
         let path = format!("{dir}/{file}");
         if std::env::var_os("KUPORT_BLESS").is_some() {

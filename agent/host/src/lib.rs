@@ -1,3 +1,288 @@
-//! kuport's host layer: the only code that touches a node's kernel. It will turn the datapath IR
-//! from `kuport-core` into nftables, VXLAN links, ip rules and routes, and read back the host
-//! facts the plan needs. Nothing is implemented yet; see the host-layer issue.
+//! kuport's host layer: the only code that touches a node's kernel. It turns the datapath IR of
+//! `kuport-core` into nftables (one atomic transaction through the `nft` program), VXLAN links,
+//! ip rules and routes (rtnetlink, reconciled by comparison), and reads back the host facts and
+//! counters the agent needs.
+//!
+//! kuport owns exactly `table ip kuport`, links named `kup-*`, ip rules whose fwmark lies in
+//! `0x6b70xxxx`, and routes in tables numbered in that range; nothing else is read-modified-
+//! written.
+
+pub mod memory;
+pub mod netlink;
+pub mod nft;
+
+use std::future::Future;
+use std::net::Ipv4Addr;
+
+use kuport_core::ir::{ChainId, HostState, LINK_PREFIX};
+use kuport_core::snapshot::HostFacts;
+use tokio::sync::mpsc;
+
+pub use memory::MemoryHost;
+
+/// Errors of the host layer, naming the object and the operation.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// `nft` refused or could not be run.
+    #[error("nftables: {op}: {detail}")]
+    Nft {
+        /// What was being done.
+        op: &'static str,
+        /// What nft said.
+        detail: String,
+    },
+    /// A netlink request failed.
+    #[error("netlink: {op} {object}: {source}")]
+    Netlink {
+        /// What was being done.
+        op: &'static str,
+        /// The object.
+        object: String,
+        /// The error.
+        source: rtnetlink::Error,
+    },
+    /// A VXLAN link could not be created because another device holds its VNI and port.
+    #[error("link {link}: VNI {vni} with UDP port {port} is already used by device {holder}")]
+    VniHeld {
+        /// The link kuport wanted.
+        link: String,
+        /// Its VNI.
+        vni: u32,
+        /// Its port.
+        port: u16,
+        /// The device holding them.
+        holder: String,
+    },
+    /// Something the IR depends on is not on the host.
+    #[error("{what}")]
+    Missing {
+        /// What is missing.
+        what: String,
+    },
+    /// The netlink socket could not be opened.
+    #[error("netlink: opening a socket: {0}")]
+    Socket(std::io::Error),
+}
+
+/// What one apply changed. A second apply of the same IR reports zero mutations.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ApplyReport {
+    /// Whether an nftables transaction was sent.
+    pub nft_changed: bool,
+    /// Links created.
+    pub links_created: usize,
+    /// Links changed in place (address, MTU, rp_filter, up).
+    pub links_updated: usize,
+    /// Links deleted.
+    pub links_deleted: usize,
+    /// ip rules added.
+    pub rules_added: usize,
+    /// ip rules deleted.
+    pub rules_deleted: usize,
+    /// Routes added.
+    pub routes_added: usize,
+    /// Routes deleted.
+    pub routes_deleted: usize,
+}
+
+impl ApplyReport {
+    /// The number of kernel mutations performed.
+    pub fn mutations(&self) -> usize {
+        usize::from(self.nft_changed)
+            + self.links_created
+            + self.links_updated
+            + self.links_deleted
+            + self.rules_added
+            + self.rules_deleted
+            + self.routes_added
+            + self.routes_deleted
+    }
+}
+
+/// What the agent asks of the host's facts.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FactsQuery {
+    /// Interfaces the classes give this node.
+    pub interfaces: Vec<String>,
+    /// This node's InternalIP: the device holding it is the underlay.
+    pub internal_ip: Option<Ipv4Addr>,
+}
+
+/// One mapping's counter in one chain.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MappingCounter {
+    /// The mapping's namespace.
+    pub namespace: String,
+    /// The mapping's name.
+    pub name: String,
+    /// The chain (`pre` or `post`).
+    pub chain: ChainId,
+    /// Packets.
+    pub packets: u64,
+    /// Bytes.
+    pub bytes: u64,
+}
+
+/// A change to a link the agent cares about.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LinkEvent {
+    /// The link's name.
+    pub name: String,
+    /// True when the link was deleted.
+    pub removed: bool,
+}
+
+/// The host as the agent sees it. The real implementation is [`LinuxHost`]; [`MemoryHost`]
+/// records what it is asked and serves scripted facts.
+pub trait Host: Send {
+    /// Brings the host to `desired`. With `verify` false, an IR equal to the last applied one
+    /// sends nothing; with `verify` true (start and resync) the kernel is compared instead, so
+    /// hand-made drift is repaired.
+    fn apply(
+        &mut self,
+        desired: &HostState,
+        verify: bool,
+    ) -> impl Future<Output = Result<ApplyReport, HostError>> + Send;
+    /// Removes everything kuport owns.
+    fn teardown(&mut self) -> impl Future<Output = Result<(), HostError>> + Send;
+    /// Reads the facts the plan needs.
+    fn facts(
+        &self,
+        query: &FactsQuery,
+    ) -> impl Future<Output = Result<HostFacts, HostError>> + Send;
+    /// Per-mapping counters from kuport's own rules.
+    fn counters(&self) -> impl Future<Output = Result<Vec<MappingCounter>, HostError>> + Send;
+}
+
+/// The real host: nft and rtnetlink on the current network namespace.
+pub struct LinuxHost {
+    handle: rtnetlink::Handle,
+    nft: nft::Nft,
+    last: Option<HostState>,
+}
+
+impl LinuxHost {
+    /// Opens a netlink connection (spawned on the current tokio runtime).
+    pub fn new() -> Result<Self, HostError> {
+        let (conn, handle, _) = rtnetlink::new_connection().map_err(HostError::Socket)?;
+        tokio::spawn(conn);
+        Ok(Self {
+            handle,
+            nft: nft::Nft::new(),
+            last: None,
+        })
+    }
+
+    /// A stream of link events: any `kup-*` link, and any link named in `watch` (the underlay
+    /// device), created, changed or deleted. A restarted mesh daemon deletes every link bound
+    /// to its device; the agent runs a pass on these events to rebuild them at once.
+    pub fn link_events(watch: Vec<String>) -> Result<mpsc::Receiver<LinkEvent>, HostError> {
+        use futures_util::StreamExt;
+        use netlink_packet_route::RouteNetlinkMessage;
+        use netlink_packet_route::link::LinkAttribute;
+        use rtnetlink::packet_core::NetlinkPayload;
+
+        let (conn, _handle, mut messages) =
+            rtnetlink::new_multicast_connection(&[rtnetlink::MulticastGroup::Link])
+                .map_err(HostError::Socket)?;
+        tokio::spawn(conn);
+        let (tx, rx) = mpsc::channel(256);
+        tokio::spawn(async move {
+            while let Some((msg, _)) = messages.next().await {
+                let (link, removed) = match msg.payload {
+                    NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(l)) => (l, false),
+                    NetlinkPayload::InnerMessage(RouteNetlinkMessage::DelLink(l)) => (l, true),
+                    _ => continue,
+                };
+                let Some(name) = link.attributes.iter().find_map(|a| match a {
+                    LinkAttribute::IfName(n) => Some(n.clone()),
+                    _ => None,
+                }) else {
+                    continue;
+                };
+                if (name.starts_with(LINK_PREFIX) || watch.contains(&name))
+                    && tx.send(LinkEvent { name, removed }).await.is_err()
+                {
+                    break;
+                }
+            }
+        });
+        Ok(rx)
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(nft::Nft) -> Result<T, HostError> + Send + 'static,
+    ) -> Result<T, HostError> {
+        let nft = self.nft.clone();
+        tokio::task::spawn_blocking(move || f(nft))
+            .await
+            .map_err(|e| HostError::Nft {
+                op: "run",
+                detail: format!("nft task failed: {e}"),
+            })?
+    }
+}
+
+impl Host for LinuxHost {
+    async fn apply(&mut self, desired: &HostState, verify: bool) -> Result<ApplyReport, HostError> {
+        if !verify && self.last.as_ref() == Some(desired) {
+            return Ok(ApplyReport::default());
+        }
+        let mut report = ApplyReport::default();
+        // Links first: a link failure must not leave a DNAT toward a dead link.
+        netlink::ensure_links(&self.handle, &desired.links, &mut report).await?;
+        let table = desired.nft.clone();
+        report.nft_changed = self.blocking(move |nft| nft.apply(&table)).await?;
+        netlink::reconcile_rules(&self.handle, &desired.rules, &mut report).await?;
+        netlink::reconcile_routes(&self.handle, &desired.routes, &mut report).await?;
+        netlink::remove_unwanted_links(&self.handle, &desired.links, &mut report).await?;
+        self.last = Some(desired.clone());
+        Ok(report)
+    }
+
+    async fn teardown(&mut self) -> Result<(), HostError> {
+        let mut report = ApplyReport::default();
+        self.blocking(|nft| nft.teardown()).await?;
+        netlink::reconcile_rules(&self.handle, &[], &mut report).await?;
+        netlink::reconcile_routes(&self.handle, &[], &mut report).await?;
+        netlink::remove_unwanted_links(&self.handle, &[], &mut report).await?;
+        self.last = None;
+        Ok(())
+    }
+
+    async fn facts(&self, query: &FactsQuery) -> Result<HostFacts, HostError> {
+        netlink::facts(&self.handle, &query.interfaces, query.internal_ip).await
+    }
+
+    async fn counters(&self) -> Result<Vec<MappingCounter>, HostError> {
+        let readings = self.blocking(|nft| nft.counters()).await?;
+        Ok(label_counters(self.last.as_ref(), &readings))
+    }
+}
+
+/// Names counter readings after the mappings of the last applied IR (a long name is cut with a
+/// hash, so the name alone cannot be split back).
+pub fn label_counters(
+    state: Option<&HostState>,
+    readings: &[nft::CounterReading],
+) -> Vec<MappingCounter> {
+    let Some(state) = state else {
+        return Vec::new();
+    };
+    state
+        .nft
+        .counters
+        .iter()
+        .filter_map(|c| {
+            let r = readings.iter().find(|r| r.name == c.name)?;
+            Some(MappingCounter {
+                namespace: c.namespace.clone(),
+                name: c.mapping.clone(),
+                chain: c.chain,
+                packets: r.packets,
+                bytes: r.bytes,
+            })
+        })
+        .collect()
+}

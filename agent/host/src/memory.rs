@@ -1,0 +1,114 @@
+//! An in-memory host for the simulator and runtime tests: it records the last applied IR and
+//! every call, and serves scripted facts, counters and failures.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use kuport_core::ir::HostState;
+use kuport_core::snapshot::HostFacts;
+
+use crate::{ApplyReport, FactsQuery, Host, HostError, MappingCounter};
+
+/// What the memory host holds; shared between clones, so a test keeps a handle while the agent
+/// owns another.
+#[derive(Debug, Default)]
+pub struct MemoryState {
+    /// What is "programmed" (survives an agent crash, as a real host's kernel state does).
+    pub applied: HostState,
+    /// Applies that changed something.
+    pub applies: usize,
+    /// Teardowns performed.
+    pub teardowns: usize,
+    /// Facts served to every query.
+    pub facts: HostFacts,
+    /// Counters served.
+    pub counters: Vec<MappingCounter>,
+    /// When set, the next apply fails with this message (then it is cleared).
+    pub fail_next_apply: Option<String>,
+}
+
+/// The in-memory host.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryHost {
+    state: Arc<Mutex<MemoryState>>,
+}
+
+impl MemoryHost {
+    /// A host with these facts and nothing programmed.
+    pub fn with_facts(facts: HostFacts) -> Self {
+        let host = Self::default();
+        host.lock().facts = facts;
+        host
+    }
+
+    /// The shared state.
+    pub fn lock(&self) -> MutexGuard<'_, MemoryState> {
+        // A panic while holding the lock is a test failure already; keep serving its data.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// What is programmed now.
+    pub fn applied(&self) -> HostState {
+        self.lock().applied.clone()
+    }
+}
+
+/// Counts what differs between two states the way the real host would mutate it.
+fn diff(old: &HostState, new: &HostState) -> ApplyReport {
+    fn missing<T: PartialEq>(from: &[T], in_: &[T]) -> usize {
+        from.iter().filter(|x| !in_.contains(x)).count()
+    }
+    ApplyReport {
+        nft_changed: old.nft != new.nft,
+        links_created: missing(&new.links, &old.links),
+        links_updated: 0,
+        links_deleted: missing(&old.links, &new.links),
+        rules_added: missing(&new.rules, &old.rules),
+        rules_deleted: missing(&old.rules, &new.rules),
+        routes_added: missing(&new.routes, &old.routes),
+        routes_deleted: missing(&old.routes, &new.routes),
+    }
+}
+
+impl Host for MemoryHost {
+    async fn apply(
+        &mut self,
+        desired: &HostState,
+        _verify: bool,
+    ) -> Result<ApplyReport, HostError> {
+        let mut s = self.lock();
+        if let Some(detail) = s.fail_next_apply.take() {
+            return Err(HostError::Nft {
+                op: "apply transaction",
+                detail,
+            });
+        }
+        let report = diff(&s.applied, desired);
+        if report.mutations() > 0 {
+            s.applies += 1;
+            s.applied = desired.clone();
+        }
+        Ok(report)
+    }
+
+    async fn teardown(&mut self) -> Result<(), HostError> {
+        let mut s = self.lock();
+        s.applied = HostState::default();
+        s.teardowns += 1;
+        Ok(())
+    }
+
+    async fn facts(&self, query: &FactsQuery) -> Result<HostFacts, HostError> {
+        let s = self.lock();
+        let mut facts = s.facts.clone();
+        facts
+            .interfaces
+            .retain(|name, _| query.interfaces.contains(name));
+        Ok(facts)
+    }
+
+    async fn counters(&self) -> Result<Vec<MappingCounter>, HostError> {
+        Ok(self.lock().counters.clone())
+    }
+}

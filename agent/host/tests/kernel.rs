@@ -1,0 +1,535 @@
+//! Kernel tests of the host layer, each in throwaway network namespaces. Root only: without root
+//! every test skips with one line, and with `KUPORT_REQUIRE_ROOT_TESTS=1` that is a failure.
+//!
+//! This file has its own harness (`harness = false`): a test that must act inside a namespace
+//! re-runs this binary there with `--kuport-child <body>`, so the host layer's nft and netlink
+//! calls reach that namespace without any unsafe `setns`.
+
+mod netns;
+
+use std::process::ExitCode;
+
+use kuport_core::ir::HostState;
+use kuport_host::{FactsQuery, Host, LinuxHost};
+use netns::{GOLDEN, Netns, block_on, foreign_state, golden_ir, golden_nft, root_or_skip};
+
+type Test = (&'static str, fn());
+
+const TESTS: &[Test] = &[
+    (
+        "golden_states_apply_read_back_and_reapply_with_zero_mutations",
+        golden_states,
+    ),
+    (
+        "foreign_state_is_untouched_by_apply_reapply_and_teardown",
+        foreign_untouched,
+    ),
+    ("an_update_changes_only_what_changed", update_only_changes),
+    ("hand_made_drift_is_repaired_on_verify", drift_repaired),
+    ("a_held_vni_names_the_device_holding_it", vni_held),
+    ("facts_resolve_interfaces_and_the_underlay", facts_read),
+    (
+        "link_and_underlay_removal_is_reported_as_events",
+        link_events,
+    ),
+];
+
+const CHILDREN: &[Test] = &[
+    ("apply_golden", child_apply_golden),
+    ("apply_twice_and_teardown", child_apply_twice_and_teardown),
+    ("update", child_update),
+    ("drift", child_drift),
+    ("vni_held", child_vni_held),
+    ("facts", child_facts),
+    ("events", child_events),
+];
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--kuport-child") {
+        let name = args.get(i + 1).map(String::as_str).unwrap_or_default();
+        let Some((_, body)) = CHILDREN.iter().find(|(n, _)| *n == name) else {
+            eprintln!("no child body {name}");
+            return ExitCode::FAILURE;
+        };
+        body();
+        return ExitCode::SUCCESS;
+    }
+    let filters: Vec<&String> = args
+        .iter()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let selected: Vec<&Test> = TESTS
+        .iter()
+        .filter(|(n, _)| filters.is_empty() || filters.iter().any(|f| n.contains(f.as_str())))
+        .collect();
+    if args.iter().any(|a| a == "--list") {
+        for (n, _) in &selected {
+            println!("{n}: test");
+        }
+        return ExitCode::SUCCESS;
+    }
+    if !root_or_skip("kuport-host kernel tests") {
+        println!(
+            "test result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; {} filtered out",
+            selected.len()
+        );
+        return ExitCode::SUCCESS;
+    }
+    let (mut passed, mut failed) = (0, 0);
+    for (name, test) in selected {
+        match std::panic::catch_unwind(test) {
+            Ok(()) => {
+                println!("test {name} ... ok");
+                passed += 1;
+            }
+            Err(_) => {
+                println!("test {name} ... FAILED");
+                failed += 1;
+            }
+        }
+    }
+    let verdict = if failed == 0 { "ok" } else { "FAILED" };
+    println!(
+        "test result: {verdict}. {passed} passed; {failed} failed; 0 ignored; 0 measured; 0 filtered out"
+    );
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// Runs child body `name` in `ns`, failing with its output when it fails.
+fn child(ns: &Netns, name: &str, env: &[(&str, &str)]) {
+    let exe = std::env::current_exe().expect("test binary");
+    let mut cmd = std::process::Command::new("ip");
+    cmd.args(["netns", "exec", &ns.name])
+        .arg(exe)
+        .args(["--kuport-child", name])
+        .env("RUST_BACKTRACE", "0");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run child");
+    assert!(
+        out.status.success(),
+        "{name} in {}:\n{}{}",
+        ns.name,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn sh(script: &str) -> String {
+    let out = std::process::Command::new("sh")
+        .args(["-c", script])
+        .output()
+        .expect("sh");
+    assert!(
+        out.status.success(),
+        "{script}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Gives the namespace the underlay the IR's links bind to: a dummy `wt0` holding the links'
+/// local address (the node's InternalIP), plus the interfaces the DNAT rules name.
+fn underlay_for(state: &HostState) {
+    sh(
+        "ip link add wt0 type veth peer name wt0-peer && ip link set wt0-peer up && ip link set wt0 up",
+    );
+    if let Some(link) = state.links.first() {
+        sh(&format!("ip addr add {}/24 dev wt0", link.local));
+    }
+}
+
+fn env_case() -> String {
+    std::env::var("KUPORT_CASE").expect("KUPORT_CASE")
+}
+
+// ---- golden states ----
+
+fn golden_states() {
+    for case in GOLDEN {
+        let ns = Netns::new("golden");
+        child(&ns, "apply_golden", &[("KUPORT_CASE", case)]);
+    }
+}
+
+fn child_apply_golden() {
+    let case = env_case();
+    let state = golden_ir(&case);
+    underlay_for(&state);
+    block_on(async {
+        let mut host = LinuxHost::new().expect("host");
+        let first = host.apply(&state, false).await.expect("apply");
+        if case == "empty" {
+            assert_eq!(first.mutations(), 0, "{case}: an empty plan owns nothing");
+        } else {
+            assert!(first.nft_changed, "{case}");
+        }
+        let listing = sh("nft list table ip kuport 2>/dev/null || true");
+        assert_eq!(
+            kuport_host::nft::zero_counters(&listing),
+            golden_nft(&case),
+            "{case}: nft listing"
+        );
+        check_links(&state);
+        check_rules_and_routes(&state);
+        let again = host.apply(&state, true).await.expect("re-apply");
+        assert_eq!(
+            again.mutations(),
+            0,
+            "{case}: re-apply against the kernel mutated: {again:?}"
+        );
+        let cached = host.apply(&state, false).await.expect("re-apply");
+        assert_eq!(cached.mutations(), 0, "{case}");
+        host.teardown().await.expect("teardown");
+    });
+    assert_nothing_owned();
+}
+
+fn check_links(state: &HostState) {
+    for l in &state.links {
+        let json: serde_json::Value =
+            serde_json::from_str(&sh(&format!("ip -j -d link show dev {}", l.name)))
+                .expect("link json");
+        let info = &json[0]["linkinfo"]["info_data"];
+        assert_eq!(info["id"], l.vni, "{}", l.name);
+        assert_eq!(info["port"], l.port, "{}", l.name);
+        assert_eq!(info["local"], l.local.to_string(), "{}", l.name);
+        assert_eq!(info["remote"], l.remote.to_string(), "{}", l.name);
+        assert_eq!(
+            info["link"], "wt0",
+            "{}: bound to its underlay device",
+            l.name
+        );
+        assert_eq!(info["learning"], false, "{}", l.name);
+        assert_eq!(info["ttl"], 64, "{}", l.name);
+        if let Some(mtu) = l.mtu {
+            assert_eq!(json[0]["mtu"], mtu, "{}", l.name);
+        }
+        assert!(
+            json[0]["flags"]
+                .as_array()
+                .is_some_and(|f| f.iter().any(|x| x == "UP")),
+            "{} up",
+            l.name
+        );
+        let addrs = sh(&format!("ip -4 -o addr show dev {}", l.name));
+        assert!(
+            addrs.contains(&l.address.to_string()),
+            "{}: {addrs}",
+            l.name
+        );
+        let rp = sh(&format!("cat /proc/sys/net/ipv4/conf/{}/rp_filter", l.name));
+        assert_eq!(rp.trim(), "2", "{}: loose reverse-path filtering", l.name);
+    }
+}
+
+fn check_rules_and_routes(state: &HostState) {
+    let rules = sh("ip rule list");
+    for r in &state.rules {
+        let to =
+            r.to.map(|t| {
+                format!(
+                    "to {} ",
+                    if t.prefix_len() == 32 {
+                        t.addr().to_string()
+                    } else {
+                        t.to_string()
+                    }
+                )
+            })
+            .unwrap_or_default();
+        let table = if r.table == 254 {
+            "main".to_owned()
+        } else {
+            r.table.to_string()
+        };
+        let line = format!(
+            "{}:\tfrom all {to}fwmark {:#x} lookup {table}",
+            r.priority, r.fwmark
+        );
+        assert!(
+            rules.lines().any(|l| l.trim_end() == line),
+            "missing `{line}` in\n{rules}"
+        );
+    }
+    let ours = rules
+        .lines()
+        .filter(|l| l.contains("fwmark 0x6b70"))
+        .count();
+    assert_eq!(ours, state.rules.len(), "{rules}");
+    for r in &state.routes {
+        let routes = sh(&format!("ip route show table {}", r.table));
+        assert_eq!(
+            routes.trim(),
+            format!("default via {} dev {} proto static", r.via, r.dev),
+            "table {}",
+            r.table
+        );
+    }
+}
+
+fn assert_nothing_owned() {
+    assert!(
+        !sh("nft list tables").contains("kuport"),
+        "table left behind"
+    );
+    assert!(!sh("ip -o link").contains("kup-"), "link left behind");
+    assert!(!sh("ip rule list").contains("0x6b70"), "rule left behind");
+    assert!(
+        sh("ip route show table all")
+            .lines()
+            .all(|l| !l.contains("kup-")),
+        "route left behind"
+    );
+}
+
+// ---- foreign state ----
+
+fn foreign_untouched() {
+    let ns = Netns::new("foreign");
+    child(
+        &ns,
+        "apply_twice_and_teardown",
+        &[("KUPORT_CASE", "both-roles-multi")],
+    );
+}
+
+fn child_apply_twice_and_teardown() {
+    let state = golden_ir(&env_case());
+    underlay_for(&state);
+    // Shapes kuport must never touch: another table, netbird's rules, a VXLAN device, routes
+    // in another table.
+    sh(
+        "nft add table ip other && nft add chain ip other post '{ type nat hook postrouting priority 100; }' \
+        && nft add rule ip other post ip saddr 10.244.0.0/16 counter masquerade",
+    );
+    sh(
+        "ip rule add pref 105 lookup main suppress_prefixlength 0 && ip rule add pref 110 not fwmark 0x1bd00 lookup 7120",
+    );
+    sh("ip link add vx-mesh type vxlan id 4242 dstport 8472 dev wt0 && ip link set vx-mesh up");
+    sh("ip route add 100.64.0.0/16 dev wt0 table 7120 && ip route add default dev wt0 table 7120");
+    let before = foreign_state(sh);
+    block_on(async {
+        let mut host = LinuxHost::new().expect("host");
+        host.apply(&state, false).await.expect("apply");
+        assert_eq!(foreign_state(sh), before, "after apply");
+        host.apply(&state, true).await.expect("re-apply");
+        assert_eq!(foreign_state(sh), before, "after re-apply");
+        host.teardown().await.expect("teardown");
+    });
+    assert_eq!(foreign_state(sh), before, "after teardown");
+    assert_nothing_owned();
+}
+
+// ---- update ----
+
+fn update_only_changes() {
+    let ns = Netns::new("update");
+    child(&ns, "update", &[]);
+}
+
+fn child_update() {
+    let full = golden_ir("pod-node-multi-two-links");
+    underlay_for(&full);
+    // The same node with one of its two links (and what hangs off it) gone.
+    let mut less = full.clone();
+    let gone = less.links.remove(1);
+    less.rules.retain(|r| r.fwmark != gone.mark);
+    less.routes.retain(|r| r.dev != gone.name);
+    for (_, rules) in &mut less.nft.chains {
+        rules.retain(|r| match r {
+            kuport_core::ir::Rule::Dnat(d) => d.iif != gone.name,
+            kuport_core::ir::Rule::SaveArrivalLink { iface, .. } => *iface != gone.name,
+            _ => true,
+        });
+    }
+    block_on(async {
+        let mut host = LinuxHost::new().expect("host");
+        host.apply(&full, false).await.expect("apply");
+        let kept = &full.links[0].name;
+        let index_before = sh(&format!("cat /sys/class/net/{kept}/ifindex"));
+        let report = host.apply(&less, false).await.expect("update");
+        assert_eq!(
+            (
+                report.links_created,
+                report.links_deleted,
+                report.rules_added,
+                report.rules_deleted,
+                report.routes_deleted
+            ),
+            (0, 1, 0, 2, 1),
+            "{report:?}"
+        );
+        assert_eq!(
+            sh(&format!("cat /sys/class/net/{kept}/ifindex")),
+            index_before,
+            "the kept link was not recreated"
+        );
+        assert!(!sh("ip -o link").contains(&gone.name));
+        check_rules_and_routes(&less);
+        host.teardown().await.expect("teardown");
+    });
+}
+
+// ---- drift ----
+
+fn drift_repaired() {
+    let ns = Netns::new("drift");
+    child(&ns, "drift", &[]);
+}
+
+fn child_drift() {
+    let state = golden_ir("pod-node-single");
+    underlay_for(&state);
+    block_on(async {
+        let mut host = LinuxHost::new().expect("host");
+        host.apply(&state, false).await.expect("apply");
+        sh("nft flush chain ip kuport kup-pre");
+        let rule = &state.rules[0];
+        sh(&format!(
+            "ip rule del pref {} fwmark {:#x}",
+            rule.priority, rule.fwmark
+        ));
+        let cached = host.apply(&state, false).await.expect("apply");
+        assert_eq!(
+            cached.mutations(),
+            0,
+            "between resyncs an unchanged state applies nothing"
+        );
+        let verified = host.apply(&state, true).await.expect("verify");
+        assert!(
+            verified.nft_changed && verified.rules_added == 1,
+            "{verified:?}"
+        );
+        assert_eq!(
+            kuport_host::nft::zero_counters(&sh("nft list table ip kuport")),
+            golden_nft("pod-node-single")
+        );
+        check_rules_and_routes(&state);
+        // A chain with the wrong priority (or none) is replaced, not patched.
+        sh("nft delete chain ip kuport kup-fwd && nft add chain ip kuport kup-fwd");
+        let fixed = host.apply(&state, true).await.expect("repair");
+        assert!(fixed.nft_changed);
+        assert_eq!(
+            kuport_host::nft::zero_counters(&sh("nft list table ip kuport")),
+            golden_nft("pod-node-single")
+        );
+        host.teardown().await.expect("teardown");
+    });
+}
+
+// ---- errors ----
+
+fn vni_held() {
+    let ns = Netns::new("vni");
+    child(&ns, "vni_held", &[]);
+}
+
+fn child_vni_held() {
+    let state = golden_ir("pod-node-single");
+    underlay_for(&state);
+    let link = &state.links[0];
+    sh(&format!(
+        "ip link add squatter type vxlan id {} dstport {} dev wt0",
+        link.vni, link.port
+    ));
+    block_on(async {
+        let mut host = LinuxHost::new().expect("host");
+        let err = host
+            .apply(&state, false)
+            .await
+            .expect_err("the VNI is held");
+        let text = err.to_string();
+        assert!(text.contains("already used by device squatter"), "{text}");
+        assert!(
+            !sh("nft list tables").contains("kuport"),
+            "no DNAT toward a link that failed"
+        );
+    });
+}
+
+// ---- facts ----
+
+fn facts_read() {
+    let ns = Netns::new("facts");
+    child(&ns, "facts", &[]);
+}
+
+fn child_facts() {
+    sh(
+        "ip link add wt0 type veth peer name wt0-peer && ip link set wt0 mtu 1380 up && ip addr add 100.64.0.7/16 dev wt0",
+    );
+    sh(
+        "ip link add enp1s0 type veth peer name enp1s0-peer && ip link set enp1s0 up && ip addr add 203.0.113.9/24 dev enp1s0",
+    );
+    block_on(async {
+        let host = LinuxHost::new().expect("host");
+        let query = FactsQuery {
+            interfaces: vec!["enp1s0".into(), "wt0".into(), "eth9".into()],
+            internal_ip: Some("100.64.0.7".parse().expect("ip")),
+        };
+        let facts = host.facts(&query).await.expect("facts");
+        assert_eq!(
+            facts
+                .interfaces
+                .get("enp1s0")
+                .map(ToString::to_string)
+                .as_deref(),
+            Some("203.0.113.9")
+        );
+        assert_eq!(
+            facts
+                .interfaces
+                .get("wt0")
+                .map(ToString::to_string)
+                .as_deref(),
+            Some("100.64.0.7")
+        );
+        assert!(
+            !facts.interfaces.contains_key("eth9"),
+            "a missing interface does not resolve"
+        );
+        assert_eq!(facts.underlay_device.as_deref(), Some("wt0"));
+        assert_eq!(facts.underlay_mtu, Some(1380));
+    });
+}
+
+// ---- events ----
+
+fn link_events() {
+    let ns = Netns::new("events");
+    child(&ns, "events", &[]);
+}
+
+fn child_events() {
+    let state = golden_ir("pod-node-single");
+    underlay_for(&state);
+    block_on(async {
+        let mut host = LinuxHost::new().expect("host");
+        host.apply(&state, false).await.expect("apply");
+        let mut events = LinuxHost::link_events(vec!["wt0".into()]).expect("subscribe");
+        let link = state.links[0].name.clone();
+        sh(&format!("ip link del {link}"));
+        sh("ip link del wt0");
+        let mut seen = Vec::new();
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !(seen.contains(&(link.clone(), true)) && seen.contains(&("wt0".to_owned(), true))) {
+            match tokio::time::timeout_at(deadline, events.recv()).await {
+                Ok(Some(e)) => seen.push((e.name, e.removed)),
+                _ => panic!("events seen before the deadline: {seen:?}"),
+            }
+        }
+        // The pass that follows rebuilds the link once the underlay is back.
+        underlay_for(&state);
+        let report = host.apply(&state, true).await.expect("rebuild");
+        assert_eq!(report.links_created, 1, "{report:?}");
+        host.teardown().await.expect("teardown");
+    });
+}

@@ -1,0 +1,224 @@
+//! Throwaway network namespaces for kernel tests.
+//!
+//! Every namespace is deleted by name when its guard drops, even when the test fails; processes
+//! started in one are killed by pid the same way.
+
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::process::{Child, Command, Output};
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(2) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
+/// Returns false (after one line saying why) when the test must skip; panics instead when
+/// `KUPORT_REQUIRE_ROOT_TESTS=1`.
+pub fn root_or_skip(test: &str) -> bool {
+    let have_tools = ["nft", "ip"]
+        .iter()
+        .all(|t| Command::new(t).arg("-V").output().is_ok());
+    if is_root() && have_tools {
+        return true;
+    }
+    let why = if is_root() {
+        "nft or ip missing"
+    } else {
+        "not root"
+    };
+    assert!(
+        std::env::var("KUPORT_REQUIRE_ROOT_TESTS").as_deref() != Ok("1"),
+        "{test}: KUPORT_REQUIRE_ROOT_TESTS=1 but {why}"
+    );
+    eprintln!("skipping {test}: {why}");
+    false
+}
+
+/// A network namespace, deleted on drop.
+pub struct Netns {
+    pub name: String,
+}
+
+impl Netns {
+    pub fn new(tag: &str) -> Self {
+        let name = format!("kt-{tag}-{}", std::process::id());
+        let _ = Command::new("ip")
+            .args(["netns", "del", &name])
+            .stderr(std::process::Stdio::null())
+            .status();
+        let ok = Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .expect("run ip")
+            .success();
+        assert!(ok, "ip netns add {name}");
+        let ns = Netns { name };
+        ns.sh("ip link set lo up");
+        ns
+    }
+
+    /// Runs a shell command in the namespace; panics with its output when it fails.
+    pub fn sh(&self, script: &str) -> String {
+        let out = self.try_sh(script);
+        assert!(
+            out.status.success(),
+            "in {}: {script}\nstdout: {}\nstderr: {}",
+            self.name,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn try_sh(&self, script: &str) -> Output {
+        Command::new("ip")
+            .args(["netns", "exec", &self.name, "sh", "-c", script])
+            .output()
+            .expect("run ip netns exec")
+    }
+
+    /// Starts a long-running program in the namespace; killed when the guard drops.
+    pub fn spawn(&self, program: &str, args: &[&str]) -> Proc {
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.name, program])
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn in namespace");
+        Proc(Some(child))
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+/// A process started in a namespace, killed by pid on drop.
+pub struct Proc(pub Option<Child>);
+
+impl Proc {
+    pub fn stop(&mut self) -> String {
+        let Some(mut child) = self.0.take() else {
+            return String::new();
+        };
+        let _ = child.kill();
+        let out = child.wait_with_output().expect("wait");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Runs `body` on a tokio runtime (inside a namespace child).
+pub fn block_on<F: Future>(body: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(body)
+}
+
+/// The IR of a golden case of the plan.
+pub fn golden_ir(case: &str) -> kuport_core::ir::HostState {
+    let path = format!(
+        "{}/../core/testdata/golden/{case}.ir.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    serde_json::from_str(&text).expect("golden IR")
+}
+
+pub fn golden_nft(case: &str) -> String {
+    let path = format!(
+        "{}/../core/testdata/golden/{case}.nft",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// Every golden case.
+pub const GOLDEN: [&str; 7] = [
+    "empty",
+    "same-node-single-port",
+    "same-node-range",
+    "accepting-remote-pod",
+    "pod-node-single",
+    "pod-node-multi-two-links",
+    "both-roles-multi",
+];
+
+/// Normalised listings of everything on the host that is not kuport's: other nft tables (no
+/// handles, no counter values), ip rules, routes of every table, links without statistics.
+pub fn foreign_state(sh: impl Fn(&str) -> String) -> String {
+    let nft = sh("nft -j list ruleset");
+    let mut nft: serde_json::Value = serde_json::from_str(&nft).expect("nft json");
+    let items = nft["nftables"].as_array_mut().expect("array");
+    items.retain(|o| {
+        let table = o
+            .as_object()
+            .and_then(|m| m.values().next())
+            .and_then(|v| v.get("table").or(v.get("name")));
+        o.get("metainfo").is_none() && table.and_then(|t| t.as_str()) != Some("kuport")
+    });
+    for o in items.iter_mut() {
+        if let Some(v) = o
+            .as_object_mut()
+            .and_then(|m| m.values_mut().next())
+            .and_then(|v| v.as_object_mut())
+        {
+            v.remove("handle");
+        }
+    }
+    let rules = sh("ip -j rule");
+    let mut rules: Vec<serde_json::Value> = serde_json::from_str(&rules).expect("rule json");
+    rules.retain(|r| {
+        r.get("fwmark")
+            .and_then(|m| m.as_str())
+            .is_none_or(|m| !m.starts_with("0x6b70"))
+    });
+    let routes = sh("ip -j route show table all");
+    let mut routes: Vec<serde_json::Value> = serde_json::from_str(&routes).expect("route json");
+    routes.retain(|r| {
+        let dev_ours = r
+            .get("dev")
+            .and_then(|d| d.as_str())
+            .is_some_and(|d| d.starts_with("kup-"));
+        let table_ours = r
+            .get("table")
+            .and_then(|t| t.as_str())
+            .and_then(|t| t.parse::<u64>().ok())
+            .is_some_and(|t| t >> 16 == 0x6b70);
+        !dev_ours && !table_ours
+    });
+    let links = sh("ip -j -d link");
+    let mut links: Vec<serde_json::Value> = serde_json::from_str(&links).expect("link json");
+    links.retain(|l| l["ifname"].as_str().is_some_and(|n| !n.starts_with("kup-")));
+    for l in &mut links {
+        if let Some(m) = l.as_object_mut() {
+            m.remove("stats64");
+            m.remove("stats");
+        }
+    }
+    format!(
+        "{nft}\n{}\n{}\n{}",
+        serde_json::json!(rules),
+        serde_json::json!(routes),
+        serde_json::json!(links)
+    )
+}
