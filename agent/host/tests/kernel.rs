@@ -11,11 +11,9 @@ use std::process::ExitCode;
 
 use kuport_core::ir::HostState;
 use kuport_host::{FactsQuery, Host, LinuxHost};
-use netns::{GOLDEN, Netns, block_on, foreign_state, golden_ir, golden_nft, root_or_skip};
+use netns::{GOLDEN, Netns, block_on, child, foreign_state, golden_ir, golden_nft, sh};
 
-type Test = (&'static str, fn());
-
-const TESTS: &[Test] = &[
+const TESTS: &[netns::Test] = &[
     (
         "golden_states_apply_read_back_and_reapply_with_zero_mutations",
         golden_states,
@@ -34,7 +32,7 @@ const TESTS: &[Test] = &[
     ),
 ];
 
-const CHILDREN: &[Test] = &[
+const CHILDREN: &[netns::Test] = &[
     ("apply_golden", child_apply_golden),
     ("apply_twice_and_teardown", child_apply_twice_and_teardown),
     ("update", child_update),
@@ -45,94 +43,7 @@ const CHILDREN: &[Test] = &[
 ];
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().collect();
-    if let Some(i) = args.iter().position(|a| a == "--kuport-child") {
-        let name = args.get(i + 1).map(String::as_str).unwrap_or_default();
-        let Some((_, body)) = CHILDREN.iter().find(|(n, _)| *n == name) else {
-            eprintln!("no child body {name}");
-            return ExitCode::FAILURE;
-        };
-        body();
-        return ExitCode::SUCCESS;
-    }
-    let filters: Vec<&String> = args
-        .iter()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
-    let selected: Vec<&Test> = TESTS
-        .iter()
-        .filter(|(n, _)| filters.is_empty() || filters.iter().any(|f| n.contains(f.as_str())))
-        .collect();
-    if args.iter().any(|a| a == "--list") {
-        for (n, _) in &selected {
-            println!("{n}: test");
-        }
-        return ExitCode::SUCCESS;
-    }
-    if !root_or_skip("kuport-host kernel tests") {
-        println!(
-            "test result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; {} filtered out",
-            selected.len()
-        );
-        return ExitCode::SUCCESS;
-    }
-    let (mut passed, mut failed) = (0, 0);
-    for (name, test) in selected {
-        match std::panic::catch_unwind(test) {
-            Ok(()) => {
-                println!("test {name} ... ok");
-                passed += 1;
-            }
-            Err(_) => {
-                println!("test {name} ... FAILED");
-                failed += 1;
-            }
-        }
-    }
-    let verdict = if failed == 0 { "ok" } else { "FAILED" };
-    println!(
-        "test result: {verdict}. {passed} passed; {failed} failed; 0 ignored; 0 measured; 0 filtered out"
-    );
-    if failed == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
-}
-
-/// Runs child body `name` in `ns`, failing with its output when it fails.
-fn child(ns: &Netns, name: &str, env: &[(&str, &str)]) {
-    let exe = std::env::current_exe().expect("test binary");
-    let mut cmd = std::process::Command::new("ip");
-    cmd.args(["netns", "exec", &ns.name])
-        .arg(exe)
-        .args(["--kuport-child", name])
-        .env("RUST_BACKTRACE", "0");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().expect("run child");
-    assert!(
-        out.status.success(),
-        "{name} in {}:\n{}{}",
-        ns.name,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn sh(script: &str) -> String {
-    let out = std::process::Command::new("sh")
-        .args(["-c", script])
-        .output()
-        .expect("sh");
-    assert!(
-        out.status.success(),
-        "{script}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    netns::harness(TESTS, CHILDREN)
 }
 
 /// Gives the namespace the underlay the IR's links bind to: a dummy `wt0` holding the links'

@@ -222,3 +222,100 @@ pub fn foreign_state(sh: impl Fn(&str) -> String) -> String {
         serde_json::json!(links)
     )
 }
+
+/// A named test body.
+pub type Test = (&'static str, fn());
+
+/// The harness of a kernel test binary (`harness = false`). A body that must act inside a
+/// namespace re-runs this binary there with `--kuport-child <body>` (see [`child`]), so the host
+/// layer's nft and netlink calls reach that namespace without any unsafe `setns`. Prints libtest's
+/// summary line, so CI counts these tests like the others.
+pub fn harness(tests: &[Test], children: &[Test]) -> std::process::ExitCode {
+    use std::process::ExitCode;
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--kuport-child") {
+        let name = args.get(i + 1).map(String::as_str).unwrap_or_default();
+        let Some((_, body)) = children.iter().find(|(n, _)| *n == name) else {
+            eprintln!("no child body {name}");
+            return ExitCode::FAILURE;
+        };
+        body();
+        return ExitCode::SUCCESS;
+    }
+    let filters: Vec<&String> = args
+        .iter()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let selected: Vec<&Test> = tests
+        .iter()
+        .filter(|(n, _)| filters.is_empty() || filters.iter().any(|f| n.contains(f.as_str())))
+        .collect();
+    if args.iter().any(|a| a == "--list") {
+        for (n, _) in &selected {
+            println!("{n}: test");
+        }
+        return ExitCode::SUCCESS;
+    }
+    if !root_or_skip("kernel tests") {
+        println!(
+            "test result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; {} filtered out",
+            selected.len()
+        );
+        return ExitCode::SUCCESS;
+    }
+    let (mut passed, mut failed) = (0, 0);
+    for (name, test) in selected {
+        if std::panic::catch_unwind(test).is_ok() {
+            println!("test {name} ... ok");
+            passed += 1;
+        } else {
+            println!("test {name} ... FAILED");
+            failed += 1;
+        }
+    }
+    let verdict = if failed == 0 { "ok" } else { "FAILED" };
+    println!(
+        "test result: {verdict}. {passed} passed; {failed} failed; 0 ignored; 0 measured; 0 filtered out"
+    );
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// Runs child body `name` in `ns`, failing with its output when it fails.
+pub fn child(ns: &Netns, name: &str, env: &[(&str, &str)]) {
+    let exe = std::env::current_exe().expect("test binary");
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &ns.name])
+        .arg(exe)
+        .args(["--kuport-child", name])
+        .env("RUST_BACKTRACE", "0");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run child");
+    assert!(
+        out.status.success(),
+        "{name} in {}:\n{}{}",
+        ns.name,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Runs a shell command in the current namespace; panics with its error output on failure.
+pub fn sh(script: &str) -> String {
+    let out = Command::new("sh")
+        .args(["-c", script])
+        .output()
+        .expect("sh");
+    assert!(
+        out.status.success(),
+        "{script}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}

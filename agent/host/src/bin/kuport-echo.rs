@@ -1,0 +1,212 @@
+//! `kuport-echo`: the responder and prober the kernel tests and the lab run inside network
+//! namespaces. The responder answers every UDP datagram and TCP line with the peer address it
+//! saw, which is the whole point of kuport: the pod must see the client's own address.
+//!
+//! ```text
+//! kuport-echo serve <udp|tcp> <first-port>[-<last-port>]        answer "peer=<ip>:<port> port=<local port>"
+//! kuport-echo ask <udp|tcp> <ip>:<port> [--timeout-ms N] [--bulk N]
+//!     prints "reply <answer>", "refused" (exit 3) or "timeout" (exit 4)
+//! ```
+//! A UDP probe uses a connected socket: the kernel delivers a reply only when it comes from the
+//! exact address and port dialed, and reports an ICMP port-unreachable as "refused".
+
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::process::ExitCode;
+use std::time::Duration;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("serve") => serve(&args[1..]),
+        Some("ask") => ask(&args[1..]),
+        _ => Err("usage: kuport-echo serve <udp|tcp> <port>[-<last>] | ask <udp|tcp> <ip:port> [--timeout-ms N] [--bulk N]".into()),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("kuport-echo: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Logs a line; a reader that went away is not the responder's problem (println! would panic).
+fn log(line: &str) {
+    let _ = writeln!(std::io::stdout(), "{line}");
+}
+
+fn ports(spec: &str) -> Result<Vec<u16>, String> {
+    let (a, b) = spec.split_once('-').unwrap_or((spec, spec));
+    let first: u16 = a.parse().map_err(|_| format!("bad port {a}"))?;
+    let last: u16 = b.parse().map_err(|_| format!("bad port {b}"))?;
+    Ok((first..=last).collect())
+}
+
+fn serve(args: &[String]) -> Result<u8, String> {
+    let (proto, spec) = match args {
+        [p, s, ..] => (p.as_str(), s.as_str()),
+        _ => return Err("serve needs <udp|tcp> <ports>".into()),
+    };
+    let mut threads = Vec::new();
+    for port in ports(spec)? {
+        let addr = SocketAddr::from(([0, 0, 0, 0], port));
+        match proto {
+            "udp" => {
+                let sock = UdpSocket::bind(addr).map_err(|e| format!("bind udp {port}: {e}"))?;
+                threads.push(std::thread::spawn(move || {
+                    let mut buf = vec![0u8; 65536];
+                    while let Ok((n, peer)) = sock.recv_from(&mut buf) {
+                        let answer = format!("peer={peer} port={port} len={n}");
+                        log(&answer);
+                        let _ = sock.send_to(answer.as_bytes(), peer);
+                    }
+                }));
+            }
+            "tcp" => {
+                let listener =
+                    TcpListener::bind(addr).map_err(|e| format!("bind tcp {port}: {e}"))?;
+                threads.push(std::thread::spawn(move || {
+                    for stream in listener.incoming().flatten() {
+                        std::thread::spawn(move || answer_tcp(stream, port));
+                    }
+                }));
+            }
+            other => return Err(format!("unknown protocol {other}")),
+        }
+    }
+    println!("ready");
+    for t in threads {
+        let _ = t.join();
+    }
+    Ok(0)
+}
+
+fn answer_tcp(stream: TcpStream, port: u16) {
+    let Ok(peer) = stream.peer_addr() else { return };
+    let mut reader = BufReader::new(match stream.try_clone() {
+        Ok(s) => s,
+        Err(_) => return,
+    });
+    let mut line = String::new();
+    if reader.read_line(&mut line).is_err() {
+        return;
+    }
+    let mut stream = stream;
+    let answer = format!("peer={peer} port={port}");
+    log(&answer);
+    let _ = writeln!(stream, "{answer}");
+    if let Some(n) = line
+        .trim()
+        .strip_prefix("bulk=")
+        .and_then(|n| n.parse::<usize>().ok())
+    {
+        // Read n bytes from the client, then send n bytes back: a transfer both ways.
+        let mut got = 0;
+        let mut buf = vec![0u8; 65536];
+        while got < n {
+            match reader.read(&mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(k) => got += k,
+            }
+        }
+        let chunk = vec![b'x'; 65536];
+        let mut sent = 0;
+        while sent < n {
+            let k = chunk.len().min(n - sent);
+            if stream.write_all(&chunk[..k]).is_err() {
+                return;
+            }
+            sent += k;
+        }
+    }
+}
+
+fn flag(args: &[String], name: &str) -> Option<u64> {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+}
+
+fn ask(args: &[String]) -> Result<u8, String> {
+    let (proto, target) = match args {
+        [p, t, ..] => (p.as_str(), t.as_str()),
+        _ => return Err("ask needs <udp|tcp> <ip:port>".into()),
+    };
+    let target: SocketAddr = target
+        .parse()
+        .map_err(|_| format!("bad address {target}"))?;
+    let timeout = Duration::from_millis(flag(args, "--timeout-ms").unwrap_or(2000));
+    let bulk = flag(args, "--bulk").map(|n| n as usize);
+    let outcome = match proto {
+        "udp" => ask_udp(target, timeout),
+        "tcp" => ask_tcp(target, timeout, bulk),
+        other => return Err(format!("unknown protocol {other}")),
+    };
+    match outcome {
+        Ok(answer) => {
+            println!("reply {answer}");
+            Ok(0)
+        }
+        Err(e) if e.kind() == ErrorKind::ConnectionRefused => {
+            println!("refused");
+            Ok(3)
+        }
+        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+            println!("timeout");
+            Ok(4)
+        }
+        Err(e) => Err(format!("{proto} {target}: {e}")),
+    }
+}
+
+fn ask_udp(target: SocketAddr, timeout: Duration) -> std::io::Result<String> {
+    let sock = UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], 0)))?;
+    sock.connect(target)?;
+    sock.set_read_timeout(Some(timeout))?;
+    sock.send(b"hello\n")?;
+    let mut buf = vec![0u8; 65536];
+    let n = sock.recv(&mut buf)?;
+    let local = sock.local_addr()?;
+    Ok(format!(
+        "{} client={local}",
+        String::from_utf8_lossy(&buf[..n]).trim()
+    ))
+}
+
+fn ask_tcp(target: SocketAddr, timeout: Duration, bulk: Option<usize>) -> std::io::Result<String> {
+    let mut stream = TcpStream::connect_timeout(&target, timeout)?;
+    stream.set_read_timeout(Some(timeout))?;
+    let local = stream.local_addr()?;
+    match bulk {
+        Some(n) => writeln!(stream, "bulk={n}")?,
+        None => writeln!(stream, "hello")?,
+    }
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut line = String::new();
+    reader.read_line(&mut line)?;
+    if let Some(n) = bulk {
+        let chunk = vec![b'y'; 65536];
+        let mut sent = 0;
+        while sent < n {
+            let k = chunk.len().min(n - sent);
+            stream.write_all(&chunk[..k])?;
+            sent += k;
+        }
+        let mut got = 0;
+        let mut buf = vec![0u8; 65536];
+        while got < n {
+            match reader.read(&mut buf)? {
+                0 => {
+                    return Err(std::io::Error::new(
+                        ErrorKind::UnexpectedEof,
+                        format!("bulk: got {got} of {n} bytes"),
+                    ));
+                }
+                k => got += k,
+            }
+        }
+    }
+    Ok(format!("{} client={local}", line.trim()))
+}

@@ -1,0 +1,460 @@
+//! Traffic through kuport's rules in namespaces shaped like nodes, pods and clients: the pod sees
+//! the client's own address and the reply comes from the address dialed, same node and cross
+//! node, under a Cilium-like and a kindnet-like masquerade (the shapes proven by hand in
+//! `shared/reference/ctmark-proof.sh`), with negative controls that remove kuport's identity SNAT.
+//! Root only; own harness (see `netns/mod.rs`).
+
+#[path = "../../core/tests/fixture/mod.rs"]
+#[allow(unused_imports)]
+mod fixture;
+mod netns;
+
+use std::process::ExitCode;
+
+use fixture::{Cluster, edge_and_worker, facts, pm};
+use kuport_core::ir::{HostState, Rule};
+use kuport_host::{Host, LinuxHost};
+use netns::{Netns, Proc, block_on, child, sh};
+use serde_json::json;
+
+const TESTS: &[netns::Test] = &[
+    (
+        "same_node_udp_and_tcp_keep_the_client_address_under_cilium_like_masquerade",
+        same_node_cilium,
+    ),
+    ("same_node_under_kindnet_like_masquerade", same_node_kindnet),
+    (
+        "without_identity_snat_the_pod_sees_the_node_under_cilium_like_masquerade",
+        same_node_control,
+    ),
+    (
+        "cross_node_keeps_the_client_address_under_both_masquerades_with_strict_rp_filter",
+        cross_node,
+    ),
+    (
+        "cross_node_without_identity_snat_the_pod_sees_a_masqueraded_address",
+        cross_node_control,
+    ),
+];
+
+const CHILDREN: &[netns::Test] = &[("apply_file", child_apply_file)];
+
+fn main() -> ExitCode {
+    netns::harness(TESTS, CHILDREN)
+}
+
+const ECHO: &str = env!("CARGO_BIN_EXE_kuport-echo");
+const CLIENT: &str = "203.0.113.50";
+const DIALED: &str = "203.0.113.9";
+
+/// Applies the HostState in `KUPORT_STATE_FILE` in this namespace and exits; the kernel keeps it.
+fn child_apply_file() {
+    let path = std::env::var("KUPORT_STATE_FILE").expect("state file");
+    let state: HostState =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("state");
+    block_on(async {
+        let mut host = LinuxHost::new().expect("host");
+        host.apply(&state, true).await.expect("apply");
+    });
+}
+
+fn apply(ns: &Netns, state: &HostState) {
+    let path = std::env::temp_dir().join(format!("{}-state.json", ns.name));
+    std::fs::write(&path, serde_json::to_string(state).expect("json")).expect("write state");
+    child(
+        ns,
+        "apply_file",
+        &[("KUPORT_STATE_FILE", path.to_str().expect("utf-8"))],
+    );
+    let _ = std::fs::remove_file(&path);
+}
+
+fn without_identity_snat(mut state: HostState) -> HostState {
+    for (_, rules) in &mut state.nft.chains {
+        rules.retain(|r| !matches!(r, Rule::IdentitySnat(_)));
+    }
+    state
+}
+
+/// Connects `a`'s new device `a_dev` to `b`'s new device `b_dev`.
+fn wire(a: &Netns, a_dev: &str, a_addr: &str, b: &Netns, b_dev: &str, b_addr: &str) {
+    sh(&format!(
+        "ip link add {a_dev} netns {} type veth peer name {b_dev} netns {}",
+        a.name, b.name
+    ));
+    a.sh(&format!(
+        "ip addr add {a_addr} dev {a_dev} && ip link set {a_dev} up"
+    ));
+    b.sh(&format!(
+        "ip addr add {b_addr} dev {b_dev} && ip link set {b_dev} up"
+    ));
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Cni {
+    CiliumLike,
+    KindnetLike,
+}
+
+/// The emulated CNI masquerade of a node (`pod_cidr` is the node's own pod /24).
+fn cni(node: &Netns, style: Cni, pod_cidr: &str, accepting: bool) {
+    let rules = match style {
+        Cni::CiliumLike => format!(
+            "oifname \"cilium_host\" ip saddr != {pod_cidr} counter masquerade\n\
+             ip saddr 10.244.0.0/16 oifname != \"cilium_*\" ip daddr != 10.244.0.0/16 counter masquerade"
+        ),
+        Cni::KindnetLike => {
+            let mut r =
+                "ip saddr 10.244.0.0/16 ip daddr != 10.244.0.0/16 counter masquerade".to_owned();
+            if accepting {
+                r.push_str("\noifname != \"lo\" ip daddr 169.254.0.0/16 counter masquerade");
+            }
+            r
+        }
+    };
+    node.sh(&format!(
+        "nft -f - <<'END'\ntable ip cni {{\n chain post {{ type nat hook postrouting priority srcnat; policy accept;\n{rules}\n }}\n}}\nEND"
+    ));
+}
+
+fn node(tag: &str) -> Netns {
+    let ns = Netns::new(tag);
+    ns.sh("sysctl -qw net.ipv4.ip_forward=1");
+    ns
+}
+
+fn pod(tag: &str, node: &Netns, addr: &str, gw: &str) -> Netns {
+    let p = Netns::new(tag);
+    wire(
+        &p,
+        "eth0",
+        &format!("{addr}/24"),
+        node,
+        "cilium_host",
+        &format!("{gw}/24"),
+    );
+    p.sh(&format!("ip route add default via {gw}"));
+    p
+}
+
+/// Starts responders in the pod and waits until they listen.
+fn responders(pod: &Netns, specs: &[(&str, &str)]) -> Vec<Proc> {
+    specs
+        .iter()
+        .map(|(proto, ports)| {
+            let mut proc = pod.spawn(ECHO, &["serve", proto, ports]);
+            let child = proc.0.as_mut().expect("child");
+            let out = child.stdout.take().expect("stdout");
+            let mut line = String::new();
+            std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line)
+                .expect("ready line");
+            assert_eq!(line.trim(), "ready", "responder {proto} {ports}");
+            proc
+        })
+        .collect()
+}
+
+/// Probes from the client; returns (outcome, peer the responder saw, client socket address).
+fn probe(client: &Netns, proto: &str, port: u16, extra: &[&str]) -> (String, String, String) {
+    let target = format!("{DIALED}:{port}");
+    let mut args = vec!["ask", proto, target.as_str(), "--timeout-ms", "3000"];
+    args.extend_from_slice(extra);
+    let out = client.try_sh(&format!("{ECHO} {}", args.join(" ")));
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let field = |k: &str| {
+        text.split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{k}=")))
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let outcome = text.split_whitespace().next().unwrap_or("error").to_owned();
+    (outcome, field("peer"), field("client"))
+}
+
+fn assert_client_seen(client: &Netns, proto: &str, port: u16, extra: &[&str]) {
+    let (outcome, peer, me) = probe(client, proto, port, extra);
+    assert_eq!(
+        outcome, "reply",
+        "{proto} {port}: no reply from the dialed address"
+    );
+    assert_eq!(
+        peer, me,
+        "{proto} {port}: the pod saw {peer}, the client is {me}"
+    );
+    assert!(me.starts_with(CLIENT), "{me}");
+}
+
+// ---- same node ----
+
+fn same_node_cluster() -> Cluster {
+    edge_and_worker()
+        .endpoint("games", "gs", "gs-0", "edge-a", "10.244.0.5", 3000)
+        .endpoint_full(
+            "games",
+            "gt",
+            "game",
+            "TCP",
+            "gs-0",
+            "edge-a",
+            "10.244.0.5",
+            3000,
+            None,
+        )
+        .endpoint("games", "range", "gs-0", "edge-a", "10.244.0.5", 4000)
+        .endpoint("games", "moved", "gs-0", "edge-a", "10.244.0.5", 6000)
+        .portmap(pm("games", "gs", "public", 3000).ifaces(&["enp1s0"]))
+        .portmap(pm("games", "gt", "public", 3000).tcp().ifaces(&["enp1s0"]))
+        .portmap(
+            pm("games", "range", "public", 4000)
+                .end(4002)
+                .ifaces(&["enp1s0"]),
+        )
+        .portmap(pm("games", "moved", "public", 5000).ifaces(&["enp1s0"]))
+}
+
+fn same_node_state(c: &Cluster) -> HostState {
+    let plan = c.plan_with("edge-a", &facts(&[("enp1s0", DIALED)], "enp1s0", 1500));
+    assert!(!plan.host.nft.is_empty());
+    plan.host
+}
+
+struct SameNode {
+    client: Netns,
+    node: Netns,
+    _pod: Netns,
+    _responders: Vec<Proc>,
+}
+
+fn same_node_topology(style: Cni) -> SameNode {
+    let node = node("sn-node");
+    let client = Netns::new("sn-client");
+    wire(
+        &client,
+        "c0",
+        &format!("{CLIENT}/24"),
+        &node,
+        "enp1s0",
+        &format!("{DIALED}/24"),
+    );
+    let pod = pod("sn-pod", &node, "10.244.0.5", "10.244.0.1");
+    cni(&node, style, "10.244.0.0/24", true);
+    let responders = responders(
+        &pod,
+        &[
+            ("udp", "3000"),
+            ("tcp", "3000"),
+            ("udp", "4000-4002"),
+            ("udp", "6000"),
+        ],
+    );
+    SameNode {
+        client,
+        node,
+        _pod: pod,
+        _responders: responders,
+    }
+}
+
+fn same_node_cilium() {
+    let t = same_node_topology(Cni::CiliumLike);
+    let c = same_node_cluster();
+    apply(&t.node, &same_node_state(&c));
+    assert_client_seen(&t.client, "udp", 3000, &[]);
+    assert_client_seen(&t.client, "tcp", 3000, &[]);
+    assert_client_seen(&t.client, "tcp", 3000, &["--bulk", "300000"]);
+    for port in 4000..=4002 {
+        assert_client_seen(&t.client, "udp", port, &[]);
+    }
+    assert_client_seen(&t.client, "udp", 5000, &[]);
+    // A port no mapping holds refuses.
+    assert_eq!(probe(&t.client, "udp", 3999, &[]).0, "refused");
+
+    // Counters: the mapping counted the probes, and an update to another mapping keeps them.
+    let counter = |name: &str| -> u64 {
+        let out = t.node.sh(&format!("nft -j list counter ip kuport {name}"));
+        let json: serde_json::Value = serde_json::from_str(&out).expect("json");
+        json["nftables"][1]["counter"]["packets"]
+            .as_u64()
+            .expect("packets")
+    };
+    let before = counter("pre/games/gs");
+    assert!(before >= 1, "the DNAT counter of games/gs counted nothing");
+    let mut fewer = c.clone();
+    fewer
+        .snapshot
+        .portmaps
+        .retain(|p| p.metadata.name.as_deref() != Some("range"));
+    apply(&t.node, &same_node_state(&fewer));
+    assert_eq!(
+        counter("pre/games/gs"),
+        before,
+        "the unchanged mapping's counter survived the update"
+    );
+    assert_eq!(
+        probe(&t.client, "udp", 4000, &[]).0,
+        "refused",
+        "the removed mapping refuses"
+    );
+}
+
+fn same_node_kindnet() {
+    let t = same_node_topology(Cni::KindnetLike);
+    apply(&t.node, &same_node_state(&same_node_cluster()));
+    assert_client_seen(&t.client, "udp", 3000, &[]);
+    assert_client_seen(&t.client, "tcp", 3000, &[]);
+}
+
+fn same_node_control() {
+    let t = same_node_topology(Cni::CiliumLike);
+    apply(
+        &t.node,
+        &without_identity_snat(same_node_state(&same_node_cluster())),
+    );
+    let (outcome, peer, _) = probe(&t.client, "udp", 3000, &[]);
+    assert_eq!(outcome, "reply");
+    assert!(
+        peer.starts_with("10.244.0.1:"),
+        "without kuport's identity SNAT the pod sees the node, saw {peer}"
+    );
+}
+
+// ---- cross node ----
+
+fn cross_cluster() -> Cluster {
+    edge_and_worker()
+        .row("public", "worker-b", json!({}), 1500)
+        .claim("public", "edge-a/worker-b", 0)
+        .endpoint("games", "gs", "gs-0", "worker-b", "10.244.1.5", 3000)
+        .endpoint_full(
+            "games",
+            "gt",
+            "game",
+            "TCP",
+            "gs-0",
+            "worker-b",
+            "10.244.1.5",
+            3000,
+            None,
+        )
+        .endpoint("games", "range", "gs-0", "worker-b", "10.244.1.5", 4000)
+        .portmap(pm("games", "gs", "public", 3000).ifaces(&["enp1s0"]))
+        .portmap(pm("games", "gt", "public", 3000).tcp().ifaces(&["enp1s0"]))
+        .portmap(
+            pm("games", "range", "public", 4000)
+                .end(4002)
+                .ifaces(&["enp1s0"]),
+        )
+}
+
+struct CrossNode {
+    client: Netns,
+    edge: Netns,
+    worker: Netns,
+    pod: Netns,
+    responders: Vec<Proc>,
+}
+
+fn cross_topology(style: Cni) -> CrossNode {
+    let edge = node("x-edge");
+    let worker = node("x-worker");
+    // Strict reverse-path filtering everywhere, as some distributions ship; new devices inherit
+    // `default`.
+    for n in [&edge, &worker] {
+        n.sh("sysctl -qw net.ipv4.conf.all.rp_filter=1 net.ipv4.conf.default.rp_filter=1");
+    }
+    let client = Netns::new("x-client");
+    wire(
+        &client,
+        "c0",
+        &format!("{CLIENT}/24"),
+        &edge,
+        "enp1s0",
+        &format!("{DIALED}/24"),
+    );
+    // The underlay both nodes' InternalIPs live on (the mesh, in the reference cluster).
+    wire(
+        &edge,
+        "wt0",
+        "100.64.0.1/24",
+        &worker,
+        "wt0",
+        "100.64.0.2/24",
+    );
+    // Real nodes have a default route; the worker's leads to a gateway that does not exist, so a
+    // reply that takes it is lost, as on a real site. (Even loose reverse-path filtering needs
+    // some route back to the client's address.)
+    worker.sh("ip route add default via 100.64.0.254");
+    let pod = pod("x-pod", &worker, "10.244.1.5", "10.244.1.1");
+    cni(&edge, style, "10.244.0.0/24", true);
+    cni(&worker, style, "10.244.1.0/24", false);
+    for n in [&edge, &worker] {
+        n.sh("for f in /proc/sys/net/ipv4/conf/*/rp_filter; do case $f in */kup-*) ;; *) echo 1 > $f;; esac; done");
+    }
+    let responders = responders(
+        &pod,
+        &[("udp", "3000"), ("tcp", "3000"), ("udp", "4000-4002")],
+    );
+    CrossNode {
+        client,
+        edge,
+        worker,
+        pod,
+        responders,
+    }
+}
+
+fn cross_states(snat: bool) -> (HostState, HostState) {
+    let c = cross_cluster();
+    let edge = c
+        .plan_with("edge-a", &facts(&[("enp1s0", DIALED)], "wt0", 1500))
+        .host;
+    let worker = c.plan_with("worker-b", &facts(&[], "wt0", 1500)).host;
+    assert_eq!((edge.links.len(), worker.links.len()), (1, 1));
+    if snat {
+        (edge, worker)
+    } else {
+        (without_identity_snat(edge), without_identity_snat(worker))
+    }
+}
+
+fn cross_node() {
+    for style in [Cni::CiliumLike, Cni::KindnetLike] {
+        let mut t = cross_topology(style);
+        let (edge, worker) = cross_states(true);
+        apply(&t.edge, &edge);
+        apply(&t.worker, &worker);
+        for n in [&t.edge, &t.worker] {
+            let strict = n.sh("cat /proc/sys/net/ipv4/conf/all/rp_filter");
+            assert_eq!(strict.trim(), "1", "rp_filter stays strict on the host");
+        }
+        assert_client_seen(&t.client, "udp", 3000, &[]);
+        assert_client_seen(&t.client, "tcp", 3000, &[]);
+        assert_client_seen(&t.client, "tcp", 3000, &["--bulk", "300000"]);
+        for port in 4000..=4002 {
+            assert_client_seen(&t.client, "udp", port, &[]);
+        }
+        // A stopped responder's ICMP port-unreachable follows the flow back to the client, which
+        // takes it as an answer to what it dialed.
+        t.responders[0].stop();
+        assert_eq!(probe(&t.client, "udp", 3000, &[]).0, "refused");
+        let _ = &t.pod;
+    }
+}
+
+fn cross_node_control() {
+    for (style, seen) in [
+        (Cni::CiliumLike, "10.244.1.1:"),
+        (Cni::KindnetLike, "169.254.77.0:"),
+    ] {
+        let t = cross_topology(style);
+        let (edge, worker) = cross_states(false);
+        apply(&t.edge, &edge);
+        apply(&t.worker, &worker);
+        let (outcome, peer, _) = probe(&t.client, "udp", 3000, &[]);
+        assert_eq!(outcome, "reply");
+        assert!(
+            peer.starts_with(seen),
+            "without identity SNAT the pod should see {seen}…, saw {peer}"
+        );
+    }
+}
