@@ -112,3 +112,83 @@ impl Host for MemoryHost {
         Ok(self.lock().counters.clone())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use kuport_core::ir::{IpRule, MAIN_TABLE};
+
+    use super::*;
+
+    fn state(rules: &[u32]) -> HostState {
+        HostState {
+            rules: rules
+                .iter()
+                .map(|p| IpRule {
+                    priority: *p,
+                    fwmark: 0x6b70_0000,
+                    to: None,
+                    table: MAIN_TABLE,
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn records_applies_and_counts_only_changes() {
+        let mut host = MemoryHost::default();
+        let watcher = host.clone();
+        let first = host.apply(&state(&[102]), false).await.expect("apply");
+        assert_eq!(first.rules_added, 1);
+        let again = host.apply(&state(&[102]), false).await.expect("apply");
+        assert_eq!(again.mutations(), 0);
+        let changed = host.apply(&state(&[101]), false).await.expect("apply");
+        assert_eq!((changed.rules_added, changed.rules_deleted), (1, 1));
+        assert_eq!(watcher.lock().applies, 2);
+        assert_eq!(watcher.applied(), state(&[101]));
+        host.teardown().await.expect("teardown");
+        assert_eq!(watcher.applied(), HostState::default());
+        assert_eq!(watcher.lock().teardowns, 1);
+    }
+
+    #[tokio::test]
+    async fn scripted_failure_keeps_the_previous_state() {
+        let mut host = MemoryHost::default();
+        host.apply(&state(&[102]), false).await.expect("apply");
+        host.lock().fail_next_apply = Some("boom".into());
+        let err = host
+            .apply(&state(&[101]), false)
+            .await
+            .expect_err("scripted failure");
+        assert!(err.to_string().contains("boom"));
+        assert_eq!(host.applied(), state(&[102]));
+        assert!(
+            host.apply(&state(&[101]), false).await.is_ok(),
+            "the failure is used once"
+        );
+    }
+
+    #[tokio::test]
+    async fn facts_answer_only_what_was_asked() {
+        let facts = HostFacts {
+            interfaces: [
+                ("wt0".to_owned(), "100.64.0.1".parse().expect("ip")),
+                ("eth0".to_owned(), "10.0.0.1".parse().expect("ip")),
+            ]
+            .into_iter()
+            .collect(),
+            underlay_device: Some("wt0".into()),
+            underlay_mtu: Some(1400),
+        };
+        let host = MemoryHost::with_facts(facts);
+        let got = host
+            .facts(&FactsQuery {
+                interfaces: vec!["wt0".into()],
+                internal_ip: None,
+            })
+            .await
+            .expect("facts");
+        assert_eq!(got.interfaces.len(), 1);
+        assert_eq!(got.underlay_mtu, Some(1400));
+    }
+}

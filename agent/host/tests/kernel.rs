@@ -90,6 +90,18 @@ fn child_apply_golden() {
         );
         check_links(&state);
         check_rules_and_routes(&state);
+        let counters = host.counters().await.expect("counters");
+        assert_eq!(
+            counters.len(),
+            state.nft.counters.len(),
+            "{case}: one reading per mapping and chain"
+        );
+        assert!(
+            counters
+                .iter()
+                .all(|c| c.packets == 0 && !c.namespace.is_empty()),
+            "{case}: {counters:?}"
+        );
         let again = host.apply(&state, true).await.expect("re-apply");
         assert_eq!(
             again.mutations(),
