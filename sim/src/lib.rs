@@ -1,2 +1,5 @@
-//! kuport's simulator: a model of the Kubernetes API server subset kuport uses, and seeded
-//! whole-cluster simulations over it. Nothing is implemented yet; see the API-server-model issue.
+//! kuport's simulator: a model of the Kubernetes API server subset kuport uses
+//! ([`apiserver`]), served over HTTP on any listener, for the simulator, the lab and the
+//! agent's tests.
+
+pub mod apiserver;

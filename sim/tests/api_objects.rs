@@ -1,0 +1,753 @@
+//! The model's object semantics, driven by kube-rs clients over real HTTP: CRUD, metadata the
+//! server owns, status isolation, optimistic concurrency, generation, defaults, schema and CEL
+//! admission with the real server's error shape, and selectors.
+
+mod common;
+
+use common::*;
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Node};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kuport_core::api::{PortMap, PortMapStatus};
+use serde_json::{Value, json};
+
+fn rv_of(o: &impl kube::ResourceExt) -> u64 {
+    o.resource_version()
+        .expect("resourceVersion set")
+        .parse()
+        .expect("numeric resourceVersion")
+}
+
+#[tokio::test]
+async fn crud_round_trip_with_server_owned_metadata() {
+    let t = start().await;
+    t.namespace("games").await;
+    let api = t.raw_portmaps("games");
+    let created = api
+        .create(
+            &PostParams::default(),
+            &portmap_doc("gameserver", base_spec()),
+        )
+        .await
+        .expect("created");
+    let meta = &created.metadata;
+    assert_eq!(meta.namespace.as_deref(), Some("games"));
+    assert_eq!(meta.generation, Some(1));
+    assert_eq!(meta.uid.as_ref().map(String::len), Some(36));
+    assert!(meta.creation_timestamp.is_some());
+    let rv1 = rv_of(&created);
+
+    let got = api.get("gameserver").await.expect("get");
+    assert_eq!(got.metadata.uid, meta.uid);
+    assert_eq!(got.data["spec"]["port"], 3000);
+
+    // Typed access works against the same object.
+    let typed: Api<PortMap> = Api::namespaced(t.client.clone(), "games");
+    let pm = typed.get("gameserver").await.expect("typed get");
+    assert_eq!(pm.spec.port, 3000);
+
+    let list = api.list(&ListParams::default()).await.expect("list");
+    assert_eq!(list.items.len(), 1);
+    assert!(list.metadata.resource_version.is_some());
+
+    // Changing a mutable field bumps resourceVersion and generation.
+    let patched = api
+        .patch(
+            "gameserver",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"interfaces": ["wt0"]}})),
+        )
+        .await
+        .expect("patched");
+    assert!(rv_of(&patched) > rv1);
+    assert_eq!(patched.metadata.generation, Some(2));
+
+    let again = api
+        .create(
+            &PostParams::default(),
+            &portmap_doc("gameserver", base_spec()),
+        )
+        .await;
+    let status = api_error(again);
+    assert_eq!(
+        (status.code, status.reason.as_str()),
+        (409, "AlreadyExists")
+    );
+    assert_eq!(
+        status.message,
+        "portmaps.kuport.wlz.li \"gameserver\" already exists"
+    );
+
+    api.delete("gameserver", &DeleteParams::default())
+        .await
+        .expect("deleted");
+    let status = api_error(api.get("gameserver").await);
+    assert_eq!((status.code, status.reason.as_str()), (404, "NotFound"));
+    assert_eq!(
+        status.message,
+        "portmaps.kuport.wlz.li \"gameserver\" not found"
+    );
+    let details = status.details.expect("details");
+    assert_eq!(
+        (
+            details.name.as_str(),
+            details.group.as_str(),
+            details.kind.as_str()
+        ),
+        ("gameserver", "kuport.wlz.li", "portmaps")
+    );
+}
+
+#[tokio::test]
+async fn creating_in_a_missing_namespace_is_404_and_names_must_be_dns() {
+    let t = start().await;
+    let status = api_error(
+        t.raw_portmaps("nowhere")
+            .create(&PostParams::default(), &portmap_doc("x", base_spec()))
+            .await,
+    );
+    assert_eq!(status.code, 404);
+    assert_eq!(status.message, "namespaces \"nowhere\" not found");
+
+    let cms: Api<ConfigMap> = Api::namespaced(t.client.clone(), "default");
+    let bad: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "Bad_Name"}})).expect("configmap");
+    let status = api_error(cms.create(&PostParams::default(), &bad).await);
+    assert_eq!((status.code, status.reason.as_str()), (422, "Invalid"));
+    assert_eq!(cause_fields(&status), ["metadata.name"]);
+
+    let generated: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"generateName": "cfg-"}})).expect("configmap");
+    let made = cms
+        .create(&PostParams::default(), &generated)
+        .await
+        .expect("generateName");
+    let name = made.metadata.name.expect("name");
+    assert!(name.starts_with("cfg-") && name.len() == 9, "{name}");
+}
+
+#[tokio::test]
+async fn status_subresource_isolation_both_ways() {
+    let t = start().await;
+    t.namespace("games").await;
+    let api = t.raw_portmaps("games");
+    // Status sent on create is dropped.
+    let mut doc = portmap_doc("gs", base_spec());
+    doc.data["status"] = json!({"observedGeneration": 9});
+    let created = api
+        .create(&PostParams::default(), &doc)
+        .await
+        .expect("created");
+    assert!(created.data.get("status").is_none(), "{:?}", created.data);
+
+    // A status write cannot change spec (or labels).
+    let status_write = json!({
+        "metadata": {"labels": {"sneaky": "yes"}},
+        "spec": {"interfaces": ["sneaky0"]},
+        "status": {"observedGeneration": 1, "endpoint": {"node": "n1", "address": "10.0.0.5", "port": 3000}},
+    });
+    let after_status = api
+        .patch_status("gs", &PatchParams::default(), &Patch::Merge(status_write))
+        .await
+        .expect("status patched");
+    assert_eq!(
+        after_status.data["status"]["endpoint"]["address"],
+        "10.0.0.5"
+    );
+    assert!(after_status.data["spec"].get("interfaces").is_none());
+    assert!(after_status.metadata.labels.is_none());
+    assert_eq!(
+        after_status.metadata.generation,
+        Some(1),
+        "status writes never bump generation"
+    );
+    assert!(rv_of(&after_status) > rv_of(&created));
+
+    // A spec write cannot change status.
+    let spec_write = json!({"spec": {"interfaces": ["wt0"]}, "status": {"observedGeneration": 42}});
+    let after_spec = api
+        .patch("gs", &PatchParams::default(), &Patch::Merge(spec_write))
+        .await
+        .expect("spec patched");
+    assert_eq!(after_spec.data["status"]["observedGeneration"], 1);
+    assert_eq!(after_spec.data["spec"]["interfaces"], json!(["wt0"]));
+    assert_eq!(after_spec.metadata.generation, Some(2));
+
+    // Replacing through the main resource keeps the stored status too.
+    let mut replaced = after_spec.clone();
+    replaced.data["status"] = json!({"observedGeneration": 77});
+    let after_put = api
+        .replace("gs", &PostParams::default(), &replaced)
+        .await
+        .expect("replaced");
+    assert_eq!(after_put.data["status"]["observedGeneration"], 1);
+
+    // The typed status API kuport's agent uses works the same.
+    let typed: Api<PortMap> = Api::namespaced(t.client.clone(), "games");
+    let mut pm = typed.get_status("gs").await.expect("get status");
+    pm.status = Some(PortMapStatus {
+        observed_generation: Some(2),
+        ..PortMapStatus::default()
+    });
+    let written = typed
+        .replace_status("gs", &PostParams::default(), &pm)
+        .await
+        .expect("status replaced");
+    assert_eq!(written.status.and_then(|s| s.observed_generation), Some(2));
+}
+
+#[tokio::test]
+async fn stale_resource_version_is_a_409_conflict() {
+    let t = start().await;
+    t.namespace("games").await;
+    let api = t.raw_portmaps("games");
+    let created = api
+        .create(&PostParams::default(), &portmap_doc("gs", base_spec()))
+        .await
+        .expect("created");
+    let mut first = created.clone();
+    first.data["spec"]["interfaces"] = json!(["a"]);
+    api.replace("gs", &PostParams::default(), &first)
+        .await
+        .expect("first writer wins");
+    let mut second = created.clone();
+    second.data["spec"]["interfaces"] = json!(["b"]);
+    let status = api_error(api.replace("gs", &PostParams::default(), &second).await);
+    assert_eq!((status.code, status.reason.as_str()), (409, "Conflict"));
+    assert_eq!(
+        status.message,
+        "Operation cannot be fulfilled on portmaps.kuport.wlz.li \"gs\": the object has been modified; please apply your changes to the latest version and try again"
+    );
+
+    // Status writes take the same precondition.
+    let mut stale_status = created.clone();
+    stale_status.data["status"] = json!({"observedGeneration": 1});
+    let status = api_error(
+        api.replace_status("gs", &PostParams::default(), &stale_status)
+            .await,
+    );
+    assert_eq!(status.code, 409);
+
+    // A merge patch that names an old version is refused too.
+    let patch = json!({"metadata": {"resourceVersion": created.metadata.resource_version},
+                       "spec": {"interfaces": ["c"]}});
+    let status = api_error(
+        api.patch("gs", &PatchParams::default(), &Patch::Merge(patch))
+            .await,
+    );
+    assert_eq!(status.code, 409);
+
+    // Custom resources refuse an update without a version.
+    let mut unconditional = api.get("gs").await.expect("get");
+    unconditional.metadata.resource_version = None;
+    let status = api_error(
+        api.replace("gs", &PostParams::default(), &unconditional)
+            .await,
+    );
+    assert_eq!((status.code, status.reason.as_str()), (422, "Invalid"));
+    assert_eq!(cause_fields(&status), ["metadata.resourceVersion"]);
+}
+
+#[tokio::test]
+async fn generation_moves_on_spec_changes_only_and_no_ops_keep_the_version() {
+    let t = start().await;
+    t.namespace("games").await;
+    let api = t.raw_portmaps("games");
+    let created = api
+        .create(&PostParams::default(), &portmap_doc("gs", base_spec()))
+        .await
+        .expect("created");
+    let labelled = api
+        .patch(
+            "gs",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}})),
+        )
+        .await
+        .expect("labelled");
+    assert_eq!(
+        labelled.metadata.generation,
+        Some(1),
+        "metadata is not spec"
+    );
+    assert!(rv_of(&labelled) > rv_of(&created));
+
+    let same = api
+        .patch(
+            "gs",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"port": 3000}})),
+        )
+        .await
+        .expect("no-op patch");
+    assert_eq!(
+        rv_of(&same),
+        rv_of(&labelled),
+        "a no-op write stores nothing"
+    );
+    assert_eq!(same.metadata.generation, Some(1));
+
+    let json_patched = api
+        .patch(
+            "gs",
+            &PatchParams::default(),
+            &Patch::Json::<()>(
+                serde_json::from_value(json!([
+                    {"op": "add", "path": "/spec/interfaces", "value": ["wt0"]}
+                ]))
+                .expect("json patch"),
+            ),
+        )
+        .await
+        .expect("json patched");
+    assert_eq!(json_patched.metadata.generation, Some(2));
+    assert_eq!(json_patched.data["spec"]["interfaces"], json!(["wt0"]));
+
+    let status = api_error(
+        api.patch(
+            "gs",
+            &PatchParams::default(),
+            &Patch::Json::<()>(
+                serde_json::from_value(json!([{"op": "remove", "path": "/spec/nothing"}]))
+                    .expect("json patch"),
+            ),
+        )
+        .await,
+    );
+    assert_eq!(status.code, 422, "{status:?}");
+}
+
+#[tokio::test]
+async fn defaults_from_the_crd_are_applied_on_create() {
+    let t = start().await;
+    let created = t
+        .raw_classes()
+        .create(&PostParams::default(), &class_doc("c", class_spec()))
+        .await
+        .expect("created");
+    let spec = &created.data["spec"];
+    assert_eq!(spec["servingMode"], "Single");
+    assert_eq!(
+        spec["ports"],
+        json!({"min": 1, "max": 65535, "reserved": []})
+    );
+    assert_eq!(
+        spec["returnPath"]["vxlan"],
+        json!({"vni": 4242, "port": 4790, "subnet": "169.254.77.0/24"})
+    );
+    // A partial window gets the missing bound from the field default.
+    let mut partial = class_spec();
+    partial["ports"] = json!({"min": 1024});
+    let created = t
+        .raw_classes()
+        .create(&PostParams::default(), &class_doc("d", partial))
+        .await
+        .expect("created");
+    assert_eq!(created.data["spec"]["ports"]["max"], 65535);
+}
+
+/// Asserts the real server's Invalid shape: 422, reason Invalid, causes naming `field`, and
+/// `expected` both in the cause and in the message.
+fn assert_invalid(status: &kube::core::Status, field: &str, expected: &str) {
+    assert_eq!(
+        (status.code, status.reason.as_str()),
+        (422, "Invalid"),
+        "{status:?}"
+    );
+    assert_eq!(
+        status.status,
+        Some(kube::core::response::StatusSummary::Failure)
+    );
+    let details = status.details.as_ref().expect("details");
+    let cause = details
+        .causes
+        .iter()
+        .find(|c| c.field == field)
+        .unwrap_or_else(|| panic!("no cause for {field}: {details:?}"));
+    assert!(cause.message.contains(expected), "{cause:?}");
+    assert!(status.message.contains(expected), "{}", status.message);
+    assert!(
+        status.message.contains(&format!("{field}:")),
+        "{}",
+        status.message
+    );
+}
+
+#[tokio::test]
+async fn cel_rules_refuse_changing_each_immutable_field() {
+    let t = start().await;
+    t.namespace("games").await;
+    let api = t.raw_portmaps("games");
+    let ranged = api
+        .create(&PostParams::default(), &portmap_doc("ranged", base_spec()))
+        .await
+        .expect("created");
+    let mut single_spec = base_spec();
+    single_spec
+        .as_object_mut()
+        .expect("object")
+        .remove("endPort");
+    api.create(&PostParams::default(), &portmap_doc("single", single_spec))
+        .await
+        .expect("created");
+    let cases: [(&str, &str, Value, &str, &str); 6] = [
+        (
+            "ranged",
+            "className",
+            json!("intranet"),
+            "spec.className",
+            "className is immutable",
+        ),
+        (
+            "ranged",
+            "protocol",
+            json!("TCP"),
+            "spec.protocol",
+            "protocol is immutable",
+        ),
+        (
+            "ranged",
+            "port",
+            json!(3001),
+            "spec.port",
+            "port is immutable",
+        ),
+        (
+            "ranged",
+            "endPort",
+            json!(3010),
+            "spec",
+            "endPort is immutable",
+        ),
+        (
+            "ranged",
+            "endPort",
+            Value::Null,
+            "spec",
+            "endPort is immutable",
+        ),
+        (
+            "single",
+            "endPort",
+            json!(3005),
+            "spec",
+            "endPort is immutable",
+        ),
+    ];
+    for (name, field, value, path, message) in cases {
+        let status = api_error(
+            api.patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {field: value}})),
+            )
+            .await,
+        );
+        assert_invalid(&status, path, message);
+        assert!(
+            status
+                .message
+                .starts_with(&format!("PortMap.kuport.wlz.li \"{name}\" is invalid: ")),
+            "{}",
+            status.message
+        );
+    }
+    // Nothing was stored by the refused writes.
+    let after = api.get("ranged").await.expect("get");
+    assert_eq!(
+        after.metadata.resource_version,
+        ranged.metadata.resource_version
+    );
+}
+
+#[tokio::test]
+async fn cel_rules_refuse_end_port_below_port_and_min_above_max() {
+    let t = start().await;
+    t.namespace("games").await;
+    let mut spec = base_spec();
+    spec["endPort"] = json!(2999);
+    let status = api_error(
+        t.raw_portmaps("games")
+            .create(&PostParams::default(), &portmap_doc("gs", spec))
+            .await,
+    );
+    assert_invalid(&status, "spec", "endPort must not be lower than port");
+
+    let mut spec = class_spec();
+    spec["ports"] = json!({"min": 2000, "max": 1000});
+    let status = api_error(
+        t.raw_classes()
+            .create(&PostParams::default(), &class_doc("c", spec))
+            .await,
+    );
+    assert_invalid(&status, "spec.ports", "ports.min must not exceed ports.max");
+}
+
+#[tokio::test]
+async fn schema_rejections_match_the_real_server() {
+    let t = start().await;
+    t.namespace("games").await;
+    let api = t.raw_portmaps("games");
+    let create = |spec: Value| {
+        let api = api.clone();
+        async move {
+            api_error(
+                api.create(&PostParams::default(), &portmap_doc("gs", spec))
+                    .await,
+            )
+        }
+    };
+    let mut spec = base_spec();
+    spec["port"] = json!(70000);
+    spec["endPort"] = json!(70001);
+    let status = create(spec).await;
+    assert_invalid(
+        &status,
+        "spec.port",
+        "Invalid value: 70000: spec.port in body should be less than or equal to 65535",
+    );
+
+    let mut spec = base_spec();
+    spec.as_object_mut().expect("object").remove("className");
+    assert_invalid(&create(spec).await, "spec.className", "Required value");
+
+    let mut spec = base_spec();
+    spec["protocol"] = json!("SCTP");
+    let status = create(spec).await;
+    assert_invalid(&status, "spec.protocol", "Unsupported value: \"SCTP\"");
+    assert_eq!(
+        status.details.expect("details").causes[0].reason,
+        "FieldValueNotSupported"
+    );
+
+    let mut spec = base_spec();
+    spec["port"] = json!("3000");
+    assert_invalid(&create(spec).await, "spec.port", "must be of type integer");
+
+    let mut spec = base_spec();
+    spec["className"] = json!("");
+    assert_invalid(
+        &create(spec).await,
+        "spec.className",
+        "should be at least 1 chars long",
+    );
+
+    let mut class = class_spec();
+    class["nodes"] = json!({});
+    let status = api_error(
+        t.raw_classes()
+            .create(&PostParams::default(), &class_doc("c", class))
+            .await,
+    );
+    assert_invalid(&status, "spec.nodes", "should have at least 1 properties");
+
+    // Unknown fields are pruned by default and refused under fieldValidation=Strict.
+    let mut spec = base_spec();
+    spec["bogus"] = json!(1);
+    let stored = api
+        .create(&PostParams::default(), &portmap_doc("pruned", spec.clone()))
+        .await
+        .expect("pruned create");
+    assert!(stored.data["spec"].get("bogus").is_none());
+    // kube-rs sets fieldValidation on patches; kubectl apply sends it on creates too.
+    let strict = PatchParams {
+        field_validation: Some(kube::api::ValidationDirective::Strict),
+        ..PatchParams::default()
+    };
+    let status = api_error(
+        api.patch(
+            "pruned",
+            &strict,
+            &Patch::Merge(json!({"spec": {"bogus": 2}})),
+        )
+        .await,
+    );
+    assert_eq!(status.code, 400);
+    assert!(
+        status.message.contains("unknown field \"spec.bogus\""),
+        "{}",
+        status.message
+    );
+}
+
+#[tokio::test]
+async fn label_and_field_selectors_filter_lists() {
+    let t = start().await;
+    t.namespace("games").await;
+    t.namespace("web").await;
+    let cms = |ns: &str| -> Api<ConfigMap> { Api::namespaced(t.client.clone(), ns) };
+    for (ns, name, labels) in [
+        ("games", "a", json!({"app": "game", "tier": "edge"})),
+        ("games", "b", json!({"app": "game"})),
+        ("web", "c", json!({"app": "web"})),
+    ] {
+        let cm: ConfigMap =
+            serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}}))
+                .expect("configmap");
+        cms(ns)
+            .create(&PostParams::default(), &cm)
+            .await
+            .expect("created");
+    }
+    let all: Api<ConfigMap> = Api::all(t.client.clone());
+    let names = |list: kube::core::ObjectList<ConfigMap>| -> Vec<String> {
+        list.items
+            .into_iter()
+            .filter_map(|c| c.metadata.name)
+            .collect()
+    };
+    let lp = |labels: &str, fields: &str| {
+        let mut p = ListParams::default();
+        if !labels.is_empty() {
+            p = p.labels(labels);
+        }
+        if !fields.is_empty() {
+            p = p.fields(fields);
+        }
+        p
+    };
+    assert_eq!(
+        names(all.list(&lp("app=game", "")).await.expect("list")),
+        ["a", "b"]
+    );
+    assert_eq!(
+        names(all.list(&lp("app in (web),!tier", "")).await.expect("list")),
+        ["c"]
+    );
+    assert_eq!(names(all.list(&lp("tier", "")).await.expect("list")), ["a"]);
+    assert_eq!(
+        names(
+            all.list(&lp("", "metadata.namespace=web"))
+                .await
+                .expect("list")
+        ),
+        ["c"]
+    );
+    assert_eq!(
+        names(
+            all.list(&lp("app=game", "metadata.name!=a"))
+                .await
+                .expect("list")
+        ),
+        ["b"]
+    );
+    let status = api_error(all.list(&lp("", "data.x=y")).await);
+    assert_eq!(status.code, 400);
+    assert_eq!(status.message, "field label not supported: data.x");
+
+    // Pagination hands out every item exactly once.
+    let mut seen = Vec::new();
+    let mut params = ListParams::default().limit(1);
+    loop {
+        let page = all.list(&params).await.expect("page");
+        let token = page.metadata.continue_.clone();
+        seen.extend(names(page));
+        match token {
+            Some(t) if !t.is_empty() => params = params.continue_token(&t),
+            _ => break,
+        }
+    }
+    assert_eq!(seen, ["a", "b", "c"]);
+}
+
+#[tokio::test]
+async fn event_field_selectors_serve_kubectl_describe() {
+    let t = start().await;
+    t.namespace("games").await;
+    let events: Api<Event> = Api::namespaced(t.client.clone(), "games");
+    for (name, kind, obj) in [
+        ("e1", "PortMap", "gs"),
+        ("e2", "Pod", "gs"),
+        ("e3", "PortMap", "other"),
+    ] {
+        let ev: Event = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "involvedObject": {"kind": kind, "name": obj, "namespace": "games", "uid": "u-1"},
+            "reason": "Mapped", "type": "Normal", "message": "m", "source": {"component": "kuport"},
+        }))
+        .expect("event");
+        events
+            .create(&PostParams::default(), &ev)
+            .await
+            .expect("event created");
+    }
+    let selected = events
+        .list(&ListParams::default().fields(
+            "involvedObject.kind=PortMap,involvedObject.name=gs,involvedObject.namespace=games,involvedObject.uid=u-1",
+        ))
+        .await
+        .expect("list");
+    let names: Vec<_> = selected
+        .items
+        .iter()
+        .filter_map(|e| e.metadata.name.clone())
+        .collect();
+    assert_eq!(names, ["e1"]);
+    let by_source = events
+        .list(&ListParams::default().fields("source=kuport,type=Normal"))
+        .await
+        .expect("list");
+    assert_eq!(by_source.items.len(), 3);
+}
+
+#[tokio::test]
+async fn finalizers_hold_deletion_until_removed_and_namespaces_cascade() {
+    let t = start().await;
+    let nodes: Api<Node> = Api::all(t.client.clone());
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": "worker-1", "finalizers": ["kuport.wlz.li/test"]},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }))
+    .expect("node");
+    let created = nodes
+        .create(&PostParams::default(), &node)
+        .await
+        .expect("created");
+    // Nodes keep the status they register with.
+    assert!(created.status.is_some());
+    nodes
+        .delete("worker-1", &DeleteParams::default())
+        .await
+        .expect("delete accepted");
+    let held = nodes.get("worker-1").await.expect("still there");
+    assert!(held.metadata.deletion_timestamp.is_some());
+    nodes
+        .patch(
+            "worker-1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .expect("finalizer removed");
+    assert_eq!(api_error(nodes.get("worker-1").await).code, 404);
+
+    t.namespace("games").await;
+    t.raw_portmaps("games")
+        .create(&PostParams::default(), &portmap_doc("gs", base_spec()))
+        .await
+        .expect("created");
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(t.client.clone());
+    namespaces
+        .delete("games", &DeleteParams::default())
+        .await
+        .expect("namespace deleted");
+    assert!(
+        t.server
+            .object("kuport.wlz.li/v1alpha1", "portmaps", "games", "gs")
+            .is_none()
+    );
+
+    // A uid precondition that does not match is a conflict.
+    let cms: Api<ConfigMap> = Api::namespaced(t.client.clone(), "default");
+    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "c"}})).expect("cm");
+    cms.create(&PostParams::default(), &cm)
+        .await
+        .expect("created");
+    let dp = DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid: Some("not-the-uid".to_owned()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    assert_eq!(api_error(cms.delete("c", &dp).await).code, 409);
+}
