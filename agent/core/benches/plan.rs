@@ -1,1 +1,399 @@
-fn main() {}
+//! Plan benchmark (`spec/targets.md`: 10,000 PortMaps, 500 nodes, 10,000 endpoints, one core,
+//! release build, median of at least 10 runs, ≤ 50 ms per pass, growing O(n log n)).
+//!
+//! `cargo bench -p kuport-core --bench plan` times `plan()` for one node on the full-size cluster
+//! and on one a tenth of its size, and prints the workload's counts.
+//!
+//! `KUPORT_BENCH_ONE_PASS=1` (or `=<nodes>x<portmaps>`) builds the full-size cluster and runs exactly one measured plan
+//! pass (for `valgrind --tool=callgrind`; building the cluster plans once too, so collect only
+//! the measured pass with `--toggle-collect=plan::one_pass`).
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::jiff::Timestamp;
+use kuport_core::api::{LinkClaim, PortMapClass};
+use kuport_core::ir::Rule;
+use kuport_core::plan::{AcceptedReason, Plan, ProgrammedReason, plan};
+use kuport_core::snapshot::{CniFacts, HostFacts, Snapshot};
+use serde_json::{Value, json};
+
+const CLASSES: usize = 10;
+/// Classes `0..MULTI_CLASSES` are Multi with `EDGE_PER_MULTI` edge nodes each; the others are
+/// Single and share the remaining nodes. Even classes are Vxlan, odd ones None.
+const MULTI_CLASSES: usize = 4;
+const EDGE_PER_MULTI: usize = 4;
+const NAMESPACES: usize = 100;
+const WARMUP: usize = 3;
+const RUNS: usize = 21;
+
+fn now() -> Timestamp {
+    "2026-06-01T12:00:00Z".parse().expect("timestamp")
+}
+
+fn node_name(i: usize) -> String {
+    format!("node-{i:03}")
+}
+
+fn class_name(k: usize) -> String {
+    format!("class-{k}")
+}
+
+/// The class whose node map holds node `i`.
+fn class_of_node(i: usize) -> usize {
+    let edge = MULTI_CLASSES * EDGE_PER_MULTI;
+    if i < edge {
+        i / EDGE_PER_MULTI
+    } else {
+        MULTI_CLASSES + (i - edge) % (CLASSES - MULTI_CLASSES)
+    }
+}
+
+struct Size {
+    nodes: usize,
+    portmaps: usize,
+}
+
+/// The synthetic cluster, with link claims landed for every other pair the mappings need.
+fn cluster(size: &Size) -> Snapshot {
+    let mut snap = Snapshot {
+        cni: Some(CniFacts {
+            name: "cilium".into(),
+            routing_mode: Some("tunnel".into()),
+            vxlan_port: 8472,
+        }),
+        ..Snapshot::default()
+    };
+    for i in 0..size.nodes {
+        snap.nodes.push(
+            serde_json::from_value(json!({"metadata": {"name": node_name(i)}, "status": {
+                "addresses": [{"type": "InternalIP", "address": format!("100.64.{}.{}", i / 250, 1 + i % 250)}],
+                "conditions": [{"type": "Ready", "status": "True"}]}}))
+            .expect("node"),
+        );
+    }
+    for n in 0..NAMESPACES {
+        snap.namespaces.push(
+            serde_json::from_value(
+                json!({"metadata": {"name": format!("ns-{n:02}"), "labels": {"tier": "public"}}}),
+            )
+            .expect("namespace"),
+        );
+    }
+    let mut members: Vec<Vec<usize>> = vec![Vec::new(); CLASSES];
+    for i in 0..size.nodes {
+        members[class_of_node(i)].push(i);
+    }
+    for (k, nodes) in members.iter().enumerate() {
+        snap.classes.push(class(k, nodes));
+    }
+    for j in 0..size.portmaps {
+        let (pm, slice) = portmap(j, &members);
+        snap.portmaps.push(pm);
+        snap.endpoint_slices.push(slice);
+    }
+    land_half_of_the_needed_claims(&mut snap);
+    snap
+}
+
+fn class(k: usize, nodes: &[usize]) -> PortMapClass {
+    let node_map: serde_json::Map<String, Value> = nodes
+        .iter()
+        .map(|i| (node_name(*i), json!({"interfaces": ["eth0", "wt0"]})))
+        .collect();
+    let rows: Vec<Value> = nodes
+        .iter()
+        .map(|i| {
+            json!({"name": node_name(*i), "ready": true, "underlayMTU": 1450, "linkMTU": 1400,
+                   "addresses": {"eth0": format!("203.0.{}.{}", i / 250, 1 + i % 250),
+                                 "wt0": format!("100.64.{}.{}", i / 250, 1 + i % 250)}})
+        })
+        .collect();
+    let mode = if k.is_multiple_of(2) { "Vxlan" } else { "None" };
+    let serving = if k < MULTI_CLASSES { "Multi" } else { "Single" };
+    serde_json::from_value(json!({
+        "apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMapClass",
+        "metadata": {"name": class_name(k), "creationTimestamp": "2026-01-01T00:00:00Z", "generation": 1},
+        "spec": {
+            "nodes": node_map, "servingMode": serving,
+            "ports": {"min": 1024, "max": 65535, "reserved": [1080]},
+            "namespaceSelector": {"matchLabels": {"tier": "public"}},
+            "returnPath": {"mode": mode, "vxlan": {
+                "vni": 10_000 + 4096 * k, "port": 4790, "subnet": format!("169.254.{}.0/20", 16 * k)}}},
+        "status": {"nodes": rows}
+    }))
+    .expect("class")
+}
+
+/// PortMap `j` and its Service's EndpointSlice (one ready pod).
+fn portmap(
+    j: usize,
+    members: &[Vec<usize>],
+) -> (
+    kuport_core::api::PortMap,
+    k8s_openapi::api::discovery::v1::EndpointSlice,
+) {
+    let k = j % CLASSES;
+    let namespace = format!("ns-{:02}", j % NAMESPACES);
+    let name = format!("pm-{j:05}");
+    // Distinct ports within a class (4 apart, so ranges of 3 fit), except every 50th mapping,
+    // which asks for the port of the mapping created just before it in its class: a conflict.
+    let slot = j / CLASSES;
+    let conflict = j % 50 == 49;
+    let port = 2000 + 4 * if conflict { slot - 1 } else { slot };
+    let range = j % 7 == 3;
+    let protocol = if j.is_multiple_of(3) { "TCP" } else { "UDP" };
+    let protocol = if conflict {
+        if (j - CLASSES).is_multiple_of(3) {
+            "TCP"
+        } else {
+            "UDP"
+        }
+    } else {
+        protocol
+    };
+    let mut spec = json!({"className": class_name(k), "protocol": protocol, "port": port,
+        "serviceRef": {"name": name, "port": "game"}});
+    if range {
+        spec["endPort"] = json!(port + 3);
+    }
+    if j % 5 == 1 {
+        spec["interfaces"] = json!(["eth0"]);
+    }
+    let pm = serde_json::from_value(json!({
+        "apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMap",
+        "metadata": {"name": name, "namespace": namespace, "generation": 1,
+                     "creationTimestamp": format!("2026-02-01T{:02}:{:02}:{:02}Z", (j / 3600) % 24, (j / 60) % 60, j % 60)},
+        "spec": spec}))
+    .expect("portmap");
+    // Half of the pods run on an accepting node of the class, half elsewhere (remote).
+    let nodes = &members[k];
+    let all: usize = members.iter().map(Vec::len).sum();
+    let pod_node = if (j / CLASSES).is_multiple_of(2) && !nodes.is_empty() {
+        nodes[(j / CLASSES) % nodes.len()]
+    } else {
+        (j * 7919) % all.max(1)
+    };
+    // Single ports are sometimes translated; ranges are delivered port for port.
+    let pod_port = if !range && j.is_multiple_of(4) {
+        7777
+    } else {
+        port
+    };
+    let slice = serde_json::from_value(json!({
+        "metadata": {"name": format!("{name}-abcde"), "namespace": namespace,
+                     "labels": {"kubernetes.io/service-name": name}},
+        "addressType": "IPv4",
+        "ports": [{"name": "game", "protocol": protocol, "port": pod_port}],
+        "endpoints": [{"addresses": [format!("10.{}.{}.{}", 100 + j / 65536, (j / 256) % 256, j % 256)],
+                       "nodeName": node_name(pod_node), "conditions": {"ready": true},
+                       "targetRef": {"kind": "Pod", "name": format!("{name}-0"), "namespace": namespace}}]
+    }))
+    .expect("slice");
+    (pm, slice)
+}
+
+/// Plans once, then lands every other needed pair at the slot the plan proposes, as the agents
+/// would have done in earlier passes.
+fn land_half_of_the_needed_claims(snap: &mut Snapshot) {
+    let p = plan(snap, &node_name(0), &HostFacts::default(), now());
+    let mut keys: Vec<(String, String, u32)> = p
+        .portmaps
+        .iter()
+        .flat_map(|d| d.links.iter())
+        .filter_map(|l| Some((l.class.clone(), l.key.clone(), l.slot?)))
+        .collect();
+    keys.sort();
+    keys.dedup();
+    for (class, key, slot) in keys.into_iter().step_by(2) {
+        let c = snap
+            .classes
+            .iter_mut()
+            .find(|c| c.metadata.name.as_deref() == Some(class.as_str()))
+            .expect("class of a link");
+        let claim: LinkClaim = serde_json::from_value(json!({
+            "key": key, "peers": key.split('/').collect::<Vec<_>>(), "slot": slot, "subnet": ""}))
+        .expect("claim");
+        c.status
+            .get_or_insert_with(Default::default)
+            .links
+            .push(claim);
+    }
+}
+
+fn facts(node: usize) -> HostFacts {
+    serde_json::from_value(json!({
+        "interfaces": {"eth0": format!("203.0.{}.{}", node / 250, 1 + node % 250),
+                       "wt0": format!("100.64.{}.{}", node / 250, 1 + node % 250)},
+        "underlayDevice": "eth0", "underlayMTU": 1450}))
+    .expect("facts")
+}
+
+struct Counts {
+    accepted: usize,
+    conflicts: usize,
+    programmed: usize,
+    with_endpoint: usize,
+    rules: usize,
+    links: usize,
+    ip_rules: usize,
+    status_writes: usize,
+    proposals: usize,
+    claims_landed: usize,
+}
+
+fn counts(snap: &Snapshot, p: &Plan) -> Counts {
+    let rules = p.host.nft.chains.iter().map(|(_, r)| r.len()).sum();
+    Counts {
+        accepted: p.portmaps.iter().filter(|d| d.accepted.is_true()).count(),
+        conflicts: p
+            .portmaps
+            .iter()
+            .filter(|d| d.accepted.reason == AcceptedReason::PortConflict)
+            .count(),
+        programmed: p
+            .portmaps
+            .iter()
+            .filter(|d| {
+                d.programmed
+                    .as_ref()
+                    .is_some_and(|o| o.reason == ProgrammedReason::AllNodesReady)
+            })
+            .count(),
+        with_endpoint: p.portmaps.iter().filter(|d| d.endpoint.is_some()).count(),
+        rules,
+        links: p.host.links.len(),
+        ip_rules: p.host.rules.len(),
+        status_writes: p.writes.portmaps.len(),
+        proposals: p.writes.claims.len(),
+        claims_landed: snap
+            .classes
+            .iter()
+            .filter_map(|c| c.status.as_ref())
+            .map(|s| s.links.len())
+            .sum(),
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// Times `plan()` for `node`; returns the median in milliseconds.
+fn measure(label: &str, size: &Size, node: usize) -> f64 {
+    let snap = cluster(size);
+    let facts = facts(node);
+    let name = node_name(node);
+    let first = plan(&snap, &name, &facts, now());
+    let c = counts(&snap, &first);
+    let dnat = first
+        .host
+        .nft
+        .chains
+        .iter()
+        .flat_map(|(_, r)| r.iter())
+        .filter(|r| matches!(r, Rule::Dnat(_)))
+        .count();
+    for _ in 0..WARMUP {
+        black_box(plan(black_box(&snap), &name, &facts, now()));
+    }
+    let mut times: Vec<Duration> = (0..RUNS)
+        .map(|_| {
+            let start = Instant::now();
+            black_box(plan(black_box(&snap), &name, &facts, now()));
+            start.elapsed()
+        })
+        .collect();
+    times.sort();
+    let median = times[RUNS / 2];
+    println!(
+        "{label}: {} nodes, {} classes, {} PortMaps, {} endpoints in {} slices, {} landed claims",
+        snap.nodes.len(),
+        snap.classes.len(),
+        snap.portmaps.len(),
+        snap.endpoint_slices
+            .iter()
+            .map(|s| s.endpoints.as_ref().map_or(0, Vec::len))
+            .sum::<usize>(),
+        snap.endpoint_slices.len(),
+        c.claims_landed,
+    );
+    println!(
+        "  plan({name}): median {:.3} ms, min {:.3} ms, max {:.3} ms over {RUNS} runs ({WARMUP} warm-up)",
+        ms(median),
+        ms(times[0]),
+        ms(times[RUNS - 1]),
+    );
+    println!(
+        "  accepted {} (conflicts {}), with endpoint {}, programmed {}; on {name}: {} nft rules ({} DNAT), {} links, {} ip rules, {} status writes, {} claim proposals",
+        c.accepted,
+        c.conflicts,
+        c.with_endpoint,
+        c.programmed,
+        c.rules,
+        dnat,
+        c.links,
+        c.ip_rules,
+        c.status_writes,
+        c.proposals,
+    );
+    ms(median)
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; ignore arguments.
+    let full = Size {
+        nodes: 500,
+        portmaps: 10_000,
+    };
+    // node-000: edge node of class-0 (Multi, Vxlan): programs the most rules and links.
+    let node = 0;
+    if let Ok(one) = std::env::var("KUPORT_BENCH_ONE_PASS") {
+        // `1`: the full size; `<nodes>x<portmaps>` (e.g. `50x1000`): another size.
+        let size = one
+            .split_once('x')
+            .and_then(|(n, p)| {
+                Some(Size {
+                    nodes: n.parse().ok()?,
+                    portmaps: p.parse().ok()?,
+                })
+            })
+            .unwrap_or(full);
+        let snap = cluster(&size);
+        let p = one_pass(&snap, &node_name(node), &facts(node));
+        let c = counts(&snap, &p);
+        println!(
+            "one pass: accepted {}, programmed {}, {} nft rules",
+            c.accepted, c.programmed, c.rules
+        );
+        return;
+    }
+    let tenth = Size {
+        nodes: 50,
+        portmaps: 1_000,
+    };
+    let small = measure("1/10 size", &tenth, node);
+    let large = measure("full size", &full, node);
+    println!(
+        "growth: full / tenth = {:.1}x (linear would be 10x, quadratic 100x)",
+        large / small
+    );
+    // Which dimension grows: all PortMaps on the small cluster (classes of a tenth the nodes).
+    let mixed = Size {
+        nodes: 50,
+        portmaps: 10_000,
+    };
+    let many = measure("full PortMaps on 1/10 nodes", &mixed, node);
+    println!(
+        "growth: 10x PortMaps alone = {:.1}x; then 10x nodes (10x nodes per class) = {:.1}x",
+        many / small,
+        large / many
+    );
+}
+
+/// Exactly one plan pass, not inlined, so that callgrind can collect just this call
+/// (`--toggle-collect=plan::one_pass`).
+#[inline(never)]
+fn one_pass(snap: &Snapshot, node: &str, facts: &HostFacts) -> Plan {
+    plan(snap, node, facts, now())
+}

@@ -1,15 +1,20 @@
 //! Property tests of the plan over arbitrary small clusters (`spec/plan.md`, `spec/targets.md`):
 //! no panic, determinism under shuffled inputs, one global decision whatever the computing node,
-//! a reason for every PortMap, one status writer per PortMap, unique link slots, and no return
-//! link before its claim has landed.
+//! a reason for every PortMap, one status writer per PortMap, unique link slots, no return link
+//! before its claim has landed, and port conflicts as the spec defines them.
+//!
+//! Clusters hold API-valid objects (one object per name, one class row per node, one claim per
+//! key) with invalid contents; before planning, up to two rounds of every node's status writes
+//! (rows, proposals, GC) are applied, so that claims land and links get built.
 //!
 //! Cases per property: `KUPORT_PROPTEST_CASES` (default 1000).
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kuport_core::api::{PortMap, PortMapClass};
-use kuport_core::plan::{AcceptedReason, Plan, plan};
+use kuport_core::api::{LinkClaim, PortMapClass};
+use kuport_core::plan::{AcceptedReason, GcKind, Plan, plan};
 use kuport_core::snapshot::{CniFacts, HostFacts, Snapshot};
 use proptest::prelude::*;
 use proptest::sample::select;
@@ -147,7 +152,7 @@ struct ClassM {
     vxlan: bool,
     vni: Option<i32>,
     port: Option<i32>,
-    subnet: Option<&'static str>,
+    subnet: Option<String>,
     rows: Vec<RowM>,
     claims: Vec<ClaimM>,
 }
@@ -164,6 +169,9 @@ struct PmM {
     service: &'static str,
     port_name: &'static str,
     created: Option<&'static str>,
+    /// A ready pod behind the PortMap's Service (its node, and its port when it differs from
+    /// `port`), listed in a slice of its own.
+    pod: Option<(&'static str, Option<i32>)>,
 }
 
 #[derive(Clone, Debug)]
@@ -202,6 +210,9 @@ struct Model {
     cni: Option<u16>,
     /// Host facts of each name in `NODES_AND_GHOST`, by position.
     facts: Vec<FactsM>,
+    /// Rounds in which every node's proposals, GC and class row are applied to the class
+    /// statuses before planning (as the agents would write them), so that claims land.
+    settle: u8,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -280,14 +291,23 @@ fn window_port() -> impl Strategy<Value = i32> {
 }
 
 fn window() -> impl Strategy<Value = (i32, i32, Vec<i32>)> {
-    (
-        window_port(),
-        window_port(),
-        prop::collection::vec(
-            prop_oneof![3000..3006i32, select(&[0, 1, 65535, 70000][..])],
-            0..=3,
+    let reserved = || {
+        prop_oneof![
+            2 => Just(Vec::new()),
+            1 => prop::collection::vec(
+                prop_oneof![3000..3006i32, select(&[0, 1, 65535, 70000][..])],
+                1..=2,
+            ),
+        ]
+    };
+    prop_oneof![
+        2 => (
+            select(&[1, 1024, 3000][..]),
+            select(&[3003, 3010, 65535][..]),
+            reserved()
         ),
-    )
+        1 => (window_port(), window_port(), reserved()),
+    ]
 }
 
 fn vni() -> impl Strategy<Value = i32> {
@@ -349,24 +369,33 @@ fn row() -> impl Strategy<Value = RowM> {
         })
 }
 
-fn class_attrs() -> impl Strategy<Value = ClassM> {
+/// A class without its name, and whether its subnet and VNI are to be made distinct.
+fn class_attrs() -> impl Strategy<Value = (ClassM, bool)> {
     (
         (
             prop::option::of(time()),
             prop::collection::btree_map(
                 select(&NODES_AND_GHOST[..]),
-                prop::collection::vec(select(&CLASS_IFACES[..]), 0..=2),
-                0..=4,
+                prop_oneof![
+                    6 => prop::collection::vec(select(&CLASS_IFACES[..]), 1..=2),
+                    1 => Just(Vec::new()),
+                ],
+                1..=4,
             ),
             any::<bool>(),
             prop::option::weighted(0.5, window()),
-            prop::option::weighted(0.4, selector()),
+            prop::option::weighted(0.25, selector()),
         ),
         (
             prop::bool::weighted(0.75),
             prop::option::weighted(0.5, vni()),
             prop::option::weighted(0.4, vxlan_port()),
-            prop::option::weighted(0.6, select(&SUBNETS[..])),
+            prop_oneof![
+                // Settings distinct per class (filled in by `classes`), so that classes do not
+                // all refuse each other for overlapping.
+                3 => Just(None),
+                1 => prop::option::weighted(0.6, select(&SUBNETS[..]).prop_map(|s| Some(s.to_owned()))),
+            ],
             prop::collection::vec(row(), 0..=5),
             prop::collection::vec(claim(), 0..=5),
         ),
@@ -384,7 +413,8 @@ fn class_attrs() -> impl Strategy<Value = ClassM> {
                     .into_iter()
                     .filter(|c| seen.insert(c.key.clone()))
                     .collect();
-                ClassM {
+                let distinct = subnet.is_none();
+                let class = ClassM {
                     name: "",
                     created,
                     nodes,
@@ -394,10 +424,11 @@ fn class_attrs() -> impl Strategy<Value = ClassM> {
                     vxlan,
                     vni,
                     port,
-                    subnet,
+                    subnet: subnet.flatten(),
                     rows,
                     claims,
-                }
+                };
+                (class, distinct)
             },
         )
 }
@@ -411,7 +442,16 @@ fn classes() -> impl Strategy<Value = Vec<ClassM>> {
             names
                 .into_iter()
                 .zip(attrs)
-                .map(|(name, attrs)| ClassM { name, ..attrs })
+                .enumerate()
+                .map(|(i, (name, (attrs, distinct)))| {
+                    let mut class = ClassM { name, ..attrs };
+                    if distinct {
+                        let i = i32::try_from(i).expect("few classes");
+                        class.subnet = Some(format!("169.254.{}.0/24", 80 + i));
+                        class.vni = Some(10_000 + 1000 * i);
+                    }
+                    class
+                })
                 .collect()
         })
 }
@@ -432,33 +472,48 @@ fn portmap() -> impl Strategy<Value = PmM> {
             prop_oneof![4 => select(&CLASSES[..]), 1 => Just(MISSING_CLASS)],
             any::<bool>(),
             pm_port(),
-            prop::option::weighted(0.35, pm_port()),
+            // endPort: none, the port plus 0..3, or any port (often lower than `port`).
+            prop_oneof![
+                6 => Just(None),
+                2 => (0..3i32).prop_map(|k| Some(Ok(k))),
+                1 => pm_port().prop_map(|p| Some(Err(p))),
+            ],
         ),
         (
             prop_oneof![
                 3 => Just(Vec::new()),
-                2 => prop::collection::vec(select(&PM_IFACES[..]), 1..=2),
+                1 => prop::collection::vec(select(&PM_IFACES[..]), 1..=2),
             ],
             select(&SERVICES[..]),
             select(&PORT_NAMES[..]),
             prop::option::weighted(0.9, time()),
+            prop::option::weighted(
+                0.6,
+                (
+                    select(&NODES_AND_GHOST[..]),
+                    prop::option::weighted(0.25, 3000..3003i32),
+                ),
+            ),
         ),
     )
         .prop_map(
             |(
                 (namespace, name, class, tcp, port, end_port),
-                (interfaces, service, port_name, created),
+                (interfaces, service, port_name, created, pod),
             )| PmM {
                 namespace,
                 name,
                 class,
                 tcp,
                 port,
-                end_port,
+                end_port: end_port.map(|e: Result<i32, i32>| {
+                    e.map_or_else(|abs| abs, |k| port.saturating_add(k))
+                }),
                 interfaces,
                 service,
                 port_name,
                 created,
+                pod,
             },
         )
 }
@@ -525,7 +580,10 @@ fn slice() -> impl Strategy<Value = SliceM> {
 
 fn facts() -> impl Strategy<Value = FactsM> {
     (
-        prop::collection::vec((select(&CLASS_IFACES[..]), 1u8..=250), 0..=3),
+        prop_oneof![
+            3 => (1u8..=250).prop_map(|a| CLASS_IFACES.iter().map(|i| (*i, a)).collect()),
+            1 => prop::collection::vec((select(&CLASS_IFACES[..]), 1u8..=250), 0..=3),
+        ],
         prop::option::weighted(0.8, select(&["eth0", "wt0"][..])),
         prop::option::weighted(0.8, select(&[1500u32, 1450, 9000, 40][..])),
     )
@@ -536,25 +594,105 @@ fn facts() -> impl Strategy<Value = FactsM> {
         })
 }
 
+/// A slice, and optionally a PortMap it is aimed at (with the pod port; none: the PortMap's
+/// own port), so that endpoints are found often.
+fn aimed_slice() -> impl Strategy<Value = (SliceM, Option<(prop::sample::Index, Option<i32>)>)> {
+    (
+        slice(),
+        prop::option::weighted(
+            0.85,
+            (
+                any::<prop::sample::Index>(),
+                prop::option::weighted(0.3, 3000..3003i32),
+            ),
+        ),
+    )
+}
+
+/// Some node for an aimed slice's endpoint, chosen from the PortMap's name.
+fn pm_node(pm: &PmM) -> &'static str {
+    NODES_AND_GHOST[pm.name.len() % NODES_AND_GHOST.len()]
+}
+
+/// The slice of a PortMap's own pod.
+fn pod_slice(pm: &PmM) -> Option<SliceM> {
+    let (node, pod_port) = pm.pod?;
+    let mut slice = SliceM {
+        namespace: pm.namespace,
+        service: None,
+        ipv6: false,
+        ports: Vec::new(),
+        endpoints: vec![EpM {
+            address: Some(format!("10.244.7.{}", pm.name.len())),
+            node: Some(node),
+            ready: Some(true),
+            pod: Some(pm.name),
+        }],
+    };
+    aim(&mut slice, pm, pod_port);
+    Some(slice)
+}
+
+fn aim(slice: &mut SliceM, pm: &PmM, pod_port: Option<i32>) {
+    slice.namespace = pm.namespace;
+    slice.service = Some(pm.service);
+    slice.ipv6 = false;
+    if slice.endpoints.is_empty() {
+        slice.endpoints.push(EpM {
+            address: Some("10.244.9.9".to_owned()),
+            node: Some(pm_node(pm)),
+            ready: None,
+            pod: Some("aimed-0"),
+        });
+    }
+    slice.ports.retain(|p| p.0 != Some(pm.port_name));
+    let protocol = if pm.tcp { "TCP" } else { "UDP" };
+    slice.ports.push((
+        Some(pm.port_name),
+        Some(protocol),
+        pod_port.unwrap_or(pm.port),
+    ));
+}
+
 fn model() -> impl Strategy<Value = Model> {
     (
-        nodes(),
-        namespaces(),
-        classes(),
-        portmaps(),
-        prop::collection::vec(slice(), 0..=6),
-        prop::option::weighted(0.4, prop_oneof![Just(8472u16), Just(4790u16), 1..=65535u16]),
-        prop::collection::vec(facts(), NODES_AND_GHOST.len()),
+        (nodes(), namespaces(), classes(), portmaps()),
+        (
+            prop::collection::vec(aimed_slice(), 0..=6),
+            prop::option::weighted(0.4, prop_oneof![Just(8472u16), Just(4790u16), 1..=65535u16]),
+            prop::collection::vec(facts(), NODES_AND_GHOST.len()),
+            select(&[0u8, 1, 2, 2][..]),
+        ),
     )
         .prop_map(
-            |(nodes, namespaces, classes, portmaps, slices, cni, facts)| Model {
-                nodes,
-                namespaces,
-                classes,
-                portmaps,
-                slices,
-                cni,
-                facts,
+            |((nodes, namespaces, classes, mut portmaps), (aimed, cni, facts, settle))| {
+                // A class name the cluster lacks becomes one it has: only MISSING_CLASS is
+                // missing on purpose.
+                for pm in &mut portmaps {
+                    if pm.class != MISSING_CLASS && classes.iter().all(|c| c.name != pm.class) {
+                        let i = CLASSES.iter().position(|c| *c == pm.class).unwrap_or(0);
+                        pm.class = classes[i % classes.len()].name;
+                    }
+                }
+                let slices = aimed
+                    .into_iter()
+                    .map(|(mut slice, target)| {
+                        if let (Some((i, pod_port)), false) = (target, portmaps.is_empty()) {
+                            aim(&mut slice, i.get(&portmaps), pod_port);
+                        }
+                        slice
+                    })
+                    .collect();
+                Model {
+                    nodes,
+                    namespaces,
+                    classes,
+                    portmaps,
+                    slices,
+                    cni,
+                    facts,
+                    settle,
+                }
             },
         )
 }
@@ -612,7 +750,7 @@ fn class_json(c: &ClassM) -> Value {
     if let Some(port) = c.port {
         vxlan["port"] = json!(port);
     }
-    if let Some(subnet) = c.subnet {
+    if let Some(subnet) = &c.subnet {
         vxlan["subnet"] = json!(subnet);
     }
     let mut spec = json!({
@@ -731,7 +869,52 @@ fn slice_json(s: &SliceM, i: usize) -> Value {
         "ports": ports, "endpoints": endpoints})
 }
 
+/// The plan's input: the model's objects after `settle` rounds of status writes.
 fn snapshot(m: &Model) -> Snapshot {
+    let mut snap = base_snapshot(m);
+    for _ in 0..m.settle {
+        let plans: Vec<Plan> = m.nodes.iter().map(|n| plan_of(m, &snap, n.name)).collect();
+        for p in &plans {
+            apply_writes(&mut snap, p);
+        }
+    }
+    snap
+}
+
+/// Applies one node's class writes (its rows, proposals and GC) to the class statuses.
+fn apply_writes(snap: &mut Snapshot, p: &Plan) {
+    for class in &mut snap.classes {
+        let name = class.metadata.name.clone().unwrap_or_default();
+        let status = class.status.get_or_insert_with(Default::default);
+        for w in p.writes.class_rows.iter().filter(|w| w.class == name) {
+            status.nodes.retain(|r| r.name != w.row.name);
+            status.nodes.push(w.row.clone());
+            status.conditions.retain(|c| c.type_ != w.ready.type_);
+            status.conditions.push(w.ready.clone());
+        }
+        for c in p.writes.claims.iter().filter(|c| c.class == name) {
+            if status.links.iter().all(|l| l.key != c.key) {
+                status.links.push(
+                    serde_json::from_value(json!({"key": c.key, "peers": c.peers,
+                        "slot": c.slot, "subnet": c.subnet}))
+                    .expect("claim deserialises"),
+                );
+            }
+        }
+        for g in p.writes.gc.iter().filter(|g| g.class == name) {
+            match g.action {
+                GcKind::Drop => status.links.retain(|l| l.key != g.key),
+                GcKind::MarkUnused | GcKind::ClearUnused => {
+                    for l in status.links.iter_mut().filter(|l| l.key == g.key) {
+                        l.unused_since = (g.action == GcKind::MarkUnused).then(|| Time(now()));
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn base_snapshot(m: &Model) -> Snapshot {
     Snapshot {
         classes: m
             .classes
@@ -746,8 +929,10 @@ fn snapshot(m: &Model) -> Snapshot {
         endpoint_slices: m
             .slices
             .iter()
+            .cloned()
+            .chain(m.portmaps.iter().filter_map(pod_slice))
             .enumerate()
-            .map(|(i, s)| serde_json::from_value(slice_json(s, i)).expect("slice deserialises"))
+            .map(|(i, s)| serde_json::from_value(slice_json(&s, i)).expect("slice deserialises"))
             .collect(),
         nodes: m
             .nodes
@@ -831,10 +1016,11 @@ impl Rng {
 
 /// Shuffles every list of the snapshot whose order carries no meaning: the object lists, the
 /// class status lists (rows, claims, conditions), the Node conditions, the slices' endpoints and
-/// ports, and set-like spec lists (reserved ports, selector requirements and their values,
-/// interfaces). Lists whose order the API defines (a Node's addresses, an endpoint's addresses:
-/// the first one counts) are left alone.
-fn shuffled(snap: &Snapshot, seed: u64) -> Snapshot {
+/// ports, and the set-like spec lists that no message quotes (reserved ports, selector
+/// requirements and their values). With `interfaces`, also the interface lists of class nodes and
+/// PortMaps, which some messages quote as written. Lists whose order the API defines (a Node's
+/// addresses, an endpoint's addresses: the first one counts) are left alone.
+fn shuffled(snap: &Snapshot, seed: u64, interfaces: bool) -> Snapshot {
     let mut rng = Rng(seed);
     let mut s = snap.clone();
     rng.shuffle(&mut s.classes);
@@ -843,16 +1029,20 @@ fn shuffled(snap: &Snapshot, seed: u64) -> Snapshot {
     rng.shuffle(&mut s.nodes);
     rng.shuffle(&mut s.namespaces);
     for c in &mut s.classes {
-        shuffle_class(c, &mut rng);
+        shuffle_class(c, &mut rng, interfaces);
     }
-    for p in &mut s.portmaps {
-        shuffle_portmap(p, &mut rng);
+    if interfaces {
+        for p in &mut s.portmaps {
+            rng.shuffle(&mut p.spec.interfaces);
+        }
     }
     for slice in &mut s.endpoint_slices {
         if let Some(ports) = &mut slice.ports {
             rng.shuffle(ports);
         }
-        rng.shuffle(&mut slice.endpoints);
+        if let Some(endpoints) = &mut slice.endpoints {
+            rng.shuffle(endpoints);
+        }
     }
     for node in &mut s.nodes {
         if let Some(conds) = node.status.as_mut().and_then(|st| st.conditions.as_mut()) {
@@ -862,10 +1052,12 @@ fn shuffled(snap: &Snapshot, seed: u64) -> Snapshot {
     s
 }
 
-fn shuffle_class(c: &mut PortMapClass, rng: &mut Rng) {
+fn shuffle_class(c: &mut PortMapClass, rng: &mut Rng, interfaces: bool) {
     rng.shuffle(&mut c.spec.ports.reserved);
-    for node in c.spec.nodes.values_mut() {
-        rng.shuffle(&mut node.interfaces);
+    if interfaces {
+        for node in c.spec.nodes.values_mut() {
+            rng.shuffle(&mut node.interfaces);
+        }
     }
     if let Some(exprs) = c
         .spec
@@ -887,8 +1079,27 @@ fn shuffle_class(c: &mut PortMapClass, rng: &mut Rng) {
     }
 }
 
-fn shuffle_portmap(p: &mut PortMap, rng: &mut Rng) {
-    rng.shuffle(&mut p.spec.interfaces);
+/// The plan with every human-readable message blanked (condition messages and row messages).
+fn without_messages(mut p: Plan) -> Plan {
+    for d in &mut p.portmaps {
+        d.accepted.message.clear();
+        if let Some(pr) = &mut d.programmed {
+            pr.message.clear();
+        }
+    }
+    for c in &mut p.classes {
+        c.ready.message.clear();
+    }
+    for w in &mut p.writes.portmaps {
+        for cond in &mut w.status.conditions {
+            cond.message.clear();
+        }
+    }
+    for w in &mut p.writes.class_rows {
+        w.row.message = None;
+        w.ready.message.clear();
+    }
+    p
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -899,6 +1110,21 @@ fn shuffle_portmap(p: &mut PortMap, rng: &mut Rng) {
 fn well_formed_key(key: &str) -> bool {
     key.split_once('/')
         .is_some_and(|(a, b)| !a.is_empty() && !b.is_empty() && a < b && !b.contains('/'))
+}
+
+fn class_of<'a>(snap: &'a Snapshot, name: &str) -> &'a PortMapClass {
+    snap.classes
+        .iter()
+        .find(|c| c.metadata.name.as_deref() == Some(name))
+        .expect("class exists")
+}
+
+/// The claims of a class as the plan read them from its status.
+fn claims_of<'a>(snap: &'a Snapshot, class: &str) -> &'a [LinkClaim] {
+    class_of(snap, class)
+        .status
+        .as_ref()
+        .map_or(&[], |s| s.links.as_slice())
 }
 
 fn pair_key(a: &str, b: &str) -> String {
@@ -972,10 +1198,24 @@ proptest! {
     #[test]
     fn plan_is_deterministic_under_shuffles(m in model(), seed in any::<u64>()) {
         let snap = snapshot(&m);
-        let shuffled = shuffled(&snap, seed);
+        let shuffled = shuffled(&snap, seed, false);
         for node in plan_nodes(&m) {
             let a = plan_of(&m, &snap, node);
             let b = plan_of(&m, &shuffled, node);
+            prop_assert_eq!(a, b, "node {}", node);
+        }
+    }
+
+    /// (b') Shuffling the interface lists of class nodes and PortMaps too changes nothing but
+    /// messages that quote those lists as written (a node's row names the first missing interface
+    /// in spec order; `NoInterfaceOnNode` quotes the PortMap's list).
+    #[test]
+    fn plan_is_deterministic_under_interface_shuffles(m in model(), seed in any::<u64>()) {
+        let snap = snapshot(&m);
+        let shuffled = shuffled(&snap, seed, true);
+        for node in plan_nodes(&m) {
+            let a = without_messages(plan_of(&m, &snap, node));
+            let b = without_messages(plan_of(&m, &shuffled, node));
             prop_assert_eq!(a, b, "node {}", node);
         }
     }
@@ -1086,8 +1326,7 @@ proptest! {
         for ((class, slot), keys) in &proposed {
             prop_assert_eq!(keys.len(), 1, "class {} slot {} proposed for {:?}", class, slot, keys);
             let key = keys.first().expect("one key");
-            let model_class = m.classes.iter().find(|c| c.name == class).expect("class of a proposal");
-            for landed in model_class.claims.iter().filter(|c| well_formed_key(&c.key)) {
+            for landed in claims_of(&snap, class).iter().filter(|c| well_formed_key(&c.key)) {
                 prop_assert!(
                     !(i64::from(landed.slot) == i64::from(*slot) && landed.key != *key),
                     "class {} slot {} proposed for {} but held by landed {}",
@@ -1105,20 +1344,71 @@ proptest! {
         for node in plan_nodes(&m) {
             let p = plan_of(&m, &snap, node);
             for link in &p.host.links {
-                let class = m
-                    .classes
-                    .iter()
-                    .find(|c| c.name == link.class)
-                    .expect("the link's class exists");
+                let class = class_of(&snap, &link.class);
+                let claims = claims_of(&snap, &link.class);
                 let key = pair_key(node, &link.peer);
-                let vni = class.vni.unwrap_or(4242);
-                let slot = i64::from(link.vni) - i64::from(vni);
+                let slot = i64::from(link.vni) - i64::from(class.spec.return_path.vxlan.vni);
                 prop_assert!(
-                    class.claims.iter().any(|c| c.key == key && i64::from(c.slot) == slot),
+                    claims.iter().any(|c| c.key == key && i64::from(c.slot) == slot),
                     "node {} builds {:?} without a landed claim {} at slot {} (claims {:?})",
-                    node, link, key, slot, class.claims
+                    node, link, key, slot, claims
                 );
             }
+        }
+    }
+    /// (h) Conflicts follow the spec: accepted mappings never share a port of one protocol on a
+    /// (node, interface) both could bind, and each `PortConflict` names an earlier accepted
+    /// mapping that does.
+    #[test]
+    fn conflicts_follow_the_spec(m in model()) {
+        let snap = snapshot(&m);
+        let p = plan_of(&m, &snap, GHOST);
+        let spec = |d: &kuport_core::plan::MappingDecision| {
+            m.portmaps
+                .iter()
+                .find(|s| s.namespace == d.namespace && s.name == d.name)
+                .expect("decision of a known PortMap")
+        };
+        let order = |s: &PmM| {
+            (
+                s.created.map(|t| t.parse::<Timestamp>().expect("time")),
+                s.namespace,
+                s.name,
+            )
+        };
+        let bind = |s: &PmM| -> BTreeSet<(String, String)> {
+            let class = class_of(&snap, s.class);
+            class
+                .spec
+                .nodes
+                .iter()
+                .flat_map(|(n, c)| c.interfaces.iter().map(move |i| (n.clone(), i.clone())))
+                .filter(|(_, i)| s.interfaces.is_empty() || s.interfaces.contains(&i.as_str()))
+                .collect()
+        };
+        let clash = |a: &kuport_core::plan::MappingDecision, b: &kuport_core::plan::MappingDecision| {
+            let (Some(pa), Some(pb)) = (a.ports, b.ports) else {
+                return false;
+            };
+            a.protocol == b.protocol
+                && pa.overlaps(&pb)
+                && !bind(spec(a)).is_disjoint(&bind(spec(b)))
+        };
+        let accepted: Vec<_> = p.portmaps.iter().filter(|d| d.accepted.is_true()).collect();
+        for (i, a) in accepted.iter().enumerate() {
+            for b in &accepted[i + 1..] {
+                prop_assert!(
+                    !clash(a, b),
+                    "{}/{} and {}/{} are both accepted but clash", a.namespace, a.name, b.namespace, b.name
+                );
+            }
+        }
+        for d in p.portmaps.iter().filter(|d| d.accepted.reason == AcceptedReason::PortConflict) {
+            prop_assert!(
+                accepted.iter().any(|a| order(spec(a)) < order(spec(d)) && clash(a, d)),
+                "{}/{} refused with {:?} but no earlier accepted mapping clashes",
+                d.namespace, d.name, d.accepted.message
+            );
         }
     }
 }

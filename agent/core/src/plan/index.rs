@@ -9,6 +9,8 @@ use k8s_openapi::jiff::Timestamp;
 use crate::api::{ClassNodeStatus, PortMap, PortMapClass};
 use crate::snapshot::{CniFacts, Snapshot, node_internal_ip, node_is_ready};
 
+static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
 /// A node as the plan needs it.
@@ -21,7 +23,7 @@ pub struct NodeInfo {
 /// Lookups over the snapshot. Every map is a BTreeMap, so iteration is sorted.
 pub struct Index<'a> {
     pub nodes: BTreeMap<&'a str, NodeInfo>,
-    pub namespaces: BTreeMap<&'a str, BTreeMap<String, String>>,
+    pub namespaces: BTreeMap<&'a str, &'a BTreeMap<String, String>>,
     pub classes: BTreeMap<&'a str, &'a PortMapClass>,
     /// Class rows by (class, node).
     pub rows: BTreeMap<(&'a str, &'a str), &'a ClassNodeStatus>,
@@ -59,7 +61,7 @@ impl<'a> Index<'a> {
             .filter_map(|ns| {
                 Some((
                     ns.metadata.name.as_deref()?,
-                    ns.metadata.labels.clone().unwrap_or_default(),
+                    ns.metadata.labels.as_ref().unwrap_or(&NO_LABELS),
                 ))
             })
             .collect();
@@ -140,26 +142,4 @@ fn conflict_key(pm: &PortMap) -> (Option<Timestamp>, (&str, &str)) {
             pm.metadata.name.as_deref().unwrap_or_default(),
         ),
     )
-}
-
-/// The (node, interface) pairs a mapping could bind over every node the class names: the
-/// class's interfaces for each node, narrowed by the mapping's list when it has one.
-pub fn bindable(class: &PortMapClass, requested: &[String]) -> BTreeMap<String, Vec<String>> {
-    let wanted: BTreeSet<&str> = requested.iter().map(String::as_str).collect();
-    class
-        .spec
-        .nodes
-        .iter()
-        .map(|(node, spec)| {
-            let mut ifaces: Vec<String> = spec
-                .interfaces
-                .iter()
-                .filter(|i| wanted.is_empty() || wanted.contains(i.as_str()))
-                .cloned()
-                .collect();
-            ifaces.sort();
-            ifaces.dedup();
-            (node.clone(), ifaces)
-        })
-        .collect()
 }

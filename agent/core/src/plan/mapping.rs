@@ -3,8 +3,9 @@
 
 use std::collections::BTreeMap;
 
+use super::bindings::{Bindings, SetId};
 use super::classes::{ClassState, pair_key};
-use super::index::{Index, bindable};
+use super::index::Index;
 use super::reasons::{AcceptedReason, Outcome, ProgrammedReason};
 use super::{MappingDecision, NeededLink, endpoint, selector};
 use crate::api::{
@@ -20,33 +21,35 @@ pub struct Working<'a> {
     pub decision: MappingDecision,
     /// True when some programming node is not the pod's node.
     pub remote: bool,
+    /// The mapping's binding set (when its class exists).
+    pub set: Option<SetId>,
 }
 
-/// Ports held per (protocol, node, interface): disjoint ranges by first port, with the holder.
-type Holdings = BTreeMap<(Protocol, String, String), BTreeMap<u16, (u16, String)>>;
-
-/// Admission of every PortMap, walking them in conflict order.
-pub fn admit_all<'a>(index: &Index<'a>) -> Vec<Working<'a>> {
-    let mut holdings = Holdings::new();
-    index
+/// Admission of every PortMap, walking them in conflict order. Also returns the interned
+/// binding sets, which resolution reuses.
+pub fn admit_all<'a>(index: &Index<'a>) -> (Vec<Working<'a>>, Bindings) {
+    let mut bindings = Bindings::new(index.classes.values().copied());
+    let work = index
         .portmaps
         .iter()
-        .map(|pm| admit(index, pm, &mut holdings))
-        .collect()
+        .map(|pm| admit(index, pm, &mut bindings))
+        .collect();
+    (work, bindings)
 }
 
-fn admit<'a>(index: &Index<'a>, pm: &'a PortMap, holdings: &mut Holdings) -> Working<'a> {
+fn admit<'a>(index: &Index<'a>, pm: &'a PortMap, bindings: &mut Bindings) -> Working<'a> {
     let namespace = pm.metadata.namespace.clone().unwrap_or_default();
     let name = pm.metadata.name.clone().unwrap_or_default();
     let spec = &pm.spec;
     let ports = port_range(spec.port, spec.end_port);
-    let class = index.classes.get(spec.class_name.as_str()).copied();
-    let accepted = match class {
-        None => Outcome::new(
+    let class = index.classes.get_key_value(spec.class_name.as_str());
+    let set = class.map(|(class_name, class)| bindings.set_of(class_name, class, &spec.interfaces));
+    let accepted = match (class, set) {
+        (Some((_, class)), Some(set)) => check(index, pm, class, ports, &namespace, bindings, set),
+        _ => Outcome::new(
             AcceptedReason::ClassNotFound,
             format!("PortMapClass {:?} does not exist", spec.class_name),
         ),
-        Some(class) => check(index, pm, class, ports, &namespace, holdings),
     };
     Working {
         pm,
@@ -69,6 +72,7 @@ fn admit<'a>(index: &Index<'a>, pm: &'a PortMap, holdings: &mut Holdings) -> Wor
             emits: false,
         },
         remote: false,
+        set,
     }
 }
 
@@ -94,7 +98,8 @@ fn check(
     class: &PortMapClass,
     ports: Option<PortRange>,
     namespace: &str,
-    holdings: &mut Holdings,
+    bindings: &mut Bindings,
+    set: SetId,
 ) -> Outcome<AcceptedReason> {
     let spec = &pm.spec;
     let class_name = class.metadata.name.as_deref().unwrap_or_default();
@@ -132,31 +137,35 @@ fn check(
             format!("port {first} is reserved by class {class_name}"),
         );
     }
-    let offered: std::collections::BTreeSet<&str> = class
-        .spec
-        .nodes
-        .values()
-        .flat_map(|n| n.interfaces.iter().map(String::as_str))
-        .collect();
-    let mut requested: Vec<&str> = spec.interfaces.iter().map(String::as_str).collect();
-    requested.sort_unstable();
-    if let Some(missing) = requested.iter().find(|i| !offered.contains(*i)) {
+    if let Some(missing) = bindings.first_unoffered(class_name, class, &spec.interfaces) {
         return Outcome::new(
             AcceptedReason::InterfaceNotInClass,
             format!("interface {missing} is not given to any node by class {class_name}"),
+        );
+    }
+    if let Some(c) = bindings.conflict(spec.protocol, set, ports) {
+        let what = if c.shared_ports.is_range() {
+            format!("ports {} are", c.shared_ports)
+        } else {
+            format!("port {} is", c.shared_ports)
+        };
+        return Outcome::new(
+            AcceptedReason::PortConflict,
+            format!(
+                "{what} held by {} ({} on {}/{})",
+                c.holder,
+                protocol_text(spec.protocol),
+                c.node,
+                c.iface
+            ),
         );
     }
     let holder = format!(
         "{namespace}/{}",
         pm.metadata.name.as_deref().unwrap_or_default()
     );
-    claim_ports(
-        holdings,
-        spec.protocol,
-        ports,
-        &bindable(class, &spec.interfaces),
-        holder,
-    )
+    bindings.hold(spec.protocol, set, ports, holder);
+    Outcome::new(AcceptedReason::Valid, "")
 }
 
 fn check_namespace(
@@ -188,63 +197,6 @@ fn check_namespace(
     }
 }
 
-/// Accepts the mapping unless an accepted one holds an overlapping port of the same protocol on
-/// a shared (node, interface); on acceptance, records its holdings.
-fn claim_ports(
-    holdings: &mut Holdings,
-    protocol: Protocol,
-    ports: PortRange,
-    bindable: &BTreeMap<String, Vec<String>>,
-    holder: String,
-) -> Outcome<AcceptedReason> {
-    for (node, ifaces) in bindable {
-        for iface in ifaces {
-            let Some(held) = holdings.get(&(protocol, node.clone(), iface.clone())) else {
-                continue;
-            };
-            // Held ranges on one (node, interface) are disjoint, so the last one starting at or
-            // before our last port is the only candidate besides earlier ones ending late; walk
-            // back while ranges could still reach us.
-            for (first, (last, by)) in held.range(..=ports.last).rev() {
-                let theirs = PortRange {
-                    first: *first,
-                    last: *last,
-                };
-                if theirs.overlaps(&ports) {
-                    let shared = PortRange {
-                        first: ports.first.max(theirs.first),
-                        last: ports.last.min(theirs.last),
-                    };
-                    let what = if shared.is_range() {
-                        format!("ports {shared} are")
-                    } else {
-                        format!("port {shared} is")
-                    };
-                    return Outcome::new(
-                        AcceptedReason::PortConflict,
-                        format!(
-                            "{what} held by {by} ({} on {node}/{iface})",
-                            protocol_text(protocol)
-                        ),
-                    );
-                }
-                if *last < ports.first {
-                    break;
-                }
-            }
-        }
-    }
-    for (node, ifaces) in bindable {
-        for iface in ifaces {
-            holdings
-                .entry((protocol, node.clone(), iface.clone()))
-                .or_default()
-                .insert(ports.first, (ports.last, holder.clone()));
-        }
-    }
-    Outcome::new(AcceptedReason::Valid, "")
-}
-
 fn protocol_text(protocol: Protocol) -> &'static str {
     match protocol {
         Protocol::Tcp => "TCP",
@@ -253,7 +205,12 @@ fn protocol_text(protocol: Protocol) -> &'static str {
 }
 
 /// Endpoint, serving and programming nodes, bindings and needed links of accepted mappings.
-pub fn resolve_all(index: &Index, classes: &BTreeMap<&str, ClassState>, work: &mut [Working]) {
+pub fn resolve_all(
+    index: &Index,
+    classes: &BTreeMap<&str, ClassState>,
+    bindings: &Bindings,
+    work: &mut [Working],
+) {
     for w in work.iter_mut().filter(|w| w.decision.accepted.is_true()) {
         let Some(class) = classes.get(w.decision.class.as_str()) else {
             continue;
@@ -272,7 +229,8 @@ pub fn resolve_all(index: &Index, classes: &BTreeMap<&str, ClassState>, work: &m
             ServingMode::Single => vec![serving.to_owned()],
             ServingMode::Multi => class.accepting.iter().map(|n| (*n).to_owned()).collect(),
         };
-        let all = bindable(class.class, &w.pm.spec.interfaces);
+        let Some(set) = w.set else { continue };
+        let all = &bindings.set(set).by_node;
         d.bindings = d
             .programming_nodes
             .iter()

@@ -5,6 +5,7 @@
 //! `published`) depends neither on which node computes it, nor on host facts, nor on the order of
 //! any input list: that is what lets agents agree without a leader.
 
+mod bindings;
 mod classes;
 mod endpoint;
 mod host;
@@ -215,8 +216,8 @@ pub struct GcAction {
 pub fn plan(snapshot: &Snapshot, this_node: &str, facts: &HostFacts, now: Timestamp) -> Plan {
     let index = index::Index::build(snapshot);
     let mut classes = classes::evaluate_static(&index);
-    let mut decisions = mapping::admit_all(&index);
-    mapping::resolve_all(&index, &classes, &mut decisions);
+    let (mut decisions, bindings) = mapping::admit_all(&index);
+    mapping::resolve_all(&index, &classes, &bindings, &mut decisions);
     classes::assign_slots(&mut classes, &decisions);
     mapping::gate_all(&index, &classes, &mut decisions, this_node, facts);
 

@@ -1,0 +1,245 @@
+//! Binding sets and port holdings for conflict detection.
+//!
+//! A mapping can bind the (node, interface) pairs its class gives, narrowed by its own interface
+//! list. Mappings with the same class and the same narrowing share one binding set, and a
+//! cluster has few distinct sets. Holdings are therefore kept per (protocol, set): a new mapping
+//! is checked only against the sets that intersect its own, each an interval map of disjoint
+//! accepted ranges, so admission costs O(log n) per intersecting set instead of one lookup per
+//! (node, interface) of the class.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::api::{PortMapClass, Protocol};
+use crate::ir::PortRange;
+
+/// Identifies a distinct binding set.
+pub type SetId = usize;
+
+/// One distinct binding set.
+pub struct BindingSet {
+    /// Interface names each node binds (every node the class names; possibly empty lists).
+    pub by_node: BTreeMap<String, Vec<String>>,
+    /// The (node, interface) pairs, as sorted ids.
+    ids: Vec<u32>,
+}
+
+/// Interned binding sets and the holdings of accepted mappings.
+#[derive(Default)]
+pub struct Bindings {
+    /// (node, interface) → id, ids in sorted order of the pair.
+    pair_ids: BTreeMap<(String, String), u32>,
+    pairs: Vec<(String, String)>,
+    sets: Vec<BindingSet>,
+    by_key: BTreeMap<(String, Vec<String>), SetId>,
+    /// Sets of mappings that narrow nothing, by class: the common case, looked up without
+    /// allocating.
+    whole_class: BTreeMap<String, SetId>,
+    /// Every interface some node of the class carries, per class.
+    offered: BTreeMap<String, BTreeSet<String>>,
+    /// For each pair of sets, the smallest shared pair id (computed on demand).
+    shared: BTreeMap<(SetId, SetId), Option<u32>>,
+    /// Accepted ranges per (protocol, set): first port → (last port, holder).
+    holdings: BTreeMap<(Protocol, SetId), BTreeMap<u16, (u16, String)>>,
+    /// Sets that hold anything, per protocol.
+    held_sets: BTreeMap<Protocol, BTreeSet<SetId>>,
+}
+
+/// A conflict: who holds which ports, and one (node, interface) both could bind.
+pub struct Conflict {
+    pub holder: String,
+    pub shared_ports: PortRange,
+    pub node: String,
+    pub iface: String,
+}
+
+impl Bindings {
+    /// Interns every (node, interface) pair the classes name, in sorted order.
+    pub fn new<'a>(classes: impl Iterator<Item = &'a PortMapClass>) -> Self {
+        let mut all = BTreeSet::new();
+        for class in classes {
+            for (node, spec) in &class.spec.nodes {
+                for iface in &spec.interfaces {
+                    all.insert((node.clone(), iface.clone()));
+                }
+            }
+        }
+        let pairs: Vec<(String, String)> = all.into_iter().collect();
+        let pair_ids = pairs
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.clone(), i as u32))
+            .collect();
+        Bindings {
+            pair_ids,
+            pairs,
+            ..Default::default()
+        }
+    }
+
+    /// The binding set of a mapping in `class` asking for `requested` interfaces.
+    pub fn set_of(
+        &mut self,
+        class_name: &str,
+        class: &PortMapClass,
+        requested: &[String],
+    ) -> SetId {
+        if let (true, Some(id)) = (requested.is_empty(), self.whole_class.get(class_name)) {
+            return *id;
+        }
+        let mut wanted: Vec<String> = requested.to_vec();
+        wanted.sort();
+        wanted.dedup();
+        let key = (class_name.to_owned(), wanted);
+        if let Some(id) = self.by_key.get(&key) {
+            return *id;
+        }
+        let filter: BTreeSet<&str> = key.1.iter().map(String::as_str).collect();
+        let mut by_node = BTreeMap::new();
+        let mut ids = Vec::new();
+        for (node, spec) in &class.spec.nodes {
+            let mut ifaces: Vec<String> = spec
+                .interfaces
+                .iter()
+                .filter(|i| filter.is_empty() || filter.contains(i.as_str()))
+                .cloned()
+                .collect();
+            ifaces.sort();
+            ifaces.dedup();
+            for iface in &ifaces {
+                if let Some(id) = self.pair_ids.get(&(node.clone(), iface.clone())) {
+                    ids.push(*id);
+                }
+            }
+            by_node.insert(node.clone(), ifaces);
+        }
+        ids.sort_unstable();
+        let id = self.sets.len();
+        self.sets.push(BindingSet { by_node, ids });
+        if requested.is_empty() {
+            self.whole_class.insert(class_name.to_owned(), id);
+        }
+        self.by_key.insert(key, id);
+        id
+    }
+
+    /// The first requested interface no node of the class carries.
+    pub fn first_unoffered<'r>(
+        &mut self,
+        class_name: &str,
+        class: &PortMapClass,
+        requested: &'r [String],
+    ) -> Option<&'r str> {
+        if requested.is_empty() {
+            return None;
+        }
+        if !self.offered.contains_key(class_name) {
+            let all = class
+                .spec
+                .nodes
+                .values()
+                .flat_map(|n| n.interfaces.iter().cloned())
+                .collect();
+            self.offered.insert(class_name.to_owned(), all);
+        }
+        let offered = self.offered.get(class_name)?;
+        let mut wanted: Vec<&str> = requested.iter().map(String::as_str).collect();
+        wanted.sort_unstable();
+        wanted.into_iter().find(|i| !offered.contains(*i))
+    }
+
+    pub fn set(&self, id: SetId) -> &BindingSet {
+        &self.sets[id]
+    }
+
+    fn first_shared(&mut self, a: SetId, b: SetId) -> Option<u32> {
+        let key = (a.min(b), a.max(b));
+        if let Some(v) = self.shared.get(&key) {
+            return *v;
+        }
+        let (x, y) = (&self.sets[a].ids, &self.sets[b].ids);
+        let (mut i, mut j) = (0, 0);
+        let mut found = None;
+        while i < x.len() && j < y.len() {
+            match x[i].cmp(&y[j]) {
+                std::cmp::Ordering::Less => i += 1,
+                std::cmp::Ordering::Greater => j += 1,
+                std::cmp::Ordering::Equal => {
+                    found = Some(x[i]);
+                    break;
+                }
+            }
+        }
+        self.shared.insert(key, found);
+        found
+    }
+
+    /// The conflict a new range would have: among held ranges of the same protocol in sets
+    /// sharing a (node, interface) with `set`, the one on the smallest shared pair (then the
+    /// highest first port). `None` when the range is free.
+    pub fn conflict(
+        &mut self,
+        protocol: Protocol,
+        set: SetId,
+        ports: PortRange,
+    ) -> Option<Conflict> {
+        let held: Vec<SetId> = self
+            .held_sets
+            .get(&protocol)
+            .map(|s| s.iter().copied().collect())
+            .unwrap_or_default();
+        let mut best: Option<(u32, std::cmp::Reverse<u16>, String, PortRange)> = None;
+        for other in held {
+            let Some(pair) = self.first_shared(set, other) else {
+                continue;
+            };
+            let Some(map) = self.holdings.get(&(protocol, other)) else {
+                continue;
+            };
+            // Held ranges in one set are disjoint: walk back from the last one starting at or
+            // before our last port while they could still reach our first port.
+            for (first, (last, by)) in map.range(..=ports.last).rev() {
+                let theirs = PortRange {
+                    first: *first,
+                    last: *last,
+                };
+                if theirs.overlaps(&ports) {
+                    let candidate = (pair, std::cmp::Reverse(*first), by.clone(), theirs);
+                    if best
+                        .as_ref()
+                        .is_none_or(|b| (candidate.0, candidate.1) < (b.0, b.1))
+                    {
+                        best = Some(candidate);
+                    }
+                    break;
+                }
+                if *last < ports.first {
+                    break;
+                }
+            }
+        }
+        let (pair, _, holder, theirs) = best?;
+        let (node, iface) = self.pairs[pair as usize].clone();
+        let shared_ports = PortRange {
+            first: ports.first.max(theirs.first),
+            last: ports.last.min(theirs.last),
+        };
+        Some(Conflict {
+            holder,
+            shared_ports,
+            node,
+            iface,
+        })
+    }
+
+    /// Records an accepted range.
+    pub fn hold(&mut self, protocol: Protocol, set: SetId, ports: PortRange, holder: String) {
+        if self.sets[set].ids.is_empty() {
+            return;
+        }
+        self.holdings
+            .entry((protocol, set))
+            .or_default()
+            .insert(ports.first, (ports.last, holder));
+        self.held_sets.entry(protocol).or_default().insert(set);
+    }
+}
