@@ -19,6 +19,13 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the node agent: watch the cluster, program this node, write the status it owns.
+    ///
+    /// Runs until SIGTERM or SIGINT, then removes everything kuport programmed on the node and
+    /// exits 0; a second signal exits at once (status 130). API server errors never remove
+    /// anything: the node keeps its last programmed state. Every flag can also be set by the
+    /// environment variable shown. See docs/operations.md.
+    Agent(kuport::agent::cmd::AgentArgs),
     /// Print the CustomResourceDefinitions of PortMapClass and PortMap, generated from kuport's
     /// own types.
     ///
@@ -87,6 +94,7 @@ impl Cli {
     /// Runs the chosen subcommand.
     pub fn run(self) -> anyhow::Result<()> {
         match self.command {
+            Command::Agent(args) => kuport::agent::cmd::run(args),
             Command::Crds { out: None } => {
                 print!("{}", crate::crds::render_stream()?);
                 Ok(())

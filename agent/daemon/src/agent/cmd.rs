@@ -1,0 +1,317 @@
+//! `kuport agent`: flags, logging, the Kubernetes client, the real host, HTTP endpoints and
+//! signals around the runtime.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use kuport_host::LinuxHost;
+use tokio_util::sync::CancellationToken;
+
+use super::health::{health_router, metrics_router, serve};
+use super::runtime::{Agent, AgentConfig};
+
+/// Exit status when a second signal cuts the graceful shutdown short (128 + SIGINT, as shells
+/// report an interrupted program).
+const EXIT_SECOND_SIGNAL: i32 = 130;
+
+/// Flags of `kuport agent`; every one also reads an environment variable.
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    /// This node's name, as its Node object is named (the DaemonSet sets it from
+    /// `spec.nodeName`).
+    #[arg(long, env = "NODE_NAME", value_name = "NAME", value_parser = parse_node_name)]
+    pub node_name: String,
+    /// How often the host layer compares the kernel against the desired state (repairing
+    /// hand-made drift) instead of against the last applied state: a number with a unit,
+    /// `s`, `m` or `h` (e.g. `30s`, `5m`, `1h`).
+    #[arg(long, env = "KUPORT_RESYNC", value_name = "DURATION", default_value = "5m",
+          value_parser = parse_duration)]
+    pub resync: Duration,
+    /// Where `/healthz` and `/readyz` are served: `HOST:PORT` or `:PORT` (every address).
+    #[arg(long, env = "KUPORT_HEALTH_ADDR", value_name = "ADDR", default_value = ":8081",
+          value_parser = parse_listen_addr)]
+    pub health_addr: SocketAddr,
+    /// Where `/metrics` (Prometheus/OpenMetrics text) is served: `HOST:PORT` or `:PORT`. May
+    /// equal --health-addr, in which case one listener serves all three paths.
+    #[arg(long, env = "KUPORT_METRICS_ADDR", value_name = "ADDR", default_value = ":9090",
+          value_parser = parse_listen_addr)]
+    pub metrics_addr: SocketAddr,
+    /// The least severe log level printed.
+    #[arg(long, env = "KUPORT_LOG_LEVEL", value_enum, value_name = "LEVEL",
+          default_value_t = LogLevel::Info)]
+    pub log_level: LogLevel,
+    /// `text` for people, `json` (one object per line) for log collectors.
+    #[arg(long, env = "KUPORT_LOG_FORMAT", value_enum, value_name = "FORMAT",
+          default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// A kubeconfig file, for running outside the cluster; without it the in-cluster service
+    /// account is used.
+    #[arg(long, env = "KUBECONFIG", value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+/// Log levels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogLevel {
+    /// Errors only.
+    Error,
+    /// Errors and warnings (failed passes, failed watches).
+    Warn,
+    /// Plus start, stop and one line per applied change.
+    Info,
+    /// Plus every pass, status write and event.
+    Debug,
+    /// Plus the Kubernetes client's requests.
+    Trace,
+}
+
+/// Log formats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Runs the agent until SIGTERM or SIGINT, then tears down and returns.
+pub fn run(args: AgentArgs) -> anyhow::Result<()> {
+    init_logging(args.log_level, args.log_format);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(run_async(args))
+}
+
+async fn run_async(args: AgentArgs) -> anyhow::Result<()> {
+    let client = make_client(args.kubeconfig.as_deref()).await?;
+    let host = LinuxHost::new().context("opening the host's netlink socket")?;
+    let mut config = AgentConfig::new(args.node_name.clone());
+    config.resync = args.resync;
+    let agent = Agent::new(client, host, config).with_link_watch(Box::new(LinuxHost::link_events));
+
+    let health = health_router(agent.health());
+    let metrics = metrics_router(agent.metrics());
+    let mut servers = Vec::new();
+    if args.health_addr == args.metrics_addr {
+        servers.push(tokio::spawn(serve(
+            args.health_addr,
+            "health and metrics",
+            health.merge(metrics),
+        )));
+    } else {
+        servers.push(tokio::spawn(serve(args.health_addr, "health", health)));
+        servers.push(tokio::spawn(serve(args.metrics_addr, "metrics", metrics)));
+    }
+
+    let shutdown = CancellationToken::new();
+    tokio::spawn(watch_signals(shutdown.clone()));
+    tracing::info!(
+        node = %args.node_name,
+        health = %args.health_addr,
+        metrics = %args.metrics_addr,
+        resync = ?args.resync,
+        "kuport agent {} starting",
+        env!("CARGO_PKG_VERSION")
+    );
+
+    // An endpoint that cannot bind is fatal (a probe would never answer); otherwise the agent
+    // runs until a signal.
+    let run = agent.run(shutdown.clone());
+    tokio::pin!(run);
+    let mut servers = futures_util::future::select_all(servers);
+    let result = tokio::select! {
+        r = &mut run => r.map_err(anyhow::Error::from),
+        (ended, _, _) = &mut servers => {
+            let error = match ended {
+                Ok(Ok(())) => anyhow::anyhow!("an HTTP endpoint stopped"),
+                Ok(Err(e)) => anyhow::anyhow!(e),
+                Err(e) => anyhow::anyhow!("an HTTP endpoint task failed: {e}"),
+            };
+            // Still tear down what was programmed before failing.
+            shutdown.cancel();
+            run.await.map_err(anyhow::Error::from).and(Err(error))
+        }
+    };
+    if result.is_ok() {
+        tracing::info!("stopped");
+    }
+    result
+}
+
+/// First SIGTERM or SIGINT: cancel (stop passes, tear down, exit 0). Second: exit at once.
+async fn watch_signals(shutdown: CancellationToken) {
+    let mut count = 0;
+    loop {
+        if let Err(e) = next_signal().await {
+            tracing::error!("listening for signals: {e}");
+            return;
+        }
+        count += 1;
+        if count == 1 {
+            tracing::info!("signal received: shutting down (send another to exit at once)");
+            shutdown.cancel();
+        } else {
+            tracing::warn!("second signal: exiting without finishing the teardown");
+            std::process::exit(EXIT_SECOND_SIGNAL);
+        }
+    }
+}
+
+#[cfg(unix)]
+async fn next_signal() -> std::io::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+async fn next_signal() -> std::io::Result<()> {
+    tokio::signal::ctrl_c().await
+}
+
+async fn make_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("loading kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::incluster().context(
+            "loading the in-cluster configuration (outside a cluster, pass --kubeconfig)",
+        )?,
+    };
+    kube::Client::try_from(config).context("building the Kubernetes client")
+}
+
+fn init_logging(level: LogLevel, format: LogFormat) {
+    let level = match level {
+        LogLevel::Error => tracing::Level::ERROR,
+        LogLevel::Warn => tracing::Level::WARN,
+        LogLevel::Info => tracing::Level::INFO,
+        LogLevel::Debug => tracing::Level::DEBUG,
+        LogLevel::Trace => tracing::Level::TRACE,
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(std::io::stderr);
+    // A second initialisation (only possible when embedding) keeps the first subscriber.
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+/// Parses `10s`, `5m`, `1h`, `250ms` (a whole number and a unit; zero is refused).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let digits = text.chars().take_while(char::is_ascii_digit).count();
+    let (number, unit) = text.split_at(digits);
+    if number.is_empty() {
+        return Err(format!(
+            "{text:?} is not a duration: expected a whole number and a unit (ms, s, m, h), e.g. 5m"
+        ));
+    }
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration: {number} is too large"))?;
+    let seconds = |mult: u64| {
+        n.checked_mul(mult)
+            .map(Duration::from_secs)
+            .ok_or_else(|| format!("{text:?} is too long"))
+    };
+    let duration = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => seconds(1)?,
+        "m" => seconds(60)?,
+        "h" => seconds(3600)?,
+        "" => {
+            return Err(format!(
+                "{text:?} has no unit: use ms, s, m or h, e.g. {n}s"
+            ));
+        }
+        other => {
+            return Err(format!(
+                "{text:?}: unknown unit {other:?}; use ms, s, m or h"
+            ));
+        }
+    };
+    if duration.is_zero() {
+        return Err(format!("{text:?} must be longer than zero"));
+    }
+    Ok(duration)
+}
+
+/// Parses `HOST:PORT`, or `:PORT` for every IPv4 address.
+pub fn parse_listen_addr(text: &str) -> Result<SocketAddr, String> {
+    let full = match text.strip_prefix(':') {
+        Some(port) => format!("0.0.0.0:{port}"),
+        None => text.to_owned(),
+    };
+    full.parse().map_err(|_| {
+        format!("{text:?} is not a listen address: expected HOST:PORT or :PORT, e.g. :9090")
+    })
+}
+
+fn parse_node_name(text: &str) -> Result<String, String> {
+    if text.trim().is_empty() {
+        return Err("the node name must not be empty".to_owned());
+    }
+    Ok(text.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_units_and_refuse_the_rest() {
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        for bad in [
+            "",
+            "5",
+            "m",
+            "5x",
+            "0s",
+            "-5s",
+            "1.5m",
+            "99999999999999999999s",
+        ] {
+            let err = parse_duration(bad).expect_err(bad);
+            assert!(!err.is_empty());
+        }
+        assert!(
+            parse_duration("5")
+                .expect_err("no unit")
+                .contains("no unit")
+        );
+    }
+
+    #[test]
+    fn listen_addresses_accept_a_bare_port() {
+        assert_eq!(
+            parse_listen_addr(":8081"),
+            Ok("0.0.0.0:8081".parse().expect("addr"))
+        );
+        assert_eq!(
+            parse_listen_addr("127.0.0.1:9090"),
+            Ok("127.0.0.1:9090".parse().expect("addr"))
+        );
+        assert!(parse_listen_addr("9090").is_err());
+        assert!(parse_listen_addr(":http").is_err());
+    }
+}

@@ -1,0 +1,400 @@
+//! The agent's Prometheus metrics (OpenMetrics text on `/metrics`).
+//!
+//! Label values are fixed strings chosen by the agent (stages, kinds, results, condition
+//! reasons) or object names; error text never becomes a label, so the series stay bounded.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+
+use kuport_core::plan::Plan;
+use kuport_host::MappingCounter;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Where a pass failed; also the `stage` label of `kuport_pass_failures_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Stage {
+    /// Reading the API inputs the stores do not hold (`kube-system/cilium-config`).
+    Inputs,
+    /// Reading the host facts.
+    Facts,
+    /// Computing the plan.
+    Plan,
+    /// The nftables transaction.
+    Nftables,
+    /// VXLAN links.
+    Links,
+    /// ip rules.
+    Rules,
+    /// Routes.
+    Routes,
+    /// Status writes.
+    Status,
+}
+
+impl Stage {
+    /// Every stage, in pass order (what `/metrics` lists even before a failure).
+    pub const ALL: [Stage; 8] = [
+        Stage::Inputs,
+        Stage::Facts,
+        Stage::Plan,
+        Stage::Nftables,
+        Stage::Links,
+        Stage::Rules,
+        Stage::Routes,
+        Stage::Status,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stage::Inputs => "inputs",
+            Stage::Facts => "facts",
+            Stage::Plan => "plan",
+            Stage::Nftables => "nftables",
+            Stage::Links => "links",
+            Stage::Rules => "rules",
+            Stage::Routes => "routes",
+            Stage::Status => "status",
+        }
+    }
+}
+
+/// Which kind of object a status write was for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteKind {
+    /// A PortMap's status.
+    PortMap,
+    /// A PortMapClass's status (row, claims, GC, Ready).
+    Class,
+}
+
+impl WriteKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            WriteKind::PortMap => "portmap",
+            WriteKind::Class => "portmapclass",
+        }
+    }
+}
+
+/// How one status write attempt ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteResult {
+    /// The API server accepted it.
+    Written,
+    /// 409: the object changed since it was read.
+    Conflict,
+    /// Any other error.
+    Failed,
+}
+
+impl WriteResult {
+    fn as_str(self) -> &'static str {
+        match self {
+            WriteResult::Written => "written",
+            WriteResult::Conflict => "conflict",
+            WriteResult::Failed => "failed",
+        }
+    }
+}
+
+type Labels = Vec<(&'static str, String)>;
+
+/// Every series the agent exports.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    pass_duration: Histogram,
+    passes: Family<Labels, Counter>,
+    failures: Family<Labels, Counter>,
+    mappings: Family<Labels, Gauge>,
+    links: Gauge,
+    status_writes: Family<Labels, Counter>,
+    conflicts: Family<Labels, Counter>,
+    last_success: Gauge<f64, AtomicU64>,
+    events: Family<Labels, Counter>,
+    mapping_counters: Arc<MappingCounters>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A fresh registry with every series registered.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("kuport");
+        // 1 ms .. ~16 s: a pass is a plan plus a few API calls.
+        let pass_duration = Histogram::new(exponential_buckets(0.001, 2.0, 15));
+        registry.register_with_unit(
+            "pass_duration",
+            "Duration of one pass (snapshot, facts, plan, apply, status)",
+            prometheus_client::registry::Unit::Seconds,
+            pass_duration.clone(),
+        );
+        let passes = Family::<Labels, Counter>::default();
+        registry.register(
+            "passes",
+            "Passes run, by result (ok or failed)",
+            passes.clone(),
+        );
+        let failures = Family::<Labels, Counter>::default();
+        registry.register(
+            "pass_failures",
+            "Failed passes, by the stage that failed",
+            failures.clone(),
+        );
+        let mappings = Family::<Labels, Gauge>::default();
+        registry.register(
+            "mappings",
+            "PortMaps by condition (Accepted, Programmed) and reason, as this node's plan decides",
+            mappings.clone(),
+        );
+        let links = Gauge::default();
+        registry.register(
+            "links_programmed",
+            "Return links in this node's applied state",
+            links.clone(),
+        );
+        let status_writes = Family::<Labels, Counter>::default();
+        registry.register(
+            "status_writes",
+            "Status write attempts, by kind (portmap, portmapclass) and result (written, conflict, failed)",
+            status_writes.clone(),
+        );
+        let conflicts = Family::<Labels, Counter>::default();
+        registry.register(
+            "status_conflict_retries",
+            "Status writes retried after a 409 Conflict, by kind",
+            conflicts.clone(),
+        );
+        let last_success = Gauge::<f64, AtomicU64>::default();
+        registry.register_with_unit(
+            "last_successful_pass_timestamp",
+            "Unix time of the last pass that completed without failure",
+            prometheus_client::registry::Unit::Seconds,
+            last_success.clone(),
+        );
+        let events = Family::<Labels, Counter>::default();
+        registry.register(
+            "events",
+            "Kubernetes Events, by result (published, dropped, failed)",
+            events.clone(),
+        );
+        let mapping_counters = Arc::new(MappingCounters::default());
+        registry.register_collector(Box::new(mapping_counters.clone()));
+        let metrics = Self {
+            registry,
+            pass_duration,
+            passes,
+            failures,
+            mappings,
+            links,
+            status_writes,
+            conflicts,
+            last_success,
+            events,
+            mapping_counters,
+        };
+        // Create the labelled series up front, so a scrape shows zeros rather than nothing.
+        for stage in Stage::ALL {
+            let _ = metrics.failures.get_or_create(&stage_labels(stage));
+        }
+        for result in ["ok", "failed"] {
+            let _ = metrics.passes.get_or_create(&result_labels(result));
+        }
+        for kind in [WriteKind::PortMap, WriteKind::Class] {
+            for result in [
+                WriteResult::Written,
+                WriteResult::Conflict,
+                WriteResult::Failed,
+            ] {
+                let _ = metrics
+                    .status_writes
+                    .get_or_create(&write_labels(kind, result));
+            }
+            let _ = metrics.conflicts.get_or_create(&kind_labels(kind));
+        }
+        metrics
+    }
+
+    /// The OpenMetrics text of every series.
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry)?;
+        Ok(text)
+    }
+
+    pub(crate) fn observe_pass(&self, seconds: f64, failed: Option<Stage>, now_unix: f64) {
+        self.pass_duration.observe(seconds);
+        match failed {
+            None => {
+                self.passes.get_or_create(&result_labels("ok")).inc();
+                self.last_success.set(now_unix);
+            }
+            Some(stage) => {
+                self.passes.get_or_create(&result_labels("failed")).inc();
+                self.failures.get_or_create(&stage_labels(stage)).inc();
+            }
+        }
+    }
+
+    pub(crate) fn record_plan(&self, plan: &Plan) {
+        // Rebuilt from scratch: a reason no mapping has any more must disappear, not stay at
+        // its last count.
+        self.mappings.clear();
+        for d in &plan.portmaps {
+            self.mappings
+                .get_or_create(&vec![
+                    ("condition", "Accepted".to_owned()),
+                    ("reason", d.accepted.reason.as_str().to_owned()),
+                ])
+                .inc();
+            if let Some(p) = &d.programmed {
+                self.mappings
+                    .get_or_create(&vec![
+                        ("condition", "Programmed".to_owned()),
+                        ("reason", p.reason.as_str().to_owned()),
+                    ])
+                    .inc();
+            }
+        }
+        self.links
+            .set(i64::try_from(plan.host.links.len()).unwrap_or(i64::MAX));
+    }
+
+    pub(crate) fn record_write(&self, kind: WriteKind, result: WriteResult) {
+        self.status_writes
+            .get_or_create(&write_labels(kind, result))
+            .inc();
+        if result == WriteResult::Conflict {
+            self.conflicts.get_or_create(&kind_labels(kind)).inc();
+        }
+    }
+
+    pub(crate) fn record_event(&self, result: &'static str) {
+        self.events
+            .get_or_create(&vec![("result", result.to_owned())])
+            .inc();
+    }
+
+    pub(crate) fn set_mapping_counters(&self, counters: Vec<MappingCounter>) {
+        self.mapping_counters.set(counters);
+    }
+
+    /// Status writes the API server accepted, of both kinds.
+    pub fn status_writes_written(&self) -> u64 {
+        [WriteKind::PortMap, WriteKind::Class]
+            .into_iter()
+            .map(|k| self.status_writes_of(k, WriteResult::Written))
+            .sum()
+    }
+
+    /// Status write attempts of one kind that ended one way.
+    pub fn status_writes_of(&self, kind: WriteKind, result: WriteResult) -> u64 {
+        self.status_writes
+            .get_or_create(&write_labels(kind, result))
+            .get()
+    }
+
+    /// Passes that completed without failure.
+    pub fn passes_ok(&self) -> u64 {
+        self.passes.get_or_create(&result_labels("ok")).get()
+    }
+
+    /// Passes that failed.
+    pub fn passes_failed(&self) -> u64 {
+        self.passes.get_or_create(&result_labels("failed")).get()
+    }
+
+    /// Events handed to the API server.
+    pub fn events_published(&self) -> u64 {
+        self.events
+            .get_or_create(&vec![("result", "published".to_owned())])
+            .get()
+    }
+}
+
+fn stage_labels(stage: Stage) -> Labels {
+    vec![("stage", stage.as_str().to_owned())]
+}
+
+fn result_labels(result: &str) -> Labels {
+    vec![("result", result.to_owned())]
+}
+
+fn kind_labels(kind: WriteKind) -> Labels {
+    vec![("kind", kind.as_str().to_owned())]
+}
+
+fn write_labels(kind: WriteKind, result: WriteResult) -> Labels {
+    vec![
+        ("kind", kind.as_str().to_owned()),
+        ("result", result.as_str().to_owned()),
+    ]
+}
+
+/// Per-mapping packets and bytes, read from kuport's own nft counters each pass. They are the
+/// kernel's counters, so they are exported as counters with the kernel's values rather than
+/// incremented here; a mapping that is gone disappears from the next scrape.
+#[derive(Debug, Default)]
+struct MappingCounters {
+    latest: Mutex<Vec<MappingCounter>>,
+}
+
+impl MappingCounters {
+    fn set(&self, mut counters: Vec<MappingCounter>) {
+        // Sorted, so a scrape lists the series in a stable order.
+        counters.sort_by(|a, b| {
+            (&a.namespace, &a.name, a.chain).cmp(&(&b.namespace, &b.name, b.chain))
+        });
+        *self
+            .latest
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = counters;
+    }
+}
+
+impl Collector for MappingCounters {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let latest = self
+            .latest
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        type Pick = fn(&MappingCounter) -> u64;
+        let series: [(&str, &str, Pick); 2] = [
+            (
+                "mapping_packets",
+                "Packets matched by a mapping's rules in one chain (kuport's nft counters)",
+                |c| c.packets,
+            ),
+            (
+                "mapping_bytes",
+                "Bytes matched by a mapping's rules in one chain (kuport's nft counters)",
+                |c| c.bytes,
+            ),
+        ];
+        for (name, help, pick) in series {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for c in &latest {
+                let labels = [
+                    ("namespace", c.namespace.as_str()),
+                    ("name", c.name.as_str()),
+                    ("chain", c.chain.label()),
+                ];
+                ConstCounter::new(pick(c)).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,16 @@
+//! `kuport agent`: the daemon every node runs.
+//!
+//! [`Agent`] is the runtime (watches, the pass loop, status writes); [`cmd`] is the command
+//! around it (flags, logging, the real host, signals, HTTP endpoints).
+
+pub mod cmd;
+mod events;
+pub mod health;
+pub mod metrics;
+mod runtime;
+pub mod status;
+
+pub use health::{Health, health_router, metrics_router};
+pub use metrics::{Metrics, Stage, WriteKind, WriteResult};
+pub use runtime::{Agent, AgentConfig, AgentError, LinkWatch};
+pub use tokio_util::sync::CancellationToken;

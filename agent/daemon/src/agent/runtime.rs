@@ -1,0 +1,563 @@
+//! The pass loop: watch the cluster, plan, program the host, write the status this node owns.
+//!
+//! Generic over the host (`Host`) and built on any `kube::Client`, so the same code runs on a
+//! node, in the simulator and in tests with several agents in one process.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::Api;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kuport_core::api::{PortMap, PortMapClass};
+use kuport_core::ir::{HostState, Rule};
+use kuport_core::plan::{Plan, plan};
+use kuport_core::snapshot::{CILIUM_CONFIG, CniFacts, HostFacts, Snapshot, node_internal_ip};
+use kuport_host::{ApplyReport, FactsQuery, Host, HostError, LinkEvent};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::events::EventSink;
+use super::health::Health;
+use super::metrics::{Metrics, Stage};
+use super::status::StatusWriter;
+
+/// Opens a stream of link events for the given underlay devices (besides kuport's own `kup-*`
+/// links). Called again whenever the underlay device the host reports changes.
+pub type LinkWatch =
+    Box<dyn FnMut(Vec<String>) -> Result<mpsc::Receiver<LinkEvent>, HostError> + Send + Sync>;
+
+/// Settings of the runtime.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    /// This node's name (its Node object).
+    pub node_name: String,
+    /// How often the host layer compares against the kernel instead of the last applied state.
+    pub resync: Duration,
+    /// How long the loop waits after a change for more changes to coalesce with it.
+    pub debounce: Duration,
+    /// First delay before a failed pass is retried; it doubles up to `retry_max`.
+    pub retry_min: Duration,
+    /// Longest delay between retries.
+    pub retry_max: Duration,
+    /// How long one API request of a pass may take.
+    pub api_timeout: Duration,
+}
+
+impl AgentConfig {
+    /// The defaults of agent.md for `node_name`.
+    pub fn new(node_name: impl Into<String>) -> Self {
+        Self {
+            node_name: node_name.into(),
+            resync: Duration::from_secs(300),
+            debounce: Duration::from_millis(50),
+            retry_min: Duration::from_millis(200),
+            retry_max: Duration::from_secs(30),
+            api_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Why the agent stopped other than by cancellation.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// A watch's store was dropped before it synced (its task ended).
+    #[error("waiting for the {0} watch to sync: the watch ended")]
+    WatchEnded(&'static str),
+    /// Tearing the datapath down at shutdown failed.
+    #[error("tearing down the datapath at shutdown: {0}")]
+    Teardown(#[source] HostError),
+}
+
+/// One node's agent.
+pub struct Agent<H: Host> {
+    client: kube::Client,
+    host: H,
+    config: AgentConfig,
+    metrics: Arc<Metrics>,
+    health: Health,
+    link_watch: Option<LinkWatch>,
+}
+
+/// The watched objects.
+struct Inputs {
+    classes: Store<PortMapClass>,
+    portmaps: Store<PortMap>,
+    slices: Store<EndpointSlice>,
+    nodes: Store<Node>,
+    namespaces: Store<Namespace>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Inputs {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// What one pass came to.
+struct PassOutcome {
+    failed: Option<(Stage, String)>,
+    /// Some status must be recomputed from fresher inputs: run again soon.
+    recompute: bool,
+}
+
+impl<H: Host> Agent<H> {
+    /// An agent for `config.node_name` on `host`, talking to the API server through `client`.
+    pub fn new(client: kube::Client, host: H, config: AgentConfig) -> Self {
+        Self {
+            client,
+            host,
+            config,
+            metrics: Arc::new(Metrics::new()),
+            health: Health::default(),
+            link_watch: None,
+        }
+    }
+
+    /// Runs a pass at once when the host reports a change to a `kup-*` link or the underlay
+    /// device (a restarted mesh daemon deletes every link bound to its device).
+    pub fn with_link_watch(mut self, watch: LinkWatch) -> Self {
+        self.link_watch = Some(watch);
+        self
+    }
+
+    /// The metrics, for `/metrics`.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+
+    /// Liveness and readiness, for `/healthz` and `/readyz`.
+    pub fn health(&self) -> Health {
+        self.health.clone()
+    }
+
+    /// Runs until `shutdown` is cancelled, then tears down everything kuport owns on the host.
+    ///
+    /// API errors never tear anything down: the host keeps its last applied state until a pass
+    /// computes a new one.
+    pub async fn run(mut self, shutdown: CancellationToken) -> Result<(), AgentError> {
+        self.health.set_alive(true);
+        let result = self.run_loop(&shutdown).await;
+        self.health.set_alive(false);
+        tracing::info!("stopping: tearing down the datapath");
+        let teardown = self.host.teardown().await.map_err(AgentError::Teardown);
+        result.and(teardown)
+    }
+
+    async fn run_loop(&mut self, shutdown: &CancellationToken) -> Result<(), AgentError> {
+        // Capacity 1: a full channel already means "dirty", so watch events coalesce here.
+        let (dirty_tx, mut dirty_rx) = mpsc::channel::<()>(1);
+        let inputs = start_inputs(&self.client, &dirty_tx);
+        let events = EventSink::start(
+            self.client.clone(),
+            &self.config.node_name,
+            self.metrics.clone(),
+        );
+
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            synced = wait_synced(&inputs) => synced?,
+        }
+        tracing::info!(node = %self.config.node_name, "every watch synced; starting passes");
+
+        let mut links: Option<mpsc::Receiver<LinkEvent>> = None;
+        let mut watched_underlay: Option<Vec<String>> = None;
+        let mut cni_cache: Option<Option<CniFacts>> = None;
+        let mut next_verify = Instant::now();
+        let mut retry_at: Option<Instant> = None;
+        let mut retry_delay = self.config.retry_min;
+        let mut first = true;
+        // A verify pass that failed is owed until one succeeds.
+        let mut verify_owed = false;
+
+        loop {
+            if !first {
+                let link_event = tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(()),
+                    Some(()) = dirty_rx.recv() => None,
+                    event = next_link_event(&mut links) => Some(event),
+                    _ = tokio::time::sleep_until(next_verify) => None,
+                    _ = sleep_until_opt(retry_at) => None,
+                };
+                match link_event {
+                    Some(Some(e)) => tracing::info!(
+                        link = %e.name,
+                        removed = e.removed,
+                        "link changed on the host: running a pass"
+                    ),
+                    // The host's event stream ended: open a new one after this pass.
+                    Some(None) => {
+                        links = None;
+                        watched_underlay = None;
+                    }
+                    None => {}
+                }
+                // Let a burst of watch events settle into one pass.
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(self.config.debounce) => {}
+                }
+                while dirty_rx.try_recv().is_ok() {}
+                if let Some(rx) = links.as_mut() {
+                    while rx.try_recv().is_ok() {}
+                }
+            }
+            let verify = first || verify_owed || Instant::now() >= next_verify;
+            first = false;
+            if verify {
+                next_verify = Instant::now() + self.config.resync;
+            }
+
+            let started = Instant::now();
+            let outcome = tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                o = self.pass(&inputs, &events, verify, &mut cni_cache) => o,
+            };
+            let (outcome, underlay) = outcome;
+            let elapsed = started.elapsed().as_secs_f64();
+            let now_unix = Timestamp::now().as_millisecond() as f64 / 1000.0;
+            self.metrics
+                .observe_pass(elapsed, outcome.failed.as_ref().map(|f| f.0), now_unix);
+
+            match &outcome.failed {
+                None => {
+                    self.health.set_ready();
+                    verify_owed = false;
+                }
+                Some((stage, error)) => {
+                    verify_owed |= verify;
+                    tracing::warn!(
+                        stage = stage.as_str(),
+                        "pass failed: {error}; retrying in {retry_delay:?}"
+                    );
+                }
+            }
+            if outcome.failed.is_some() || outcome.recompute {
+                retry_at = Some(Instant::now() + retry_delay);
+                retry_delay = (retry_delay * 2).min(self.config.retry_max);
+            } else {
+                retry_at = None;
+                retry_delay = self.config.retry_min;
+            }
+
+            // (Re)open the link event stream once the underlay device is known or changed.
+            if let (Some(watch), Some(underlay)) = (self.link_watch.as_mut(), underlay)
+                && watched_underlay.as_ref() != Some(&underlay)
+            {
+                match watch(underlay.clone()) {
+                    Ok(rx) => {
+                        links = Some(rx);
+                        watched_underlay = Some(underlay);
+                    }
+                    Err(e) => tracing::warn!("watching link events: {e}"),
+                }
+            }
+        }
+    }
+
+    /// One pass. Returns its outcome and the underlay devices to watch for link events.
+    async fn pass(
+        &mut self,
+        inputs: &Inputs,
+        events: &EventSink,
+        verify: bool,
+        cni_cache: &mut Option<Option<CniFacts>>,
+    ) -> (PassOutcome, Option<Vec<String>>) {
+        let node = self.config.node_name.clone();
+        let fail = |stage, error: String| PassOutcome {
+            failed: Some((stage, error)),
+            recompute: false,
+        };
+
+        let mut snapshot = inputs.snapshot();
+        match self.read_cni().await {
+            Ok(cni) => {
+                *cni_cache = Some(cni.clone());
+                snapshot.cni = cni;
+            }
+            // An unreachable API server must not stop the datapath from being repaired (a
+            // link event during an outage): the last answer stands in.
+            Err(e) => match cni_cache {
+                Some(cached) => {
+                    tracing::debug!("{e}; using the last answer");
+                    snapshot.cni = cached.clone();
+                }
+                None => return (fail(Stage::Inputs, e), None),
+            },
+        }
+
+        let query = facts_query(&snapshot, &node);
+        let facts = match self.host.facts(&query).await {
+            Ok(f) => f,
+            Err(e) => return (fail(Stage::Facts, format!("reading host facts: {e}")), None),
+        };
+        let underlay = facts.underlay_device.clone().map(|d| vec![d]);
+
+        let plan = match compute_plan(snapshot.clone(), node.clone(), facts).await {
+            Ok(p) => p,
+            Err(e) => return (fail(Stage::Plan, e), underlay),
+        };
+        self.metrics.record_plan(&plan);
+
+        match self.host.apply(&plan.host, verify).await {
+            Ok(report) => log_apply(&report, &plan.host, verify),
+            Err(e) => {
+                // Status is not written: it would claim what the host does not have.
+                return (
+                    fail(host_stage(&e), format!("applying the datapath: {e}")),
+                    underlay,
+                );
+            }
+        }
+
+        match self.host.counters().await {
+            Ok(counters) => self.metrics.set_mapping_counters(counters),
+            Err(e) => tracing::warn!("reading kuport's nft counters: {e}"),
+        }
+
+        let writer = StatusWriter {
+            client: &self.client,
+            node: &node,
+            metrics: &self.metrics,
+            events,
+            api_timeout: self.config.api_timeout,
+        };
+        let status = writer
+            .write_all(
+                &plan.writes,
+                &inputs.portmaps,
+                &snapshot.classes,
+                Timestamp::now(),
+            )
+            .await;
+        if status.written > 0 {
+            tracing::info!(
+                "status: {} written, {} unchanged, {} to recompute",
+                status.written,
+                status.unchanged,
+                status.recompute
+            );
+        }
+        let outcome = if status.errors.is_empty() {
+            PassOutcome {
+                failed: None,
+                recompute: status.recompute > 0,
+            }
+        } else {
+            PassOutcome {
+                failed: Some((Stage::Status, status.errors.join("; "))),
+                recompute: status.recompute > 0,
+            }
+        };
+        (outcome, underlay)
+    }
+
+    /// `kube-system/cilium-config`: `Ok(None)` when it does not exist (no CNI facts).
+    async fn read_cni(&self) -> Result<Option<CniFacts>, String> {
+        let (ns, name) = CILIUM_CONFIG;
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), ns);
+        match tokio::time::timeout(self.config.api_timeout, api.get_opt(name)).await {
+            Ok(Ok(cm)) => Ok(cm.as_ref().map(CniFacts::from_cilium_config)),
+            Ok(Err(e)) => Err(format!("reading ConfigMap {ns}/{name}: {e}")),
+            Err(_) => Err(format!(
+                "reading ConfigMap {ns}/{name}: no answer within {:?}",
+                self.config.api_timeout
+            )),
+        }
+    }
+}
+
+impl Inputs {
+    fn snapshot(&self) -> Snapshot {
+        fn all<K: Clone + kube::Resource<DynamicType = ()> + 'static>(s: &Store<K>) -> Vec<K> {
+            s.state().iter().map(|o| (**o).clone()).collect()
+        }
+        Snapshot {
+            classes: all(&self.classes),
+            portmaps: all(&self.portmaps),
+            endpoint_slices: all(&self.slices),
+            nodes: all(&self.nodes),
+            namespaces: all(&self.namespaces),
+            cni: None,
+        }
+    }
+}
+
+fn start_inputs(client: &kube::Client, dirty: &mpsc::Sender<()>) -> Inputs {
+    let (classes, t1) = reflect::<PortMapClass>(Api::all(client.clone()), dirty, "PortMapClass");
+    let (portmaps, t2) = reflect::<PortMap>(Api::all(client.clone()), dirty, "PortMap");
+    let (slices, t3) = reflect::<EndpointSlice>(Api::all(client.clone()), dirty, "EndpointSlice");
+    let (nodes, t4) = reflect::<Node>(Api::all(client.clone()), dirty, "Node");
+    let (namespaces, t5) = reflect::<Namespace>(Api::all(client.clone()), dirty, "Namespace");
+    Inputs {
+        classes,
+        portmaps,
+        slices,
+        nodes,
+        namespaces,
+        tasks: vec![t1, t2, t3, t4, t5],
+    }
+}
+
+/// A reflector for one kind: a store kept up to date by a watch that retries with backoff
+/// (an API outage leaves the store as it was), marking the node dirty on every change.
+fn reflect<K>(
+    api: Api<K>,
+    dirty: &mpsc::Sender<()>,
+    kind: &'static str,
+) -> (Store<K>, JoinHandle<()>)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let stream = reflector::reflector(
+        writer,
+        watcher(api, watcher::Config::default())
+            .default_backoff()
+            // Managed fields are never read; not caching them keeps the stores small.
+            .modify(|o| o.meta_mut().managed_fields = None),
+    );
+    let dirty = dirty.clone();
+    let task = tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            match event {
+                // Full means a pass is already due.
+                Ok(_) => {
+                    let _ = dirty.try_send(());
+                }
+                Err(e) => tracing::warn!("watching {kind}: {e}"),
+            }
+        }
+    });
+    (reader, task)
+}
+
+async fn wait_synced(inputs: &Inputs) -> Result<(), AgentError> {
+    let ended = |kind| move |_| AgentError::WatchEnded(kind);
+    inputs
+        .classes
+        .wait_until_ready()
+        .await
+        .map_err(ended("PortMapClass"))?;
+    inputs
+        .portmaps
+        .wait_until_ready()
+        .await
+        .map_err(ended("PortMap"))?;
+    inputs
+        .slices
+        .wait_until_ready()
+        .await
+        .map_err(ended("EndpointSlice"))?;
+    inputs
+        .nodes
+        .wait_until_ready()
+        .await
+        .map_err(ended("Node"))?;
+    inputs
+        .namespaces
+        .wait_until_ready()
+        .await
+        .map_err(ended("Namespace"))?;
+    Ok(())
+}
+
+/// The facts this node's plan needs: the interfaces its classes give it, and its InternalIP.
+fn facts_query(snapshot: &Snapshot, node: &str) -> FactsQuery {
+    let mut interfaces: Vec<String> = snapshot
+        .classes
+        .iter()
+        .filter_map(|c| c.spec.nodes.get(node))
+        .flat_map(|n| n.interfaces.iter().cloned())
+        .collect();
+    interfaces.sort();
+    interfaces.dedup();
+    let internal_ip = snapshot
+        .nodes
+        .iter()
+        .find(|n| n.metadata.name.as_deref() == Some(node))
+        .and_then(node_internal_ip);
+    FactsQuery {
+        interfaces,
+        internal_ip,
+    }
+}
+
+/// The plan, off the async workers; a panic in it fails the pass instead of the agent.
+async fn compute_plan(snapshot: Snapshot, node: String, facts: HostFacts) -> Result<Plan, String> {
+    let now = Timestamp::now();
+    tokio::task::spawn_blocking(move || plan(&snapshot, &node, &facts, now))
+        .await
+        .map_err(|e| format!("computing the plan: {e}"))
+}
+
+fn host_stage(e: &HostError) -> Stage {
+    match e {
+        HostError::Nft { .. } => Stage::Nftables,
+        HostError::Netlink { object, .. } if object.starts_with("ip rule") => Stage::Rules,
+        HostError::Netlink { object, .. } if object.starts_with("route") => Stage::Routes,
+        _ => Stage::Links,
+    }
+}
+
+/// One info line per applied change; debug for a pass that changed nothing.
+fn log_apply(report: &ApplyReport, state: &HostState, verify: bool) {
+    if report.mutations() == 0 {
+        tracing::debug!(verify, "pass: datapath unchanged");
+        return;
+    }
+    let dnat = state
+        .nft
+        .chains
+        .iter()
+        .flat_map(|(_, rules)| rules)
+        .filter(|r| matches!(r, Rule::Dnat(_)))
+        .count();
+    tracing::info!(
+        verify,
+        nft_changed = report.nft_changed,
+        links_created = report.links_created,
+        links_updated = report.links_updated,
+        links_deleted = report.links_deleted,
+        rules_added = report.rules_added,
+        rules_deleted = report.rules_deleted,
+        routes_added = report.routes_added,
+        routes_deleted = report.routes_deleted,
+        "applied: {dnat} dnat, {} link, {} rules, {} routes",
+        state.links.len(),
+        state.rules.len(),
+        state.routes.len()
+    );
+}
+
+async fn next_link_event(links: &mut Option<mpsc::Receiver<LinkEvent>>) -> Option<LinkEvent> {
+    match links {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+fn sleep_until_opt(at: Option<Instant>) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+    match at {
+        Some(at) => Box::pin(tokio::time::sleep_until(at)),
+        None => Box::pin(std::future::pending()),
+    }
+}

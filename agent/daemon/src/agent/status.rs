@@ -1,0 +1,666 @@
+//! Writing the status this node owns (agent.md, "Status writes").
+//!
+//! PortMap statuses are replaced whole, with the `resourceVersion` of the object the plan was
+//! computed from: a 409 means the plan read a stale object, so the pass is re-run on fresher
+//! inputs rather than the body replayed. Class statuses are shared by every accepting node, so
+//! this node merges only its own part (its row, its link proposals, its GC actions, the Ready
+//! condition when it differs) into a freshly read object and writes it with compare-and-swap,
+//! re-reading and re-merging on 409.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::Resource;
+use kube::api::{Api, PostParams};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kuport_core::api::{LinkClaim, PortMap, PortMapClass, PortMapClassStatus, PortMapStatus};
+use kuport_core::plan::{CLAIM_GC_AFTER_SECONDS, ClaimProposal, ClassRowWrite, GcAction, GcKind};
+use kuport_core::plan::{PortMapWrite, Writes};
+
+use super::events::{EventSink, PendingEvent};
+use super::metrics::{Metrics, WriteKind, WriteResult};
+
+/// How many times one class write re-reads and re-merges after a 409 within one pass.
+const CLASS_CAS_ATTEMPTS: usize = 5;
+
+/// What the status writes of one pass came to.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StatusOutcome {
+    /// Writes the API server accepted.
+    pub written: usize,
+    /// Writes skipped because the stored status already says the same.
+    pub unchanged: usize,
+    /// Writes that must be recomputed from fresher inputs (409 on a PortMap, a class that kept
+    /// conflicting, a link proposal whose slot another pair took).
+    pub recompute: usize,
+    /// Writes that failed for another reason, each naming the object and the operation.
+    pub errors: Vec<String>,
+}
+
+/// The status writer of one agent.
+pub(crate) struct StatusWriter<'a> {
+    pub client: &'a kube::Client,
+    pub node: &'a str,
+    pub metrics: &'a Arc<Metrics>,
+    pub events: &'a EventSink,
+    pub api_timeout: Duration,
+}
+
+impl StatusWriter<'_> {
+    /// Writes everything in `writes`; one failed write never stops the others.
+    pub async fn write_all(
+        &self,
+        writes: &Writes,
+        portmaps: &Store<PortMap>,
+        classes: &[PortMapClass],
+        now: Timestamp,
+    ) -> StatusOutcome {
+        let mut outcome = StatusOutcome::default();
+        for w in &writes.portmaps {
+            self.write_portmap(w, portmaps, &mut outcome).await;
+        }
+        // Every class this node has something to say about: its row (accepting nodes), its
+        // proposals, its GC, or a stale row of its own to remove.
+        let mut names: Vec<&str> = writes
+            .class_rows
+            .iter()
+            .map(|r| r.class.as_str())
+            .chain(writes.claims.iter().map(|c| c.class.as_str()))
+            .chain(writes.gc.iter().map(|g| g.class.as_str()))
+            .chain(
+                classes
+                    .iter()
+                    .filter(|c| {
+                        c.status
+                            .as_ref()
+                            .is_some_and(|s| s.nodes.iter().any(|n| n.name == self.node))
+                    })
+                    .map(|c| c.metadata.name.as_deref().unwrap_or_default()),
+            )
+            .filter(|n| !n.is_empty())
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        for class in names {
+            let part = ClassPart {
+                row: writes.class_rows.iter().find(|r| r.class == class),
+                claims: writes.claims.iter().filter(|c| c.class == class).collect(),
+                gc: writes.gc.iter().filter(|g| g.class == class).collect(),
+            };
+            // When merging into the watched copy changes nothing, the fresh object is not read:
+            // a converged pass costs no request. Anything to change is merged into a fresh read.
+            let watched = classes
+                .iter()
+                .find(|c| c.metadata.name.as_deref() == Some(class))
+                .map(|c| c.status.clone().unwrap_or_default());
+            if let Some(watched) = watched {
+                let merged = merge_class_status(&watched, self.node, &part, now);
+                if merged.status == watched && merged.dropped.is_empty() {
+                    outcome.unchanged += 1;
+                    continue;
+                }
+            }
+            self.write_class(class, &part, now, &mut outcome).await;
+        }
+        outcome
+    }
+
+    async fn write_portmap(
+        &self,
+        w: &PortMapWrite,
+        store: &Store<PortMap>,
+        outcome: &mut StatusOutcome,
+    ) {
+        let what = format!("PortMap {}/{}", w.namespace, w.name);
+        let Some(current) = store.get(&ObjectRef::new(&w.name).within(&w.namespace)) else {
+            // Deleted since the snapshot: nothing to write.
+            outcome.unchanged += 1;
+            return;
+        };
+        let stored = current.status.clone().unwrap_or_default();
+        if portmap_status_equivalent(&stored, &w.status) {
+            outcome.unchanged += 1;
+            return;
+        }
+        let mut body = (*current).clone();
+        body.metadata.managed_fields = None;
+        body.status = Some(w.status.clone());
+        let api: Api<PortMap> = Api::namespaced(self.client.clone(), &w.namespace);
+        let result = tokio::time::timeout(
+            self.api_timeout,
+            api.replace_status(&w.name, &PostParams::default(), &body),
+        )
+        .await;
+        match result {
+            Ok(Ok(_)) => {
+                self.metrics
+                    .record_write(WriteKind::PortMap, WriteResult::Written);
+                outcome.written += 1;
+                tracing::debug!("wrote the status of {what}");
+                for type_ in ["Accepted", "Programmed"] {
+                    if let Some(c) = flipped(&stored.conditions, &w.status.conditions, type_) {
+                        self.events.emit(PendingEvent {
+                            regarding: current.object_ref(&()),
+                            warning: c.status != "True",
+                            reason: c.reason.clone(),
+                            note: format!("{type_} is {}: {}", c.status, c.message),
+                            action: "UpdateStatus",
+                        });
+                    }
+                }
+            }
+            Ok(Err(kube::Error::Api(s))) if s.is_conflict() => {
+                self.metrics
+                    .record_write(WriteKind::PortMap, WriteResult::Conflict);
+                outcome.recompute += 1;
+                tracing::debug!("writing the status of {what}: 409, recomputing");
+            }
+            Ok(Err(kube::Error::Api(s))) if s.is_not_found() => {
+                outcome.unchanged += 1;
+            }
+            Ok(Err(e)) => {
+                self.metrics
+                    .record_write(WriteKind::PortMap, WriteResult::Failed);
+                outcome
+                    .errors
+                    .push(format!("writing the status of {what}: {e}"));
+            }
+            Err(_) => {
+                self.metrics
+                    .record_write(WriteKind::PortMap, WriteResult::Failed);
+                outcome.errors.push(format!(
+                    "writing the status of {what}: no answer within {:?}",
+                    self.api_timeout
+                ));
+            }
+        }
+    }
+
+    async fn write_class(
+        &self,
+        class: &str,
+        part: &ClassPart<'_>,
+        now: Timestamp,
+        outcome: &mut StatusOutcome,
+    ) {
+        let what = format!("PortMapClass {class}");
+        let api: Api<PortMapClass> = Api::all(self.client.clone());
+        for _ in 0..CLASS_CAS_ATTEMPTS {
+            let fresh = match tokio::time::timeout(self.api_timeout, api.get_opt(class)).await {
+                Ok(Ok(Some(fresh))) => fresh,
+                Ok(Ok(None)) => {
+                    outcome.unchanged += 1;
+                    return;
+                }
+                Ok(Err(e)) => {
+                    outcome.errors.push(format!("reading {what}: {e}"));
+                    return;
+                }
+                Err(_) => {
+                    outcome.errors.push(format!(
+                        "reading {what}: no answer within {:?}",
+                        self.api_timeout
+                    ));
+                    return;
+                }
+            };
+            let stored = fresh.status.clone().unwrap_or_default();
+            let merged = merge_class_status(&stored, self.node, part, now);
+            if !merged.dropped.is_empty() {
+                tracing::debug!(
+                    "{what}: link proposal(s) {} dropped: the slot was taken meanwhile",
+                    merged.dropped.join(", ")
+                );
+                outcome.recompute += 1;
+            }
+            if merged.status == stored {
+                outcome.unchanged += 1;
+                return;
+            }
+            let mut body = fresh.clone();
+            body.metadata.managed_fields = None;
+            body.status = Some(merged.status);
+            let result = tokio::time::timeout(
+                self.api_timeout,
+                api.replace_status(class, &PostParams::default(), &body),
+            )
+            .await;
+            match result {
+                Ok(Ok(_)) => {
+                    self.metrics
+                        .record_write(WriteKind::Class, WriteResult::Written);
+                    outcome.written += 1;
+                    tracing::debug!("wrote this node's part of the status of {what}");
+                    if let Some(c) = merged.ready_flipped {
+                        self.events.emit(PendingEvent {
+                            regarding: fresh.object_ref(&()),
+                            warning: c.status != "True",
+                            reason: c.reason.clone(),
+                            note: format!("Ready is {}: {}", c.status, c.message),
+                            action: "UpdateStatus",
+                        });
+                    }
+                    return;
+                }
+                Ok(Err(kube::Error::Api(s))) if s.is_conflict() => {
+                    // Someone else wrote meanwhile: re-read and re-merge, never replay.
+                    self.metrics
+                        .record_write(WriteKind::Class, WriteResult::Conflict);
+                    continue;
+                }
+                Ok(Err(kube::Error::Api(s))) if s.is_not_found() => {
+                    outcome.unchanged += 1;
+                    return;
+                }
+                Ok(Err(e)) => {
+                    self.metrics
+                        .record_write(WriteKind::Class, WriteResult::Failed);
+                    outcome
+                        .errors
+                        .push(format!("writing the status of {what}: {e}"));
+                    return;
+                }
+                Err(_) => {
+                    self.metrics
+                        .record_write(WriteKind::Class, WriteResult::Failed);
+                    outcome.errors.push(format!(
+                        "writing the status of {what}: no answer within {:?}",
+                        self.api_timeout
+                    ));
+                    return;
+                }
+            }
+        }
+        // Still conflicting after several fresh reads: let the next pass try again.
+        outcome.recompute += 1;
+    }
+}
+
+/// This node's part of one class's status.
+#[derive(Clone, Debug, Default)]
+pub struct ClassPart<'a> {
+    /// Its row and the Ready condition as it computes it (accepting nodes only).
+    pub row: Option<&'a ClassRowWrite>,
+    /// Its new link proposals.
+    pub claims: Vec<&'a ClaimProposal>,
+    /// Its GC actions.
+    pub gc: Vec<&'a GcAction>,
+}
+
+/// The result of merging one node's part into a class status.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClassMerge {
+    /// The status to write.
+    pub status: PortMapClassStatus,
+    /// Keys of proposals dropped because another pair holds their slot.
+    pub dropped: Vec<String>,
+    /// The Ready condition when its status flipped (or first appeared).
+    pub ready_flipped: Option<Condition>,
+}
+
+/// Merges this node's part into `stored`, touching nothing that belongs to another node.
+pub fn merge_class_status(
+    stored: &PortMapClassStatus,
+    node: &str,
+    part: &ClassPart<'_>,
+    now: Timestamp,
+) -> ClassMerge {
+    let mut status = stored.clone();
+    let mut ready_flipped = None;
+
+    // The row: replaced in place, inserted in name order, or removed when this node no longer
+    // accepts for the class.
+    match part.row {
+        Some(write) => {
+            match status.nodes.iter_mut().find(|n| n.name == node) {
+                Some(row) => *row = write.row.clone(),
+                None => {
+                    let at = status
+                        .nodes
+                        .iter()
+                        .position(|n| n.name.as_str() > node)
+                        .unwrap_or(status.nodes.len());
+                    status.nodes.insert(at, write.row.clone());
+                }
+            }
+            let current = status.conditions.iter().position(|c| c.type_ == "Ready");
+            let differs =
+                current.is_none_or(|i| !condition_equivalent(&status.conditions[i], &write.ready));
+            if differs {
+                if current.is_none_or(|i| status.conditions[i].status != write.ready.status) {
+                    ready_flipped = Some(write.ready.clone());
+                }
+                match current {
+                    Some(i) => status.conditions[i] = write.ready.clone(),
+                    None => status.conditions.push(write.ready.clone()),
+                }
+                status.observed_generation = write.ready.observed_generation;
+            }
+        }
+        None => status.nodes.retain(|n| n.name != node),
+    }
+
+    // Proposals land only on a slot still free in the fresh object.
+    let mut dropped = Vec::new();
+    for claim in &part.claims {
+        if status.links.iter().any(|l| l.key == claim.key) {
+            // Another writer landed the pair already; its slot is the one that counts.
+            continue;
+        }
+        if status
+            .links
+            .iter()
+            .any(|l| u32::try_from(l.slot).ok() == Some(claim.slot))
+        {
+            dropped.push(claim.key.clone());
+            continue;
+        }
+        let Ok(slot) = i32::try_from(claim.slot) else {
+            dropped.push(claim.key.clone());
+            continue;
+        };
+        let at = status
+            .links
+            .iter()
+            .position(|l| l.key > claim.key)
+            .unwrap_or(status.links.len());
+        status.links.insert(
+            at,
+            LinkClaim {
+                key: claim.key.clone(),
+                peers: claim.peers.to_vec(),
+                subnet: claim.subnet.clone(),
+                slot,
+                unused_since: None,
+            },
+        );
+    }
+
+    for action in &part.gc {
+        let Some(i) = status.links.iter().position(|l| l.key == action.key) else {
+            continue;
+        };
+        match action.action {
+            GcKind::MarkUnused => {
+                if status.links[i].unused_since.is_none() {
+                    status.links[i].unused_since = Some(Time(now));
+                }
+            }
+            GcKind::ClearUnused => status.links[i].unused_since = None,
+            GcKind::Drop => {
+                // Re-checked on the fresh object: someone may have cleared it meanwhile.
+                let expired = status.links[i]
+                    .unused_since
+                    .as_ref()
+                    .is_some_and(|t| now.as_second() - t.0.as_second() > CLAIM_GC_AFTER_SECONDS);
+                if expired {
+                    status.links.remove(i);
+                }
+            }
+        }
+    }
+
+    ClassMerge {
+        status,
+        dropped,
+        ready_flipped,
+    }
+}
+
+/// Equal except for `lastTransitionTime` (the plan keeps it unless the condition flipped, and
+/// the API server may store it at a coarser precision than the agent's clock).
+pub fn condition_equivalent(a: &Condition, b: &Condition) -> bool {
+    a.type_ == b.type_
+        && a.status == b.status
+        && a.reason == b.reason
+        && a.message == b.message
+        && a.observed_generation == b.observed_generation
+}
+
+/// Two PortMap statuses that say the same thing, condition by condition, in any order.
+pub fn portmap_status_equivalent(a: &PortMapStatus, b: &PortMapStatus) -> bool {
+    let conditions = |s: &PortMapStatus| -> BTreeMap<String, Condition> {
+        s.conditions
+            .iter()
+            .map(|c| (c.type_.clone(), c.clone()))
+            .collect()
+    };
+    let (ca, cb) = (conditions(a), conditions(b));
+    a.observed_generation == b.observed_generation
+        && a.endpoint == b.endpoint
+        && a.published == b.published
+        && ca.len() == cb.len()
+        && ca
+            .iter()
+            .all(|(t, c)| cb.get(t).is_some_and(|d| condition_equivalent(c, d)))
+}
+
+/// The new condition of `type_` when its status differs from the stored one (or it is new).
+fn flipped<'a>(stored: &[Condition], new: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+    let new = new.iter().find(|c| c.type_ == type_)?;
+    let old = stored.iter().find(|c| c.type_ == type_);
+    old.is_none_or(|o| o.status != new.status).then_some(new)
+}
+
+#[cfg(test)]
+mod tests {
+    use kuport_core::api::ClassNodeStatus;
+
+    use super::*;
+
+    fn ts(s: &str) -> Timestamp {
+        s.parse().expect("timestamp")
+    }
+
+    fn cond(status: &str, reason: &str, at: &str) -> Condition {
+        Condition {
+            type_: "Ready".into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: format!("{reason}."),
+            last_transition_time: Time(ts(at)),
+            observed_generation: Some(1),
+        }
+    }
+
+    fn row(node: &str) -> ClassNodeStatus {
+        ClassNodeStatus {
+            name: node.into(),
+            ready: true,
+            ..Default::default()
+        }
+    }
+
+    fn link(key: &str, slot: i32) -> LinkClaim {
+        LinkClaim {
+            key: key.into(),
+            peers: key.split('/').map(str::to_owned).collect(),
+            subnet: format!("169.254.77.{}/31", slot * 2),
+            slot,
+            unused_since: None,
+        }
+    }
+
+    fn proposal(key: &str, slot: u32) -> ClaimProposal {
+        let (a, b) = key.split_once('/').expect("key");
+        ClaimProposal {
+            class: "public".into(),
+            key: key.into(),
+            peers: [a.into(), b.into()],
+            slot,
+            subnet: format!("169.254.77.{}/31", slot * 2),
+        }
+    }
+
+    const NOW: &str = "2026-01-02T00:00:00Z";
+
+    #[test]
+    fn own_row_is_inserted_in_order_and_others_are_untouched() {
+        let mut other = row("a-node");
+        other.message = Some("interface wt0 not present".into());
+        let stored = PortMapClassStatus {
+            nodes: vec![other.clone(), row("z-node")],
+            ..Default::default()
+        };
+        let write = ClassRowWrite {
+            class: "public".into(),
+            row: row("m-node"),
+            ready: cond("True", "Valid", NOW),
+        };
+        let part = ClassPart {
+            row: Some(&write),
+            ..Default::default()
+        };
+        let merged = merge_class_status(&stored, "m-node", &part, ts(NOW));
+        let names: Vec<&str> = merged
+            .status
+            .nodes
+            .iter()
+            .map(|n| n.name.as_str())
+            .collect();
+        assert_eq!(names, ["a-node", "m-node", "z-node"]);
+        assert_eq!(merged.status.nodes[0], other);
+        assert_eq!(
+            merged.ready_flipped.map(|c| c.reason),
+            Some("Valid".to_owned())
+        );
+    }
+
+    #[test]
+    fn ready_is_rewritten_only_when_it_differs() {
+        let stored = PortMapClassStatus {
+            conditions: vec![cond("True", "Valid", "2026-01-01T00:00:00Z")],
+            nodes: vec![row("n1")],
+            ..Default::default()
+        };
+        // Same condition but a different lastTransitionTime precision: nothing to write.
+        let write = ClassRowWrite {
+            class: "public".into(),
+            row: row("n1"),
+            ready: cond("True", "Valid", "2026-01-01T00:00:00.5Z"),
+        };
+        let part = ClassPart {
+            row: Some(&write),
+            ..Default::default()
+        };
+        let merged = merge_class_status(&stored, "n1", &part, ts(NOW));
+        assert_eq!(merged.status, stored);
+        assert_eq!(merged.ready_flipped, None);
+        // A reason change without a flip is written, but is no flip.
+        let write = ClassRowWrite {
+            ready: cond("True", "Other", "2026-01-01T00:00:00Z"),
+            ..write
+        };
+        let part = ClassPart {
+            row: Some(&write),
+            ..Default::default()
+        };
+        let merged = merge_class_status(&stored, "n1", &part, ts(NOW));
+        assert_eq!(merged.status.conditions[0].reason, "Other");
+        assert_eq!(merged.ready_flipped, None);
+    }
+
+    #[test]
+    fn a_node_that_no_longer_accepts_removes_only_its_own_row() {
+        let stored = PortMapClassStatus {
+            nodes: vec![row("n1"), row("n2")],
+            ..Default::default()
+        };
+        let merged = merge_class_status(&stored, "n1", &ClassPart::default(), ts(NOW));
+        assert_eq!(merged.status.nodes, vec![row("n2")]);
+    }
+
+    #[test]
+    fn a_proposal_lands_only_on_a_free_slot() {
+        let stored = PortMapClassStatus {
+            links: vec![link("n1/n3", 0)],
+            ..Default::default()
+        };
+        let (taken, free, landed) = (
+            proposal("n1/n2", 0),
+            proposal("n1/n4", 1),
+            proposal("n1/n3", 5),
+        );
+        let part = ClassPart {
+            claims: vec![&taken, &free, &landed],
+            ..Default::default()
+        };
+        let merged = merge_class_status(&stored, "n2", &part, ts(NOW));
+        assert_eq!(merged.dropped, ["n1/n2"]);
+        assert_eq!(
+            merged.status.links,
+            vec![link("n1/n3", 0), link("n1/n4", 1)]
+        );
+    }
+
+    #[test]
+    fn gc_marks_clears_and_drops_only_what_expired_on_the_fresh_object() {
+        let mut old = link("a/b", 0);
+        old.unused_since = Some(Time(ts("2025-12-30T00:00:00Z")));
+        let mut recent = link("a/c", 1);
+        recent.unused_since = Some(Time(ts("2026-01-01T12:00:00Z")));
+        let mut needed = link("a/d", 2);
+        needed.unused_since = Some(Time(ts("2026-01-01T00:00:00Z")));
+        let stored = PortMapClassStatus {
+            links: vec![old, recent.clone(), needed, link("a/e", 3)],
+            ..Default::default()
+        };
+        let gc = |key: &str, action| GcAction {
+            class: "public".into(),
+            key: key.into(),
+            action,
+        };
+        let actions = [
+            gc("a/b", GcKind::Drop),
+            gc("a/c", GcKind::Drop),
+            gc("a/d", GcKind::ClearUnused),
+            gc("a/e", GcKind::MarkUnused),
+        ];
+        let part = ClassPart {
+            gc: actions.iter().collect(),
+            ..Default::default()
+        };
+        let merged = merge_class_status(&stored, "a", &part, ts(NOW));
+        let mut marked = link("a/e", 3);
+        marked.unused_since = Some(Time(ts(NOW)));
+        assert_eq!(merged.status.links, vec![recent, link("a/d", 2), marked]);
+    }
+
+    #[test]
+    fn portmap_equivalence_ignores_only_transition_times_and_order() {
+        let status = |reason: &str, at: &str| PortMapStatus {
+            observed_generation: Some(1),
+            conditions: vec![
+                Condition {
+                    type_: "Accepted".into(),
+                    ..cond("True", "Valid", at)
+                },
+                Condition {
+                    type_: "Programmed".into(),
+                    ..cond("True", reason, at)
+                },
+            ],
+            ..Default::default()
+        };
+        let a = status("AllNodesReady", "2026-01-01T00:00:00Z");
+        let mut b = status("AllNodesReady", "2026-01-01T00:00:00.25Z");
+        b.conditions.reverse();
+        assert!(portmap_status_equivalent(&a, &b));
+        assert!(!portmap_status_equivalent(
+            &a,
+            &status("NodesNotReady", "2026-01-01T00:00:00Z")
+        ));
+        let mut stale = a.clone();
+        stale.conditions.push(Condition {
+            type_: "Stale".into(),
+            ..cond("True", "Old", NOW)
+        });
+        assert!(
+            !portmap_status_equivalent(&a, &stale),
+            "a stale condition must go"
+        );
+    }
+}

@@ -1,0 +1,724 @@
+//! Three agents in one process, each with an in-memory host, against the API server model over
+//! real TCP. Every wait is on a condition with a deadline; nothing asserts on timing.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Node};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, ListParams, PostParams};
+use kuport::agent::{
+    Agent, AgentConfig, AgentError, CancellationToken, Health, LinkWatch, Metrics, WriteKind,
+    WriteResult, health_router, metrics_router,
+};
+use kuport_core::api::{PortMap, PortMapClass};
+use kuport_core::ir::Rule;
+use kuport_core::snapshot::HostFacts;
+use kuport_host::{LinkEvent, MappingCounter, MemoryHost};
+use kuport_sim::apiserver::{ApiServer, Failure, RequestFilter};
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+struct RunningAgent {
+    name: String,
+    host: MemoryHost,
+    metrics: Arc<Metrics>,
+    health: Health,
+    shutdown: CancellationToken,
+    task: Option<JoinHandle<Result<(), AgentError>>>,
+}
+
+struct Cluster {
+    server: ApiServer,
+    client: kube::Client,
+    url: String,
+    agents: Vec<RunningAgent>,
+}
+
+fn client_for(url: &str) -> kube::Client {
+    kube::Client::try_from(kube::Config::new(url.parse().expect("url"))).expect("client")
+}
+
+fn facts(node: usize) -> HostFacts {
+    HostFacts {
+        interfaces: [(
+            "eth0".to_owned(),
+            format!("203.0.113.{node}").parse().expect("ip"),
+        )]
+        .into_iter()
+        .collect(),
+        underlay_device: Some("wg0".to_owned()),
+        underlay_mtu: Some(1420),
+    }
+}
+
+fn from<T: serde::de::DeserializeOwned>(v: Value) -> T {
+    serde_json::from_value(v).expect("object")
+}
+
+impl Cluster {
+    async fn start() -> Self {
+        Self::start_with(Duration::from_secs(3600)).await
+    }
+
+    async fn start_with(resync: Duration) -> Self {
+        let server = ApiServer::builder().build().expect("model builds");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        tokio::spawn(server.clone().serve(listener));
+        let client = client_for(&url);
+        let mut cluster = Self {
+            server,
+            client,
+            url,
+            agents: Vec::new(),
+        };
+        cluster.seed().await;
+        for i in 1..=3 {
+            cluster.start_agent(i, resync);
+        }
+        cluster
+    }
+
+    fn start_agent(&mut self, i: usize, resync: Duration) {
+        self.start_agent_with(i, resync, None);
+    }
+
+    fn start_agent_with(&mut self, i: usize, resync: Duration, links: Option<LinkWatch>) {
+        let name = format!("n{i}");
+        let host = MemoryHost::with_facts(facts(i));
+        let mut config = AgentConfig::new(name.clone());
+        config.resync = resync;
+        config.debounce = Duration::from_millis(20);
+        config.retry_min = Duration::from_millis(50);
+        config.retry_max = Duration::from_millis(500);
+        config.api_timeout = Duration::from_secs(2);
+        let mut agent = Agent::new(client_for(&self.url), host.clone(), config);
+        if let Some(links) = links {
+            agent = agent.with_link_watch(links);
+        }
+        let shutdown = CancellationToken::new();
+        let (metrics, health) = (agent.metrics(), agent.health());
+        let task = tokio::spawn(agent.run(shutdown.clone()));
+        self.agents.push(RunningAgent {
+            name,
+            host,
+            metrics,
+            health,
+            shutdown,
+            task: Some(task),
+        });
+    }
+
+    async fn seed(&self) {
+        let pp = PostParams::default();
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        namespaces
+            .create(&pp, &from(json!({"metadata": {"name": "games"}})))
+            .await
+            .expect("namespace");
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        for i in 1..=3 {
+            let node = json!({
+                "metadata": {"name": format!("n{i}")},
+                "status": {
+                    "addresses": [{"type": "InternalIP", "address": format!("10.0.0.{i}")}],
+                    "conditions": [{"type": "Ready", "status": "True"}],
+                },
+            });
+            nodes.create(&pp, &from(node)).await.expect("node");
+        }
+        let classes: Api<PortMapClass> = Api::all(self.client.clone());
+        let class = json!({
+            "apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMapClass",
+            "metadata": {"name": "public"},
+            "spec": {"nodes": {"n1": {"interfaces": ["eth0"]}}, "returnPath": {"mode": "Vxlan"}},
+        });
+        classes.create(&pp, &from(class)).await.expect("class");
+        self.set_endpoint(Some(2), true).await;
+        let portmaps: Api<PortMap> = Api::namespaced(self.client.clone(), "games");
+        let pm = json!({
+            "apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMap",
+            "metadata": {"name": "game", "namespace": "games"},
+            "spec": {"className": "public", "protocol": "UDP", "port": 3000,
+                     "serviceRef": {"name": "gameserver", "port": "game"}},
+        });
+        portmaps.create(&pp, &from(pm)).await.expect("portmap");
+    }
+
+    /// Puts the `gameserver` pod on node `n<node>` (creating or replacing the slice).
+    async fn set_endpoint(&self, node: Option<usize>, create: bool) {
+        let slices: Api<EndpointSlice> = Api::namespaced(self.client.clone(), "games");
+        let endpoints: Vec<Value> = node
+            .map(|n| {
+                json!({"addresses": [format!("10.244.{n}.5")], "conditions": {"ready": true},
+                       "nodeName": format!("n{n}"),
+                       "targetRef": {"kind": "Pod", "name": "gameserver-0", "namespace": "games"}})
+            })
+            .into_iter()
+            .collect();
+        let mut slice = json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": "gameserver-abc", "namespace": "games",
+                         "labels": {"kubernetes.io/service-name": "gameserver"}},
+            "addressType": "IPv4",
+            "ports": [{"name": "game", "protocol": "UDP", "port": 3000}],
+            "endpoints": endpoints,
+        });
+        if create {
+            slices
+                .create(&PostParams::default(), &from(slice))
+                .await
+                .expect("slice");
+        } else {
+            let current = slices.get("gameserver-abc").await.expect("slice");
+            slice["metadata"]["resourceVersion"] = json!(current.metadata.resource_version);
+            slices
+                .replace("gameserver-abc", &PostParams::default(), &from(slice))
+                .await
+                .expect("slice replaced");
+        }
+    }
+
+    fn agent(&self, name: &str) -> &RunningAgent {
+        self.agents
+            .iter()
+            .find(|a| a.name == name)
+            .expect("agent exists")
+    }
+
+    async fn portmap(&self) -> PortMap {
+        Api::<PortMap>::namespaced(self.client.clone(), "games")
+            .get("game")
+            .await
+            .expect("portmap")
+    }
+
+    async fn class(&self) -> PortMapClass {
+        Api::<PortMapClass>::all(self.client.clone())
+            .get("public")
+            .await
+            .expect("class")
+    }
+
+    async fn condition(&self, type_: &str) -> Option<(String, String)> {
+        self.portmap()
+            .await
+            .status
+            .and_then(|s| s.conditions.into_iter().find(|c| c.type_ == type_))
+            .map(|c| (c.status, c.reason))
+    }
+
+    async fn stop_all(&mut self) {
+        for a in &mut self.agents {
+            a.shutdown.cancel();
+            if let Some(task) = a.task.take() {
+                task.await
+                    .expect("agent task")
+                    .expect("agent stops cleanly");
+            }
+        }
+    }
+}
+
+/// Waits until `check` holds, failing with `what` after the deadline.
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        if check().await {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+fn dnat_targets(host: &MemoryHost) -> Vec<String> {
+    host.applied()
+        .nft
+        .chains
+        .iter()
+        .flat_map(|(_, rules)| rules)
+        .filter_map(|r| match r {
+            Rule::Dnat(d) => Some(d.to.to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
+async fn programmed_true(c: &Cluster) -> bool {
+    c.condition("Programmed")
+        .await
+        .is_some_and(|(s, _)| s == "True")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_pod_gets_a_link_and_is_programmed_by_the_right_node() {
+    let mut c = Cluster::start().await;
+    eventually("Accepted=True", || async {
+        c.condition("Accepted")
+            .await
+            .is_some_and(|(s, _)| s == "True")
+    })
+    .await;
+    eventually("the pod node's link claim lands", || async {
+        c.class()
+            .await
+            .status
+            .is_some_and(|s| s.links.iter().any(|l| l.key == "n1/n2"))
+    })
+    .await;
+    // The serving node DNATs toward the pod node's end of the link; the pod node DNATs on
+    // to the pod.
+    eventually(
+        "the serving node programs the DNAT over the link",
+        || async {
+            let n1 = c.agent("n1").host.applied();
+            n1.links.len() == 1
+                && dnat_targets(&c.agent("n1").host) == [n1.links[0].peer_address.to_string()]
+        },
+    )
+    .await;
+    eventually("the pod node delivers to the pod", || async {
+        dnat_targets(&c.agent("n2").host).contains(&"10.244.2.5".to_owned())
+    })
+    .await;
+    eventually("Programmed=True", || programmed_true(&c)).await;
+    // The link exists at both ends, and the bystander programs nothing.
+    assert_eq!(c.agent("n2").host.applied().links.len(), 1);
+    assert_eq!(c.agent("n3").host.applied(), Default::default());
+    // The serving node is the only PortMap status writer; n3 writes nothing at all.
+    for (node, writes) in [("n2", 0), ("n3", 0)] {
+        assert_eq!(
+            c.agent(node)
+                .metrics
+                .status_writes_of(WriteKind::PortMap, WriteResult::Written),
+            writes,
+            "{node} must not write the PortMap status"
+        );
+    }
+    assert!(
+        c.agent("n1")
+            .metrics
+            .status_writes_of(WriteKind::PortMap, WriteResult::Written)
+            > 0
+    );
+    assert_eq!(c.agent("n3").metrics.status_writes_written(), 0);
+    // Only n1 has a row: n2 proposed a claim but is not an accepting node.
+    let rows: Vec<String> = c
+        .class()
+        .await
+        .status
+        .map(|s| s.nodes.into_iter().map(|n| n.name).collect())
+        .unwrap_or_default();
+    assert_eq!(rows, ["n1"]);
+
+    // The pod moves to the serving node itself: the link goes, the DNAT follows.
+    c.set_endpoint(Some(1), false).await;
+    eventually("the DNAT follows the pod", || async {
+        dnat_targets(&c.agent("n1").host) == ["10.244.1.5"]
+    })
+    .await;
+    eventually("the old link is gone on both ends", || async {
+        c.agent("n1").host.applied().links.is_empty()
+            && c.agent("n2").host.applied().links.is_empty()
+    })
+    .await;
+    eventually("the status names the new endpoint", || async {
+        c.portmap()
+            .await
+            .status
+            .and_then(|s| s.endpoint)
+            .is_some_and(|e| e.node == "n1")
+    })
+    .await;
+    eventually("the unused claim is marked for collection", || async {
+        c.class().await.status.is_some_and(|s| {
+            s.links
+                .iter()
+                .any(|l| l.key == "n1/n2" && l.unused_since.is_some())
+        })
+    })
+    .await;
+    c.stop_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_writer_changes_hands_when_no_node_serves() {
+    let mut c = Cluster::start().await;
+    eventually("Programmed=True", || programmed_true(&c)).await;
+    // Take n1 out of the class: nobody accepts, so the writer is the pod's node (n2).
+    let before = c
+        .agent("n2")
+        .metrics
+        .status_writes_of(WriteKind::PortMap, WriteResult::Written);
+    let classes: Api<PortMapClass> = Api::all(c.client.clone());
+    let mut class = c.class().await;
+    class.spec.nodes = [(
+        "n3".to_owned(),
+        kuport_core::api::ClassNode {
+            interfaces: vec!["missing0".to_owned()],
+        },
+    )]
+    .into_iter()
+    .collect();
+    classes
+        .replace("public", &PostParams::default(), &class)
+        .await
+        .expect("class replaced");
+    eventually("the old serving node's rules go", || async {
+        dnat_targets(&c.agent("n1").host).is_empty()
+    })
+    .await;
+    eventually("a new writer reports Programmed=False", || async {
+        c.condition("Programmed")
+            .await
+            .is_some_and(|(s, _)| s == "False")
+    })
+    .await;
+    let n1_writes = c
+        .agent("n1")
+        .metrics
+        .status_writes_of(WriteKind::PortMap, WriteResult::Written);
+    let n2_or_n3_writes = c
+        .agent("n2")
+        .metrics
+        .status_writes_of(WriteKind::PortMap, WriteResult::Written)
+        + c.agent("n3")
+            .metrics
+            .status_writes_of(WriteKind::PortMap, WriteResult::Written);
+    assert!(
+        n2_or_n3_writes > before,
+        "another node took over the PortMap status (n1 wrote {n1_writes})"
+    );
+    // n1 no longer accepts: its row is removed, and n3's (not ready) row appears.
+    eventually("rows follow the class's nodes", || async {
+        c.class().await.status.is_some_and(|s| {
+            s.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>() == ["n3"]
+                && !s.nodes[0].ready
+        })
+    })
+    .await;
+    c.stop_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_pod_nodes_claim_links_concurrently_and_get_distinct_slots() {
+    let mut c = Cluster::start().await;
+    eventually("first link lands", || async {
+        c.class()
+            .await
+            .status
+            .is_some_and(|s| s.links.iter().any(|l| l.key == "n1/n2"))
+    })
+    .await;
+    // A second mapping whose pod is on n3, plus a conflict storm on class status writes.
+    c.server.faults().fail_next(
+        6,
+        Failure::Conflict,
+        RequestFilter::writes().resource("portmapclasses").status(),
+    );
+    let pp = PostParams::default();
+    let slices: Api<EndpointSlice> = Api::namespaced(c.client.clone(), "games");
+    slices
+        .create(
+            &pp,
+            &from(json!({
+                "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"name": "voice-abc", "namespace": "games",
+                             "labels": {"kubernetes.io/service-name": "voice"}},
+                "addressType": "IPv4",
+                "ports": [{"name": "voice", "protocol": "UDP", "port": 4000}],
+                "endpoints": [{"addresses": ["10.244.3.7"], "conditions": {"ready": true},
+                               "nodeName": "n3"}],
+            })),
+        )
+        .await
+        .expect("slice");
+    Api::<PortMap>::namespaced(c.client.clone(), "games")
+        .create(
+            &pp,
+            &from(json!({
+                "apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMap",
+                "metadata": {"name": "voice", "namespace": "games"},
+                "spec": {"className": "public", "protocol": "UDP", "port": 4000,
+                         "serviceRef": {"name": "voice", "port": "voice"}},
+            })),
+        )
+        .await
+        .expect("portmap");
+    eventually("both claims land on distinct slots", || async {
+        c.class().await.status.is_some_and(|s| {
+            let slots: Vec<i32> = s.links.iter().map(|l| l.slot).collect();
+            s.links.len() == 2 && slots[0] != slots[1]
+        })
+    })
+    .await;
+    eventually("the serving node holds both links", || async {
+        c.agent("n1").host.applied().links.len() == 2
+    })
+    .await;
+    assert!(c.server.faults().injected() >= 1, "the storm was injected");
+    c.stop_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conflict_storms_on_portmap_status_converge() {
+    let mut c = Cluster::start().await;
+    c.server.faults().fail_next(
+        20,
+        Failure::Conflict,
+        RequestFilter::writes().resource("portmaps").status(),
+    );
+    eventually("Programmed=True despite 409s", || programmed_true(&c)).await;
+    assert!(
+        c.agent("n1")
+            .metrics
+            .status_writes_of(WriteKind::PortMap, WriteResult::Conflict)
+            > 0,
+        "the writer saw the conflicts"
+    );
+    c.stop_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_outage_keeps_the_datapath_and_converges_after() {
+    let mut c = Cluster::start_with(Duration::from_millis(300)).await;
+    eventually("Programmed=True", || programmed_true(&c)).await;
+    eventually("the pod node delivers to the pod", || async {
+        dnat_targets(&c.agent("n2").host).contains(&"10.244.2.5".to_owned())
+    })
+    .await;
+    let failed_before = c.agent("n1").metrics.passes_failed();
+    let (n1_nft, n2_state) = (
+        c.agent("n1").host.applied().nft,
+        c.agent("n2").host.applied(),
+    );
+    c.server.faults().pause();
+    // A host change during the outage: the next resync pass wants to write n1's row and cannot.
+    c.agent("n1").host.lock().facts.underlay_mtu = Some(1400);
+    eventually("a pass fails on the unreachable API server", || async {
+        c.agent("n1").metrics.passes_failed() > failed_before
+    })
+    .await;
+    for a in &c.agents {
+        assert_eq!(a.host.lock().teardowns, 0, "{}: nothing torn down", a.name);
+    }
+    // n1 re-applied its link with the new MTU; its rules, and all of n2, are untouched.
+    assert_eq!(
+        c.agent("n1").host.applied().nft,
+        n1_nft,
+        "the mapping keeps being served during the outage"
+    );
+    assert_eq!(
+        c.agent("n2").host.applied(),
+        n2_state,
+        "the pod node keeps its half"
+    );
+    c.server.faults().resume();
+    eventually("the row reports the new MTU after the outage", || async {
+        c.class().await.status.is_some_and(|s| {
+            s.nodes
+                .iter()
+                .any(|n| n.name == "n1" && n.underlay_mtu == Some(1400))
+        })
+    })
+    .await;
+    assert_eq!(c.agent("n1").host.lock().teardowns, 0);
+    c.stop_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_tears_down_and_a_resync_after_convergence_writes_nothing() {
+    let mut c = Cluster::start_with(Duration::from_millis(300)).await;
+    eventually("Programmed=True", || programmed_true(&c)).await;
+    // Converged: wait until a full set of resync passes has run with no write at all.
+    let writes = |c: &Cluster| -> u64 {
+        c.agents
+            .iter()
+            .map(|a| a.metrics.status_writes_written())
+            .sum()
+    };
+    let mut stable = (writes(&c), c.agent("n1").metrics.passes_ok());
+    eventually("two resync passes in a row write nothing", || {
+        let now = (writes(&c), c.agent("n1").metrics.passes_ok());
+        let done = now.0 == stable.0 && now.1 >= stable.1 + 2;
+        if now.0 != stable.0 {
+            stable = now;
+        }
+        async move { done }
+    })
+    .await;
+
+    let n1 = c.agent("n1").host.clone();
+    assert!(!n1.applied().nft.is_empty(), "programmed before shutdown");
+    c.stop_all().await;
+    assert_eq!(n1.lock().teardowns, 1, "shutdown tears down");
+    assert_eq!(n1.applied(), Default::default());
+    for a in &c.agents {
+        assert!(!a.health.is_alive(), "{} stopped", a.name);
+    }
+}
+
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("write");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.expect("read");
+    let code = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("status code");
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (code, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoints_readiness_metrics_and_events() {
+    let server = ApiServer::builder().build().expect("model");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(server.clone().serve(listener));
+    // Hold the API server so the first pass cannot happen before readiness is checked.
+    server.faults().pause();
+    let mut c = Cluster {
+        server,
+        client: client_for(&url),
+        url,
+        agents: Vec::new(),
+    };
+    c.start_agent(1, Duration::from_secs(3600));
+    let n1 = c.agent("n1");
+    n1.host.lock().counters = vec![MappingCounter {
+        namespace: "games".into(),
+        name: "game".into(),
+        chain: kuport_core::ir::ChainId::Pre,
+        packets: 42,
+        bytes: 4200,
+    }];
+    let http = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = http.local_addr().expect("addr");
+    let router = health_router(n1.health.clone()).merge(metrics_router(n1.metrics.clone()));
+    tokio::spawn(async move { axum::serve(http, router).await });
+
+    assert_eq!(http_get(addr, "/healthz").await.0, 200);
+    assert_eq!(http_get(addr, "/readyz").await.0, 503, "no pass yet");
+    c.server.faults().resume();
+    c.seed().await;
+    c.start_agent(2, Duration::from_secs(3600));
+    c.start_agent(3, Duration::from_secs(3600));
+    eventually("ready after the first pass", || async {
+        http_get(addr, "/readyz").await.0 == 200
+    })
+    .await;
+    eventually("Programmed=True", || programmed_true(&c)).await;
+
+    let (code, text) = http_get(addr, "/metrics").await;
+    assert_eq!(code, 200);
+    for series in [
+        "kuport_pass_duration_seconds_bucket",
+        "kuport_passes_total{result=\"ok\"}",
+        "kuport_pass_failures_total{stage=\"status\"}",
+        "kuport_mappings{condition=\"Programmed\",reason=\"AllNodesReady\"} 1",
+        "kuport_links_programmed 1",
+        "kuport_status_writes_total{kind=\"portmap\",result=\"written\"}",
+        "kuport_status_conflict_retries_total{kind=\"portmapclass\"}",
+        "kuport_last_successful_pass_timestamp_seconds",
+        "kuport_mapping_packets_total{namespace=\"games\",name=\"game\",chain=\"pre\"} 42",
+        "kuport_mapping_bytes_total{namespace=\"games\",name=\"game\",chain=\"pre\"} 4200",
+    ] {
+        assert!(text.contains(series), "/metrics lacks {series}:\n{text}");
+    }
+
+    // The Accepted and Programmed flips were announced on the PortMap.
+    let events: Api<Event> = Api::namespaced(c.client.clone(), "games");
+    eventually("events on the PortMap's flips", || async {
+        let list = events.list(&ListParams::default()).await.expect("events");
+        let reasons: Vec<String> = list
+            .items
+            .iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("game"))
+            .filter_map(|e| e.reason.clone())
+            .collect();
+        reasons.contains(&"Valid".to_owned()) && reasons.contains(&"AllNodesReady".to_owned())
+    })
+    .await;
+    c.stop_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_event_rebuilds_the_datapath_at_once() {
+    let server = ApiServer::builder().build().expect("model");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(server.clone().serve(listener));
+    let mut c = Cluster {
+        server,
+        client: client_for(&url),
+        url,
+        agents: Vec::new(),
+    };
+    c.seed().await;
+    // The pod node's link events come from the test; the agent asks for the underlay device.
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let asked = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut rx = Some(rx);
+    let seen = asked.clone();
+    let watch: LinkWatch = Box::new(move |devices| {
+        seen.lock().expect("lock").push(devices);
+        rx.take().ok_or(kuport_host::HostError::Missing {
+            what: "a second link event stream".into(),
+        })
+    });
+    c.start_agent(1, Duration::from_secs(3600));
+    c.start_agent_with(2, Duration::from_secs(3600), Some(watch));
+    c.start_agent(3, Duration::from_secs(3600));
+    eventually("the pod node programs its half", || async {
+        c.agent("n2").host.applied().links.len() == 1
+    })
+    .await;
+    assert_eq!(
+        asked.lock().expect("lock").first(),
+        Some(&vec!["wg0".to_owned()])
+    );
+    let programmed = c.agent("n2").host.applied();
+    // A restarted mesh daemon deletes every link bound to its device.
+    c.agent("n2").host.lock().applied = Default::default();
+    let link = programmed.links[0].name.clone();
+    tx.send(LinkEvent {
+        name: link,
+        removed: true,
+    })
+    .await
+    .expect("event sent");
+    // No watch event and no resync is due: only the link event can cause this pass.
+    eventually("the link and rules are rebuilt", || async {
+        c.agent("n2").host.applied() == programmed
+    })
+    .await;
+    c.stop_all().await;
+}
