@@ -72,10 +72,8 @@ async fn watch_resumes_from_a_resource_version() {
         .expect("watch");
     let later = tokio::spawn({
         let api = api.clone();
-        async move {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            create(&api, "c").await;
-        }
+        // The watch is registered once its response started, so this write comes after it.
+        async move { create(&api, "c").await }
     });
     let events = take_events(stream, 3).await;
     later.await.expect("writer");
@@ -228,7 +226,6 @@ async fn kube_runtime_watcher_relists_after_410() {
     // The watcher makes requests only while polled: cut its watch, then push its version out
     // of the history before it resumes.
     t.server.faults().close_watches();
-    tokio::time::sleep(Duration::from_millis(100)).await;
     for i in 0..5 {
         create(&api, &format!("after-{i}")).await;
     }
@@ -400,8 +397,9 @@ async fn closing_watches_ends_open_streams() {
         .watch(&WatchParams::default(), &rv)
         .await
         .expect("watch");
+    // The stream holds its close receiver from the moment the server answered the request.
+    assert_eq!(t.server.faults().open_watches(), 1);
     let collector = tokio::spawn(stream.collect::<Vec<_>>());
-    tokio::time::sleep(Duration::from_millis(100)).await;
     t.server.faults().close_watches();
     let events = timeout(Duration::from_secs(5), collector)
         .await

@@ -230,6 +230,12 @@ impl Faults {
         self.close_epoch.send_modify(|e| *e += 1);
     }
 
+    /// How many watch streams are open now (each holds a receiver of the close signal from the
+    /// moment its request is answered), so tests wait on a condition instead of wall time.
+    pub fn open_watches(&self) -> usize {
+        self.close_epoch.receiver_count()
+    }
+
     /// Holds every request (and watch delivery) until [`Faults::resume`].
     pub fn pause(&self) {
         self.paused.send_replace(true);
