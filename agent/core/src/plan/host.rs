@@ -19,11 +19,19 @@ use crate::snapshot::HostFacts;
 /// nft comments (and kuport's counter names) hold at most this many bytes.
 pub const NFT_TEXT_MAX: usize = 128;
 
+/// The first 8 hex digits of the text's sha256: identical on every node, short enough for
+/// interface names (15 bytes) and nft names.
+fn short_hash(text: &str) -> String {
+    Sha256::digest(text.as_bytes())
+        .iter()
+        .take(4)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// Device name of the link from this node to `peer` in `class`.
 pub fn link_name(class: &str, peer: &str) -> String {
-    let digest = Sha256::digest(format!("{class}/{peer}").as_bytes());
-    let hex: String = digest.iter().take(4).map(|b| format!("{b:02x}")).collect();
-    format!("{LINK_PREFIX}{hex}")
+    format!("{LINK_PREFIX}{}", short_hash(&format!("{class}/{peer}")))
 }
 
 /// `text` if it fits nft's limit, else its head plus `~` and 8 hex digits of its sha256.
@@ -31,8 +39,7 @@ pub fn fit_nft_text(text: &str) -> String {
     if text.len() <= NFT_TEXT_MAX {
         return text.to_owned();
     }
-    let digest = Sha256::digest(text.as_bytes());
-    let hash: String = digest.iter().take(4).map(|b| format!("{b:02x}")).collect();
+    let hash = short_hash(text);
     let mut cut = NFT_TEXT_MAX - hash.len() - 1;
     while !text.is_char_boundary(cut) {
         cut -= 1;
