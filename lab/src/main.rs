@@ -1,9 +1,271 @@
-//! kuport's network-namespace lab. Not built yet: this binary exists so `cargo lab` resolves, and
-//! it says so instead of pretending to prove anything.
+//! `kuport-lab`: a fake cluster in network namespaces on one Linux host (underlay bridge,
+//! wireguard-go mesh, internet side, CNI emulation, pods running echo responders), the real
+//! `kuport agent` on every node against the API server model, and scenario files that probe the
+//! datapath from real clients. `cargo lab` runs every scenario in `lab/scenarios/`.
 
+mod cluster;
+mod hostbench;
+mod prereq;
+mod probe;
+mod report;
+mod runner;
+mod scenario;
+mod sys;
+mod topology;
+
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "kuport-lab",
+    version,
+    about = "kuport's network-namespace lab: proves the datapath end to end with the real agent",
+    long_about = "kuport's network-namespace lab. Builds a fake cluster out of network namespaces \
+(underlay bridge, wireguard-go mesh, internet clients, VPN clients, an emulated CNI, pods running \
+echo responders), runs the real `kuport agent` on every node against the API server model, and \
+probes every mapping from real clients. Needs root. Without a subcommand it runs every scenario \
+in lab/scenarios/ (what `cargo lab` does)."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run scenario files (default: every scenario in lab/scenarios/), print a table, exit 1 on
+    /// any failure.
+    Run {
+        /// Scenario files; none: every `*.yaml` in lab/scenarios/.
+        files: Vec<PathBuf>,
+        /// Also write the JSON report here.
+        #[arg(long)]
+        report: Option<PathBuf>,
+        /// Leave the last scenario's lab up and print how to enter it (`kuport-lab down` removes it).
+        #[arg(long)]
+        keep: bool,
+    },
+    /// Remove everything a lab created (namespaces, processes), by the names and pids recorded.
+    Down,
+    /// Measure the datapath and the control plane; print the results as a Markdown table.
+    Bench {
+        /// Also write the results into this Markdown file, between the lab-bench markers.
+        #[arg(long)]
+        write: Option<PathBuf>,
+    },
+}
+
 fn main() -> ExitCode {
-    eprintln!("kuport-lab: the lab is not built yet (see the lab issue); nothing was run");
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(code) = hostbench::hidden_main(&args) {
+        return code;
+    }
+    let cli = Cli::parse();
+    if !rustix::process::geteuid().is_root() {
+        return not_root(&args);
+    }
+    let result = match cli.command {
+        None => run(Vec::new(), None, false),
+        Some(Command::Run {
+            files,
+            report,
+            keep,
+        }) => run(files, report, keep),
+        Some(Command::Down) => sys::down().map(|line| {
+            println!("{line}");
+            ExitCode::SUCCESS
+        }),
+        Some(Command::Bench { write }) => bench(write),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("kuport-lab: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Exits 2 with the exact sudo command (absolute paths: sudo loses rustup's PATH).
+fn not_root(args: &[String]) -> ExitCode {
+    let exe = std::env::current_exe()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| "kuport-lab".into());
+    let mut line = format!("sudo {exe}");
+    for a in args.iter().skip(1) {
+        line.push(' ');
+        line.push_str(a);
+    }
+    if args.len() <= 1 {
+        line.push_str(" run");
+    }
+    eprintln!("kuport-lab needs root (it creates network namespaces). Run:\n  {line}");
     ExitCode::from(2)
+}
+
+/// The directory of the committed scenarios (this crate's `scenarios/`).
+fn scenarios_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios")
+}
+
+fn run(files: Vec<PathBuf>, report_path: Option<PathBuf>, keep: bool) -> Result<ExitCode> {
+    let files = if files.is_empty() {
+        scenario::files_in(&scenarios_dir())?
+    } else {
+        files
+    };
+    let mut scenarios = Vec::new();
+    for f in &files {
+        scenarios.push(scenario::load(f)?);
+    }
+    prereq::ensure_tools()?;
+    let bins = prereq::binaries()?;
+    let mut lab = sys::Lab::open()?;
+    // A handle on the namespace the lab started in, to come back to after each scenario.
+    let original = std::fs::File::open("/proc/thread-self/ns/net")
+        .context("opening this thread's network namespace")?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let mut report = report::Report::default();
+    let count = scenarios.len();
+    for (i, s) in scenarios.iter().enumerate() {
+        let keep_this = keep && i + 1 == count;
+        eprintln!("kuport-lab: [{}/{count}] {}", i + 1, s.name);
+        let interrupted = rt.block_on(async {
+            tokio::select! {
+                (r, kept) = runner::run_scenario(&mut lab, s, &bins, &original, keep_this) => {
+                    eprintln!("kuport-lab:   {} in {:.1} s", if r.ok { "ok" } else { "FAILED" }, r.seconds);
+                    report.push(r);
+                    if let Some(topo) = kept {
+                        print_keep(&topo);
+                    }
+                    false
+                }
+                _ = tokio::signal::ctrl_c() => true,
+            }
+        });
+        if interrupted {
+            let _ = runner::enter_netns_of(&original);
+            let left = lab.teardown();
+            eprintln!("kuport-lab: interrupted; removed the lab (left: {left:?})");
+            return Ok(ExitCode::from(130));
+        }
+    }
+    print!("{}", report::table(&report));
+    if let Some(path) = report_path {
+        let text = serde_json::to_string_pretty(&report).context("encoding the report")?;
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        println!("report: {}", path.display());
+    }
+    let mut failed = report.failed;
+    if !keep {
+        let left = leftovers();
+        if !left.is_empty() {
+            println!("left behind after the lab: {}", left.join(", "));
+            failed += usize::from(report.failed == 0);
+        }
+    }
+    println!("{} passed, {} failed", report.passed, failed);
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// Namespaces or processes of the lab still present after a run that did not `--keep`.
+fn leftovers() -> Vec<String> {
+    let mut left: Vec<String> = std::fs::read_dir("/run/netns")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("kl-"))
+                .map(|n| format!("namespace {n}"))
+                .collect()
+        })
+        .unwrap_or_default();
+    let state =
+        std::fs::read_to_string(Path::new(sys::RUN_DIR).join("state.json")).unwrap_or_default();
+    if let Ok(s) = serde_json::from_str::<sys::LabState>(&state) {
+        for p in s.processes {
+            if Path::new(&format!("/proc/{}", p.pid)).exists() {
+                left.push(format!("process {} ({})", p.pid, p.what));
+            }
+        }
+    }
+    left
+}
+
+fn print_keep(topo: &topology::Topology) {
+    println!("\nThe lab is up (kuport-lab down removes it). Enter a namespace:");
+    for n in &topo.nodes {
+        println!("  node {:<12} ip netns exec {} bash", n.name, n.ns);
+    }
+    for m in topo.mesh.iter().filter(|m| !m.is_node) {
+        println!("  {:<17} ip netns exec {} bash", m.name, m.ns);
+    }
+    for (key, p) in &topo.pods {
+        println!(
+            "  pod {:<13} ip netns exec {} bash    ({} on {})",
+            key, p.ns, p.ip, p.node
+        );
+    }
+    println!(
+        "  internet client   ip netns exec {} bash",
+        topology::CLIENT_NS
+    );
+    println!(
+        "kubectl against the lab's API server:\n  ip netns exec {} kubectl --kubeconfig {} get portmaps -A",
+        topology::UL_NS,
+        topo.kubeconfig.display()
+    );
+    println!(
+        "wg of a node: nsenter -t <wireguard-go pid> -m -n wg   (pids in {}/state.json)",
+        sys::RUN_DIR
+    );
+}
+
+fn bench(write: Option<PathBuf>) -> Result<ExitCode> {
+    prereq::ensure_tools()?;
+    let bins = prereq::binaries()?;
+    let measurements = hostbench::run(&bins)?;
+    let table = hostbench_table(&measurements);
+    print!("{table}");
+    if let Some(path) = write {
+        prereq::write_between_markers(&path, &table)?;
+        println!("written to {}", path.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn hostbench_table(ms: &[hostbench::Measurement]) -> String {
+    let mut out = String::from(
+        "| measure | value | samples | baseline | target | met | note |\n|---|---|---|---|---|---|---|\n",
+    );
+    for m in ms {
+        out.push_str(&format!(
+            "| {} | {:.3} {} | {} | {} | {} | {} | {} |\n",
+            m.name,
+            m.value,
+            m.unit,
+            m.samples,
+            m.baseline
+                .map(|b| format!("{b:.3}"))
+                .unwrap_or_else(|| "-".into()),
+            m.target,
+            match m.met {
+                Some(true) => "yes",
+                Some(false) => "**no**",
+                None => "-",
+            },
+            m.note
+        ));
+    }
+    out
 }

@@ -4,9 +4,13 @@
 //!
 //! ```text
 //! kuport-echo serve <udp|tcp> <first-port>[-<last-port>]        answer "peer=<ip>:<port> port=<local port>"
-//! kuport-echo ask <udp|tcp> <ip>:<port> [--timeout-ms N] [--bulk N]
-//!     prints "reply <answer>", "refused" (exit 3) or "timeout" (exit 4)
+//! kuport-echo ask <udp|tcp> <ip>:<port> [--timeout-ms N] [--bulk N] [--size N] [--df on|off]
+//!     prints "reply from=<ip:port> <answer> client=<ip:port> rtt_us=N", "refused" (exit 3),
+//!     "timeout" (exit 4) or "fragneeded mtu=N" (exit 5)
 //! ```
+//! `--size` pads a UDP datagram to that many payload bytes; `--df off` lets the kernel fragment it
+//! (IP_PMTUDISC_DONT), `--df on` (the default) sets DF on every datagram (IP_PMTUDISC_DO), so a
+//! router on the path answers "fragmentation needed", reported with the path MTU it named.
 //! A UDP probe uses a connected socket: the kernel delivers a reply only when it comes from the
 //! exact address and port dialed, and reports an ICMP port-unreachable as "refused".
 
@@ -139,46 +143,115 @@ fn ask(args: &[String]) -> Result<u8, String> {
         .map_err(|_| format!("bad address {target}"))?;
     let timeout = Duration::from_millis(flag(args, "--timeout-ms").unwrap_or(2000));
     let bulk = flag(args, "--bulk").map(|n| n as usize);
+    let size = flag(args, "--size").map(|n| n as usize);
+    let df = match args
+        .iter()
+        .position(|a| a == "--df")
+        .and_then(|i| args.get(i + 1))
+    {
+        None => true,
+        Some(v) if v == "on" => true,
+        Some(v) if v == "off" => false,
+        Some(v) => return Err(format!("--df takes on or off, not {v}")),
+    };
+    let started = std::time::Instant::now();
     let outcome = match proto {
-        "udp" => ask_udp(target, timeout),
+        "udp" => ask_udp(target, timeout, size, df),
         "tcp" => ask_tcp(target, timeout, bulk),
         other => return Err(format!("unknown protocol {other}")),
     };
     match outcome {
         Ok(answer) => {
-            println!("reply {answer}");
+            println!("reply {answer} rtt_us={}", started.elapsed().as_micros());
             Ok(0)
         }
-        Err(e) if e.kind() == ErrorKind::ConnectionRefused => {
-            println!("refused");
-            Ok(3)
+        Err(Outcome::FragNeeded(mtu)) => {
+            println!("fragneeded mtu={mtu}");
+            Ok(5)
         }
-        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-            println!("timeout");
-            Ok(4)
-        }
-        Err(e) => Err(format!("{proto} {target}: {e}")),
+        Err(Outcome::Io(e)) => io_outcome(proto, target, e),
     }
 }
 
-fn ask_udp(target: SocketAddr, timeout: Duration) -> std::io::Result<String> {
+/// Why a probe got no answer.
+enum Outcome {
+    /// A router on the path said "fragmentation needed" and named this MTU.
+    FragNeeded(u32),
+    Io(std::io::Error),
+}
+
+impl From<std::io::Error> for Outcome {
+    fn from(e: std::io::Error) -> Self {
+        Outcome::Io(e)
+    }
+}
+
+fn io_outcome(proto: &str, target: SocketAddr, e: std::io::Error) -> Result<u8, String> {
+    match e {
+        e if e.kind() == ErrorKind::ConnectionRefused => {
+            println!("refused");
+            Ok(3)
+        }
+        e if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+            println!("timeout");
+            Ok(4)
+        }
+        e => Err(format!("{proto} {target}: {e}")),
+    }
+}
+
+fn ask_udp(
+    target: SocketAddr,
+    timeout: Duration,
+    size: Option<usize>,
+    df: bool,
+) -> Result<String, Outcome> {
+    use rustix::net::sockopt::{Ipv4PathMtuDiscovery, set_ip_mtu_discover};
     let sock = UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], 0)))?;
+    let pmtu = if df {
+        Ipv4PathMtuDiscovery::DO
+    } else {
+        Ipv4PathMtuDiscovery::DONT
+    };
+    set_ip_mtu_discover(&sock, pmtu).map_err(std::io::Error::from)?;
     sock.connect(target)?;
     sock.set_read_timeout(Some(timeout))?;
-    sock.send(b"hello\n")?;
+    let mut payload = b"hello\n".to_vec();
+    if let Some(n) = size {
+        payload.resize(n.max(1), b'p');
+    }
+    let frag_needed =
+        |e: &std::io::Error| e.raw_os_error() == Some(rustix::io::Errno::MSGSIZE.raw_os_error());
+    if let Err(e) = sock.send(&payload) {
+        return Err(match frag_needed(&e) {
+            true => Outcome::FragNeeded(rustix::net::sockopt::ip_mtu(&sock).unwrap_or(0)),
+            false => e.into(),
+        });
+    }
     let mut buf = vec![0u8; 65536];
-    let n = sock.recv(&mut buf)?;
+    // A connected socket only receives from the dialed address; recv_from names it anyway so the
+    // report shows where the reply came from rather than assuming it.
+    let (n, from) = match sock.recv_from(&mut buf) {
+        Ok(got) => got,
+        Err(e) if frag_needed(&e) => {
+            return Err(Outcome::FragNeeded(
+                rustix::net::sockopt::ip_mtu(&sock).unwrap_or(0),
+            ));
+        }
+        Err(e) => return Err(e.into()),
+    };
     let local = sock.local_addr()?;
     Ok(format!(
-        "{} client={local}",
+        "from={from} {} client={local}",
         String::from_utf8_lossy(&buf[..n]).trim()
     ))
 }
 
-fn ask_tcp(target: SocketAddr, timeout: Duration, bulk: Option<usize>) -> std::io::Result<String> {
+fn ask_tcp(target: SocketAddr, timeout: Duration, bulk: Option<usize>) -> Result<String, Outcome> {
     let mut stream = TcpStream::connect_timeout(&target, timeout)?;
     stream.set_read_timeout(Some(timeout))?;
     let local = stream.local_addr()?;
+    let from = stream.peer_addr()?;
     match bulk {
         Some(n) => writeln!(stream, "bulk={n}")?,
         None => writeln!(stream, "hello")?,
@@ -199,14 +272,14 @@ fn ask_tcp(target: SocketAddr, timeout: Duration, bulk: Option<usize>) -> std::i
         while got < n {
             match reader.read(&mut buf)? {
                 0 => {
-                    return Err(std::io::Error::new(
+                    return Err(Outcome::Io(std::io::Error::new(
                         ErrorKind::UnexpectedEof,
                         format!("bulk: got {got} of {n} bytes"),
-                    ));
+                    )));
                 }
                 k => got += k,
             }
         }
     }
-    Ok(format!("{} client={local}", line.trim()))
+    Ok(format!("from={from} {} client={local}", line.trim()))
 }

@@ -1,0 +1,294 @@
+//! The lab's side of the API server: it applies the scenario's objects and plays kubelet (Nodes)
+//! and the EndpointSlice controller (Services and slices following the pods).
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, PostParams};
+use kube::{Client, Config};
+use serde_json::{Value, json};
+
+use crate::topology::PodInfo;
+
+/// The kinds the lab writes: (kind, group, version, plural, namespaced).
+const KINDS: &[(&str, &str, &str, &str, bool)] = &[
+    ("Namespace", "", "v1", "namespaces", false),
+    ("Node", "", "v1", "nodes", false),
+    ("Service", "", "v1", "services", true),
+    ("ConfigMap", "", "v1", "configmaps", true),
+    (
+        "EndpointSlice",
+        "discovery.k8s.io",
+        "v1",
+        "endpointslices",
+        true,
+    ),
+    (
+        "PortMapClass",
+        "kuport.wlz.li",
+        "v1alpha1",
+        "portmapclasses",
+        false,
+    ),
+    ("PortMap", "kuport.wlz.li", "v1alpha1", "portmaps", true),
+];
+
+pub struct Cluster {
+    client: Client,
+}
+
+fn resource(kind: &str) -> Result<(ApiResource, bool)> {
+    let (k, group, version, plural, namespaced) = KINDS
+        .iter()
+        .find(|(k, ..)| *k == kind)
+        .with_context(|| format!("the lab cannot write kind {kind}"))?;
+    let api_version = if group.is_empty() {
+        version.to_string()
+    } else {
+        format!("{group}/{version}")
+    };
+    Ok((
+        ApiResource {
+            group: group.to_string(),
+            version: version.to_string(),
+            api_version,
+            kind: k.to_string(),
+            plural: plural.to_string(),
+        },
+        *namespaced,
+    ))
+}
+
+impl Cluster {
+    pub async fn connect(kubeconfig: &Path) -> Result<Self> {
+        let kc = kube::config::Kubeconfig::read_from(kubeconfig)
+            .with_context(|| format!("reading {}", kubeconfig.display()))?;
+        let config = Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .context("loading the lab kubeconfig")?;
+        let client = Client::try_from(config).context("building the API client")?;
+        Ok(Self { client })
+    }
+
+    fn api(&self, kind: &str, namespace: Option<&str>) -> Result<Api<DynamicObject>> {
+        let (ar, namespaced) = resource(kind)?;
+        Ok(match (namespaced, namespace) {
+            (true, Some(ns)) => Api::namespaced_with(self.client.clone(), ns, &ar),
+            (true, None) => bail!("{kind} is namespaced: give a namespace"),
+            (false, _) => Api::all_with(self.client.clone(), &ar),
+        })
+    }
+
+    /// Applies every document of a YAML stream in order: created when new, else its spec (and
+    /// everything but status) replaced.
+    pub async fn apply_yaml(&self, yaml: &str) -> Result<Vec<String>> {
+        let docs: Vec<Value> =
+            serde_saphyr::from_multiple(yaml).context("parsing the objects as YAML")?;
+        let mut applied = Vec::new();
+        for doc in docs.into_iter().filter(|d| !d.is_null()) {
+            applied.push(self.apply(doc).await?);
+        }
+        Ok(applied)
+    }
+
+    pub async fn apply(&self, doc: Value) -> Result<String> {
+        let kind = doc
+            .get("kind")
+            .and_then(Value::as_str)
+            .context("an object without kind")?
+            .to_string();
+        let name = doc
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .with_context(|| format!("a {kind} without metadata.name"))?
+            .to_string();
+        let namespace = doc
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        let (_, namespaced) = resource(&kind)?;
+        let ns = if namespaced {
+            Some(namespace.unwrap_or_else(|| "default".into()))
+        } else {
+            None
+        };
+        let api = self.api(&kind, ns.as_deref())?;
+        let mut obj: DynamicObject = serde_json::from_value(doc.clone())
+            .with_context(|| format!("{kind} {name}: not an object"))?;
+        let what = match &ns {
+            Some(ns) => format!("{kind} {ns}/{name}"),
+            None => format!("{kind} {name}"),
+        };
+        match api
+            .get_opt(&name)
+            .await
+            .with_context(|| format!("reading {what}"))?
+        {
+            None => {
+                api.create(&PostParams::default(), &obj)
+                    .await
+                    .with_context(|| format!("creating {what}"))?;
+            }
+            Some(existing) => {
+                obj.metadata.resource_version = existing.metadata.resource_version.clone();
+                api.replace(&name, &PostParams::default(), &obj)
+                    .await
+                    .with_context(|| format!("replacing {what}"))?;
+            }
+        }
+        Ok(what)
+    }
+
+    pub async fn delete(&self, kind: &str, namespace: Option<&str>, name: &str) -> Result<()> {
+        let api = self.api(kind, namespace)?;
+        api.delete(name, &DeleteParams::default())
+            .await
+            .with_context(|| format!("deleting {kind} {name}"))?;
+        Ok(())
+    }
+
+    pub async fn get(
+        &self,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Option<Value>> {
+        let api = self.api(kind, namespace)?;
+        let obj = api
+            .get_opt(name)
+            .await
+            .with_context(|| format!("reading {kind} {name}"))?;
+        obj.map(|o| serde_json::to_value(o).context("encoding"))
+            .transpose()
+    }
+
+    /// Registers a Node the way kubelet does: InternalIP is the mesh address, Ready as given.
+    pub async fn register_node(
+        &self,
+        name: &str,
+        internal_ip: Ipv4Addr,
+        ready: bool,
+    ) -> Result<()> {
+        self.apply(json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+            "status": node_status(internal_ip, ready),
+        }))
+        .await?;
+        self.set_node_ready(name, internal_ip, ready).await
+    }
+
+    /// The node controller's part: flips the Node's Ready condition through the status
+    /// subresource.
+    pub async fn set_node_ready(
+        &self,
+        name: &str,
+        internal_ip: Ipv4Addr,
+        ready: bool,
+    ) -> Result<()> {
+        let api = self.api("Node", None)?;
+        let patch = json!({"status": node_status(internal_ip, ready)});
+        api.patch_status(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .with_context(|| format!("setting Node {name} Ready={ready}"))?;
+        Ok(())
+    }
+
+    pub async fn ensure_namespace(&self, name: &str) -> Result<()> {
+        if self.get("Namespace", None, name).await?.is_none() {
+            self.apply(
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}),
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// The Service (created when the scenario's objects did not) and its one EndpointSlice,
+    /// listing `pods` with their readiness and node.
+    pub async fn sync_service(
+        &self,
+        namespace: &str,
+        service: &str,
+        pods: &[&PodInfo],
+    ) -> Result<()> {
+        let mut ports: Vec<Value> = Vec::new();
+        for pod in pods {
+            for p in &pod.spec.ports {
+                let name = p
+                    .name
+                    .clone()
+                    .unwrap_or_else(|| format!("{}-{}", p.protocol.lower(), p.port));
+                let entry = json!({"name": name, "protocol": p.protocol.as_str(), "port": p.port});
+                if !ports.contains(&entry) {
+                    ports.push(entry);
+                }
+            }
+        }
+        if self
+            .get("Service", Some(namespace), service)
+            .await?
+            .is_none()
+        {
+            let svc_ports: Vec<Value> = ports
+                .iter()
+                .map(|p| json!({"name": p["name"], "protocol": p["protocol"], "port": p["port"], "targetPort": p["port"]}))
+                .collect();
+            self.apply(json!({
+                "apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": service, "namespace": namespace},
+                "spec": {"ports": svc_ports, "selector": {"app": service}},
+            }))
+            .await?;
+        }
+        let endpoints: Vec<Value> = pods
+            .iter()
+            .map(|pod| {
+                json!({
+                    "addresses": [pod.ip.to_string()],
+                    "conditions": {"ready": pod.ready, "serving": pod.ready, "terminating": false},
+                    "nodeName": pod.node,
+                    "targetRef": {"kind": "Pod", "namespace": namespace, "name": pod.spec.name},
+                })
+            })
+            .collect();
+        self.apply(json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": format!("{service}-lab"), "namespace": namespace,
+                          "labels": {"kubernetes.io/service-name": service,
+                                     "endpointslice.kubernetes.io/managed-by": "kuport-lab"}},
+            "addressType": "IPv4",
+            "endpoints": endpoints,
+            "ports": ports,
+        }))
+        .await?;
+        Ok(())
+    }
+}
+
+fn node_status(internal_ip: Ipv4Addr, ready: bool) -> Value {
+    json!({
+        "addresses": [{"type": "InternalIP", "address": internal_ip.to_string()}],
+        "conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"},
+                         "reason": if ready {"KubeletReady"} else {"NodeStatusUnknown"},
+                         "lastTransitionTime": "2026-01-01T00:00:00Z",
+                         "lastHeartbeatTime": "2026-01-01T00:00:00Z"}],
+    })
+}
+
+/// A condition of an object's status, as (status, reason).
+pub fn condition(obj: &Value, kind: &str) -> Option<(String, String, String)> {
+    obj.pointer("/status/conditions")?
+        .as_array()?
+        .iter()
+        .find(|c| c.get("type").and_then(Value::as_str) == Some(kind))
+        .map(|c| {
+            let s = |k: &str| c.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+            (s("status"), s("reason"), s("message"))
+        })
+}

@@ -1,0 +1,154 @@
+//! The host-level measurements of `kuport-lab bench`: the ones that need network namespaces,
+//! nftables and kuport's own binaries, but not the WireGuard lab.
+//!
+//! - nft transaction time and plan pass time for 1, 100, 1,000 and 5,000 same-node mappings;
+//! - new UDP flows per second and established-flow packet rate through a node holding 1,000
+//!   mappings, against the same node holding 1, side by side in one run;
+//! - the agent's peak RSS with 1,000 PortMaps and 500 Nodes in the API server model.
+//!
+//! Everything runs in throwaway namespaces named `klb-hb<pid>-*`; the guards in [`netns`] kill
+//! what was started there and delete them, on error too. Work that must run inside a namespace
+//! with a fresh process (LinuxHost, which forks `nft`) re-executes the current binary through
+//! [`hidden_main`]; socket work runs on threads moved into the namespace.
+
+mod cluster;
+mod flows;
+mod memory;
+mod netns;
+mod nft;
+
+use std::path::Path;
+use std::process::ExitCode;
+
+/// One reported number.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Measurement {
+    /// What was measured, as `docs/performance.md` names it.
+    pub name: String,
+    /// The number (a ratio when `unit` is `ratio`).
+    pub value: f64,
+    /// Its unit.
+    pub unit: String,
+    /// How many samples the number summarises.
+    pub samples: usize,
+    /// The baseline measured in the same run, when the value is compared against one.
+    pub baseline: Option<f64>,
+    /// The target, as `targets.md` says it (empty when there is none).
+    pub target: String,
+    /// Whether the target is met; `None` when there is no target.
+    pub met: Option<bool>,
+    /// How it was measured and the numbers behind it.
+    pub note: String,
+}
+
+type Part<'a> = dyn Fn() -> anyhow::Result<Vec<Measurement>> + 'a;
+
+/// Runs every host-level measurement. `bins` holds `kuport`, `kuport-sim`, `kuport-echo` and
+/// `kuport-lab`.
+pub fn run(bins: &Path) -> anyhow::Result<Vec<Measurement>> {
+    use anyhow::Context as _;
+    netns::remove_stale();
+    let mut out = Vec::new();
+    let parts: [(&str, &Part); 3] = [
+        ("nft transactions and plan passes", &nft::measure),
+        ("UDP flows through a node", &flows::measure),
+        ("agent memory", &|| memory::measure(bins)),
+    ];
+    for (what, part) in parts {
+        if std::env::var("HB_ONLY").is_ok_and(|o| !what.contains(&o)) {
+            continue;
+        } // TEMP
+        eprintln!("hostbench: {what}");
+        let found = part().with_context(|| format!("measuring {what}"))?;
+        for m in &found {
+            // Printed as they come, so a later failure does not lose what was measured.
+            eprintln!("hostbench:   {}", one_line(m));
+        }
+        out.extend(found);
+    }
+    Ok(out)
+}
+
+/// The hidden subcommands this module re-executes the binary with; `None` for any other
+/// command line.
+pub fn hidden_main(args: &[String]) -> Option<ExitCode> {
+    let rest = args.get(2..).unwrap_or_default();
+    let result = match args.get(1).map(String::as_str) {
+        Some(nft::CHILD) => nft::child(rest),
+        Some(nft::PROGRAM) => nft::program(rest),
+        _ => return None,
+    };
+    Some(match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!(
+                "kuport-lab {}: {e:#}",
+                args.get(1).map_or("", String::as_str)
+            );
+            ExitCode::FAILURE
+        }
+    })
+}
+
+fn one_line(m: &Measurement) -> String {
+    let met = match m.met {
+        Some(true) => " [met]",
+        Some(false) => " [NOT met]",
+        None => "",
+    };
+    format!(
+        "{}: {:.3} {} (n={}){} {}{}",
+        m.name,
+        m.value,
+        m.unit,
+        m.samples,
+        if m.target.is_empty() {
+            String::new()
+        } else {
+            format!(" target {}", m.target)
+        },
+        met,
+        m.note
+    )
+}
+
+/// The median of `values` (the mean of the middle two for an even count); NaN when empty.
+fn median(values: &[f64]) -> f64 {
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| !x.is_nan()).collect();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// `values` as a short list for notes.
+fn list(values: &[f64], decimals: usize) -> String {
+    values
+        .iter()
+        .map(|v| format!("{v:.decimals$}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Timings in a debug build are not the agent's: say so next to them.
+fn build_profile() -> &'static str {
+    if cfg!(debug_assertions) {
+        "debug build"
+    } else {
+        "release build"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_odd_even_and_empty() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert!(median(&[]).is_nan());
+    }
+}

@@ -1,0 +1,187 @@
+//! The cluster of the nft and flow measurements: one node, one class, N UDP PortMaps whose pods
+//! all run on that node (so no return link is needed and every rule is a nat rule).
+//!
+//! The mapping the flow measurements send to ([`TARGET_PORT`] → [`TARGET_POD`]) sorts last in
+//! both nat chains (highest port in `kup-pre`, highest address in `kup-post`): a new flow to it
+//! is checked against every other mapping's rule first, the worst case a linear chain has.
+
+use std::net::Ipv4Addr;
+
+use anyhow::{Context as _, Result, bail};
+use k8s_openapi::jiff::Timestamp;
+use kuport_core::ir::{ChainId, HostState, Rule};
+use kuport_core::plan::plan;
+use kuport_core::snapshot::{HostFacts, Snapshot};
+use serde_json::json;
+
+/// The node every mapping lands on.
+pub const NODE: &str = "node-0";
+/// Its InternalIP.
+pub const INTERNAL_IP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 1);
+/// Its public interface, the class's only interface.
+pub const PUBLIC_IF: &str = "eth0";
+/// The public interface's address: what clients dial.
+pub const PUBLIC_ADDR: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
+/// The port of the mapping the flow measurements use.
+pub const TARGET_PORT: u16 = 29_999;
+/// Its pod.
+pub const TARGET_POD: Ipv4Addr = Ipv4Addr::new(10, 244, 200, 2);
+/// First port of the other mappings (one each, upwards).
+const FIRST_PORT: u16 = 20_000;
+const NAMESPACE: &str = "bench";
+const CLASS: &str = "bench";
+
+/// The instant every plan is computed at.
+pub fn now() -> Result<Timestamp> {
+    "2026-06-01T12:00:00Z"
+        .parse()
+        .context("parsing the bench's fixed timestamp")
+}
+
+/// What the node reads from its own host.
+pub fn facts() -> HostFacts {
+    HostFacts {
+        interfaces: [(PUBLIC_IF.to_owned(), PUBLIC_ADDR)].into_iter().collect(),
+        underlay_device: Some(PUBLIC_IF.to_owned()),
+        underlay_mtu: Some(1500),
+    }
+}
+
+/// Mapping `j` of `n`: (port, pod address). The last one is the target.
+fn mapping(j: usize, n: usize) -> Result<(u16, Ipv4Addr)> {
+    if j + 1 == n {
+        return Ok((TARGET_PORT, TARGET_POD));
+    }
+    let port = u16::try_from(j)
+        .ok()
+        .and_then(|j| FIRST_PORT.checked_add(j))
+        .filter(|p| *p < TARGET_PORT)
+        .with_context(|| format!("mapping {j} does not fit below port {TARGET_PORT}"))?;
+    // Pods in 10.244.1.0–10.244.199.255: all sort before the target's 10.244.200.2.
+    let pod = Ipv4Addr::new(10, 244, 1 + (j / 250) as u8, 2 + (j % 250) as u8);
+    Ok((port, pod))
+}
+
+/// The snapshot with `n` mappings (n ≥ 1), all on [`NODE`]. With `moved`, mapping 0's pod has
+/// another address (one changed endpoint).
+pub fn snapshot(n: usize, moved: bool) -> Result<Snapshot> {
+    if n == 0 || n > 9_999 {
+        bail!("the bench cluster holds 1 to 9,999 mappings, not {n}");
+    }
+    let mut snap = Snapshot::default();
+    snap.nodes.push(
+        serde_json::from_value(json!({"metadata": {"name": NODE}, "status": {
+            "addresses": [{"type": "InternalIP", "address": INTERNAL_IP.to_string()}],
+            "conditions": [{"type": "Ready", "status": "True"}]}}))
+        .context("building the Node")?,
+    );
+    snap.namespaces.push(
+        serde_json::from_value(json!({"metadata": {"name": NAMESPACE}}))
+            .context("building the Namespace")?,
+    );
+    snap.classes.push(
+        serde_json::from_value(json!({
+            "apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMapClass",
+            "metadata": {"name": CLASS, "creationTimestamp": "2026-01-01T00:00:00Z", "generation": 1},
+            "spec": {
+                "nodes": {NODE: {"interfaces": [PUBLIC_IF]}},
+                "ports": {"min": 1024, "max": 65535},
+                "returnPath": {"mode": "Vxlan", "vxlan": {"vni": 7000, "port": 4790, "subnet": "169.254.0.0/20"}}},
+            "status": {"nodes": [{"name": NODE, "ready": true, "underlayMTU": 1500, "linkMTU": 1450,
+                                  "addresses": {PUBLIC_IF: PUBLIC_ADDR.to_string()}}]}
+        }))
+        .context("building the PortMapClass")?,
+    );
+    for j in 0..n {
+        let (port, mut pod) = mapping(j, n)?;
+        if moved && j == 0 {
+            pod = Ipv4Addr::new(10, 244, 250, 9);
+        }
+        let name = format!("pm-{j:04}");
+        snap.portmaps.push(
+            serde_json::from_value(json!({
+                "apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMap",
+                "metadata": {"name": name, "namespace": NAMESPACE, "generation": 1,
+                             "creationTimestamp": format!("2026-02-01T00:{:02}:{:02}Z", (j / 60) % 60, j % 60)},
+                "spec": {"className": CLASS, "protocol": "UDP", "port": port,
+                         "serviceRef": {"name": name, "port": "game"}}
+            }))
+            .with_context(|| format!("building PortMap {name}"))?,
+        );
+        snap.endpoint_slices.push(
+            serde_json::from_value(json!({
+                "metadata": {"name": format!("{name}-x"), "namespace": NAMESPACE,
+                             "labels": {"kubernetes.io/service-name": name}},
+                "addressType": "IPv4",
+                "ports": [{"name": "game", "protocol": "UDP", "port": port}],
+                "endpoints": [{"addresses": [pod.to_string()], "nodeName": NODE,
+                               "conditions": {"ready": true},
+                               "targetRef": {"kind": "Pod", "name": format!("{name}-0"), "namespace": NAMESPACE}}]
+            }))
+            .with_context(|| format!("building the EndpointSlice of {name}"))?,
+        );
+    }
+    Ok(snap)
+}
+
+/// The node's desired host state for `snap`, checked to hold one DNAT rule per mapping and,
+/// with `target_last`, the target's rules last.
+pub fn host_state(snap: &Snapshot, target_last: bool) -> Result<HostState> {
+    let p = plan(snap, NODE, &facts(), now()?);
+    let dnat: Vec<_> = p
+        .host
+        .nft
+        .rules(ChainId::Pre)
+        .iter()
+        .filter_map(|r| match r {
+            Rule::Dnat(d) => Some(d),
+            _ => None,
+        })
+        .collect();
+    if dnat.len() != snap.portmaps.len() {
+        bail!(
+            "the plan emits {} DNAT rules for {} mappings (first decision: {:?})",
+            dnat.len(),
+            snap.portmaps.len(),
+            p.portmaps.first().map(|d| (&d.accepted, &d.programmed))
+        );
+    }
+    let last_pre = dnat.last().map(|d| (d.ports.first, d.to));
+    let last_post = p
+        .host
+        .nft
+        .rules(ChainId::Post)
+        .last()
+        .and_then(|r| match r {
+            Rule::IdentitySnat(s) => Some((s.ports.first, s.daddr)),
+            _ => None,
+        });
+    let want = Some((TARGET_PORT, TARGET_POD));
+    if target_last && (last_pre != want || last_post != want) {
+        bail!(
+            "the target mapping is not last in both nat chains (kup-pre ends with {last_pre:?}, \
+             kup-post with {last_post:?})"
+        );
+    }
+    Ok(p.host)
+}
+
+/// Number of rules in the table.
+pub fn rule_count(state: &HostState) -> usize {
+    state.nft.chains.iter().map(|(_, r)| r.len()).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_size_plans_one_rule_per_mapping_with_the_target_last() {
+        for n in [1, 2, 300, 5_000] {
+            let state = host_state(&snapshot(n, false).unwrap(), true).unwrap();
+            assert!(rule_count(&state) >= 2 * n, "{n}");
+            let moved = host_state(&snapshot(n, true).unwrap(), false).unwrap();
+            assert_ne!(state, moved, "{n}");
+        }
+    }
+}

@@ -1,0 +1,465 @@
+//! New UDP flows per second, and the established-flow packet rate, through a node holding 1,000
+//! mappings against the same node holding 1.
+//!
+//! Two identical topologies side by side, client — node — pod, each in its own three
+//! namespaces, the node programmed by kuport's real plan and `LinuxHost` (one with 1 mapping,
+//! one with 1,000). A thread in the client namespace floods the mapping; the pod's interface
+//! counter says how many datagrams the node delivered. The two topologies are measured
+//! alternately (A B, B A, ...) so that drift in the machine's load falls on both alike, and the
+//! ratio of the medians is reported.
+//!
+//! The new-flow generator opens a socket per datagram from a fresh (address, port) pair, so
+//! every datagram is a new conntrack entry and consults the nat chains; the node's UDP
+//! conntrack timeout is cut to 1 s so the table stays small. The generator and the node's
+//! forwarding run on the same core (veth delivers in the sender's softirq), so the ratio
+//! understates the node's own slowdown: the note also gives the added time per flow.
+
+use std::fs::File;
+use std::io::{ErrorKind, Read as _, Seek as _, SeekFrom};
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+
+use super::cluster::{INTERNAL_IP, PUBLIC_ADDR, PUBLIC_IF, TARGET_POD, TARGET_PORT};
+use super::netns::{Netns, Proc, join};
+use super::nft::{PROGRAM, thousands};
+use super::{Measurement, list, median};
+
+/// The two node sizes compared.
+const SIZES: [usize; 2] = [1, 1_000];
+/// Samples per size and mode.
+const ROUNDS: usize = 5;
+/// Flooding before the counting window starts.
+const WARM_UP: Duration = Duration::from_millis(300);
+/// The counting window.
+const WINDOW: Duration = Duration::from_secs(1);
+/// Lets a new-flow sample's conntrack entries (1 s timeout) expire before the next sample.
+const SETTLE: Duration = Duration::from_millis(700);
+const CLIENT_ADDR: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 2);
+/// Source addresses of the new-flow generator: 198.51.100.10 and up.
+const SOURCES: u64 = 16;
+const FIRST_SOURCE: u8 = 10;
+/// Source ports of the new-flow generator: 1024 and up.
+const SOURCE_PORTS: u64 = 64_000;
+const POD_GATEWAY: &str = "10.244.200.1";
+const PAYLOAD: [u8; 64] = [0x6b; 64];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// A fresh socket and source (address, port) per datagram.
+    NewFlows,
+    /// One connected socket.
+    Established,
+}
+
+/// One node size's client, node and pod namespaces, with the pod's sink running.
+struct Topology {
+    mappings: usize,
+    rules: usize,
+    client: Netns,
+    /// The pod's `/proc/net/dev`, opened inside its namespace (it keeps reading that one).
+    pod_dev: File,
+    received: Arc<AtomicU64>,
+    stop_sink: Arc<AtomicBool>,
+    sink: Option<JoinHandle<Result<()>>>,
+    /// Where the new-flow generator continues, so no (address, port) pair repeats in a run.
+    next_flow: u64,
+    // Dropped last: the namespaces.
+    _node: Netns,
+    _pod: Netns,
+}
+
+impl Drop for Topology {
+    fn drop(&mut self) {
+        self.stop_sink.store(true, Ordering::Relaxed);
+        if let Some(sink) = self.sink.take() {
+            let _ = sink.join();
+        }
+    }
+}
+
+struct Sample {
+    delivered_per_s: f64,
+    /// Datagrams delivered per second of the flood thread's CPU time (its sends and the
+    /// forwarding the kernel runs in its context).
+    delivered_per_cpu_s: f64,
+    offered_per_s: f64,
+    send_errors: u64,
+}
+
+pub fn measure() -> Result<Vec<Measurement>> {
+    // TEMP experiment hook
+    let sizes: Vec<usize> = std::env::var("HB_SIZES")
+        .ok()
+        .map(|v| v.split(',').filter_map(|x| x.parse().ok()).collect())
+        .unwrap_or(SIZES.to_vec());
+    let mut topologies = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| Topology::build(i, *n))
+        .collect::<Result<Vec<_>>>()?;
+    let mut out = Vec::new();
+    for mode in [Mode::NewFlows, Mode::Established] {
+        let mut samples: Vec<Vec<Sample>> = SIZES.iter().map(|_| Vec::new()).collect();
+        for round in 0..ROUNDS {
+            let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+            for i in order {
+                samples[i].push(topologies[i].sample(mode)?);
+                if mode == Mode::NewFlows {
+                    std::thread::sleep(SETTLE);
+                }
+            }
+        }
+        out.push(row(mode, &topologies, &samples));
+    }
+    drop(topologies);
+    Ok(out)
+}
+
+fn row(mode: Mode, topologies: &[Topology], samples: &[Vec<Sample>]) -> Measurement {
+    let rates: Vec<Vec<f64>> = samples
+        .iter()
+        .map(|s| s.iter().map(|x| x.delivered_per_s).collect())
+        .collect();
+    let medians: Vec<f64> = rates.iter().map(|r| median(r)).collect();
+    let ratio = medians[1] / medians[0];
+    let per_cpu: Vec<Vec<f64>> = samples
+        .iter()
+        .map(|s| s.iter().map(|x| x.delivered_per_cpu_s).collect())
+        .collect();
+    let cpu_medians: Vec<f64> = per_cpu.iter().map(|r| median(r)).collect();
+    let cpu_ratio = cpu_medians[1] / cpu_medians[0];
+    let (name, unit, target) = match mode {
+        Mode::NewFlows => (
+            "new UDP flows per second through a node holding 1,000 mappings ÷ holding 1",
+            "flows/s",
+            0.80,
+        ),
+        Mode::Established => (
+            "established-flow packet rate through a node holding 1,000 mappings ÷ holding 1",
+            "packets/s",
+            0.95,
+        ),
+    };
+    let mut note = String::new();
+    for (i, t) in topologies.iter().enumerate() {
+        let offered: Vec<f64> = samples[i].iter().map(|s| s.offered_per_s).collect();
+        let errors: u64 = samples[i].iter().map(|s| s.send_errors).sum();
+        note.push_str(&format!(
+            "{} mapping(s) ({} nft rules): median {:.0} {unit} delivered [{}], per CPU second \
+             {:.0} [{}], offered median {:.0}, send errors {errors}; ",
+            thousands(t.mappings),
+            t.rules,
+            medians[i],
+            list(&rates[i], 0),
+            cpu_medians[i],
+            list(&per_cpu[i], 0),
+            median(&offered),
+        ));
+    }
+    let added_us = (1.0 / cpu_medians[1] - 1.0 / cpu_medians[0]) * 1e6;
+    note.push_str(&format!("ratio per CPU second {cpu_ratio:.3}; "));
+    note.push_str(&format!(
+        "added time per {} at 1,000 mappings: {added_us:.2} µs; the target mapping's rules are \
+         last in kup-pre and kup-post (worst case); generator and forwarding share one core",
+        if mode == Mode::NewFlows {
+            "new flow"
+        } else {
+            "packet"
+        }
+    ));
+    if mode == Mode::NewFlows {
+        note.push_str("; one socket per datagram from 16 source addresses");
+    }
+    Measurement {
+        name: name.to_owned(),
+        value: ratio,
+        unit: "ratio".to_owned(),
+        samples: ROUNDS,
+        baseline: None,
+        target: format!("≥ {target:.2}"),
+        met: Some(ratio >= target),
+        note,
+    }
+}
+
+impl Topology {
+    fn build(index: usize, mappings: usize) -> Result<Self> {
+        let client = Netns::create(&format!("f{index}-client"))?;
+        let node = Netns::create(&format!("f{index}-node"))?;
+        let pod = Netns::create(&format!("f{index}-pod"))?;
+        let public = format!("{PUBLIC_ADDR}/24");
+        let gateway = format!("{POD_GATEWAY}/24");
+        let pod_addr = format!("{TARGET_POD}/24");
+        let internal = format!("{INTERNAL_IP}/32");
+        client.ip(&[
+            "link",
+            "add",
+            "eth0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            PUBLIC_IF,
+            "netns",
+            node.name(),
+        ])?;
+        node.ip(&[
+            "link",
+            "add",
+            "pod0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            pod.name(),
+        ])?;
+        client.ip(&["addr", "add", &format!("{CLIENT_ADDR}/24"), "dev", "eth0"])?;
+        for i in 0..SOURCES {
+            let a = source(i);
+            client.ip(&["addr", "add", &format!("{a}/24"), "dev", "eth0"])?;
+        }
+        client.ip(&["link", "set", "eth0", "up"])?;
+        node.ip(&["addr", "add", &public, "dev", PUBLIC_IF])?;
+        node.ip(&["addr", "add", &gateway, "dev", "pod0"])?;
+        node.ip(&["addr", "add", &internal, "dev", "lo"])?;
+        node.ip(&["link", "set", PUBLIC_IF, "up"])?;
+        node.ip(&["link", "set", "pod0", "up"])?;
+        pod.ip(&["addr", "add", &pod_addr, "dev", "eth0"])?;
+        pod.ip(&["link", "set", "eth0", "up"])?;
+        pod.ip(&["route", "add", "default", "via", POD_GATEWAY])?;
+        node.exec("sysctl", &["-qw", "net.ipv4.ip_forward=1"])?;
+        node.exec(
+            "sysctl",
+            &["-qw", "net.netfilter.nf_conntrack_udp_timeout=1"],
+        )?;
+
+        let exe = std::env::current_exe().context("finding the current executable")?;
+        let mut cmd = node.command(&exe);
+        cmd.args([PROGRAM, &mappings.to_string()])
+            .stdout(Stdio::piped());
+        let text =
+            Proc::spawn(cmd, &format!("{PROGRAM} {mappings}"))?.finish(Duration::from_secs(60))?;
+        let rules: usize = text
+            .trim()
+            .parse()
+            .with_context(|| format!("reading the rule count of {PROGRAM}: {text:?}"))?;
+
+        let pod_dev = pod.run("pod counters", || {
+            File::open("/proc/thread-self/net/dev").context("opening the pod's /proc/net/dev")
+        })?;
+        let received = Arc::new(AtomicU64::new(0));
+        let stop_sink = Arc::new(AtomicBool::new(false));
+        let sink = {
+            let received = received.clone();
+            let stop = stop_sink.clone();
+            pod.thread("sink", move || sink(&received, &stop))?
+        };
+        let mut topology = Self {
+            mappings,
+            rules,
+            client,
+            pod_dev,
+            received,
+            stop_sink,
+            sink: Some(sink),
+            next_flow: 0,
+            _node: node,
+            _pod: pod,
+        };
+        topology.check_delivery()?;
+        Ok(topology)
+    }
+
+    /// Fails unless datagrams to the mapping reach the pod's socket.
+    fn check_delivery(&mut self) -> Result<()> {
+        let before = self.received.load(Ordering::Relaxed);
+        let sent = self.client.run("probe", || {
+            let socket = UdpSocket::bind(SocketAddrV4::new(CLIENT_ADDR, 0))
+                .context("binding the probe socket")?;
+            for _ in 0..20 {
+                socket
+                    .send_to(&PAYLOAD, SocketAddrV4::new(PUBLIC_ADDR, TARGET_PORT))
+                    .context("sending a probe")?;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Ok(())
+        });
+        sent?;
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while self.received.load(Ordering::Relaxed) == before {
+            if Instant::now() > deadline {
+                bail!(
+                    "no datagram sent to {PUBLIC_ADDR}:{TARGET_PORT} reached the pod through the \
+                     node holding {} mappings",
+                    self.mappings
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
+    fn sample(&mut self, mode: Mode) -> Result<Sample> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let tid = Arc::new(AtomicI32::new(0));
+        let first_flow = self.next_flow;
+        let flood = {
+            let (stop, tid) = (stop.clone(), tid.clone());
+            self.client.thread("flood", move || {
+                tid.store(rustix::thread::gettid().as_raw_nonzero().get(), Ordering::Relaxed);
+                flood(mode, first_flow, &stop)
+            })?
+        };
+        let counted = (|| {
+            std::thread::sleep(WARM_UP);
+            let tid = tid.load(Ordering::Relaxed);
+            let (c0, t0, cpu0) = (rx_packets(&mut self.pod_dev)?, Instant::now(), cpu_ns(tid)?);
+            std::thread::sleep(WINDOW);
+            let (c1, t1, cpu1) = (rx_packets(&mut self.pod_dev)?, Instant::now(), cpu_ns(tid)?);
+            Ok::<_, anyhow::Error>((
+                c1.saturating_sub(c0) as f64,
+                (t1 - t0).as_secs_f64(),
+                cpu1.saturating_sub(cpu0) as f64 / 1e9,
+            ))
+        })();
+        stop.store(true, Ordering::Relaxed);
+        let flooded = join(flood, "flood")?;
+        let (delivered, seconds, cpu_seconds) = counted?;
+        self.next_flow = flooded.next_flow;
+        Ok(Sample {
+            delivered_per_s: delivered / seconds,
+            delivered_per_cpu_s: delivered / cpu_seconds,
+            offered_per_s: flooded.sent as f64 / flooded.seconds,
+            send_errors: flooded.errors,
+        })
+    }
+}
+
+fn source(i: u64) -> Ipv4Addr {
+    Ipv4Addr::new(198, 51, 100, FIRST_SOURCE + (i % SOURCES) as u8)
+}
+
+/// The pod's listener: keeps the socket drained, so the pod never answers with ICMP.
+fn sink(received: &AtomicU64, stop: &AtomicBool) -> Result<()> {
+    let socket = UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, TARGET_PORT))
+        .context("binding the pod's socket")?;
+    socket
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .context("setting the pod socket's timeout")?;
+    let mut buf = [0u8; 2048];
+    while !stop.load(Ordering::Relaxed) {
+        match socket.recv(&mut buf) {
+            Ok(_) => {
+                received.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(e) => return Err(e).context("receiving in the pod"),
+        }
+    }
+    Ok(())
+}
+
+struct Flooded {
+    sent: u64,
+    errors: u64,
+    seconds: f64,
+    next_flow: u64,
+}
+
+fn flood(mode: Mode, first_flow: u64, stop: &AtomicBool) -> Result<Flooded> {
+    let target = SocketAddrV4::new(PUBLIC_ADDR, TARGET_PORT);
+    let (mut sent, mut errors) = (0u64, 0u64);
+    let start = Instant::now();
+    let mut k = first_flow;
+    match mode {
+        Mode::NewFlows => {
+            while !stop.load(Ordering::Relaxed) {
+                let addr = source(k);
+                let port = 1024 + ((k / SOURCES) % SOURCE_PORTS) as u16;
+                k += 1;
+                match UdpSocket::bind(SocketAddrV4::new(addr, port))
+                    .and_then(|s| s.send_to(&PAYLOAD, target))
+                {
+                    Ok(_) => sent += 1,
+                    Err(_) => errors += 1,
+                }
+            }
+        }
+        Mode::Established => {
+            let socket = UdpSocket::bind(SocketAddrV4::new(CLIENT_ADDR, 0))
+                .context("binding the flood socket")?;
+            socket
+                .connect(target)
+                .context("connecting the flood socket")?;
+            while !stop.load(Ordering::Relaxed) {
+                match socket.send(&PAYLOAD) {
+                    Ok(_) => sent += 1,
+                    Err(_) => errors += 1,
+                }
+            }
+        }
+    }
+    Ok(Flooded {
+        sent,
+        errors,
+        seconds: start.elapsed().as_secs_f64(),
+        next_flow: k,
+    })
+}
+
+/// Nanoseconds thread `tid` of this process has run, softirq work done in its context included
+/// (this kernel does not account irq time separately).
+fn cpu_ns(tid: i32) -> Result<u64> {
+    if tid == 0 {
+        bail!("the flood thread did not start");
+    }
+    let path = format!("/proc/self/task/{tid}/schedstat");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    text.split_whitespace()
+        .next()
+        .and_then(|v| v.parse().ok())
+        .with_context(|| format!("no run time in {path}: {text:?}"))
+}
+
+/// Packets received by the pod's `eth0`, from its `/proc/net/dev`.
+fn rx_packets(dev: &mut File) -> Result<u64> {
+    let mut text = String::new();
+    dev.seek(SeekFrom::Start(0))
+        .context("rewinding the pod's /proc/net/dev")?;
+    dev.read_to_string(&mut text)
+        .context("reading the pod's /proc/net/dev")?;
+    parse_rx_packets(&text, "eth0")
+}
+
+fn parse_rx_packets(text: &str, device: &str) -> Result<u64> {
+    text.lines()
+        .filter_map(|l| l.trim_start().split_once(':'))
+        .find(|(name, _)| *name == device)
+        .and_then(|(_, fields)| fields.split_whitespace().nth(1))
+        .and_then(|p| p.parse().ok())
+        .with_context(|| format!("no rx packet count for {device} in /proc/net/dev"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_rx_packets_of_one_device() {
+        let text = "Inter-|   Receive                                                |  Transmit\n \
+             face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets\n    \
+             lo:       0       0    0    0    0     0          0         0        0       0\n  \
+             eth0: 1234567   89012    0    0    0     0          0         0      180       2\n";
+        assert_eq!(parse_rx_packets(text, "eth0").unwrap(), 89_012);
+        assert_eq!(parse_rx_packets(text, "lo").unwrap(), 0);
+        assert!(parse_rx_packets(text, "pod0").is_err());
+    }
+}

@@ -1,0 +1,471 @@
+//! The agent's peak RSS with 1,000 PortMaps and 500 Nodes in the API server model.
+//!
+//! In one namespace: `kuport-sim serve`, then 500 Ready Nodes, 10 labelled Namespaces, one
+//! Multi Vxlan class whose edge nodes include the agent's, 1,000 PortMaps and their
+//! EndpointSlices (pods spread over every node, so the agent also claims and builds return
+//! links). Then `kuport agent` for the edge node `node-000`, until `/readyz` answers 200 and
+//! passes stop coming (status writes echo back as watch events for a while); then `VmHWM`.
+
+use std::fs::File;
+use std::io::{Read as _, Write as _};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use futures_util::{StreamExt as _, TryStreamExt as _};
+use k8s_openapi::api::core::v1::{Namespace, Node};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, PostParams};
+use kuport_core::api::{PortMap, PortMapClass};
+use serde_json::json;
+
+use super::Measurement;
+use super::netns::{Netns, Proc};
+
+const NODES: usize = 500;
+const PORTMAPS: usize = 1_000;
+const NAMESPACES: usize = 10;
+const EDGE_NODES: usize = 4;
+const AGENT_NODE: &str = "node-000";
+const API: &str = "127.0.0.1:6443";
+const HEALTH: &str = "127.0.0.1:8081";
+const METRICS: &str = "127.0.0.1:9090";
+const TARGET_MIB: f64 = 64.0;
+/// Requests in flight while creating the objects.
+const CONCURRENCY: usize = 16;
+/// The agent counts as settled once no pass has completed for this long.
+const QUIET: Duration = Duration::from_secs(3);
+
+/// A directory removed when dropped.
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub fn measure(bins: &Path) -> Result<Vec<Measurement>> {
+    let kuport = bins.join("kuport");
+    let sim_bin = bins.join("kuport-sim");
+    for b in [&kuport, &sim_bin] {
+        if !b.is_file() {
+            bail!(
+                "{} is missing (build the kuport and kuport-sim binaries)",
+                b.display()
+            );
+        }
+    }
+    let dir = TempDir(std::env::temp_dir().join(format!("klb-hb{}-mem", std::process::id())));
+    std::fs::create_dir_all(&dir.0).with_context(|| format!("creating {}", dir.0.display()))?;
+    let kubeconfig = dir.0.join("kubeconfig");
+    let ns = Netns::create("mem")?;
+    // The agent's underlay: its InternalIP on a device, so its return links can be built.
+    ns.ip(&[
+        "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p",
+    ])?;
+    ns.ip(&[
+        "addr",
+        "add",
+        &format!("{}/16", internal_ip(0)),
+        "dev",
+        "eth0",
+    ])?;
+    ns.ip(&["link", "set", "eth0", "up"])?;
+    ns.ip(&["link", "set", "eth0p", "up"])?;
+
+    let mut sim = {
+        let mut cmd = ns.command(&sim_bin);
+        cmd.args([
+            "serve",
+            "--listen",
+            API,
+            "--history",
+            "100000",
+            "--kubeconfig",
+        ])
+        .arg(&kubeconfig)
+        .stdout(Stdio::null())
+        .stderr(log_file(&dir.0, "sim")?);
+        Proc::spawn(cmd, "kuport-sim serve")?
+    };
+    let created = ns.run("populate", populate);
+    let created = match created {
+        Ok(c) => c,
+        Err(e) => {
+            sim.check_running()?;
+            return Err(e.context(tail(&dir.0, "sim")));
+        }
+    };
+
+    let started = Instant::now();
+    let mut agent = {
+        let mut cmd = ns.command(&kuport);
+        cmd.args(["agent", "--node-name", AGENT_NODE, "--kubeconfig"])
+            .arg(&kubeconfig)
+            .args(["--health-addr", HEALTH, "--metrics-addr", METRICS])
+            .args(["--log-level", "warn"])
+            .stdout(Stdio::null())
+            .stderr(log_file(&dir.0, "agent")?);
+        Proc::spawn(cmd, "kuport agent")?
+    };
+    let watched = watch_agent(&ns, &mut agent, &mut sim, started)
+        .map_err(|e| e.context(tail(&dir.0, "agent")))?;
+    let links = count_links(&ns);
+    agent.stop(Duration::from_secs(10));
+    sim.stop(Duration::from_secs(2));
+    drop(ns);
+
+    let peak = watched.hwm_kib as f64 / 1024.0;
+    Ok(vec![Measurement {
+        name: "agent memory (peak RSS) with 1,000 PortMaps and 500 Nodes in the API server model"
+            .to_owned(),
+        value: peak,
+        unit: "MiB".to_owned(),
+        samples: 1,
+        baseline: None,
+        target: format!("≤ {TARGET_MIB} MiB"),
+        met: Some(peak <= TARGET_MIB),
+        note: format!(
+            "VmHWM of `kuport agent` ({}) after it settled; VmRSS then {:.1} MiB; {created} objects \
+             created; ready after {:.1} s, settled after {:.1} s; {} passes ok, {} failed; \
+             programmed: {}; {links} kup-* links",
+            agent_profile(&kuport),
+            watched.rss_kib as f64 / 1024.0,
+            watched.ready_after.as_secs_f64(),
+            watched.settled_after.as_secs_f64(),
+            watched.passes_ok,
+            watched.passes_failed,
+            watched.programmed,
+        ),
+    }])
+}
+
+fn log_file(dir: &Path, name: &str) -> Result<File> {
+    let path = dir.join(format!("{name}.log"));
+    File::create(&path).with_context(|| format!("creating {}", path.display()))
+}
+
+/// The last lines of a process's log, for an error.
+fn tail(dir: &Path, name: &str) -> String {
+    let text = std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let from = lines.len().saturating_sub(15);
+    format!(
+        "last lines of the {name} log:\n{}",
+        lines[from..].join("\n")
+    )
+}
+
+/// The bins directory says which build the agent is.
+fn agent_profile(kuport: &Path) -> String {
+    kuport.parent().and_then(Path::file_name).map_or_else(
+        || "unknown build".to_owned(),
+        |p| format!("{} build", p.to_string_lossy()),
+    )
+}
+
+fn node_name(i: usize) -> String {
+    format!("node-{i:03}")
+}
+
+fn internal_ip(i: usize) -> String {
+    format!("100.64.{}.{}", i / 250, 1 + i % 250)
+}
+
+/// Creates every object; returns how many. Runs inside the namespace.
+fn populate() -> Result<usize> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async {
+        let addr: SocketAddr = API.parse().context("parsing the API address")?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while tokio::net::TcpStream::connect(addr).await.is_err() {
+            if Instant::now() > deadline {
+                bail!("kuport-sim did not listen on {API} within 20 s");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let url = format!("http://{API}")
+            .parse()
+            .context("parsing the API URL")?;
+        let client = kube::Client::try_from(kube::Config::new(url))
+            .context("building the Kubernetes client")?;
+        let mut count = 0;
+
+        let namespaces: Vec<Namespace> = (0..NAMESPACES)
+            .map(|k| {
+                serde_json::from_value(json!({"metadata": {"name": format!("ns-{k}"),
+                                              "labels": {"tier": "public"}}}))
+            })
+            .collect::<Result<_, _>>()
+            .context("building Namespaces")?;
+        count += create_all(&Api::all(client.clone()), namespaces, |_| None).await?;
+
+        let nodes: Vec<Node> = (0..NODES)
+            .map(|i| {
+                serde_json::from_value(json!({"metadata": {"name": node_name(i)}, "status": {
+                    "addresses": [{"type": "InternalIP", "address": internal_ip(i)}],
+                    "conditions": [{"type": "Ready", "status": "True"}]}}))
+            })
+            .collect::<Result<_, _>>()
+            .context("building Nodes")?;
+        count += create_all(&Api::all(client.clone()), nodes, |_| None).await?;
+
+        let edge: serde_json::Map<String, serde_json::Value> = (0..EDGE_NODES)
+            .map(|i| (node_name(i), json!({"interfaces": ["eth0"]})))
+            .collect();
+        let class: PortMapClass = serde_json::from_value(json!({
+            "apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMapClass",
+            "metadata": {"name": "public"},
+            "spec": {"nodes": edge, "servingMode": "Multi",
+                     "ports": {"min": 1024, "max": 65535},
+                     "namespaceSelector": {"matchLabels": {"tier": "public"}},
+                     "returnPath": {"mode": "Vxlan", "vxlan": {"vni": 10000, "port": 4790,
+                                                               "subnet": "169.254.0.0/20"}}}}))
+        .context("building the PortMapClass")?;
+        count += create_all(&Api::all(client.clone()), vec![class], |_| None).await?;
+
+        let mut portmaps = Vec::new();
+        let mut slices = Vec::new();
+        for j in 0..PORTMAPS {
+            let (pm, slice) = mapping(j)?;
+            portmaps.push(pm);
+            slices.push(slice);
+        }
+        let c = client.clone();
+        count += create_all(&Api::<PortMap>::all(client.clone()), portmaps, move |o| {
+            Some(Api::namespaced(c.clone(), o.metadata.namespace.as_deref()?))
+        })
+        .await?;
+        let c = client.clone();
+        count += create_all(
+            &Api::<EndpointSlice>::all(client.clone()),
+            slices,
+            move |o| Some(Api::namespaced(c.clone(), o.metadata.namespace.as_deref()?)),
+        )
+        .await?;
+        Ok(count)
+    })
+}
+
+/// PortMap `j` and its EndpointSlice: alternating TCP and UDP, the pod on node `j % 500`.
+fn mapping(j: usize) -> Result<(PortMap, EndpointSlice)> {
+    let namespace = format!("ns-{}", j % NAMESPACES);
+    let name = format!("pm-{j:04}");
+    let protocol = if j.is_multiple_of(2) { "UDP" } else { "TCP" };
+    let port = 2_000 + j;
+    let pm = serde_json::from_value(json!({
+        "apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMap",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"className": "public", "protocol": protocol, "port": port,
+                 "serviceRef": {"name": name, "port": "game"}}}))
+    .with_context(|| format!("building PortMap {name}"))?;
+    let slice = serde_json::from_value(json!({
+        "metadata": {"name": format!("{name}-x"), "namespace": namespace,
+                     "labels": {"kubernetes.io/service-name": name}},
+        "addressType": "IPv4",
+        "ports": [{"name": "game", "protocol": protocol, "port": 7_000 + j}],
+        "endpoints": [{"addresses": [format!("10.100.{}.{}", j / 250, 1 + j % 250)],
+                       "nodeName": node_name(j % NODES), "conditions": {"ready": true},
+                       "targetRef": {"kind": "Pod", "name": format!("{name}-0"), "namespace": namespace}}]}))
+    .with_context(|| format!("building the EndpointSlice of {name}"))?;
+    Ok((pm, slice))
+}
+
+/// Creates `objects` with a few requests in flight; `scoped` gives the namespaced API of an
+/// object (None: `api`).
+async fn create_all<K>(
+    api: &Api<K>,
+    objects: Vec<K>,
+    scoped: impl Fn(&K) -> Option<Api<K>>,
+) -> Result<usize>
+where
+    K: kube::Resource<DynamicType: Default>
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug,
+{
+    let n = objects.len();
+    futures_util::stream::iter(objects.into_iter().map(|o| {
+        let api = scoped(&o).unwrap_or_else(|| api.clone());
+        async move {
+            let name = o.meta().name.clone().unwrap_or_default();
+            api.create(&PostParams::default(), &o)
+                .await
+                .with_context(|| format!("creating {} {name}", K::kind(&Default::default())))
+        }
+    }))
+    .buffer_unordered(CONCURRENCY)
+    .try_collect::<Vec<_>>()
+    .await?;
+    Ok(n)
+}
+
+struct Watched {
+    ready_after: Duration,
+    settled_after: Duration,
+    hwm_kib: u64,
+    rss_kib: u64,
+    passes_ok: u64,
+    passes_failed: u64,
+    programmed: String,
+}
+
+/// Waits for readiness, then for passes to stop; reads the agent's memory.
+fn watch_agent(ns: &Netns, agent: &mut Proc, sim: &mut Proc, started: Instant) -> Result<Watched> {
+    let pid = agent.pid();
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    let ready_deadline = started + Duration::from_secs(90);
+    loop {
+        agent.check_running()?;
+        sim.check_running()?;
+        if ns
+            .run("readyz", || get(HEALTH, "/readyz"))
+            .is_ok_and(|(status, _)| status == 200)
+        {
+            break;
+        }
+        if Instant::now() > ready_deadline {
+            bail!("the agent was not ready within 90 s");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // `ip netns exec` execs the agent in place: the pid must be the agent's own by now.
+    let comm_now = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    if comm_now.trim() != "kuport" {
+        bail!(
+            "pid {pid} is {:?} (was {:?}), not the agent",
+            comm_now.trim(),
+            comm.trim()
+        );
+    }
+    let ready_after = started.elapsed();
+    let settle_deadline = Instant::now() + Duration::from_secs(60);
+    let mut last = (u64::MAX, Instant::now());
+    let metrics = loop {
+        agent.check_running()?;
+        let (status, text) = ns.run("metrics", || get(METRICS, "/metrics"))?;
+        if status != 200 {
+            bail!("/metrics answered {status}");
+        }
+        let ok = sum_series(&text, "kuport_passes_total", "result=\"ok\"");
+        if ok != last.0 {
+            last = (ok, Instant::now());
+        } else if ok > 0 && last.1.elapsed() >= QUIET {
+            break text;
+        }
+        if Instant::now() > settle_deadline {
+            bail!("the agent's passes did not stop within 60 s of readiness ({ok} passes)");
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("reading /proc/{pid}/status"))?;
+    let programmed = metrics
+        .lines()
+        .filter(|l| l.starts_with("kuport_mappings{") && l.contains("condition=\"Programmed\""))
+        .map(|l| l.trim_start_matches("kuport_mappings"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    Ok(Watched {
+        ready_after,
+        settled_after: started.elapsed(),
+        hwm_kib: status_kib(&status, "VmHWM")?,
+        rss_kib: status_kib(&status, "VmRSS")?,
+        passes_ok: sum_series(&metrics, "kuport_passes_total", "result=\"ok\""),
+        passes_failed: sum_series(&metrics, "kuport_passes_total", "result=\"failed\""),
+        programmed,
+    })
+}
+
+fn count_links(ns: &Netns) -> usize {
+    ns.run("links", || {
+        let out = std::process::Command::new("ip")
+            .args(["-br", "link"])
+            .output()
+            .context("listing links")?;
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.starts_with("kup-"))
+            .count())
+    })
+    .unwrap_or(0)
+}
+
+/// A plain HTTP/1.0 GET: status and body.
+fn get(addr: &str, path: &str) -> Result<(u16, String)> {
+    let sa: SocketAddr = addr.parse().context("parsing an address")?;
+    let mut stream = TcpStream::connect_timeout(&sa, Duration::from_secs(1))
+        .with_context(|| format!("connecting to {addr}"))?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .context("setting a read timeout")?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .with_context(|| format!("requesting {path}"))?;
+    let mut text = String::new();
+    stream
+        .read_to_string(&mut text)
+        .with_context(|| format!("reading the answer to {path}"))?;
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .with_context(|| format!("no HTTP status in the answer to {path}"))?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, b)| b.to_owned());
+    Ok((status, body))
+}
+
+/// Sum of the samples of `metric` whose labels contain `label`.
+fn sum_series(text: &str, metric: &str, label: &str) -> u64 {
+    text.lines()
+        .filter(|l| l.starts_with(metric) && l.contains(label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// A `kB` field of `/proc/<pid>/status`.
+fn status_kib(status: &str, field: &str) -> Result<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .with_context(|| format!("no {field} in /proc/<pid>/status"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_status_and_metrics() {
+        let status = "Name:\tkuport\nVmHWM:\t   41234 kB\nVmRSS:\t   39000 kB\n";
+        assert_eq!(status_kib(status, "VmHWM").unwrap(), 41_234);
+        assert_eq!(status_kib(status, "VmRSS").unwrap(), 39_000);
+        let metrics = "# HELP kuport_passes Passes\nkuport_passes_total{result=\"ok\"} 7\n\
+                       kuport_passes_total{result=\"failed\"} 1\n";
+        assert_eq!(
+            sum_series(metrics, "kuport_passes_total", "result=\"ok\""),
+            7
+        );
+        assert_eq!(
+            sum_series(metrics, "kuport_passes_total", "result=\"failed\""),
+            1
+        );
+    }
+
+    #[test]
+    fn every_mapping_builds() {
+        for j in [0, 1, 499, 999] {
+            mapping(j).unwrap();
+        }
+    }
+}

@@ -1,0 +1,255 @@
+//! nft transaction time and plan pass time for 1, 100, 1,000 and 5,000 mappings on one node.
+//!
+//! Each size runs in a fresh namespace, in a re-executed copy of this binary
+//! (`__hostbench-nft N SAMPLES`): it times `plan()` for the node, then, per sample, tears the
+//! table down and times `LinuxHost::apply` of the plan's host state into the empty namespace,
+//! an unchanged re-apply compared against the kernel (what a resync does; it must send
+//! nothing), and the apply of a plan where one endpoint moved.
+
+use std::hint::black_box;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use kuport_core::plan::plan;
+use kuport_host::{Host as _, LinuxHost};
+use serde::{Deserialize, Serialize};
+
+use super::cluster::{self, NODE};
+use super::netns::{Netns, Proc};
+use super::{Measurement, build_profile, list, median};
+
+/// Hidden subcommand: time plan and apply for `N` mappings in the current namespace.
+pub const CHILD: &str = "__hostbench-nft";
+/// Hidden subcommand: program the plan for `N` mappings in the current namespace and exit.
+pub const PROGRAM: &str = "__hostbench-program";
+
+/// Sizes and apply samples per size (the 5,000 case takes about a second per sample).
+const SIZES: [(usize, usize); 4] = [(1, 5), (100, 5), (1_000, 5), (5_000, 3)];
+/// The target of `targets.md` for a 5,000-mapping transaction.
+const TARGET_5000_MS: f64 = 500.0;
+
+/// What the child reports, one JSON line.
+#[derive(Debug, Serialize, Deserialize)]
+struct ChildReport {
+    mappings: usize,
+    rules: usize,
+    plan_ms: Vec<f64>,
+    first_ms: Vec<f64>,
+    first_mutations: Vec<usize>,
+    unchanged_ms: Vec<f64>,
+    unchanged_mutations: Vec<usize>,
+    change_ms: Vec<f64>,
+    change_sent: Vec<bool>,
+}
+
+/// The parent side: one namespace and one child per size.
+pub fn measure() -> Result<Vec<Measurement>> {
+    let exe = std::env::current_exe().context("finding the current executable")?;
+    let mut out = Vec::new();
+    for (n, samples) in SIZES {
+        let ns = Netns::create(&format!("nft{n}"))?;
+        let mut cmd = ns.command(&exe);
+        cmd.args([CHILD, &n.to_string(), &samples.to_string()])
+            .stdout(Stdio::piped());
+        let text = Proc::spawn(cmd, &format!("{CHILD} {n}"))?.finish(Duration::from_secs(120))?;
+        let line = text.lines().last().unwrap_or_default();
+        let r: ChildReport = serde_json::from_str(line)
+            .with_context(|| format!("reading the report of {CHILD} {n}: {line:?}"))?;
+        drop(ns);
+        out.extend(rows(&r));
+    }
+    Ok(out)
+}
+
+fn rows(r: &ChildReport) -> Vec<Measurement> {
+    let n = thousands(r.mappings);
+    let first = median(&r.first_ms);
+    let is_target_size = r.mappings == 5_000;
+    let unchanged_ok = r.unchanged_mutations.iter().all(|m| *m == 0);
+    vec![
+        Measurement {
+            name: format!("plan pass, {n} same-node mappings on one node"),
+            value: median(&r.plan_ms),
+            unit: "ms".to_owned(),
+            samples: r.plan_ms.len(),
+            baseline: None,
+            target: String::new(),
+            met: None,
+            note: format!(
+                "median of {} passes of plan() for the node, {}; {} nft rules",
+                r.plan_ms.len(),
+                build_profile(),
+                r.rules
+            ),
+        },
+        Measurement {
+            name: format!("nft transaction, {n} mappings on one node (first apply)"),
+            value: first,
+            unit: "ms".to_owned(),
+            samples: r.first_ms.len(),
+            baseline: None,
+            target: if is_target_size {
+                format!("≤ {TARGET_5000_MS} ms")
+            } else {
+                String::new()
+            },
+            met: is_target_size.then_some(first <= TARGET_5000_MS),
+            note: format!(
+                "LinuxHost::apply into an empty namespace (nft listings, one transaction, hook \
+                 check); samples {} ms",
+                list(&r.first_ms, 1)
+            ),
+        },
+        Measurement {
+            name: format!("nft transaction, one endpoint moved among {n} mappings"),
+            value: median(&r.change_ms),
+            unit: "ms".to_owned(),
+            samples: r.change_ms.len(),
+            baseline: None,
+            target: String::new(),
+            met: None,
+            note: format!(
+                "LinuxHost::apply of the plan after one pod moved (the whole table is resent); \
+                 transaction sent: {:?}; samples {} ms",
+                r.change_sent,
+                list(&r.change_ms, 1)
+            ),
+        },
+        Measurement {
+            name: format!("unchanged re-apply, {n} mappings (compared against the kernel)"),
+            value: median(&r.unchanged_ms),
+            unit: "ms".to_owned(),
+            samples: r.unchanged_ms.len(),
+            baseline: None,
+            target: "applies nothing".to_owned(),
+            met: Some(unchanged_ok),
+            note: format!(
+                "LinuxHost::apply(verify) of the state just applied; kernel mutations per sample \
+                 {:?} (first apply: {:?}); samples {} ms",
+                r.unchanged_mutations,
+                r.first_mutations,
+                list(&r.unchanged_ms, 1)
+            ),
+        },
+    ]
+}
+
+/// `5000` as `5,000`.
+pub fn thousands(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn count_arg(args: &[String], i: usize, what: &str) -> Result<usize> {
+    args.get(i)
+        .with_context(|| format!("missing argument {what}"))?
+        .parse()
+        .with_context(|| format!("argument {what} is not a count"))
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+/// `__hostbench-nft N SAMPLES`, inside a throwaway namespace.
+pub fn child(args: &[String]) -> Result<()> {
+    let n = count_arg(args, 0, "N")?;
+    let samples = count_arg(args, 1, "SAMPLES")?;
+    let snap = cluster::snapshot(n, false)?;
+    let facts = cluster::facts();
+    let now = cluster::now()?;
+    let runs = if n >= 5_000 { 11 } else { 21 };
+    for _ in 0..3 {
+        black_box(plan(black_box(&snap), NODE, &facts, now));
+    }
+    let plan_ms = (0..runs)
+        .map(|_| {
+            let start = Instant::now();
+            black_box(plan(black_box(&snap), NODE, &facts, now));
+            ms(start.elapsed())
+        })
+        .collect();
+    let state = cluster::host_state(&snap, true)?;
+    let moved = cluster::host_state(&cluster::snapshot(n, true)?, false)?;
+    if moved == state {
+        bail!("moving a pod did not change the host state");
+    }
+    let mut report = ChildReport {
+        mappings: n,
+        rules: cluster::rule_count(&state),
+        plan_ms,
+        first_ms: Vec::new(),
+        first_mutations: Vec::new(),
+        unchanged_ms: Vec::new(),
+        unchanged_mutations: Vec::new(),
+        change_ms: Vec::new(),
+        change_sent: Vec::new(),
+    };
+    runtime()?.block_on(async {
+        let mut host = LinuxHost::new().context("opening netlink")?;
+        for _ in 0..samples {
+            host.teardown().await.context("tearing the table down")?;
+            let start = Instant::now();
+            let first = host.apply(&state, true).await.context("first apply")?;
+            report.first_ms.push(ms(start.elapsed()));
+            report.first_mutations.push(first.mutations());
+            let start = Instant::now();
+            let again = host.apply(&state, true).await.context("unchanged apply")?;
+            report.unchanged_ms.push(ms(start.elapsed()));
+            report.unchanged_mutations.push(again.mutations());
+            let start = Instant::now();
+            let change = host.apply(&moved, false).await.context("changed apply")?;
+            report.change_ms.push(ms(start.elapsed()));
+            report.change_sent.push(change.nft_changed);
+        }
+        host.teardown().await.context("final teardown")
+    })?;
+    println!(
+        "{}",
+        serde_json::to_string(&report).context("encoding the report")?
+    );
+    Ok(())
+}
+
+/// `__hostbench-program N`: programs the node of the flow measurements and leaves the table.
+pub fn program(args: &[String]) -> Result<()> {
+    let n = count_arg(args, 0, "N")?;
+    let state = cluster::host_state(&cluster::snapshot(n, false)?, true)?;
+    let report = runtime()?.block_on(async {
+        let mut host = LinuxHost::new().context("opening netlink")?;
+        host.apply(&state, true).await.context("applying")
+    })?;
+    if !report.nft_changed {
+        bail!("applying {n} mappings sent no nft transaction");
+    }
+    println!("{}", cluster::rule_count(&state));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thousands_groups_digits() {
+        assert_eq!(thousands(1), "1");
+        assert_eq!(thousands(100), "100");
+        assert_eq!(thousands(1_000), "1,000");
+        assert_eq!(thousands(12_345_678), "12,345,678");
+    }
+}

@@ -1,0 +1,179 @@
+//! A probe: a real client dials a node's address and checks who answered and what the pod saw.
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+
+use crate::scenario::{Expect, PodSees, Probe, Protocol};
+use crate::topology::{CLIENT_IP, CLIENT_NS, Topology};
+
+/// What one `kuport-echo ask` said.
+#[derive(Debug, Default)]
+struct Answer {
+    outcome: String,
+    from: Option<String>,
+    peer: Option<String>,
+    client: Option<String>,
+    rtt_us: Option<u64>,
+    mtu: Option<u32>,
+}
+
+fn parse(line: &str) -> Answer {
+    let mut words = line.split_whitespace();
+    let mut a = Answer {
+        outcome: words.next().unwrap_or("").to_string(),
+        ..Answer::default()
+    };
+    for w in words {
+        match w.split_once('=') {
+            Some(("from", v)) => a.from = Some(v.to_string()),
+            Some(("peer", v)) => a.peer = Some(v.to_string()),
+            Some(("client", v)) => a.client = Some(v.to_string()),
+            Some(("rtt_us", v)) => a.rtt_us = v.parse().ok(),
+            Some(("mtu", v)) => a.mtu = v.parse().ok(),
+            _ => {}
+        }
+    }
+    a
+}
+
+/// Where a probe starts: the namespace and the client's own address.
+fn source(topo: &Topology, from: &str) -> Result<(String, Ipv4Addr)> {
+    if from == "internet" {
+        return Ok((CLIENT_NS.to_string(), CLIENT_IP));
+    }
+    if from.starts_with("vpn:") {
+        let m = topo.mesh_member(from)?;
+        return Ok((m.ns.clone(), m.mesh));
+    }
+    if let Some(pod) = from.strip_prefix("pod:") {
+        let p = topo
+            .pods
+            .get(pod)
+            .with_context(|| format!("no pod {pod}"))?;
+        return Ok((p.ns.clone(), p.ip));
+    }
+    bail!("probe from {from}: use internet, vpn:<client> or pod:<namespace>/<name>")
+}
+
+async fn ask_once(topo: &Topology, ns: &str, p: &Probe, dialed: SocketAddr) -> Result<Answer> {
+    let timeout_ms = match (p.expect, p.protocol, p.bytes) {
+        // Refused means the ICMP or RST came within a second, never a silent timeout.
+        (Expect::Refused, _, _) => 1000,
+        (_, Protocol::Tcp, Some(_)) => 20_000,
+        _ => 2000,
+    };
+    let mut args: Vec<String> = vec![
+        "netns".into(),
+        "exec".into(),
+        ns.into(),
+        topo.bin("kuport-echo"),
+        "ask".into(),
+        p.protocol.lower().into(),
+        dialed.to_string(),
+        "--timeout-ms".into(),
+        timeout_ms.to_string(),
+    ];
+    if let Some(size) = p.size {
+        args.extend(["--size".into(), size.to_string()]);
+    }
+    if !p.dont_fragment {
+        args.extend(["--df".into(), "off".into()]);
+    }
+    if let Some(bytes) = p.bytes {
+        args.extend(["--bulk".into(), bytes.to_string()]);
+    }
+    let out = tokio::process::Command::new("ip")
+        .args(&args)
+        .output()
+        .await
+        .context("running kuport-echo ask")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().next().unwrap_or("").to_string();
+    if line.is_empty() {
+        bail!(
+            "kuport-echo ask printed nothing: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(parse(&line))
+}
+
+/// Runs a probe and judges it; the detail is the report contract's probe detail.
+pub async fn run(topo: &Topology, p: &Probe) -> (bool, Value) {
+    match run_inner(topo, p).await {
+        Ok(r) => r,
+        Err(e) => (false, json!({"error": format!("{e:#}")})),
+    }
+}
+
+async fn run_inner(topo: &Topology, p: &Probe) -> Result<(bool, Value)> {
+    let (ns, client_ip) = source(topo, &p.from)?;
+    let addr = topo.address_of(&p.to.node, &p.to.interface)?;
+    let dialed = SocketAddr::V4(SocketAddrV4::new(addr, p.port));
+    // A UDP datagram may be lost once (a first ARP, a link coming up): up to three tries.
+    let tries = if p.protocol == Protocol::Udp { 3 } else { 1 };
+    let mut answer = Answer::default();
+    let mut attempts = 0;
+    for _ in 0..tries {
+        attempts += 1;
+        answer = ask_once(topo, &ns, p, dialed).await?;
+        if answer.outcome != "timeout" {
+            break;
+        }
+        if p.expect == Expect::Timeout {
+            // Expecting silence: one full wait per try is the proof, no need to hurry.
+            continue;
+        }
+    }
+    let client_own = answer
+        .client
+        .as_deref()
+        .and_then(|c| c.parse::<SocketAddr>().ok())
+        .is_some_and(|c| c.ip() == std::net::IpAddr::V4(client_ip));
+    let ok = match p.expect {
+        Expect::Reply => {
+            let from_dialed = answer.from.as_deref() == Some(dialed.to_string().as_str());
+            let saw_client = answer.peer.is_some() && answer.peer == answer.client;
+            let saw_client_ip = answer
+                .peer
+                .as_deref()
+                .and_then(|a| a.parse::<SocketAddr>().ok())
+                .is_some_and(|a| a.ip() == std::net::IpAddr::V4(client_ip));
+            answer.outcome == "reply"
+                && from_dialed
+                && client_own
+                && match p.pod_sees {
+                    PodSees::Client => saw_client,
+                    PodSees::Other => !saw_client_ip,
+                }
+        }
+        Expect::Refused => answer.outcome == "refused",
+        Expect::Timeout => answer.outcome == "timeout",
+        Expect::FragmentationNeeded => {
+            answer.outcome == "fragneeded" && p.mtu.is_none_or(|m| answer.mtu == Some(m))
+        }
+    };
+    let mut detail = json!({
+        "dialed": dialed.to_string(),
+        "replyFrom": answer.from,
+        "clientAddr": answer.client,
+        "podSaw": answer.peer,
+        "rttMicros": answer.rtt_us,
+        "outcome": answer.outcome,
+        "expected": format!("{:?}", p.expect).to_lowercase(),
+        "attempts": attempts,
+    });
+    if p.pod_sees == PodSees::Other {
+        detail["podSees"] = json!("other");
+    }
+    if let Some(mtu) = answer.mtu {
+        detail["mtu"] = json!(mtu);
+    }
+    Ok((ok, detail))
+}
+
+/// Waits a little between retries elsewhere; kept here so probes and waits agree on pacing.
+pub const POLL: Duration = Duration::from_millis(200);

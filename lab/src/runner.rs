@@ -1,0 +1,627 @@
+//! Runs one scenario: builds its cluster, starts the API server and the agents, executes the
+//! steps and tears everything down again.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::fd::AsFd;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use rustix::process::Signal;
+use rustix::thread::{LinkNameSpaceType, move_into_link_name_space};
+use serde_json::{Value, json};
+
+use crate::cluster::{Cluster, condition};
+use crate::probe;
+use crate::report::{ScenarioReport, StepReport};
+use crate::scenario::{self, Scenario, SignalName, Step};
+use crate::sys::{self, Lab};
+use crate::topology::{self, API_ADDR, Topology, UL_NS};
+
+/// Moves this thread into a named network namespace. The lab's API client runs on this
+/// thread, so its sockets live in the underlay namespace where the API server listens.
+pub fn enter_netns(path: &Path) -> Result<()> {
+    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    enter_netns_of(&file)
+        .with_context(|| format!("entering the network namespace {}", path.display()))
+}
+
+/// Moves this thread into the network namespace an open handle refers to.
+pub fn enter_netns_of(file: &File) -> Result<()> {
+    move_into_link_name_space(file.as_fd(), Some(LinkNameSpaceType::Network))
+        .context("switching network namespace")
+}
+
+pub struct Runner<'a> {
+    pub lab: &'a mut Lab,
+    pub topo: Topology,
+    cluster: Option<Cluster>,
+    snapshots: BTreeMap<(String, String), String>,
+}
+
+/// Runs a scenario; `keep` leaves its cluster up afterwards.
+pub async fn run_scenario(
+    lab: &mut Lab,
+    scenario: &Scenario,
+    bins: &Path,
+    original_netns: &File,
+    keep: bool,
+) -> (ScenarioReport, Option<Topology>) {
+    let started = Instant::now();
+    let mut steps = Vec::new();
+    let mut error = None;
+    let topo = match topology::build(lab, scenario, bins) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            error = Some(format!("building the topology: {e:#}"));
+            None
+        }
+    };
+    let mut kept = None;
+    if let Some(topo) = topo {
+        let mut runner = Runner {
+            lab,
+            topo,
+            cluster: None,
+            snapshots: BTreeMap::new(),
+        };
+        match runner.start_cluster().await {
+            Ok(()) => {
+                for (i, step) in scenario.steps.iter().enumerate() {
+                    steps.push(runner.step(step, i + 1).await);
+                }
+            }
+            Err(e) => error = Some(format!("starting the cluster: {e:#}")),
+        }
+        if error.is_some() {
+            runner.dump_logs(&mut error);
+        } else if steps.iter().any(|s| !s.ok) {
+            let mut note = None;
+            runner.dump_logs(&mut note);
+            error = note;
+        }
+        if keep {
+            kept = Some(runner.topo);
+        } else {
+            runner.stop_agents();
+        }
+    }
+    let _ = enter_netns_of(original_netns);
+    if !keep {
+        let left = lab.teardown();
+        if !left.is_empty() {
+            let text = format!("teardown left: {}", left.join(", "));
+            error = Some(match error {
+                Some(e) => format!("{e}; {text}"),
+                None => text,
+            });
+        }
+    }
+    let ok =
+        error.as_ref().is_none_or(|e| e.starts_with("agent logs")) && steps.iter().all(|s| s.ok);
+    (
+        ScenarioReport {
+            name: scenario.name.clone(),
+            ok: ok && !steps.is_empty(),
+            seconds: (started.elapsed().as_secs_f64() * 10.0).round() / 10.0,
+            steps,
+            error,
+        },
+        kept,
+    )
+}
+
+impl Runner<'_> {
+    fn cluster(&self) -> Result<&Cluster> {
+        self.cluster
+            .as_ref()
+            .context("the API client is not connected")
+    }
+
+    /// API server, Nodes, objects, pods, Services and slices, then the agents.
+    async fn start_cluster(&mut self) -> Result<()> {
+        let kubeconfig = self.topo.kubeconfig.display().to_string();
+        let sim = self.topo.bin("kuport-sim");
+        let pid = self.lab.spawn(
+            UL_NS,
+            "apiserver",
+            &sim,
+            &["serve", "--listen", API_ADDR, "--kubeconfig", &kubeconfig],
+        )?;
+        self.topo.api_pid = Some(pid);
+        enter_netns(&Path::new("/run/netns").join(UL_NS))?;
+        let addr: std::net::SocketAddr = API_ADDR.parse().context("the API address")?;
+        let path = self.topo.kubeconfig.clone();
+        if !sys::wait_until(Duration::from_secs(15), || {
+            std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
+                && path.exists()
+        }) {
+            bail!("the API server did not listen on {API_ADDR} within 15 s");
+        }
+        let cluster = Cluster::connect(&self.topo.kubeconfig).await?;
+        if self.topo.scenario.cni.is_cilium() {
+            cluster.ensure_namespace("kube-system").await?;
+            let mode = match self.topo.scenario.cni {
+                scenario::Cni::CiliumNative => "native",
+                _ => "tunnel",
+            };
+            cluster
+                .apply(json!({"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": "cilium-config", "namespace": "kube-system"},
+                    "data": {"routing-mode": mode, "tunnel-protocol": "vxlan"}}))
+                .await?;
+        }
+        for node in &self.topo.nodes {
+            cluster.register_node(&node.name, node.mesh, true).await?;
+        }
+        if !self.topo.scenario.objects.trim().is_empty() {
+            cluster.apply_yaml(&self.topo.scenario.objects).await?;
+        }
+        self.cluster = Some(cluster);
+        for pod in self.topo.scenario.pods.clone() {
+            self.cluster()?.ensure_namespace(&pod.namespace).await?;
+            topology::start_pod(self.lab, &mut self.topo, &pod, &pod.node)?;
+        }
+        let services: Vec<(String, String)> = self
+            .topo
+            .pods
+            .values()
+            .filter_map(|p| Some((p.spec.namespace.clone(), p.spec.service.clone()?)))
+            .collect();
+        for (ns, svc) in services {
+            self.sync_service(&ns, &svc).await?;
+        }
+        for node in self.topo.nodes.clone() {
+            self.start_agent(&node.name)?;
+        }
+        Ok(())
+    }
+
+    async fn sync_service(&self, namespace: &str, service: &str) -> Result<()> {
+        let pods: Vec<_> = self
+            .topo
+            .pods
+            .values()
+            .filter(|p| p.spec.namespace == namespace && p.spec.service.as_deref() == Some(service))
+            .collect();
+        self.cluster()?
+            .sync_service(namespace, service, &pods)
+            .await
+    }
+
+    fn start_agent(&mut self, node: &str) -> Result<()> {
+        let ns = self.topo.node(node)?.ns.clone();
+        let kubeconfig = self.topo.kubeconfig.display().to_string();
+        let mut args: Vec<String> = vec![
+            "agent".into(),
+            "--node-name".into(),
+            node.into(),
+            "--kubeconfig".into(),
+            kubeconfig,
+            "--health-addr".into(),
+            "127.0.0.1:8081".into(),
+            "--metrics-addr".into(),
+            "127.0.0.1:8081".into(),
+        ];
+        args.extend(self.topo.scenario.agent_args.iter().cloned());
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let bin = self.topo.bin("kuport");
+        let pid = self.lab.spawn(&ns, &format!("agent-{node}"), &bin, &refs)?;
+        self.topo.agents.insert(node.to_string(), pid);
+        Ok(())
+    }
+
+    fn stop_agent(&mut self, node: &str, signal: SignalName) -> Result<()> {
+        let pid = self
+            .topo
+            .agents
+            .remove(node)
+            .with_context(|| format!("no agent running on {node}"))?;
+        let signal = match signal {
+            SignalName::Term => Signal::TERM,
+            SignalName::Kill => Signal::KILL,
+        };
+        self.lab.stop(pid, signal, Duration::from_secs(15))
+    }
+
+    /// SIGTERM every agent so each removes what it programmed before its namespace goes.
+    fn stop_agents(&mut self) {
+        let nodes: Vec<String> = self.topo.agents.keys().cloned().collect();
+        for node in nodes {
+            let _ = self.stop_agent(&node, SignalName::Term);
+        }
+    }
+
+    /// Appends the tail of every agent log to the scenario error, so a failure explains itself.
+    fn dump_logs(&self, error: &mut Option<String>) {
+        let mut text = String::from("agent logs: ");
+        for node in &self.topo.nodes {
+            let path = self.lab.log_path(&format!("agent-{}", node.name));
+            text.push_str(&format!("{} ", path.display()));
+        }
+        *error = Some(match error.take() {
+            Some(e) => format!("{e}; {text}"),
+            None => text,
+        });
+    }
+
+    pub async fn step(&mut self, step: &Step, index: usize) -> StepReport {
+        let name = step
+            .given_name()
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("{}-{index}", step.kind()));
+        let (ok, detail) = match self.exec(step).await {
+            Ok(r) => r,
+            Err(e) => (false, json!({"error": format!("{e:#}")})),
+        };
+        StepReport {
+            kind: step.kind().to_string(),
+            name,
+            ok,
+            detail,
+        }
+    }
+
+    async fn exec(&mut self, step: &Step) -> Result<(bool, Value)> {
+        match step {
+            Step::Probe(p) => Ok(probe::run(&self.topo, p).await),
+            Step::Parallel(inner) => self.parallel(inner).await,
+            Step::Wait(w) => self.wait(w).await,
+            Step::ExpectStatus(e) => self.expect_status(e).await,
+            Step::Sleep(s) => {
+                tokio::time::sleep(Duration::from_secs_f64(s.seconds.max(0.0))).await;
+                Ok((true, json!({"seconds": s.seconds})))
+            }
+            Step::MovePod(m) => {
+                let pod = topology::remove_pod(self.lab, &mut self.topo, &m.pod)?;
+                topology::start_pod(self.lab, &mut self.topo, &pod.spec, &m.to)?;
+                if let Some(p) = self.topo.pods.get_mut(&m.pod) {
+                    p.ready = pod.ready;
+                }
+                if let Some(svc) = &pod.spec.service {
+                    self.sync_service(&pod.spec.namespace, svc).await?;
+                }
+                let ip = self.topo.pods.get(&m.pod).map(|p| p.ip.to_string());
+                Ok((
+                    true,
+                    json!({"pod": m.pod, "from": pod.node, "to": m.to, "address": ip}),
+                ))
+            }
+            Step::SetReady(r) => {
+                let pod = self
+                    .topo
+                    .pods
+                    .get_mut(&r.pod)
+                    .with_context(|| format!("no pod {}", r.pod))?;
+                pod.ready = r.ready;
+                let (ns, svc) = (pod.spec.namespace.clone(), pod.spec.service.clone());
+                if let Some(svc) = svc {
+                    self.sync_service(&ns, &svc).await?;
+                }
+                Ok((true, json!({"pod": r.pod, "ready": r.ready})))
+            }
+            Step::SetNodeReady(n) => {
+                let mesh = self.topo.node(&n.node)?.mesh;
+                self.cluster()?
+                    .set_node_ready(&n.node, mesh, n.ready)
+                    .await?;
+                Ok((true, json!({"node": n.node, "ready": n.ready})))
+            }
+            Step::Apply(yaml) => {
+                let applied = self.cluster()?.apply_yaml(yaml).await?;
+                Ok((true, json!({"applied": applied})))
+            }
+            Step::Delete(d) => {
+                self.cluster()?
+                    .delete(&d.kind, d.namespace.as_deref(), &d.name)
+                    .await?;
+                Ok((true, json!({"deleted": format!("{} {}", d.kind, d.name)})))
+            }
+            Step::RestartAgent(a) => {
+                self.stop_agent(&a.node, a.signal)?;
+                self.start_agent(&a.node)?;
+                Ok((
+                    true,
+                    json!({"node": a.node, "signal": format!("{:?}", a.signal).to_uppercase()}),
+                ))
+            }
+            Step::StopAgent(a) => {
+                self.stop_agent(&a.node, a.signal)?;
+                Ok((
+                    true,
+                    json!({"node": a.node, "signal": format!("{:?}", a.signal).to_uppercase()}),
+                ))
+            }
+            Step::StartAgent(a) => {
+                self.start_agent(&a.node)?;
+                Ok((true, json!({"node": a.node})))
+            }
+            Step::StopApiServer(_) => {
+                api_outage(true)?;
+                Ok((true, json!({"apiServer": "unreachable"})))
+            }
+            Step::StartApiServer(_) => {
+                api_outage(false)?;
+                Ok((true, json!({"apiServer": "reachable"})))
+            }
+            Step::RestartMesh(r) => {
+                topology::restart_mesh(self.lab, &mut self.topo, &r.node)?;
+                Ok((true, json!({"node": r.node})))
+            }
+            Step::StopResponder(r) => {
+                let pod = self
+                    .topo
+                    .pods
+                    .get_mut(&r.pod)
+                    .with_context(|| format!("no pod {}", r.pod))?;
+                let pid = pod
+                    .responders
+                    .remove(&(r.protocol, r.port))
+                    .with_context(|| {
+                        format!(
+                            "no {} responder on {} in {}",
+                            r.protocol.as_str(),
+                            r.port,
+                            r.pod
+                        )
+                    })?;
+                self.lab.stop(pid, Signal::TERM, Duration::from_secs(2))?;
+                Ok((
+                    true,
+                    json!({"pod": r.pod, "stopped": format!("{}/{}", r.port, r.protocol.as_str())}),
+                ))
+            }
+            Step::StartResponder(r) => {
+                let mut pod = self
+                    .topo
+                    .pods
+                    .remove(&r.pod)
+                    .with_context(|| format!("no pod {}", r.pod))?;
+                let started =
+                    topology::start_responder(self.lab, &self.topo, &mut pod, r.protocol, r.port);
+                self.topo.pods.insert(r.pod.clone(), pod);
+                started?;
+                Ok((
+                    true,
+                    json!({"pod": r.pod, "started": format!("{}/{}", r.port, r.protocol.as_str())}),
+                ))
+            }
+            Step::HostExec(h) => {
+                let ns = self.topo.node(&h.node)?.ns.clone();
+                let out = std::process::Command::new("ip")
+                    .args(["netns", "exec", &ns, "sh", "-c", &h.command])
+                    .output()
+                    .context("running the host command")?;
+                Ok((
+                    out.status.success(),
+                    json!({"node": h.node, "command": h.command, "exit": out.status.code(),
+                           "output": String::from_utf8_lossy(&out.stdout).trim(),
+                           "stderr": String::from_utf8_lossy(&out.stderr).trim()}),
+                ))
+            }
+            Step::SnapshotHost(s) => {
+                let listing = topology::foreign_listing(&self.topo.node(&s.node)?.ns)?;
+                let lines = listing.lines().count();
+                self.snapshots
+                    .insert((s.node.clone(), s.name.clone()), listing);
+                Ok((
+                    true,
+                    json!({"node": s.node, "snapshot": s.name, "lines": lines}),
+                ))
+            }
+            Step::CompareHost(s) => {
+                let before = self
+                    .snapshots
+                    .get(&(s.node.clone(), s.name.clone()))
+                    .with_context(|| format!("no snapshot {} of {}", s.name, s.node))?;
+                let now = topology::foreign_listing(&self.topo.node(&s.node)?.ns)?;
+                let diff = diff_lines(before, &now);
+                Ok((
+                    diff.is_empty(),
+                    json!({"node": s.node, "snapshot": s.name, "lines": now.lines().count(), "differences": diff}),
+                ))
+            }
+            Step::ExpectHostClean(n) => {
+                let left = topology::kuport_leftovers(&self.topo.node(&n.node)?.ns)?;
+                Ok((
+                    left.is_empty(),
+                    json!({"node": n.node, "expected": [], "got": left}),
+                ))
+            }
+            Step::ExpectHost(h) => self.expect_host(h),
+        }
+    }
+
+    async fn parallel(&mut self, inner: &[Step]) -> Result<(bool, Value)> {
+        if let Some(bad) = inner.iter().find(|s| !matches!(s, Step::Probe(_))) {
+            bail!("parallel runs probes only, not {}", bad.kind());
+        }
+        let probes: Vec<&scenario::Probe> = inner
+            .iter()
+            .filter_map(|s| match s {
+                Step::Probe(p) => Some(p),
+                _ => None,
+            })
+            .collect();
+        let topo = &self.topo;
+        let futures = probes.into_iter().enumerate().map(|(i, p)| async move {
+            let (ok, detail) = probe::run(topo, p).await;
+            StepReport {
+                kind: "probe".into(),
+                name: p.name.clone().unwrap_or_else(|| format!("probe-{}", i + 1)),
+                ok,
+                detail,
+            }
+        });
+        let reports = futures_util::future::join_all(futures).await;
+        let ok = reports.iter().all(|r| r.ok);
+        Ok((
+            ok,
+            json!({"steps": reports.iter().map(|r| json!({"kind": r.kind, "name": r.name, "ok": r.ok, "detail": r.detail})).collect::<Vec<_>>()}),
+        ))
+    }
+
+    fn object_ref(spec: &str) -> Result<(String, String)> {
+        let (ns, name) = spec
+            .split_once('/')
+            .with_context(|| format!("{spec}: give namespace/name"))?;
+        Ok((ns.to_string(), name.to_string()))
+    }
+
+    async fn wait(&self, w: &scenario::Wait) -> Result<(bool, Value)> {
+        let (kind, ns, name) = match (&w.portmap, &w.portmapclass) {
+            (Some(pm), None) => {
+                let (ns, name) = Self::object_ref(pm)?;
+                ("PortMap", Some(ns), name)
+            }
+            (None, Some(class)) => ("PortMapClass", None, class.clone()),
+            _ => bail!("wait: give exactly one of portmap and portmapclass"),
+        };
+        let deadline = Instant::now() + Duration::from_secs(w.timeout_seconds);
+        let started = Instant::now();
+        let mut got = Value::Null;
+        loop {
+            if let Ok(Some(obj)) = self.cluster()?.get(kind, ns.as_deref(), &name).await {
+                let c = condition(&obj, &w.condition);
+                got = json!(
+                    c.as_ref()
+                        .map(|(s, r, m)| json!({"status": s, "reason": r, "message": m}))
+                );
+                if let Some((status, reason, _)) = c
+                    && status == w.status
+                    && w.reason.as_ref().is_none_or(|r| *r == reason)
+                {
+                    return Ok((
+                        true,
+                        json!({"condition": w.condition, "got": got,
+                        "seconds": started.elapsed().as_secs_f64()}),
+                    ));
+                }
+            }
+            if Instant::now() >= deadline {
+                return Ok((
+                    false,
+                    json!({"expected": {"condition": w.condition, "status": w.status, "reason": w.reason}, "got": got}),
+                ));
+            }
+            tokio::time::sleep(probe::POLL).await;
+        }
+    }
+
+    async fn expect_status(&self, e: &scenario::ExpectStatus) -> Result<(bool, Value)> {
+        let (ns, name) = Self::object_ref(&e.portmap)?;
+        let deadline = Instant::now() + Duration::from_secs(e.timeout_seconds);
+        let expected = json!({
+            "accepted": e.accepted, "programmed": e.programmed,
+            "endpointNode": e.endpoint_node, "published": e.published,
+        });
+        loop {
+            let obj = self.cluster()?.get("PortMap", Some(&ns), &name).await?;
+            let got = match &obj {
+                Some(obj) => status_summary(obj),
+                None => json!(null),
+            };
+            let matches = obj.is_some()
+                && ["accepted", "programmed", "endpointNode", "published"]
+                    .iter()
+                    .all(|k| expected[k].is_null() || expected[k] == got[k]);
+            if matches {
+                return Ok((true, json!({"expected": expected, "got": got})));
+            }
+            if Instant::now() >= deadline {
+                return Ok((false, json!({"expected": expected, "got": got})));
+            }
+            tokio::time::sleep(probe::POLL).await;
+        }
+    }
+
+    fn expect_host(&self, h: &scenario::ExpectHost) -> Result<(bool, Value)> {
+        let ns = &self.topo.node(&h.node)?.ns;
+        let Some(mapping) = &h.nft_counter_non_zero else {
+            bail!("expectHost: give nftCounterNonZero");
+        };
+        let table = sys::exec(ns, "nft", &["list", "table", "ip", "kuport"])?;
+        let packets = counter_packets(&table, &format!("pre/{mapping}"));
+        Ok((
+            packets.is_some_and(|p| p > 0),
+            json!({"node": h.node, "counter": format!("pre/{mapping}"), "packets": packets}),
+        ))
+    }
+}
+
+/// Accepted and Programmed reasons, the endpoint node and the published rows of a PortMap.
+fn status_summary(obj: &Value) -> Value {
+    let published: Vec<String> = obj
+        .pointer("/status/published")
+        .and_then(Value::as_array)
+        .map(|rows| {
+            rows.iter()
+                .map(|r| {
+                    format!(
+                        "{}/{}",
+                        r.get("node").and_then(Value::as_str).unwrap_or(""),
+                        r.get("interface").and_then(Value::as_str).unwrap_or("")
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    json!({
+        "accepted": condition(obj, "Accepted").map(|c| c.1),
+        "programmed": condition(obj, "Programmed").map(|c| c.1),
+        "programmedMessage": condition(obj, "Programmed").map(|c| c.2),
+        "endpointNode": obj.pointer("/status/endpoint/node"),
+        "published": published,
+    })
+}
+
+/// The packet count of a named counter in `nft list table` output.
+fn counter_packets(listing: &str, name: &str) -> Option<u64> {
+    let mut lines = listing.lines();
+    while let Some(line) = lines.next() {
+        if line.trim() == format!("counter {name} {{") {
+            let next = lines.next()?;
+            let mut words = next.split_whitespace();
+            while let Some(w) = words.next() {
+                if w == "packets" {
+                    return words.next()?.parse().ok();
+                }
+            }
+        }
+    }
+    None
+}
+
+/// Lines only in `before` (prefixed `-`) or only in `now` (`+`), at most 20.
+fn diff_lines(before: &str, now: &str) -> Vec<String> {
+    let a: Vec<&str> = before.lines().collect();
+    let b: Vec<&str> = now.lines().collect();
+    let mut out: Vec<String> = a
+        .iter()
+        .filter(|l| !b.contains(l))
+        .map(|l| format!("-{l}"))
+        .collect();
+    out.extend(b.iter().filter(|l| !a.contains(l)).map(|l| format!("+{l}")));
+    out.truncate(20);
+    out
+}
+
+/// The outage: the API server's namespace resets every connection to its port, so agents see
+/// their watches fail and their reconnects refused, while the store keeps every object.
+fn api_outage(on: bool) -> Result<()> {
+    let port = API_ADDR.rsplit(':').next().unwrap_or("6443");
+    if on {
+        let table = format!(
+            "table inet kuport-lab-outage {{\n chain in {{ type filter hook input priority 0; tcp dport {port} reject with tcp reset; }}\n chain out {{ type filter hook output priority 0; tcp sport {port} reject with tcp reset; }}\n}}\n"
+        );
+        sys::run_with_input("ip", &["netns", "exec", UL_NS, "nft", "-f", "-"], &table)?;
+    } else {
+        sys::exec(
+            UL_NS,
+            "nft",
+            &["delete", "table", "inet", "kuport-lab-outage"],
+        )?;
+    }
+    Ok(())
+}

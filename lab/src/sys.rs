@@ -1,0 +1,342 @@
+//! Running commands and long-lived processes, and the record of everything the lab created so
+//! that `kuport-lab down` (another process, maybe after a crash) can remove exactly that.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use rustix::process::{Pid, Signal};
+use serde::{Deserialize, Serialize};
+
+/// Where the record and the logs live: on tmpfs, root-only, gone after a reboot like the
+/// namespaces it describes.
+pub const RUN_DIR: &str = "/run/kuport-lab";
+
+/// Runs a command to completion; the error names the command line and quotes its stderr.
+pub fn run(program: &str, args: &[&str]) -> Result<String> {
+    let out = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("starting `{program} {}`", args.join(" ")))?;
+    if !out.status.success() {
+        bail!(
+            "`{program} {}` failed ({}): {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Runs a command feeding `input` on stdin.
+pub fn run_with_input(program: &str, args: &[&str], input: &str) -> Result<String> {
+    use std::io::Write;
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting `{program} {}`", args.join(" ")))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(input.as_bytes())
+            .with_context(|| format!("writing to `{program}`"))?;
+    }
+    let out = child
+        .wait_with_output()
+        .with_context(|| format!("waiting for `{program}`"))?;
+    if !out.status.success() {
+        bail!(
+            "`{program} {}` failed ({}): {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `ip <args>`.
+pub fn ip(args: &[&str]) -> Result<String> {
+    run("ip", args)
+}
+
+/// A shell script inside a namespace.
+pub fn sh(ns: &str, script: &str) -> Result<String> {
+    run("ip", &["netns", "exec", ns, "sh", "-ec", script])
+}
+
+/// A program inside a namespace.
+pub fn exec(ns: &str, program: &str, args: &[&str]) -> Result<String> {
+    let mut all = vec!["netns", "exec", ns, program];
+    all.extend_from_slice(args);
+    run("ip", &all)
+}
+
+/// One long-lived process the lab started.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ProcessRecord {
+    pub pid: i32,
+    /// `/proc/<pid>/comm` when it was started: `down` kills a pid only while it still names the
+    /// same program, so a recycled pid is never hit.
+    pub comm: String,
+    pub what: String,
+}
+
+/// Everything a lab run created, saved after every change.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct LabState {
+    pub namespaces: Vec<String>,
+    pub processes: Vec<ProcessRecord>,
+    /// The lab created `/run/wireguard` as a mount point (and removes it again).
+    pub created_run_wireguard: bool,
+}
+
+/// The lab's record and its live children.
+pub struct Lab {
+    path: PathBuf,
+    pub state: LabState,
+    children: BTreeMap<i32, Child>,
+    pub log_dir: PathBuf,
+}
+
+impl Lab {
+    /// Opens the record, refusing when an earlier lab is still up.
+    pub fn open() -> Result<Self> {
+        let dir = Path::new(RUN_DIR);
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {RUN_DIR}"))?;
+        let path = dir.join("state.json");
+        let state = load_state(&path)?;
+        if !state.namespaces.is_empty() || !state.processes.is_empty() {
+            bail!(
+                "a lab is still up ({} namespaces, {} processes recorded in {}): run `kuport-lab down` first",
+                state.namespaces.len(),
+                state.processes.len(),
+                path.display()
+            );
+        }
+        let log_dir = dir.join("logs");
+        std::fs::create_dir_all(&log_dir)
+            .with_context(|| format!("creating {}", log_dir.display()))?;
+        Ok(Self {
+            path,
+            state,
+            children: BTreeMap::new(),
+            log_dir,
+        })
+    }
+
+    fn save(&self) -> Result<()> {
+        let text = serde_json::to_string_pretty(&self.state).context("encoding the lab record")?;
+        std::fs::write(&self.path, text).with_context(|| format!("writing {}", self.path.display()))
+    }
+
+    /// Creates a namespace with loopback up and IPv6 off, recording it first so a failure
+    /// half-way still gets it removed.
+    pub fn add_namespace(&mut self, ns: &str) -> Result<()> {
+        self.state.namespaces.push(ns.to_string());
+        self.save()?;
+        ip(&["netns", "add", ns])?;
+        ip(&["-n", ns, "link", "set", "lo", "up"])?;
+        exec(
+            ns,
+            "sysctl",
+            &[
+                "-qw",
+                "net.ipv6.conf.all.disable_ipv6=1",
+                "net.ipv6.conf.default.disable_ipv6=1",
+            ],
+        )?;
+        Ok(())
+    }
+
+    pub fn note_run_wireguard(&mut self) -> Result<()> {
+        self.state.created_run_wireguard = true;
+        self.save()
+    }
+
+    /// Starts `program args` inside `ns` (through `ip netns exec`, which execs the program, so
+    /// the pid is the program's own), output to `<log_dir>/<what>.log`.
+    pub fn spawn(&mut self, ns: &str, what: &str, program: &str, args: &[&str]) -> Result<i32> {
+        let comm: String = Path::new(program)
+            .file_name()
+            .map(|n| n.to_string_lossy().chars().take(15).collect())
+            .unwrap_or_default();
+        self.spawn_as(ns, what, &comm, program, args)
+    }
+
+    /// Like `spawn`, for a program that execs another (`sh -c "...; exec prog"`): `comm` names
+    /// the program that ends up running under the pid.
+    pub fn spawn_as(
+        &mut self,
+        ns: &str,
+        what: &str,
+        comm: &str,
+        program: &str,
+        args: &[&str],
+    ) -> Result<i32> {
+        let log_path = self.log_path(what);
+        let log =
+            File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
+        let err = log
+            .try_clone()
+            .with_context(|| format!("opening {}", log_path.display()))?;
+        let child = Command::new("ip")
+            .args(["netns", "exec", ns, program])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(err)
+            .spawn()
+            .with_context(|| format!("starting {what}: {program} {}", args.join(" ")))?;
+        let pid = i32::try_from(child.id()).context("pid out of range")?;
+        let comm = comm.to_string();
+        self.children.insert(pid, child);
+        self.state.processes.push(ProcessRecord {
+            pid,
+            comm,
+            what: what.to_string(),
+        });
+        self.save()?;
+        Ok(pid)
+    }
+
+    pub fn log_path(&self, what: &str) -> PathBuf {
+        let safe: String = what
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        self.log_dir.join(format!("{safe}.log"))
+    }
+
+    /// Signals a recorded process and waits for it (escalating to SIGKILL after `grace`).
+    pub fn stop(&mut self, pid: i32, signal: Signal, grace: Duration) -> Result<()> {
+        if let Some(p) = Pid::from_raw(pid) {
+            let _ = rustix::process::kill_process(p, signal);
+        }
+        let deadline = Instant::now() + grace;
+        if let Some(child) = self.children.get_mut(&pid) {
+            loop {
+                if child.try_wait().ok().flatten().is_some() {
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        self.children.remove(&pid);
+        self.state.processes.retain(|p| p.pid != pid);
+        self.save()
+    }
+
+    /// Stops every process and deletes every namespace, in reverse order of creation. Returns
+    /// what could not be removed (an empty list is a clean host).
+    pub fn teardown(&mut self) -> Vec<String> {
+        let pids: Vec<i32> = self.state.processes.iter().rev().map(|p| p.pid).collect();
+        for pid in pids {
+            let _ = self.stop(pid, Signal::TERM, Duration::from_secs(3));
+        }
+        let mut left = Vec::new();
+        for ns in std::mem::take(&mut self.state.namespaces).into_iter().rev() {
+            if namespace_exists(&ns) && ip(&["netns", "del", &ns]).is_err() {
+                left.push(format!("namespace {ns}"));
+            }
+        }
+        if self.state.created_run_wireguard {
+            let _ = std::fs::remove_dir("/run/wireguard");
+            self.state.created_run_wireguard = false;
+        }
+        let _ = self.save();
+        left
+    }
+}
+
+fn load_state(path: &Path) -> Result<LabState> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => serde_json::from_str(&text)
+            .with_context(|| format!("reading the lab record {}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(LabState::default()),
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+}
+
+pub fn namespace_exists(ns: &str) -> bool {
+    Path::new("/run/netns").join(ns).exists()
+}
+
+/// `kuport-lab down`: removes what the record names, killing a pid only while its comm still
+/// matches. Returns a line saying what was removed.
+pub fn down() -> Result<String> {
+    let path = Path::new(RUN_DIR).join("state.json");
+    let state = load_state(&path)?;
+    let mut killed = 0;
+    for p in state.processes.iter().rev() {
+        if comm_of(p.pid).as_deref() == Some(p.comm.as_str())
+            && let Some(pid) = Pid::from_raw(p.pid)
+        {
+            let _ = rustix::process::kill_process(pid, Signal::TERM);
+            killed += 1;
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(3);
+    for p in &state.processes {
+        while comm_of(p.pid).as_deref() == Some(p.comm.as_str()) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if comm_of(p.pid).as_deref() == Some(p.comm.as_str())
+            && let Some(pid) = Pid::from_raw(p.pid)
+        {
+            let _ = rustix::process::kill_process(pid, Signal::KILL);
+        }
+    }
+    let mut deleted = 0;
+    for ns in state.namespaces.iter().rev() {
+        if namespace_exists(ns) {
+            ip(&["netns", "del", ns])?;
+            deleted += 1;
+        }
+    }
+    if state.created_run_wireguard {
+        let _ = std::fs::remove_dir("/run/wireguard");
+    }
+    std::fs::write(&path, "{}").with_context(|| format!("clearing {}", path.display()))?;
+    Ok(format!(
+        "down: stopped {killed} recorded processes, deleted {deleted} namespaces"
+    ))
+}
+
+fn comm_of(pid: i32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+/// Polls `check` every 50 ms until it returns true or `timeout` passes.
+pub fn wait_until(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if check() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

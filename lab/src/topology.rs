@@ -1,0 +1,891 @@
+//! The fake cluster's network: underlay bridge, WireGuard mesh, internet side, CNI emulation and
+//! pods, all as network namespaces. Addresses come from documentation ranges only.
+//!
+//! | what                | namespace         | addresses                                   |
+//! |---------------------|-------------------|---------------------------------------------|
+//! | underlay bridge     | `kl-ul`           | `br0` 192.0.2.254/24 (API server, dead-end gateway) |
+//! | node i (1-based)    | `kl-<node>`       | `ul0` 192.0.2.i, `wt0` 100.64.0.i/16, pods 10.244.i.0/24, `enp1s0` 203.0.113.i |
+//! | VPN client j        | `kl-vpn-<name>`   | `ul0` 192.0.2.(100+j), `wt0` 100.64.1.j/16   |
+//! | internet router     | `kl-inet`         | 198.51.100.1/24, 203.0.113.254/24            |
+//! | internet client     | `kl-client`       | 198.51.100.10                                |
+//! | pod                 | `kl-pod-<k>`      | 10.244.i.(10+k)                              |
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+use crate::scenario::{Cni, PodSpec, Protocol, RpFilter, Scenario};
+use crate::sys::{self, Lab, exec, ip, sh};
+
+pub const UL_NS: &str = "kl-ul";
+pub const INET_NS: &str = "kl-inet";
+pub const CLIENT_NS: &str = "kl-client";
+pub const API_ADDR: &str = "192.0.2.254:6443";
+pub const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
+/// netbird marks its own WireGuard packets with this and keeps them out of its table.
+pub const MESH_FWMARK: &str = "0x1bd00";
+pub const MESH_TABLE: &str = "7120";
+pub const MESH_PREFIX: &str = "100.64.0.0/16";
+pub const MESH_MTU: &str = "1420";
+
+#[derive(Clone, Debug)]
+pub struct MeshMember {
+    pub name: String,
+    pub ns: String,
+    pub underlay: Ipv4Addr,
+    pub mesh: Ipv4Addr,
+    /// The pod CIDR WireGuard also allows from this peer (native routing), if any.
+    pub pod_cidr: Option<String>,
+    pub wg_pid: i32,
+    pub key: PathBuf,
+    pub public_key: String,
+    pub is_node: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct NodeInfo {
+    pub name: String,
+    pub ns: String,
+    pub index: u8,
+    pub public: Option<Ipv4Addr>,
+    pub mesh: Ipv4Addr,
+    pub pod_cidr: String,
+    pub pod_gateway: Ipv4Addr,
+}
+
+#[derive(Clone, Debug)]
+pub struct PodInfo {
+    pub spec: PodSpec,
+    pub ns: String,
+    pub ip: Ipv4Addr,
+    pub node: String,
+    pub ready: bool,
+    /// Responders by (protocol, first port), with their pids.
+    pub responders: BTreeMap<(Protocol, u16), i32>,
+}
+
+pub struct Topology {
+    pub scenario: Scenario,
+    pub nodes: Vec<NodeInfo>,
+    pub mesh: Vec<MeshMember>,
+    pub pods: BTreeMap<String, PodInfo>,
+    pub bins: PathBuf,
+    pub kubeconfig: PathBuf,
+    pub api_pid: Option<i32>,
+    pub agents: BTreeMap<String, i32>,
+    next_pod: u16,
+    key_dir: PathBuf,
+}
+
+impl Topology {
+    pub fn node(&self, name: &str) -> Result<&NodeInfo> {
+        self.nodes
+            .iter()
+            .find(|n| n.name == name)
+            .with_context(|| format!("no node {name} in this scenario"))
+    }
+
+    pub fn mesh_member(&self, name: &str) -> Result<&MeshMember> {
+        self.mesh
+            .iter()
+            .find(|m| m.name == name)
+            .with_context(|| format!("no mesh member {name}"))
+    }
+
+    /// The address a client dials for `node`'s `interface`.
+    pub fn address_of(&self, node: &str, interface: &str) -> Result<Ipv4Addr> {
+        let n = self.node(node)?;
+        match interface {
+            "enp1s0" => n
+                .public
+                .with_context(|| format!("node {node} is not public (no enp1s0)")),
+            "wt0" => Ok(n.mesh),
+            other => bail!("the lab gives nodes enp1s0 and wt0, not {other}"),
+        }
+    }
+
+    pub fn bin(&self, name: &str) -> String {
+        self.bins.join(name).display().to_string()
+    }
+}
+
+/// Builds the whole network of a scenario (no API server, no agents yet).
+pub fn build(lab: &mut Lab, scenario: &Scenario, bins: &Path) -> Result<Topology> {
+    if !Path::new("/run/wireguard").exists() {
+        std::fs::create_dir_all("/run/wireguard").context("creating /run/wireguard")?;
+        lab.note_run_wireguard()?;
+    }
+    let key_dir = Path::new(sys::RUN_DIR).join("keys");
+    std::fs::create_dir_all(&key_dir).context("creating the key directory")?;
+    let mut topo = Topology {
+        scenario: scenario.clone(),
+        nodes: Vec::new(),
+        mesh: Vec::new(),
+        pods: BTreeMap::new(),
+        bins: bins.to_path_buf(),
+        kubeconfig: Path::new(sys::RUN_DIR).join("kubeconfig"),
+        api_pid: None,
+        agents: BTreeMap::new(),
+        next_pod: 0,
+        key_dir,
+    };
+    underlay(lab)?;
+    internet(lab)?;
+    let rp = match scenario.host.rp_filter {
+        RpFilter::Loose => "2",
+        RpFilter::Strict => "1",
+    };
+    for (i, spec) in scenario.nodes.iter().enumerate() {
+        let index = u8::try_from(i + 1).context("too many nodes")?;
+        let ns = format!("kl-{}", spec.name);
+        lab.add_namespace(&ns)?;
+        exec(
+            &ns,
+            "sysctl",
+            &[
+                "-qw",
+                "net.ipv4.ip_forward=1",
+                &format!("net.ipv4.conf.all.rp_filter={rp}"),
+                &format!("net.ipv4.conf.default.rp_filter={rp}"),
+            ],
+        )?;
+        let underlay_ip = Ipv4Addr::new(192, 0, 2, index);
+        attach_underlay(&ns, &format!("u{index}"), underlay_ip)?;
+        let public = if spec.public {
+            let addr = Ipv4Addr::new(203, 0, 113, index);
+            ip(&[
+                "link",
+                "add",
+                "enp1s0",
+                "netns",
+                &ns,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &format!("p{index}"),
+                "netns",
+                INET_NS,
+            ])?;
+            ip(&[
+                "-n",
+                INET_NS,
+                "link",
+                "set",
+                &format!("p{index}"),
+                "master",
+                "pub0",
+                "up",
+            ])?;
+            ip(&[
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                &format!("{addr}/24"),
+                "dev",
+                "enp1s0",
+            ])?;
+            ip(&["-n", &ns, "link", "set", "enp1s0", "up"])?;
+            ip(&[
+                "-n",
+                &ns,
+                "route",
+                "add",
+                "default",
+                "via",
+                "203.0.113.254",
+                "dev",
+                "enp1s0",
+            ])?;
+            Some(addr)
+        } else {
+            // A worker's own egress: an underlay gateway that does not forward, so a reply
+            // taking the wrong route is lost as on a real site.
+            ip(&[
+                "-n",
+                &ns,
+                "route",
+                "add",
+                "default",
+                "via",
+                "192.0.2.254",
+                "dev",
+                "ul0",
+            ])?;
+            None
+        };
+        let mesh = Ipv4Addr::new(100, 64, 0, index);
+        let pod_cidr = format!("10.244.{index}.0/24");
+        let wg_pid = start_wireguard(lab, &ns, &spec.name)?;
+        let (key, public_key) = keypair(&topo.key_dir, &spec.name)?;
+        topo.mesh.push(MeshMember {
+            name: spec.name.clone(),
+            ns: ns.clone(),
+            underlay: underlay_ip,
+            mesh,
+            pod_cidr: (scenario.cni != Cni::CiliumTunnel).then(|| pod_cidr.clone()),
+            wg_pid,
+            key,
+            public_key,
+            is_node: true,
+        });
+        topo.nodes.push(NodeInfo {
+            name: spec.name.clone(),
+            ns,
+            index,
+            public,
+            mesh,
+            pod_cidr,
+            pod_gateway: Ipv4Addr::new(10, 244, index, 1),
+        });
+    }
+    for (j, name) in scenario.vpn_clients.iter().enumerate() {
+        let index = u8::try_from(j + 1).context("too many VPN clients")?;
+        let ns = format!("kl-vpn-{name}");
+        lab.add_namespace(&ns)?;
+        let underlay_ip = Ipv4Addr::new(192, 0, 2, 100 + index);
+        attach_underlay(&ns, &format!("v{index}"), underlay_ip)?;
+        let wg_pid = start_wireguard(lab, &ns, name)?;
+        let (key, public_key) = keypair(&topo.key_dir, &format!("vpn-{name}"))?;
+        topo.mesh.push(MeshMember {
+            name: format!("vpn:{name}"),
+            ns,
+            underlay: underlay_ip,
+            mesh: Ipv4Addr::new(100, 64, 1, index),
+            pod_cidr: None,
+            wg_pid,
+            key,
+            public_key,
+            is_node: false,
+        });
+    }
+    for member in topo.mesh.clone() {
+        configure_mesh(&topo, &member)?;
+    }
+    for node in topo.nodes.clone() {
+        cni(&topo, &node)?;
+    }
+    check_mesh(&topo)?;
+    Ok(topo)
+}
+
+fn underlay(lab: &mut Lab) -> Result<()> {
+    lab.add_namespace(UL_NS)?;
+    exec(UL_NS, "sysctl", &["-qw", "net.ipv4.ip_forward=0"])?;
+    ip(&["-n", UL_NS, "link", "add", "br0", "type", "bridge"])?;
+    ip(&["-n", UL_NS, "addr", "add", "192.0.2.254/24", "dev", "br0"])?;
+    ip(&["-n", UL_NS, "link", "set", "br0", "up"])?;
+    Ok(())
+}
+
+fn internet(lab: &mut Lab) -> Result<()> {
+    lab.add_namespace(INET_NS)?;
+    exec(INET_NS, "sysctl", &["-qw", "net.ipv4.ip_forward=1"])?;
+    for (br, addr) in [("cli0", "198.51.100.1/24"), ("pub0", "203.0.113.254/24")] {
+        ip(&["-n", INET_NS, "link", "add", br, "type", "bridge"])?;
+        ip(&["-n", INET_NS, "addr", "add", addr, "dev", br])?;
+        ip(&["-n", INET_NS, "link", "set", br, "up"])?;
+    }
+    lab.add_namespace(CLIENT_NS)?;
+    exec(CLIENT_NS, "sysctl", &["-qw", "net.ipv4.tcp_tw_reuse=1"])?;
+    ip(&[
+        "link", "add", "c0", "netns", CLIENT_NS, "type", "veth", "peer", "name", "ci0", "netns",
+        INET_NS,
+    ])?;
+    ip(&["-n", INET_NS, "link", "set", "ci0", "master", "cli0", "up"])?;
+    ip(&[
+        "-n",
+        CLIENT_NS,
+        "addr",
+        "add",
+        &format!("{CLIENT_IP}/24"),
+        "dev",
+        "c0",
+    ])?;
+    ip(&["-n", CLIENT_NS, "link", "set", "c0", "up"])?;
+    ip(&[
+        "-n",
+        CLIENT_NS,
+        "route",
+        "add",
+        "default",
+        "via",
+        "198.51.100.1",
+    ])?;
+    Ok(())
+}
+
+fn attach_underlay(ns: &str, bridge_port: &str, addr: Ipv4Addr) -> Result<()> {
+    ip(&[
+        "link",
+        "add",
+        "ul0",
+        "netns",
+        ns,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        bridge_port,
+        "netns",
+        UL_NS,
+    ])?;
+    ip(&[
+        "-n",
+        UL_NS,
+        "link",
+        "set",
+        bridge_port,
+        "master",
+        "br0",
+        "up",
+    ])?;
+    ip(&["-n", ns, "addr", "add", &format!("{addr}/24"), "dev", "ul0"])?;
+    ip(&["-n", ns, "link", "set", "ul0", "up"])?;
+    Ok(())
+}
+
+/// Starts `wireguard-go wt0` with a private `/run/wireguard` (its own mount namespace: `ip
+/// netns exec` unshares one), so every node has its own control socket.
+pub fn start_wireguard(lab: &mut Lab, ns: &str, name: &str) -> Result<i32> {
+    let pid = lab.spawn_as(
+        ns,
+        &format!("wireguard-{name}"),
+        "wireguard-go",
+        "sh",
+        &[
+            "-c",
+            "mount -t tmpfs kl-run /run/wireguard && exec wireguard-go -f wt0",
+        ],
+    )?;
+    let sock = format!("/proc/{pid}/root/run/wireguard/wt0.sock");
+    if !sys::wait_until(Duration::from_secs(10), || Path::new(&sock).exists()) {
+        let log =
+            std::fs::read_to_string(lab.log_path(&format!("wireguard-{name}"))).unwrap_or_default();
+        bail!("wireguard-go on {name} did not open its socket within 10 s: {log}");
+    }
+    Ok(pid)
+}
+
+fn keypair(dir: &Path, name: &str) -> Result<(PathBuf, String)> {
+    let private = sys::run("wg", &["genkey"])?;
+    let path = dir.join(format!("{name}.key"));
+    std::fs::write(&path, &private).with_context(|| format!("writing {}", path.display()))?;
+    let public = sys::run_with_input("wg", &["pubkey"], &private)?;
+    Ok((path, public.trim().to_string()))
+}
+
+/// `wg` inside the mount and network namespaces of a member's wireguard-go.
+pub fn wg(pid: i32, args: &[&str]) -> Result<String> {
+    let pid = pid.to_string();
+    let mut all = vec!["-t", pid.as_str(), "-m", "-n", "wg"];
+    all.extend_from_slice(args);
+    sys::run("nsenter", &all)
+}
+
+/// Keys, peers (each allowed only its own /32, plus its pod CIDR under native routing), the
+/// address and netbird's policy routing.
+pub fn configure_mesh(topo: &Topology, me: &MeshMember) -> Result<()> {
+    let key = me.key.display().to_string();
+    let mut args: Vec<String> = vec![
+        "set".into(),
+        "wt0".into(),
+        "listen-port".into(),
+        "51820".into(),
+        "private-key".into(),
+        key,
+    ];
+    if me.is_node {
+        args.extend(["fwmark".into(), MESH_FWMARK.into()]);
+    }
+    for peer in topo.mesh.iter().filter(|p| p.name != me.name) {
+        let mut allowed = format!("{}/32", peer.mesh);
+        if let Some(cidr) = &peer.pod_cidr
+            && me.is_node
+        {
+            allowed.push(',');
+            allowed.push_str(cidr);
+        }
+        args.extend([
+            "peer".into(),
+            peer.public_key.clone(),
+            "allowed-ips".into(),
+            allowed,
+            "endpoint".into(),
+            format!("{}:51820", peer.underlay),
+            "persistent-keepalive".into(),
+            "25".into(),
+        ]);
+    }
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    wg(me.wg_pid, &refs)?;
+    ip(&["-n", &me.ns, "link", "set", "wt0", "mtu", MESH_MTU, "up"])?;
+    ip(&[
+        "-n",
+        &me.ns,
+        "addr",
+        "add",
+        &format!("{}/16", me.mesh),
+        "dev",
+        "wt0",
+    ])?;
+    if !me.is_node {
+        return Ok(());
+    }
+    mesh_routes(topo, me)?;
+    let rules = ip(&["-n", &me.ns, "rule", "show"])?;
+    if !rules.contains("105:") {
+        ip(&[
+            "-n",
+            &me.ns,
+            "rule",
+            "add",
+            "pref",
+            "105",
+            "lookup",
+            "main",
+            "suppress_prefixlength",
+            "0",
+        ])?;
+        ip(&[
+            "-n",
+            &me.ns,
+            "rule",
+            "add",
+            "pref",
+            "110",
+            "not",
+            "fwmark",
+            MESH_FWMARK,
+            "lookup",
+            MESH_TABLE,
+        ])?;
+    }
+    Ok(())
+}
+
+/// Routes through wt0 (they vanish with the device): the mesh table and, under native routing,
+/// the other nodes' pod CIDRs.
+fn mesh_routes(topo: &Topology, me: &MeshMember) -> Result<()> {
+    let dest = if topo.scenario.mesh.exit_node {
+        "default"
+    } else {
+        MESH_PREFIX
+    };
+    ip(&[
+        "-n", &me.ns, "route", "replace", dest, "dev", "wt0", "table", MESH_TABLE,
+    ])?;
+    for peer in topo.mesh.iter().filter(|p| p.name != me.name && p.is_node) {
+        if let Some(cidr) = &peer.pod_cidr {
+            ip(&[
+                "-n",
+                &me.ns,
+                "route",
+                "replace",
+                cidr,
+                "via",
+                &peer.mesh.to_string(),
+                "dev",
+                "wt0",
+            ])?;
+        }
+    }
+    Ok(())
+}
+
+/// The CNI emulation of one node: the pod network device, cross-node pod routes and the
+/// masquerade rules shaped like the real CNI's.
+fn cni(topo: &Topology, node: &NodeInfo) -> Result<()> {
+    let ns = &node.ns;
+    let cni = topo.scenario.cni;
+    if cni.is_cilium() {
+        ip(&["-n", ns, "link", "add", "cilium_host", "type", "bridge"])?;
+        ip(&[
+            "-n",
+            ns,
+            "addr",
+            "add",
+            &format!("{}/24", node.pod_gateway),
+            "dev",
+            "cilium_host",
+        ])?;
+        ip(&["-n", ns, "link", "set", "cilium_host", "up"])?;
+    }
+    if cni == Cni::CiliumTunnel {
+        ip(&[
+            "-n",
+            ns,
+            "link",
+            "add",
+            "cilium_vxlan",
+            "type",
+            "vxlan",
+            "id",
+            "2",
+            "dstport",
+            "8472",
+            "local",
+            &node.mesh.to_string(),
+            "dev",
+            "wt0",
+        ])?;
+        ip(&["-n", ns, "link", "set", "cilium_vxlan", "mtu", "1370", "up"])?;
+        for peer in topo.nodes.iter().filter(|p| p.name != node.name) {
+            sys::run(
+                "ip",
+                &[
+                    "netns",
+                    "exec",
+                    ns,
+                    "bridge",
+                    "fdb",
+                    "append",
+                    "00:00:00:00:00:00",
+                    "dev",
+                    "cilium_vxlan",
+                    "dst",
+                    &peer.mesh.to_string(),
+                ],
+            )?;
+            ip(&[
+                "-n",
+                ns,
+                "route",
+                "add",
+                &peer.pod_cidr,
+                "via",
+                &peer.pod_gateway.to_string(),
+                "dev",
+                "cilium_vxlan",
+                "onlink",
+            ])?;
+        }
+    }
+    let rules = match cni {
+        Cni::CiliumTunnel | Cni::CiliumNative => format!(
+            "oifname \"cilium_host\" ip saddr != {cidr} counter masquerade\n\
+             ip saddr 10.244.0.0/16 oifname != \"cilium_*\" ip daddr != 10.244.0.0/16 counter masquerade",
+            cidr = node.pod_cidr
+        ),
+        Cni::Kindnet => "ip saddr 10.244.0.0/16 ip daddr != 10.244.0.0/16 counter masquerade\n\
+             oifname != \"lo\" ip daddr 169.254.0.0/16 counter masquerade"
+            .to_string(),
+    };
+    let table = format!(
+        "table ip cni {{\n chain post {{\n  type nat hook postrouting priority srcnat; policy accept;\n{rules}\n }}\n}}\n"
+    );
+    sys::run_with_input("ip", &["netns", "exec", ns, "nft", "-f", "-"], &table)?;
+    Ok(())
+}
+
+/// Every node reaches every other member over the mesh before anything else runs.
+fn check_mesh(topo: &Topology) -> Result<()> {
+    for a in topo.mesh.iter().filter(|m| m.is_node) {
+        for b in topo.mesh.iter().filter(|m| m.name != a.name) {
+            let target = b.mesh.to_string();
+            let ok = sys::wait_until(Duration::from_secs(10), || {
+                exec(&a.ns, "ping", &["-c1", "-W1", &target]).is_ok()
+            });
+            if !ok {
+                bail!(
+                    "mesh: {} cannot reach {} ({target}) over wt0",
+                    a.name,
+                    b.name
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Restarts a member's wireguard-go: the kernel deletes wt0 and every link bound to it.
+pub fn restart_mesh(lab: &mut Lab, topo: &mut Topology, name: &str) -> Result<()> {
+    let idx = topo
+        .mesh
+        .iter()
+        .position(|m| m.name == name)
+        .with_context(|| format!("no mesh member {name}"))?;
+    let old = topo.mesh[idx].wg_pid;
+    lab.stop(old, rustix::process::Signal::TERM, Duration::from_secs(3))?;
+    let ns = topo.mesh[idx].ns.clone();
+    sys::wait_until(Duration::from_secs(3), || {
+        ip(&["-n", &ns, "link", "show", "wt0"]).is_err()
+    });
+    let pid = start_wireguard(lab, &ns, name)?;
+    topo.mesh[idx].wg_pid = pid;
+    let me = topo.mesh[idx].clone();
+    configure_mesh(topo, &me)
+}
+
+/// Creates a pod namespace on its node and starts its responders.
+pub fn start_pod(lab: &mut Lab, topo: &mut Topology, spec: &PodSpec, node: &str) -> Result<()> {
+    let n = topo.node(node)?.clone();
+    topo.next_pod += 1;
+    let k = topo.next_pod;
+    let host_octet = u8::try_from(9 + k).context("too many pods in one scenario")?;
+    let pod_ip = Ipv4Addr::new(10, 244, n.index, host_octet);
+    let ns = format!("kl-pod-{k}");
+    lab.add_namespace(&ns)?;
+    let host_if = if topo.scenario.cni.is_cilium() {
+        format!("lxc{k}")
+    } else {
+        format!("veth{k}")
+    };
+    ip(&[
+        "link", "add", "eth0", "netns", &ns, "type", "veth", "peer", "name", &host_if, "netns",
+        &n.ns,
+    ])?;
+    ip(&[
+        "-n",
+        &ns,
+        "addr",
+        "add",
+        &format!("{pod_ip}/24"),
+        "dev",
+        "eth0",
+    ])?;
+    ip(&["-n", &ns, "link", "set", "eth0", "up"])?;
+    if topo.scenario.cni.is_cilium() {
+        ip(&[
+            "-n",
+            &n.ns,
+            "link",
+            "set",
+            &host_if,
+            "master",
+            "cilium_host",
+            "up",
+        ])?;
+        ip(&[
+            "-n",
+            &ns,
+            "route",
+            "add",
+            "default",
+            "via",
+            &n.pod_gateway.to_string(),
+        ])?;
+    } else {
+        // kindnet: a point-to-point veth per pod, the gateway address on every host side.
+        ip(&[
+            "-n",
+            &n.ns,
+            "addr",
+            "add",
+            &format!("{}/32", n.pod_gateway),
+            "dev",
+            &host_if,
+        ])?;
+        ip(&["-n", &n.ns, "link", "set", &host_if, "up"])?;
+        ip(&[
+            "-n",
+            &n.ns,
+            "route",
+            "add",
+            &format!("{pod_ip}/32"),
+            "dev",
+            &host_if,
+        ])?;
+        ip(&[
+            "-n",
+            &ns,
+            "route",
+            "add",
+            "default",
+            "via",
+            &n.pod_gateway.to_string(),
+            "dev",
+            "eth0",
+            "onlink",
+        ])?;
+    }
+    let mut pod = PodInfo {
+        spec: spec.clone(),
+        ns,
+        ip: pod_ip,
+        node: node.to_string(),
+        ready: true,
+        responders: BTreeMap::new(),
+    };
+    for port in spec.ports.clone() {
+        start_responder(lab, topo, &mut pod, port.protocol, port.port)?;
+    }
+    topo.pods.insert(spec.key(), pod);
+    Ok(())
+}
+
+/// Starts the echo responder for one port (or the range the pod spec gives it).
+pub fn start_responder(
+    lab: &mut Lab,
+    topo: &Topology,
+    pod: &mut PodInfo,
+    protocol: Protocol,
+    port: u16,
+) -> Result<()> {
+    let end = pod
+        .spec
+        .ports
+        .iter()
+        .find(|p| p.protocol == protocol && p.port == port)
+        .and_then(|p| p.end_port)
+        .unwrap_or(port);
+    let range = if end > port {
+        format!("{port}-{end}")
+    } else {
+        port.to_string()
+    };
+    let what = format!("echo-{}-{}-{}", pod.spec.key(), protocol.lower(), port);
+    let pid = lab.spawn(
+        &pod.ns,
+        &what,
+        &topo.bin("kuport-echo"),
+        &["serve", protocol.lower(), &range],
+    )?;
+    let log = lab.log_path(&what);
+    if !sys::wait_until(Duration::from_secs(5), || {
+        std::fs::read_to_string(&log).is_ok_and(|s| s.contains("ready"))
+    }) {
+        bail!(
+            "responder {what} did not start: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+    }
+    pod.responders.insert((protocol, port), pid);
+    Ok(())
+}
+
+/// Removes a pod: its responders and its namespace (the host-side veth goes with it).
+pub fn remove_pod(lab: &mut Lab, topo: &mut Topology, key: &str) -> Result<PodInfo> {
+    let pod = topo
+        .pods
+        .remove(key)
+        .with_context(|| format!("no pod {key}"))?;
+    for pid in pod.responders.values() {
+        lab.stop(*pid, rustix::process::Signal::TERM, Duration::from_secs(2))?;
+    }
+    ip(&["netns", "del", &pod.ns])?;
+    lab.state.namespaces.retain(|n| n != &pod.ns);
+    Ok(pod)
+}
+
+/// A node's listing of everything that is not kuport's, normalised so counters and kuport's own
+/// objects do not show: nft ruleset, ip rules, routes, links, addresses and rp_filter settings.
+pub fn foreign_listing(ns: &str) -> Result<String> {
+    let mut out = String::new();
+    let ruleset = exec(ns, "nft", &["list", "ruleset"])?;
+    out.push_str("# nft\n");
+    let mut skipping = false;
+    for line in ruleset.lines() {
+        if line.starts_with("table ip kuport") {
+            skipping = true;
+            continue;
+        }
+        if skipping {
+            if line == "}" {
+                skipping = false;
+            }
+            continue;
+        }
+        out.push_str(&strip_counters(line));
+        out.push('\n');
+    }
+    out.push_str("# rules\n");
+    for line in ip(&["-n", ns, "rule", "show"])?.lines() {
+        if !line.contains("fwmark 0x6b70") {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out.push_str("# routes\n");
+    let kuport_tables: Vec<String> = ip(&["-n", ns, "rule", "show"])?
+        .lines()
+        .filter(|l| l.contains("fwmark 0x6b70"))
+        .filter_map(|l| l.split("lookup ").nth(1).map(|t| t.trim().to_string()))
+        .filter(|t| t != "main")
+        .collect();
+    for line in ip(&["-n", ns, "route", "show", "table", "all"])?.lines() {
+        let in_kuport_table = kuport_tables.iter().any(|t| {
+            line.contains(&format!("table {t} ")) || line.ends_with(&format!("table {t}"))
+        });
+        if !line.contains("kup-") && !in_kuport_table {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out.push_str("# links\n");
+    for line in ip(&["-n", ns, "-o", "link", "show"])?.lines() {
+        if !line.contains(": kup-") {
+            // Counters and the kernel's link index of a peer are not configuration.
+            out.push_str(
+                &line
+                    .split("\\    link/")
+                    .next()
+                    .unwrap_or(line)
+                    .replace("state UNKNOWN", ""),
+            );
+            out.push('\n');
+        }
+    }
+    out.push_str("# addresses\n");
+    for line in ip(&["-n", ns, "-o", "addr", "show"])?.lines() {
+        if !line.contains(" kup-") {
+            out.push_str(line.split("valid_lft").next().unwrap_or(line));
+            out.push('\n');
+        }
+    }
+    out.push_str("# sysctl\n");
+    let sysctls = sh(
+        ns,
+        "for f in /proc/sys/net/ipv4/conf/*/rp_filter /proc/sys/net/ipv4/ip_forward /proc/sys/net/ipv4/fwmark_reflect; do echo \"$f $(cat $f)\"; done",
+    )?;
+    for line in sysctls.lines() {
+        if !line.contains("/kup-") {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    Ok(out)
+}
+
+fn strip_counters(line: &str) -> String {
+    let mut words: Vec<&str> = Vec::new();
+    let mut iter = line.split(' ').peekable();
+    while let Some(w) = iter.next() {
+        if w == "packets" || w == "bytes" {
+            iter.next();
+            continue;
+        }
+        words.push(w);
+    }
+    words.join(" ")
+}
+
+/// Whether a node holds nothing of kuport's: no table, no `kup-` link, no kuport rule or route.
+pub fn kuport_leftovers(ns: &str) -> Result<Vec<String>> {
+    let mut left = Vec::new();
+    if exec(ns, "nft", &["list", "table", "ip", "kuport"]).is_ok() {
+        left.push("table ip kuport".to_string());
+    }
+    for line in ip(&["-n", ns, "-o", "link", "show"])?.lines() {
+        if let Some(name) = line.split(": ").nth(1)
+            && name.starts_with("kup-")
+        {
+            left.push(format!("link {}", name.split('@').next().unwrap_or(name)));
+        }
+    }
+    for line in ip(&["-n", ns, "rule", "show"])?.lines() {
+        if line.contains("fwmark 0x6b70") {
+            left.push(format!("rule {line}"));
+        }
+    }
+    for line in ip(&["-n", ns, "route", "show", "table", "all"])?.lines() {
+        if line.contains("kup-") {
+            left.push(format!("route {line}"));
+        }
+    }
+    Ok(left)
+}
