@@ -18,6 +18,7 @@ struct Answer {
     client: Option<String>,
     rtt_us: Option<u64>,
     mtu: Option<u32>,
+    tag: Option<String>,
 }
 
 fn parse(line: &str) -> Answer {
@@ -33,6 +34,7 @@ fn parse(line: &str) -> Answer {
             Some(("client", v)) => a.client = Some(v.to_string()),
             Some(("rtt_us", v)) => a.rtt_us = v.parse().ok(),
             Some(("mtu", v)) => a.mtu = v.parse().ok(),
+            Some(("tag", v)) => a.tag = Some(v.to_string()),
             _ => {}
         }
     }
@@ -144,6 +146,7 @@ async fn run_inner(topo: &Topology, p: &Probe) -> Result<(bool, Value)> {
                 .is_some_and(|a| a.ip() == std::net::IpAddr::V4(client_ip));
             answer.outcome == "reply"
                 && from_dialed
+                && p.answered_by.as_ref().is_none_or(|want| answer.tag.as_ref() == Some(want))
                 && client_own
                 && match p.pod_sees {
                     PodSees::Client => saw_client,
@@ -165,6 +168,7 @@ async fn run_inner(topo: &Topology, p: &Probe) -> Result<(bool, Value)> {
         "outcome": answer.outcome,
         "expected": format!("{:?}", p.expect).to_lowercase(),
         "attempts": attempts,
+        "answeredBy": answer.tag,
     });
     if p.pod_sees == PodSees::Other {
         detail["podSees"] = json!("other");

@@ -389,13 +389,14 @@ impl Runner<'_> {
             }
             Step::HostExec(h) => {
                 let ns = self.topo.node(&h.node)?.ns.clone();
+                let command = self.expand(&h.command)?;
                 let out = std::process::Command::new("ip")
-                    .args(["netns", "exec", &ns, "sh", "-c", &h.command])
+                    .args(["netns", "exec", &ns, "sh", "-c", &command])
                     .output()
                     .context("running the host command")?;
                 Ok((
                     out.status.success(),
-                    json!({"node": h.node, "command": h.command, "exit": out.status.code(),
+                    json!({"node": h.node, "command": command, "exit": out.status.code(),
                            "output": String::from_utf8_lossy(&out.stdout).trim(),
                            "stderr": String::from_utf8_lossy(&out.stderr).trim()}),
                 ))
@@ -431,6 +432,34 @@ impl Runner<'_> {
             }
             Step::ExpectHost(h) => self.expect_host(h),
         }
+    }
+
+    /// Replaces `${pod:ns/name}` and `${mesh:node}` in a host command.
+    fn expand(&self, command: &str) -> Result<String> {
+        let mut out = String::new();
+        let mut rest = command;
+        while let Some(start) = rest.find("${") {
+            out.push_str(&rest[..start]);
+            let end = rest[start..]
+                .find('}')
+                .with_context(|| format!("unclosed ${{ in {command}"))?;
+            let key = &rest[start + 2..start + end];
+            let value = match key.split_once(':') {
+                Some(("pod", pod)) => self
+                    .topo
+                    .pods
+                    .get(pod)
+                    .with_context(|| format!("no pod {pod}"))?
+                    .ip
+                    .to_string(),
+                Some(("mesh", node)) => self.topo.node(node)?.mesh.to_string(),
+                _ => bail!("unknown placeholder ${{{key}}} (use pod:<ns>/<name> or mesh:<node>)"),
+            };
+            out.push_str(&value);
+            rest = &rest[start + end + 1..];
+        }
+        out.push_str(rest);
+        Ok(out)
     }
 
     async fn parallel(&mut self, inner: &[Step]) -> Result<(bool, Value)> {

@@ -249,6 +249,9 @@ pub struct Probe {
     /// Extension, with `expect: fragmentationNeeded`: the MTU the ICMP must name.
     #[serde(default)]
     pub mtu: Option<u32>,
+    /// Extension: the pod (`namespace/name`) whose responder must be the one answering.
+    #[serde(default)]
+    pub answered_by: Option<String>,
 }
 
 fn yes() -> bool {
@@ -346,6 +349,8 @@ pub struct HostExec {
     #[serde(default)]
     pub name: Option<String>,
     pub node: String,
+    /// A shell command; `${pod:<namespace>/<name>}` is replaced by that pod's address and
+    /// `${mesh:<node>}` by that node's mesh address.
     pub command: String,
 }
 

@@ -743,7 +743,7 @@ pub fn start_responder(
         &pod.ns,
         &what,
         &topo.bin("kuport-echo"),
-        &["serve", protocol.lower(), &range],
+        &["serve", protocol.lower(), &range, "--tag", &pod.spec.key()],
     )?;
     let log = lab.log_path(&what);
     if !sys::wait_until(Duration::from_secs(5), || {

@@ -314,6 +314,7 @@ impl Topology {
         let flood = {
             let (stop, tid) = (stop.clone(), tid.clone());
             self.client.thread("flood", move || {
+                pin(0)?;
                 tid.store(rustix::thread::gettid().as_raw_nonzero().get(), Ordering::Relaxed);
                 flood(mode, first_flow, &stop)
             })?
@@ -349,6 +350,7 @@ fn source(i: u64) -> Ipv4Addr {
 
 /// The pod's listener: keeps the socket drained, so the pod never answers with ICMP.
 fn sink(received: &AtomicU64, stop: &AtomicBool) -> Result<()> {
+    pin(1)?;
     let socket = UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, TARGET_PORT))
         .context("binding the pod's socket")?;
     socket
@@ -413,6 +415,13 @@ fn flood(mode: Mode, first_flow: u64, stop: &AtomicBool) -> Result<Flooded> {
         seconds: start.elapsed().as_secs_f64(),
         next_flow: k,
     })
+}
+
+/// Pins the calling thread to one CPU.
+fn pin(cpu: usize) -> Result<()> {
+    let mut set = rustix::thread::CpuSet::new();
+    set.set(cpu);
+    rustix::thread::sched_setaffinity(None, &set).with_context(|| format!("pinning a thread to CPU {cpu}"))
 }
 
 /// Nanoseconds thread `tid` of this process has run, softirq work done in its context included

@@ -3,7 +3,8 @@
 //! saw, which is the whole point of kuport: the pod must see the client's own address.
 //!
 //! ```text
-//! kuport-echo serve <udp|tcp> <first-port>[-<last-port>]        answer "peer=<ip>:<port> port=<local port>"
+//! kuport-echo serve <udp|tcp> <first-port>[-<last-port>] [--tag T]
+//!     answer "peer=<ip>:<port> port=<local port>" (plus " tag=T": which responder answered)
 //! kuport-echo ask <udp|tcp> <ip>:<port> [--timeout-ms N] [--bulk N] [--size N] [--df on|off]
 //!     prints "reply from=<ip:port> <answer> client=<ip:port> rtt_us=N", "refused" (exit 3),
 //!     "timeout" (exit 4) or "fragneeded mtu=N" (exit 5)
@@ -52,8 +53,15 @@ fn serve(args: &[String]) -> Result<u8, String> {
         [p, s, ..] => (p.as_str(), s.as_str()),
         _ => return Err("serve needs <udp|tcp> <ports>".into()),
     };
+    let tag = args
+        .iter()
+        .position(|a| a == "--tag")
+        .and_then(|i| args.get(i + 1))
+        .map(|t| format!(" tag={t}"))
+        .unwrap_or_default();
     let mut threads = Vec::new();
     for port in ports(spec)? {
+        let tag = tag.clone();
         let addr = SocketAddr::from(([0, 0, 0, 0], port));
         match proto {
             "udp" => {
@@ -61,7 +69,7 @@ fn serve(args: &[String]) -> Result<u8, String> {
                 threads.push(std::thread::spawn(move || {
                     let mut buf = vec![0u8; 65536];
                     while let Ok((n, peer)) = sock.recv_from(&mut buf) {
-                        let answer = format!("peer={peer} port={port} len={n}");
+                        let answer = format!("peer={peer} port={port} len={n}{tag}");
                         log(&answer);
                         let _ = sock.send_to(answer.as_bytes(), peer);
                     }
@@ -72,7 +80,8 @@ fn serve(args: &[String]) -> Result<u8, String> {
                     TcpListener::bind(addr).map_err(|e| format!("bind tcp {port}: {e}"))?;
                 threads.push(std::thread::spawn(move || {
                     for stream in listener.incoming().flatten() {
-                        std::thread::spawn(move || answer_tcp(stream, port));
+                        let tag = tag.clone();
+                        std::thread::spawn(move || answer_tcp(stream, port, &tag));
                     }
                 }));
             }
@@ -86,7 +95,7 @@ fn serve(args: &[String]) -> Result<u8, String> {
     Ok(0)
 }
 
-fn answer_tcp(stream: TcpStream, port: u16) {
+fn answer_tcp(stream: TcpStream, port: u16, tag: &str) {
     let Ok(peer) = stream.peer_addr() else { return };
     let mut reader = BufReader::new(match stream.try_clone() {
         Ok(s) => s,
@@ -97,7 +106,7 @@ fn answer_tcp(stream: TcpStream, port: u16) {
         return;
     }
     let mut stream = stream;
-    let answer = format!("peer={peer} port={port}");
+    let answer = format!("peer={peer} port={port}{tag}");
     log(&answer);
     let _ = writeln!(stream, "{answer}");
     if let Some(n) = line
