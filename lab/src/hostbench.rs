@@ -55,9 +55,6 @@ pub fn run(bins: &Path) -> anyhow::Result<Vec<Measurement>> {
         ("agent memory", &|| memory::measure(bins)),
     ];
     for (what, part) in parts {
-        if std::env::var("HB_ONLY").is_ok_and(|o| !what.contains(&o)) {
-            continue;
-        } // TEMP
         eprintln!("hostbench: {what}");
         let found = part().with_context(|| format!("measuring {what}"))?;
         for m in &found {

@@ -146,7 +146,9 @@ async fn run_inner(topo: &Topology, p: &Probe) -> Result<(bool, Value)> {
                 .is_some_and(|a| a.ip() == std::net::IpAddr::V4(client_ip));
             answer.outcome == "reply"
                 && from_dialed
-                && p.answered_by.as_ref().is_none_or(|want| answer.tag.as_ref() == Some(want))
+                && p.answered_by
+                    .as_ref()
+                    .is_none_or(|want| answer.tag.as_ref() == Some(want))
                 && client_own
                 && match p.pod_sees {
                     PodSees::Client => saw_client,

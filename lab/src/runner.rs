@@ -51,6 +51,9 @@ pub async fn run_scenario(
     let started = Instant::now();
     let mut steps = Vec::new();
     let mut error = None;
+    if let Err(e) = lab.set_scenario(&scenario.name) {
+        error = Some(format!("{e:#}"));
+    }
     let topo = match topology::build(lab, scenario, bins) {
         Ok(t) => Some(t),
         Err(e) => {

@@ -207,18 +207,16 @@ impl Lab {
         Ok(pid)
     }
 
+    /// Logs of the processes started from now on go to `logs/<scenario>/`.
+    pub fn set_scenario(&mut self, name: &str) -> Result<()> {
+        let dir = Path::new(RUN_DIR).join("logs").join(sanitize(name));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        self.log_dir = dir;
+        Ok(())
+    }
+
     pub fn log_path(&self, what: &str) -> PathBuf {
-        let safe: String = what
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .collect();
-        self.log_dir.join(format!("{safe}.log"))
+        self.log_dir.join(format!("{}.log", sanitize(what)))
     }
 
     /// Signals a recorded process and waits for it (escalating to SIGKILL after `grace`).
@@ -265,6 +263,19 @@ impl Lab {
         let _ = self.save();
         left
     }
+}
+
+/// A name made safe for a file name.
+fn sanitize(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
 }
 
 fn load_state(path: &Path) -> Result<LabState> {

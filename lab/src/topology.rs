@@ -618,7 +618,23 @@ pub fn restart_mesh(lab: &mut Lab, topo: &mut Topology, name: &str) -> Result<()
     let pid = start_wireguard(lab, &ns, name)?;
     topo.mesh[idx].wg_pid = pid;
     let me = topo.mesh[idx].clone();
-    configure_mesh(topo, &me)
+    configure_mesh(topo, &me)?;
+    // The restarted daemon has no sessions; its peers keep sending with the old keys until
+    // they re-handshake (up to ~15 s). A ping from the restarted side starts the handshake at
+    // once, as a netbird restart does when it reconnects to its peers.
+    for peer in topo.mesh.iter().filter(|p| p.name != me.name) {
+        let target = peer.mesh.to_string();
+        if !sys::wait_until(Duration::from_secs(10), || {
+            exec(&me.ns, "ping", &["-c1", "-W1", &target]).is_ok()
+        }) {
+            bail!(
+                "mesh: {} cannot reach {} after its restart",
+                me.name,
+                peer.name
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Creates a pod namespace on its node and starts its responders.

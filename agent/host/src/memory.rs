@@ -30,6 +30,11 @@ pub struct MemoryState {
 #[derive(Clone, Debug, Default)]
 pub struct MemoryHost {
     state: Arc<Mutex<MemoryState>>,
+    /// What this host handle last applied. Like `LinuxHost`, a pass that does not verify is
+    /// compared against this, not against the "kernel" (`applied`), so drift made behind the
+    /// agent's back stays until a verifying pass: tests see the same blind spot the real host
+    /// has.
+    last: Option<HostState>,
 }
 
 impl MemoryHost {
@@ -72,11 +77,8 @@ fn diff(old: &HostState, new: &HostState) -> ApplyReport {
 }
 
 impl Host for MemoryHost {
-    async fn apply(
-        &mut self,
-        desired: &HostState,
-        _verify: bool,
-    ) -> Result<ApplyReport, HostError> {
+    async fn apply(&mut self, desired: &HostState, verify: bool) -> Result<ApplyReport, HostError> {
+        let last = self.last.take();
         let mut s = self.lock();
         if let Some(detail) = s.fail_next_apply.take() {
             return Err(HostError::Nft {
@@ -84,15 +86,22 @@ impl Host for MemoryHost {
                 detail,
             });
         }
-        let report = diff(&s.applied, desired);
+        let base = match (&last, verify) {
+            (Some(last), false) => last,
+            _ => &s.applied,
+        };
+        let report = diff(base, desired);
         if report.mutations() > 0 {
             s.applies += 1;
             s.applied = desired.clone();
         }
+        drop(s);
+        self.last = Some(desired.clone());
         Ok(report)
     }
 
     async fn teardown(&mut self) -> Result<(), HostError> {
+        self.last = None;
         let mut s = self.lock();
         s.applied = HostState::default();
         s.teardowns += 1;

@@ -32,12 +32,13 @@ use super::{Measurement, list, median};
 
 /// The two node sizes compared.
 const SIZES: [usize; 2] = [1, 1_000];
-/// Samples per size and mode.
-const ROUNDS: usize = 5;
+/// Samples per size and mode: many short windows average the machine's load better than a few
+/// long ones.
+const ROUNDS: usize = 10;
 /// Flooding before the counting window starts.
-const WARM_UP: Duration = Duration::from_millis(300);
+const WARM_UP: Duration = Duration::from_millis(200);
 /// The counting window.
-const WINDOW: Duration = Duration::from_secs(1);
+const WINDOW: Duration = Duration::from_millis(600);
 /// Lets a new-flow sample's conntrack entries (1 s timeout) expire before the next sample.
 const SETTLE: Duration = Duration::from_millis(700);
 const CLIENT_ADDR: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 2);
@@ -93,12 +94,7 @@ struct Sample {
 }
 
 pub fn measure() -> Result<Vec<Measurement>> {
-    // TEMP experiment hook
-    let sizes: Vec<usize> = std::env::var("HB_SIZES")
-        .ok()
-        .map(|v| v.split(',').filter_map(|x| x.parse().ok()).collect())
-        .unwrap_or(SIZES.to_vec());
-    let mut topologies = sizes
+    let mut topologies = SIZES
         .iter()
         .enumerate()
         .map(|(i, n)| Topology::build(i, *n))
@@ -122,59 +118,54 @@ pub fn measure() -> Result<Vec<Measurement>> {
 }
 
 fn row(mode: Mode, topologies: &[Topology], samples: &[Vec<Sample>]) -> Measurement {
-    let rates: Vec<Vec<f64>> = samples
-        .iter()
-        .map(|s| s.iter().map(|x| x.delivered_per_s).collect())
-        .collect();
-    let medians: Vec<f64> = rates.iter().map(|r| median(r)).collect();
-    let ratio = medians[1] / medians[0];
-    let per_cpu: Vec<Vec<f64>> = samples
-        .iter()
-        .map(|s| s.iter().map(|x| x.delivered_per_cpu_s).collect())
-        .collect();
-    let cpu_medians: Vec<f64> = per_cpu.iter().map(|r| median(r)).collect();
-    let cpu_ratio = cpu_medians[1] / cpu_medians[0];
-    let (name, unit, target) = match mode {
+    let series = |f: fn(&Sample) -> f64| -> Vec<Vec<f64>> {
+        samples.iter().map(|s| s.iter().map(f).collect()).collect()
+    };
+    let per_cpu = series(|s| s.delivered_per_cpu_s);
+    let per_wall = series(|s| s.delivered_per_s);
+    let offered = series(|s| s.offered_per_s);
+    let cpu: Vec<f64> = per_cpu.iter().map(|r| median(r)).collect();
+    let wall: Vec<f64> = per_wall.iter().map(|r| median(r)).collect();
+    let ratio = cpu[1] / cpu[0];
+    let (name, what, target) = match mode {
         Mode::NewFlows => (
             "new UDP flows per second through a node holding 1,000 mappings ÷ holding 1",
-            "flows/s",
+            "new flow",
             0.80,
         ),
         Mode::Established => (
             "established-flow packet rate through a node holding 1,000 mappings ÷ holding 1",
-            "packets/s",
+            "packet",
             0.95,
         ),
     };
-    let mut note = String::new();
+    let mut note = format!(
+        "ratio of the medians of datagrams delivered to the pod per CPU second of the flooding \
+         thread (its sends plus the forwarding the kernel runs in its context; the ratio of \
+         wall-clock rates is {:.3}); ",
+        wall[1] / wall[0]
+    );
     for (i, t) in topologies.iter().enumerate() {
-        let offered: Vec<f64> = samples[i].iter().map(|s| s.offered_per_s).collect();
         let errors: u64 = samples[i].iter().map(|s| s.send_errors).sum();
         note.push_str(&format!(
-            "{} mapping(s) ({} nft rules): median {:.0} {unit} delivered [{}], per CPU second \
-             {:.0} [{}], offered median {:.0}, send errors {errors}; ",
+            "{} mapping(s) ({} nft rules): per CPU second {:.0} [{}], per second {:.0} [{}], \
+             offered {:.0}/s, send errors {errors}; ",
             thousands(t.mappings),
             t.rules,
-            medians[i],
-            list(&rates[i], 0),
-            cpu_medians[i],
+            cpu[i],
             list(&per_cpu[i], 0),
-            median(&offered),
+            wall[i],
+            list(&per_wall[i], 0),
+            median(&offered[i]),
         ));
     }
-    let added_us = (1.0 / cpu_medians[1] - 1.0 / cpu_medians[0]) * 1e6;
-    note.push_str(&format!("ratio per CPU second {cpu_ratio:.3}; "));
     note.push_str(&format!(
-        "added time per {} at 1,000 mappings: {added_us:.2} µs; the target mapping's rules are \
-         last in kup-pre and kup-post (worst case); generator and forwarding share one core",
-        if mode == Mode::NewFlows {
-            "new flow"
-        } else {
-            "packet"
-        }
+        "time added per {what} at 1,000 mappings: {:.2} µs; the mapping used is the last rule of \
+         kup-pre and of kup-post (worst case); samples alternate between the nodes",
+        (1.0 / cpu[1] - 1.0 / cpu[0]) * 1e6
     ));
     if mode == Mode::NewFlows {
-        note.push_str("; one socket per datagram from 16 source addresses");
+        note.push_str("; one socket per datagram, each from a fresh (address, port)");
     }
     Measurement {
         name: name.to_owned(),
@@ -314,8 +305,11 @@ impl Topology {
         let flood = {
             let (stop, tid) = (stop.clone(), tid.clone());
             self.client.thread("flood", move || {
-                pin(0)?;
-                tid.store(rustix::thread::gettid().as_raw_nonzero().get(), Ordering::Relaxed);
+                pin(Cpu::First)?;
+                tid.store(
+                    rustix::thread::gettid().as_raw_nonzero().get(),
+                    Ordering::Relaxed,
+                );
                 flood(mode, first_flow, &stop)
             })?
         };
@@ -350,7 +344,7 @@ fn source(i: u64) -> Ipv4Addr {
 
 /// The pod's listener: keeps the socket drained, so the pod never answers with ICMP.
 fn sink(received: &AtomicU64, stop: &AtomicBool) -> Result<()> {
-    pin(1)?;
+    pin(Cpu::Last)?;
     let socket = UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, TARGET_PORT))
         .context("binding the pod's socket")?;
     socket
@@ -417,11 +411,26 @@ fn flood(mode: Mode, first_flow: u64, stop: &AtomicBool) -> Result<Flooded> {
     })
 }
 
-/// Pins the calling thread to one CPU.
-fn pin(cpu: usize) -> Result<()> {
-    let mut set = rustix::thread::CpuSet::new();
+#[derive(Clone, Copy)]
+enum Cpu {
+    First,
+    Last,
+}
+
+/// Pins the calling thread to the first or last CPU it may run on: the flood and the sink on
+/// different cores, each sample alike.
+fn pin(which: Cpu) -> Result<()> {
+    use rustix::thread::{CpuSet, sched_getaffinity, sched_setaffinity};
+    let allowed = sched_getaffinity(None).context("reading the CPU affinity")?;
+    let mut cpus = (0..CpuSet::MAX_CPU).filter(|c| allowed.is_set(*c));
+    let cpu = match which {
+        Cpu::First => cpus.next(),
+        Cpu::Last => cpus.next_back(),
+    }
+    .context("no CPU allowed")?;
+    let mut set = CpuSet::new();
     set.set(cpu);
-    rustix::thread::sched_setaffinity(None, &set).with_context(|| format!("pinning a thread to CPU {cpu}"))
+    sched_setaffinity(None, &set).with_context(|| format!("pinning a thread to CPU {cpu}"))
 }
 
 /// Nanoseconds thread `tid` of this process has run, softirq work done in its context included

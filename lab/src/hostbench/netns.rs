@@ -206,9 +206,12 @@ impl Proc {
         }
     }
 
-    /// SIGTERM, then SIGKILL after `grace`; reaps the process either way.
+    /// SIGTERM, then SIGKILL after `grace` (at once when `grace` is zero); reaps the process
+    /// either way.
     pub fn stop(&mut self, grace: Duration) {
-        if let Ok(None) = self.child.try_wait() {
+        if !grace.is_zero()
+            && let Ok(None) = self.child.try_wait()
+        {
             let _ = rustix::process::kill_process(Pid::from_child(&self.child), Signal::TERM);
             let deadline = Instant::now() + grace;
             while Instant::now() < deadline {

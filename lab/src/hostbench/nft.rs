@@ -64,12 +64,24 @@ pub fn measure() -> Result<Vec<Measurement>> {
 
 fn rows(r: &ChildReport) -> Vec<Measurement> {
     let n = thousands(r.mappings);
+    let n_mappings = if r.mappings == 1 {
+        "1 mapping".to_owned()
+    } else {
+        format!("{n} mappings")
+    };
     let first = median(&r.first_ms);
     let is_target_size = r.mappings == 5_000;
     let unchanged_ok = r.unchanged_mutations.iter().all(|m| *m == 0);
     vec![
         Measurement {
-            name: format!("plan pass, {n} same-node mappings on one node"),
+            name: format!(
+                "plan pass, {n} same-node {} on one node",
+                if r.mappings == 1 {
+                    "mapping"
+                } else {
+                    "mappings"
+                }
+            ),
             value: median(&r.plan_ms),
             unit: "ms".to_owned(),
             samples: r.plan_ms.len(),
@@ -84,7 +96,7 @@ fn rows(r: &ChildReport) -> Vec<Measurement> {
             ),
         },
         Measurement {
-            name: format!("nft transaction, {n} mappings on one node (first apply)"),
+            name: format!("nft transaction, {n_mappings} on one node (first apply)"),
             value: first,
             unit: "ms".to_owned(),
             samples: r.first_ms.len(),
@@ -102,7 +114,7 @@ fn rows(r: &ChildReport) -> Vec<Measurement> {
             ),
         },
         Measurement {
-            name: format!("nft transaction, one endpoint moved among {n} mappings"),
+            name: format!("nft transaction, one endpoint moved, {n_mappings}"),
             value: median(&r.change_ms),
             unit: "ms".to_owned(),
             samples: r.change_ms.len(),
@@ -117,7 +129,7 @@ fn rows(r: &ChildReport) -> Vec<Measurement> {
             ),
         },
         Measurement {
-            name: format!("unchanged re-apply, {n} mappings (compared against the kernel)"),
+            name: format!("unchanged re-apply, {n_mappings} (compared against the kernel)"),
             value: median(&r.unchanged_ms),
             unit: "ms".to_owned(),
             samples: r.unchanged_ms.len(),
@@ -126,7 +138,7 @@ fn rows(r: &ChildReport) -> Vec<Measurement> {
             met: Some(unchanged_ok),
             note: format!(
                 "LinuxHost::apply(verify) of the state just applied; kernel mutations per sample \
-                 {:?} (first apply: {:?}); samples {} ms",
+                 {:?} (first apply: {:?}, the transaction and one ip rule); samples {} ms",
                 r.unchanged_mutations,
                 r.first_mutations,
                 list(&r.unchanged_ms, 1)

@@ -182,6 +182,9 @@ impl<H: Host> Agent<H> {
         let mut verify_owed = false;
 
         loop {
+            // A link event means the kernel changed behind the agent's back: only a pass that
+            // compares against the kernel (not the last applied state) can see what is gone.
+            let mut link_changed = false;
             if !first {
                 let link_event = tokio::select! {
                     _ = shutdown.cancelled() => return Ok(()),
@@ -191,11 +194,14 @@ impl<H: Host> Agent<H> {
                     _ = sleep_until_opt(retry_at) => None,
                 };
                 match link_event {
-                    Some(Some(e)) => tracing::info!(
-                        link = %e.name,
-                        removed = e.removed,
-                        "link changed on the host: running a pass"
-                    ),
+                    Some(Some(e)) => {
+                        link_changed = true;
+                        tracing::info!(
+                            link = %e.name,
+                            removed = e.removed,
+                            "link changed on the host: running a verifying pass"
+                        );
+                    }
                     // The host's event stream ended: open a new one after this pass.
                     Some(None) => {
                         links = None;
@@ -210,10 +216,12 @@ impl<H: Host> Agent<H> {
                 }
                 while dirty_rx.try_recv().is_ok() {}
                 if let Some(rx) = links.as_mut() {
-                    while rx.try_recv().is_ok() {}
+                    while rx.try_recv().is_ok() {
+                        link_changed = true;
+                    }
                 }
             }
-            let verify = first || verify_owed || Instant::now() >= next_verify;
+            let verify = first || verify_owed || link_changed || Instant::now() >= next_verify;
             first = false;
             if verify {
                 next_verify = Instant::now() + self.config.resync;
