@@ -17,3 +17,11 @@ fmt:
 lint:
     cargo fmt --all -- --check
     cargo clippy --workspace --all-targets -- -D warnings
+
+# The network-namespace lab: every scenario in lab/scenarios/ (needs root).
+lab:
+    cargo lab
+
+# The lab's measurements, written into docs/performance.md (needs root).
+bench:
+    cargo run --quiet --release -p kuport-lab -- bench --write docs/performance.md

@@ -22,6 +22,7 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(
     name = "kuport-lab",
+    args_conflicts_with_subcommands = true,
     version,
     about = "kuport's network-namespace lab: proves the datapath end to end with the real agent",
     long_about = "kuport's network-namespace lab. Builds a fake cluster out of network namespaces \
@@ -33,22 +34,28 @@ in lab/scenarios/ (what `cargo lab` does)."
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
+    /// Without a subcommand: the options of `run` (so `cargo lab --report r.json` works).
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Scenario files; none: every `*.yaml` in lab/scenarios/.
+    files: Vec<PathBuf>,
+    /// Also write the JSON report here.
+    #[arg(long)]
+    report: Option<PathBuf>,
+    /// Leave the last scenario's lab up and print how to enter it (`kuport-lab down` removes it).
+    #[arg(long)]
+    keep: bool,
 }
 
 #[derive(Subcommand)]
 enum Command {
     /// Run scenario files (default: every scenario in lab/scenarios/), print a table, exit 1 on
     /// any failure.
-    Run {
-        /// Scenario files; none: every `*.yaml` in lab/scenarios/.
-        files: Vec<PathBuf>,
-        /// Also write the JSON report here.
-        #[arg(long)]
-        report: Option<PathBuf>,
-        /// Leave the last scenario's lab up and print how to enter it (`kuport-lab down` removes it).
-        #[arg(long)]
-        keep: bool,
-    },
+    Run(RunArgs),
     /// Remove everything a lab created (namespaces, processes), by the names and pids recorded.
     Down,
     /// Measure the datapath and the control plane; print the results as a Markdown table.
@@ -69,12 +76,8 @@ fn main() -> ExitCode {
         return not_root(&args);
     }
     let result = match cli.command {
-        None => run(Vec::new(), None, false),
-        Some(Command::Run {
-            files,
-            report,
-            keep,
-        }) => run(files, report, keep),
+        None => run(cli.run.files, cli.run.report, cli.run.keep),
+        Some(Command::Run(a)) => run(a.files, a.report, a.keep),
         Some(Command::Down) => sys::down().map(|line| {
             println!("{line}");
             ExitCode::SUCCESS

@@ -155,7 +155,11 @@ async fn run_inner(topo: &Topology, p: &Probe) -> Result<(bool, Value)> {
                     PodSees::Other => !saw_client_ip,
                 }
         }
-        Expect::Refused => answer.outcome == "refused",
+        // The ICMP error (or RST) must come from the address dialed: an error from the pod or
+        // the link address would mean the mapping leaked an inside address.
+        Expect::Refused => {
+            answer.outcome == "refused" && answer.from.as_deref() == Some(addr.to_string().as_str())
+        }
         Expect::Timeout => answer.outcome == "timeout",
         Expect::FragmentationNeeded => {
             answer.outcome == "fragneeded" && p.mtu.is_none_or(|m| answer.mtu == Some(m))

@@ -128,3 +128,71 @@ fn collect_saw(steps: &[StepReport], seen: &mut Vec<String>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn report() -> Report {
+        let mut r = Report::default();
+        r.push(ScenarioReport {
+            name: "cross".into(),
+            ok: true,
+            seconds: 4.2,
+            steps: vec![StepReport {
+                kind: "probe".into(),
+                name: "internet-udp".into(),
+                ok: true,
+                detail: json!({"dialed": "203.0.113.1:3000", "replyFrom": "203.0.113.1:3000",
+                    "clientAddr": "198.51.100.10:40311", "podSaw": "198.51.100.10:40311", "rttMicros": 812}),
+            }],
+            error: None,
+        });
+        r.push(ScenarioReport {
+            name: "broken".into(),
+            ok: false,
+            seconds: 1.0,
+            steps: vec![StepReport {
+                kind: "expectStatus".into(),
+                name: "expectStatus-1".into(),
+                ok: false,
+                detail: json!({"expected": "a", "got": "b"}),
+            }],
+            error: None,
+        });
+        r
+    }
+
+    #[test]
+    fn the_json_has_the_contract_fields() {
+        let v = serde_json::to_value(report()).expect("encode");
+        assert_eq!(
+            (v["passed"].clone(), v["failed"].clone()),
+            (json!(1), json!(1))
+        );
+        let s = &v["scenarios"][0];
+        for k in ["name", "ok", "seconds", "steps"] {
+            assert!(s.get(k).is_some(), "{k}");
+        }
+        assert!(
+            s.get("error").is_none(),
+            "no error field when there is none"
+        );
+        let step = &s["steps"][0];
+        for k in ["kind", "name", "ok", "detail"] {
+            assert!(step.get(k).is_some(), "{k}");
+        }
+        assert_eq!(step["detail"]["podSaw"], "198.51.100.10:40311");
+    }
+
+    #[test]
+    fn the_table_shows_what_the_pods_saw_and_why_a_scenario_failed() {
+        let t = table(&report());
+        assert!(t.contains("cross") && t.contains("198.51.100.10"), "{t}");
+        assert!(
+            t.contains("broken failed:") && t.contains("expectStatus-1"),
+            "{t}"
+        );
+    }
+}

@@ -657,3 +657,22 @@ fn api_outage(on: bool) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_are_read_by_name_from_the_listing() {
+        let listing = "table ip kuport {\n\tcounter post/games/gs {\n\t\tpackets 0 bytes 0\n\t}\n\n\tcounter pre/games/gs {\n\t\tpackets 7 bytes 420\n\t}\n}\n";
+        assert_eq!(counter_packets(listing, "pre/games/gs"), Some(7));
+        assert_eq!(counter_packets(listing, "post/games/gs"), Some(0));
+        assert_eq!(counter_packets(listing, "pre/games/other"), None);
+    }
+
+    #[test]
+    fn a_diff_names_lines_gone_and_lines_new() {
+        assert!(diff_lines("a\nb\n", "a\nb\n").is_empty());
+        assert_eq!(diff_lines("a\nb\n", "a\nc\n"), vec!["-b", "+c"]);
+    }
+}

@@ -440,3 +440,123 @@ pub fn files_in(dir: &Path) -> Result<Vec<std::path::PathBuf>> {
     files.sort();
     Ok(files)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_committed_scenario_loads() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+        let files = files_in(&dir).expect("list scenarios");
+        assert!(files.len() >= 10, "committed scenarios: {files:?}");
+        let mut names = Vec::new();
+        for f in files {
+            let s = load(&f).unwrap_or_else(|e| panic!("{}: {e:#}", f.display()));
+            assert!(!s.steps.is_empty(), "{} has no steps", s.name);
+            assert!(!names.contains(&s.name), "two scenarios named {}", s.name);
+            names.push(s.name);
+        }
+    }
+
+    #[test]
+    fn the_contract_example_parses_with_every_step_kind() {
+        let yaml = r#"
+name: example
+cni: cilium-tunnel
+nodes: [{name: edge-a, public: true}, {name: worker-b}]
+vpnClients: [player-1]
+mesh: {exitNode: false}
+host: {rpFilter: loose}
+agentArgs: ["--resync", "10s"]
+objects: ""
+pods:
+  - {namespace: games, name: game-0, node: worker-b, service: gameserver,
+     ports: [{name: game, protocol: UDP, port: 3000}]}
+steps:
+  - wait: {portmap: games/gameserver, condition: Programmed, status: "True", timeoutSeconds: 30}
+  - probe: {name: internet-udp, from: internet, to: {node: edge-a, interface: enp1s0}, protocol: UDP, port: 3000, expect: reply}
+  - probe: {from: internet, to: {node: edge-a, interface: enp1s0}, protocol: UDP, port: 3000, size: 1400, dontFragment: false, expect: reply}
+  - probe: {from: internet, to: {node: edge-a, interface: enp1s0}, protocol: TCP, port: 3000, bytes: 300000, expect: reply}
+  - probe: {from: internet, to: {node: edge-a, interface: enp1s0}, protocol: UDP, port: 3000, expect: reply, podSees: other}
+  - parallel:
+      - probe: {from: "vpn:player-1", to: {node: edge-a, interface: wt0}, protocol: UDP, port: 3000, expect: refused}
+  - movePod: {pod: games/game-0, to: edge-a}
+  - setReady: {pod: games/game-0, ready: false}
+  - setNodeReady: {node: edge-a, ready: false}
+  - apply: |
+      apiVersion: v1
+      kind: Namespace
+      metadata: {name: x}
+  - delete: {kind: PortMap, namespace: games, name: gameserver}
+  - restartAgent: {node: edge-a, signal: TERM}
+  - stopAgent: {node: edge-a, signal: KILL}
+  - startAgent: {node: edge-a}
+  - stopApiServer: {}
+  - startApiServer: {}
+  - restartMesh: {node: worker-b}
+  - stopResponder: {pod: games/game-0, protocol: UDP, port: 3000}
+  - startResponder: {pod: games/game-0, protocol: UDP, port: 3000}
+  - hostExec: {node: worker-b, command: "ip rule del pref 101"}
+  - snapshotHost: {node: worker-b, name: before}
+  - compareHost: {node: worker-b, name: before}
+  - expectHostClean: {node: worker-b}
+  - sleep: {seconds: 2}
+  - expectStatus: {portmap: games/gameserver, accepted: Valid, programmed: AllNodesReady, endpointNode: worker-b, published: ["edge-a/enp1s0", "edge-a/wt0"]}
+  - expectHost: {node: worker-b, nftCounterNonZero: "games/gameserver"}
+"#;
+        let s: Scenario = serde_saphyr::from_str(yaml).expect("the lab.md example parses");
+        validate(&s).expect("valid");
+        let kinds: Vec<&str> = s.steps.iter().map(Step::kind).collect();
+        assert_eq!(kinds.len(), 26);
+        for kind in [
+            "wait",
+            "probe",
+            "parallel",
+            "movePod",
+            "setReady",
+            "setNodeReady",
+            "apply",
+            "delete",
+            "restartAgent",
+            "stopAgent",
+            "startAgent",
+            "stopApiServer",
+            "startApiServer",
+            "restartMesh",
+            "stopResponder",
+            "startResponder",
+            "hostExec",
+            "snapshotHost",
+            "compareHost",
+            "expectHostClean",
+            "sleep",
+            "expectStatus",
+            "expectHost",
+        ] {
+            assert!(kinds.contains(&kind), "{kind} missing");
+        }
+        let Step::Probe(p) = &s.steps[2] else {
+            panic!("not a probe")
+        };
+        assert_eq!((p.size, p.dont_fragment), (Some(1400), false));
+        assert_eq!(s.host.rp_filter, RpFilter::Loose);
+    }
+
+    #[test]
+    fn a_typo_is_refused_not_ignored() {
+        let yaml = "name: x\ncni: kindnet\nnodes: [{name: a}]\nsteps:\n  - probe: {from: internet, to: {node: a, interface: wt0}, protocol: UDP, port: 1, expect: reply, podsees: other}\n";
+        let err = serde_saphyr::from_str::<Scenario>(yaml).expect_err("unknown field");
+        assert!(format!("{err}").contains("podsees"), "{err}");
+        let yaml = "name: x\ncni: calico\nnodes: [{name: a}]\nsteps: []\n";
+        assert!(serde_saphyr::from_str::<Scenario>(yaml).is_err());
+    }
+
+    #[test]
+    fn a_pod_on_an_unknown_node_is_refused() {
+        let yaml = "name: x\ncni: kindnet\nnodes: [{name: a}]\npods: [{namespace: n, name: p, node: b}]\nsteps: [{sleep: {seconds: 1}}]\n";
+        let s: Scenario = serde_saphyr::from_str(yaml).expect("parses");
+        let err = validate(&s).expect_err("unknown node");
+        assert!(format!("{err}").contains("node b"), "{err}");
+    }
+}

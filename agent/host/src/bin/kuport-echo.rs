@@ -178,12 +178,44 @@ fn ask(args: &[String]) -> Result<u8, String> {
             println!("fragneeded mtu={mtu}");
             Ok(5)
         }
+        Err(Outcome::Refused(Some(source))) => {
+            println!("refused from={source}");
+            Ok(3)
+        }
+        Err(Outcome::Refused(None)) => {
+            println!("refused");
+            Ok(3)
+        }
         Err(Outcome::Io(e)) => io_outcome(proto, target, e),
     }
 }
 
+/// The source of the ICMP error queued on a socket (IP_RECVERR's offender address).
+fn icmp_source(sock: &UdpSocket) -> Option<std::net::Ipv4Addr> {
+    use nix::sys::socket::{ControlMessageOwned, MsgFlags, SockaddrIn, recvmsg};
+    use std::os::fd::AsRawFd;
+    let mut buf = [0u8; 2048];
+    let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+    let mut cmsg = nix::cmsg_space!(nix::libc::sock_extended_err, nix::libc::sockaddr_in);
+    let msg = recvmsg::<SockaddrIn>(
+        sock.as_raw_fd(),
+        &mut iov,
+        Some(&mut cmsg),
+        MsgFlags::MSG_ERRQUEUE,
+    )
+    .ok()?;
+    msg.cmsgs().ok()?.find_map(|c| match c {
+        ControlMessageOwned::Ipv4RecvErr(_, Some(addr)) => {
+            Some(std::net::Ipv4Addr::from(u32::from_be(addr.sin_addr.s_addr)))
+        }
+        _ => None,
+    })
+}
+
 /// Why a probe got no answer.
 enum Outcome {
+    /// An ICMP port-unreachable (naming its sender) or, for TCP, a reset.
+    Refused(Option<std::net::Ipv4Addr>),
     /// A router on the path said "fragmentation needed" and named this MTU.
     FragNeeded(u32),
     Io(std::io::Error),
@@ -223,6 +255,10 @@ fn ask_udp(
         Ipv4PathMtuDiscovery::DONT
     };
     set_ip_mtu_discover(&sock, pmtu).map_err(std::io::Error::from)?;
+    // Queue ICMP errors with the address of the host that sent them, so "refused" can say who
+    // refused: through a mapping it must be the address the client dialed.
+    nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::Ipv4RecvErr, &true)
+        .map_err(std::io::Error::from)?;
     sock.connect(target)?;
     sock.set_read_timeout(Some(timeout))?;
     let mut payload = b"hello\n".to_vec();
@@ -247,6 +283,9 @@ fn ask_udp(
                 rustix::net::sockopt::ip_mtu(&sock).unwrap_or(0),
             ));
         }
+        Err(e) if e.kind() == ErrorKind::ConnectionRefused => {
+            return Err(Outcome::Refused(icmp_source(&sock)));
+        }
         Err(e) => return Err(e.into()),
     };
     let local = sock.local_addr()?;
@@ -257,7 +296,16 @@ fn ask_udp(
 }
 
 fn ask_tcp(target: SocketAddr, timeout: Duration, bulk: Option<usize>) -> Result<String, Outcome> {
-    let mut stream = TcpStream::connect_timeout(&target, timeout)?;
+    // A reset is matched to the socket by the whole connection, so it came from the target.
+    let mut stream = match TcpStream::connect_timeout(&target, timeout) {
+        Err(e) if e.kind() == ErrorKind::ConnectionRefused => {
+            return Err(Outcome::Refused(match target.ip() {
+                std::net::IpAddr::V4(ip) => Some(ip),
+                std::net::IpAddr::V6(_) => None,
+            }));
+        }
+        other => other?,
+    };
     stream.set_read_timeout(Some(timeout))?;
     let local = stream.local_addr()?;
     let from = stream.peer_addr()?;
