@@ -5,6 +5,7 @@
 
 mod cluster;
 mod hostbench;
+mod labbench;
 mod prereq;
 mod probe;
 mod report;
@@ -63,6 +64,9 @@ enum Command {
         /// Also write the results into this Markdown file, between the lab-bench markers.
         #[arg(long)]
         write: Option<PathBuf>,
+        /// Only this part: `lab` (through a fake cluster) or `host` (nft, flows, memory).
+        #[arg(long)]
+        only: Option<String>,
     },
 }
 
@@ -82,7 +86,7 @@ fn main() -> ExitCode {
             println!("{line}");
             ExitCode::SUCCESS
         }),
-        Some(Command::Bench { write }) => bench(write),
+        Some(Command::Bench { write, only }) => bench(write, only.as_deref()),
     };
     match result {
         Ok(code) => code,
@@ -234,10 +238,28 @@ fn print_keep(topo: &topology::Topology) {
     );
 }
 
-fn bench(write: Option<PathBuf>) -> Result<ExitCode> {
+fn bench(write: Option<PathBuf>, only: Option<&str>) -> Result<ExitCode> {
     prereq::ensure_tools()?;
     let bins = prereq::binaries()?;
-    let measurements = hostbench::run(&bins)?;
+    let mut measurements = Vec::new();
+    if only.is_some_and(|o| o != "lab" && o != "host") {
+        anyhow::bail!("--only takes lab or host");
+    }
+    if only != Some("host") {
+        let mut lab = sys::Lab::open()?;
+        let original = std::fs::File::open("/proc/thread-self/ns/net")
+            .context("opening this thread's network namespace")?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the async runtime")?;
+        eprintln!("kuport-lab bench: the datapath and endpoint changes through a lab");
+        measurements.extend(rt.block_on(labbench::run(&mut lab, &bins, &original))?);
+    }
+    if only != Some("lab") {
+        eprintln!("kuport-lab bench: host-level measurements");
+        measurements.extend(hostbench::run(&bins)?);
+    }
     let table = hostbench_table(&measurements);
     print!("{table}");
     if let Some(path) = write {

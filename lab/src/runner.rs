@@ -115,8 +115,25 @@ pub async fn run_scenario(
     )
 }
 
+impl<'a> Runner<'a> {
+    /// Builds a scenario's cluster and starts it, without running its steps (the benchmarks
+    /// drive it themselves). On error the caller tears the lab down.
+    pub async fn start(lab: &'a mut Lab, scenario: &Scenario, bins: &Path) -> Result<Self> {
+        lab.set_scenario(&scenario.name)?;
+        let topo = topology::build(lab, scenario, bins)?;
+        let mut runner = Runner {
+            lab,
+            topo,
+            cluster: None,
+            snapshots: BTreeMap::new(),
+        };
+        runner.start_cluster().await?;
+        Ok(runner)
+    }
+}
+
 impl Runner<'_> {
-    fn cluster(&self) -> Result<&Cluster> {
+    pub fn cluster(&self) -> Result<&Cluster> {
         self.cluster
             .as_ref()
             .context("the API client is not connected")
@@ -181,7 +198,7 @@ impl Runner<'_> {
         Ok(())
     }
 
-    async fn sync_service(&self, namespace: &str, service: &str) -> Result<()> {
+    pub async fn sync_service(&self, namespace: &str, service: &str) -> Result<()> {
         let pods: Vec<_> = self
             .topo
             .pods
@@ -229,7 +246,7 @@ impl Runner<'_> {
     }
 
     /// SIGTERM every agent so each removes what it programmed before its namespace goes.
-    fn stop_agents(&mut self) {
+    pub fn stop_agents(&mut self) {
         let nodes: Vec<String> = self.topo.agents.keys().cloned().collect();
         for node in nodes {
             let _ = self.stop_agent(&node, SignalName::Term);

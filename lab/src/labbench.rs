@@ -1,0 +1,359 @@
+//! The measurements that need the whole lab: throughput and latency through a cross-node mapping
+//! against the raw mesh between the same two nodes, and the time from an endpoint change to the
+//! first answer from the new endpoint. Ratios and differences are measured side by side in one
+//! run, alternating, because absolute numbers on these machines are noise.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use crate::hostbench::Measurement;
+use crate::runner::Runner;
+use crate::scenario::{self, Step};
+use crate::sys::Lab;
+
+const SCENARIO: &str = r#"
+name: bench
+cni: cilium-tunnel
+nodes:
+  - {name: edge-a, public: true}
+  - {name: worker-b}
+  - {name: worker-c}
+objects: |
+  apiVersion: v1
+  kind: Namespace
+  metadata: {name: games}
+  ---
+  apiVersion: kuport.wlz.li/v1alpha1
+  kind: PortMapClass
+  metadata: {name: public}
+  spec:
+    nodes:
+      edge-a: {interfaces: [enp1s0]}
+    returnPath: {mode: Vxlan}
+  ---
+  apiVersion: kuport.wlz.li/v1alpha1
+  kind: PortMap
+  metadata: {name: game, namespace: games}
+  spec: {className: public, protocol: UDP, port: 3000, serviceRef: {name: game, port: udp}}
+  ---
+  apiVersion: kuport.wlz.li/v1alpha1
+  kind: PortMap
+  metadata: {name: game-tcp, namespace: games}
+  spec: {className: public, protocol: TCP, port: 3000, serviceRef: {name: game, port: tcp}}
+  ---
+  apiVersion: kuport.wlz.li/v1alpha1
+  kind: PortMap
+  metadata: {name: pair, namespace: games}
+  spec: {className: public, protocol: UDP, port: 3100, serviceRef: {name: pair, port: udp}}
+  ---
+  apiVersion: kuport.wlz.li/v1alpha1
+  kind: PortMap
+  metadata: {name: mover, namespace: games}
+  spec: {className: public, protocol: UDP, port: 3200, serviceRef: {name: mover, port: udp}}
+pods:
+  - {namespace: games, name: game-0, node: worker-b, service: game,
+     ports: [{name: udp, protocol: UDP, port: 3000}, {name: tcp, protocol: TCP, port: 3000}]}
+  - {namespace: games, name: pair-b, node: worker-b, service: pair, ports: [{name: udp, protocol: UDP, port: 3100}]}
+  - {namespace: games, name: pair-c, node: worker-c, service: pair, ports: [{name: udp, protocol: UDP, port: 3100}]}
+  - {namespace: games, name: mover-0, node: worker-b, service: mover, ports: [{name: udp, protocol: UDP, port: 3200}]}
+steps:
+  - wait: {portmap: games/game, condition: Programmed, status: "True", timeoutSeconds: 60}
+  - wait: {portmap: games/game-tcp, condition: Programmed, status: "True"}
+  - wait: {portmap: games/pair, condition: Programmed, status: "True"}
+  - wait: {portmap: games/mover, condition: Programmed, status: "True"}
+"#;
+
+const BULK_BYTES: usize = 20_000_000;
+const THROUGHPUT_SAMPLES: usize = 5;
+const RTT_SAMPLES: usize = 40;
+const CHANGE_SAMPLES: usize = 20;
+
+/// What one `kuport-echo ask` said: the outcome word and its `key=value` fields.
+struct Ask {
+    outcome: String,
+    fields: Vec<(String, String)>,
+}
+
+impl Ask {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.fields
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+async fn ask(runner: &Runner<'_>, ns: &str, args: &[&str]) -> Result<Ask> {
+    let echo = runner.topo.bin("kuport-echo");
+    let out = tokio::process::Command::new("ip")
+        .args(["netns", "exec", ns, &echo, "ask"])
+        .args(args)
+        .output()
+        .await
+        .context("running kuport-echo ask")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut words = text.split_whitespace();
+    Ok(Ask {
+        outcome: words.next().unwrap_or("").to_string(),
+        fields: words
+            .filter_map(|w| w.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    })
+}
+
+/// Microseconds a reply took, or an error naming what came back instead.
+async fn rtt(runner: &Runner<'_>, ns: &str, args: &[&str]) -> Result<f64> {
+    let a = ask(runner, ns, args).await?;
+    if a.outcome != "reply" {
+        bail!("{ns} {}: {}", args.join(" "), a.outcome);
+    }
+    a.get("rtt_us")
+        .and_then(|v| v.parse::<f64>().ok())
+        .context("a reply without rtt_us")
+}
+
+fn percentile(samples: &[f64], p: f64) -> f64 {
+    let mut v = samples.to_vec();
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * (v.len() as f64 - 1.0)).round() as usize;
+    v[rank.min(v.len() - 1)]
+}
+
+/// Runs every lab measurement in one fresh lab, tearing it down afterwards.
+pub async fn run(lab: &mut Lab, bins: &Path, original: &std::fs::File) -> Result<Vec<Measurement>> {
+    let scenario: scenario::Scenario =
+        serde_saphyr::from_str(SCENARIO).context("the bench scenario")?;
+    let result = async {
+        let mut runner = Runner::start(lab, &scenario, bins).await?;
+        for (i, step) in scenario.steps.iter().enumerate() {
+            let r = runner.step(step, i + 1).await;
+            if !r.ok {
+                bail!("bench setup step {} failed: {}", r.name, r.detail);
+            }
+        }
+        let out = measure(&mut runner).await;
+        runner.stop_agents();
+        out
+    }
+    .await;
+    let _ = crate::runner::enter_netns_of(original);
+    let left = lab.teardown();
+    if !left.is_empty() {
+        bail!("the bench lab left {}", left.join(", "));
+    }
+    result
+}
+
+async fn measure(runner: &mut Runner<'_>) -> Result<Vec<Measurement>> {
+    // The raw mesh: a responder on worker-b's own mesh address, asked from edge-a over wt0.
+    let worker = runner.topo.node("worker-b")?.ns.clone();
+    let echo = runner.topo.bin("kuport-echo");
+    runner
+        .lab
+        .spawn(&worker, "raw-udp", &echo, &["serve", "udp", "7000"])?;
+    runner
+        .lab
+        .spawn(&worker, "raw-tcp", &echo, &["serve", "tcp", "7000"])?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let edge = runner.topo.node("edge-a")?.ns.clone();
+    let client = crate::topology::CLIENT_NS;
+    let mut out = Vec::new();
+    out.push(throughput(runner, client, &edge).await?);
+    out.push(udp_rtt(runner, client, &edge).await?);
+    out.push(endpoint_unready(runner, client).await?);
+    out.push(pod_moved(runner, client).await?);
+    Ok(out)
+}
+
+async fn throughput(runner: &Runner<'_>, client: &str, edge: &str) -> Result<Measurement> {
+    let bulk = BULK_BYTES.to_string();
+    let (mut through, mut raw) = (Vec::new(), Vec::new());
+    for _ in 0..THROUGHPUT_SAMPLES {
+        let t = rtt(
+            runner,
+            client,
+            &[
+                "tcp",
+                "203.0.113.1:3000",
+                "--bulk",
+                &bulk,
+                "--timeout-ms",
+                "60000",
+            ],
+        )
+        .await?;
+        through.push(2.0 * BULK_BYTES as f64 * 8.0 / t);
+        let t = rtt(
+            runner,
+            edge,
+            &[
+                "tcp",
+                "100.64.0.2:7000",
+                "--bulk",
+                &bulk,
+                "--timeout-ms",
+                "60000",
+            ],
+        )
+        .await?;
+        raw.push(2.0 * BULK_BYTES as f64 * 8.0 / t);
+    }
+    let (k, r) = (percentile(&through, 50.0), percentile(&raw, 50.0));
+    let ratio = k / r;
+    Ok(Measurement {
+        name: "TCP bulk throughput, internet client → cross-node mapping → pod ÷ raw mesh".into(),
+        value: ratio,
+        unit: "ratio".into(),
+        samples: THROUGHPUT_SAMPLES,
+        baseline: Some(r),
+        target: "≥ 0.90".into(),
+        met: Some(ratio >= 0.90),
+        note: format!(
+            "median {k:.0} vs {r:.0} Mbit/s ({} MB each way per sample, alternating)",
+            BULK_BYTES / 1_000_000
+        ),
+    })
+}
+
+async fn udp_rtt(runner: &Runner<'_>, client: &str, edge: &str) -> Result<Measurement> {
+    let (mut through, mut raw) = (Vec::new(), Vec::new());
+    for _ in 0..RTT_SAMPLES {
+        through.push(rtt(runner, client, &["udp", "203.0.113.1:3000"]).await?);
+        raw.push(rtt(runner, edge, &["udp", "100.64.0.2:7000"]).await?);
+    }
+    let (k, r) = (percentile(&through, 50.0), percentile(&raw, 50.0));
+    let added = k - r;
+    Ok(Measurement {
+        name: "UDP request/response p50 RTT through a cross-node mapping − raw mesh".into(),
+        value: added,
+        unit: "µs".into(),
+        samples: RTT_SAMPLES,
+        baseline: Some(r),
+        target: "≤ 200 µs added".into(),
+        met: Some(added <= 200.0),
+        note: format!(
+            "p50 {k:.0} µs through the mapping (client → router → edge → link → pod), {r:.0} µs edge → worker over wt0; p99 {:.0} vs {:.0} µs",
+            percentile(&through, 99.0),
+            percentile(&raw, 99.0)
+        ),
+    })
+}
+
+/// Asks every 10 ms until the mapping answers from `want`; returns the milliseconds since
+/// `since`.
+async fn first_answer_from(
+    runner: &Runner<'_>,
+    client: &str,
+    target: &str,
+    want: &str,
+    since: Instant,
+) -> Result<f64> {
+    let deadline = since + Duration::from_secs(10);
+    loop {
+        let a = ask(runner, client, &["udp", target, "--timeout-ms", "50"]).await?;
+        if a.outcome == "reply" && a.get("tag") == Some(want) {
+            return Ok(since.elapsed().as_secs_f64() * 1000.0);
+        }
+        if Instant::now() >= deadline {
+            bail!("no answer from {want} on {target} within 10 s");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn change_measurement(name: &str, samples: &[f64], how: &str) -> Measurement {
+    let (p50, p99) = (percentile(samples, 50.0), percentile(samples, 99.0));
+    Measurement {
+        name: name.into(),
+        value: p50,
+        unit: "ms p50".into(),
+        samples: samples.len(),
+        baseline: None,
+        target: "p50 ≤ 300 ms, p99 ≤ 1 s".into(),
+        met: Some(p50 <= 300.0 && p99 <= 1000.0),
+        note: format!("p99 {p99:.0} ms; {how}"),
+    }
+}
+
+/// Two ready pods behind one mapping; the serving one turns unready.
+async fn endpoint_unready(runner: &mut Runner<'_>, client: &str) -> Result<Measurement> {
+    let mut samples = Vec::new();
+    let pods = ["games/pair-b", "games/pair-c"];
+    for _ in 0..CHANGE_SAMPLES {
+        let now = Instant::now();
+        let a = loop {
+            let a = ask(
+                runner,
+                client,
+                &["udp", "203.0.113.1:3100", "--timeout-ms", "200"],
+            )
+            .await?;
+            if a.outcome == "reply" {
+                break a;
+            }
+            if now.elapsed() > Duration::from_secs(10) {
+                bail!("the pair mapping does not answer");
+            }
+        };
+        let serving = a.get("tag").context("an answer without tag")?.to_string();
+        let other = pods
+            .iter()
+            .find(|p| **p != serving)
+            .context("an answer from neither pod")?;
+        set_ready(runner, &serving, false).await?;
+        let t0 = Instant::now();
+        samples.push(first_answer_from(runner, client, "203.0.113.1:3100", other, t0).await?);
+        set_ready(runner, &serving, true).await?;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    Ok(change_measurement(
+        "endpoint change (serving pod unready) → first answer from the new endpoint",
+        &samples,
+        "from the EndpointSlice write to the first UDP answer from the other pod, probing every 10 ms",
+    ))
+}
+
+async fn set_ready(runner: &mut Runner<'_>, pod: &str, ready: bool) -> Result<()> {
+    let step = Step::SetReady(scenario::SetReady {
+        pod: pod.to_string(),
+        ready,
+    });
+    let r = runner.step(&step, 0).await;
+    if !r.ok {
+        bail!("setReady {pod}: {}", r.detail);
+    }
+    Ok(())
+}
+
+/// One pod moving between two workers.
+async fn pod_moved(runner: &mut Runner<'_>, client: &str) -> Result<Measurement> {
+    let mut samples = Vec::new();
+    for i in 0..CHANGE_SAMPLES {
+        let to = if i % 2 == 0 { "worker-c" } else { "worker-b" };
+        let step = Step::MovePod(scenario::MovePod {
+            pod: "games/mover-0".into(),
+            to: to.into(),
+        });
+        // The move's last act is the EndpointSlice write; the old pod is already gone, so any
+        // answer comes from the new one.
+        let r = runner.step(&step, 0).await;
+        let t0 = Instant::now();
+        if !r.ok {
+            bail!("movePod: {}", r.detail);
+        }
+        samples.push(
+            first_answer_from(runner, client, "203.0.113.1:3200", "games/mover-0", t0).await?,
+        );
+    }
+    Ok(change_measurement(
+        "endpoint change (pod moved to another node) → first answer from the new endpoint",
+        &samples,
+        "from the EndpointSlice write to the first UDP answer from the pod on its new node, probing every 10 ms",
+    ))
+}
