@@ -20,6 +20,7 @@ nodes:
   - {name: edge-a, public: true}
   - {name: worker-b}
   - {name: worker-c}
+  - {name: edge-d, public: true}
 objects: |
   apiVersion: v1
   kind: Namespace
@@ -32,6 +33,20 @@ objects: |
     nodes:
       edge-a: {interfaces: [enp1s0]}
     returnPath: {mode: Vxlan}
+  ---
+  apiVersion: kuport.wlz.li/v1alpha1
+  kind: PortMapClass
+  metadata: {name: failover}
+  spec:
+    nodes:
+      edge-a: {interfaces: [enp1s0]}
+      edge-d: {interfaces: [enp1s0]}
+    returnPath: {mode: Vxlan, vxlan: {vni: 6242, port: 4791, subnet: 169.254.78.0/24}}
+  ---
+  apiVersion: kuport.wlz.li/v1alpha1
+  kind: PortMap
+  metadata: {name: failover, namespace: games}
+  spec: {className: failover, protocol: UDP, port: 3300, serviceRef: {name: failover, port: udp}}
   ---
   apiVersion: kuport.wlz.li/v1alpha1
   kind: PortMap
@@ -58,11 +73,13 @@ pods:
   - {namespace: games, name: pair-b, node: worker-b, service: pair, ports: [{name: udp, protocol: UDP, port: 3100}]}
   - {namespace: games, name: pair-c, node: worker-c, service: pair, ports: [{name: udp, protocol: UDP, port: 3100}]}
   - {namespace: games, name: mover-0, node: worker-b, service: mover, ports: [{name: udp, protocol: UDP, port: 3200}]}
+  - {namespace: games, name: failover-0, node: worker-c, service: failover, ports: [{name: udp, protocol: UDP, port: 3300}]}
 steps:
   - wait: {portmap: games/game, condition: Programmed, status: "True", timeoutSeconds: 60}
   - wait: {portmap: games/game-tcp, condition: Programmed, status: "True"}
   - wait: {portmap: games/pair, condition: Programmed, status: "True"}
   - wait: {portmap: games/mover, condition: Programmed, status: "True"}
+  - wait: {portmap: games/failover, condition: Programmed, status: "True"}
 "#;
 
 const BULK_BYTES: usize = 20_000_000;
@@ -168,6 +185,7 @@ async fn measure(runner: &mut Runner<'_>) -> Result<Vec<Measurement>> {
     out.push(udp_rtt(runner, client, &edge).await?);
     out.push(endpoint_unready(runner, client).await?);
     out.push(pod_moved(runner, client).await?);
+    out.push(node_not_ready(runner, client).await?);
     Ok(out)
 }
 
@@ -355,5 +373,35 @@ async fn pod_moved(runner: &mut Runner<'_>, client: &str) -> Result<Measurement>
         "endpoint change (pod moved to another node) → first answer from the new endpoint",
         &samples,
         "from the EndpointSlice write to the first UDP answer from the pod on its new node, probing every 10 ms",
+    ))
+}
+
+/// Single serving with two accepting edges; the serving edge's Node is marked not ready and the
+/// mapping must answer on the other edge's address. Edge-a serves while it is ready (the first
+/// accepting node), so the samples alternate: edge-a not ready, then ready again.
+async fn node_not_ready(runner: &mut Runner<'_>, client: &str) -> Result<Measurement> {
+    let (edge_a, edge_d) = (
+        format!("{}:3300", runner.topo.address_of("edge-a", "enp1s0")?),
+        format!("{}:3300", runner.topo.address_of("edge-d", "enp1s0")?),
+    );
+    let mut samples = Vec::new();
+    for i in 0..CHANGE_SAMPLES {
+        let ready = i % 2 == 1;
+        let step = Step::SetNodeReady(scenario::SetNodeReady {
+            node: "edge-a".into(),
+            ready,
+        });
+        let r = runner.step(&step, 0).await;
+        let t0 = Instant::now();
+        if !r.ok {
+            bail!("setNodeReady: {}", r.detail);
+        }
+        let target = if ready { &edge_a } else { &edge_d };
+        samples.push(first_answer_from(runner, client, target, "games/failover-0", t0).await?);
+    }
+    Ok(change_measurement(
+        "endpoint change (serving node marked not ready) → first answer on the other edge",
+        &samples,
+        "from the Node status write to the first UDP answer on the newly serving edge's address (and back), probing every 10 ms",
     ))
 }
