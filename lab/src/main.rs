@@ -131,14 +131,7 @@ fn run(files: Vec<PathBuf>, report_path: Option<PathBuf>, keep: bool) -> Result<
     }
     prereq::ensure_tools()?;
     let bins = prereq::binaries()?;
-    let mut lab = sys::Lab::open()?;
-    // A handle on the namespace the lab started in, to come back to after each scenario.
-    let original = std::fs::File::open("/proc/thread-self/ns/net")
-        .context("opening this thread's network namespace")?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
+    let (mut lab, original, rt) = session()?;
     let mut report = report::Report::default();
     let count = scenarios.len();
     for (i, s) in scenarios.iter().enumerate() {
@@ -184,6 +177,19 @@ fn run(files: Vec<PathBuf>, report_path: Option<PathBuf>, keep: bool) -> Result<
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// The lab's record, a handle on the namespace the lab started in (to come back to after each
+/// scenario: the API client's thread moves into the lab's underlay) and the runtime.
+fn session() -> Result<(sys::Lab, std::fs::File, tokio::runtime::Runtime)> {
+    let lab = sys::Lab::open()?;
+    let original = std::fs::File::open("/proc/thread-self/ns/net")
+        .context("opening this thread's network namespace")?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    Ok((lab, original, rt))
 }
 
 /// Namespaces or processes of the lab still present after a run that did not `--keep`.
@@ -246,13 +252,7 @@ fn bench(write: Option<PathBuf>, only: Option<&str>) -> Result<ExitCode> {
         anyhow::bail!("--only takes lab or host");
     }
     if only != Some("host") {
-        let mut lab = sys::Lab::open()?;
-        let original = std::fs::File::open("/proc/thread-self/ns/net")
-            .context("opening this thread's network namespace")?;
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .context("starting the async runtime")?;
+        let (mut lab, original, rt) = session()?;
         eprintln!("kuport-lab bench: the datapath and endpoint changes through a lab");
         measurements.extend(rt.block_on(labbench::run(&mut lab, &bins, &original))?);
     }

@@ -22,6 +22,11 @@ pub fn run(program: &str, args: &[&str]) -> Result<String> {
         .stdin(Stdio::null())
         .output()
         .with_context(|| format!("starting `{program} {}`", args.join(" ")))?;
+    stdout_of(program, args, &out)
+}
+
+/// The command's stdout when it succeeded, else an error naming it and quoting its stderr.
+fn stdout_of(program: &str, args: &[&str], out: &std::process::Output) -> Result<String> {
     if !out.status.success() {
         bail!(
             "`{program} {}` failed ({}): {}",
@@ -51,15 +56,7 @@ pub fn run_with_input(program: &str, args: &[&str], input: &str) -> Result<Strin
     let out = child
         .wait_with_output()
         .with_context(|| format!("waiting for `{program}`"))?;
-    if !out.status.success() {
-        bail!(
-            "`{program} {}` failed ({}): {}",
-            args.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    stdout_of(program, args, &out)
 }
 
 /// `ip <args>`.
