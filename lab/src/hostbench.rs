@@ -41,38 +41,45 @@ pub struct Measurement {
     pub note: String,
 }
 
-type Part<'a> = dyn Fn() -> anyhow::Result<Vec<Measurement>> + 'a;
-
 /// Runs every host-level measurement. `bins` holds `kuport`, `kuport-sim`, `kuport-echo` and
 /// `kuport-lab`.
 pub fn run(bins: &Path) -> anyhow::Result<Vec<Measurement>> {
+    run_parts(bins, &PARTS)
+}
+
+/// The parts, by the name `__hostbench-part` takes.
+const PARTS: [&str; 3] = ["nft", "flows", "memory"];
+
+fn run_parts(bins: &Path, parts: &[&str]) -> anyhow::Result<Vec<Measurement>> {
     use anyhow::Context as _;
     netns::remove_stale();
     let mut out = Vec::new();
-    let parts: [(&str, &Part); 3] = [
-        ("nft transactions and plan passes", &nft::measure),
-        ("UDP flows through a node", &flows::measure),
-        ("agent memory", &|| memory::measure(bins)),
-    ];
-    for (what, part) in parts {
-        eprintln!("hostbench: {what}");
-        let found = part().with_context(|| format!("measuring {what}"))?;
+    for part in parts {
+        let (what, found) = match *part {
+            "nft" => ("nft transactions and plan passes", nft::measure()),
+            "flows" => ("UDP flows through a node", flows::measure()),
+            "memory" => ("agent memory", memory::measure(bins)),
+            other => anyhow::bail!("no hostbench part {other:?} (parts: {})", PARTS.join(", ")),
+        };
+        let found = found.with_context(|| format!("measuring {what}"))?;
         for m in &found {
             // Printed as they come, so a later failure does not lose what was measured.
-            eprintln!("hostbench:   {}", one_line(m));
+            eprintln!("hostbench: {}", one_line(m));
         }
         out.extend(found);
     }
     Ok(out)
 }
 
-/// The hidden subcommands this module re-executes the binary with; `None` for any other
-/// command line.
+/// The hidden subcommands: the children this module re-executes the binary as, and
+/// `__hostbench-part PART [BINS]` to run one part by hand (`nft`, `flows` or `memory`; BINS
+/// defaults to the binary's directory). `None` for any other command line.
 pub fn hidden_main(args: &[String]) -> Option<ExitCode> {
     let rest = args.get(2..).unwrap_or_default();
     let result = match args.get(1).map(String::as_str) {
         Some(nft::CHILD) => nft::child(rest),
         Some(nft::PROGRAM) => nft::program(rest),
+        Some(PART) => one_part(rest),
         _ => return None,
     };
     Some(match result {
@@ -85,6 +92,24 @@ pub fn hidden_main(args: &[String]) -> Option<ExitCode> {
             ExitCode::FAILURE
         }
     })
+}
+
+const PART: &str = "__hostbench-part";
+
+fn one_part(args: &[String]) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let part = args
+        .first()
+        .with_context(|| format!("usage: {PART} {{{}}} [BINS]", PARTS.join("|")))?;
+    let bins = match args.get(1) {
+        Some(dir) => std::path::PathBuf::from(dir),
+        None => std::env::current_exe()
+            .context("finding the current executable")?
+            .parent()
+            .context("the executable has no directory")?
+            .to_path_buf(),
+    };
+    run_parts(&bins, &[part.as_str()]).map(drop)
 }
 
 fn one_line(m: &Measurement) -> String {

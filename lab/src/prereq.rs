@@ -80,10 +80,13 @@ pub fn binaries() -> Result<PathBuf> {
         .copied()
         .filter(|b| !dir.join(b).is_file())
         .collect();
-    // Under `cargo run` (`cargo lab`) always rebuild: a stale agent binary would prove nothing
-    // about the code at hand. An up-to-date build costs a second.
+    // Under `cargo run` (`cargo lab`) a binary older than any source would prove nothing about
+    // the code at hand: build then. Binaries newer than every source (as `cargo test
+    // --workspace` leaves them in CI) are used as they are, which saves rebuilding the
+    // dependencies with this build's feature set.
     let under_cargo = std::env::var_os("CARGO").is_some();
-    if missing.is_empty() && !under_cargo {
+    let stale = under_cargo && older_than_sources(&dir);
+    if missing.is_empty() && !stale {
         return Ok(dir);
     }
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -120,6 +123,42 @@ pub fn binaries() -> Result<PathBuf> {
         }
     }
     Ok(dir)
+}
+
+/// Whether any of the binaries is older than the newest source file of the workspace.
+fn older_than_sources(dir: &Path) -> bool {
+    let oldest_binary = BINARIES.iter().filter_map(|b| modified(&dir.join(b))).min();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut newest_source = None;
+    for top in ["agent", "sim", "Cargo.lock", "Cargo.toml"] {
+        newest(&root.join(top), &mut newest_source);
+    }
+    match (oldest_binary, newest_source) {
+        (Some(bin), Some(src)) => bin < src,
+        _ => true,
+    }
+}
+
+fn modified(path: &Path) -> Option<std::time::SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+/// The newest modification time of the `.rs` and `.toml` files (and Cargo.lock) below `path`.
+fn newest(path: &Path, acc: &mut Option<std::time::SystemTime>) {
+    if path.is_dir() {
+        let Ok(entries) = std::fs::read_dir(path) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            newest(&entry.path(), acc);
+        }
+    } else if path
+        .extension()
+        .is_some_and(|e| e == "rs" || e == "toml" || e == "lock")
+        && let Some(t) = modified(path)
+    {
+        *acc = Some(acc.map_or(t, |a| a.max(t)));
+    }
 }
 
 const BEGIN: &str = "<!-- kuport-lab bench: begin -->";

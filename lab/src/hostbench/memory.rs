@@ -23,7 +23,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kuport_core::api::{PortMap, PortMapClass};
 use serde_json::json;
 
-use super::netns::{Netns, Proc};
+use super::netns::{Netns, Proc, owned_name};
 use super::{Measurement, list, median};
 
 const NODES: usize = 500;
@@ -105,7 +105,7 @@ pub fn measure(bins: &Path) -> Result<Vec<Measurement>> {
 
 /// One sample: a fresh namespace, API server model and agent.
 fn one_run(i: usize, kuport: &Path, sim_bin: &Path) -> Result<Watched> {
-    let dir = TempDir(std::env::temp_dir().join(format!("klb-hb{}-mem{i}", std::process::id())));
+    let dir = TempDir(std::env::temp_dir().join(owned_name(&format!("mem{i}"))));
     std::fs::create_dir_all(&dir.0).with_context(|| format!("creating {}", dir.0.display()))?;
     let kubeconfig = dir.0.join("kubeconfig");
     let ns = Netns::create(&format!("mem{i}"))?;

@@ -4,7 +4,7 @@
 use std::fs::File;
 use std::io::Read as _;
 use std::os::fd::AsFd as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -15,6 +15,11 @@ use rustix::process::{Pid, Signal};
 /// Prefix of every namespace this module creates; the process id follows, so a stale namespace
 /// can be told from one a running bench owns.
 const PREFIX: &str = "klb-hb";
+
+/// `klb-hb<pid>-<role>`: the name of a namespace or temporary directory this process owns.
+pub fn owned_name(role: &str) -> String {
+    format!("{PREFIX}{}-{role}", std::process::id())
+}
 
 /// Runs `ip` with `args`, failing with its stderr.
 pub fn ip(args: &[&str]) -> Result<()> {
@@ -41,7 +46,7 @@ pub struct Netns {
 impl Netns {
     /// Creates `klb-hb<pid>-<role>` with its loopback up.
     pub fn create(role: &str) -> Result<Self> {
-        let name = format!("{PREFIX}{}-{role}", std::process::id());
+        let name = owned_name(role);
         ip(&["netns", "add", &name]).with_context(|| format!("creating namespace {name}"))?;
         let ns = Self { name };
         ns.ip(&["link", "set", "lo", "up"])?;
@@ -145,25 +150,38 @@ impl Drop for Netns {
     }
 }
 
-/// Deletes `klb-hb<pid>-*` namespaces whose bench process is gone (a run killed by SIGKILL
-/// cannot run its guards).
+/// Deletes the `klb-hb<pid>-*` namespaces (killing what still runs in them) and temporary
+/// directories whose bench process is gone: a run killed by SIGKILL cannot run its guards.
 pub fn remove_stale() {
-    let Ok(entries) = std::fs::read_dir("/run/netns") else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name
-            .strip_prefix(PREFIX)
-            .and_then(|rest| rest.split('-').next())
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
+    for (dir, is_namespace) in [
+        (PathBuf::from("/run/netns"), true),
+        (std::env::temp_dir(), false),
+    ] {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
             continue;
         };
-        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
-            drop(Netns { name });
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !owner_gone(&name) {
+                continue;
+            }
+            if is_namespace {
+                drop(Netns { name });
+            } else {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
         }
     }
+}
+
+/// True for a `klb-hb<pid>-*` name whose process no longer runs.
+fn owner_gone(name: &str) -> bool {
+    name.strip_prefix(PREFIX)
+        .and_then(|rest| rest.split('-').next())
+        .and_then(|p| p.parse::<u32>().ok())
+        .is_some_and(|pid| {
+            pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists()
+        })
 }
 
 /// Waits for a thread and unwraps its result.

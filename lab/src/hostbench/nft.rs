@@ -63,25 +63,13 @@ pub fn measure() -> Result<Vec<Measurement>> {
 }
 
 fn rows(r: &ChildReport) -> Vec<Measurement> {
-    let n = thousands(r.mappings);
-    let n_mappings = if r.mappings == 1 {
-        "1 mapping".to_owned()
-    } else {
-        format!("{n} mappings")
-    };
+    let n_mappings = mappings_text(r.mappings);
     let first = median(&r.first_ms);
     let is_target_size = r.mappings == 5_000;
     let unchanged_ok = r.unchanged_mutations.iter().all(|m| *m == 0);
     vec![
         Measurement {
-            name: format!(
-                "plan pass, {n} same-node {} on one node",
-                if r.mappings == 1 {
-                    "mapping"
-                } else {
-                    "mappings"
-                }
-            ),
+            name: format!("plan pass, {n_mappings} on one node"),
             value: median(&r.plan_ms),
             unit: "ms".to_owned(),
             samples: r.plan_ms.len(),
@@ -89,7 +77,8 @@ fn rows(r: &ChildReport) -> Vec<Measurement> {
             target: String::new(),
             met: None,
             note: format!(
-                "median of {} passes of plan() for the node, {}; {} nft rules",
+                "median of {} passes of plan() for the node (one class, every pod on that node), \
+                 {}; {} nft rules",
                 r.plan_ms.len(),
                 build_profile(),
                 r.rules
@@ -145,6 +134,15 @@ fn rows(r: &ChildReport) -> Vec<Measurement> {
             ),
         },
     ]
+}
+
+/// `1 mapping`, `5,000 mappings`.
+pub fn mappings_text(n: usize) -> String {
+    if n == 1 {
+        "1 mapping".to_owned()
+    } else {
+        format!("{} mappings", thousands(n))
+    }
 }
 
 /// `5000` as `5,000`.
@@ -263,5 +261,7 @@ mod tests {
         assert_eq!(thousands(100), "100");
         assert_eq!(thousands(1_000), "1,000");
         assert_eq!(thousands(12_345_678), "12,345,678");
+        assert_eq!(mappings_text(1), "1 mapping");
+        assert_eq!(mappings_text(5_000), "5,000 mappings");
     }
 }
