@@ -88,6 +88,7 @@ pub struct ProcessRecord {
 
 /// Everything a lab run created, saved after every change.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct LabState {
     pub namespaces: Vec<String>,
     pub processes: Vec<ProcessRecord>,
@@ -323,7 +324,8 @@ pub fn down() -> Result<String> {
     if state.created_run_wireguard {
         let _ = std::fs::remove_dir("/run/wireguard");
     }
-    std::fs::write(&path, "{}").with_context(|| format!("clearing {}", path.display()))?;
+    let cleared = serde_json::to_string(&LabState::default()).context("encoding the lab record")?;
+    std::fs::write(&path, cleared).with_context(|| format!("clearing {}", path.display()))?;
     Ok(format!(
         "down: stopped {killed} recorded processes, deleted {deleted} namespaces"
     ))
@@ -333,6 +335,19 @@ fn comm_of(pid: i32) -> Option<String> {
     std::fs::read_to_string(format!("/proc/{pid}/comm"))
         .ok()
         .map(|s| s.trim().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cleared_or_older_record_still_reads() {
+        for text in ["{}", r#"{"namespaces": ["kl-ul"]}"#] {
+            let state: LabState = serde_json::from_str(text).expect(text);
+            assert!(state.processes.is_empty() && !state.created_run_wireguard);
+        }
+    }
 }
 
 /// Polls `check` every 50 ms until it returns true or `timeout` passes.
