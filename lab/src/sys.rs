@@ -337,19 +337,6 @@ fn comm_of(pid: i32) -> Option<String> {
         .map(|s| s.trim().to_string())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_cleared_or_older_record_still_reads() {
-        for text in ["{}", r#"{"namespaces": ["kl-ul"]}"#] {
-            let state: LabState = serde_json::from_str(text).expect(text);
-            assert!(state.processes.is_empty() && !state.created_run_wireguard);
-        }
-    }
-}
-
 /// Polls `check` every 50 ms until it returns true or `timeout` passes.
 pub fn wait_until(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
@@ -361,5 +348,18 @@ pub fn wait_until(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
             return false;
         }
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cleared_or_older_record_still_reads() {
+        for text in ["{}", r#"{"namespaces": ["kl-ul"]}"#] {
+            let state: LabState = serde_json::from_str(text).expect(text);
+            assert!(state.processes.is_empty() && !state.created_run_wireguard);
+        }
     }
 }
