@@ -143,6 +143,13 @@ impl Runner<'_> {
     async fn start_cluster(&mut self) -> Result<()> {
         let kubeconfig = self.topo.kubeconfig.display().to_string();
         let sim = self.topo.bin("kuport-sim");
+        // A kubeconfig left by the previous scenario would pass the readiness check below early.
+        match std::fs::remove_file(&self.topo.kubeconfig) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(e).with_context(|| format!("removing the old {kubeconfig}"));
+            }
+            _ => {}
+        }
         let pid = self.lab.spawn(
             UL_NS,
             "apiserver",
@@ -155,9 +162,11 @@ impl Runner<'_> {
         let path = self.topo.kubeconfig.clone();
         if !sys::wait_until(Duration::from_secs(15), || {
             std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
-                && path.exists()
+                // An empty file parses as an empty kubeconfig, so ask for its context.
+                && kube::config::Kubeconfig::read_from(&path)
+                    .is_ok_and(|k| k.current_context.is_some())
         }) {
-            bail!("the API server did not listen on {API_ADDR} within 15 s");
+            bail!("the API server did not listen on {API_ADDR} and write {kubeconfig} within 15 s");
         }
         let cluster = Cluster::connect(&self.topo.kubeconfig).await?;
         if self.topo.scenario.cni.is_cilium() {
