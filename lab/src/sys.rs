@@ -64,6 +64,17 @@ pub fn ip(args: &[&str]) -> Result<String> {
     run("ip", args)
 }
 
+/// `ip <words>`: one line reads like the command an operator would type.
+/// No argument the lab passes contains whitespace, so splitting on it is exact.
+pub fn ip_line(words: &str) -> Result<String> {
+    ip(&words.split_whitespace().collect::<Vec<_>>())
+}
+
+/// `ip -n <ns> <words>`.
+pub fn ip_in(ns: &str, words: &str) -> Result<String> {
+    ip_line(&format!("-n {ns} {words}"))
+}
+
 /// A shell script inside a namespace.
 pub fn sh(ns: &str, script: &str) -> Result<String> {
     run("ip", &["netns", "exec", ns, "sh", "-ec", script])

@@ -18,7 +18,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 
 use crate::scenario::{Cni, PodSpec, Protocol, RpFilter, Scenario};
-use crate::sys::{self, Lab, exec, ip, sh};
+use crate::sys::{self, Lab, exec, ip, ip_in, ip_line, sh};
 
 pub const UL_NS: &str = "kl-ul";
 pub const INET_NS: &str = "kl-inet";
@@ -156,66 +156,18 @@ pub fn build(lab: &mut Lab, scenario: &Scenario, bins: &Path) -> Result<Topology
         attach_underlay(&ns, &format!("u{index}"), underlay_ip)?;
         let public = if spec.public {
             let addr = Ipv4Addr::new(203, 0, 113, index);
-            ip(&[
-                "link",
-                "add",
-                "enp1s0",
-                "netns",
-                &ns,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                &format!("p{index}"),
-                "netns",
-                INET_NS,
-            ])?;
-            ip(&[
-                "-n",
-                INET_NS,
-                "link",
-                "set",
-                &format!("p{index}"),
-                "master",
-                "pub0",
-                "up",
-            ])?;
-            ip(&[
-                "-n",
-                &ns,
-                "addr",
-                "add",
-                &format!("{addr}/24"),
-                "dev",
-                "enp1s0",
-            ])?;
-            ip(&["-n", &ns, "link", "set", "enp1s0", "up"])?;
-            ip(&[
-                "-n",
-                &ns,
-                "route",
-                "add",
-                "default",
-                "via",
-                "203.0.113.254",
-                "dev",
-                "enp1s0",
-            ])?;
+            ip_line(&format!(
+                "link add enp1s0 netns {ns} type veth peer name p{index} netns {INET_NS}"
+            ))?;
+            ip_in(INET_NS, &format!("link set p{index} master pub0 up"))?;
+            ip_in(&ns, &format!("addr add {addr}/24 dev enp1s0"))?;
+            ip_in(&ns, "link set enp1s0 up")?;
+            ip_in(&ns, "route add default via 203.0.113.254 dev enp1s0")?;
             Some(addr)
         } else {
             // A worker's own egress: an underlay gateway that does not forward, so a reply
             // taking the wrong route is lost as on a real site.
-            ip(&[
-                "-n",
-                &ns,
-                "route",
-                "add",
-                "default",
-                "via",
-                "192.0.2.254",
-                "dev",
-                "ul0",
-            ])?;
+            ip_in(&ns, "route add default via 192.0.2.254 dev ul0")?;
             None
         };
         let mesh = Ipv4Addr::new(100, 64, 0, index);
@@ -276,9 +228,9 @@ pub fn build(lab: &mut Lab, scenario: &Scenario, bins: &Path) -> Result<Topology
 fn underlay(lab: &mut Lab) -> Result<()> {
     lab.add_namespace(UL_NS)?;
     exec(UL_NS, "sysctl", &["-qw", "net.ipv4.ip_forward=0"])?;
-    ip(&["-n", UL_NS, "link", "add", "br0", "type", "bridge"])?;
-    ip(&["-n", UL_NS, "addr", "add", "192.0.2.254/24", "dev", "br0"])?;
-    ip(&["-n", UL_NS, "link", "set", "br0", "up"])?;
+    ip_in(UL_NS, "link add br0 type bridge")?;
+    ip_in(UL_NS, "addr add 192.0.2.254/24 dev br0")?;
+    ip_in(UL_NS, "link set br0 up")?;
     Ok(())
 }
 
@@ -286,66 +238,29 @@ fn internet(lab: &mut Lab) -> Result<()> {
     lab.add_namespace(INET_NS)?;
     exec(INET_NS, "sysctl", &["-qw", "net.ipv4.ip_forward=1"])?;
     for (br, addr) in [("cli0", "198.51.100.1/24"), ("pub0", "203.0.113.254/24")] {
-        ip(&["-n", INET_NS, "link", "add", br, "type", "bridge"])?;
-        ip(&["-n", INET_NS, "addr", "add", addr, "dev", br])?;
-        ip(&["-n", INET_NS, "link", "set", br, "up"])?;
+        ip_in(INET_NS, &format!("link add {br} type bridge"))?;
+        ip_in(INET_NS, &format!("addr add {addr} dev {br}"))?;
+        ip_in(INET_NS, &format!("link set {br} up"))?;
     }
     lab.add_namespace(CLIENT_NS)?;
     exec(CLIENT_NS, "sysctl", &["-qw", "net.ipv4.tcp_tw_reuse=1"])?;
-    ip(&[
-        "link", "add", "c0", "netns", CLIENT_NS, "type", "veth", "peer", "name", "ci0", "netns",
-        INET_NS,
-    ])?;
-    ip(&["-n", INET_NS, "link", "set", "ci0", "master", "cli0", "up"])?;
-    ip(&[
-        "-n",
-        CLIENT_NS,
-        "addr",
-        "add",
-        &format!("{CLIENT_IP}/24"),
-        "dev",
-        "c0",
-    ])?;
-    ip(&["-n", CLIENT_NS, "link", "set", "c0", "up"])?;
-    ip(&[
-        "-n",
-        CLIENT_NS,
-        "route",
-        "add",
-        "default",
-        "via",
-        "198.51.100.1",
-    ])?;
+    ip_line(&format!(
+        "link add c0 netns {CLIENT_NS} type veth peer name ci0 netns {INET_NS}"
+    ))?;
+    ip_in(INET_NS, "link set ci0 master cli0 up")?;
+    ip_in(CLIENT_NS, &format!("addr add {CLIENT_IP}/24 dev c0"))?;
+    ip_in(CLIENT_NS, "link set c0 up")?;
+    ip_in(CLIENT_NS, "route add default via 198.51.100.1")?;
     Ok(())
 }
 
 fn attach_underlay(ns: &str, bridge_port: &str, addr: Ipv4Addr) -> Result<()> {
-    ip(&[
-        "link",
-        "add",
-        "ul0",
-        "netns",
-        ns,
-        "type",
-        "veth",
-        "peer",
-        "name",
-        bridge_port,
-        "netns",
-        UL_NS,
-    ])?;
-    ip(&[
-        "-n",
-        UL_NS,
-        "link",
-        "set",
-        bridge_port,
-        "master",
-        "br0",
-        "up",
-    ])?;
-    ip(&["-n", ns, "addr", "add", &format!("{addr}/24"), "dev", "ul0"])?;
-    ip(&["-n", ns, "link", "set", "ul0", "up"])?;
+    ip_line(&format!(
+        "link add ul0 netns {ns} type veth peer name {bridge_port} netns {UL_NS}"
+    ))?;
+    ip_in(UL_NS, &format!("link set {bridge_port} master br0 up"))?;
+    ip_in(ns, &format!("addr add {addr}/24 dev ul0"))?;
+    ip_in(ns, "link set ul0 up")?;
     Ok(())
 }
 
@@ -423,47 +338,22 @@ pub fn configure_mesh(topo: &Topology, me: &MeshMember) -> Result<()> {
     }
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     wg(me.wg_pid, &refs)?;
-    ip(&["-n", &me.ns, "link", "set", "wt0", "mtu", MESH_MTU, "up"])?;
-    ip(&[
-        "-n",
-        &me.ns,
-        "addr",
-        "add",
-        &format!("{}/16", me.mesh),
-        "dev",
-        "wt0",
-    ])?;
+    ip_in(&me.ns, &format!("link set wt0 mtu {MESH_MTU} up"))?;
+    ip_in(&me.ns, &format!("addr add {}/16 dev wt0", me.mesh))?;
     if !me.is_node {
         return Ok(());
     }
     mesh_routes(topo, me)?;
-    let rules = ip(&["-n", &me.ns, "rule", "show"])?;
+    let rules = ip_in(&me.ns, "rule show")?;
     if !rules.contains("105:") {
-        ip(&[
-            "-n",
+        ip_in(
             &me.ns,
-            "rule",
-            "add",
-            "pref",
-            "105",
-            "lookup",
-            "main",
-            "suppress_prefixlength",
-            "0",
-        ])?;
-        ip(&[
-            "-n",
+            "rule add pref 105 lookup main suppress_prefixlength 0",
+        )?;
+        ip_in(
             &me.ns,
-            "rule",
-            "add",
-            "pref",
-            "110",
-            "not",
-            "fwmark",
-            MESH_FWMARK,
-            "lookup",
-            MESH_TABLE,
-        ])?;
+            &format!("rule add pref 110 not fwmark {MESH_FWMARK} lookup {MESH_TABLE}"),
+        )?;
     }
     Ok(())
 }
@@ -476,22 +366,16 @@ fn mesh_routes(topo: &Topology, me: &MeshMember) -> Result<()> {
     } else {
         MESH_PREFIX
     };
-    ip(&[
-        "-n", &me.ns, "route", "replace", dest, "dev", "wt0", "table", MESH_TABLE,
-    ])?;
+    ip_in(
+        &me.ns,
+        &format!("route replace {dest} dev wt0 table {MESH_TABLE}"),
+    )?;
     for peer in topo.mesh.iter().filter(|p| p.name != me.name && p.is_node) {
         if let Some(cidr) = &peer.pod_cidr {
-            ip(&[
-                "-n",
+            ip_in(
                 &me.ns,
-                "route",
-                "replace",
-                cidr,
-                "via",
-                &peer.mesh.to_string(),
-                "dev",
-                "wt0",
-            ])?;
+                &format!("route replace {cidr} via {} dev wt0", peer.mesh),
+            )?;
         }
     }
     Ok(())
@@ -503,37 +387,22 @@ fn cni(topo: &Topology, node: &NodeInfo) -> Result<()> {
     let ns = &node.ns;
     let cni = topo.scenario.cni;
     if cni.is_cilium() {
-        ip(&["-n", ns, "link", "add", "cilium_host", "type", "bridge"])?;
-        ip(&[
-            "-n",
+        ip_in(ns, "link add cilium_host type bridge")?;
+        ip_in(
             ns,
-            "addr",
-            "add",
-            &format!("{}/24", node.pod_gateway),
-            "dev",
-            "cilium_host",
-        ])?;
-        ip(&["-n", ns, "link", "set", "cilium_host", "up"])?;
+            &format!("addr add {}/24 dev cilium_host", node.pod_gateway),
+        )?;
+        ip_in(ns, "link set cilium_host up")?;
     }
     if cni == Cni::CiliumTunnel {
-        ip(&[
-            "-n",
+        ip_in(
             ns,
-            "link",
-            "add",
-            "cilium_vxlan",
-            "type",
-            "vxlan",
-            "id",
-            "2",
-            "dstport",
-            "8472",
-            "local",
-            &node.mesh.to_string(),
-            "dev",
-            "wt0",
-        ])?;
-        ip(&["-n", ns, "link", "set", "cilium_vxlan", "mtu", "1370", "up"])?;
+            &format!(
+                "link add cilium_vxlan type vxlan id 2 dstport 8472 local {} dev wt0",
+                node.mesh
+            ),
+        )?;
+        ip_in(ns, "link set cilium_vxlan mtu 1370 up")?;
         for peer in topo.nodes.iter().filter(|p| p.name != node.name) {
             sys::run(
                 "ip",
@@ -551,18 +420,13 @@ fn cni(topo: &Topology, node: &NodeInfo) -> Result<()> {
                     &peer.mesh.to_string(),
                 ],
             )?;
-            ip(&[
-                "-n",
+            ip_in(
                 ns,
-                "route",
-                "add",
-                &peer.pod_cidr,
-                "via",
-                &peer.pod_gateway.to_string(),
-                "dev",
-                "cilium_vxlan",
-                "onlink",
-            ])?;
+                &format!(
+                    "route add {} via {} dev cilium_vxlan onlink",
+                    peer.pod_cidr, peer.pod_gateway
+                ),
+            )?;
         }
     }
     let rules = match cni {
@@ -613,7 +477,7 @@ pub fn restart_mesh(lab: &mut Lab, topo: &mut Topology, name: &str) -> Result<()
     lab.stop(old, rustix::process::Signal::TERM, Duration::from_secs(3))?;
     let ns = topo.mesh[idx].ns.clone();
     sys::wait_until(Duration::from_secs(3), || {
-        ip(&["-n", &ns, "link", "show", "wt0"]).is_err()
+        ip_in(&ns, "link show wt0").is_err()
     });
     let pid = start_wireguard(lab, &ns, name)?;
     topo.mesh[idx].wg_pid = pid;
@@ -651,73 +515,27 @@ pub fn start_pod(lab: &mut Lab, topo: &mut Topology, spec: &PodSpec, node: &str)
     } else {
         format!("veth{k}")
     };
-    ip(&[
-        "link", "add", "eth0", "netns", &ns, "type", "veth", "peer", "name", &host_if, "netns",
-        &n.ns,
-    ])?;
-    ip(&[
-        "-n",
-        &ns,
-        "addr",
-        "add",
-        &format!("{pod_ip}/24"),
-        "dev",
-        "eth0",
-    ])?;
-    ip(&["-n", &ns, "link", "set", "eth0", "up"])?;
+    ip_line(&format!(
+        "link add eth0 netns {ns} type veth peer name {host_if} netns {}",
+        n.ns
+    ))?;
+    ip_in(&ns, &format!("addr add {pod_ip}/24 dev eth0"))?;
+    ip_in(&ns, "link set eth0 up")?;
     if topo.scenario.cni.is_cilium() {
-        ip(&[
-            "-n",
-            &n.ns,
-            "link",
-            "set",
-            &host_if,
-            "master",
-            "cilium_host",
-            "up",
-        ])?;
-        ip(&[
-            "-n",
-            &ns,
-            "route",
-            "add",
-            "default",
-            "via",
-            &n.pod_gateway.to_string(),
-        ])?;
+        ip_in(&n.ns, &format!("link set {host_if} master cilium_host up"))?;
+        ip_in(&ns, &format!("route add default via {}", n.pod_gateway))?;
     } else {
         // kindnet: a point-to-point veth per pod, the gateway address on every host side.
-        ip(&[
-            "-n",
+        ip_in(
             &n.ns,
-            "addr",
-            "add",
-            &format!("{}/32", n.pod_gateway),
-            "dev",
-            &host_if,
-        ])?;
-        ip(&["-n", &n.ns, "link", "set", &host_if, "up"])?;
-        ip(&[
-            "-n",
-            &n.ns,
-            "route",
-            "add",
-            &format!("{pod_ip}/32"),
-            "dev",
-            &host_if,
-        ])?;
-        ip(&[
-            "-n",
+            &format!("addr add {}/32 dev {host_if}", n.pod_gateway),
+        )?;
+        ip_in(&n.ns, &format!("link set {host_if} up"))?;
+        ip_in(&n.ns, &format!("route add {pod_ip}/32 dev {host_if}"))?;
+        ip_in(
             &ns,
-            "route",
-            "add",
-            "default",
-            "via",
-            &n.pod_gateway.to_string(),
-            "dev",
-            "eth0",
-            "onlink",
-        ])?;
+            &format!("route add default via {} dev eth0 onlink", n.pod_gateway),
+        )?;
     }
     let mut pod = PodInfo {
         spec: spec.clone(),
@@ -810,20 +628,20 @@ pub fn foreign_listing(ns: &str) -> Result<String> {
         out.push('\n');
     }
     out.push_str("# rules\n");
-    for line in ip(&["-n", ns, "rule", "show"])?.lines() {
+    for line in ip_in(ns, "rule show")?.lines() {
         if !line.contains("fwmark 0x6b70") {
             out.push_str(line);
             out.push('\n');
         }
     }
     out.push_str("# routes\n");
-    let kuport_tables: Vec<String> = ip(&["-n", ns, "rule", "show"])?
+    let kuport_tables: Vec<String> = ip_in(ns, "rule show")?
         .lines()
         .filter(|l| l.contains("fwmark 0x6b70"))
         .filter_map(|l| l.split("lookup ").nth(1).map(|t| t.trim().to_string()))
         .filter(|t| t != "main")
         .collect();
-    for line in ip(&["-n", ns, "route", "show", "table", "all"])?.lines() {
+    for line in ip_in(ns, "route show table all")?.lines() {
         let in_kuport_table = kuport_tables.iter().any(|t| {
             line.contains(&format!("table {t} ")) || line.ends_with(&format!("table {t}"))
         });
@@ -833,7 +651,7 @@ pub fn foreign_listing(ns: &str) -> Result<String> {
         }
     }
     out.push_str("# links\n");
-    for line in ip(&["-n", ns, "-o", "link", "show"])?.lines() {
+    for line in ip_in(ns, "-o link show")?.lines() {
         if !line.contains(": kup-") {
             // Counters and the kernel's link index of a peer are not configuration.
             out.push_str(
@@ -847,7 +665,7 @@ pub fn foreign_listing(ns: &str) -> Result<String> {
         }
     }
     out.push_str("# addresses\n");
-    for line in ip(&["-n", ns, "-o", "addr", "show"])?.lines() {
+    for line in ip_in(ns, "-o addr show")?.lines() {
         if !line.contains(" kup-") {
             out.push_str(line.split("valid_lft").next().unwrap_or(line));
             out.push('\n');
@@ -886,19 +704,19 @@ pub fn kuport_leftovers(ns: &str) -> Result<Vec<String>> {
     if exec(ns, "nft", &["list", "table", "ip", "kuport"]).is_ok() {
         left.push("table ip kuport".to_string());
     }
-    for line in ip(&["-n", ns, "-o", "link", "show"])?.lines() {
+    for line in ip_in(ns, "-o link show")?.lines() {
         if let Some(name) = line.split(": ").nth(1)
             && name.starts_with("kup-")
         {
             left.push(format!("link {}", name.split('@').next().unwrap_or(name)));
         }
     }
-    for line in ip(&["-n", ns, "rule", "show"])?.lines() {
+    for line in ip_in(ns, "rule show")?.lines() {
         if line.contains("fwmark 0x6b70") {
             left.push(format!("rule {line}"));
         }
     }
-    for line in ip(&["-n", ns, "route", "show", "table", "all"])?.lines() {
+    for line in ip_in(ns, "route show table all")?.lines() {
         if line.contains("kup-") {
             left.push(format!("route {line}"));
         }
