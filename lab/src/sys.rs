@@ -143,7 +143,7 @@ impl Lab {
 
     fn save(&self) -> Result<()> {
         let text = serde_json::to_string_pretty(&self.state).context("encoding the lab record")?;
-        std::fs::write(&self.path, text).with_context(|| format!("writing {}", self.path.display()))
+        replace_file(&self.path, &text)
     }
 
     /// Creates a namespace with loopback up and IPv6 off, recording it first so a failure
@@ -336,10 +336,22 @@ pub fn down() -> Result<String> {
         let _ = std::fs::remove_dir("/run/wireguard");
     }
     let cleared = serde_json::to_string(&LabState::default()).context("encoding the lab record")?;
-    std::fs::write(&path, cleared).with_context(|| format!("clearing {}", path.display()))?;
+    replace_file(&path, &cleared)?;
     Ok(format!(
         "down: stopped {killed} recorded processes, deleted {deleted} namespaces"
     ))
+}
+
+/// The record is rewritten on every namespace and process; an interrupted lab must still leave
+/// it whole (old or new, never truncated) or `down` cannot find what to remove.
+fn replace_file(path: &Path, contents: &str) -> Result<()> {
+    use std::io::Write;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)
+        .with_context(|| format!("creating a temporary file next to {}", path.display()))?;
+    tmp.write_all(contents.as_bytes())
+        .and_then(|()| tmp.persist(path).map(drop).map_err(|e| e.error))
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 fn comm_of(pid: i32) -> Option<String> {
@@ -365,6 +377,23 @@ pub fn wait_until(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_record_is_replaced_whole_without_a_temporary_file_left() {
+        let dir = std::env::temp_dir().join(format!("kuport-lab-record-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("state.json");
+        std::fs::write(&path, "old").unwrap();
+        replace_file(&path, "{}").unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(text, "{}");
+        assert_eq!(names, vec!["state.json"]);
+    }
 
     #[test]
     fn a_cleared_or_older_record_still_reads() {
