@@ -14,10 +14,15 @@ use crate::api::Protocol;
 
 /// nftables table kuport owns (family `ip`).
 pub const TABLE: &str = "kuport";
-/// The local mark: "this flow's replies leave by the main table".
-pub const LOCAL_MARK: u32 = 0x6b70_0000;
-/// Mask selecting kuport's mark space (`0x6b70xxxx`).
-pub const MARK_MASK: u32 = 0xffff_0000;
+/// Routing tables kuport owns are numbered from here: `LINK_TABLE_BASE + link id`.
+pub const LINK_TABLE_BASE: u32 = 0x6b70_0000;
+/// The address every mapped destination is moved to before a host firewall sees it (the
+/// steering stage): one link-local address per node, never assigned to a device and never
+/// routed, because DNAT replaces it before routing. Its /24 is reserved: refused as a class
+/// subnet.
+pub const STAND_IN: Ipv4Addr = Ipv4Addr::new(169, 254, 107, 1);
+/// The block [`STAND_IN`] belongs to.
+pub const STAND_IN_BLOCK: (Ipv4Addr, u8) = (Ipv4Addr::new(169, 254, 107, 0), 24);
 /// ip rule priority of the loop guard (link mark to the peer's InternalIP → main).
 pub const PREF_LOOP_GUARD: u32 = 101;
 /// ip rule priority of the reply steering rules.
@@ -33,9 +38,14 @@ pub const RP_FILTER_LOOSE: u8 = 2;
 /// Bytes VXLAN over IPv4 adds to a packet.
 pub const VXLAN_OVERHEAD: u32 = 50;
 
-/// kuport's four chains, in the order they are created (and listed).
+/// kuport's chains, in the order they are created (and listed).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum ChainId {
+    /// filter prerouting, `raw`: the link guard (UDP to a link port only from link peers).
+    Guard,
+    /// filter prerouting, `mangle + 20`: the steering stage (a mapped port on one of the
+    /// node's own addresses is marked and moved to the stand-in, past host firewalls).
+    Steer,
     /// nat prerouting, `dstnat - 10`: DNAT rules, each marking its flow.
     Pre,
     /// nat postrouting, `srcnat - 10`: identity SNAT claiming kuport's flows.
@@ -59,11 +69,20 @@ pub enum Hook {
 
 impl ChainId {
     /// All chains in creation order.
-    pub const ALL: [ChainId; 4] = [ChainId::Pre, ChainId::Post, ChainId::Mangle, ChainId::Fwd];
+    pub const ALL: [ChainId; 6] = [
+        ChainId::Guard,
+        ChainId::Steer,
+        ChainId::Pre,
+        ChainId::Post,
+        ChainId::Mangle,
+        ChainId::Fwd,
+    ];
 
     /// The chain's name (`kup-` prefixed: `mark`, `fwd`, `dnat`, `snat` are nft keywords).
     pub fn name(self) -> &'static str {
         match self {
+            ChainId::Guard => "kup-guard",
+            ChainId::Steer => "kup-steer",
             ChainId::Pre => "kup-pre",
             ChainId::Post => "kup-post",
             ChainId::Mangle => "kup-mangle",
@@ -75,14 +94,14 @@ impl ChainId {
     pub fn chain_type(self) -> &'static str {
         match self {
             ChainId::Pre | ChainId::Post => "nat",
-            ChainId::Mangle | ChainId::Fwd => "filter",
+            ChainId::Guard | ChainId::Steer | ChainId::Mangle | ChainId::Fwd => "filter",
         }
     }
 
     /// The hook the chain attaches to.
     pub fn hook(self) -> Hook {
         match self {
-            ChainId::Pre | ChainId::Mangle => Hook::Prerouting,
+            ChainId::Guard | ChainId::Steer | ChainId::Pre | ChainId::Mangle => Hook::Prerouting,
             ChainId::Post => Hook::Postrouting,
             ChainId::Fwd => Hook::Forward,
         }
@@ -90,8 +109,14 @@ impl ChainId {
 
     /// The priority as an integer: nft accepts a string priority in JSON, reports success and
     /// creates a chain with no hook, so the host layer must always write this number.
+    ///
+    /// The steering stage sits between -150 (a mesh's mangle mark, netbird's, which must still
+    /// see the node's own address) and -110 (a host firewall's filter chain, Talos's, which
+    /// drops new connections to the node's addresses); the guard runs before conntrack.
     pub fn priority(self) -> i32 {
         match self {
+            ChainId::Guard => -300,
+            ChainId::Steer => -130,
             ChainId::Pre => -110,
             ChainId::Post => 90,
             ChainId::Mangle => -140,
@@ -102,6 +127,8 @@ impl ChainId {
     /// The short label used in counter names and metrics (`pre`, `post`).
     pub fn label(self) -> &'static str {
         match self {
+            ChainId::Guard => "guard",
+            ChainId::Steer => "steer",
             ChainId::Pre => "pre",
             ChainId::Post => "post",
             ChainId::Mangle => "mangle",
@@ -153,9 +180,39 @@ impl std::fmt::Display for PortRange {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "camelCase")]
 pub enum Rule {
-    /// kup-mangle: a reply of a kuport flow takes its flow's mark as packet mark, so ip rules
-    /// route it back the way the request came.
-    RestoreReplyMark,
+    /// kup-guard: link frames from the link peers on the underlay device are let through, and
+    /// left untracked (a host firewall's `ct state new` drop then cannot see them).
+    GuardAllow {
+        /// The underlay device.
+        device: String,
+        /// The link port.
+        port: u16,
+        /// The peers' underlay addresses, sorted.
+        peers: Vec<Ipv4Addr>,
+    },
+    /// kup-guard: anything else addressed to this node on a link port is dropped and counted:
+    /// the kernel's VXLAN socket would accept a frame from anyone.
+    GuardDrop {
+        /// The link port.
+        port: u16,
+        /// The named counter of the drops.
+        counter: String,
+    },
+    /// kup-steer: a request to one of this node's own addresses on a mapped port that no other
+    /// datapath has marked gets kuport's local mark as packet mark, so strict reverse-path
+    /// filtering follows kuport's fwmark rule (with `src_valid_mark`). A packet another
+    /// datapath marked (netbird marks its mesh traffic and checks the exact value later) is
+    /// left as it is.
+    MarkRequest(SteerRule),
+    /// kup-steer: a request to one of this node's own addresses on a mapped port records the
+    /// flow's mark and is moved to the stand-in address, out of a host firewall's way.
+    Steer(SteerRule),
+    /// kup-mangle: a reply of a kuport flow takes its flow's mark as packet mark (kuport's
+    /// bits only), so ip rules route it back the way the request came.
+    RestoreReplyMark {
+        /// The mark value restored.
+        mark: u32,
+    },
     /// kup-mangle: a request arriving over link `iface` records the link's mark in its flow.
     SaveArrivalLink {
         /// The link device.
@@ -173,20 +230,38 @@ pub enum Rule {
     IdentitySnat(SnatRule),
 }
 
-/// A DNAT rule.
+/// A steering rule.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SteerRule {
+    /// Input interface matched.
+    pub iif: String,
+    /// The node's own address matched (the interface's address, or the link end).
+    pub daddr: Ipv4Addr,
+    /// Protocol matched.
+    pub protocol: Protocol,
+    /// Destination ports matched.
+    pub ports: PortRange,
+    /// Mark written into the flow (the local mark, on an accepting node); none on the pod's
+    /// node, where the arrival link's mark is already in the flow.
+    pub mark: Option<u32>,
+    /// The mapping.
+    pub comment: String,
+}
+
+/// A DNAT rule. It matches only steered packets (the stand-in address, and on an accepting node
+/// the flow mark steering wrote): traffic not addressed to the node is never steered.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DnatRule {
     /// Input interface matched.
     pub iif: String,
-    /// Destination address matched (the link end, on the pod's node); none on an accepting node.
-    pub daddr: Option<Ipv4Addr>,
+    /// The flow mark an accepting node's steering wrote (matched under kuport's mask).
+    pub mark: Option<u32>,
     /// Protocol matched.
     pub protocol: Protocol,
     /// Destination ports matched.
     pub ports: PortRange,
-    /// Mark written into the flow (the local mark on an accepting node).
-    pub set_ct_mark: Option<u32>,
     /// New destination address.
     pub to: Ipv4Addr,
     /// New destination port: set only for a single port translated to a different pod port.
@@ -231,6 +306,9 @@ pub struct Counter {
 /// kuport's nftables table.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NftTable {
+    /// The mark bits the rules read and write.
+    #[serde(default)]
+    pub marks: MarkLayout,
     /// Named counters, sorted by name.
     pub counters: Vec<Counter>,
     /// Rules of each chain, in chain order; each list sorted.
@@ -296,8 +374,10 @@ pub struct Link {
 pub struct IpRule {
     /// Rule priority.
     pub priority: u32,
-    /// Packet mark matched (full 32-bit mask).
+    /// Packet mark matched, under `fwmask`.
     pub fwmark: u32,
+    /// The bits of the packet mark compared (kuport's mask).
+    pub fwmask: u32,
     /// Destination matched, when any.
     pub to: Option<Ipv4Net>,
     /// Table looked up (254 = main).
@@ -329,6 +409,10 @@ pub struct HostState {
     pub rules: Vec<IpRule>,
     /// Routes, sorted.
     pub routes: Vec<Route>,
+    /// Interfaces whose reverse-path check must honour packet marks (`src_valid_mark`): the
+    /// accepting interfaces, sorted.
+    #[serde(default)]
+    pub valid_mark_interfaces: Vec<String>,
 }
 
 impl HostState {
@@ -347,11 +431,158 @@ impl HostState {
         self.rules.dedup();
         self.routes.sort();
         self.routes.dedup();
+        self.valid_mark_interfaces.sort();
+        self.valid_mark_interfaces.dedup();
+    }
+
+    /// This state without the named links and everything that leads into them: the rules on
+    /// the link, the accepting DNAT toward its far end, its marks, rules and route. A steering
+    /// rule whose DNAT is gone goes too, so no packet is moved to the stand-in address and then
+    /// left unmatched. Applied when the kernel refuses a link, so only the mappings using it
+    /// stop.
+    pub fn without_links(&self, names: &[String]) -> HostState {
+        let gone: Vec<&Link> = self
+            .links
+            .iter()
+            .filter(|l| names.contains(&l.name))
+            .collect();
+        if gone.is_empty() {
+            return self.clone();
+        }
+        let on_gone = |iif: &str| gone.iter().any(|l| l.name == iif);
+        let far_end = |to: Ipv4Addr| gone.iter().any(|l| l.peer_address == to);
+        let gone_mark = |mark: u32| gone.iter().any(|l| l.mark == mark);
+        let mut out = self.clone();
+        out.links.retain(|l| !names.contains(&l.name));
+        for (_, rules) in &mut out.nft.chains {
+            rules.retain(|r| match r {
+                Rule::Dnat(d) => !on_gone(&d.iif) && !far_end(d.to),
+                Rule::IdentitySnat(s) => !far_end(s.daddr),
+                Rule::SaveArrivalLink { iface, .. } => !on_gone(iface),
+                Rule::RestoreReplyMark { mark } => !gone_mark(*mark),
+                _ => true,
+            });
+        }
+        let dnats: Vec<(String, String)> = out
+            .nft
+            .rules(ChainId::Pre)
+            .iter()
+            .filter_map(|r| match r {
+                Rule::Dnat(d) => Some((d.iif.clone(), d.comment.clone())),
+                _ => None,
+            })
+            .collect();
+        for (_, rules) in &mut out.nft.chains {
+            rules.retain(|r| match r {
+                Rule::Steer(st) | Rule::MarkRequest(st) => {
+                    dnats.iter().any(|(i, c)| *i == st.iif && *c == st.comment)
+                }
+                _ => true,
+            });
+        }
+        out.rules.retain(|r| !gone_mark(r.fwmark));
+        out.routes.retain(|r| !on_gone(&r.dev));
+        out
     }
 }
 
-/// The mark (and routing table) of a link with the given VNI: kuport's mark space plus the
-/// VNI's low 16 bits.
-pub fn link_mark(vni: u32) -> u32 {
-    LOCAL_MARK | (vni & 0xffff)
+/// The packet and conntrack mark bits kuport owns, and the values it writes into them.
+///
+/// kuport reads and writes only the bits of `mask` (every write keeps the other bits of the
+/// word), so other datapaths' marks pass through untouched. The local mark ("this flow's replies
+/// leave by the main table") is `base`; link `k` (1, 2, …) is `base + k` steps of the mask's
+/// lowest bit. The default keeps to the low byte, which none of the datapaths in
+/// [`KNOWN_MARKS`] uses: 254 links per node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MarkLayout {
+    /// The local mark's value, inside `mask`.
+    pub base: u32,
+    /// The bits kuport owns: one contiguous run.
+    pub mask: u32,
+}
+
+/// Mark bits other datapaths own, which kuport's mask must not touch: (who, bits).
+pub const KNOWN_MARKS: [(&str, u32); 5] = [
+    ("kube-proxy (0x4000 masquerade, 0x8000 drop)", 0x0000_c000),
+    ("Cilium (magic marks 0x0F00)", 0x0000_0f00),
+    ("Calico (default mark mask 0xffff0000)", 0xffff_0000),
+    ("netbird (0x1bd00)", 0x0001_bd00),
+    ("Tailscale (0xff0000)", 0x00ff_0000),
+];
+
+impl Default for MarkLayout {
+    fn default() -> Self {
+        Self {
+            base: 0x01,
+            mask: 0xff,
+        }
+    }
+}
+
+impl MarkLayout {
+    /// Checks the layout: a contiguous non-empty mask, a non-zero base inside it, and no bit
+    /// another known datapath uses. The error says which rule failed.
+    pub fn validate(&self) -> Result<(), String> {
+        let MarkLayout { base, mask } = *self;
+        if mask == 0 {
+            return Err("the mark mask is empty".to_owned());
+        }
+        let shifted = mask >> mask.trailing_zeros();
+        if shifted & (shifted + 1) != 0 {
+            return Err(format!(
+                "the mark mask {mask:#010x} is not one contiguous run of bits"
+            ));
+        }
+        if base & !mask != 0 || base == 0 {
+            return Err(format!(
+                "the mark base {base:#010x} must be non-zero and inside the mask {mask:#010x}"
+            ));
+        }
+        let clashes: Vec<String> = KNOWN_MARKS
+            .iter()
+            .filter(|(_, bits)| bits & mask != 0)
+            .map(|(who, bits)| format!("{:#010x} used by {who}", bits & mask))
+            .collect();
+        if !clashes.is_empty() {
+            return Err(format!(
+                "the mark mask {mask:#010x} overlaps bits {}",
+                clashes.join("; ")
+            ));
+        }
+        Ok(())
+    }
+
+    fn step(&self) -> u32 {
+        1 << self.mask.trailing_zeros()
+    }
+
+    /// The local mark.
+    pub fn local(&self) -> u32 {
+        self.base
+    }
+
+    /// How many link marks fit after the local mark.
+    pub fn link_capacity(&self) -> u32 {
+        let top = self.mask >> self.mask.trailing_zeros();
+        top.saturating_sub(self.base >> self.mask.trailing_zeros())
+    }
+
+    /// The mark of link `id` (1-based), when it fits.
+    pub fn link_mark(&self, id: u32) -> Option<u32> {
+        (id >= 1 && id <= self.link_capacity()).then(|| self.base + id * self.step())
+    }
+
+    /// The routing table of the flows carrying `mark`.
+    pub fn table(&self, mark: u32) -> u32 {
+        LINK_TABLE_BASE + (mark >> self.mask.trailing_zeros())
+    }
+
+    /// The link id a kuport routing table stands for (the inverse of [`Self::table`]).
+    pub fn link_id_of_table(&self, table: u32) -> Option<u32> {
+        let value = table.checked_sub(LINK_TABLE_BASE)?;
+        let base = self.base >> self.mask.trailing_zeros();
+        let id = value.checked_sub(base)?;
+        (id >= 1 && id <= self.link_capacity()).then_some(id)
+    }
 }

@@ -5,7 +5,9 @@
 use std::fmt::Write as _;
 
 use crate::api::Protocol;
-use crate::ir::{ChainId, Hook, LOCAL_MARK, NftTable, Rule, TABLE};
+use crate::ir::{
+    ChainId, Hook, LINK_PREFIX, MarkLayout, NftTable, Rule, STAND_IN, SteerRule, TABLE,
+};
 
 /// The table as nft text; empty when the node needs no table.
 pub fn nft_text(table: &NftTable) -> String {
@@ -28,7 +30,7 @@ pub fn nft_text(table: &NftTable) -> String {
             symbolic_priority(chain)
         );
         for rule in table.rules(chain) {
-            let _ = writeln!(block, "\t\t{}", rule_text(rule));
+            let _ = writeln!(block, "\t\t{}", rule_text(rule, table.marks));
         }
         block.push_str("\t}\n");
         blocks.push(block);
@@ -47,6 +49,9 @@ fn hook_name(hook: Hook) -> &'static str {
 /// nft lists standard priorities by name, relative to the family's well-known values.
 fn symbolic_priority(chain: ChainId) -> &'static str {
     match chain {
+        ChainId::Guard => "raw",
+        // nft names a priority only within 10 of a standard one.
+        ChainId::Steer => "-130",
         ChainId::Pre => "dstnat - 10",
         ChainId::Post => "srcnat - 10",
         ChainId::Mangle => "mangle + 10",
@@ -65,36 +70,104 @@ fn proto(protocol: Protocol) -> &'static str {
     }
 }
 
-/// nft lists `ct mark and 0xffff0000 == 0x6b700000` as a prefix match.
-fn mark_range() -> String {
-    format!("ct mark {LOCAL_MARK:#010x}/16")
+/// `<key> & <mask> <op> <value>`, as nft lists it: a mask of leading ones (a prefix) is shown
+/// as `<key> [!= ]<value>/<len>`, any other mask as a bitwise AND.
+fn masked_cmp(key: &str, mask: u32, negate: bool, value: u32) -> String {
+    let len = mask.leading_ones();
+    if mask != 0 && mask.checked_shl(len).unwrap_or(0) == 0 {
+        let op = if negate { "!= " } else { "" };
+        format!("{key} {op}{value:#010x}/{len}")
+    } else {
+        let op = if negate { "!=" } else { "==" };
+        format!("{key} & {mask:#010x} {op} {value:#010x}")
+    }
 }
 
-/// One rule as nft lists it.
-pub fn rule_text(rule: &Rule) -> String {
+fn masked_eq(key: &str, marks: MarkLayout, value: u32) -> String {
+    masked_cmp(key, marks.mask, false, value)
+}
+
+/// `<key> set <key> & ~mask | value`: writes kuport's bits and keeps the others. nft lists the
+/// AND operand with the value's bits folded in.
+fn masked_set(key: &str, marks: MarkLayout, value: u32) -> String {
+    format!(
+        "{key} set {key} & {:#010x} | {value:#010x}",
+        !marks.mask | value
+    )
+}
+
+/// The match part of a steering rule, with a trailing space.
+fn steer_match(r: &SteerRule) -> String {
+    format!(
+        "iifname {} ip daddr {} {} dport {} ",
+        quote(&r.iif),
+        r.daddr,
+        proto(r.protocol),
+        r.ports
+    )
+}
+
+/// One rule as nft lists it (and as a transaction adds it: nft reads its own listing back).
+pub fn rule_text(rule: &Rule, marks: MarkLayout) -> String {
     match rule {
-        Rule::RestoreReplyMark => {
+        Rule::GuardAllow {
+            device,
+            port,
+            peers,
+        } => {
+            let peers: Vec<String> = peers.iter().map(ToString::to_string).collect();
+            let set = if peers.len() == 1 {
+                peers[0].clone()
+            } else {
+                format!("{{ {} }}", peers.join(", "))
+            };
             format!(
-                "ct direction reply {} counter packets 0 bytes 0 meta mark set ct mark",
-                mark_range()
+                "iifname {} ip saddr {set} udp dport {port} notrack accept",
+                quote(device)
             )
         }
-        Rule::SaveArrivalLink { iface, mark } => {
-            format!(
-                "iifname {} ct direction original counter packets 0 bytes 0 ct mark set {mark:#010x}",
-                quote(iface)
-            )
+        Rule::GuardDrop { port, counter } => format!(
+            "udp dport {port} fib daddr type local counter name {} drop",
+            quote(counter)
+        ),
+        Rule::MarkRequest(r) => format!(
+            "{}{} {}",
+            steer_match(r),
+            masked_cmp("meta mark", !marks.mask, false, 0),
+            masked_set("meta mark", marks, r.mark.unwrap_or(marks.local()))
+        ),
+        Rule::Steer(r) => {
+            let mut text = steer_match(r);
+            if let Some(mark) = r.mark {
+                let _ = write!(text, "{} ", masked_set("ct mark", marks, mark));
+            }
+            let _ = write!(
+                text,
+                "ip daddr set {STAND_IN} comment {}",
+                quote(&r.comment)
+            );
+            text
         }
+        Rule::RestoreReplyMark { mark } => format!(
+            "ct direction reply {} counter packets 0 bytes 0 {}",
+            masked_eq("ct mark", marks, *mark),
+            masked_set("meta mark", marks, *mark)
+        ),
+        Rule::SaveArrivalLink { iface, mark } => format!(
+            "iifname {} ct direction original counter packets 0 bytes 0 {}",
+            quote(iface),
+            masked_set("ct mark", marks, *mark)
+        ),
         Rule::ClampMssOut => {
-            "oifname \"kup-*\" tcp flags syn tcp option maxseg size set rt mtu".to_owned()
+            format!("oifname \"{LINK_PREFIX}*\" tcp flags syn tcp option maxseg size set rt mtu")
         }
         Rule::ClampMssIn => {
-            "iifname \"kup-*\" tcp flags syn tcp option maxseg size set rt mtu".to_owned()
+            format!("iifname \"{LINK_PREFIX}*\" tcp flags syn tcp option maxseg size set rt mtu")
         }
         Rule::Dnat(r) => {
-            let mut text = format!("iifname {} ", quote(&r.iif));
-            if let Some(daddr) = r.daddr {
-                let _ = write!(text, "ip daddr {daddr} ");
+            let mut text = format!("iifname {} ip daddr {STAND_IN} ", quote(&r.iif));
+            if let Some(mark) = r.mark {
+                let _ = write!(text, "{} ", masked_eq("ct mark", marks, mark));
             }
             let _ = write!(
                 text,
@@ -103,9 +176,6 @@ pub fn rule_text(rule: &Rule) -> String {
                 r.ports,
                 quote(&r.counter)
             );
-            if let Some(mark) = r.set_ct_mark {
-                let _ = write!(text, "ct mark set {mark:#010x} ");
-            }
             match r.to_port {
                 Some(port) => {
                     let _ = write!(text, "dnat to {}:{port}", r.to);
@@ -119,12 +189,102 @@ pub fn rule_text(rule: &Rule) -> String {
         }
         Rule::IdentitySnat(r) => format!(
             "{} ip daddr {} {} dport {} counter name {} snat to ip saddr comment {}",
-            mark_range(),
+            masked_cmp("ct mark", marks.mask, true, 0),
             r.daddr,
             proto(r.protocol),
             r.ports,
             quote(&r.counter),
             quote(&r.comment)
         ),
+    }
+}
+
+/// The nft script (`nft -f -`) that brings kuport's table to `table` in one transaction:
+/// table and chains added (idempotent), the chains flushed, counters of vanished mappings
+/// deleted, every desired counter added (an existing one keeps its values), then every rule.
+/// With `recreate`, the table is deleted first (a chain's type, hook or priority cannot change
+/// in place). Rules are written in the very text nft lists them in, so the listing that the
+/// host compares against and the transaction it sends come from one description.
+pub fn transaction(table: &NftTable, existing_counters: &[String], recreate: bool) -> String {
+    let mut out = String::new();
+    if table.is_empty() {
+        let _ = writeln!(out, "delete table ip {TABLE}");
+        return out;
+    }
+    if recreate {
+        let _ = writeln!(out, "add table ip {TABLE}\ndelete table ip {TABLE}");
+    }
+    let _ = writeln!(out, "add table ip {TABLE}");
+    for chain in ChainId::ALL {
+        let _ = writeln!(
+            out,
+            "add chain ip {TABLE} {} {{ type {} hook {} priority {}; policy accept; }}\nflush chain ip {TABLE} {}",
+            chain.name(),
+            chain.chain_type(),
+            hook_name(chain.hook()),
+            chain.priority(),
+            chain.name()
+        );
+    }
+    if !recreate {
+        for name in existing_counters {
+            if !table.counters.iter().any(|c| &c.name == name) {
+                let _ = writeln!(out, "delete counter ip {TABLE} {name}");
+            }
+        }
+    }
+    // An object name is written bare (nft's grammar takes no quoted string there); kuport's
+    // counter names are Kubernetes names joined by `/`, cut with `_` and a hash.
+    for counter in &table.counters {
+        let _ = writeln!(out, "add counter ip {TABLE} {}", counter.name);
+    }
+    for chain in ChainId::ALL {
+        for rule in table.rules(chain) {
+            let _ = writeln!(
+                out,
+                "add rule ip {TABLE} {} {}",
+                chain.name(),
+                rule_text(rule, table.marks)
+            );
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masked_compares_take_the_form_nft_lists() {
+        assert_eq!(
+            masked_cmp("meta mark", 0xffff_ff00, false, 0),
+            "meta mark 0x00000000/24"
+        );
+        assert_eq!(
+            masked_cmp("ct mark", 0xff00_0000, true, 0),
+            "ct mark != 0x00000000/8"
+        );
+        assert_eq!(
+            masked_cmp("ct mark", 0xff, false, 1),
+            "ct mark & 0x000000ff == 0x00000001"
+        );
+        assert_eq!(
+            masked_cmp("ct mark", 0xff, true, 0),
+            "ct mark & 0x000000ff != 0x00000000"
+        );
+        assert_eq!(
+            masked_cmp("meta mark", 0xffff_00ff, false, 0),
+            "meta mark & 0xffff00ff == 0x00000000"
+        );
+    }
+
+    #[test]
+    fn a_masked_write_keeps_the_other_bits_as_nft_lists_it() {
+        let marks = MarkLayout::default();
+        assert_eq!(
+            masked_set("ct mark", marks, 3),
+            "ct mark set ct mark & 0xffffff03 | 0x00000003"
+        );
     }
 }

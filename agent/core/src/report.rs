@@ -113,11 +113,14 @@ pub struct LinkReport {
     pub mtu: Option<u32>,
 }
 
-/// `{priority, fwmark, to, table}`.
+/// `{priority, fwmark, fwmask, to, table}`.
 #[derive(Clone, Debug, Serialize)]
 pub struct RuleReport {
     pub priority: u32,
     pub fwmark: String,
+    /// The mark bits compared (kuport's mask); added after v1, so readers of the contract that
+    /// predate it may ignore it.
+    pub fwmask: String,
     pub to: Option<String>,
     pub table: u32,
 }
@@ -302,6 +305,7 @@ fn rule(r: &IpRule) -> RuleReport {
     RuleReport {
         priority: r.priority,
         fwmark: format!("{:#010x}", r.fwmark),
+        fwmask: format!("{:#010x}", r.fwmask),
         to: r.to.map(|t| t.to_string()),
         table: r.table,
     }

@@ -9,6 +9,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde::{Deserialize, Serialize};
 
 use crate::api::{PortMap, PortMapClass};
+use crate::ir::MarkLayout;
 
 /// The CNI's VXLAN port when `cilium-config` exists without a `tunnel-port` key.
 pub const CILIUM_DEFAULT_VXLAN_PORT: u16 = 8472;
@@ -85,6 +86,14 @@ pub struct HostFacts {
     /// That device's MTU.
     #[serde(default, rename = "underlayMTU")]
     pub underlay_mtu: Option<u32>,
+    /// The mark bits this agent was told to use (`--mark-base`, `--mark-mask`).
+    #[serde(default)]
+    pub marks: MarkLayout,
+    /// The link id each kuport link already on the host carries (read back from its routing
+    /// table), so a link keeps its mark, and its flows their way back, across passes and agent
+    /// restarts.
+    #[serde(default)]
+    pub link_ids: BTreeMap<String, u32>,
 }
 
 /// True when the Node's `Ready` condition is `True`.

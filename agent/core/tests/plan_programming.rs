@@ -216,7 +216,10 @@ fn missing_or_unready_rows_quote_the_row() {
         )
     );
     // The gate changes the condition, not the emission.
-    assert!(!c.plan("edge-a").host.nft.is_empty());
+    let own = facts(&[("wt0", "100.64.0.1")], "wt0", 1400);
+    assert!(!c.plan_with("edge-a", &own).host.nft.is_empty());
+    // Without the interface's own address nothing can be steered, so nothing is captured.
+    assert!(c.plan("edge-a").host.nft.is_empty());
 }
 
 #[test]

@@ -977,6 +977,7 @@ fn host_facts(m: &Model, node: &str) -> HostFacts {
             .collect(),
         underlay_device: f.device.map(str::to_owned),
         underlay_mtu: f.mtu,
+        ..HostFacts::default()
     }
 }
 

@@ -52,6 +52,7 @@ fn facts(node: usize) -> HostFacts {
         .collect(),
         underlay_device: Some("wg0".to_owned()),
         underlay_mtu: Some(1420),
+        ..HostFacts::default()
     }
 }
 

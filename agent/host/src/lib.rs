@@ -14,7 +14,7 @@ pub mod nft;
 use std::future::Future;
 use std::net::Ipv4Addr;
 
-use kuport_core::ir::{ChainId, HostState, LINK_PREFIX};
+use kuport_core::ir::{ChainId, HostState, LINK_PREFIX, MarkLayout};
 use kuport_core::snapshot::HostFacts;
 use tokio::sync::mpsc;
 
@@ -106,6 +106,8 @@ pub struct FactsQuery {
     pub interfaces: Vec<String>,
     /// This node's InternalIP: the device holding it is the underlay.
     pub internal_ip: Option<Ipv4Addr>,
+    /// The mark layout the agent runs with (reported back in the facts).
+    pub marks: MarkLayout,
 }
 
 /// One mapping's counter in one chain.
@@ -159,6 +161,8 @@ pub struct LinuxHost {
     handle: rtnetlink::Handle,
     nft: nft::Nft,
     last: Option<HostState>,
+    /// The mark layout whose ip rules this host owns (teardown needs it with no IR at hand).
+    marks: MarkLayout,
 }
 
 impl LinuxHost {
@@ -170,7 +174,14 @@ impl LinuxHost {
             handle,
             nft: nft::Nft::new(),
             last: None,
+            marks: MarkLayout::default(),
         })
+    }
+
+    /// Uses `marks` instead of the default mark layout.
+    pub fn with_marks(mut self, marks: MarkLayout) -> Self {
+        self.marks = marks;
+        self
     }
 
     /// A stream of link events: any `kup-*` link, and any link named in `watch` (the underlay
@@ -230,13 +241,23 @@ impl Host for LinuxHost {
             return Ok(ApplyReport::default());
         }
         let mut report = ApplyReport::default();
-        // Links first: a link failure must not leave a DNAT toward a dead link.
-        netlink::ensure_links(&self.handle, &desired.links, &mut report).await?;
-        let table = desired.nft.clone();
+        // Links first: a link failure must not leave a DNAT toward a dead link. A link the
+        // kernel refuses takes only its own rules out of this apply; everything else goes on.
+        let failed = netlink::ensure_links(&self.handle, &desired.links, &mut report).await;
+        let failed_names: Vec<String> = failed.iter().map(|(name, _)| name.clone()).collect();
+        let applied = desired.without_links(&failed_names);
+        let table = applied.nft.clone();
         report.nft_changed = self.blocking(move |nft| nft.apply(&table)).await?;
-        netlink::reconcile_rules(&self.handle, &desired.rules, &mut report).await?;
-        netlink::reconcile_routes(&self.handle, &desired.routes, &mut report).await?;
-        netlink::remove_unwanted_links(&self.handle, &desired.links, &mut report).await?;
+        netlink::reconcile_rules(&self.handle, &applied.rules, self.marks, &mut report).await?;
+        netlink::reconcile_routes(&self.handle, &applied.routes, &mut report).await?;
+        netlink::remove_unwanted_links(&self.handle, &applied.links, &mut report).await?;
+        netlink::ensure_valid_mark(&self.handle, &applied.valid_mark_interfaces, &mut report)
+            .await?;
+        if let Some((_, first)) = failed.into_iter().next() {
+            // Not remembered as applied: the next pass tries the refused links again.
+            self.last = None;
+            return Err(first);
+        }
         self.last = Some(desired.clone());
         Ok(report)
     }
@@ -244,7 +265,7 @@ impl Host for LinuxHost {
     async fn teardown(&mut self) -> Result<(), HostError> {
         let mut report = ApplyReport::default();
         self.blocking(|nft| nft.teardown()).await?;
-        netlink::reconcile_rules(&self.handle, &[], &mut report).await?;
+        netlink::reconcile_rules(&self.handle, &[], self.marks, &mut report).await?;
         netlink::reconcile_routes(&self.handle, &[], &mut report).await?;
         netlink::remove_unwanted_links(&self.handle, &[], &mut report).await?;
         self.last = None;
@@ -252,7 +273,13 @@ impl Host for LinuxHost {
     }
 
     async fn facts(&self, query: &FactsQuery) -> Result<HostFacts, HostError> {
-        netlink::facts(&self.handle, &query.interfaces, query.internal_ip).await
+        netlink::facts(
+            &self.handle,
+            &query.interfaces,
+            query.internal_ip,
+            query.marks,
+        )
+        .await
     }
 
     async fn counters(&self) -> Result<Vec<MappingCounter>, HostError> {
@@ -274,6 +301,8 @@ pub fn label_counters(
         .nft
         .counters
         .iter()
+        // The link guard's counter belongs to no mapping.
+        .filter(|c| c.chain != ChainId::Guard)
         .filter_map(|c| {
             let r = readings.iter().find(|r| r.name == c.name)?;
             Some(MappingCounter {

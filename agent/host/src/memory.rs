@@ -81,6 +81,10 @@ impl Host for MemoryHost {
         let last = self.last.take();
         let mut s = self.lock();
         if let Some(detail) = s.fail_next_apply.take() {
+            // A refused transaction changes nothing, so what was last applied still stands
+            // (as on the real host).
+            drop(s);
+            self.last = last;
             return Err(HostError::Nft {
                 op: "apply transaction",
                 detail,
@@ -114,6 +118,14 @@ impl Host for MemoryHost {
         facts
             .interfaces
             .retain(|name, _| query.interfaces.contains(name));
+        // As the real host does: the marks asked for, and each applied link's id read back
+        // from its routing table.
+        facts.marks = query.marks;
+        for route in &s.applied.routes {
+            if let Some(id) = query.marks.link_id_of_table(route.table) {
+                facts.link_ids.insert(route.dev.clone(), id);
+            }
+        }
         Ok(facts)
     }
 
@@ -134,7 +146,8 @@ mod tests {
                 .iter()
                 .map(|p| IpRule {
                     priority: *p,
-                    fwmark: 0x6b70_0000,
+                    fwmark: 0x01,
+                    fwmask: 0xff,
                     to: None,
                     table: MAIN_TABLE,
                 })
@@ -188,12 +201,14 @@ mod tests {
             .collect(),
             underlay_device: Some("wt0".into()),
             underlay_mtu: Some(1400),
+            ..HostFacts::default()
         };
         let host = MemoryHost::with_facts(facts);
         let got = host
             .facts(&FactsQuery {
                 interfaces: vec!["wt0".into()],
                 internal_ip: None,
+                ..FactsQuery::default()
             })
             .await
             .expect("facts");

@@ -6,7 +6,9 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use futures_util::TryStreamExt;
 use ipnet::Ipv4Net;
-use kuport_core::ir::{IpRule, LINK_PREFIX, LOCAL_MARK, Link, MARK_MASK, Route};
+use kuport_core::ir::{
+    IpRule, LINK_PREFIX, LINK_TABLE_BASE, Link, MarkLayout, PREF_LOOP_GUARD, PREF_REPLY, Route,
+};
 use kuport_core::snapshot::HostFacts;
 use netlink_packet_route::AddressFamily;
 use netlink_packet_route::address::AddressAttribute;
@@ -34,6 +36,7 @@ pub struct KernelLink {
     pub up: bool,
     pub vxlan: Option<VxlanFacts>,
     pub rp_filter: Option<i32>,
+    pub src_valid_mark: Option<i32>,
 }
 
 /// The VXLAN attributes kuport sets.
@@ -87,6 +90,7 @@ fn parse_link(msg: &LinkMessage) -> KernelLink {
                         for i in inet {
                             if let AfSpecInet::DevConf(conf) = i {
                                 link.rp_filter = Some(conf.rp_filter);
+                                link.src_valid_mark = Some(conf.src_vmark);
                             }
                         }
                     }
@@ -133,16 +137,29 @@ pub async fn addresses(handle: &Handle) -> Result<BTreeMap<u32, Vec<Ipv4Net>>, H
     Ok(out)
 }
 
-/// Reads the facts the plan needs: each named interface's first IPv4 address, and the device
-/// (and its MTU) holding `internal_ip`.
+/// Reads the facts the plan needs: each named interface's first IPv4 address, the device (and
+/// its MTU) holding `internal_ip`, and the id each kuport link already carries (its routing
+/// table's number).
 pub async fn facts(
     handle: &Handle,
     interfaces: &[String],
     internal_ip: Option<Ipv4Addr>,
+    marks: MarkLayout,
 ) -> Result<HostFacts, HostError> {
     let links = links(handle).await?;
     let addrs = addresses(handle).await?;
-    let mut facts = HostFacts::default();
+    let mut facts = HostFacts {
+        marks,
+        ..HostFacts::default()
+    };
+    let names: BTreeMap<u32, String> = links.iter().map(|l| (l.index, l.name.clone())).collect();
+    for (route, _) in owned_routes(handle, &names).await? {
+        if let Some(id) = marks.link_id_of_table(route.table)
+            && route.dev.starts_with(LINK_PREFIX)
+        {
+            facts.link_ids.insert(route.dev, id);
+        }
+    }
     for name in interfaces {
         let found = links
             .iter()
@@ -178,58 +195,86 @@ fn link_matches(k: &KernelLink, want: &Link, dev_index: u32) -> bool {
 }
 
 /// Creates or repairs every desired link (device, address, MTU, up, rp_filter). Unwanted links
-/// are removed separately, last, by [`remove_unwanted_links`].
+/// are removed separately, last, by [`remove_unwanted_links`]. A link the kernel refuses (its
+/// underlay device missing, its VNI held by a foreign device) is skipped and returned with its
+/// error, so one bad link does not stall the others.
 pub async fn ensure_links(
     handle: &Handle,
     desired: &[Link],
     report: &mut ApplyReport,
-) -> Result<(), HostError> {
+) -> Vec<(String, HostError)> {
+    let mut failed = Vec::new();
     if desired.is_empty() {
-        return Ok(());
+        return failed;
     }
-    let mut current = links(handle).await?;
-    for want in desired {
-        let device = want.device.as_deref().ok_or_else(|| HostError::Missing {
-            what: format!(
-                "link {}: the underlay device holding {} is unknown",
-                want.name, want.local
-            ),
-        })?;
-        let dev_index = current
-            .iter()
-            .find(|l| l.name == device)
-            .map(|l| l.index)
-            .ok_or_else(|| HostError::Missing {
-                what: format!("link {}: underlay device {device} not present", want.name),
-            })?;
-        let existing = current.iter().find(|l| l.name == want.name).cloned();
-        let needs_create = match &existing {
-            Some(k) if link_matches(k, want, dev_index) => false,
-            Some(k) => {
-                handle
-                    .link()
-                    .del(k.index)
-                    .execute()
-                    .await
-                    .map_err(nl("delete", &want.name))?;
-                report.links_deleted += 1;
-                true
+    let mut current = match links(handle).await {
+        Ok(current) => current,
+        Err(e) => {
+            // Nothing can be checked: every link counts as refused, the error said once.
+            let mut all: Vec<(String, HostError)> = Vec::new();
+            let mut first = Some(e);
+            for want in desired {
+                let err = first.take().unwrap_or_else(|| HostError::Missing {
+                    what: format!("link {}: listing links failed", want.name),
+                });
+                all.push((want.name.clone(), err));
             }
-            None => true,
-        };
-        if needs_create {
-            create_vxlan(handle, want, dev_index, &current).await?;
-            report.links_created += 1;
-            current = links(handle).await?;
+            return all;
         }
-        let Some(k) = current.iter().find(|l| l.name == want.name).cloned() else {
-            return Err(HostError::Missing {
-                what: format!("link {} vanished after creation", want.name),
-            });
-        };
-        configure_link(handle, want, &k, report).await?;
+    };
+    for want in desired {
+        if let Err(e) = ensure_link(handle, want, &mut current, report).await {
+            failed.push((want.name.clone(), e));
+        }
     }
-    Ok(())
+    failed
+}
+
+async fn ensure_link(
+    handle: &Handle,
+    want: &Link,
+    current: &mut Vec<KernelLink>,
+    report: &mut ApplyReport,
+) -> Result<(), HostError> {
+    let device = want.device.as_deref().ok_or_else(|| HostError::Missing {
+        what: format!(
+            "link {}: the underlay device holding {} is unknown",
+            want.name, want.local
+        ),
+    })?;
+    let dev_index = current
+        .iter()
+        .find(|l| l.name == device)
+        .map(|l| l.index)
+        .ok_or_else(|| HostError::Missing {
+            what: format!("link {}: underlay device {device} not present", want.name),
+        })?;
+    let existing = current.iter().find(|l| l.name == want.name).cloned();
+    let needs_create = match &existing {
+        Some(k) if link_matches(k, want, dev_index) => false,
+        Some(k) => {
+            handle
+                .link()
+                .del(k.index)
+                .execute()
+                .await
+                .map_err(nl("delete", &want.name))?;
+            report.links_deleted += 1;
+            true
+        }
+        None => true,
+    };
+    if needs_create {
+        create_vxlan(handle, want, dev_index, current).await?;
+        report.links_created += 1;
+        *current = links(handle).await?;
+    }
+    let Some(k) = current.iter().find(|l| l.name == want.name).cloned() else {
+        return Err(HostError::Missing {
+            what: format!("link {} vanished after creation", want.name),
+        });
+    };
+    configure_link(handle, want, &k, report).await
 }
 
 /// The MAC address of a link, fixed by its local address (a locally administered unicast
@@ -385,29 +430,44 @@ pub async fn remove_unwanted_links(
     Ok(())
 }
 
-fn in_mark_space(value: u32) -> bool {
-    value & MARK_MASK == LOCAL_MARK
+/// Routing tables kuport owns: `0x6b70xxxx`.
+fn in_table_space(table: u32) -> bool {
+    table & 0xffff_0000 == LINK_TABLE_BASE
+}
+
+/// An ip rule is kuport's when it sits at one of kuport's priorities and matches a mark under
+/// kuport's mask, or carries a mark of the layout before marks were masked (`0x6b70xxxx` under
+/// the full mask), which an upgrade must clean away.
+fn owned_rule(priority: u32, fwmark: u32, fwmask: u32, marks: MarkLayout) -> bool {
+    let ours = priority == PREF_LOOP_GUARD || priority == PREF_REPLY;
+    let legacy = fwmask == u32::MAX && fwmark & 0xffff_0000 == LINK_TABLE_BASE;
+    ours && (legacy || (fwmask == marks.mask && fwmark & !marks.mask == 0 && fwmark != 0))
 }
 
 /// kuport's ip rules as the kernel holds them, each with its message (for deletion).
-async fn owned_rules(handle: &Handle) -> Result<Vec<(IpRule, RuleMessage)>, HostError> {
+async fn owned_rules(
+    handle: &Handle,
+    marks: MarkLayout,
+) -> Result<Vec<(IpRule, RuleMessage)>, HostError> {
     let mut stream = handle.rule().get(IpVersion::V4).execute();
     let mut out = Vec::new();
     while let Some(msg) = stream.try_next().await.map_err(nl("list", "ip rules"))? {
         let mut fwmark = None;
+        let mut fwmask = u32::MAX;
         let mut priority = 0;
         let mut table = u32::from(msg.header.table);
         let mut dst = None;
         for a in &msg.attributes {
             match a {
                 RuleAttribute::FwMark(m) => fwmark = Some(*m),
+                RuleAttribute::FwMask(m) => fwmask = *m,
                 RuleAttribute::Priority(p) => priority = *p,
                 RuleAttribute::Table(t) => table = *t,
                 RuleAttribute::Destination(IpAddr::V4(d)) => dst = Some(*d),
                 _ => {}
             }
         }
-        let Some(fwmark) = fwmark.filter(|m| in_mark_space(*m)) else {
+        let Some(fwmark) = fwmark.filter(|m| owned_rule(priority, *m, fwmask, marks)) else {
             continue;
         };
         let to = dst.and_then(|d| Ipv4Net::new(d, msg.header.dst_len).ok());
@@ -415,6 +475,7 @@ async fn owned_rules(handle: &Handle) -> Result<Vec<(IpRule, RuleMessage)>, Host
             IpRule {
                 priority,
                 fwmark,
+                fwmask,
                 to,
                 table,
             },
@@ -428,9 +489,10 @@ async fn owned_rules(handle: &Handle) -> Result<Vec<(IpRule, RuleMessage)>, Host
 pub async fn reconcile_rules(
     handle: &Handle,
     desired: &[IpRule],
+    marks: MarkLayout,
     report: &mut ApplyReport,
 ) -> Result<(), HostError> {
-    let current = owned_rules(handle).await?;
+    let current = owned_rules(handle, marks).await?;
     let want: BTreeSet<&IpRule> = desired.iter().collect();
     let mut have = BTreeSet::new();
     for (rule, msg) in current {
@@ -460,6 +522,9 @@ pub async fn reconcile_rules(
         if let Some(to) = rule.to {
             req = req.destination_prefix(to.addr(), to.prefix_len());
         }
+        req.message_mut()
+            .attributes
+            .push(RuleAttribute::FwMask(rule.fwmask));
         req.execute()
             .await
             .map_err(nl("add", format!("ip rule {rule:?}")))?;
@@ -491,7 +556,7 @@ async fn owned_routes(
                 _ => {}
             }
         }
-        if !in_mark_space(table) {
+        if !in_table_space(table) {
             continue;
         }
         let to = match (dst, msg.header.destination_prefix_length) {
@@ -562,6 +627,44 @@ pub async fn reconcile_routes(
             .await
             .map_err(nl("add", format!("route {route:?}")))?;
         report.routes_added += 1;
+    }
+    Ok(())
+}
+
+/// Sets `src_valid_mark` on each accepting interface, so the reverse-path check of a request
+/// follows the packet mark the steering stage wrote (and kuport's fwmark rule to the main
+/// table) when the node's own policy routing would send the client's reverse route elsewhere.
+/// The flag changes nothing for packets without a mark; it is left set when kuport stops.
+pub async fn ensure_valid_mark(
+    handle: &Handle,
+    interfaces: &[String],
+    report: &mut ApplyReport,
+) -> Result<(), HostError> {
+    if interfaces.is_empty() {
+        return Ok(());
+    }
+    let current = links(handle).await?;
+    for name in interfaces {
+        let Some(k) = current.iter().find(|l| &l.name == name) else {
+            continue;
+        };
+        if k.src_valid_mark == Some(1) {
+            continue;
+        }
+        let mut conf = InetDevConf::default();
+        conf.src_vmark = 1;
+        let msg = LinkUnspec::new_with_index(k.index)
+            .append_extra_attribute(LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet(vec![
+                AfSpecInet::DevConfRequest(conf),
+            ])]))
+            .build();
+        handle
+            .link()
+            .set(msg)
+            .execute()
+            .await
+            .map_err(nl("set src_valid_mark of", name))?;
+        report.links_updated += 1;
     }
     Ok(())
 }

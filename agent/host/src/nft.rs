@@ -1,20 +1,13 @@
-//! kuport's nftables table: built as typed JSON with the `nftables` crate and applied by the
-//! `nft` program in one transaction, so a refused batch leaves the previous rules in place.
+//! kuport's nftables table, applied by the `nft` program as one text transaction, so a refused
+//! batch leaves the previous rules in place. The transaction is written from the same rule text
+//! the kernel's listing is compared against (`kuport_core::render`), so there is one
+//! description of every rule, not two that must agree.
 
-use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::process::Command;
 
-use kuport_core::api::Protocol;
-use kuport_core::ir::{ChainId, Hook, LOCAL_MARK, NftTable, PortRange, Rule, TABLE};
-use kuport_core::render::nft_text;
-use nftables::batch::Batch;
-use nftables::expr::{
-    Expression, Meta, MetaKey, NamedExpression, Payload, PayloadField, Prefix, RT, RTKey, TcpOption,
-};
-use nftables::schema::{Chain, Counter, FlushObject, NfCmd, NfListObject, Rule as NfRule, Table};
-use nftables::stmt::{Counter as CounterStmt, Mangle, Match, NAT, Operator, Statement};
-use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
+use kuport_core::ir::{ChainId, Hook, NftTable, TABLE};
+use kuport_core::render::{nft_text, transaction};
 use serde_json::Value;
 
 use crate::HostError;
@@ -114,34 +107,21 @@ impl Nft {
             None if desired.is_empty() => return Ok(false),
             _ => {}
         }
-        let mut batch = Batch::new();
-        if desired.is_empty() {
-            batch.delete(NfListObject::Table(table()));
-            self.send(batch)?;
-            return Ok(true);
-        }
-        let existing_counters = match current {
-            None => BTreeSet::new(),
-            Some(_) if !self.chains_match()? => {
-                // The kernel cannot change a chain's type, hook or priority in place: start over.
-                batch.add(NfListObject::Table(table()));
-                batch.delete(NfListObject::Table(table()));
-                BTreeSet::new()
-            }
-            Some(_) => self.counter_names()?,
+        let (existing, recreate) = match current {
+            None => (Vec::new(), false),
+            // The kernel cannot change a chain's type, hook or priority in place: start over.
+            Some(_) if !desired.is_empty() && !self.chains_match()? => (Vec::new(), true),
+            Some(_) => (self.counter_names()?.into_iter().collect(), false),
         };
-        build(&mut batch, desired, &existing_counters);
-        self.send(batch)?;
-        self.check_hooks()?;
+        self.send(&transaction(desired, &existing, recreate))?;
+        if !desired.is_empty() {
+            self.check_hooks()?;
+        }
         Ok(true)
     }
 
-    fn send(&self, batch: Batch) -> Result<(), HostError> {
-        let json = serde_json::to_string(&batch.to_nftables()).map_err(|e| HostError::Nft {
-            op: "encode transaction",
-            detail: e.to_string(),
-        })?;
-        self.run("apply transaction", &["-j", "-f", "-"], Some(&json))
+    fn send(&self, script: &str) -> Result<(), HostError> {
+        self.run("apply transaction", &["-f", "-"], Some(script))
             .map(|_| ())
     }
 
@@ -150,9 +130,7 @@ impl Nft {
         if !self.table_exists()? {
             return Ok(false);
         }
-        let mut batch = Batch::new();
-        batch.delete(NfListObject::Table(table()));
-        self.send(batch)?;
+        self.send(&format!("delete table ip {TABLE}\n"))?;
         Ok(true)
     }
 
@@ -247,240 +225,11 @@ pub fn zero_counters(text: &str) -> String {
     out
 }
 
-fn table() -> Table<'static> {
-    Table {
-        family: NfFamily::IP,
-        name: Cow::Borrowed(TABLE),
-        ..Default::default()
-    }
-}
-
 fn hook_name(hook: Hook) -> &'static str {
     match hook {
         Hook::Prerouting => "prerouting",
         Hook::Postrouting => "postrouting",
         Hook::Forward => "forward",
-    }
-}
-
-fn chain(c: ChainId) -> Chain<'static> {
-    Chain {
-        family: NfFamily::IP,
-        table: Cow::Borrowed(TABLE),
-        name: Cow::Borrowed(c.name()),
-        _type: Some(if c.chain_type() == "nat" {
-            NfChainType::NAT
-        } else {
-            NfChainType::Filter
-        }),
-        hook: Some(match c.hook() {
-            Hook::Prerouting => NfHook::Prerouting,
-            Hook::Postrouting => NfHook::Postrouting,
-            Hook::Forward => NfHook::Forward,
-        }),
-        // Always an integer: see `check_hooks`.
-        prio: Some(c.priority()),
-        policy: Some(NfChainPolicy::Accept),
-        ..Default::default()
-    }
-}
-
-/// Table and chains (idempotent adds), chains flushed, vanished counters deleted, desired
-/// counters added (an existing one keeps its values), then every rule.
-fn build(batch: &mut Batch<'static>, desired: &NftTable, existing_counters: &BTreeSet<String>) {
-    batch.add(NfListObject::Table(table()));
-    for c in ChainId::ALL {
-        batch.add(NfListObject::Chain(chain(c)));
-        batch.add_cmd(NfCmd::Flush(FlushObject::Chain(chain(c))));
-    }
-    let wanted: BTreeSet<&str> = desired.counters.iter().map(|c| c.name.as_str()).collect();
-    for name in existing_counters
-        .iter()
-        .filter(|n| !wanted.contains(n.as_str()))
-    {
-        batch.delete(NfListObject::Counter(counter(name.clone())));
-    }
-    for c in &desired.counters {
-        batch.add(NfListObject::Counter(counter(c.name.clone())));
-    }
-    for c in ChainId::ALL {
-        for rule in desired.rules(c) {
-            let (expr, comment) = statements(rule);
-            batch.add(NfListObject::Rule(NfRule {
-                family: NfFamily::IP,
-                table: Cow::Borrowed(TABLE),
-                chain: Cow::Borrowed(c.name()),
-                expr: Cow::Owned(expr),
-                comment: comment.map(Cow::Owned),
-                ..Default::default()
-            }));
-        }
-    }
-}
-
-fn counter(name: String) -> Counter<'static> {
-    Counter {
-        family: NfFamily::IP,
-        table: Cow::Borrowed(TABLE),
-        name: Cow::Owned(name),
-        ..Default::default()
-    }
-}
-
-fn eq(left: Expression<'static>, right: Expression<'static>) -> Statement<'static> {
-    Statement::Match(Match {
-        left,
-        right,
-        op: Operator::EQ,
-    })
-}
-
-fn meta(key: MetaKey) -> Expression<'static> {
-    Expression::Named(NamedExpression::Meta(Meta { key }))
-}
-
-fn payload(protocol: &'static str, field: &'static str) -> Expression<'static> {
-    Expression::Named(NamedExpression::Payload(Payload::PayloadField(
-        PayloadField {
-            protocol: Cow::Borrowed(protocol),
-            field: Cow::Borrowed(field),
-        },
-    )))
-}
-
-fn ct(key: &'static str) -> Expression<'static> {
-    Expression::Named(NamedExpression::CT(nftables::expr::CT {
-        key: Cow::Borrowed(key),
-        family: None,
-        dir: None,
-    }))
-}
-
-fn string(s: impl Into<String>) -> Expression<'static> {
-    Expression::String(Cow::Owned(s.into()))
-}
-
-fn proto(p: Protocol) -> &'static str {
-    match p {
-        Protocol::Tcp => "tcp",
-        Protocol::Udp => "udp",
-    }
-}
-
-fn ports(p: PortRange) -> Expression<'static> {
-    if p.is_range() {
-        Expression::Range(Box::new(nftables::expr::Range {
-            range: [
-                Expression::Number(u32::from(p.first)),
-                Expression::Number(u32::from(p.last)),
-            ],
-        }))
-    } else {
-        Expression::Number(u32::from(p.first))
-    }
-}
-
-/// `ct mark and 0xffff0000 == 0x6b700000`, in the prefix form nft lists it as.
-fn mark_range() -> Statement<'static> {
-    eq(
-        ct("mark"),
-        Expression::Named(NamedExpression::Prefix(Prefix {
-            addr: Box::new(Expression::Number(LOCAL_MARK)),
-            len: 16,
-        })),
-    )
-}
-
-fn set_ct_mark(mark: u32) -> Statement<'static> {
-    Statement::Mangle(Mangle {
-        key: ct("mark"),
-        value: Expression::Number(mark),
-    })
-}
-
-fn clamp(dir: MetaKey) -> Vec<Statement<'static>> {
-    vec![
-        eq(meta(dir), string("kup-*")),
-        Statement::Match(Match {
-            left: payload("tcp", "flags"),
-            right: string("syn"),
-            op: Operator::IN,
-        }),
-        Statement::Mangle(Mangle {
-            key: Expression::Named(NamedExpression::TcpOption(TcpOption {
-                name: Cow::Borrowed("maxseg"),
-                field: Some(Cow::Borrowed("size")),
-            })),
-            value: Expression::Named(NamedExpression::RT(RT {
-                key: RTKey::MTU,
-                family: None,
-            })),
-        }),
-    ]
-}
-
-/// The statements of one rule, in the order nft lists them, and its comment.
-fn statements(rule: &Rule) -> (Vec<Statement<'static>>, Option<String>) {
-    let anon = || Statement::Counter(CounterStmt::Anonymous(None));
-    match rule {
-        Rule::RestoreReplyMark => (
-            vec![
-                eq(ct("direction"), string("reply")),
-                mark_range(),
-                anon(),
-                Statement::Mangle(Mangle {
-                    key: meta(MetaKey::Mark),
-                    value: ct("mark"),
-                }),
-            ],
-            None,
-        ),
-        Rule::SaveArrivalLink { iface, mark } => (
-            vec![
-                eq(meta(MetaKey::Iifname), string(iface.clone())),
-                eq(ct("direction"), string("original")),
-                anon(),
-                set_ct_mark(*mark),
-            ],
-            None,
-        ),
-        Rule::ClampMssOut => (clamp(MetaKey::Oifname), None),
-        Rule::ClampMssIn => (clamp(MetaKey::Iifname), None),
-        Rule::Dnat(r) => {
-            let mut s = vec![eq(meta(MetaKey::Iifname), string(r.iif.clone()))];
-            if let Some(daddr) = r.daddr {
-                s.push(eq(payload("ip", "daddr"), string(daddr.to_string())));
-            }
-            s.push(eq(payload(proto(r.protocol), "dport"), ports(r.ports)));
-            s.push(Statement::Counter(CounterStmt::Named(Cow::Owned(
-                r.counter.clone(),
-            ))));
-            if let Some(mark) = r.set_ct_mark {
-                s.push(set_ct_mark(mark));
-            }
-            s.push(Statement::DNAT(Some(NAT {
-                addr: Some(string(r.to.to_string())),
-                family: None,
-                port: r.to_port.map(|p| Expression::Number(u32::from(p))),
-                flags: None,
-            })));
-            (s, Some(r.comment.clone()))
-        }
-        Rule::IdentitySnat(r) => (
-            vec![
-                mark_range(),
-                eq(payload("ip", "daddr"), string(r.daddr.to_string())),
-                eq(payload(proto(r.protocol), "dport"), ports(r.ports)),
-                Statement::Counter(CounterStmt::Named(Cow::Owned(r.counter.clone()))),
-                Statement::SNAT(Some(NAT {
-                    addr: Some(payload("ip", "saddr")),
-                    family: None,
-                    port: None,
-                    flags: None,
-                })),
-            ],
-            Some(r.comment.clone()),
-        ),
     }
 }
 

@@ -96,7 +96,10 @@ pub struct ClassNode {
     /// Interface names this node's DNAT rules match on (for example enp1s0 for the public
     /// address and wt0 for the mesh address). Given per node, so nodes with different NIC names
     /// can share a class.
-    #[schemars(length(min = 1))]
+    #[schemars(
+        length(min = 1),
+        inner(pattern(r"^[A-Za-z0-9_@+-][A-Za-z0-9._@+-]{0,14}$"))
+    )]
     pub interfaces: Vec<String>,
 }
 

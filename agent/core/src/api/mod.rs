@@ -31,3 +31,16 @@ pub const DEFAULT_VXLAN_VNI: i32 = 4242;
 pub const DEFAULT_VXLAN_PORT: i32 = 4790;
 /// Default link address space: link-local, so no other route is touched.
 pub const DEFAULT_VXLAN_SUBNET: &str = "169.254.77.0/24";
+/// The interface names kuport accepts, as a schema pattern: the kernel's rules (1 to 15 bytes,
+/// no `/`, `:` or whitespace, not `.` or `..`) narrowed to characters nft reads literally inside
+/// a quoted name (no quote, backslash or `*` wildcard) and no leading dot.
+pub const INTERFACE_NAME_PATTERN: &str = "^[A-Za-z0-9_@+-][A-Za-z0-9._@+-]{0,14}$";
+
+/// True when `name` matches [`INTERFACE_NAME_PATTERN`].
+pub fn valid_interface_name(name: &str) -> bool {
+    let allowed = |b: u8, first: bool| {
+        b.is_ascii_alphanumeric() || matches!(b, b'_' | b'@' | b'+' | b'-') || (!first && b == b'.')
+    };
+    let bytes = name.as_bytes();
+    (1..=15).contains(&bytes.len()) && bytes.iter().enumerate().all(|(i, b)| allowed(*b, i == 0))
+}

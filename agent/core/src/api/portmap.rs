@@ -105,6 +105,7 @@ pub struct PortMapSpec {
 
     /// Narrows, per node, the interfaces the class gives; empty or absent means all of them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(inner(pattern(r"^[A-Za-z0-9_@+-][A-Za-z0-9._@+-]{0,14}$")))]
     pub interfaces: Vec<String>,
 
     /// The Service (in this PortMap's namespace) and its named port whose endpoints receive the

@@ -153,6 +153,13 @@ fn parse_settings(class: &PortMapClass) -> Result<(Ipv4Net, u32, u16, u32), Stri
             vxlan.subnet
         )
     })?;
+    let (block, len) = crate::ir::STAND_IN_BLOCK;
+    let reserved = Ipv4Net::new(block, len).map_err(|e| e.to_string())?;
+    if subnet.contains(&reserved.network()) || reserved.contains(&subnet.network()) {
+        return Err(format!(
+            "returnPath.vxlan.subnet {subnet} overlaps {reserved}, which kuport reserves for its stand-in address"
+        ));
+    }
     if subnet.prefix_len() > 31 {
         return Err(format!(
             "returnPath.vxlan.subnet {subnet} is too small to hold a /31"

@@ -10,9 +10,9 @@ use super::classes::{ClassState, pair_key};
 use super::index::Index;
 use super::mapping::Working;
 use crate::ir::{
-    ChainId, Counter, DnatRule, HostState, IpRule, LINK_PREFIX, LINK_TTL, LOCAL_MARK, Link,
-    MAIN_TABLE, PREF_LOOP_GUARD, PREF_REPLY, PortRange, RP_FILTER_LOOSE, Route, Rule, SnatRule,
-    VXLAN_OVERHEAD, link_mark,
+    ChainId, Counter, DnatRule, HostState, IpRule, LINK_PREFIX, LINK_TTL, Link, MAIN_TABLE,
+    PREF_LOOP_GUARD, PREF_REPLY, PortRange, RP_FILTER_LOOSE, Route, Rule, SnatRule, SteerRule,
+    VXLAN_OVERHEAD,
 };
 use crate::snapshot::HostFacts;
 
@@ -34,7 +34,8 @@ pub fn link_name(class: &str, peer: &str) -> String {
     format!("{LINK_PREFIX}{}", short_hash(&format!("{class}/{peer}")))
 }
 
-/// `text` if it fits nft's limit, else its head plus `~` and 8 hex digits of its sha256.
+/// `text` if it fits nft's limit, else its head plus `_` and 8 hex digits of its sha256 (`_`
+/// never occurs in a Kubernetes name, and nft reads it unquoted in an object name).
 pub fn fit_nft_text(text: &str) -> String {
     if text.len() <= NFT_TEXT_MAX {
         return text.to_owned();
@@ -44,7 +45,7 @@ pub fn fit_nft_text(text: &str) -> String {
     while !text.is_char_boundary(cut) {
         cut -= 1;
     }
-    format!("{}~{hash}", &text[..cut])
+    format!("{}_{hash}", &text[..cut])
 }
 
 /// A usable link between a programming node and the pod's node, as seen from `this_node`.
@@ -87,6 +88,8 @@ struct Emitter<'a> {
     node: &'a str,
     state: HostState,
     chains: BTreeMap<ChainId, Vec<Rule>>,
+    /// Link ids handed out in this plan, by link name.
+    link_ids: BTreeMap<String, u32>,
 }
 
 /// Everything `this_node` must own.
@@ -103,6 +106,7 @@ pub fn emit(
         node: this_node,
         state: HostState::default(),
         chains: BTreeMap::new(),
+        link_ids: BTreeMap::new(),
     };
     for w in work.iter().filter(|w| w.decision.emits) {
         let Some(class) = classes.get(w.decision.class.as_str()) else {
@@ -110,13 +114,13 @@ pub fn emit(
         };
         e.mapping(class, w);
     }
-    let any = !e.chains.is_empty() || !e.state.links.is_empty();
-    if any {
-        e.push(ChainId::Mangle, Rule::RestoreReplyMark);
+    e.guard();
+    if !e.chains.is_empty() || !e.state.links.is_empty() {
         e.push(ChainId::Fwd, Rule::ClampMssOut);
         e.push(ChainId::Fwd, Rule::ClampMssIn);
     }
     let mut state = e.state;
+    state.nft.marks = facts.marks;
     state.nft.chains = e.chains.into_iter().collect();
     state.normalise();
     state
@@ -148,91 +152,186 @@ impl Emitter<'_> {
         let pod_ports = translated.map_or(ports, PortRange::single);
         let binds = |node: &str| d.bindings.get(node).is_some_and(|i| !i.is_empty());
 
-        // Accepting role.
         if d.programming_nodes.iter().any(|n| n == self.node) && binds(self.node) {
-            let target = if ep.node == self.node {
-                Some((ep.address, translated, pod_ports))
-            } else {
-                usable_link(self.index, class, self.node, &ep.node).map(|l| {
-                    self.link(class, &ep.node, &l);
-                    (l.peer, None, ports)
-                })
-            };
-            if let Some((to, to_port, snat_ports)) = target {
-                let ifaces = d.bindings.get(self.node).cloned().unwrap_or_default();
-                for iface in ifaces {
-                    self.dnat(d, iface, None, Some(LOCAL_MARK), to, to_port, ports);
-                }
-                self.snat(d, to, snat_ports);
-                self.state.rules.push(IpRule {
-                    priority: PREF_REPLY,
-                    fwmark: LOCAL_MARK,
-                    to: None,
-                    table: MAIN_TABLE,
-                });
-            }
+            self.accepting(class, d, translated, pod_ports, ports);
         }
-
-        // Pod node role: the far half of every usable link from a programming node.
-        let node = self.node;
-        if ep.node == node {
-            for p in d
+        if ep.node == self.node {
+            let peers: Vec<String> = d
                 .programming_nodes
                 .iter()
-                .filter(|p| **p != node && binds(p))
-            {
-                let Some(l) = usable_link(self.index, class, self.node, p) else {
-                    continue;
-                };
-                let dev = self.link(class, p, &l);
-                let mark = link_mark(class.vni + l.slot);
-                self.push(
-                    ChainId::Mangle,
-                    Rule::SaveArrivalLink {
-                        iface: dev.clone(),
-                        mark,
-                    },
-                );
-                self.dnat(
-                    d,
-                    dev.clone(),
-                    Some(l.own),
-                    None,
-                    ep.address,
-                    translated,
-                    ports,
-                );
-                self.snat(d, ep.address, pod_ports);
-                let peer_host = Ipv4Net::new(l.peer_ip, 32).ok();
-                self.state.rules.push(IpRule {
-                    priority: PREF_LOOP_GUARD,
-                    fwmark: mark,
-                    to: peer_host,
-                    table: MAIN_TABLE,
-                });
-                self.state.rules.push(IpRule {
-                    priority: PREF_REPLY,
-                    fwmark: mark,
-                    to: None,
-                    table: mark,
-                });
-                self.state.routes.push(Route {
-                    table: mark,
-                    to: None,
-                    via: l.peer,
-                    dev,
-                });
+                .filter(|p| **p != self.node && binds(p))
+                .cloned()
+                .collect();
+            for p in peers {
+                self.pod_half(class, d, &p, translated, pod_ports, ports);
             }
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// The accepting role: steer each bound interface's own address, DNAT the steered packets
+    /// to the pod (local) or to the pod node's end of the link, claim the flow's source NAT.
+    fn accepting(
+        &mut self,
+        class: &ClassState,
+        d: &super::MappingDecision,
+        translated: Option<u16>,
+        pod_ports: PortRange,
+        ports: PortRange,
+    ) {
+        let Some(ep) = &d.endpoint else { return };
+        let target = if ep.node == self.node {
+            Some((ep.address, translated, pod_ports))
+        } else {
+            usable_link(self.index, class, self.node, &ep.node).and_then(|l| {
+                self.link(class, &ep.node, &l)?;
+                Some((l.peer, None, ports))
+            })
+        };
+        let Some((to, to_port, snat_ports)) = target else {
+            return;
+        };
+        let local = self.facts.marks.local();
+        let ifaces = d.bindings.get(self.node).cloned().unwrap_or_default();
+        let mut any = false;
+        for iface in ifaces {
+            // Only packets addressed to the interface's own address are captured: an
+            // interface whose address is unknown captures nothing.
+            let Some(addr) = self.facts.interfaces.get(&iface).copied() else {
+                continue;
+            };
+            self.steer(d, iface.clone(), addr, Some(local), ports);
+            self.state.valid_mark_interfaces.push(iface.clone());
+            self.dnat(d, iface, Some(local), to, to_port, ports);
+            any = true;
+        }
+        if !any {
+            return;
+        }
+        self.snat(d, to, snat_ports);
+        self.push(ChainId::Mangle, Rule::RestoreReplyMark { mark: local });
+        self.state.rules.push(IpRule {
+            priority: PREF_REPLY,
+            fwmark: local,
+            fwmask: self.facts.marks.mask,
+            to: None,
+            table: MAIN_TABLE,
+        });
+    }
+
+    /// The pod node's half of the link from programming node `p`.
+    fn pod_half(
+        &mut self,
+        class: &ClassState,
+        d: &super::MappingDecision,
+        p: &str,
+        translated: Option<u16>,
+        pod_ports: PortRange,
+        ports: PortRange,
+    ) {
+        let Some(ep) = &d.endpoint else { return };
+        let Some(l) = usable_link(self.index, class, self.node, p) else {
+            return;
+        };
+        let Some((dev, mark)) = self.link(class, p, &l) else {
+            return;
+        };
+        let marks = self.facts.marks;
+        self.push(
+            ChainId::Mangle,
+            Rule::SaveArrivalLink {
+                iface: dev.clone(),
+                mark,
+            },
+        );
+        self.push(ChainId::Mangle, Rule::RestoreReplyMark { mark });
+        self.steer(d, dev.clone(), l.own, None, ports);
+        self.dnat(d, dev.clone(), None, ep.address, translated, ports);
+        self.snat(d, ep.address, pod_ports);
+        let table = marks.table(mark);
+        self.state.rules.push(IpRule {
+            priority: PREF_LOOP_GUARD,
+            fwmark: mark,
+            fwmask: marks.mask,
+            to: Ipv4Net::new(l.peer_ip, 32).ok(),
+            table: MAIN_TABLE,
+        });
+        self.state.rules.push(IpRule {
+            priority: PREF_REPLY,
+            fwmark: mark,
+            fwmask: marks.mask,
+            to: None,
+            table,
+        });
+        self.state.routes.push(Route {
+            table,
+            to: None,
+            via: l.peer,
+            dev,
+        });
+    }
+
+    /// The link guard: per underlay device and link port, frames from the link peers pass and
+    /// everything else addressed to the node on that port is dropped and counted.
+    fn guard(&mut self) {
+        let mut peers: BTreeMap<(String, u16), Vec<Ipv4Addr>> = BTreeMap::new();
+        for link in &self.state.links {
+            if let Some(device) = &link.device {
+                peers
+                    .entry((device.clone(), link.port))
+                    .or_default()
+                    .push(link.remote);
+            }
+        }
+        for ((device, port), mut addrs) in peers {
+            addrs.sort();
+            addrs.dedup();
+            self.push(
+                ChainId::Guard,
+                Rule::GuardAllow {
+                    device,
+                    port,
+                    peers: addrs,
+                },
+            );
+            let counter = format!("guard/{port}");
+            self.state.nft.counters.push(Counter {
+                name: counter.clone(),
+                chain: ChainId::Guard,
+                namespace: String::new(),
+                mapping: String::new(),
+            });
+            self.push(ChainId::Guard, Rule::GuardDrop { port, counter });
+        }
+    }
+
+    fn steer(
+        &mut self,
+        d: &super::MappingDecision,
+        iif: String,
+        daddr: Ipv4Addr,
+        mark: Option<u32>,
+        ports: PortRange,
+    ) {
+        let comment = fit_nft_text(&format!("{}/{}", d.namespace, d.name));
+        let rule = SteerRule {
+            iif,
+            daddr,
+            protocol: d.protocol,
+            ports,
+            mark,
+            comment,
+        };
+        if mark.is_some() {
+            self.push(ChainId::Steer, Rule::MarkRequest(rule.clone()));
+        }
+        self.push(ChainId::Steer, Rule::Steer(rule));
+    }
+
     fn dnat(
         &mut self,
         d: &super::MappingDecision,
         iif: String,
-        daddr: Option<Ipv4Addr>,
-        set_ct_mark: Option<u32>,
+        mark: Option<u32>,
         to: Ipv4Addr,
         to_port: Option<u16>,
         ports: PortRange,
@@ -240,10 +339,9 @@ impl Emitter<'_> {
         let (counter, comment) = self.counter(ChainId::Pre, &d.namespace, &d.name);
         let rule = DnatRule {
             iif,
-            daddr,
+            mark,
             protocol: d.protocol,
             ports,
-            set_ct_mark,
             to,
             to_port,
             counter,
@@ -264,9 +362,36 @@ impl Emitter<'_> {
         self.push(ChainId::Post, Rule::IdentitySnat(rule));
     }
 
-    /// Adds the link to `peer` (once) and returns its device name.
-    fn link(&mut self, class: &ClassState, peer: &str, l: &LinkEnds) -> String {
+    /// The id of link `name`: the one it already carries on the host when that is still free,
+    /// else the lowest id neither handed out nor held by another link on the host. Stable ids
+    /// keep the marks recorded in live flows pointing at the right link.
+    fn link_id(&mut self, name: &str) -> Option<u32> {
+        if let Some(id) = self.link_ids.get(name) {
+            return Some(*id);
+        }
+        let marks = self.facts.marks;
+        let taken = |id: u32, e: &Self| e.link_ids.values().any(|v| *v == id);
+        let id = match self.facts.link_ids.get(name) {
+            Some(id) if marks.link_mark(*id).is_some() && !taken(*id, self) => *id,
+            _ => (1..=marks.link_capacity()).find(|id| {
+                !taken(*id, self)
+                    && !self
+                        .facts
+                        .link_ids
+                        .iter()
+                        .any(|(other, v)| v == id && other != name)
+            })?,
+        };
+        self.link_ids.insert(name.to_owned(), id);
+        Some(id)
+    }
+
+    /// Adds the link to `peer` (once) and returns its device name and mark; `None` when the
+    /// node has no mark left for another link.
+    fn link(&mut self, class: &ClassState, peer: &str, l: &LinkEnds) -> Option<(String, u32)> {
         let name = link_name(class.name, peer);
+        let id = self.link_id(&name)?;
+        let mark = self.facts.marks.link_mark(id)?;
         let vni = class.vni + l.slot;
         let peer_mtu = self
             .index
@@ -290,10 +415,10 @@ impl Emitter<'_> {
             address: Ipv4Net::new(l.own, 31).unwrap_or(l.net),
             peer_address: l.peer,
             mtu,
-            mark: link_mark(vni),
+            mark,
             ttl: LINK_TTL,
             rp_filter: RP_FILTER_LOOSE,
         });
-        name
+        Some((name, mark))
     }
 }

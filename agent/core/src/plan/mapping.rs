@@ -109,6 +109,14 @@ fn check(
             format!("endPort {end} is lower than port {}", spec.port),
         );
     }
+    if let Some(bad) = first_invalid_interface(class, &spec.interfaces) {
+        return Outcome::new(
+            AcceptedReason::InvalidInterfaceName,
+            format!(
+                "interface name {bad:?} (class {class_name}) is not a usable interface name: 1 to 15 of A-Z a-z 0-9 . _ @ + -, not starting with a dot"
+            ),
+        );
+    }
     if let Some(outcome) = check_namespace(index, class, class_name, namespace) {
         return outcome;
     }
@@ -136,6 +144,9 @@ fn check(
             AcceptedReason::PortReserved,
             format!("port {first} is reserved by class {class_name}"),
         );
+    }
+    if let Some(message) = held_by_node(index, spec.protocol, ports) {
+        return Outcome::new(AcceptedReason::PortInUse, message);
     }
     if let Some(missing) = bindings.first_unoffered(class_name, class, &spec.interfaces) {
         return Outcome::new(
@@ -166,6 +177,57 @@ fn check(
     );
     bindings.hold(spec.protocol, set, ports, holder);
     Outcome::new(AcceptedReason::Valid, "")
+}
+
+/// The first name the mapping would bind that kuport refuses: among its own `interfaces`, or
+/// the class's when it names none.
+fn first_invalid_interface(class: &PortMapClass, requested: &[String]) -> Option<String> {
+    let mut names: Vec<&String> = if requested.is_empty() {
+        class
+            .spec
+            .nodes
+            .values()
+            .flat_map(|n| n.interfaces.iter())
+            .collect()
+    } else {
+        requested.iter().collect()
+    };
+    names.sort();
+    names
+        .into_iter()
+        .find(|n| !crate::api::valid_interface_name(n))
+        .cloned()
+}
+
+/// Ports every node depends on, which no mapping may capture: each Vxlan class's link port (the
+/// kernel's VXLAN socket listens on every address) and the CNI's overlay port. The message
+/// names the holder.
+fn held_by_node(index: &Index, protocol: Protocol, ports: PortRange) -> Option<String> {
+    if protocol != Protocol::Udp {
+        return None;
+    }
+    let mut holders: Vec<(u16, String)> = index
+        .classes
+        .iter()
+        .filter(|(_, c)| c.spec.return_path.mode == ReturnPathMode::Vxlan)
+        .filter_map(|(name, c)| {
+            let port = u16::try_from(c.spec.return_path.vxlan.port).ok()?;
+            Some((port, format!("the return links of class {name}")))
+        })
+        .collect();
+    if let Some(cni) = index.cni {
+        holders.push((
+            cni.vxlan_port,
+            format!("the overlay of the CNI ({})", cni.name),
+        ));
+    }
+    holders.sort();
+    let (port, holder) = holders
+        .into_iter()
+        .find(|(p, _)| ports.first <= *p && *p <= ports.last)?;
+    Some(format!(
+        "UDP port {port} is used by {holder} on every node; a mapping there would capture its traffic"
+    ))
 }
 
 fn check_namespace(

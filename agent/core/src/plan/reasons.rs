@@ -11,12 +11,17 @@ pub enum AcceptedReason {
     ClassNotFound,
     /// `endPort < port`.
     InvalidPortRange,
+    /// An interface the mapping would bind has a name the kernel or nft would refuse.
+    InvalidInterfaceName,
     /// The namespace's labels do not match the class's selector.
     NamespaceNotSelected,
     /// A port of the range lies outside the class window.
     PortOutOfRange,
     /// The range contains a reserved port.
     PortReserved,
+    /// The range contains a port the node itself depends on: a return-link port, the CNI's
+    /// overlay port, or a port a host socket holds on an accepting node.
+    PortInUse,
     /// `spec.interfaces` names an interface no node of the class carries.
     InterfaceNotInClass,
     /// An earlier accepted mapping holds an overlapping port.
@@ -75,9 +80,11 @@ reason_names!(AcceptedReason {
     Valid,
     ClassNotFound,
     InvalidPortRange,
+    InvalidInterfaceName,
     NamespaceNotSelected,
     PortOutOfRange,
     PortReserved,
+    PortInUse,
     InterfaceNotInClass,
     PortConflict,
 });

@@ -1,12 +1,13 @@
 //! `kuport agent`: flags, logging, the Kubernetes client, the real host, HTTP endpoints and
 //! signals around the runtime.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
+use kuport_core::ir::MarkLayout;
 use kuport_host::LinuxHost;
 use tokio_util::sync::CancellationToken;
 
@@ -30,15 +31,31 @@ pub struct AgentArgs {
     #[arg(long, env = "KUPORT_RESYNC", value_name = "DURATION", default_value = "5m",
           value_parser = parse_duration)]
     pub resync: Duration,
-    /// Where `/healthz` and `/readyz` are served: `HOST:PORT` or `:PORT` (every address).
+    /// Where `/healthz` and `/readyz` are served: `HOST:PORT`, or `:PORT` for the node's own
+    /// address (--host-ip). `0.0.0.0:PORT` serves every address, public ones included.
     #[arg(long, env = "KUPORT_HEALTH_ADDR", value_name = "ADDR", default_value = ":8081",
           value_parser = parse_listen_addr)]
-    pub health_addr: SocketAddr,
+    pub health_addr: ListenAddr,
     /// Where `/metrics` (Prometheus/OpenMetrics text) is served: `HOST:PORT` or `:PORT`. May
     /// equal --health-addr, in which case one listener serves all three paths.
     #[arg(long, env = "KUPORT_METRICS_ADDR", value_name = "ADDR", default_value = ":9090",
           value_parser = parse_listen_addr)]
-    pub metrics_addr: SocketAddr,
+    pub metrics_addr: ListenAddr,
+    /// The node's own address, which `:PORT` listen addresses bind to (the DaemonSet sets it
+    /// from the pod's `status.hostIP`, the node's InternalIP). Without it they bind to
+    /// 127.0.0.1: never to every address of an internet-facing node by accident.
+    #[arg(long, env = "KUPORT_HOST_IP", value_name = "IP")]
+    pub host_ip: Option<IpAddr>,
+    /// The local mark kuport writes (inside --mark-mask); link marks follow it.
+    #[arg(long, env = "KUPORT_MARK_BASE", value_name = "MARK", default_value = "0x1",
+          value_parser = parse_mark)]
+    pub mark_base: u32,
+    /// The packet and conntrack mark bits kuport owns (one contiguous run). It must not overlap
+    /// kube-proxy (0xc000), Cilium (0x0f00), Calico (0xffff0000), netbird (0x1bd00) or Tailscale
+    /// (0xff0000): the agent refuses to start otherwise.
+    #[arg(long, env = "KUPORT_MARK_MASK", value_name = "MASK", default_value = "0xff",
+          value_parser = parse_mark)]
+    pub mark_mask: u32,
     /// The least severe log level printed.
     #[arg(long, env = "KUPORT_LOG_LEVEL", value_enum, value_name = "LEVEL",
           default_value_t = LogLevel::Info)]
@@ -88,32 +105,50 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
 }
 
 async fn run_async(args: AgentArgs) -> anyhow::Result<()> {
+    let marks = MarkLayout {
+        base: args.mark_base,
+        mask: args.mark_mask,
+    };
+    marks
+        .validate()
+        .map_err(|e| anyhow::anyhow!("--mark-base/--mark-mask: {e}"))?;
     let client = make_client(args.kubeconfig.as_deref()).await?;
-    let host = LinuxHost::new().context("opening the host's netlink socket")?;
+    let host = LinuxHost::new()
+        .context("opening the host's netlink socket")?
+        .with_marks(marks);
     let mut config = AgentConfig::new(args.node_name.clone());
     config.resync = args.resync;
+    config.marks = marks;
+    let own = args.host_ip.unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    if args.host_ip.is_none() {
+        tracing::warn!(
+            "no --host-ip (KUPORT_HOST_IP): health and metrics given as :PORT listen on 127.0.0.1 only"
+        );
+    }
+    let health_addr = args.health_addr.resolve(own);
+    let metrics_addr = args.metrics_addr.resolve(own);
     let agent = Agent::new(client, host, config).with_link_watch(Box::new(LinuxHost::link_events));
 
     let health = health_router(agent.health());
     let metrics = metrics_router(agent.metrics());
     let mut servers = Vec::new();
-    if args.health_addr == args.metrics_addr {
+    if health_addr == metrics_addr {
         servers.push(tokio::spawn(serve(
-            args.health_addr,
+            health_addr,
             "health and metrics",
             health.merge(metrics),
         )));
     } else {
-        servers.push(tokio::spawn(serve(args.health_addr, "health", health)));
-        servers.push(tokio::spawn(serve(args.metrics_addr, "metrics", metrics)));
+        servers.push(tokio::spawn(serve(health_addr, "health", health)));
+        servers.push(tokio::spawn(serve(metrics_addr, "metrics", metrics)));
     }
 
     let shutdown = CancellationToken::new();
     tokio::spawn(watch_signals(shutdown.clone()));
     tracing::info!(
         node = %args.node_name,
-        health = %args.health_addr,
-        metrics = %args.metrics_addr,
+        health = %health_addr,
+        metrics = %metrics_addr,
         resync = ?args.resync,
         "kuport agent {} starting",
         env!("CARGO_PKG_VERSION")
@@ -254,14 +289,42 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 }
 
 /// Parses `HOST:PORT`, or `:PORT` for every IPv4 address.
-pub fn parse_listen_addr(text: &str) -> Result<SocketAddr, String> {
-    let full = match text.strip_prefix(':') {
-        Some(port) => format!("0.0.0.0:{port}"),
-        None => text.to_owned(),
+/// A listen address as given: `HOST:PORT`, or `:PORT` for the node's own address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ListenAddr {
+    /// An explicit address.
+    Exact(SocketAddr),
+    /// A port on the node's own address (resolved at start).
+    OwnAddress(u16),
+}
+
+impl ListenAddr {
+    /// The socket address to bind, with `own` standing for the node's address.
+    pub fn resolve(self, own: IpAddr) -> SocketAddr {
+        match self {
+            ListenAddr::Exact(addr) => addr,
+            ListenAddr::OwnAddress(port) => SocketAddr::new(own, port),
+        }
+    }
+}
+
+/// Parses `HOST:PORT` or `:PORT`.
+pub fn parse_listen_addr(text: &str) -> Result<ListenAddr, String> {
+    let bad =
+        || format!("{text:?} is not a listen address: expected HOST:PORT or :PORT, e.g. :9090");
+    match text.strip_prefix(':') {
+        Some(port) => port.parse().map(ListenAddr::OwnAddress).map_err(|_| bad()),
+        None => text.parse().map(ListenAddr::Exact).map_err(|_| bad()),
+    }
+}
+
+/// Parses a mark: hexadecimal with `0x`, or decimal.
+pub fn parse_mark(text: &str) -> Result<u32, String> {
+    let parsed = match text.strip_prefix("0x").or_else(|| text.strip_prefix("0X")) {
+        Some(hex) => u32::from_str_radix(hex, 16),
+        None => text.parse(),
     };
-    full.parse().map_err(|_| {
-        format!("{text:?} is not a listen address: expected HOST:PORT or :PORT, e.g. :9090")
-    })
+    parsed.map_err(|_| format!("{text:?} is not a mark: expected a number such as 0xff or 255"))
 }
 
 fn parse_node_name(text: &str) -> Result<String, String> {
@@ -302,16 +365,24 @@ mod tests {
     }
 
     #[test]
-    fn listen_addresses_accept_a_bare_port() {
-        assert_eq!(
-            parse_listen_addr(":8081"),
-            Ok("0.0.0.0:8081".parse().expect("addr"))
-        );
-        assert_eq!(
-            parse_listen_addr("127.0.0.1:9090"),
-            Ok("127.0.0.1:9090".parse().expect("addr"))
-        );
+    fn a_bare_port_listens_on_the_node_address_never_on_every_address() {
+        let own: IpAddr = "100.64.0.1".parse().expect("ip");
+        let bare = parse_listen_addr(":8081").expect("bare port");
+        assert_eq!(bare, ListenAddr::OwnAddress(8081));
+        assert_eq!(bare.resolve(own), "100.64.0.1:8081".parse().expect("addr"));
+        let exact = parse_listen_addr("127.0.0.1:9090").expect("exact");
+        assert_eq!(exact.resolve(own), "127.0.0.1:9090".parse().expect("addr"));
+        let every = parse_listen_addr("0.0.0.0:9090").expect("explicit");
+        assert_eq!(every.resolve(own), "0.0.0.0:9090".parse().expect("addr"));
         assert!(parse_listen_addr("9090").is_err());
         assert!(parse_listen_addr(":http").is_err());
+    }
+
+    #[test]
+    fn marks_parse_in_hex_or_decimal() {
+        assert_eq!(parse_mark("0xff"), Ok(255));
+        assert_eq!(parse_mark("255"), Ok(255));
+        assert!(parse_mark("0xzz").is_err());
+        assert!(parse_mark("").is_err());
     }
 }

@@ -16,7 +16,7 @@ use kube::api::Api;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kuport_core::api::{PortMap, PortMapClass};
-use kuport_core::ir::{HostState, Rule};
+use kuport_core::ir::{HostState, MarkLayout, Rule};
 use kuport_core::plan::{Plan, plan};
 use kuport_core::snapshot::{CILIUM_CONFIG, CniFacts, HostFacts, Snapshot, node_internal_ip};
 use kuport_host::{ApplyReport, FactsQuery, Host, HostError, LinkEvent};
@@ -50,6 +50,8 @@ pub struct AgentConfig {
     pub retry_max: Duration,
     /// How long one API request of a pass may take.
     pub api_timeout: Duration,
+    /// The mark bits the datapath uses.
+    pub marks: MarkLayout,
 }
 
 impl AgentConfig {
@@ -62,6 +64,7 @@ impl AgentConfig {
             retry_min: Duration::from_millis(200),
             retry_max: Duration::from_secs(30),
             api_timeout: Duration::from_secs(10),
+            marks: MarkLayout::default(),
         }
     }
 }
@@ -305,7 +308,7 @@ impl<H: Host> Agent<H> {
             },
         }
 
-        let query = facts_query(&snapshot, &node);
+        let query = facts_query(&snapshot, &node, self.config.marks);
         let facts = match self.host.facts(&query).await {
             Ok(f) => f,
             Err(e) => return (fail(Stage::Facts, format!("reading host facts: {e}")), None),
@@ -489,7 +492,7 @@ async fn wait_synced(inputs: &Inputs) -> Result<(), AgentError> {
 }
 
 /// The facts this node's plan needs: the interfaces its classes give it, and its InternalIP.
-fn facts_query(snapshot: &Snapshot, node: &str) -> FactsQuery {
+fn facts_query(snapshot: &Snapshot, node: &str, marks: MarkLayout) -> FactsQuery {
     let mut interfaces: Vec<String> = snapshot
         .classes
         .iter()
@@ -506,6 +509,7 @@ fn facts_query(snapshot: &Snapshot, node: &str) -> FactsQuery {
     FactsQuery {
         interfaces,
         internal_ip,
+        marks,
     }
 }
 

@@ -1,0 +1,397 @@
+//! What an accepting node captures and what kuport refuses on its own: destination scoping by
+//! the steering stage, ports the node depends on, interface names, the stand-in block, the mark
+//! layout and stable link ids, and isolating a refused link.
+
+#[allow(dead_code)]
+mod fixture;
+
+use fixture::*;
+use kuport_core::api::valid_interface_name;
+use kuport_core::ir::{ChainId, MarkLayout, Rule, STAND_IN};
+use kuport_core::plan::AcceptedReason as A;
+use kuport_core::plan::ClassReason;
+use serde_json::{Value, json};
+
+fn edge_facts() -> kuport_core::snapshot::HostFacts {
+    facts(
+        &[("enp1s0", "203.0.113.9"), ("wt0", "100.64.0.1")],
+        "wt0",
+        1400,
+    )
+}
+
+fn remote() -> Cluster {
+    edge_and_worker()
+        .row("public", "worker-b", json!({}), 1420)
+        .claim("public", "edge-a/worker-b", 0)
+        .endpoint("games", "gs", "gs-0", "worker-b", "10.244.1.5", 3000)
+        .portmap(pm("games", "gs", "public", 3000))
+}
+
+fn accepted(c: &Cluster, name: &str) -> (A, String) {
+    let plan = c.plan("edge-a");
+    let d = decision(&plan, "games", name);
+    (d.accepted.reason, d.accepted.message.clone())
+}
+
+#[test]
+fn accepting_nodes_steer_only_their_own_addresses_and_dnat_only_steered_packets() {
+    let plan = remote().plan_with("edge-a", &edge_facts());
+    let steer = plan.host.nft.rules(ChainId::Steer);
+    let own: Vec<(String, String)> = steer
+        .iter()
+        .filter_map(|r| match r {
+            Rule::Steer(s) => Some((s.iif.clone(), s.daddr.to_string())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        own,
+        [
+            ("enp1s0".to_owned(), "203.0.113.9".to_owned()),
+            ("wt0".to_owned(), "100.64.0.1".to_owned())
+        ],
+        "each bound interface is matched on its own address only"
+    );
+    let local = MarkLayout::default().local();
+    for rule in plan.host.nft.rules(ChainId::Pre) {
+        let Rule::Dnat(d) = rule else {
+            panic!("kup-pre holds DNAT only: {rule:?}")
+        };
+        assert_eq!(
+            d.mark,
+            Some(local),
+            "an accepting DNAT needs the steering mark"
+        );
+    }
+    let text = kuport_core::render::nft_text(&plan.host.nft);
+    assert!(
+        text.contains(&format!(
+            "ip daddr {STAND_IN} ct mark & 0x000000ff == 0x00000001"
+        )),
+        "{text}"
+    );
+    assert_eq!(
+        plan.host.valid_mark_interfaces,
+        ["enp1s0", "wt0"],
+        "src_valid_mark on the accepting interfaces"
+    );
+}
+
+#[test]
+fn an_interface_without_a_known_address_captures_nothing() {
+    let only_wt0 = facts(&[("wt0", "100.64.0.1")], "wt0", 1400);
+    let plan = remote().plan_with("edge-a", &only_wt0);
+    let ifaces: Vec<&str> = plan
+        .host
+        .nft
+        .rules(ChainId::Pre)
+        .iter()
+        .filter_map(|r| match r {
+            Rule::Dnat(d) => Some(d.iif.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ifaces, ["wt0"]);
+}
+
+#[test]
+fn the_pod_node_steers_its_link_end_without_touching_the_packet_mark() {
+    let plan = remote().plan_with("worker-b", &facts(&[], "wt0", 1400));
+    let link = &plan.host.links[0];
+    let steer = plan.host.nft.rules(ChainId::Steer);
+    assert!(
+        steer.iter().all(|r| matches!(r, Rule::Steer(s)
+            if s.iif == link.name && s.daddr == link.address.addr() && s.mark.is_none())),
+        "{steer:?}"
+    );
+    assert!(plan.host.valid_mark_interfaces.is_empty());
+}
+
+#[test]
+fn the_link_guard_admits_only_link_peers_on_the_underlay() {
+    for node in ["edge-a", "worker-b"] {
+        let plan = remote().plan_with(node, &edge_facts());
+        let guard = plan.host.nft.rules(ChainId::Guard);
+        let peer = plan.host.links[0].remote;
+        assert_eq!(
+            guard,
+            [
+                Rule::GuardAllow {
+                    device: "wt0".into(),
+                    port: 4790,
+                    peers: vec![peer],
+                },
+                Rule::GuardDrop {
+                    port: 4790,
+                    counter: "guard/4790".into(),
+                },
+            ],
+            "{node}"
+        );
+    }
+    let local_only = edge_and_worker()
+        .endpoint("games", "gs", "gs-0", "edge-a", "10.244.0.5", 3000)
+        .portmap(pm("games", "gs", "public", 3000))
+        .plan_with("edge-a", &edge_facts());
+    assert!(
+        local_only.host.nft.rules(ChainId::Guard).is_empty(),
+        "no link, no guard"
+    );
+}
+
+#[test]
+fn link_ids_are_kept_from_the_host_and_new_links_take_a_free_one() {
+    let c = remote();
+    let fresh = c.plan_with("worker-b", &facts(&[], "wt0", 1400));
+    let name = fresh.host.links[0].name.clone();
+    let marks = MarkLayout::default();
+    assert_eq!(fresh.host.links[0].mark, marks.link_mark(1).expect("id 1"));
+
+    // The host already carries this link as id 7, and another (stale) link as id 1.
+    let mut f = facts(&[], "wt0", 1400);
+    f.link_ids.insert(name.clone(), 7);
+    f.link_ids.insert("kup-00000000".into(), 1);
+    let kept = c.plan_with("worker-b", &f);
+    let link = &kept.host.links[0];
+    assert_eq!(link.mark, marks.link_mark(7).expect("id 7"), "kept");
+    let tables: Vec<u32> = kept.host.routes.iter().map(|r| r.table).collect();
+    assert_eq!(tables, [marks.table(link.mark)]);
+
+    // An id taken by another link on the host is not handed out.
+    let mut f = facts(&[], "wt0", 1400);
+    f.link_ids.insert("kup-00000000".into(), 1);
+    let other = c.plan_with("worker-b", &f);
+    assert_eq!(other.host.links[0].mark, marks.link_mark(2).expect("id 2"));
+}
+
+#[test]
+fn mark_layouts_overlapping_other_datapaths_are_refused() {
+    assert_eq!(MarkLayout::default().validate(), Ok(()));
+    for (mask, who) in [
+        (0x4000_u32, "kube-proxy"),
+        (0x0f00, "Cilium"),
+        (0xff00_0000, "Calico"),
+        (0x0000_1000, "netbird"),
+        (0x00f0_0000, "Tailscale"),
+    ] {
+        let err = MarkLayout {
+            base: mask & mask.wrapping_neg(),
+            mask,
+        }
+        .validate()
+        .expect_err(who);
+        assert!(err.contains(who), "{err}");
+    }
+    assert!(
+        MarkLayout {
+            base: 0,
+            mask: 0xff
+        }
+        .validate()
+        .is_err(),
+        "zero base"
+    );
+    assert!(
+        MarkLayout {
+            base: 0x100,
+            mask: 0xff
+        }
+        .validate()
+        .is_err(),
+        "base outside"
+    );
+    assert!(
+        MarkLayout {
+            base: 1,
+            mask: 0x05
+        }
+        .validate()
+        .is_err(),
+        "not contiguous"
+    );
+    let small = MarkLayout {
+        base: 0x10,
+        mask: 0x70,
+    };
+    assert_eq!(small.validate(), Ok(()));
+    assert_eq!(small.link_capacity(), 6);
+    assert_eq!(small.link_mark(1), Some(0x20));
+    assert_eq!(small.link_mark(6), Some(0x70));
+    assert_eq!(small.link_mark(7), None);
+    assert_eq!(small.link_id_of_table(small.table(0x30)), Some(2));
+}
+
+#[test]
+fn a_non_default_layout_reaches_every_rule() {
+    let marks = MarkLayout {
+        base: 0x10,
+        mask: 0xf0,
+    };
+    let mut f = edge_facts();
+    f.marks = marks;
+    let edge = remote().plan_with("edge-a", &f);
+    let text = kuport_core::render::nft_text(&edge.host.nft);
+    assert!(
+        text.contains("ct mark & 0x000000f0 == 0x00000010"),
+        "{text}"
+    );
+    assert!(
+        edge.host
+            .rules
+            .iter()
+            .all(|r| r.fwmask == 0xf0 && r.fwmark == 0x10)
+    );
+    let mut f = facts(&[], "wt0", 1400);
+    f.marks = marks;
+    let pod = remote().plan_with("worker-b", &f);
+    assert_eq!(pod.host.links[0].mark, 0x20);
+}
+
+#[test]
+fn ports_the_nodes_depend_on_are_refused() {
+    let c = edge_and_worker()
+        .endpoint("games", "gs", "gs-0", "edge-a", "10.244.0.5", 4790)
+        .portmap(pm("games", "link", "public", 4790))
+        .portmap(pm("games", "overlay", "public", 8470).end(8475))
+        .portmap(pm("games", "tcp-ok", "public", 4790).tcp())
+        .cni_port(8472);
+    let (reason, message) = accepted(&c, "link");
+    assert_eq!(reason, A::PortInUse);
+    assert!(
+        message.contains("return links of class public"),
+        "{message}"
+    );
+    let (reason, message) = accepted(&c, "overlay");
+    assert_eq!(reason, A::PortInUse);
+    assert!(
+        message.contains("UDP port 8472") && message.contains("CNI"),
+        "{message}"
+    );
+    assert_eq!(accepted(&c, "tcp-ok").0, A::Valid, "another protocol");
+}
+
+#[test]
+fn hostile_interface_names_are_refused_with_a_reason() {
+    for bad in [
+        "",
+        ".",
+        "..",
+        ".hidden",
+        "eth0/1",
+        "eth 0",
+        "a\"b",
+        "wt*",
+        "averyveryverylong",
+        "eth0:1",
+        "br\\0",
+        "é1",
+    ] {
+        assert!(!valid_interface_name(bad), "{bad:?}");
+    }
+    for good in [
+        "eth0", "enp1s0", "wt0", "eth0.100", "br-lan", "wg_mesh", "a",
+    ] {
+        assert!(valid_interface_name(good), "{good:?}");
+    }
+    let c = Cluster::new()
+        .node("edge-a", "100.64.0.1")
+        .namespace("games", json!({}))
+        .class_json(
+            "public",
+            vxlan_spec(&[("edge-a", &["wt0", "eth0\" accept"])]),
+            Value::Null,
+        )
+        .portmap(pm("games", "all", "public", 3000))
+        .portmap(pm("games", "narrowed", "public", 3001).ifaces(&["wt0"]));
+    let (reason, message) = accepted(&c, "all");
+    assert_eq!(reason, A::InvalidInterfaceName);
+    assert!(message.contains("eth0\\\" accept"), "{message}");
+    assert_eq!(
+        accepted(&c, "narrowed").0,
+        A::Valid,
+        "a mapping that does not bind the bad name is unaffected"
+    );
+}
+
+#[test]
+fn a_class_subnet_over_the_stand_in_block_is_refused() {
+    let c = Cluster::new().node("edge-a", "100.64.0.1").class_json(
+        "public",
+        json!({"nodes": nodes_json(&[("edge-a", &["wt0"])]),
+                   "returnPath": {"mode": "Vxlan", "vxlan": {"subnet": "169.254.0.0/16"}}}),
+        Value::Null,
+    );
+    let plan = c.plan("edge-a");
+    let class = &plan.classes[0];
+    assert_eq!(class.ready.reason, ClassReason::InvalidSubnet);
+    assert!(
+        class.ready.message.contains("stand-in"),
+        "{}",
+        class.ready.message
+    );
+}
+
+#[test]
+fn a_refused_link_takes_out_only_what_leads_into_it() {
+    let pod = remote().plan_with("worker-b", &facts(&[], "wt0", 1400));
+    let name = pod.host.links[0].name.clone();
+    let cut = pod.host.without_links(std::slice::from_ref(&name));
+    assert!(cut.links.is_empty() && cut.routes.is_empty() && cut.rules.is_empty());
+    assert!(cut.nft.rules(ChainId::Pre).is_empty());
+    assert!(
+        cut.nft.rules(ChainId::Steer).is_empty(),
+        "no steer without its DNAT"
+    );
+    assert_eq!(pod.host.without_links(&["kup-other".into()]), pod.host);
+
+    // On the accepting node: the local mapping stays, the remote one goes.
+    let c = remote()
+        .endpoint("games", "local", "l-0", "edge-a", "10.244.0.7", 5000)
+        .portmap(pm("games", "local", "public", 5000));
+    let edge = c.plan_with("edge-a", &edge_facts());
+    let link = edge.host.links[0].name.clone();
+    let cut = edge.host.without_links(&[link]);
+    let comments: Vec<&str> = cut
+        .nft
+        .rules(ChainId::Steer)
+        .iter()
+        .chain(cut.nft.rules(ChainId::Pre))
+        .filter_map(|r| match r {
+            Rule::Steer(s) | Rule::MarkRequest(s) => Some(s.comment.as_str()),
+            Rule::Dnat(d) => Some(d.comment.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert!(!comments.is_empty());
+    assert!(comments.iter().all(|c| *c == "games/local"), "{comments:?}");
+}
+
+#[test]
+fn the_transaction_is_the_listing_text_plus_object_commands() {
+    let plan = remote().plan_with("edge-a", &edge_facts());
+    let table = &plan.host.nft;
+    let script = kuport_core::render::transaction(table, &["pre/games/gone".into()], false);
+    assert!(script.starts_with("add table ip kuport\n"), "{script}");
+    assert!(script.contains("delete counter ip kuport pre/games/gone\n"));
+    assert!(script.contains("add counter ip kuport pre/games/gs\n"));
+    assert!(script.contains("add chain ip kuport kup-steer { type filter hook prerouting priority -130; policy accept; }"));
+    for chain in ChainId::ALL {
+        for rule in table.rules(chain) {
+            let line = format!(
+                "add rule ip kuport {} {}",
+                chain.name(),
+                kuport_core::render::rule_text(rule, table.marks)
+            );
+            assert!(script.contains(&line), "missing {line}");
+        }
+    }
+    let recreate = kuport_core::render::transaction(table, &["pre/games/gone".into()], true);
+    assert!(recreate.starts_with("add table ip kuport\ndelete table ip kuport\n"));
+    assert!(!recreate.contains("delete counter"));
+    let empty = kuport_core::ir::NftTable::default();
+    assert_eq!(
+        kuport_core::render::transaction(&empty, &[], false),
+        "delete table ip kuport\n"
+    );
+}
