@@ -113,7 +113,15 @@ pub async fn run(topo: &Topology, p: &Probe) -> (bool, Value) {
 
 async fn run_inner(topo: &Topology, p: &Probe) -> Result<(bool, Value)> {
     let (ns, client_ip) = source(topo, &p.from)?;
-    let addr = topo.address_of(&p.to.node, &p.to.interface)?;
+    let addr = match &p.to.pod {
+        Some(pod) => {
+            topo.pods
+                .get(pod)
+                .with_context(|| format!("probe to pod {pod}: no such pod"))?
+                .ip
+        }
+        None => topo.address_of(&p.to.node, &p.to.interface)?,
+    };
     let dialed = SocketAddr::V4(SocketAddrV4::new(addr, p.port));
     // A UDP datagram may be lost once (a first ARP, a link coming up): up to three tries.
     let tries = if p.protocol == Protocol::Udp { 3 } else { 1 };

@@ -417,7 +417,15 @@ impl Runner<'_> {
                 ))
             }
             Step::HostExec(h) => {
-                let ns = self.topo.node(&h.node)?.ns.clone();
+                // Extension: `vpn:<client>` and `internet` run on a client instead of a node
+                // (an attacker building its own VXLAN device, say).
+                let ns = if h.node == "internet" {
+                    topology::CLIENT_NS.to_string()
+                } else if h.node.starts_with("vpn:") {
+                    self.topo.mesh_member(&h.node)?.ns.clone()
+                } else {
+                    self.topo.node(&h.node)?.ns.clone()
+                };
                 let command = self.expand(&h.command)?;
                 let out = std::process::Command::new("ip")
                     .args(["netns", "exec", &ns, "sh", "-c", &command])

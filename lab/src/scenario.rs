@@ -57,6 +57,11 @@ pub struct MeshSpec {
     /// The mesh table (7120) also routes `default dev wt0`, as a netbird exit node does.
     #[serde(default)]
     pub exit_node: bool,
+    /// netbird's nftables chains: a mangle chain at -150 that marks packets arriving on `wt0`
+    /// for the node's own addresses with 0x1bd00, and a forward filter dropping forwarded `wt0`
+    /// packets whose mark is not exactly that (pod-CIDR traffic excepted).
+    #[serde(default)]
+    pub netbird: bool,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -64,6 +69,21 @@ pub struct MeshSpec {
 pub struct HostSpec {
     #[serde(default)]
     pub rp_filter: RpFilter,
+    /// A host firewall on every node.
+    #[serde(default)]
+    pub firewall: Option<Firewall>,
+    /// Ports the firewall opens besides the mesh port, as `udp/3000` or `tcp/27015-27020`.
+    #[serde(default)]
+    pub open: Vec<String>,
+}
+
+/// Host firewalls the lab can emulate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Firewall {
+    /// Talos's ingress firewall in block mode: a filter chain in prerouting at -110 that drops
+    /// new connections to the node's own addresses unless a rule opens the port.
+    Talos,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -261,8 +281,15 @@ fn yes() -> bool {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Target {
+    /// The node dialed (with `interface`).
+    #[serde(default)]
     pub node: String,
+    #[serde(default)]
     pub interface: String,
+    /// Extension: dial a pod's own address instead (`<namespace>/<name>`), as pod-to-pod
+    /// traffic does; `node` and `interface` are then left out.
+    #[serde(default)]
+    pub pod: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
-use crate::scenario::{Cni, PodSpec, Protocol, RpFilter, Scenario};
+use crate::scenario::{Cni, Firewall, PodSpec, Protocol, RpFilter, Scenario};
 use crate::sys::{self, Lab, exec, ip, ip_in, ip_line, sh};
 
 pub const UL_NS: &str = "kl-ul";
@@ -220,6 +220,7 @@ pub fn build(lab: &mut Lab, scenario: &Scenario, bins: &Path) -> Result<Topology
     }
     for node in topo.nodes.clone() {
         cni(&topo, &node)?;
+        host_filters(&topo, &node)?;
     }
     check_mesh(&topo)?;
     Ok(topo)
@@ -443,7 +444,107 @@ fn cni(topo: &Topology, node: &NodeInfo) -> Result<()> {
         "table ip cni {{\n chain post {{\n  type nat hook postrouting priority srcnat; policy accept;\n{rules}\n }}\n}}\n"
     );
     sys::run_with_input("ip", &["netns", "exec", ns, "nft", "-f", "-"], &table)?;
+    mark_keyed_neighbours(topo, node)
+}
+
+/// The mark-keyed rules of datapaths that share the mark word with kuport, so a collision with
+/// their bits fails a scenario: kube-proxy's masquerade of 0x4000 and drop of 0x8000 (on
+/// forwarded packets, the path kuport's marked packets take), and Cilium's policy rules at pref 9
+/// and 10 on its 0x0F00 magic marks (into tables that swallow the packet here). kube-proxy's
+/// rules are left out beside netbird: netbird's own mark, 0x1bd00, carries the 0x8000 bit, so
+/// the two collide with each other whatever kuport does.
+fn mark_keyed_neighbours(topo: &Topology, node: &NodeInfo) -> Result<()> {
+    let ns = &node.ns;
+    if topo.scenario.mesh.netbird {
+        return cilium_mark_rules(topo, ns);
+    }
+    let kube_proxy = "table ip lab-kube-proxy {\n\
+         \tchain post {\n\
+         \t\ttype nat hook postrouting priority srcnat; policy accept;\n\
+         \t\tmeta mark & 0x00004000 == 0x00004000 counter masquerade\n\
+         \t}\n\
+         \tchain forward {\n\
+         \t\ttype filter hook forward priority filter; policy accept;\n\
+         \t\tmeta mark & 0x00008000 == 0x00008000 counter drop\n\
+         \t}\n\
+         }\n";
+    sys::run_with_input("ip", &["netns", "exec", ns, "nft", "-f", "-"], kube_proxy)?;
+    cilium_mark_rules(topo, ns)
+}
+
+fn cilium_mark_rules(topo: &Topology, ns: &str) -> Result<()> {
+    if topo.scenario.cni.is_cilium() {
+        ip_in(ns, "rule add pref 9 fwmark 0x200/0xf00 lookup 2004")?;
+        ip_in(ns, "rule add pref 10 fwmark 0xa00/0xf00 lookup 2005")?;
+        ip_in(ns, "route add blackhole default table 2004")?;
+        ip_in(ns, "route add blackhole default table 2005")?;
+    }
     Ok(())
+}
+
+/// The host firewall and mesh filter variants of a node, as nftables tables of their own.
+fn host_filters(topo: &Topology, node: &NodeInfo) -> Result<()> {
+    let mut tables = String::new();
+    if topo.scenario.mesh.netbird {
+        tables.push_str(&netbird_table());
+    }
+    if let Some(Firewall::Talos) = topo.scenario.host.firewall {
+        tables.push_str(&talos_table(&topo.scenario.host.open)?);
+    }
+    if tables.is_empty() {
+        return Ok(());
+    }
+    sys::run_with_input(
+        "ip",
+        &["netns", "exec", &node.ns, "nft", "-f", "-"],
+        &tables,
+    )?;
+    Ok(())
+}
+
+/// netbird's shape: mark mesh traffic for the node itself at -150 (only while its destination
+/// is still local), and drop forwarded mesh traffic whose mark is not exactly netbird's.
+pub fn netbird_table() -> String {
+    format!(
+        "table ip lab-netbird {{\n\
+         \tchain mangle-pre {{\n\
+         \t\ttype filter hook prerouting priority -150; policy accept;\n\
+         \t\tiifname \"wt0\" fib daddr type local counter meta mark set {MESH_FWMARK}\n\
+         \t}}\n\
+         \tchain forward {{\n\
+         \t\ttype filter hook forward priority filter; policy accept;\n\
+         \t\tiifname \"wt0\" ip daddr != 10.244.0.0/16 meta mark != {MESH_FWMARK} counter drop\n\
+         \t}}\n\
+         }}\n"
+    )
+}
+
+/// Talos's ingress firewall in block mode: new connections to the node's own addresses are
+/// dropped at -110 unless the port is open (the mesh port always is).
+pub fn talos_table(open: &[String]) -> Result<String> {
+    let mut accepts = String::from("\t\tudp dport 51820 accept\n");
+    for port in open {
+        let (proto, ports) = port
+            .split_once('/')
+            .filter(|(p, _)| *p == "udp" || *p == "tcp")
+            .with_context(|| format!("host.open entry {port:?}: expected udp/PORT or tcp/PORT"))?;
+        accepts.push_str(&format!("\t\t{proto} dport {ports} accept\n"));
+    }
+    Ok(format!(
+        "table inet lab-talos {{\n\
+         \tchain ingress {{\n\
+         \t\ttype filter hook prerouting priority -110; policy accept;\n\
+         \t\tiifname \"lo\" accept\n\
+         \t\tct state != new accept\n\
+         \t\tfib daddr type != local accept\n\
+         \t\tmeta l4proto icmp accept\n\
+         {accepts}\
+         \t\tcounter name \"dropped\" drop\n\
+         \t}}\n\
+         \tcounter dropped {{\n\
+         \t}}\n\
+         }}\n"
+    ))
 }
 
 /// Every node reaches every other member over the mesh before anything else runs.
@@ -629,7 +730,7 @@ pub fn foreign_listing(ns: &str) -> Result<String> {
     }
     out.push_str("# rules\n");
     for line in ip_in(ns, "rule show")?.lines() {
-        if !line.contains("fwmark 0x6b70") {
+        if !is_kuport_rule(line) {
             out.push_str(line);
             out.push('\n');
         }
@@ -637,7 +738,7 @@ pub fn foreign_listing(ns: &str) -> Result<String> {
     out.push_str("# routes\n");
     let kuport_tables: Vec<String> = ip_in(ns, "rule show")?
         .lines()
-        .filter(|l| l.contains("fwmark 0x6b70"))
+        .filter(|l| is_kuport_rule(l))
         .filter_map(|l| l.split("lookup ").nth(1).map(|t| t.trim().to_string()))
         .filter(|t| t != "main")
         .collect();
@@ -685,6 +786,11 @@ pub fn foreign_listing(ns: &str) -> Result<String> {
     Ok(out)
 }
 
+/// kuport's ip rules sit at priorities 101 and 102 (nothing else of the lab's uses them).
+fn is_kuport_rule(line: &str) -> bool {
+    line.starts_with("101:") || line.starts_with("102:")
+}
+
 fn strip_counters(line: &str) -> String {
     let mut words: Vec<&str> = Vec::new();
     let mut iter = line.split(' ').peekable();
@@ -712,7 +818,7 @@ pub fn kuport_leftovers(ns: &str) -> Result<Vec<String>> {
         }
     }
     for line in ip_in(ns, "rule show")?.lines() {
-        if line.contains("fwmark 0x6b70") {
+        if is_kuport_rule(line) {
             left.push(format!("rule {line}"));
         }
     }

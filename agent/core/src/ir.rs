@@ -524,6 +524,25 @@ impl MarkLayout {
     /// Checks the layout: a contiguous non-empty mask, a non-zero base inside it, and no bit
     /// another known datapath uses. The error says which rule failed.
     pub fn validate(&self) -> Result<(), String> {
+        self.validate_shape()?;
+        let mask = self.mask;
+        let clashes: Vec<String> = KNOWN_MARKS
+            .iter()
+            .filter(|(_, bits)| bits & mask != 0)
+            .map(|(who, bits)| format!("{:#010x} used by {who}", bits & mask))
+            .collect();
+        if !clashes.is_empty() {
+            return Err(format!(
+                "the mark mask {mask:#010x} overlaps bits {}",
+                clashes.join("; ")
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks only that the layout is usable at all (contiguous mask, base inside it), not
+    /// whether it overlaps another datapath.
+    pub fn validate_shape(&self) -> Result<(), String> {
         let MarkLayout { base, mask } = *self;
         if mask == 0 {
             return Err("the mark mask is empty".to_owned());
@@ -537,17 +556,6 @@ impl MarkLayout {
         if base & !mask != 0 || base == 0 {
             return Err(format!(
                 "the mark base {base:#010x} must be non-zero and inside the mask {mask:#010x}"
-            ));
-        }
-        let clashes: Vec<String> = KNOWN_MARKS
-            .iter()
-            .filter(|(_, bits)| bits & mask != 0)
-            .map(|(who, bits)| format!("{:#010x} used by {who}", bits & mask))
-            .collect();
-        if !clashes.is_empty() {
-            return Err(format!(
-                "the mark mask {mask:#010x} overlaps bits {}",
-                clashes.join("; ")
             ));
         }
         Ok(())

@@ -44,6 +44,7 @@ pub fn facts() -> HostFacts {
         interfaces: [(PUBLIC_IF.to_owned(), PUBLIC_ADDR)].into_iter().collect(),
         underlay_device: Some(PUBLIC_IF.to_owned()),
         underlay_mtu: Some(1500),
+        ..HostFacts::default()
     }
 }
 

@@ -56,6 +56,10 @@ pub struct AgentArgs {
     #[arg(long, env = "KUPORT_MARK_MASK", value_name = "MASK", default_value = "0xff",
           value_parser = parse_mark)]
     pub mark_mask: u32,
+    /// Lets the mark mask overlap another datapath's bits. Only for proving such a collision in
+    /// the lab: in a cluster it breaks the other datapath or kuport.
+    #[arg(long, env = "KUPORT_ALLOW_MARK_OVERLAP", hide = true)]
+    pub allow_mark_overlap: bool,
     /// The least severe log level printed.
     #[arg(long, env = "KUPORT_LOG_LEVEL", value_enum, value_name = "LEVEL",
           default_value_t = LogLevel::Info)]
@@ -109,9 +113,12 @@ async fn run_async(args: AgentArgs) -> anyhow::Result<()> {
         base: args.mark_base,
         mask: args.mark_mask,
     };
-    marks
-        .validate()
-        .map_err(|e| anyhow::anyhow!("--mark-base/--mark-mask: {e}"))?;
+    let checked = if args.allow_mark_overlap {
+        marks.validate_shape()
+    } else {
+        marks.validate()
+    };
+    checked.map_err(|e| anyhow::anyhow!("--mark-base/--mark-mask: {e}"))?;
     let client = make_client(args.kubeconfig.as_deref()).await?;
     let host = LinuxHost::new()
         .context("opening the host's netlink socket")?
