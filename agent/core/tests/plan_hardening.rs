@@ -2,7 +2,6 @@
 //! the steering stage, ports the node depends on, interface names, the stand-in block, the mark
 //! layout and stable link ids, and isolating a refused link.
 
-#[allow(dead_code)]
 mod fixture;
 
 use fixture::*;
