@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 const NOW: &str = "2026-01-01T00:10:00Z";
+/// The time the lab dump was recorded at (its objects are stamped by the lab's clock).
+const LAB_NOW: &str = "2026-12-03T17:41:45Z";
 
 fn testdata(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -16,8 +18,13 @@ fn testdata(rel: &str) -> PathBuf {
 
 fn status(dump: &str, extra: &[&str]) -> Output {
     let path = testdata(&format!("{dump}.yaml"));
+    let now = if dump.starts_with("lab-") {
+        LAB_NOW
+    } else {
+        NOW
+    };
     std::process::Command::new(env!("CARGO_BIN_EXE_kuport"))
-        .args(["status", "--now", NOW, "--objects"])
+        .args(["status", "--now", now, "--objects"])
         .arg(&path)
         .args(extra)
         .output()
@@ -90,6 +97,25 @@ fn refusals_and_unready_nodes_exit_1_and_name_the_reason() {
             "{expected:?} missing from:\n{text}"
         );
     }
+}
+
+/// A dump recorded from the lab's Multi scenario (the real agents' writes and Events) after a
+/// clashing mapping was refused.
+#[test]
+fn a_recorded_lab_cluster() {
+    golden("lab-multi-clash", &[], "lab-multi-clash.txt", 1);
+    golden(
+        "lab-multi-clash",
+        &["games/clash"],
+        "lab-multi-clash.games-clash.txt",
+        1,
+    );
+    golden(
+        "lab-multi-clash",
+        &["games/gameserver"],
+        "lab-multi-clash.games-gameserver.txt",
+        0,
+    );
 }
 
 #[test]
