@@ -468,6 +468,35 @@ impl Runner<'_> {
                 ))
             }
             Step::ExpectHost(h) => self.expect_host(h),
+            Step::Kubectl(c) => {
+                let kubectl =
+                    std::env::var("KUPORT_KUBECTL").unwrap_or_else(|_| "kubectl".to_owned());
+                let kubeconfig = self.topo.kubeconfig.display().to_string();
+                let mut command = vec![kubectl, "--kubeconfig".to_owned(), kubeconfig];
+                command.extend(
+                    c.args
+                        .iter()
+                        .map(|a| self.expand(a))
+                        .collect::<Result<Vec<_>>>()?,
+                );
+                self.command_check(c, command).await
+            }
+            Step::KuportStatus(c) => {
+                let kubeconfig = self.topo.kubeconfig.display().to_string();
+                let mut command = vec![
+                    self.topo.bin("kuport"),
+                    "status".to_owned(),
+                    "--kubeconfig".to_owned(),
+                    kubeconfig,
+                ];
+                command.extend(
+                    c.args
+                        .iter()
+                        .map(|a| self.expand(a))
+                        .collect::<Result<Vec<_>>>()?,
+                );
+                self.command_check(c, command).await
+            }
         }
     }
 
@@ -490,13 +519,57 @@ impl Runner<'_> {
                     .ip
                     .to_string(),
                 Some(("mesh", node)) => self.topo.node(node)?.mesh.to_string(),
-                _ => bail!("unknown placeholder ${{{key}}} (use pod:<ns>/<name> or mesh:<node>)"),
+                Some(("public", node)) => self
+                    .topo
+                    .node(node)?
+                    .public
+                    .with_context(|| format!("node {node} has no public address"))?
+                    .to_string(),
+                _ => bail!(
+                    "unknown placeholder ${{{key}}} (use pod:<ns>/<name>, mesh:<node> or public:<node>)"
+                ),
             };
             out.push_str(&value);
             rest = &rest[start + end + 1..];
         }
         out.push_str(rest);
         Ok(out)
+    }
+
+    /// Runs `command` in the API server's namespace until its exit status and output match
+    /// `c`, or `c.timeoutSeconds` pass; reports the last run.
+    async fn command_check(
+        &self,
+        c: &scenario::CommandCheck,
+        command: Vec<String>,
+    ) -> Result<(bool, Value)> {
+        let wanted: Vec<String> = c
+            .expect_output
+            .iter()
+            .map(|w| self.expand(w))
+            .collect::<Result<_>>()?;
+        let deadline = Instant::now() + Duration::from_secs(c.timeout_seconds);
+        loop {
+            let out = tokio::process::Command::new("ip")
+                .args(["netns", "exec", UL_NS])
+                .args(&command)
+                .output()
+                .await
+                .with_context(|| format!("running {}", command.join(" ")))?;
+            let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+            let missing: Vec<&String> = wanted.iter().filter(|w| !stdout.contains(*w)).collect();
+            let exit = out.status.code();
+            let ok = exit == Some(c.expect_exit) && missing.is_empty();
+            if ok || Instant::now() >= deadline {
+                return Ok((
+                    ok,
+                    json!({"command": command.join(" "), "exit": exit, "expectExit": c.expect_exit,
+                           "missing": missing, "output": stdout.trim_end(),
+                           "stderr": String::from_utf8_lossy(&out.stderr).trim()}),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
     }
 
     async fn parallel(&mut self, inner: &[Step]) -> Result<(bool, Value)> {

@@ -174,6 +174,10 @@ pub enum Step {
     Sleep(Sleep),
     ExpectStatus(ExpectStatus),
     ExpectHost(ExpectHost),
+    /// Extension: kubectl against the lab's API server, checking its exit status and output.
+    Kubectl(CommandCheck),
+    /// Extension: `kuport status` against the lab's API server, checked the same way.
+    KuportStatus(CommandCheck),
 }
 
 impl Step {
@@ -202,6 +206,8 @@ impl Step {
             Step::Sleep(_) => "sleep",
             Step::ExpectStatus(_) => "expectStatus",
             Step::ExpectHost(_) => "expectHost",
+            Step::Kubectl(_) => "kubectl",
+            Step::KuportStatus(_) => "kuportStatus",
         }
     }
 
@@ -212,6 +218,7 @@ impl Step {
             Step::Wait(w) => w.name.as_deref(),
             Step::ExpectStatus(e) => e.name.as_deref(),
             Step::HostExec(h) => h.name.as_deref(),
+            Step::Kubectl(c) | Step::KuportStatus(c) => c.name.as_deref(),
             _ => None,
         }
     }
@@ -426,6 +433,27 @@ pub struct ExpectHost {
     pub nft_counter_non_zero: Option<String>,
 }
 
+/// A command run on the lab host with the lab's kubeconfig, re-run until its exit status and
+/// output match or the timeout passes (statuses and summaries converge). `args` and
+/// `expectOutput` may use `${pod:<ns>/<name>}`, `${mesh:<node>}` and `${public:<node>}`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CommandCheck {
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Arguments after the command (`kubectl`, or `kuport status`).
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// The exit status wanted.
+    #[serde(default)]
+    pub expect_exit: i32,
+    /// Strings standard output must contain, each.
+    #[serde(default)]
+    pub expect_output: Vec<String>,
+    #[serde(default = "default_status_wait")]
+    pub timeout_seconds: u64,
+}
+
 /// Reads and checks one scenario file: the error names the file and the field.
 pub fn load(path: &Path) -> Result<Scenario> {
     let text =
@@ -531,11 +559,13 @@ steps:
   - sleep: {seconds: 2}
   - expectStatus: {portmap: games/gameserver, accepted: Valid, programmed: AllNodesReady, endpointNode: worker-b, published: ["edge-a/enp1s0", "edge-a/wt0"]}
   - expectHost: {node: worker-b, nftCounterNonZero: "games/gameserver"}
+  - kubectl: {name: pm-columns, args: [get, pm, -A], expectOutput: ["${public:edge-a}"]}
+  - kuportStatus: {args: [games/gameserver], expectExit: 1, expectOutput: [PortConflict], timeoutSeconds: 5}
 "#;
         let s: Scenario = serde_saphyr::from_str(yaml).expect("the lab.md example parses");
         validate(&s).expect("valid");
         let kinds: Vec<&str> = s.steps.iter().map(Step::kind).collect();
-        assert_eq!(kinds.len(), 26);
+        assert_eq!(kinds.len(), 28);
         for kind in [
             "wait",
             "probe",
@@ -560,6 +590,8 @@ steps:
             "sleep",
             "expectStatus",
             "expectHost",
+            "kubectl",
+            "kuportStatus",
         ] {
             assert!(kinds.contains(&kind), "{kind} missing");
         }

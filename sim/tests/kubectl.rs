@@ -10,8 +10,9 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::start;
-use k8s_openapi::api::core::v1::Event;
+use k8s_openapi::api::core::v1::{Event, ObjectReference};
 use kube::api::{Api, PostParams};
+use kube::runtime::events::{Event as RecordedEvent, EventType, Recorder, Reporter};
 use kuport_core::api::PortMap;
 use serde_json::json;
 
@@ -122,9 +123,11 @@ async fn kubectl_applies_lists_describes_and_explains() {
         "merge",
         "-p",
         &json!({"status": {
-            "endpoint": {"node": "worker-1", "address": "10.42.1.7", "port": 7777},
+            "endpoint": {"node": "worker-1", "address": "10.42.1.7", "port": 7777,
+                         "pod": "gameserver-0"},
             "published": [{"node": "worker-1", "interface": "enp1s0", "address": "203.0.113.7"},
                           {"node": "worker-1", "interface": "wt0", "address": "100.64.0.1"}],
+            "publishedSummary": "203.0.113.7,100.64.0.1",
             "conditions": [{"type": "Programmed", "status": "True", "reason": "Programmed",
                             "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
         }})
@@ -147,6 +150,37 @@ async fn kubectl_applies_lists_describes_and_explains() {
         .create(&PostParams::default(), &event)
         .await
         .expect("event created");
+    // And one as the agent writes them: events.k8s.io/v1 through kube's recorder.
+    let recorder = Recorder::new(
+        t.client.clone(),
+        Reporter {
+            controller: "kuport-agent".into(),
+            instance: Some("kuport-agent-worker-1".into()),
+        },
+    );
+    let regarding = ObjectReference {
+        api_version: Some("kuport.wlz.li/v1alpha1".into()),
+        kind: Some("PortMap".into()),
+        name: Some("gameserver".into()),
+        namespace: Some("games".into()),
+        uid: uid.clone(),
+        ..Default::default()
+    };
+    recorder
+        .publish(
+            &RecordedEvent {
+                type_: EventType::Warning,
+                reason: "NoReadyEndpoint".into(),
+                note: Some(
+                    "Programmed is False: Service games/gameserver has no ready endpoint".into(),
+                ),
+                action: "UpdateStatus".into(),
+                secondary: None,
+            },
+            &regarding,
+        )
+        .await
+        .expect("recorded");
 
     let wide = k.run(&["get", "pm,pmc", "-A", "-o", "wide"]).await;
     let headers: Vec<&str> = wide
@@ -162,6 +196,8 @@ async fn kubectl_applies_lists_describes_and_explains() {
         "ENDPOINT",
         "PROGRAMMED",
         "PUBLISHED",
+        "NODE",
+        "REASON",
         "MODE",
         "SERVING",
         "READY",
@@ -170,8 +206,9 @@ async fn kubectl_applies_lists_describes_and_explains() {
     ] {
         assert!(headers.contains(&header), "{header} missing from:\n{wide}");
     }
+    let pm_row = row(&wide, "portmap.kuport.wlz.li/gameserver");
     assert_eq!(
-        row(&wide, "portmap.kuport.wlz.li/gameserver")[..9],
+        pm_row[..9],
         [
             "games",
             "portmap.kuport.wlz.li/gameserver",
@@ -181,11 +218,14 @@ async fn kubectl_applies_lists_describes_and_explains() {
             "3009",
             "10.42.1.7",
             "True",
-            // Like the real server, a [*] column shows the first value only.
-            "203.0.113.7",
+            // Every address: the column reads the summary string, not a [*] list (which
+            // shows only its first value on a real server).
+            "203.0.113.7,100.64.0.1",
         ],
         "{wide}"
     );
+    // After AGE, the wide columns: the endpoint's node and the Programmed reason.
+    assert_eq!(pm_row[10..], ["worker-1", "Programmed"], "{wide}");
     assert_eq!(
         row(&wide, "portmapclass.kuport.wlz.li/public")[..3],
         ["portmapclass.kuport.wlz.li/public", "Vxlan", "Single"],
@@ -196,9 +236,19 @@ async fn kubectl_applies_lists_describes_and_explains() {
         ["portmapclass.kuport.wlz.li/intranet", "None", "Single"],
         "{wide}"
     );
-    // Without -o wide the priority-1 columns stay hidden.
+    // Without -o wide the priority-1 columns stay hidden; the addresses are always shown.
     let narrow = k.run(&["get", "pm", "-A"]).await;
-    assert!(!narrow.contains("PUBLISHED"), "{narrow}");
+    assert!(narrow.contains("PUBLISHED"), "{narrow}");
+    assert!(!narrow.contains("REASON"), "{narrow}");
+
+    // Events written through either group are the core Events kubectl lists.
+    let listed = k.run(&["get", "events", "-n", "games"]).await;
+    for expected in ["NoReadyEndpoint", "Programmed", "gameserver"] {
+        assert!(
+            listed.contains(expected),
+            "{expected:?} missing from:\n{listed}"
+        );
+    }
 
     let described = k
         .run(&["describe", "portmap", "-n", "games", "gameserver"])
@@ -210,6 +260,8 @@ async fn kubectl_applies_lists_describes_and_explains() {
         "End Port:    3009",
         "Programmed",
         "UDP 3000-3009 answers on worker-1",
+        "NoReadyEndpoint",
+        "Programmed is False: Service games/gameserver has no ready endpoint",
     ] {
         assert!(
             described.contains(expected),

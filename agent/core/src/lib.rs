@@ -11,3 +11,4 @@ pub mod plan;
 pub mod render;
 pub mod report;
 pub mod snapshot;
+pub mod summary;

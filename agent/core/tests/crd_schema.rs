@@ -95,7 +95,7 @@ fn class_printer_columns() {
                 ".status.conditions[?(@.type==\"Ready\")].status",
                 0
             ),
-            col("NODES", ".status.nodes[*].name", 1),
+            col("NODES", ".status.nodesSummary", 0),
             col("AGE", ".metadata.creationTimestamp", 0),
         ]
     );
@@ -116,8 +116,14 @@ fn portmap_printer_columns() {
                 ".status.conditions[?(@.type==\"Programmed\")].status",
                 0
             ),
-            col("PUBLISHED", ".status.published[*].address", 1),
+            col("PUBLISHED", ".status.publishedSummary", 0),
             col("AGE", ".metadata.creationTimestamp", 0),
+            col("NODE", ".status.endpoint.node", 1),
+            col(
+                "REASON",
+                ".status.conditions[?(@.type==\"Programmed\")].reason",
+                1
+            ),
         ]
     );
 }

@@ -1,6 +1,7 @@
 //! Command-line interface.
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use k8s_openapi::jiff::Timestamp;
@@ -86,24 +87,49 @@ enum Command {
         #[arg(long, value_enum, value_name = "FORMAT", default_value_t = Output::Json)]
         output: Output,
     },
+    /// Show what kuport is doing in the cluster: every mapping, class and agent, and what is not
+    /// working; or explain one mapping step by step.
+    ///
+    /// Reads the cluster with your kubeconfig (nothing is changed): PortMapClasses, PortMaps,
+    /// EndpointSlices, Nodes, Namespaces, the kube-system/cilium-config ConfigMap when readable,
+    /// and the Events about kuport's objects. For every mapping it prints the protocol and
+    /// ports, the published addresses, the endpoint (pod and node) and Programmed with its
+    /// reason; for every class the accepting nodes with their readiness and the return links
+    /// with the mappings using them; for every node running an agent its version and last pass.
+    /// With NAMESPACE/NAME it explains that mapping as the agents compute it (class,
+    /// acceptance, endpoint, nodes, return links, Programmed), compares that with the status
+    /// written, and lists the mapping's Events.
+    ///
+    /// Exit status: 0 when everything is programmed; 1 when something is not (a mapping not
+    /// accepted or not programmed, a status not caught up, a class or an accepting node not
+    /// ready) or the cluster cannot be read; 2 when --objects input cannot be read; 3 when the
+    /// mapping asked for does not exist.
+    #[command(after_help = "Examples:
+  kuport status
+  kuport status -o json | jq '.problems'
+  kuport status games/gameserver
+  kuport status --objects dump.yaml   # a recorded cluster, from
+      kubectl get portmapclasses,portmaps,endpointslices,nodes,namespaces,events -A -o yaml > dump.yaml")]
+    Status(crate::status_cmd::StatusArgs),
     /// Print kuport's version.
     Version,
 }
 
 impl Cli {
     /// Runs the chosen subcommand.
-    pub fn run(self) -> anyhow::Result<()> {
+    pub fn run(self) -> anyhow::Result<ExitCode> {
+        let done = ExitCode::SUCCESS;
         match self.command {
-            Command::Agent(args) => kuport::agent::cmd::run(args),
+            Command::Agent(args) => kuport::agent::cmd::run(args).map(|()| done),
             Command::Crds { out: None } => {
                 print!("{}", crate::crds::render_stream()?);
-                Ok(())
+                Ok(done)
             }
             Command::Crds { out: Some(dir) } => {
                 for path in crate::crds::write_dir(&dir)? {
                     eprintln!("wrote {}", path.display());
                 }
-                Ok(())
+                Ok(done)
             }
             Command::Plan {
                 objects,
@@ -117,10 +143,12 @@ impl Cli {
                 facts: facts.as_deref(),
                 now,
                 output,
-            }),
+            })
+            .map(|()| done),
+            Command::Status(args) => crate::status_cmd::run(&args),
             Command::Version => {
                 println!("kuport {}", env!("CARGO_PKG_VERSION"));
-                Ok(())
+                Ok(done)
             }
         }
     }

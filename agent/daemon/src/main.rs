@@ -8,6 +8,7 @@ mod cli;
 mod crds;
 mod objects;
 mod plan_cmd;
+mod status_cmd;
 
 /// Exit status for input kuport cannot read (as clap uses for a bad command line).
 const EXIT_BAD_INPUT: u8 = 2;
@@ -15,7 +16,7 @@ const EXIT_BAD_INPUT: u8 = 2;
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     match cli.run() {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(err) => {
             eprintln!("kuport: {err:#}");
             if err.downcast_ref::<objects::InputError>().is_some() {

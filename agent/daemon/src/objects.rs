@@ -8,7 +8,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::Resource as _;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Node};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kuport_core::api::{GROUP, PortMap, PortMapClass, VERSION};
 use kuport_core::snapshot::{CILIUM_CONFIG, CniFacts, HostFacts, Snapshot};
@@ -100,7 +100,21 @@ impl fmt::Display for DocumentAt {
 /// Reads every object in `paths` (files, or directories searched recursively for `*.yaml`,
 /// `*.yml` and `*.json`) into a snapshot. Kinds the plan does not read are skipped.
 pub fn load_objects(paths: &[PathBuf]) -> Result<Snapshot, InputError> {
-    let mut snapshot = Snapshot::default();
+    load_dump(paths).map(|d| d.snapshot)
+}
+
+/// What a recorded cluster holds for kuport: the plan's inputs and the core `v1` Events.
+#[derive(Clone, Debug, Default)]
+pub struct Dump {
+    /// The objects the plan reads.
+    pub snapshot: Snapshot,
+    /// Events (core `v1`, as `kubectl get events -o yaml` prints them).
+    pub events: Vec<Event>,
+}
+
+/// Reads `paths` as [`load_objects`] does, keeping Events too.
+pub fn load_dump(paths: &[PathBuf]) -> Result<Dump, InputError> {
+    let mut snapshot = Dump::default();
     for file in input_files(paths)? {
         let text = read_text(&file)?;
         for (index, doc) in parse_documents(&file, &text)?.into_iter().enumerate() {
@@ -289,7 +303,7 @@ fn describe(value: &Value) -> &'static str {
 /// `(apiVersion, kind)` an item of a typed list (`PortMapList`, ...) inherits when it carries
 /// none, as the API server prints them.
 fn add_object(
-    snapshot: &mut Snapshot,
+    dump: &mut Dump,
     path: &Path,
     mut at: DocumentAt,
     doc: Value,
@@ -355,13 +369,14 @@ fn add_object(
             item_at.items.push(index + 1);
             item_at.kind = None;
             item_at.name = None;
-            add_object(snapshot, path, item_at, item, inherit)?;
+            add_object(dump, path, item_at, item, inherit)?;
         }
         return Ok(());
     }
 
     let doc = Value::Object(object);
     let ours = format!("{GROUP}/{VERSION}");
+    let snapshot = &mut dump.snapshot;
     match (api_version.as_str(), kind.as_str()) {
         (v, "PortMapClass") if v == ours => {
             snapshot
@@ -390,6 +405,9 @@ fn add_object(
                 let config = typed::<ConfigMap>(doc, &at, path)?;
                 snapshot.cni = Some(CniFacts::from_cilium_config(&config));
             }
+        }
+        (v, k) if v == Event::API_VERSION && k == Event::KIND => {
+            dump.events.push(typed::<Event>(doc, &at, path)?);
         }
         (v, "PortMapClass" | "PortMap") if v.starts_with(&format!("{GROUP}/")) => {
             eprintln!(
@@ -443,7 +461,7 @@ mod tests {
 
     #[test]
     fn typed_lists_lend_their_kind_to_items() {
-        let mut snapshot = Snapshot::default();
+        let mut snapshot = Dump::default();
         let doc = serde_json::json!({
             "apiVersion": "v1", "kind": "NamespaceList",
             "items": [{"metadata": {"name": "games"}}]
@@ -456,12 +474,12 @@ mod tests {
         };
         let added = add_object(&mut snapshot, Path::new("x.yaml"), start, doc, None);
         assert!(added.is_ok(), "{added:?}");
-        assert_eq!(snapshot.namespaces.len(), 1);
+        assert_eq!(snapshot.snapshot.namespaces.len(), 1);
     }
 
     #[test]
     fn a_scalar_document_is_not_an_object() {
-        let mut snapshot = Snapshot::default();
+        let mut snapshot = Dump::default();
         let start = DocumentAt {
             document: 2,
             items: vec![],

@@ -666,6 +666,40 @@ async fn endpoints_readiness_metrics_and_events() {
         reasons.contains(&"Valid".to_owned()) && reasons.contains(&"AllNodesReady".to_owned())
     })
     .await;
+
+    // The summaries the printer columns show, written with the fields they summarise.
+    eventually(
+        "the class's summary and the row's version and pass time",
+        || async {
+            c.class().await.status.is_some_and(|s| {
+                s.ready_nodes == ["n1"]
+                    && s.nodes_summary.as_deref() == Some("1/1 n1")
+                    && s.nodes.iter().all(|n| {
+                        n.agent_version.as_deref() == Some(env!("CARGO_PKG_VERSION"))
+                            && n.last_pass_time.is_some()
+                    })
+            })
+        },
+    )
+    .await;
+    let portmaps: Api<PortMap> = Api::namespaced(c.client.clone(), "games");
+    let status = portmaps
+        .get("game")
+        .await
+        .expect("get the PortMap")
+        .status
+        .expect("status");
+    let addresses: Vec<&str> = status
+        .published
+        .iter()
+        .map(|p| p.address.as_str())
+        .collect();
+    assert!(!addresses.is_empty(), "{status:?}");
+    assert_eq!(status.published_summary, Some(addresses.join(",")));
+    assert_eq!(
+        status.endpoint.and_then(|e| e.pod).as_deref(),
+        Some("gameserver-0")
+    );
     c.stop_all().await;
 }
 

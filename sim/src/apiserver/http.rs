@@ -441,9 +441,10 @@ impl WatchStream {
                 &ApiError::expired(self.cursor, store.compacted() + 1).to_status(),
             )];
         }
+        let inner = &self.server.inner;
         let mut out = Vec::new();
         for change in store.changes_after(self.cursor) {
-            if change.resource != self.res
+            if change.resource != inner.storage(self.res)
                 || self
                     .namespace
                     .as_deref()
@@ -451,8 +452,10 @@ impl WatchStream {
             {
                 continue;
             }
-            let now = self.matches(&change.object);
-            let before = change.previous.as_deref().is_some_and(|p| self.matches(p));
+            let object = inner.view(self.res, change.object.clone());
+            let previous = change.previous.clone().map(|p| inner.view(self.res, p));
+            let now = self.matches(&object);
+            let before = previous.as_deref().is_some_and(|p| self.matches(p));
             let event_type = match (change.kind, before, now) {
                 (ChangeKind::Added, _, true) => "ADDED",
                 (ChangeKind::Deleted, _, true) => "DELETED",
@@ -461,7 +464,7 @@ impl WatchStream {
                 (ChangeKind::Modified, true, false) => "DELETED",
                 _ => continue,
             };
-            out.push(line(event_type, &change.object));
+            out.push(line(event_type, &object));
         }
         self.cursor = store.resource_version();
         out
@@ -549,9 +552,10 @@ fn watch(
             // No version (or "0"), or an explicit request for initial events: start with the
             // current state as ADDED events; with `sendInitialEvents` end them with a bookmark.
             (None, None | Some(true)) | (Some(_), Some(true)) => {
-                for (_, object) in store.scan(res, namespace) {
-                    if stream.matches(object) {
-                        stream.pending.push_back(line("ADDED", object));
+                for (_, object) in store.scan(inner.storage(res), namespace) {
+                    let object = inner.view(res, object.clone());
+                    if stream.matches(&object) {
+                        stream.pending.push_back(line("ADDED", &object));
                     }
                 }
                 stream.cursor = current;

@@ -22,6 +22,7 @@
 //! included) can drive the same service; [`ApiServer::serve`] runs it on anything implementing
 //! axum's `Listener`.
 
+mod convert;
 mod discovery;
 mod error;
 mod faults;
@@ -160,6 +161,26 @@ impl Inner {
             .to_string()
     }
 
+    /// The index the objects of `res` are stored under (another resource's for a view).
+    fn storage(&self, res: usize) -> usize {
+        self.resources[res].stored_as.unwrap_or(res)
+    }
+
+    /// A stored object as `res` serves it.
+    fn view(&self, res: usize, stored: Arc<Value>) -> Arc<Value> {
+        let r = &self.resources[res];
+        if r.conversion.is_none() {
+            return stored;
+        }
+        Arc::new(convert::to_view(r, &stored))
+    }
+
+    /// A body sent to `res`, as its storage resource keeps it.
+    fn to_storage(&self, res: usize, body: Value) -> Value {
+        let r = &self.resources[res];
+        convert::to_storage(r, &self.resources[self.storage(res)], body)
+    }
+
     fn find(&self, group: &str, version: &str, plural: &str) -> Option<usize> {
         self.resources
             .iter()
@@ -235,10 +256,8 @@ impl ApiServer {
     ) -> Option<Value> {
         let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
         let res = self.inner.find(group, version, plural)?;
-        self.inner
-            .lock()
-            .get(res, namespace, name)
-            .map(|o| (*o).clone())
+        let ns = (!namespace.is_empty()).then_some(namespace);
+        self.inner.get(res, ns, name).ok().map(|o| (*o).clone())
     }
 }
 

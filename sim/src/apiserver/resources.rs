@@ -4,6 +4,7 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use serde_json::{Value, json};
 
+use super::convert::Conversion;
 use super::error::BuildError;
 use super::table::{Column, JsonPath};
 
@@ -39,6 +40,11 @@ pub struct Resource {
     pub columns: Vec<Column>,
     /// For custom resources: the CRD's schema and name.
     pub custom: Option<Custom>,
+    /// For a view of another resource's objects (`events.k8s.io/v1` Events are core `v1`
+    /// Events in storage): the index of the resource that stores them.
+    pub stored_as: Option<usize>,
+    /// How this resource's fields map to the storing resource's (with `stored_as`).
+    pub conversion: Option<Conversion>,
 }
 
 /// What the model reads from a CRD beyond names and columns.
@@ -284,6 +290,8 @@ fn built_in(b: &BuiltIn) -> Result<Resource, BuildError> {
         field_labels: b.field_labels.to_vec(),
         columns,
         custom: None,
+        stored_as: None,
+        conversion: None,
     })
 }
 
@@ -357,6 +365,8 @@ pub fn from_crd(crd: &CustomResourceDefinition) -> Result<Resource, BuildError> 
         field_labels: Vec::new(),
         columns,
         custom: Some(Custom { crd_name, schema }),
+        stored_as: None,
+        conversion: None,
     })
 }
 
@@ -368,6 +378,19 @@ pub fn all_resources() -> Result<Vec<Resource>, BuildError> {
         .collect::<Result<Vec<_>, _>>()?;
     for file in kuport_core::crd::crd_files() {
         out.push(from_crd(&file.crd)?);
+    }
+    // One Event store, two groups, as on the real server.
+    let core_events = out
+        .iter()
+        .position(|r| r.group.is_empty() && r.plural == "events");
+    if let Some(core) = core_events {
+        for r in out
+            .iter_mut()
+            .filter(|r| r.group == "events.k8s.io" && r.plural == "events")
+        {
+            r.stored_as = Some(core);
+            r.conversion = Some(Conversion::EventsV1);
+        }
     }
     Ok(out)
 }

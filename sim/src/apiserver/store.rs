@@ -242,9 +242,11 @@ impl Inner {
         namespace: Option<&str>,
         name: &str,
     ) -> Result<Arc<Value>, ApiError> {
-        self.lock()
-            .get(res, namespace.unwrap_or_default(), name)
-            .ok_or_else(|| ApiError::not_found(self.resource(res), name))
+        let stored = self
+            .lock()
+            .get(self.storage(res), namespace.unwrap_or_default(), name)
+            .ok_or_else(|| ApiError::not_found(self.resource(res), name))?;
+        Ok(self.view(res, stored))
     }
 
     /// Lists matching objects with the list metadata (`resourceVersion`, `continue`,
@@ -290,19 +292,19 @@ impl Inner {
                 Some((ns.to_owned(), name.to_owned()))
             }
         };
-        let matching: Vec<&Arc<Value>> = store
-            .scan(res, namespace)
+        let matching: Vec<Arc<Value>> = store
+            .scan(self.storage(res), namespace)
             .filter(|(k, _)| {
                 after
                     .as_ref()
                     .is_none_or(|(ns, name)| (&k.1, &k.2) > (ns, name))
             })
-            .map(|(_, o)| o)
+            .map(|(_, o)| self.view(res, o.clone()))
             .filter(|o| q.labels.matches(o) && q.fields.matches(o))
             .collect();
         let mut list_meta = json!({"resourceVersion": current.to_string()});
         let take = q.limit.filter(|l| *l > 0).unwrap_or(usize::MAX);
-        let page: Vec<Arc<Value>> = matching.iter().take(take).map(|o| (*o).clone()).collect();
+        let page: Vec<Arc<Value>> = matching.iter().take(take).cloned().collect();
         if matching.len() > page.len()
             && let Some(last) = page.last()
         {
@@ -499,6 +501,7 @@ impl Inner {
             }
         }
         self.check_name(res, &body)?;
+        let mut body = self.to_storage(res, body);
         let name = meta_str(&body, "name").to_owned();
         if r.namespaced
             && let Some(ns_res) = self.find("", "v1", "namespaces")
@@ -506,7 +509,7 @@ impl Inner {
         {
             return Err(ApiError::not_found(self.resource(ns_res), &ns));
         }
-        let key = (res, ns, name.clone());
+        let key = (self.storage(res), ns, name.clone());
         if store.objects.contains_key(&key) {
             return Err(ApiError::already_exists(r, &name));
         }
@@ -543,13 +546,13 @@ impl Inner {
         }
         if opts.dry_run {
             body["metadata"]["resourceVersion"] = json!("");
-            return Ok(Arc::new(body));
+            return Ok(self.view(res, Arc::new(body)));
         }
         let object = store.commit(key, body, ChangeKind::Added);
         let rv = store.resource_version();
         drop(store);
         self.notify(rv);
-        Ok(object)
+        Ok(self.view(res, object))
     }
 
     /// Replace (PUT) or, with `status`, a status write. `patched` marks a body that came from
@@ -572,8 +575,9 @@ impl Inner {
                 "the name of the object ({body_name}) does not match the name on the URL ({name})"
             )));
         }
+        let body = self.to_storage(res, body);
         let mut store = self.lock();
-        let key = (res, ns, name.to_owned());
+        let key = (self.storage(res), ns, name.to_owned());
         let old = store
             .objects
             .get(&key)
@@ -655,10 +659,10 @@ impl Inner {
         }
         if new == *old {
             // A no-op write stores nothing and keeps the version, so clients see "unchanged".
-            return Ok(old);
+            return Ok(self.view(res, old));
         }
         if opts.dry_run {
-            return Ok(Arc::new(new));
+            return Ok(self.view(res, Arc::new(new)));
         }
         let finalized = !meta(&new)["deletionTimestamp"].is_null()
             && meta(&new)["finalizers"]
@@ -673,7 +677,7 @@ impl Inner {
         let rv = store.resource_version();
         drop(store);
         self.notify(rv);
-        Ok(object)
+        Ok(self.view(res, object))
     }
 
     pub(crate) fn patch(
@@ -736,7 +740,7 @@ impl Inner {
         let r = self.resource(res);
         let mut store = self.lock();
         let key = (
-            res,
+            self.storage(res),
             namespace.unwrap_or_default().to_owned(),
             name.to_owned(),
         );
@@ -771,14 +775,14 @@ impl Inner {
             ));
         }
         if opts.dry_run {
-            return Ok(old);
+            return Ok(self.view(res, old));
         }
         let has_finalizers = meta(&old)["finalizers"]
             .as_array()
             .is_some_and(|f| !f.is_empty());
         let object = if has_finalizers {
             if !meta(&old)["deletionTimestamp"].is_null() {
-                return Ok(old);
+                return Ok(self.view(res, old));
             }
             let mut marked = (*old).clone();
             marked["metadata"]["deletionTimestamp"] = json!(self.now_string());
@@ -801,7 +805,7 @@ impl Inner {
         let rv = store.resource_version();
         drop(store);
         self.notify(rv);
-        Ok(object)
+        Ok(self.view(res, object))
     }
 }
 

@@ -52,9 +52,8 @@ use super::{
     printcolumn(
         name = "Nodes",
         type_ = "string",
-        json_path = ".status.nodes[*].name",
-        priority = 1,
-        description = "Accepting nodes whose agents have reported a row."
+        json_path = ".status.nodesSummary",
+        description = "Ready accepting nodes out of those the class names, then the ready ones."
     ),
     printcolumn(
         name = "Age",
@@ -243,6 +242,17 @@ pub struct PortMapClassStatus {
     #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
     pub nodes: Vec<ClassNodeStatus>,
 
+    /// The accepting nodes that accept now, sorted: named by the class, with a Ready Node
+    /// object and a ready row. Recomputed by every accepting agent whenever it writes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ready_nodes: Vec<String>,
+
+    /// readyNodes out of the nodes the class names, then the ready ones, for example
+    /// "2/2 edge-a,edge-b" (at most four names, then "… +N"): what the Nodes column shows.
+    /// Derived from readyNodes in the same write.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes_summary: Option<String>,
+
     /// Return-link address claims, one per node pair that has, or recently had, a link.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["key".into()]))]
@@ -282,6 +292,15 @@ pub struct ClassNodeStatus {
     /// What the agent read of the CNI's configuration; absent when none was found.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cni: Option<CniInfo>,
+
+    /// The kuport version of the agent that wrote this row.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_version: Option<String>,
+
+    /// When this node's agent last completed a pass, refreshed at most once a minute (and at
+    /// every resync, 5 minutes by default): a time much older than that means the agent stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_pass_time: Option<Time>,
 }
 
 /// The CNI facts an agent read (from kube-system/cilium-config).

@@ -64,14 +64,27 @@ use serde::{Deserialize, Serialize};
     printcolumn(
         name = "Published",
         type_ = "string",
-        json_path = ".status.published[*].address",
-        priority = 1,
-        description = "Addresses the port answers on."
+        json_path = ".status.publishedSummary",
+        description = "Addresses the port answers on (at most four, then a count of the rest)."
     ),
     printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
+    ),
+    printcolumn(
+        name = "Node",
+        type_ = "string",
+        json_path = ".status.endpoint.node",
+        priority = 1,
+        description = "The node the endpoint pod runs on."
+    ),
+    printcolumn(
+        name = "Reason",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Programmed\")].reason",
+        priority = 1,
+        description = "The Programmed condition's reason: why the port answers or does not."
     )
 )]
 #[serde(rename_all = "camelCase")]
@@ -158,6 +171,12 @@ pub struct PortMapStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub published: Vec<PublishedAddress>,
 
+    /// The published addresses joined by commas, each once, at most four and then "… +N" for
+    /// the rest ("?" for an address not resolved yet): what the Published column shows. Derived
+    /// from published by the same writer in the same write; absent when nothing is published.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub published_summary: Option<String>,
+
     /// Accepted (the request is valid and holds its ports) and Programmed (the port answers).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
@@ -176,6 +195,10 @@ pub struct EndpointStatus {
 
     /// The pod's port: the number the EndpointSlice lists for the named Service port.
     pub port: i32,
+
+    /// The pod's name, when the EndpointSlice names it (its targetRef).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
 }
 
 /// One place a mapping answers.

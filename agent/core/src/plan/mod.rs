@@ -172,6 +172,11 @@ pub struct ClassRowWrite {
     /// The `Ready` condition (with `lastTransitionTime` kept unless it flipped), written only
     /// when it differs from the stored one.
     pub ready: k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition,
+    /// The class's accepting nodes in this snapshot (named by the class, with a Ready Node),
+    /// sorted: with the rows, what `readyNodes` and `nodesSummary` are derived from.
+    pub accepting: Vec<String>,
+    /// How many nodes the class names.
+    pub named: usize,
 }
 
 /// A new link claim.

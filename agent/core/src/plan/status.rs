@@ -126,8 +126,10 @@ fn portmap_write(w: &Working, now: Timestamp) -> PortMapWrite {
             node: e.node.clone(),
             address: e.address.to_string(),
             port: i32::from(e.port),
+            pod: e.pod.clone(),
         }),
         published: d.published.clone(),
+        published_summary: crate::summary::published_summary(&d.published),
         conditions,
     };
     PortMapWrite {
@@ -177,6 +179,9 @@ fn class_row(
             routing_mode: c.routing_mode.clone(),
             vxlan_port: Some(i32::from(c.vxlan_port)),
         }),
+        // The agent stamps these when it writes the row.
+        agent_version: None,
+        last_pass_time: None,
     };
     let _ = index;
     let stored = state
@@ -194,10 +199,14 @@ fn class_row(
         stored,
         now,
     );
+    let mut accepting: Vec<String> = state.accepting.iter().map(|n| (*n).to_owned()).collect();
+    accepting.sort_unstable();
     ClassRowWrite {
         class: state.name.to_owned(),
         row,
         ready,
+        accepting,
+        named: state.class.spec.nodes.len(),
     }
 }
 

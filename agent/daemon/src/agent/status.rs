@@ -141,12 +141,12 @@ impl StatusWriter<'_> {
                 outcome.written += 1;
                 tracing::debug!("wrote the status of {what}");
                 for type_ in ["Accepted", "Programmed"] {
-                    if let Some(c) = flipped(&stored.conditions, &w.status.conditions, type_) {
+                    if let Some(c) = to_report(&stored.conditions, &w.status.conditions, type_) {
                         self.events.emit(PendingEvent {
                             regarding: current.object_ref(&()),
                             warning: c.status != "True",
                             reason: c.reason.clone(),
-                            note: format!("{type_} is {}: {}", c.status, c.message),
+                            note: note(type_, c),
                             action: "UpdateStatus",
                         });
                     }
@@ -239,7 +239,25 @@ impl StatusWriter<'_> {
                             regarding: fresh.object_ref(&()),
                             warning: c.status != "True",
                             reason: c.reason.clone(),
-                            note: format!("Ready is {}: {}", c.status, c.message),
+                            note: note("Ready", &c),
+                            action: "UpdateStatus",
+                        });
+                    }
+                    for (node, why) in &merged.nodes_left {
+                        self.events.emit(PendingEvent {
+                            regarding: fresh.object_ref(&()),
+                            warning: true,
+                            reason: "NodeNotReady".to_owned(),
+                            note: format!("node {node} no longer accepts for the class: {why}"),
+                            action: "UpdateStatus",
+                        });
+                    }
+                    for node in &merged.nodes_joined {
+                        self.events.emit(PendingEvent {
+                            regarding: fresh.object_ref(&()),
+                            warning: false,
+                            reason: "NodeReady".to_owned(),
+                            note: format!("node {node} accepts for the class"),
                             action: "UpdateStatus",
                         });
                     }
@@ -299,7 +317,16 @@ pub struct ClassMerge {
     pub dropped: Vec<String>,
     /// The Ready condition when its status flipped (or first appeared).
     pub ready_flipped: Option<Condition>,
+    /// Nodes that left `readyNodes` with this write, each with why.
+    pub nodes_left: Vec<(String, String)>,
+    /// Nodes that joined `readyNodes` with this write.
+    pub nodes_joined: Vec<String>,
 }
+
+/// How often an agent refreshes its row's `lastPassTime` when nothing else in the row changed:
+/// often enough to tell a stopped agent, rarely enough that a quiet cluster costs about one
+/// write per node and class a minute at most (passes happen on changes and at every resync).
+pub const LAST_PASS_REFRESH_SECONDS: i64 = 60;
 
 /// Merges this node's part into `stored`, touching nothing that belongs to another node.
 pub fn merge_class_status(
@@ -315,15 +342,31 @@ pub fn merge_class_status(
     // accepts for the class.
     match part.row {
         Some(write) => {
+            let mut new_row = write.row.clone();
+            new_row.agent_version = Some(env!("CARGO_PKG_VERSION").to_owned());
             match status.nodes.iter_mut().find(|n| n.name == node) {
-                Some(row) => *row = write.row.clone(),
+                Some(row) => {
+                    // The stored pass time stands while it is recent and the version is the
+                    // same: a converged pass writes nothing.
+                    new_row.last_pass_time = row
+                        .last_pass_time
+                        .clone()
+                        .filter(|t| {
+                            row.agent_version == new_row.agent_version
+                                && (0..LAST_PASS_REFRESH_SECONDS)
+                                    .contains(&(now.as_second() - t.0.as_second()))
+                        })
+                        .or(Some(Time(now)));
+                    *row = new_row;
+                }
                 None => {
+                    new_row.last_pass_time = Some(Time(now));
                     let at = status
                         .nodes
                         .iter()
                         .position(|n| n.name.as_str() > node)
                         .unwrap_or(status.nodes.len());
-                    status.nodes.insert(at, write.row.clone());
+                    status.nodes.insert(at, new_row);
                 }
             }
             let current = status.conditions.iter().position(|c| c.type_ == "Ready");
@@ -403,10 +446,47 @@ pub fn merge_class_status(
         }
     }
 
+    // The summary, from the merged rows and this pass's accepting nodes. Every accepting agent
+    // computes it alike from the same object and snapshot, so it settles after one write.
+    let mut nodes_left = Vec::new();
+    let mut nodes_joined = Vec::new();
+    if let Some(write) = part.row {
+        let ready: Vec<String> = status
+            .nodes
+            .iter()
+            .filter(|n| n.ready && write.accepting.binary_search(&n.name).is_ok())
+            .map(|n| n.name.clone())
+            .collect();
+        for gone in stored.ready_nodes.iter().filter(|n| !ready.contains(n)) {
+            let row = status.nodes.iter().find(|r| &r.name == gone);
+            let why = match row {
+                None => "its agent removed its row (the class no longer names it)".to_owned(),
+                Some(r) if !r.ready => r
+                    .message
+                    .clone()
+                    .unwrap_or_else(|| "its row is not ready".to_owned()),
+                Some(_) => "its Node is not Ready or no longer exists".to_owned(),
+            };
+            nodes_left.push((gone.clone(), why));
+        }
+        nodes_joined = ready
+            .iter()
+            .filter(|n| !stored.ready_nodes.contains(n))
+            .cloned()
+            .collect();
+        status.nodes_summary = Some(kuport_core::summary::class_nodes_summary(
+            write.named,
+            &ready,
+        ));
+        status.ready_nodes = ready;
+    }
+
     ClassMerge {
         status,
         dropped,
         ready_flipped,
+        nodes_left,
+        nodes_joined,
     }
 }
 
@@ -432,17 +512,31 @@ pub fn portmap_status_equivalent(a: &PortMapStatus, b: &PortMapStatus) -> bool {
     a.observed_generation == b.observed_generation
         && a.endpoint == b.endpoint
         && a.published == b.published
+        && a.published_summary == b.published_summary
         && ca.len() == cb.len()
         && ca
             .iter()
             .all(|(t, c)| cb.get(t).is_some_and(|d| condition_equivalent(c, d)))
 }
 
-/// The new condition of `type_` when its status differs from the stored one (or it is new).
-fn flipped<'a>(stored: &[Condition], new: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+/// An Event's note for a condition: `Programmed is False: <message>`, or without the colon
+/// when the condition has no message (success reasons).
+fn note(type_: &str, c: &Condition) -> String {
+    if c.message.is_empty() {
+        format!("{type_} is {} ({})", c.status, c.reason)
+    } else {
+        format!("{type_} is {}: {}", c.status, c.message)
+    }
+}
+
+/// The new condition of `type_` when it is worth an Event: it is new, its status flipped, or
+/// it stays False for another reason (a different problem for the user to act on). A steady
+/// condition, or a True one whose reason or message changed, is not.
+fn to_report<'a>(stored: &[Condition], new: &'a [Condition], type_: &str) -> Option<&'a Condition> {
     let new = new.iter().find(|c| c.type_ == type_)?;
     let old = stored.iter().find(|c| c.type_ == type_);
-    old.is_none_or(|o| o.status != new.status).then_some(new)
+    old.is_none_or(|o| o.status != new.status || (new.status == "False" && o.reason != new.reason))
+        .then_some(new)
 }
 
 #[cfg(test)]
@@ -509,6 +603,8 @@ mod tests {
             class: "public".into(),
             row: row("m-node"),
             ready: cond("True", "Valid", NOW),
+            accepting: vec!["a-node".into(), "m-node".into(), "z-node".into()],
+            named: 3,
         };
         let part = ClassPart {
             row: Some(&write),
@@ -529,11 +625,22 @@ mod tests {
         );
     }
 
+    /// A row as this agent writes it, last stamped at `at`.
+    fn stamped(node: &str, at: &str) -> ClassNodeStatus {
+        ClassNodeStatus {
+            agent_version: Some(env!("CARGO_PKG_VERSION").to_owned()),
+            last_pass_time: Some(Time(ts(at))),
+            ..row(node)
+        }
+    }
+
     #[test]
     fn ready_is_rewritten_only_when_it_differs() {
         let stored = PortMapClassStatus {
             conditions: vec![cond("True", "Valid", "2026-01-01T00:00:00Z")],
-            nodes: vec![row("n1")],
+            nodes: vec![stamped("n1", "2026-01-01T23:59:30Z")],
+            ready_nodes: vec!["n1".into()],
+            nodes_summary: Some("1/1 n1".into()),
             ..Default::default()
         };
         // Same condition but a different lastTransitionTime precision: nothing to write.
@@ -541,6 +648,8 @@ mod tests {
             class: "public".into(),
             row: row("n1"),
             ready: cond("True", "Valid", "2026-01-01T00:00:00.5Z"),
+            accepting: vec!["n1".into()],
+            named: 1,
         };
         let part = ClassPart {
             row: Some(&write),
@@ -561,6 +670,137 @@ mod tests {
         let merged = merge_class_status(&stored, "n1", &part, ts(NOW));
         assert_eq!(merged.status.conditions[0].reason, "Other");
         assert_eq!(merged.ready_flipped, None);
+    }
+
+    #[test]
+    fn the_pass_time_is_refreshed_once_a_minute_and_on_a_new_version() {
+        let write = ClassRowWrite {
+            class: "public".into(),
+            row: row("n1"),
+            ready: cond("True", "Valid", "2026-01-01T00:00:00Z"),
+            accepting: vec!["n1".into()],
+            named: 1,
+        };
+        let part = ClassPart {
+            row: Some(&write),
+            ..Default::default()
+        };
+        let status = |row: ClassNodeStatus| PortMapClassStatus {
+            conditions: vec![cond("True", "Valid", "2026-01-01T00:00:00Z")],
+            nodes: vec![row],
+            ready_nodes: vec!["n1".into()],
+            nodes_summary: Some("1/1 n1".into()),
+            ..Default::default()
+        };
+        let recent = status(stamped("n1", "2026-01-01T23:59:01Z"));
+        assert_eq!(
+            merge_class_status(&recent, "n1", &part, ts(NOW)).status,
+            recent
+        );
+        let old = status(stamped("n1", "2026-01-01T23:59:00Z"));
+        assert_eq!(
+            merge_class_status(&old, "n1", &part, ts(NOW)).status,
+            status(stamped("n1", NOW))
+        );
+        let mut other_version = stamped("n1", "2026-01-01T23:59:30Z");
+        other_version.agent_version = Some("0.0.0-old".into());
+        assert_eq!(
+            merge_class_status(&status(other_version), "n1", &part, ts(NOW)).status,
+            status(stamped("n1", NOW))
+        );
+    }
+
+    #[test]
+    fn ready_nodes_and_the_summary_follow_rows_and_node_readiness() {
+        let mut down = stamped("n2", NOW);
+        down.ready = false;
+        down.message = Some("interface wt0 not present".into());
+        let stored = PortMapClassStatus {
+            nodes: vec![stamped("n1", NOW), stamped("n2", NOW), stamped("n3", NOW)],
+            ready_nodes: vec!["n1".into(), "n2".into(), "n3".into()],
+            nodes_summary: Some("3/3 n1,n2,n3".into()),
+            ..Default::default()
+        };
+        // n1 writes that its own row is fine; n2's row went not ready meanwhile (fresh read)
+        // and n3's Node is not Ready in n1's snapshot.
+        let mut fresh = stored.clone();
+        fresh.nodes[1] = down;
+        let write = ClassRowWrite {
+            class: "public".into(),
+            row: row("n1"),
+            ready: cond("True", "Valid", NOW),
+            accepting: vec!["n1".into(), "n2".into()],
+            named: 3,
+        };
+        let part = ClassPart {
+            row: Some(&write),
+            ..Default::default()
+        };
+        let merged = merge_class_status(&fresh, "n1", &part, ts(NOW));
+        assert_eq!(merged.status.ready_nodes, ["n1"]);
+        assert_eq!(merged.status.nodes_summary.as_deref(), Some("1/3 n1"));
+        assert_eq!(
+            merged.nodes_left,
+            [
+                ("n2".to_owned(), "interface wt0 not present".to_owned()),
+                (
+                    "n3".to_owned(),
+                    "its Node is not Ready or no longer exists".to_owned()
+                ),
+            ]
+        );
+        assert!(merged.nodes_joined.is_empty());
+        // Written once, the next pass finds nothing to report.
+        let again = merge_class_status(&merged.status, "n1", &part, ts(NOW));
+        assert_eq!(again.status, merged.status);
+        assert!(again.nodes_left.is_empty() && again.nodes_joined.is_empty());
+        // n3 comes back.
+        let write = ClassRowWrite {
+            accepting: vec!["n1".into(), "n2".into(), "n3".into()],
+            ..write
+        };
+        let part = ClassPart {
+            row: Some(&write),
+            ..Default::default()
+        };
+        let back = merge_class_status(&merged.status, "n1", &part, ts(NOW));
+        assert_eq!(back.status.nodes_summary.as_deref(), Some("2/3 n1,n3"));
+        assert_eq!(back.nodes_joined, ["n3"]);
+    }
+
+    #[test]
+    fn events_report_flips_and_new_refusals_but_not_steady_conditions() {
+        let c = |status: &str, reason: &str| Condition {
+            type_: "Programmed".into(),
+            ..cond(status, reason, NOW)
+        };
+        let report = |old: &[Condition], new: &Condition| {
+            to_report(old, std::slice::from_ref(new), "Programmed").is_some()
+        };
+        assert!(report(&[], &c("True", "AllNodesReady")), "new");
+        assert!(report(
+            &[c("True", "AllNodesReady")],
+            &c("False", "NoReadyEndpoint")
+        ));
+        assert!(report(
+            &[c("False", "NoReadyEndpoint")],
+            &c("True", "AllNodesReady")
+        ));
+        assert!(
+            report(
+                &[c("False", "NodeNotReady")],
+                &c("False", "NoReadyEndpoint")
+            ),
+            "another problem to act on"
+        );
+        assert!(!report(
+            &[c("False", "NoReadyEndpoint")],
+            &c("False", "NoReadyEndpoint")
+        ));
+        assert!(!report(
+            &[c("True", "AllNodesReady")],
+            &c("True", "AllNodesReady")
+        ));
     }
 
     #[test]

@@ -1,0 +1,234 @@
+//! `kuport status`: what kuport is doing in a cluster, read with the user's kubeconfig: every
+//! mapping, every class, every node running an agent, and what is not working; or, for one
+//! mapping, why, step by step.
+//!
+//! Two layers: a thin fetch (the lists below, nothing else) into a [`Dump`], and the pure
+//! renderer in [`render`] over that dump, which `--objects` also feeds from recorded files.
+
+pub mod render;
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Args, ValueEnum};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Node};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ListParams};
+use kuport_core::api::{GROUP, PortMap, PortMapClass, VERSION};
+use kuport_core::snapshot::{CILIUM_CONFIG, CniFacts};
+use serde::de::DeserializeOwned;
+
+use crate::objects::{Dump, load_dump};
+
+/// Exit status when something is not programmed (or a class or node is not ready).
+const EXIT_NOT_PROGRAMMED: u8 = 1;
+/// Exit status when the mapping asked for does not exist.
+const EXIT_NOT_FOUND: u8 = 3;
+
+/// What `kuport status` prints.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum StatusOutput {
+    /// Tables and sentences for people.
+    #[default]
+    Text,
+    /// One JSON document (the fields of the text, structured) for scripts.
+    Json,
+}
+
+/// Flags of `kuport status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// One mapping to explain step by step, as `NAMESPACE/NAME`; without it, everything.
+    #[arg(value_name = "NAMESPACE/NAME")]
+    pub target: Option<String>,
+    /// What to print.
+    #[arg(short, long, value_enum, value_name = "FORMAT", default_value_t = StatusOutput::Text)]
+    pub output: StatusOutput,
+    /// The kubeconfig to read the cluster with; defaults to $KUBECONFIG, then ~/.kube/config,
+    /// then the in-cluster service account.
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use instead of its current one.
+    #[arg(long, value_name = "NAME")]
+    pub context: Option<String>,
+    /// Read a recorded cluster from files instead of the API server (repeatable): what
+    /// `kubectl get portmapclasses,portmaps,endpointslices,nodes,namespaces,events -A -o yaml`
+    /// prints, as `kuport plan --objects` reads it.
+    #[arg(long, value_name = "FILE|DIR")]
+    pub objects: Vec<PathBuf>,
+    /// The current time (RFC 3339), for ages; defaults to the clock.
+    #[arg(long, value_name = "RFC3339", value_parser = crate::plan_cmd::parse_now)]
+    pub now: Option<Timestamp>,
+}
+
+/// Runs `kuport status`: exit 0 when everything is programmed, 1 when something is not, 3 when
+/// the mapping asked for does not exist. Errors (the cluster cannot be read, 2 for unreadable
+/// `--objects` input) come back as `Err`.
+pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
+    let target = match args.target.as_deref() {
+        None => None,
+        Some(t) => Some(parse_target(t)?),
+    };
+    let dump = if args.objects.is_empty() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the runtime")?;
+        runtime.block_on(fetch(args, target.as_ref()))?
+    } else {
+        load_dump(&args.objects)?
+    };
+    let now = args.now.unwrap_or_else(Timestamp::now);
+    let (text, ok) = match &target {
+        None => {
+            let report = render::report(&dump, now);
+            let text = match args.output {
+                StatusOutput::Text => render::text(&report, now),
+                StatusOutput::Json => json(&report)?,
+            };
+            (text, report.ok)
+        }
+        Some((ns, name)) => {
+            let Some(explained) = render::explain(&dump, ns, name, now) else {
+                eprintln!("kuport: PortMap {ns}/{name} not found");
+                return Ok(ExitCode::from(EXIT_NOT_FOUND));
+            };
+            let text = match args.output {
+                StatusOutput::Text => render::explain_text(&explained, now),
+                StatusOutput::Json => json(&explained)?,
+            };
+            (text, explained.ok)
+        }
+    };
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+        .context("writing the status to standard output")?;
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_NOT_PROGRAMMED)
+    })
+}
+
+fn json<T: serde::Serialize>(value: &T) -> anyhow::Result<String> {
+    let mut text = serde_json::to_string_pretty(value).context("serialising the status")?;
+    text.push('\n');
+    Ok(text)
+}
+
+fn parse_target(t: &str) -> anyhow::Result<(String, String)> {
+    match t.split_once('/') {
+        Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+            Ok((ns.to_owned(), name.to_owned()))
+        }
+        _ => anyhow::bail!("{t:?} is not NAMESPACE/NAME of a PortMap"),
+    }
+}
+
+async fn client(args: &StatusArgs) -> anyhow::Result<kube::Client> {
+    let options = kube::config::KubeConfigOptions {
+        context: args.context.clone(),
+        ..Default::default()
+    };
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(file, &options)
+                .await
+                .with_context(|| format!("loading kubeconfig {}", path.display()))?
+        }
+        None if args.context.is_some() => kube::Config::from_kubeconfig(&options)
+            .await
+            .context("loading the kubeconfig")?,
+        None => kube::Config::infer()
+            .await
+            .context("finding a kubeconfig or an in-cluster service account")?,
+    };
+    kube::Client::try_from(config).context("building the Kubernetes client")
+}
+
+async fn list<K>(api: Api<K>, what: &str, params: &ListParams) -> anyhow::Result<Vec<K>>
+where
+    K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    Ok(api
+        .list(params)
+        .await
+        .with_context(|| format!("listing {what}"))?
+        .items)
+}
+
+/// Reads what the renderer needs: the plan's inputs, and the Events about kuport's objects
+/// (only the one mapping's when one is asked for).
+async fn fetch(args: &StatusArgs, target: Option<&(String, String)>) -> anyhow::Result<Dump> {
+    let client = client(args).await?;
+    let all = ListParams::default();
+    let mut dump = Dump::default();
+    let s = &mut dump.snapshot;
+    s.classes = list(
+        Api::<PortMapClass>::all(client.clone()),
+        "PortMapClasses",
+        &all,
+    )
+    .await?;
+    s.portmaps = list(Api::<PortMap>::all(client.clone()), "PortMaps", &all).await?;
+    s.endpoint_slices = list(
+        Api::<EndpointSlice>::all(client.clone()),
+        "EndpointSlices",
+        &all,
+    )
+    .await?;
+    s.nodes = list(Api::<Node>::all(client.clone()), "Nodes", &all).await?;
+    s.namespaces = list(Api::<Namespace>::all(client.clone()), "Namespaces", &all).await?;
+    let (cm_ns, cm_name) = CILIUM_CONFIG;
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), cm_ns);
+    s.cni = match configmaps.get_opt(cm_name).await {
+        Ok(cm) => cm.as_ref().map(CniFacts::from_cilium_config),
+        // A user who may not read kube-system still gets a status; only VxlanPortConflict
+        // cannot be re-checked offline, and the class's own Ready condition still says it.
+        Err(kube::Error::Api(e)) if e.code == 403 => None,
+        Err(e) => return Err(e).with_context(|| format!("reading ConfigMap {cm_ns}/{cm_name}")),
+    };
+    let api_version = format!("{GROUP}/{VERSION}");
+    dump.events = match target {
+        None => {
+            let params =
+                ListParams::default().fields(&format!("involvedObject.apiVersion={api_version}"));
+            list(Api::<Event>::all(client.clone()), "Events", &params).await?
+        }
+        Some((ns, name)) => {
+            let params = ListParams::default().fields(&format!(
+                "involvedObject.apiVersion={api_version},involvedObject.kind=PortMap,involvedObject.name={name}"
+            ));
+            list(
+                Api::<Event>::namespaced(client.clone(), ns),
+                &format!("Events in namespace {ns}"),
+                &params,
+            )
+            .await?
+        }
+    };
+    Ok(dump)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_target_is_namespace_slash_name() {
+        assert_eq!(
+            parse_target("games/gs").ok(),
+            Some(("games".to_owned(), "gs".to_owned()))
+        );
+        for bad in ["gs", "/gs", "games/", "a/b/c"] {
+            assert!(parse_target(bad).is_err(), "{bad}");
+        }
+    }
+}

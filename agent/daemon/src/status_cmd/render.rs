@@ -1,0 +1,930 @@
+//! The pure part of `kuport status`: from a dump of the cluster (the objects and Events, read
+//! live or from files) to the report, its text and JSON forms, and the step-by-step explanation
+//! of one mapping. Nothing here performs I/O or reads the clock, so recorded dumps give golden
+//! outputs.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+
+use k8s_openapi::api::core::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::jiff::Timestamp;
+use kuport_core::api::{PortMap, PortMapClass, Protocol, ReturnPathMode, ServingMode};
+use kuport_core::plan::{MappingDecision, Plan};
+use kuport_core::snapshot::{HostFacts, Snapshot, node_is_ready};
+use serde::Serialize;
+
+use crate::objects::Dump;
+
+/// The node name the offline plan is computed for: no Node can be named so (a name is a DNS
+/// subdomain), so every node is seen through its class rows alike, and the global decisions
+/// (acceptance, endpoint, serving and programming nodes, Programmed) do not depend on it.
+const NO_NODE: &str = "(kuport status)";
+
+/// `{status, reason, message}` of a condition.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct ConditionView {
+    pub status: String,
+    pub reason: String,
+    pub message: String,
+}
+
+impl ConditionView {
+    fn of(c: &Condition) -> Self {
+        Self {
+            status: c.status.clone(),
+            reason: c.reason.clone(),
+            message: c.message.clone(),
+        }
+    }
+
+    fn is_true(&self) -> bool {
+        self.status == "True"
+    }
+}
+
+/// The endpoint a mapping delivers to, as its status says.
+#[derive(Clone, Debug, Serialize)]
+pub struct EndpointView {
+    pub pod: Option<String>,
+    pub node: String,
+    pub address: String,
+    pub port: i32,
+}
+
+/// One mapping, as its status says.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MappingView {
+    pub namespace: String,
+    pub name: String,
+    pub class: String,
+    pub protocol: String,
+    /// `3000` or `3000-3009`.
+    pub ports: String,
+    /// Every published address (empty ones shown as `?`), in status order.
+    pub published: Vec<String>,
+    pub endpoint: Option<EndpointView>,
+    pub accepted: Option<ConditionView>,
+    pub programmed: Option<ConditionView>,
+    /// True when the status was computed from the current spec (`observedGeneration` equals
+    /// `metadata.generation`).
+    pub current: bool,
+    /// True when the port answers: Programmed is True on a current status.
+    pub ok: bool,
+}
+
+/// One node named by a class.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClassNodeView {
+    pub name: String,
+    /// The node accepts now: a Ready Node and a ready row.
+    pub accepting: bool,
+    /// Whether a Node object of this name exists and is Ready.
+    pub node_ready: bool,
+    /// The row its agent wrote; absent when none.
+    pub row_ready: Option<bool>,
+    pub message: Option<String>,
+    /// Interface → address, as the row says.
+    pub addresses: BTreeMap<String, String>,
+}
+
+/// One return-link claim of a class.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LinkView {
+    pub key: String,
+    pub slot: i32,
+    pub subnet: String,
+    pub unused_since: Option<String>,
+    /// The mappings whose traffic crosses this link (`namespace/name`), sorted.
+    pub used_by: Vec<String>,
+}
+
+/// One class.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClassView {
+    pub name: String,
+    pub mode: String,
+    pub serving_mode: String,
+    pub ready: Option<ConditionView>,
+    pub nodes: Vec<ClassNodeView>,
+    pub links: Vec<LinkView>,
+    pub ok: bool,
+}
+
+/// One node running an agent, from the rows it wrote.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentView {
+    pub node: String,
+    pub version: Option<String>,
+    /// The latest `lastPassTime` among its rows.
+    pub last_pass_time: Option<String>,
+    /// The classes it wrote a row in, sorted.
+    pub classes: Vec<String>,
+}
+
+/// The whole report: what `-o json` prints.
+#[derive(Clone, Debug, Serialize)]
+pub struct StatusReport {
+    /// False when anything is listed under `problems`.
+    pub ok: bool,
+    pub mappings: Vec<MappingView>,
+    pub classes: Vec<ClassView>,
+    pub agents: Vec<AgentView>,
+    /// One sentence per thing that is not working, naming it.
+    pub problems: Vec<String>,
+}
+
+fn protocol(p: Protocol) -> &'static str {
+    match p {
+        Protocol::Tcp => "TCP",
+        Protocol::Udp => "UDP",
+    }
+}
+
+fn ports(pm: &PortMap) -> String {
+    match pm.spec.end_port {
+        Some(end) if end != pm.spec.port => format!("{}-{end}", pm.spec.port),
+        _ => pm.spec.port.to_string(),
+    }
+}
+
+fn ns_name(pm: &PortMap) -> (String, String) {
+    (
+        pm.metadata.namespace.clone().unwrap_or_default(),
+        pm.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+fn condition<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+    conditions.iter().find(|c| c.type_ == type_)
+}
+
+fn mapping_view(pm: &PortMap) -> MappingView {
+    let (namespace, name) = ns_name(pm);
+    let status = pm.status.clone().unwrap_or_default();
+    let current = status.observed_generation.is_some()
+        && status.observed_generation == pm.metadata.generation.or(status.observed_generation);
+    let programmed = condition(&status.conditions, "Programmed").map(ConditionView::of);
+    let ok = current && programmed.as_ref().is_some_and(ConditionView::is_true);
+    MappingView {
+        namespace,
+        name,
+        class: pm.spec.class_name.clone(),
+        protocol: protocol(pm.spec.protocol).to_owned(),
+        ports: ports(pm),
+        published: status
+            .published
+            .iter()
+            .map(|p| {
+                if p.address.is_empty() {
+                    kuport_core::summary::UNRESOLVED.to_owned()
+                } else {
+                    p.address.clone()
+                }
+            })
+            .collect(),
+        endpoint: status.endpoint.map(|e| EndpointView {
+            pod: e.pod,
+            node: e.node,
+            address: e.address,
+            port: e.port,
+        }),
+        accepted: condition(&status.conditions, "Accepted").map(ConditionView::of),
+        programmed,
+        current,
+        ok,
+    }
+}
+
+fn mapping_problem(m: &MappingView) -> Option<String> {
+    let who = format!("PortMap {}/{}", m.namespace, m.name);
+    if m.ok {
+        return None;
+    }
+    Some(match (&m.accepted, &m.programmed) {
+        (None, _) => format!(
+            "{who} has no status yet: no agent has written it (is kuport running on the nodes of class {}?)",
+            m.class
+        ),
+        _ if !m.current => format!(
+            "{who}: its status was computed from an older spec (the status writer has not caught up)"
+        ),
+        (Some(a), _) if !a.is_true() => {
+            format!("{who} is not accepted: {} ({})", a.reason, a.message)
+        }
+        (Some(_), Some(p)) => format!("{who} is not programmed: {} ({})", p.reason, p.message),
+        (Some(_), None) => format!("{who} is accepted but has no Programmed condition yet"),
+    })
+}
+
+fn mode(c: &PortMapClass) -> &'static str {
+    match c.spec.return_path.mode {
+        ReturnPathMode::Vxlan => "Vxlan",
+        ReturnPathMode::None => "None",
+    }
+}
+
+fn serving(c: &PortMapClass) -> &'static str {
+    match c.spec.serving_mode {
+        ServingMode::Single => "Single",
+        ServingMode::Multi => "Multi",
+    }
+}
+
+fn class_view(c: &PortMapClass, snapshot: &Snapshot, plan: &Plan) -> ClassView {
+    let name = c.metadata.name.clone().unwrap_or_default();
+    let status = c.status.clone().unwrap_or_default();
+    let nodes = c
+        .spec
+        .nodes
+        .keys()
+        .map(|node| {
+            let node_ready = snapshot
+                .nodes
+                .iter()
+                .find(|n| n.metadata.name.as_deref() == Some(node))
+                .is_some_and(node_is_ready);
+            let row = status.nodes.iter().find(|r| &r.name == node);
+            ClassNodeView {
+                name: node.clone(),
+                accepting: node_ready && row.is_some_and(|r| r.ready),
+                node_ready,
+                row_ready: row.map(|r| r.ready),
+                message: row.and_then(|r| r.message.clone()),
+                addresses: row.map(|r| r.addresses.clone()).unwrap_or_default(),
+            }
+        })
+        .collect();
+    let mut used: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
+    for d in &plan.portmaps {
+        for l in d.links.iter().filter(|l| l.class == name) {
+            used.entry(l.key.as_str())
+                .or_default()
+                .insert(format!("{}/{}", d.namespace, d.name));
+        }
+    }
+    let links = status
+        .links
+        .iter()
+        .map(|l| LinkView {
+            key: l.key.clone(),
+            slot: l.slot,
+            subnet: l.subnet.clone(),
+            unused_since: l.unused_since.as_ref().map(|t| t.0.to_string()),
+            used_by: used
+                .get(l.key.as_str())
+                .map(|s| s.iter().cloned().collect())
+                .unwrap_or_default(),
+        })
+        .collect();
+    let ready = condition(&status.conditions, "Ready").map(ConditionView::of);
+    let ok = ready.as_ref().is_some_and(ConditionView::is_true);
+    ClassView {
+        name,
+        mode: mode(c).to_owned(),
+        serving_mode: serving(c).to_owned(),
+        ready,
+        nodes,
+        links,
+        ok,
+    }
+}
+
+fn class_problems(c: &ClassView, out: &mut Vec<String>) {
+    match &c.ready {
+        None => out.push(format!(
+            "PortMapClass {} has no Ready condition yet: no agent of its nodes has written it",
+            c.name
+        )),
+        Some(r) if !r.is_true() => out.push(format!(
+            "PortMapClass {} is not ready: {} ({})",
+            c.name, r.reason, r.message
+        )),
+        Some(_) => {}
+    }
+    for n in c.nodes.iter().filter(|n| !n.accepting) {
+        let why = if !n.node_ready {
+            "its Node is not Ready or does not exist".to_owned()
+        } else {
+            match (n.row_ready, &n.message) {
+                (None, _) => "no agent has written its row (is kuport running there?)".to_owned(),
+                (Some(false), Some(m)) => m.clone(),
+                _ => "its row is not ready".to_owned(),
+            }
+        };
+        out.push(format!(
+            "node {} does not accept for PortMapClass {}: {why}",
+            n.name, c.name
+        ));
+    }
+}
+
+fn agents(snapshot: &Snapshot) -> Vec<AgentView> {
+    let mut by_node: BTreeMap<String, AgentView> = BTreeMap::new();
+    let mut classes: Vec<&PortMapClass> = snapshot.classes.iter().collect();
+    classes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    for c in classes {
+        let class = c.metadata.name.clone().unwrap_or_default();
+        for row in c.status.iter().flat_map(|s| &s.nodes) {
+            let a = by_node
+                .entry(row.name.clone())
+                .or_insert_with(|| AgentView {
+                    node: row.name.clone(),
+                    version: None,
+                    last_pass_time: None,
+                    classes: Vec::new(),
+                });
+            a.classes.push(class.clone());
+            if let Some(t) = &row.last_pass_time {
+                let t = t.0.to_string();
+                if a.last_pass_time.as_ref().is_none_or(|old| *old < t) {
+                    a.last_pass_time = Some(t);
+                    a.version = row.agent_version.clone();
+                }
+            } else if a.version.is_none() {
+                a.version = row.agent_version.clone();
+            }
+        }
+    }
+    by_node.into_values().collect()
+}
+
+/// The offline plan over the dump: the global decisions every agent computes alike.
+fn global_plan(snapshot: &Snapshot, now: Timestamp) -> Plan {
+    kuport_core::plan::plan(snapshot, NO_NODE, &HostFacts::default(), now)
+}
+
+/// The report over a dump.
+pub fn report(dump: &Dump, now: Timestamp) -> StatusReport {
+    let snapshot = &dump.snapshot;
+    let plan = global_plan(snapshot, now);
+    let mut portmaps: Vec<&PortMap> = snapshot.portmaps.iter().collect();
+    portmaps.sort_by_key(|pm| ns_name(pm));
+    let mappings: Vec<MappingView> = portmaps.into_iter().map(mapping_view).collect();
+    let mut classes: Vec<&PortMapClass> = snapshot.classes.iter().collect();
+    classes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    let classes: Vec<ClassView> = classes
+        .into_iter()
+        .map(|c| class_view(c, snapshot, &plan))
+        .collect();
+    let mut problems: Vec<String> = mappings.iter().filter_map(mapping_problem).collect();
+    for c in &classes {
+        class_problems(c, &mut problems);
+    }
+    StatusReport {
+        ok: problems.is_empty(),
+        mappings,
+        classes,
+        agents: agents(snapshot),
+        problems,
+    }
+}
+
+/// How long ago `then` was, in the short form kubectl uses (`45s`, `3m`, `2h`, `4d`).
+fn ago(then: &str, now: Timestamp) -> String {
+    let Ok(t) = then.parse::<Timestamp>() else {
+        return then.to_owned();
+    };
+    let s = now.as_second() - t.as_second();
+    if s < 0 {
+        return "in the future".to_owned();
+    }
+    let short = match s {
+        0..120 => format!("{s}s"),
+        120..7_200 => format!("{}m", s / 60),
+        7_200..172_800 => format!("{}h", s / 3_600),
+        _ => format!("{}d", s / 86_400),
+    };
+    format!("{short} ago")
+}
+
+/// Left-aligned columns separated by three spaces, like kubectl's tables.
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            widths[i] = widths[i].max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut out = String::new();
+        let last = cells.len().saturating_sub(1);
+        for (i, cell) in cells.into_iter().enumerate() {
+            out.push_str(cell);
+            if i < last {
+                let pad = widths[i] - cell.chars().count() + 3;
+                out.push_str(&" ".repeat(pad));
+            }
+        }
+        let mut out = out.trim_end().to_owned();
+        out.push('\n');
+        out
+    };
+    let mut out = line(header.to_vec());
+    for row in rows {
+        out.push_str(&line(row.iter().map(String::as_str).collect()));
+    }
+    out
+}
+
+fn endpoint_text(e: Option<&EndpointView>) -> String {
+    e.map_or_else(
+        || "-".to_owned(),
+        |e| {
+            let pod = e.pod.as_deref().unwrap_or("(unnamed pod)");
+            format!("{pod} on {} ({}:{})", e.node, e.address, e.port)
+        },
+    )
+}
+
+fn state_text(m: &MappingView) -> String {
+    match (&m.accepted, &m.programmed) {
+        (None, _) => "no status".to_owned(),
+        (Some(a), _) if !a.is_true() => format!("NotAccepted {}", a.reason),
+        (Some(_), Some(p)) => {
+            let stale = if m.current { "" } else { " (stale)" };
+            format!("{} {}{stale}", p.status, p.reason)
+        }
+        (Some(_), None) => "Accepted".to_owned(),
+    }
+}
+
+/// The report as text: mappings, classes, agents, then the problems (or that there are none).
+pub fn text(r: &StatusReport, now: Timestamp) -> String {
+    let mut out = String::new();
+    let programmed = r.mappings.iter().filter(|m| m.ok).count();
+    let _ = writeln!(
+        out,
+        "PortMaps: {programmed}/{} programmed",
+        r.mappings.len()
+    );
+    if !r.mappings.is_empty() {
+        let rows: Vec<Vec<String>> = r
+            .mappings
+            .iter()
+            .map(|m| {
+                vec![
+                    format!("{}/{}", m.namespace, m.name),
+                    m.class.clone(),
+                    format!("{}/{}", m.protocol, m.ports),
+                    if m.published.is_empty() {
+                        "-".to_owned()
+                    } else {
+                        m.published.join(",")
+                    },
+                    endpoint_text(m.endpoint.as_ref()),
+                    state_text(m),
+                ]
+            })
+            .collect();
+        out.push_str(&table(
+            &[
+                "NAMESPACE/NAME",
+                "CLASS",
+                "PORTS",
+                "PUBLISHED",
+                "ENDPOINT",
+                "PROGRAMMED",
+            ],
+            &rows,
+        ));
+    }
+    let ready = r.classes.iter().filter(|c| c.ok).count();
+    let _ = writeln!(out, "\nPortMapClasses: {ready}/{} ready", r.classes.len());
+    for c in &r.classes {
+        let state = c.ready.as_ref().map_or_else(
+            || "Ready unknown (no status yet)".to_owned(),
+            |r| format!("Ready={} {}", r.status, r.reason),
+        );
+        let accepting = c.nodes.iter().filter(|n| n.accepting).count();
+        let _ = writeln!(
+            out,
+            "{}: {} {}, {state}, {accepting}/{} nodes accepting",
+            c.name,
+            c.mode,
+            c.serving_mode,
+            c.nodes.len()
+        );
+        for n in &c.nodes {
+            let what = if n.accepting {
+                let addrs: Vec<String> = n
+                    .addresses
+                    .iter()
+                    .map(|(i, a)| format!("{i}={a}"))
+                    .collect();
+                format!("accepting ({})", addrs.join(", "))
+            } else if !n.node_ready {
+                "not accepting: its Node is not Ready or does not exist".to_owned()
+            } else {
+                match (n.row_ready, &n.message) {
+                    (None, _) => "not accepting: no row from its agent".to_owned(),
+                    (Some(false), Some(m)) => format!("not accepting: {m}"),
+                    _ => "not accepting: its row is not ready".to_owned(),
+                }
+            };
+            let _ = writeln!(out, "  node {}: {what}", n.name);
+        }
+        for l in &c.links {
+            let use_ = if l.used_by.is_empty() {
+                match &l.unused_since {
+                    Some(t) => format!("unused since {t}"),
+                    None => "not needed by any mapping".to_owned(),
+                }
+            } else {
+                format!("used by {}", l.used_by.join(", "))
+            };
+            let _ = writeln!(
+                out,
+                "  link {}: slot {} {}, {use_}",
+                l.key, l.slot, l.subnet
+            );
+        }
+    }
+    let _ = writeln!(out, "\nAgents: {}", r.agents.len());
+    if !r.agents.is_empty() {
+        let rows: Vec<Vec<String>> = r
+            .agents
+            .iter()
+            .map(|a| {
+                vec![
+                    a.node.clone(),
+                    a.version.clone().unwrap_or_else(|| "-".to_owned()),
+                    a.last_pass_time
+                        .as_deref()
+                        .map_or_else(|| "-".to_owned(), |t| format!("{t} ({})", ago(t, now))),
+                    a.classes.join(","),
+                ]
+            })
+            .collect();
+        out.push_str(&table(&["NODE", "VERSION", "LAST PASS", "CLASSES"], &rows));
+    }
+    if r.problems.is_empty() {
+        out.push_str("\nEverything is programmed.\n");
+    } else {
+        let _ = writeln!(out, "\nProblems: {}", r.problems.len());
+        for p in &r.problems {
+            let _ = writeln!(out, "- {p}");
+        }
+    }
+    out
+}
+
+/// One step of an explanation.
+#[derive(Clone, Debug, Serialize)]
+pub struct Step {
+    pub title: String,
+    /// `ok`, `failed`, or `skipped` (an earlier step failed).
+    pub state: &'static str,
+    pub details: Vec<String>,
+}
+
+/// An Event about a mapping, as `-o json` prints it.
+#[derive(Clone, Debug, Serialize)]
+pub struct EventView {
+    pub time: Option<String>,
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub reason: String,
+    pub message: String,
+    pub count: i32,
+}
+
+/// The explanation of one mapping: what `kuport status <ns>/<name>` prints.
+#[derive(Clone, Debug, Serialize)]
+pub struct Explanation {
+    pub ok: bool,
+    pub mapping: MappingView,
+    pub steps: Vec<Step>,
+    pub events: Vec<EventView>,
+}
+
+fn step(title: impl Into<String>, ok: bool, details: Vec<String>) -> Step {
+    Step {
+        title: title.into(),
+        state: if ok { "ok" } else { "failed" },
+        details,
+    }
+}
+
+fn event_time(e: &Event) -> Option<Timestamp> {
+    e.series
+        .as_ref()
+        .and_then(|s| s.last_observed_time.as_ref().map(|t| t.0))
+        .or_else(|| e.last_timestamp.as_ref().map(|t| t.0))
+        .or_else(|| e.event_time.as_ref().map(|t| t.0))
+        .or_else(|| e.metadata.creation_timestamp.as_ref().map(|t| t.0))
+}
+
+fn events_of(events: &[Event], pm: &PortMap) -> Vec<EventView> {
+    let (namespace, name) = ns_name(pm);
+    let mut found: Vec<(Option<Timestamp>, String, EventView)> = events
+        .iter()
+        .filter(|e| {
+            let o = &e.involved_object;
+            o.kind.as_deref() == Some("PortMap")
+                && o.namespace.as_deref() == Some(namespace.as_str())
+                && o.name.as_deref() == Some(name.as_str())
+                && (o.uid.is_none() || pm.metadata.uid.is_none() || o.uid == pm.metadata.uid)
+        })
+        .map(|e| {
+            let t = event_time(e);
+            let view = EventView {
+                time: t.map(|t| t.to_string()),
+                type_: e.type_.clone().unwrap_or_default(),
+                reason: e.reason.clone().unwrap_or_default(),
+                message: e.message.clone().unwrap_or_default(),
+                count: e
+                    .series
+                    .as_ref()
+                    .and_then(|s| s.count)
+                    .or(e.count)
+                    .unwrap_or(1),
+            };
+            (t, e.metadata.name.clone().unwrap_or_default(), view)
+        })
+        .collect();
+    found.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+    found.into_iter().map(|(_, _, v)| v).collect()
+}
+
+fn outcome_line(c: &Option<ConditionView>) -> String {
+    c.as_ref().map_or_else(
+        || "(not written)".to_owned(),
+        |c| {
+            if c.message.is_empty() {
+                format!("{} {}", c.status, c.reason)
+            } else {
+                format!("{} {}: {}", c.status, c.reason, c.message)
+            }
+        },
+    )
+}
+
+fn plan_line<R>(o: &kuport_core::plan::Outcome<R>, ok: bool, name: &str) -> String
+where
+    R: Copy + Into<&'static str>,
+{
+    let reason: &'static str = o.reason.into();
+    let status = if ok { "True" } else { "False" };
+    if o.message.is_empty() {
+        format!("{name} {status} {reason}")
+    } else {
+        format!("{name} {status} {reason}: {}", o.message)
+    }
+}
+
+/// Explains one mapping step by step from the dump: the plan every agent computes for it
+/// (class, acceptance, endpoint, nodes, return links, Programmed, published addresses), then
+/// what its status says and whether that agrees, then its Events. `None` when the dump holds
+/// no such PortMap.
+pub fn explain(dump: &Dump, namespace: &str, name: &str, now: Timestamp) -> Option<Explanation> {
+    let snapshot = &dump.snapshot;
+    let pm = snapshot.portmaps.iter().find(|pm| {
+        pm.metadata.namespace.as_deref() == Some(namespace)
+            && pm.metadata.name.as_deref() == Some(name)
+    })?;
+    let plan = global_plan(snapshot, now);
+    let d: &MappingDecision = plan
+        .portmaps
+        .iter()
+        .find(|d| d.namespace == namespace && d.name == name)?;
+    let mapping = mapping_view(pm);
+    let class = snapshot
+        .classes
+        .iter()
+        .find(|c| c.metadata.name.as_deref() == Some(d.class.as_str()));
+    let mut steps = Vec::new();
+
+    // 1. The class.
+    match class {
+        None => steps.push(step(
+            format!("class {}", d.class),
+            false,
+            vec![format!("no PortMapClass named {} exists", d.class)],
+        )),
+        Some(c) => {
+            let ready = plan.classes.iter().find(|x| x.name == d.class);
+            let mut details = vec![format!(
+                "return path {}, serving {}, nodes {}",
+                mode(c),
+                serving(c),
+                c.spec.nodes.keys().cloned().collect::<Vec<_>>().join(", ")
+            )];
+            if let Some(r) = ready {
+                details.push(plan_line(&r.ready, r.ready.is_true(), "Ready"));
+            }
+            steps.push(step(format!("class {}", d.class), true, details));
+        }
+    }
+
+    // 2. Acceptance.
+    let accepted = d.accepted.is_true();
+    steps.push(step(
+        "accepted",
+        accepted,
+        vec![plan_line(&d.accepted, accepted, "Accepted")],
+    ));
+
+    // 3. Endpoint.
+    let service = format!(
+        "Service {}/{} port {:?}",
+        namespace, pm.spec.service_ref.name, pm.spec.service_ref.port
+    );
+    let endpoint_details = match &d.endpoint {
+        None if !accepted => vec![format!(
+            "{service}: not chosen, the mapping is not accepted"
+        )],
+        Some(e) => vec![format!(
+            "{service}: pod {} on {}, {}:{}",
+            e.pod.as_deref().unwrap_or("(unnamed)"),
+            e.node,
+            e.address,
+            e.port
+        )],
+        None => vec![format!("{service} has no ready IPv4 endpoint")],
+    };
+    steps.push(step("endpoint", d.endpoint.is_some(), endpoint_details));
+
+    // 4. Nodes that program it.
+    let mut node_details = Vec::new();
+    if let Some(s) = &d.serving_node {
+        node_details.push(format!("serving node {s}"));
+    }
+    if !d.programming_nodes.is_empty() {
+        node_details.push(format!("programmed on {}", d.programming_nodes.join(", ")));
+    }
+    for (node, ifaces) in &d.bindings {
+        let row = class
+            .and_then(|c| c.status.as_ref())
+            .and_then(|s| s.nodes.iter().find(|r| &r.name == node));
+        let row_text = match row {
+            None => "no row from its agent".to_owned(),
+            Some(r) if r.ready => "row ready".to_owned(),
+            Some(r) => format!(
+                "row not ready: {}",
+                r.message.as_deref().unwrap_or("no message")
+            ),
+        };
+        node_details.push(format!("{node}: binds {} ({row_text})", ifaces.join(", ")));
+    }
+    if let Some(w) = &d.status_writer {
+        node_details.push(format!("status writer {w}"));
+    }
+    steps.push(step("nodes", !d.programming_nodes.is_empty(), node_details));
+
+    // 5. Return links.
+    let links_ok = d.links.iter().all(|l| l.landed);
+    let link_details = if d.endpoint.is_none() {
+        vec!["none: no endpoint is chosen".to_owned()]
+    } else if d.links.is_empty() {
+        vec!["none needed: the pod runs on every node that programs the mapping".to_owned()]
+    } else {
+        d.links
+            .iter()
+            .map(|l| match (l.slot, l.landed) {
+                (Some(s), true) => format!("{}: slot {s}, claimed", l.key),
+                (Some(s), false) => format!("{}: slot {s} proposed, not claimed yet", l.key),
+                (None, _) => format!("{}: no free slot", l.key),
+            })
+            .collect()
+    };
+    steps.push(step("return links", links_ok, link_details));
+
+    // 6. Programmed.
+    let programmed_ok = d.programmed.as_ref().is_some_and(|p| p.is_true());
+    let programmed = d.programmed.as_ref().map_or_else(
+        || "no Programmed condition: the mapping is not accepted".to_owned(),
+        |p| plan_line(p, p.is_true(), "Programmed"),
+    );
+    let mut published: Vec<String> = d
+        .published
+        .iter()
+        .map(|p| {
+            let a = if p.address.is_empty() {
+                "(address not reported yet)"
+            } else {
+                p.address.as_str()
+            };
+            format!("published {a} on {} {}", p.node, p.interface)
+        })
+        .collect();
+    published.insert(0, programmed);
+    steps.push(step("programmed", programmed_ok, published));
+
+    // The first failing step is the cause; the steps after it are context, not verdicts.
+    if let Some(first) = steps.iter().position(|s| s.state == "failed") {
+        for s in steps.iter_mut().skip(first + 1) {
+            s.state = "skipped";
+        }
+    }
+
+    // 7. The written status against the plan.
+    let mut status_details = vec![
+        format!("Accepted {}", outcome_line(&mapping.accepted)),
+        format!("Programmed {}", outcome_line(&mapping.programmed)),
+    ];
+    let planned_reason = d.programmed.as_ref().map(|p| p.reason.as_str());
+    let written_reason = mapping.programmed.as_ref().map(|p| p.reason.as_str());
+    let agrees = mapping.current
+        && mapping.accepted.as_ref().map(|a| a.reason.as_str()) == Some(d.accepted.reason.as_str())
+        && written_reason == planned_reason;
+    if !mapping.current {
+        status_details.push(
+            "the status was not computed from the current spec: the status writer has not caught up"
+                .to_owned(),
+        );
+    } else if !agrees {
+        status_details.push(format!(
+            "the status differs from what the agents compute now: {} has not written it yet (is its agent running?)",
+            d.status_writer.as_deref().unwrap_or("the status writer")
+        ));
+    }
+    steps.push(step("status as written", agrees, status_details));
+
+    let ok = mapping.ok && programmed_ok && agrees;
+    Some(Explanation {
+        ok,
+        mapping,
+        steps,
+        events: events_of(&dump.events, pm),
+    })
+}
+
+/// An explanation as text.
+pub fn explain_text(e: &Explanation, now: Timestamp) -> String {
+    let m = &e.mapping;
+    let mut out = format!(
+        "PortMap {}/{}: {}/{} in class {}\n",
+        m.namespace, m.name, m.protocol, m.ports, m.class
+    );
+    for (i, s) in e.steps.iter().enumerate() {
+        let mark = match s.state {
+            "ok" => "ok",
+            "failed" => "FAILED",
+            _ => "--",
+        };
+        let _ = writeln!(out, "{}. [{mark}] {}", i + 1, s.title);
+        for d in &s.details {
+            let _ = writeln!(out, "     {d}");
+        }
+    }
+    if e.events.is_empty() {
+        out.push_str("Events: none\n");
+    } else {
+        out.push_str("Events:\n");
+        for ev in &e.events {
+            let when = ev
+                .time
+                .as_deref()
+                .map_or_else(|| "-".to_owned(), |t| ago(t, now));
+            let count = if ev.count > 1 {
+                format!(" (x{})", ev.count)
+            } else {
+                String::new()
+            };
+            let _ = writeln!(
+                out,
+                "  {when}  {} {}{count}: {}",
+                ev.type_, ev.reason, ev.message
+            );
+        }
+    }
+    out.push_str(if e.ok {
+        "The mapping is programmed.\n"
+    } else {
+        "The mapping is not programmed.\n"
+    });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_read_like_kubectl() {
+        let now: Timestamp = "2026-01-01T01:00:00Z".parse().expect("time");
+        assert_eq!(ago("2026-01-01T00:59:15Z", now), "45s ago");
+        assert_eq!(ago("2026-01-01T00:30:00Z", now), "30m ago");
+        assert_eq!(ago("2025-12-31T01:00:00Z", now), "24h ago");
+        assert_eq!(ago("2025-12-20T01:00:00Z", now), "12d ago");
+        assert_eq!(ago("2026-01-01T02:00:00Z", now), "in the future");
+    }
+
+    #[test]
+    fn tables_align_on_the_widest_cell() {
+        let t = table(
+            &["A", "BB"],
+            &[
+                vec!["long-cell".into(), "x".into()],
+                vec!["s".into(), "".into()],
+            ],
+        );
+        assert_eq!(t, "A           BB\nlong-cell   x\ns\n");
+    }
+}
