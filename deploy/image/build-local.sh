@@ -6,6 +6,9 @@
 #
 #   deploy/image/build-local.sh [OUT.oci.tar]     (default: target/kuport-agent.oci.tar)
 #
+# KUPORT_BIN=<path> packs that binary instead of building a release one (CI's smoke test packs
+# the debug binary its tests already built).
+#
 # The debootstrapped root filesystem is cached under /var/cache/kuport/image/, keyed by suite,
 # architecture and package list.
 set -euo pipefail
@@ -36,11 +39,18 @@ if [ ! -s "$rootfs_tar" ]; then
     rm -rf "$work/rootfs/var/lib/apt/lists/"* "$work/rootfs/var/cache/apt/"*.bin
     tar -C "$work/rootfs" -cf "$rootfs_tar.tmp" .
     mv "$rootfs_tar.tmp" "$rootfs_tar"
+    rm -rf "$work"
+    trap - EXIT
 fi
 
-echo "==> cargo build --release -p kuport"
-cargo build --release --locked --quiet -p kuport
-bin=target/release/kuport
+if [ -n "${KUPORT_BIN:-}" ]; then
+    bin=$KUPORT_BIN
+    [ -x "$bin" ] || { echo "KUPORT_BIN=$bin is not an executable" >&2; exit 1; }
+else
+    echo "==> cargo build --release -p kuport"
+    cargo build --release --locked --quiet -p kuport
+    bin=target/release/kuport
+fi
 
 echo "==> assembling the image with buildah"
 export STORAGE_DRIVER=vfs BUILDAH_ISOLATION=chroot

@@ -11,7 +11,9 @@ archive=${1:-target/kuport-agent.oci.tar}
 [ "$(id -u)" -eq 0 ] || { echo "needs root: sudo $0 $*" >&2; exit 1; }
 export STORAGE_DRIVER=vfs BUILDAH_ISOLATION=chroot
 ctr=$(buildah from --quiet "oci-archive:$archive")
-trap 'buildah umount "$ctr" >/dev/null 2>&1 || true; buildah rm "$ctr" >/dev/null 2>&1 || true' EXIT
+image=$(buildah inspect --format '{{.FromImageID}}' "$ctr")
+# Leave nothing in buildah's storage: CI runs this on every build.
+trap 'buildah umount "$ctr" >/dev/null 2>&1 || true; buildah rm "$ctr" >/dev/null 2>&1 || true; buildah rmi -f "$image" >/dev/null 2>&1 || true' EXIT
 root=$(buildah mount "$ctr")
 
 # In the namespaces: the root read-only, /proc and /dev/null for the tools, then every
