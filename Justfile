@@ -5,9 +5,10 @@
 test:
     cargo test --workspace
 
-# Regenerate crds/ from the Rust types.
+# Regenerate crds/ and the chart's copy from the Rust types.
 crds:
     cargo run --quiet -p kuport -- crds --out crds
+    cargo run --quiet -p kuport -- crds --out deploy/chart/crds
 
 # Format every crate.
 fmt:
@@ -25,3 +26,36 @@ lab:
 # The lab's measurements, written into docs/performance.md (needs root).
 bench:
     cargo run --quiet --release -p kuport-lab -- bench --write docs/performance.md
+
+# The agent image as an OCI archive, built here without a registry (root; debootstrap, buildah).
+image out="target/kuport-agent.oci.tar":
+    deploy/image/build-local.sh {{out}}
+
+# Run the image's binaries as the DaemonSet would: read-only root, NET_ADMIN only (root).
+image-smoke archive="target/kuport-agent.oci.tar":
+    deploy/image/smoke.sh {{archive}}
+
+# The image for both architectures with docker buildx (GitHub Actions; no push).
+image-multiarch tag="kuport-agent:ci":
+    docker buildx build --platform linux/amd64,linux/arm64 --tag {{tag}} .
+
+# The chart, checked by Helm (GitHub Actions; here the tests in e2e/tests/deploy.rs check it).
+chart-lint:
+    helm lint deploy/chart
+    helm template kuport deploy/chart --namespace kuport-system > /dev/null
+    helm template kuport deploy/chart --namespace kuport-system --set rbac.aggregate=false --set metrics.serviceMonitor.enabled=true > /dev/null
+
+# The kind end-to-end run (kind, kubectl, docker); `just e2e --dry-run` prints its commands.
+e2e *args:
+    cargo e2e run {{args}}
+
+# Release artifacts for version X.Y.Z, the image already pushed with digest sha256:...:
+# kuport-X.Y.Z.yaml, crds-X.Y.Z.yaml and kuport-X.Y.Z.tgz in dist/.
+release-artifacts version image digest:
+    mkdir -p dist
+    cargo e2e bundle --image {{image}}:v{{version}}@{{digest}} > dist/kuport-{{version}}.yaml
+    cargo run --quiet -p kuport -- crds > dist/crds-{{version}}.yaml
+    rm -rf dist/chart && cp -r deploy/chart dist/chart
+    cargo e2e chart-digest --digest {{digest}} --values dist/chart/values.yaml
+    sed -i 's|^  repository: .*|  repository: {{image}}|' dist/chart/values.yaml
+    helm package dist/chart --version {{version}} --app-version {{version}} --destination dist

@@ -1,9 +1,128 @@
-//! kuport's kind end-to-end driver. Not built yet: this binary exists so `cargo e2e` resolves,
-//! and it says so instead of pretending to test anything.
+//! `cargo e2e`: the kind end-to-end run, and the release artifacts built from `deploy/`.
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use kuport_e2e::driver::{self, DryRun, Options, RealShell};
+use kuport_e2e::manifests;
+
+/// kuport's end-to-end driver and release helpers. Without a subcommand, `run`.
+#[derive(Debug, Parser)]
+#[command(name = "kuport-e2e", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Create a kind cluster (kindnet, two workers), load the agent image, install kuport from
+    /// crds/ and deploy/manifests/, and prove the datapath from a container outside the
+    /// cluster: the pod sees the prober's own address, also after the pod moved to another
+    /// node; a rolling restart of the DaemonSet loses no probe; uninstalling leaves every node
+    /// clean. Needs kind, kubectl and docker.
+    Run(RunArgs),
+    /// Print `kuport-<version>.yaml`: deploy/manifests/ as one stream, the image pinned to a
+    /// digest.
+    Bundle {
+        /// `<repository>[:<tag>]@sha256:<hex>`.
+        #[arg(long)]
+        image: String,
+    },
+    /// Set `image.digest` in a chart's values.yaml (the packaged chart of a release).
+    ChartDigest {
+        /// `sha256:<hex>`.
+        #[arg(long)]
+        digest: String,
+        /// The values file to rewrite in place.
+        #[arg(long, default_value = "deploy/chart/values.yaml")]
+        values: PathBuf,
+    },
+}
+
+#[derive(Debug, Default, clap::Args)]
+struct RunArgs {
+    /// Print every command the run would execute, in order, and execute none.
+    #[arg(long)]
+    dry_run: bool,
+    /// The kind cluster's name.
+    #[arg(long, default_value = "kuport-e2e")]
+    cluster: String,
+    /// The agent image to test (built from the Dockerfile under this name unless
+    /// --image-archive is given).
+    #[arg(long, default_value = "kuport-agent:e2e")]
+    image: String,
+    /// A `docker save` archive holding --image, loaded instead of building.
+    #[arg(long, value_name = "FILE")]
+    image_archive: Option<PathBuf>,
+    /// Leave the cluster up afterwards.
+    #[arg(long)]
+    keep: bool,
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
 fn main() -> ExitCode {
-    eprintln!("kuport-e2e: the end-to-end driver is not built yet; nothing was run");
-    ExitCode::from(2)
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kuport-e2e: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command.unwrap_or(Command::Run(RunArgs {
+        cluster: "kuport-e2e".into(),
+        image: "kuport-agent:e2e".into(),
+        ..RunArgs::default()
+    })) {
+        Command::Run(args) => {
+            let options = Options {
+                repo: repo_root(),
+                cluster: args.cluster,
+                image: args.image,
+                image_archive: args.image_archive,
+                keep: args.keep,
+            };
+            if args.dry_run {
+                let mut shell = DryRun {
+                    print: true,
+                    ..DryRun::default()
+                };
+                driver::run(&mut shell, &options)?;
+                eprintln!("dry run: {} commands, none executed", shell.commands.len());
+                return Ok(());
+            }
+            let summary = driver::run(&mut RealShell::new()?, &options)?;
+            eprintln!(
+                "end-to-end passed: the pod saw the prober's own address ({}); the rolling restart answered {} of {} probes",
+                summary.probes.join(", "),
+                summary.loop_answered,
+                summary.loop_sent
+            );
+            Ok(())
+        }
+        Command::Bundle { image } => {
+            print!(
+                "{}",
+                manifests::bundle(&repo_root().join("deploy/manifests"), &image)?
+            );
+            Ok(())
+        }
+        Command::ChartDigest { digest, values } => {
+            let text = std::fs::read_to_string(&values)
+                .with_context(|| format!("reading {}", values.display()))?;
+            let updated = manifests::set_chart_digest(&text, &digest)?;
+            std::fs::write(&values, updated)
+                .with_context(|| format!("writing {}", values.display()))?;
+            eprintln!("{}: image.digest = {digest}", values.display());
+            Ok(())
+        }
+    }
 }

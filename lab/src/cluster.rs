@@ -11,12 +11,17 @@ use serde_json::{Value, json};
 
 use crate::topology::PodInfo;
 
+/// The namespace of the DaemonSet a `daemonSet: true` scenario records.
+pub const DAEMON_SET_NAMESPACE: &str = "kuport-system";
+
 /// The kinds the lab writes: (kind, group, version, plural, namespaced).
 const KINDS: &[(&str, &str, &str, &str, bool)] = &[
     ("Namespace", "", "v1", "namespaces", false),
     ("Node", "", "v1", "nodes", false),
     ("Service", "", "v1", "services", true),
     ("ConfigMap", "", "v1", "configmaps", true),
+    ("Pod", "", "v1", "pods", true),
+    ("DaemonSet", "apps", "v1", "daemonsets", true),
     (
         "EndpointSlice",
         "discovery.k8s.io",
@@ -196,6 +201,47 @@ impl Cluster {
         )
         .await
         .with_context(|| format!("setting Node {name} Ready={ready}"))?;
+        Ok(())
+    }
+
+    /// The DaemonSet `kuport-system/kuport-agent` and one Pod of it per node (named
+    /// `kuport-agent-<node>`, owned by it), as the DaemonSet controller would make them.
+    pub async fn install_daemon_set(&self, nodes: &[String]) -> Result<()> {
+        self.ensure_namespace(DAEMON_SET_NAMESPACE).await?;
+        self.apply(json!({
+            "apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": "kuport-agent", "namespace": DAEMON_SET_NAMESPACE},
+            "spec": {
+                "selector": {"matchLabels": {"app.kubernetes.io/name": "kuport"}},
+                "template": {
+                    "metadata": {"labels": {"app.kubernetes.io/name": "kuport"}},
+                    "spec": {"containers": [{"name": "agent", "image": "kuport"}]},
+                },
+            },
+        }))
+        .await?;
+        let ds = self
+            .get("DaemonSet", Some(DAEMON_SET_NAMESPACE), "kuport-agent")
+            .await?
+            .context("the DaemonSet just created is missing")?;
+        let uid = ds
+            .pointer("/metadata/uid")
+            .and_then(Value::as_str)
+            .context("the DaemonSet has no uid")?
+            .to_owned();
+        for node in nodes {
+            self.apply(json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {
+                    "name": format!("kuport-agent-{node}"), "namespace": DAEMON_SET_NAMESPACE,
+                    "labels": {"app.kubernetes.io/name": "kuport"},
+                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                        "name": "kuport-agent", "uid": uid, "controller": true}],
+                },
+                "spec": {"nodeName": node, "containers": [{"name": "agent", "image": "kuport"}]},
+            }))
+            .await?;
+        }
         Ok(())
     }
 

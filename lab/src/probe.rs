@@ -195,3 +195,95 @@ async fn run_inner(topo: &Topology, p: &Probe) -> Result<(bool, Value)> {
 
 /// Waits a little between retries elsewhere; kept here so probes and waits agree on pacing.
 pub const POLL: Duration = Duration::from_millis(200);
+
+/// A probe reduced to the command a loop repeats and what a good answer carries, so a loop
+/// needs no access to the topology while the agents are being restarted.
+#[derive(Clone, Debug)]
+pub struct Looped {
+    /// `ip` arguments running one `kuport-echo ask`.
+    args: Vec<String>,
+    /// The address dialed, which must be the one answering.
+    pub dialed: SocketAddr,
+    /// The client's own address, which the pod must see.
+    client_ip: Ipv4Addr,
+}
+
+/// Prepares `p` (which expects a reply) for a loop; each ask waits at most `timeout_ms`.
+pub fn prepare_loop(topo: &Topology, p: &Probe, timeout_ms: u64) -> Result<Looped> {
+    if p.expect != Expect::Reply {
+        bail!("a probe loop counts replies: the probe must expect one");
+    }
+    let (ns, client_ip) = source(topo, &p.from)?;
+    let addr = topo.address_of(&p.to.node, &p.to.interface)?;
+    let dialed = SocketAddr::V4(SocketAddrV4::new(addr, p.port));
+    let args = vec![
+        "netns".into(),
+        "exec".into(),
+        ns,
+        topo.bin("kuport-echo"),
+        "ask".into(),
+        p.protocol.lower().into(),
+        dialed.to_string(),
+        "--timeout-ms".into(),
+        timeout_ms.to_string(),
+    ];
+    Ok(Looped {
+        args,
+        dialed,
+        client_ip,
+    })
+}
+
+/// One ask of a loop: true when the dialed address answered and the pod saw the client's own
+/// address (no retry: a lost datagram counts as lost).
+pub async fn ask_looped(l: &Looped) -> bool {
+    let Ok(out) = tokio::process::Command::new("ip")
+        .args(&l.args)
+        .output()
+        .await
+    else {
+        return false;
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    let answer = parse(text.lines().next().unwrap_or(""));
+    judge_looped(&answer, l)
+}
+
+fn judge_looped(answer: &Answer, l: &Looped) -> bool {
+    let client_ip = std::net::IpAddr::V4(l.client_ip);
+    let addr_ip = |s: &Option<String>| {
+        s.as_deref()
+            .and_then(|a| a.parse::<SocketAddr>().ok())
+            .map(|a| a.ip())
+    };
+    answer.outcome == "reply"
+        && answer.from.as_deref() == Some(l.dialed.to_string().as_str())
+        && answer.peer.is_some()
+        && answer.peer == answer.client
+        && addr_ip(&answer.peer) == Some(client_ip)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_looped_answer_counts_only_with_the_clients_own_address() {
+        let l = Looped {
+            args: Vec::new(),
+            dialed: "192.0.2.1:3000".parse().expect("addr"),
+            client_ip: "198.51.100.7".parse().expect("ip"),
+        };
+        let good =
+            parse("reply from=192.0.2.1:3000 peer=198.51.100.7:40000 client=198.51.100.7:40000");
+        assert!(judge_looped(&good, &l));
+        for bad in [
+            "timeout",
+            "refused from=192.0.2.1:3000",
+            "reply from=10.0.0.9:3000 peer=198.51.100.7:40000 client=198.51.100.7:40000",
+            "reply from=192.0.2.1:3000 peer=10.244.0.1:40000 client=198.51.100.7:40000",
+        ] {
+            assert!(!judge_looped(&parse(bad), &l), "{bad}");
+        }
+    }
+}

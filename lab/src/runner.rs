@@ -187,6 +187,10 @@ impl Runner<'_> {
         if !self.topo.scenario.objects.trim().is_empty() {
             cluster.apply_yaml(&self.topo.scenario.objects).await?;
         }
+        if self.topo.scenario.daemon_set {
+            let nodes: Vec<String> = self.topo.nodes.iter().map(|n| n.name.clone()).collect();
+            cluster.install_daemon_set(&nodes).await?;
+        }
         self.cluster = Some(cluster);
         for pod in self.topo.scenario.pods.clone() {
             self.cluster()?.ensure_namespace(&pod.namespace).await?;
@@ -233,6 +237,14 @@ impl Runner<'_> {
             "--metrics-addr".into(),
             "127.0.0.1:8081".into(),
         ];
+        if self.topo.scenario.daemon_set {
+            args.extend([
+                "--pod-name".into(),
+                format!("kuport-agent-{node}"),
+                "--pod-namespace".into(),
+                crate::cluster::DAEMON_SET_NAMESPACE.into(),
+            ]);
+        }
         args.extend(self.topo.scenario.agent_args.iter().cloned());
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         let bin = self.topo.bin("kuport");
@@ -254,7 +266,8 @@ impl Runner<'_> {
         self.lab.stop(pid, signal, Duration::from_secs(15))
     }
 
-    /// SIGTERM every agent so each removes what it programmed before its namespace goes.
+    /// SIGTERM every agent before its namespace goes (what an agent keeps goes with the
+    /// namespace).
     pub fn stop_agents(&mut self) {
         let nodes: Vec<String> = self.topo.agents.keys().cloned().collect();
         for node in nodes {
@@ -497,7 +510,96 @@ impl Runner<'_> {
                 );
                 self.command_check(c, command).await
             }
+            Step::RollingRestart(r) => self.rolling_restart(r),
+            Step::Cleanup(n) => {
+                let ns = self.topo.node(&n.node)?.ns.clone();
+                let out = std::process::Command::new("ip")
+                    .args(["netns", "exec", &ns, &self.topo.bin("kuport"), "cleanup"])
+                    .output()
+                    .context("running kuport cleanup")?;
+                Ok((
+                    out.status.success(),
+                    json!({"node": n.node, "exit": out.status.code(),
+                           "stderr": String::from_utf8_lossy(&out.stderr).trim()}),
+                ))
+            }
         }
+    }
+
+    /// Restarts the agents one node at a time while probe loops run on their own thread (the
+    /// restarts block this one), then reports what each loop sent and lost.
+    fn rolling_restart(&mut self, r: &scenario::RollingRestart) -> Result<(bool, Value)> {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+
+        let nodes = r
+            .nodes
+            .clone()
+            .unwrap_or_else(|| self.topo.nodes.iter().map(|n| n.name.clone()).collect());
+        let loops = r
+            .probes
+            .iter()
+            .map(|p| probe::prepare_loop(&self.topo, p, LOOP_ASK_TIMEOUT_MS))
+            .collect::<Result<Vec<_>>>()?;
+        let names: Vec<String> = r
+            .probes
+            .iter()
+            .map(|p| {
+                p.name
+                    .clone()
+                    .unwrap_or_else(|| format!("{}/{}", p.port, p.protocol.as_str()))
+            })
+            .collect();
+        let stop = Arc::new(AtomicBool::new(false));
+        let interval = Duration::from_secs_f64(1.0 / f64::from(r.rate));
+        let started = Instant::now();
+        let prober = {
+            let stop = stop.clone();
+            std::thread::spawn(move || -> Result<Vec<Vec<(u64, bool)>>> {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .context("starting the probe loops' runtime")?;
+                Ok(rt.block_on(run_loops(loops, interval, stop, started)))
+            })
+        };
+        let settle = Duration::from_secs_f64(r.settle_seconds.max(0.0));
+        std::thread::sleep(settle);
+        let mut restarts = Vec::new();
+        let mut failure = None;
+        for node in &nodes {
+            let at = started.elapsed().as_millis();
+            let result = self
+                .stop_agent(node, r.signal)
+                .and_then(|()| self.start_agent(node));
+            restarts.push(json!({"node": node, "atMs": at, "ok": result.is_ok()}));
+            if let Err(e) = result {
+                failure = Some(format!("restarting the agent on {node}: {e:#}"));
+                break;
+            }
+            std::thread::sleep(settle);
+        }
+        stop.store(true, Ordering::SeqCst);
+        let results = prober
+            .join()
+            .map_err(|_| anyhow::anyhow!("the probe loop thread panicked"))??;
+        let mut ok = failure.is_none();
+        let mut report = Vec::new();
+        let expected_min = (started.elapsed().as_secs_f64() * f64::from(r.rate) * 0.5) as u64;
+        for (name, answers) in names.iter().zip(&results) {
+            let sent = answers.len() as u64;
+            let lost: Vec<u64> = answers.iter().filter(|a| !a.1).map(|a| a.0).collect();
+            ok &= lost.is_empty() && sent >= expected_min;
+            report.push(json!({
+                "probe": name, "sent": sent, "lost": lost.len(),
+                "lostAtMs": lost.iter().take(10).collect::<Vec<_>>(),
+            }));
+        }
+        Ok((
+            ok,
+            json!({"rate": r.rate, "restarts": restarts, "loops": report,
+                   "seconds": started.elapsed().as_secs_f64(), "error": failure}),
+        ))
     }
 
     /// Replaces `${pod:ns/name}` and `${mesh:node}` in a host command.
@@ -687,6 +789,43 @@ impl Runner<'_> {
             json!({"node": h.node, "counter": format!("pre/{mapping}"), "packets": packets}),
         ))
     }
+}
+
+/// How long one ask of a probe loop waits for its answer.
+const LOOP_ASK_TIMEOUT_MS: u64 = 1000;
+
+/// Runs every loop until `stop`: one ask per `interval` per loop, each on its own task, so a
+/// slow answer never delays the next ask. Returns, per loop, (milliseconds since `started`,
+/// answered) for every ask.
+async fn run_loops(
+    loops: Vec<probe::Looped>,
+    interval: Duration,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    started: Instant,
+) -> Vec<Vec<(u64, bool)>> {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let loops: Vec<std::sync::Arc<probe::Looped>> =
+        loops.into_iter().map(std::sync::Arc::new).collect();
+    let mut asks: Vec<Vec<(u64, tokio::task::JoinHandle<bool>)>> =
+        (0..loops.len()).map(|_| Vec::new()).collect();
+    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+        ticker.tick().await;
+        let at = started.elapsed().as_millis() as u64;
+        for (i, l) in loops.iter().enumerate() {
+            let l = l.clone();
+            asks[i].push((at, tokio::spawn(async move { probe::ask_looped(&l).await })));
+        }
+    }
+    let mut results = Vec::new();
+    for per_loop in asks {
+        let mut answers = Vec::new();
+        for (at, task) in per_loop {
+            answers.push((at, task.await.unwrap_or(false)));
+        }
+        results.push(answers);
+    }
+    results
 }
 
 /// Accepted and Programmed reasons, the endpoint node and the published rows of a PortMap.

@@ -21,6 +21,12 @@ pub struct Scenario {
     pub host: HostSpec,
     #[serde(default)]
     pub agent_args: Vec<String>,
+    /// Extension: the agents run as the Pods of a DaemonSet `kuport-system/kuport-agent` the lab
+    /// records in the API server (one Pod per node, owned by it), and know their Pod
+    /// (`--pod-name`, `--pod-namespace`), as in a cluster: a stop keeps the datapath unless the
+    /// DaemonSet was deleted.
+    #[serde(default)]
+    pub daemon_set: bool,
     /// Kubernetes YAML applied in order before the pods start.
     #[serde(default)]
     pub objects: String,
@@ -178,6 +184,8 @@ pub enum Step {
     Kubectl(CommandCheck),
     /// Extension: `kuport status` against the lab's API server, checked the same way.
     KuportStatus(CommandCheck),
+    RollingRestart(RollingRestart),
+    Cleanup(NodeRef),
 }
 
 impl Step {
@@ -208,6 +216,8 @@ impl Step {
             Step::ExpectHost(_) => "expectHost",
             Step::Kubectl(_) => "kubectl",
             Step::KuportStatus(_) => "kuportStatus",
+            Step::RollingRestart(_) => "rollingRestart",
+            Step::Cleanup(_) => "cleanup",
         }
     }
 
@@ -219,6 +229,7 @@ impl Step {
             Step::ExpectStatus(e) => e.name.as_deref(),
             Step::HostExec(h) => h.name.as_deref(),
             Step::Kubectl(c) | Step::KuportStatus(c) => c.name.as_deref(),
+            Step::RollingRestart(r) => r.name.as_deref(),
             _ => None,
         }
     }
@@ -454,6 +465,38 @@ pub struct CommandCheck {
     pub timeout_seconds: u64,
 }
 
+/// Extension: restarts every node's agent one at a time (SIGTERM, then a new agent, then
+/// `settleSeconds`) while each probe runs in a loop at `rate` per second from before the first
+/// stop until after the last start. Passes when no probe of any loop went unanswered.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RollingRestart {
+    #[serde(default)]
+    pub name: Option<String>,
+    /// The nodes in restart order; default every node in the scenario's order.
+    #[serde(default)]
+    pub nodes: Option<Vec<String>>,
+    /// Probes per second per loop.
+    #[serde(default = "default_rate")]
+    pub rate: u32,
+    /// How long after starting a node's new agent the next node is restarted (and how long
+    /// the loops run before the first stop and after the last start).
+    #[serde(default = "default_settle")]
+    pub settle_seconds: f64,
+    #[serde(default)]
+    pub signal: SignalName,
+    /// The probes to loop; each must expect a reply.
+    pub probes: Vec<Probe>,
+}
+
+fn default_rate() -> u32 {
+    10
+}
+
+fn default_settle() -> f64 {
+    3.0
+}
+
 /// Reads and checks one scenario file: the error names the file and the field.
 pub fn load(path: &Path) -> Result<Scenario> {
     let text =
@@ -480,6 +523,24 @@ fn validate(s: &Scenario) -> Result<()> {
     for (i, n) in s.nodes.iter().enumerate() {
         if s.nodes[..i].iter().any(|m| m.name == n.name) {
             bail!("node {} listed twice", n.name);
+        }
+    }
+    for step in &s.steps {
+        if let Step::RollingRestart(r) = step {
+            if r.probes.is_empty() || r.rate == 0 || r.rate > 100 {
+                bail!("rollingRestart: give at least one probe and a rate of 1 to 100 per second");
+            }
+            if let Some(bad) = r.probes.iter().find(|p| p.expect != Expect::Reply) {
+                bail!(
+                    "rollingRestart: probe to port {} must expect a reply (a loop counts answers)",
+                    bad.port
+                );
+            }
+            for node in r.nodes.iter().flatten() {
+                if !known(node) {
+                    bail!("rollingRestart: node {node} is not in nodes");
+                }
+            }
         }
     }
     Ok(())
@@ -561,6 +622,8 @@ steps:
   - expectHost: {node: worker-b, nftCounterNonZero: "games/gameserver"}
   - kubectl: {name: pm-columns, args: [get, pm, -A], expectOutput: ["${public:edge-a}"]}
   - kuportStatus: {args: [games/gameserver], expectExit: 1, expectOutput: [PortConflict], timeoutSeconds: 5}
+  - rollingRestart: {name: rollout, rate: 10, settleSeconds: 2, probes: [{from: internet, to: {node: edge-a, interface: enp1s0}, protocol: UDP, port: 3000, expect: reply}]}
+  - cleanup: {node: worker-b}
 "#;
         let s: Scenario = serde_saphyr::from_str(yaml).expect("the lab.md example parses");
         validate(&s).expect("valid");
@@ -592,6 +655,8 @@ steps:
             "expectHost",
             "kubectl",
             "kuportStatus",
+            "rollingRestart",
+            "cleanup",
         ] {
             assert!(kinds.contains(&kind), "{kind} missing");
         }
@@ -609,6 +674,31 @@ steps:
         assert!(format!("{err}").contains("podsees"), "{err}");
         let yaml = "name: x\ncni: calico\nnodes: [{name: a}]\nsteps: []\n";
         assert!(serde_saphyr::from_str::<Scenario>(yaml).is_err());
+    }
+
+    #[test]
+    fn a_rolling_restart_loops_only_probes_expecting_replies() {
+        let base = "name: x\ncni: kindnet\nnodes: [{name: a}]\nsteps:\n  - rollingRestart: {probes: [{from: internet, to: {node: a, interface: eth0}, protocol: UDP, port: 1, expect: EXPECT}]}\n";
+        let ok: Scenario =
+            serde_saphyr::from_str(&base.replace("EXPECT", "reply")).expect("parses");
+        validate(&ok).expect("valid");
+        let Step::RollingRestart(r) = &ok.steps[0] else {
+            panic!("not a rolling restart")
+        };
+        assert_eq!(
+            (r.rate, r.settle_seconds, r.signal),
+            (10, 3.0, SignalName::Term)
+        );
+        let refused: Scenario =
+            serde_saphyr::from_str(&base.replace("EXPECT", "refused")).expect("parses");
+        assert!(validate(&refused).is_err());
+        let unknown: Scenario = serde_saphyr::from_str(
+            &base
+                .replace("EXPECT", "reply")
+                .replace("{probes", "{nodes: [b], probes"),
+        )
+        .expect("parses");
+        assert!(validate(&unknown).is_err());
     }
 
     #[test]

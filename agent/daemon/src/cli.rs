@@ -22,11 +22,20 @@ pub struct Cli {
 enum Command {
     /// Run the node agent: watch the cluster, program this node, write the status it owns.
     ///
-    /// Runs until SIGTERM or SIGINT, then removes everything kuport programmed on the node and
-    /// exits 0; a second signal exits at once (status 130). API server errors never remove
-    /// anything: the node keeps its last programmed state. Every flag can also be set by the
-    /// environment variable shown. See docs/operations.md.
+    /// Runs until SIGTERM or SIGINT and exits 0; a second signal exits at once (status 130). A
+    /// stop keeps the datapath for the next agent to adopt (an upgrade drops no traffic), except
+    /// when the DaemonSet owning the agent's Pod (--pod-name, --pod-namespace) is being deleted
+    /// or is gone: then it removes everything kuport programmed on the node first. API server
+    /// errors never remove anything. Every flag can also be set by the environment variable
+    /// shown. See docs/operations.md.
     Agent(kuport::agent::cmd::AgentArgs),
+    /// Remove everything kuport programmed on this host: the nftables table `ip kuport`, the
+    /// `kup-*` links, kuport's ip rules and routes.
+    ///
+    /// For a node kuport was removed from while its API server could not be reached, or an
+    /// agent run by hand. Stop the agent first: a running agent programs the node again. Needs
+    /// NET_ADMIN (root) in the host's network namespace; contacts no API server.
+    Cleanup,
     /// Print the CustomResourceDefinitions of PortMapClass and PortMap, generated from kuport's
     /// own types.
     ///
@@ -121,6 +130,7 @@ impl Cli {
         let done = ExitCode::SUCCESS;
         match self.command {
             Command::Agent(args) => kuport::agent::cmd::run(args).map(|()| done),
+            Command::Cleanup => kuport::agent::cmd::cleanup().map(|()| done),
             Command::Crds { out: None } => {
                 print!("{}", crate::crds::render_stream()?);
                 Ok(done)

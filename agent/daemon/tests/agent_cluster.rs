@@ -9,8 +9,8 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, PostParams};
 use kuport::agent::{
-    Agent, AgentConfig, AgentError, CancellationToken, Health, LinkWatch, Metrics, WriteKind,
-    WriteResult, health_router, metrics_router,
+    Agent, AgentConfig, AgentError, CancellationToken, Health, LinkWatch, Metrics, StopPolicy,
+    WriteKind, WriteResult, health_router, metrics_router,
 };
 use kuport_core::api::{PortMap, PortMapClass};
 use kuport_core::ir::Rule;
@@ -91,9 +91,22 @@ impl Cluster {
     }
 
     fn start_agent_with(&mut self, i: usize, resync: Duration, links: Option<LinkWatch>) {
-        let name = format!("n{i}");
         let host = MemoryHost::with_facts(facts(i));
+        self.start_agent_on(i, host, resync, links, StopPolicy::Keep);
+    }
+
+    /// Starts agent `n<i>` on `host` (a new agent on an old host models a restarted pod).
+    fn start_agent_on(
+        &mut self,
+        i: usize,
+        host: MemoryHost,
+        resync: Duration,
+        links: Option<LinkWatch>,
+        stop_policy: StopPolicy,
+    ) {
+        let name = format!("n{i}");
         let mut config = AgentConfig::new(name.clone());
+        config.stop_policy = stop_policy;
         config.resync = resync;
         config.debounce = Duration::from_millis(20);
         config.retry_min = Duration::from_millis(50);
@@ -213,6 +226,23 @@ impl Cluster {
             .status
             .and_then(|s| s.conditions.into_iter().find(|c| c.type_ == type_))
             .map(|c| (c.status, c.reason))
+    }
+
+    /// Stops one agent and forgets it; returns its host.
+    async fn stop(&mut self, name: &str) -> MemoryHost {
+        let at = self
+            .agents
+            .iter()
+            .position(|a| a.name == name)
+            .expect("agent exists");
+        let mut a = self.agents.remove(at);
+        a.shutdown.cancel();
+        if let Some(task) = a.task.take() {
+            task.await
+                .expect("agent task")
+                .expect("agent stops cleanly");
+        }
+        a.host
     }
 
     async fn stop_all(&mut self) {
@@ -542,7 +572,7 @@ async fn an_api_outage_keeps_the_datapath_and_converges_after() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shutdown_tears_down_and_a_resync_after_convergence_writes_nothing() {
+async fn a_plain_stop_keeps_the_datapath_and_a_resync_after_convergence_writes_nothing() {
     let mut c = Cluster::start_with(Duration::from_millis(300)).await;
     eventually("Programmed=True", || programmed_true(&c)).await;
     // Converged: wait until a full set of resync passes has run with no write at all.
@@ -564,13 +594,144 @@ async fn shutdown_tears_down_and_a_resync_after_convergence_writes_nothing() {
     .await;
 
     let n1 = c.agent("n1").host.clone();
-    assert!(!n1.applied().nft.is_empty(), "programmed before shutdown");
+    let programmed = n1.applied();
+    assert!(!programmed.nft.is_empty(), "programmed before shutdown");
     c.stop_all().await;
-    assert_eq!(n1.lock().teardowns, 1, "shutdown tears down");
-    assert_eq!(n1.applied(), Default::default());
+    assert_eq!(n1.lock().teardowns, 0, "a plain stop keeps the datapath");
+    assert_eq!(n1.applied(), programmed, "for the next agent to adopt");
     for a in &c.agents {
         assert!(!a.health.is_alive(), "{} stopped", a.name);
     }
+}
+
+/// The DaemonSet `kuport-system/kuport-agent` and one Pod of it per node, as the cluster's
+/// controllers would have made them; returns the DaemonSet's uid.
+async fn install_daemonset(c: &Cluster) -> String {
+    use k8s_openapi::api::apps::v1::DaemonSet;
+    use k8s_openapi::api::core::v1::Pod;
+    let pp = PostParams::default();
+    Api::<Namespace>::all(c.client.clone())
+        .create(&pp, &from(json!({"metadata": {"name": "kuport-system"}})))
+        .await
+        .expect("namespace");
+    let ds: DaemonSet = Api::namespaced(c.client.clone(), "kuport-system")
+        .create(
+            &pp,
+            &from(json!({
+                "metadata": {"name": "kuport-agent", "namespace": "kuport-system"},
+                "spec": {
+                    "selector": {"matchLabels": {"app.kubernetes.io/name": "kuport"}},
+                    "template": {
+                        "metadata": {"labels": {"app.kubernetes.io/name": "kuport"}},
+                        "spec": {"containers": [{"name": "agent", "image": "kuport"}]},
+                    },
+                },
+            })),
+        )
+        .await
+        .expect("daemonset");
+    let uid = ds.metadata.uid.expect("the model assigns a uid");
+    for i in 1..=3 {
+        Api::<Pod>::namespaced(c.client.clone(), "kuport-system")
+            .create(
+                &pp,
+                &from(json!({
+                    "metadata": {
+                        "name": format!("kuport-agent-n{i}"), "namespace": "kuport-system",
+                        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                            "name": "kuport-agent", "uid": uid, "controller": true}],
+                    },
+                    "spec": {"nodeName": format!("n{i}"),
+                             "containers": [{"name": "agent", "image": "kuport"}]},
+                })),
+            )
+            .await
+            .expect("pod");
+    }
+    uid
+}
+
+fn owner_policy(i: usize) -> StopPolicy {
+    StopPolicy::Owner {
+        pod: format!("kuport-agent-n{i}"),
+        namespace: "kuport-system".into(),
+    }
+}
+
+/// Restarting agents (a rollout) keeps every node's datapath and the new agent adopts it;
+/// deleting the DaemonSet (an uninstall) makes the stopping agent remove it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_tears_down_only_when_its_daemonset_is_gone() {
+    let mut c = Cluster::start().await;
+    install_daemonset(&c).await;
+    // Replace the three agents with ones that know their Pod, on the same hosts.
+    let resync = Duration::from_secs(3600);
+    for i in 1..=3 {
+        let host = c.stop(&format!("n{i}")).await;
+        c.start_agent_on(i, host, resync, None, owner_policy(i));
+    }
+    eventually("Programmed=True", || programmed_true(&c)).await;
+    let n1 = c.agent("n1").host.clone();
+    eventually("n1 programs the mapping", || async {
+        !dnat_targets(&n1).is_empty()
+    })
+    .await;
+    // The agents learn their owner in the background; let them.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // A rollout: n1's agent stops while its DaemonSet stands, and a new one takes over.
+    let programmed = n1.applied();
+    let host = c.stop("n1").await;
+    assert_eq!(host.lock().teardowns, 0, "an update keeps the datapath");
+    assert_eq!(host.applied(), programmed);
+    c.start_agent_on(1, host, resync, None, owner_policy(1));
+    eventually("the new n1 agent is ready", || async {
+        c.agent("n1").health.is_ready()
+    })
+    .await;
+    assert_eq!(n1.lock().teardowns, 0);
+    assert_eq!(
+        n1.applied(),
+        programmed,
+        "the new agent adopted the same datapath"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // An uninstall: the DaemonSet is deleted, then its pods stop.
+    Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(c.client.clone(), "kuport-system")
+        .delete("kuport-agent", &Default::default())
+        .await
+        .expect("delete daemonset");
+    for name in ["n1", "n2", "n3"] {
+        let host = c.stop(name).await;
+        assert_eq!(host.lock().teardowns, 1, "{name} removes the datapath");
+        assert_eq!(host.applied(), Default::default(), "{name} is clean");
+    }
+}
+
+/// An agent that cannot reach the API server at stop keeps the datapath, even when it knows its
+/// Pod: an outage is never a reason to remove anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_api_server_at_stop_keeps_the_datapath() {
+    let mut c = Cluster::start().await;
+    install_daemonset(&c).await;
+    let host = c.stop("n1").await;
+    c.start_agent_on(1, host, Duration::from_secs(3600), None, owner_policy(1));
+    eventually("n1 programs the mapping", || async {
+        !dnat_targets(&c.agent("n1").host).is_empty()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(c.client.clone(), "kuport-system")
+        .delete("kuport-agent", &Default::default())
+        .await
+        .expect("delete daemonset");
+    c.server.faults().pause();
+    let host = c.stop("n1").await;
+    c.server.faults().resume();
+    assert_eq!(host.lock().teardowns, 0, "no answer, no teardown");
+    assert!(!dnat_targets(&host).is_empty());
+    c.stop_all().await;
 }
 
 async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {

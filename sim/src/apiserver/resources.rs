@@ -225,6 +225,32 @@ const BUILT_INS: &[BuiltIn] = &[
             AGE,
         ],
     },
+    // The agent reads its own Pod and the DaemonSet owning it when it stops (an uninstall
+    // removes the datapath, an update keeps it). The model stores them; it runs no controller.
+    BuiltIn {
+        group: "",
+        plural: "pods",
+        singular: "pod",
+        kind: "Pod",
+        namespaced: true,
+        short_names: &["po"],
+        status_subresource: true,
+        keep_status_on_create: true,
+        field_labels: &[("spec.nodeName", &["spec", "nodeName"])],
+        columns: &[("Status", "string", ".status.phase", 0), AGE],
+    },
+    BuiltIn {
+        group: "apps",
+        plural: "daemonsets",
+        singular: "daemonset",
+        kind: "DaemonSet",
+        namespaced: true,
+        short_names: &["ds"],
+        status_subresource: true,
+        keep_status_on_create: false,
+        field_labels: &[],
+        columns: &[AGE],
+    },
     BuiltIn {
         group: "discovery.k8s.io",
         plural: "endpointslices",

@@ -12,6 +12,7 @@ use kuport_host::LinuxHost;
 use tokio_util::sync::CancellationToken;
 
 use super::health::{health_router, metrics_router, serve};
+use super::lifecycle::StopPolicy;
 use super::runtime::{Agent, AgentConfig};
 
 /// Exit status when a second signal cuts the graceful shutdown short (128 + SIGINT, as shells
@@ -72,6 +73,16 @@ pub struct AgentArgs {
     /// account is used.
     #[arg(long, env = "KUBECONFIG", value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
+    /// The agent's own Pod (the DaemonSet sets it from `metadata.name`). With --pod-namespace,
+    /// a stop removes the datapath only when the DaemonSet owning this Pod is being deleted or
+    /// is gone; without them a stop always keeps the datapath for the next agent.
+    #[arg(long, env = "POD_NAME", value_name = "NAME", requires = "pod_namespace",
+          value_parser = parse_object_name)]
+    pub pod_name: Option<String>,
+    /// The agent's own Pod's namespace (the DaemonSet sets it from `metadata.namespace`).
+    #[arg(long, env = "POD_NAMESPACE", value_name = "NAMESPACE", requires = "pod_name",
+          value_parser = parse_object_name)]
+    pub pod_namespace: Option<String>,
 }
 
 /// Log levels.
@@ -98,7 +109,7 @@ pub enum LogFormat {
     Json,
 }
 
-/// Runs the agent until SIGTERM or SIGINT, then tears down and returns.
+/// Runs the agent until SIGTERM or SIGINT, then stops as its stop policy says and returns.
 pub fn run(args: AgentArgs) -> anyhow::Result<()> {
     init_logging(args.log_level, args.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -134,6 +145,7 @@ async fn run_async(args: AgentArgs) -> anyhow::Result<()> {
     }
     let health_addr = args.health_addr.resolve(own);
     let metrics_addr = args.metrics_addr.resolve(own);
+    config.stop_policy = stop_policy(args.pod_name.clone(), args.pod_namespace.clone());
     let agent = Agent::new(client, host, config).with_link_watch(Box::new(LinuxHost::link_events));
 
     let health = health_router(agent.health());
@@ -174,7 +186,7 @@ async fn run_async(args: AgentArgs) -> anyhow::Result<()> {
                 Ok(Err(e)) => anyhow::anyhow!(e),
                 Err(e) => anyhow::anyhow!("an HTTP endpoint task failed: {e}"),
             };
-            // Still tear down what was programmed before failing.
+            // Still stop as a signal would (keeping or removing the datapath) before failing.
             shutdown.cancel();
             run.await.map_err(anyhow::Error::from).and(Err(error))
         }
@@ -185,7 +197,8 @@ async fn run_async(args: AgentArgs) -> anyhow::Result<()> {
     result
 }
 
-/// First SIGTERM or SIGINT: cancel (stop passes, tear down, exit 0). Second: exit at once.
+/// First SIGTERM or SIGINT: cancel (stop passes, keep or remove the datapath, exit 0). Second:
+/// exit at once.
 async fn watch_signals(shutdown: CancellationToken) {
     let mut count = 0;
     loop {
@@ -198,7 +211,7 @@ async fn watch_signals(shutdown: CancellationToken) {
             tracing::info!("signal received: shutting down (send another to exit at once)");
             shutdown.cancel();
         } else {
-            tracing::warn!("second signal: exiting without finishing the teardown");
+            tracing::warn!("second signal: exiting at once");
             std::process::exit(EXIT_SECOND_SIGNAL);
         }
     }
@@ -219,6 +232,35 @@ async fn next_signal() -> std::io::Result<()> {
 #[cfg(not(unix))]
 async fn next_signal() -> std::io::Result<()> {
     tokio::signal::ctrl_c().await
+}
+
+/// The stop policy the flags give: decide by the owning DaemonSet inside a Pod, keep otherwise.
+pub fn stop_policy(pod: Option<String>, namespace: Option<String>) -> StopPolicy {
+    match (pod, namespace) {
+        (Some(pod), Some(namespace)) => StopPolicy::Owner { pod, namespace },
+        _ => StopPolicy::Keep,
+    }
+}
+
+/// `kuport cleanup`: removes everything kuport programmed on this host (its nftables table,
+/// its `kup-*` links, its ip rules and routes), whatever the API server says.
+pub fn cleanup() -> anyhow::Result<()> {
+    use kuport_host::Host;
+    init_logging(LogLevel::Info, LogFormat::Text);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async {
+        let mut host = LinuxHost::new().context("opening the host's netlink socket")?;
+        host.teardown()
+            .await
+            .context("removing kuport's datapath from this host")
+    })?;
+    eprintln!(
+        "removed kuport's datapath from this host: nftables table ip kuport, kup-* links, kuport's ip rules and routes"
+    );
+    Ok(())
 }
 
 async fn make_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
@@ -334,6 +376,13 @@ pub fn parse_mark(text: &str) -> Result<u32, String> {
     parsed.map_err(|_| format!("{text:?} is not a mark: expected a number such as 0xff or 255"))
 }
 
+fn parse_object_name(text: &str) -> Result<String, String> {
+    if text.trim().is_empty() {
+        return Err("the name must not be empty".to_owned());
+    }
+    Ok(text.to_owned())
+}
+
 fn parse_node_name(text: &str) -> Result<String, String> {
     if text.trim().is_empty() {
         return Err("the node name must not be empty".to_owned());
@@ -368,6 +417,19 @@ mod tests {
             parse_duration("5")
                 .expect_err("no unit")
                 .contains("no unit")
+        );
+    }
+
+    #[test]
+    fn the_stop_policy_asks_the_owner_only_inside_a_pod() {
+        assert_eq!(stop_policy(None, None), StopPolicy::Keep);
+        assert_eq!(stop_policy(Some("p".into()), None), StopPolicy::Keep);
+        assert_eq!(
+            stop_policy(Some("p".into()), Some("kuport-system".into())),
+            StopPolicy::Owner {
+                pod: "p".into(),
+                namespace: "kuport-system".into()
+            }
         );
     }
 

@@ -6,11 +6,13 @@
 pub mod cmd;
 mod events;
 pub mod health;
+pub mod lifecycle;
 pub mod metrics;
 mod runtime;
 pub mod status;
 
 pub use health::{Health, health_router, metrics_router};
+pub use lifecycle::{StopAction, StopPolicy};
 pub use metrics::{Metrics, Stage, WriteKind, WriteResult};
 pub use runtime::{Agent, AgentConfig, AgentError, LinkWatch};
 pub use tokio_util::sync::CancellationToken;

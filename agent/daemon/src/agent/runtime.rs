@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::events::EventSink;
 use super::health::Health;
+use super::lifecycle::{self, Lookup, StopAction, StopPolicy};
 use super::metrics::{Metrics, Stage};
 use super::status::StatusWriter;
 
@@ -34,6 +35,10 @@ use super::status::StatusWriter;
 /// links). Called again whenever the underlay device the host reports changes.
 pub type LinkWatch =
     Box<dyn FnMut(Vec<String>) -> Result<mpsc::Receiver<LinkEvent>, HostError> + Send + Sync>;
+
+/// How long each read deciding a stop may take (three reads fit well inside the DaemonSet's
+/// termination grace period).
+const STOP_LOOKUP_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Settings of the runtime.
 #[derive(Clone, Debug)]
@@ -52,6 +57,8 @@ pub struct AgentConfig {
     pub api_timeout: Duration,
     /// The mark bits the datapath uses.
     pub marks: MarkLayout,
+    /// What a stop does with the datapath (keep it for the next agent by default).
+    pub stop_policy: StopPolicy,
 }
 
 impl AgentConfig {
@@ -65,6 +72,7 @@ impl AgentConfig {
             retry_max: Duration::from_secs(30),
             api_timeout: Duration::from_secs(10),
             marks: MarkLayout::default(),
+            stop_policy: StopPolicy::Keep,
         }
     }
 }
@@ -75,7 +83,7 @@ pub enum AgentError {
     /// A watch's store was dropped before it synced (its task ended).
     #[error("waiting for the {0} watch to sync: the watch ended")]
     WatchEnded(&'static str),
-    /// Tearing the datapath down at shutdown failed.
+    /// Tearing the datapath down at shutdown (kuport being removed) failed.
     #[error("tearing down the datapath at shutdown: {0}")]
     Teardown(#[source] HostError),
 }
@@ -145,17 +153,104 @@ impl<H: Host> Agent<H> {
         self.health.clone()
     }
 
-    /// Runs until `shutdown` is cancelled, then tears down everything kuport owns on the host.
+    /// Runs until `shutdown` is cancelled, then stops as `config.stop_policy` says: by default
+    /// it leaves the datapath for the next agent to adopt; under [`StopPolicy::Owner`] it removes
+    /// everything kuport owns on the host only when kuport is being removed from the node.
     ///
     /// API errors never tear anything down: the host keeps its last applied state until a pass
     /// computes a new one.
     pub async fn run(mut self, shutdown: CancellationToken) -> Result<(), AgentError> {
         self.health.set_alive(true);
+        let owner_task = self.learn_owner();
         let result = self.run_loop(&shutdown).await;
         self.health.set_alive(false);
-        tracing::info!("stopping: tearing down the datapath");
-        let teardown = self.host.teardown().await.map_err(AgentError::Teardown);
+        let action = self.stop_action(owner_task).await;
+        let teardown = match action {
+            StopAction::Keep(reason) => {
+                tracing::info!("stopping: keeping the datapath ({reason})");
+                Ok(())
+            }
+            StopAction::Teardown(reason) => {
+                tracing::info!("stopping: tearing down the datapath ({reason})");
+                self.host.teardown().await.map_err(AgentError::Teardown)
+            }
+        };
         result.and(teardown)
+    }
+
+    /// Under [`StopPolicy::Owner`], reads the agent's own Pod in the background (retrying until
+    /// it answers) to learn the DaemonSet owning it.
+    fn learn_owner(&self) -> Option<JoinHandle<Option<lifecycle::Owner>>> {
+        let StopPolicy::Owner { pod, namespace } = self.config.stop_policy.clone() else {
+            return None;
+        };
+        let client = self.client.clone();
+        let timeout = self.config.api_timeout;
+        let (retry_min, retry_max) = (self.config.retry_min, self.config.retry_max);
+        Some(tokio::spawn(async move {
+            let mut delay = retry_min;
+            loop {
+                match lifecycle::read_owner(&client, &pod, &namespace, timeout).await {
+                    Lookup::Found(owner) => {
+                        match &owner {
+                            Some(o) => tracing::info!(
+                                "running as Pod {namespace}/{pod} of DaemonSet {}/{}",
+                                o.namespace,
+                                o.name
+                            ),
+                            None => tracing::warn!(
+                                "Pod {namespace}/{pod} has no DaemonSet owner: a stop will keep the datapath"
+                            ),
+                        }
+                        return owner;
+                    }
+                    Lookup::NotFound | Lookup::Denied => {
+                        tracing::warn!(
+                            "cannot read the agent's own Pod {namespace}/{pod}: removing kuport \
+                             will not clean this node by itself (grant get on pods and \
+                             daemonsets in {namespace}, or run `kuport cleanup`)"
+                        );
+                        return None;
+                    }
+                    Lookup::Failed(e) => {
+                        tracing::debug!("reading Pod {namespace}/{pod}: {e}; retrying");
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(retry_max);
+                    }
+                    Lookup::NotAsked => return None,
+                }
+            }
+        }))
+    }
+
+    async fn stop_action(
+        &self,
+        owner_task: Option<JoinHandle<Option<lifecycle::Owner>>>,
+    ) -> StopAction {
+        match &self.config.stop_policy {
+            StopPolicy::Keep => StopAction::Keep("the next agent adopts it".to_owned()),
+            StopPolicy::Teardown => StopAction::Teardown("configured to".to_owned()),
+            StopPolicy::Owner { pod, namespace } => {
+                let owner_at_start = match owner_task {
+                    Some(task) if task.is_finished() => task.await.ok().flatten(),
+                    Some(task) => {
+                        task.abort();
+                        None
+                    }
+                    None => None,
+                };
+                let facts = lifecycle::gather(
+                    &self.client,
+                    pod,
+                    namespace,
+                    owner_at_start,
+                    self.config.api_timeout.min(STOP_LOOKUP_TIMEOUT),
+                )
+                .await;
+                tracing::debug!(?facts, "deciding what to do with the datapath");
+                lifecycle::decide(&facts)
+            }
+        }
     }
 
     async fn run_loop(&mut self, shutdown: &CancellationToken) -> Result<(), AgentError> {

@@ -1,0 +1,400 @@
+//! What a stopping agent does with the datapath it programmed.
+//!
+//! A plain stop (a rolling update, a restarted pod, a drained or rebooting node) keeps it: the
+//! next agent adopts the kernel state and reconciles it, so mapped ports keep answering while
+//! the agent is replaced. The datapath is removed only when kuport is being removed from the
+//! node: the DaemonSet that owns the agent's Pod is being deleted or is gone (its namespace is
+//! being deleted, or the agent's own access was revoked with the rest of the install). An API
+//! server that cannot be asked never causes a teardown; `kuport cleanup` removes the datapath by
+//! hand.
+
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::Api;
+
+/// How the agent decides what to do with the datapath when it stops.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StopPolicy {
+    /// Keep it: the next agent adopts it (an agent outside a DaemonSet: the lab, a node debugged
+    /// by hand; remove the datapath with `kuport cleanup`).
+    Keep,
+    /// Remove it at every stop.
+    Teardown,
+    /// Read the agent's own Pod and the DaemonSet owning it, and remove the datapath only when
+    /// kuport is being removed.
+    Owner {
+        /// The Pod's name (`POD_NAME`).
+        pod: String,
+        /// The Pod's namespace (`POD_NAMESPACE`).
+        namespace: String,
+    },
+}
+
+/// The decision, with the reason logged beside it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StopAction {
+    /// Leave the datapath for the next agent.
+    Keep(String),
+    /// Remove everything kuport programmed on the node.
+    Teardown(String),
+}
+
+/// The DaemonSet named by a Pod's controller owner reference.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Owner {
+    /// Its namespace (the Pod's).
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// Its UID, as the owner reference records it.
+    pub uid: String,
+}
+
+/// The answer to one read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Lookup<T> {
+    /// Not asked (nothing to ask about).
+    NotAsked,
+    /// The object, as far as the decision needs it.
+    Found(T),
+    /// 404.
+    NotFound,
+    /// 401 or 403: the agent may not read it (any more).
+    Denied,
+    /// Any other error or no answer in time.
+    Failed(String),
+}
+
+/// An object's identity and whether it is being deleted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Present {
+    /// `metadata.uid`.
+    pub uid: String,
+    /// `metadata.deletionTimestamp` is set.
+    pub deleting: bool,
+}
+
+/// What the agent found out at stop, and what it had learnt at start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StopFacts {
+    /// The owning DaemonSet as read at start, when the Pod could be read then. Having read it
+    /// also proves the agent had the access it now may have lost.
+    pub owner_at_start: Option<Owner>,
+    /// The Pod's owning DaemonSet as read now (`Found(None)`: the Pod has no DaemonSet owner).
+    pub pod: Lookup<Option<Owner>>,
+    /// The owning DaemonSet now.
+    pub daemonset: Lookup<Present>,
+    /// The Pod's namespace now.
+    pub namespace: Lookup<Present>,
+}
+
+/// The decision for a stop, from what was found out (see the module documentation).
+pub fn decide(facts: &StopFacts) -> StopAction {
+    let owner = match &facts.pod {
+        Lookup::Found(Some(owner)) => Some(owner),
+        Lookup::Found(None) => {
+            return StopAction::Keep("the agent's Pod has no DaemonSet owner".to_owned());
+        }
+        _ => facts.owner_at_start.as_ref(),
+    };
+    let Some(owner) = owner else {
+        return StopAction::Keep(match &facts.pod {
+            Lookup::Failed(e) => format!("could not read the agent's own Pod: {e}"),
+            Lookup::Denied => "may not read the agent's own Pod (grant get on pods and \
+                               daemonsets in its namespace to let an uninstall clean the node)"
+                .to_owned(),
+            _ => "the agent's own Pod and its DaemonSet are unknown".to_owned(),
+        });
+    };
+    let ds = format!("DaemonSet {}/{}", owner.namespace, owner.name);
+    // Access that worked at start and is refused now was revoked: the install's RBAC is being
+    // deleted with the rest of it.
+    let had_access = facts.owner_at_start.is_some();
+    match &facts.namespace {
+        Lookup::Found(ns) if ns.deleting => {
+            return StopAction::Teardown(format!("namespace {} is being deleted", owner.namespace));
+        }
+        Lookup::NotFound => {
+            return StopAction::Teardown(format!("namespace {} is gone", owner.namespace));
+        }
+        _ => {}
+    }
+    match &facts.daemonset {
+        Lookup::NotFound => StopAction::Teardown(format!("{ds} is gone")),
+        Lookup::Found(present) if present.uid != owner.uid => StopAction::Keep(format!(
+            "{ds} was replaced by a new one (uid {}), whose agent adopts the datapath",
+            present.uid
+        )),
+        Lookup::Found(present) if present.deleting => {
+            StopAction::Teardown(format!("{ds} is being deleted"))
+        }
+        Lookup::Found(_) => StopAction::Keep(format!(
+            "{ds} is still there: the next agent adopts the datapath"
+        )),
+        Lookup::Denied if had_access => StopAction::Teardown(format!(
+            "the agent may no longer read {ds}: its access is being removed with kuport"
+        )),
+        Lookup::Denied => StopAction::Keep(format!("may not read {ds}")),
+        Lookup::Failed(e) => StopAction::Keep(format!(
+            "could not read {ds} ({e}); if kuport is being removed, run `kuport cleanup` on the node"
+        )),
+        Lookup::NotAsked => StopAction::Keep(format!("{ds} was not read")),
+    }
+}
+
+fn present(meta: &ObjectMeta) -> Present {
+    Present {
+        uid: meta.uid.clone().unwrap_or_default(),
+        deleting: meta.deletion_timestamp.is_some(),
+    }
+}
+
+/// The controller owner reference of kind DaemonSet (apps/v1) of `pod`.
+pub fn daemonset_owner(pod: &Pod) -> Option<Owner> {
+    let namespace = pod.metadata.namespace.clone()?;
+    pod.metadata
+        .owner_references
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .find(|r| r.kind == "DaemonSet" && r.api_version == "apps/v1" && r.controller == Some(true))
+        .map(|r| Owner {
+            namespace,
+            name: r.name.clone(),
+            uid: r.uid.clone(),
+        })
+}
+
+async fn lookup<K, T>(
+    api: Api<K>,
+    name: &str,
+    timeout: Duration,
+    f: impl FnOnce(K) -> T,
+) -> Lookup<T>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    match tokio::time::timeout(timeout, api.get(name)).await {
+        Ok(Ok(object)) => Lookup::Found(f(object)),
+        Ok(Err(kube::Error::Api(s))) if s.is_not_found() => Lookup::NotFound,
+        Ok(Err(kube::Error::Api(s))) if s.code == 401 || s.code == 403 => Lookup::Denied,
+        Ok(Err(e)) => Lookup::Failed(e.to_string()),
+        Err(_) => Lookup::Failed(format!("no answer within {timeout:?}")),
+    }
+}
+
+/// Reads the Pod's owning DaemonSet (at start).
+pub async fn read_owner(
+    client: &kube::Client,
+    pod: &str,
+    namespace: &str,
+    timeout: Duration,
+) -> Lookup<Option<Owner>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    lookup(pods, pod, timeout, |p| daemonset_owner(&p)).await
+}
+
+/// Finds out what [`decide`] needs, each read bounded by `timeout`.
+pub async fn gather(
+    client: &kube::Client,
+    pod: &str,
+    namespace: &str,
+    owner_at_start: Option<Owner>,
+    timeout: Duration,
+) -> StopFacts {
+    let pod = read_owner(client, pod, namespace, timeout).await;
+    let owner = match &pod {
+        Lookup::Found(Some(o)) => Some(o.clone()),
+        Lookup::Found(None) => None,
+        _ => owner_at_start.clone(),
+    };
+    let (daemonset, namespace) = match owner {
+        Some(owner) => {
+            let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &owner.namespace);
+            let namespaces: Api<Namespace> = Api::all(client.clone());
+            (
+                lookup(daemonsets, &owner.name, timeout, |d| present(&d.metadata)).await,
+                lookup(namespaces, &owner.namespace, timeout, |n| {
+                    present(&n.metadata)
+                })
+                .await,
+            )
+        }
+        None => (Lookup::NotAsked, Lookup::NotAsked),
+    };
+    StopFacts {
+        owner_at_start,
+        pod,
+        daemonset,
+        namespace,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owner(uid: &str) -> Owner {
+        Owner {
+            namespace: "kuport-system".into(),
+            name: "kuport-agent".into(),
+            uid: uid.into(),
+        }
+    }
+
+    fn live(uid: &str) -> Lookup<Present> {
+        Lookup::Found(Present {
+            uid: uid.into(),
+            deleting: false,
+        })
+    }
+
+    fn deleting(uid: &str) -> Lookup<Present> {
+        Lookup::Found(Present {
+            uid: uid.into(),
+            deleting: true,
+        })
+    }
+
+    /// A rolling update: Pod, DaemonSet and namespace all there.
+    fn update() -> StopFacts {
+        StopFacts {
+            owner_at_start: Some(owner("u1")),
+            pod: Lookup::Found(Some(owner("u1"))),
+            daemonset: live("u1"),
+            namespace: live("ns"),
+        }
+    }
+
+    fn keeps(facts: &StopFacts) -> bool {
+        matches!(decide(facts), StopAction::Keep(_))
+    }
+
+    #[test]
+    fn an_update_or_restart_keeps_the_datapath() {
+        assert!(keeps(&update()));
+        // The Pod itself being deleted is what every stop looks like; it decides nothing.
+        let replaced = StopFacts {
+            daemonset: live("u2"),
+            ..update()
+        };
+        assert!(
+            keeps(&replaced),
+            "a DaemonSet recreated under the same name"
+        );
+    }
+
+    #[test]
+    fn a_deleted_or_deleting_daemonset_tears_down() {
+        let gone = StopFacts {
+            daemonset: Lookup::NotFound,
+            ..update()
+        };
+        assert_eq!(
+            decide(&gone),
+            StopAction::Teardown("DaemonSet kuport-system/kuport-agent is gone".into())
+        );
+        let foreground = StopFacts {
+            daemonset: deleting("u1"),
+            ..update()
+        };
+        assert!(!keeps(&foreground));
+        // Deleting the namespace deletes the DaemonSet with it.
+        let namespace = StopFacts {
+            namespace: deleting("ns"),
+            ..update()
+        };
+        assert!(!keeps(&namespace));
+        let namespace_gone = StopFacts {
+            namespace: Lookup::NotFound,
+            daemonset: Lookup::Denied,
+            ..update()
+        };
+        assert!(!keeps(&namespace_gone));
+    }
+
+    #[test]
+    fn access_revoked_after_start_means_the_install_is_going() {
+        // `kubectl delete -f kuport.yaml` removes the Roles and the ServiceAccount around the
+        // same time as the DaemonSet: the Pod read is refused now, but was allowed at start.
+        let revoked = StopFacts {
+            pod: Lookup::Denied,
+            daemonset: Lookup::Denied,
+            namespace: Lookup::Denied,
+            ..update()
+        };
+        assert!(!keeps(&revoked));
+        // Never allowed: nothing is known about the owner, so nothing is removed.
+        let never = StopFacts {
+            owner_at_start: None,
+            ..revoked.clone()
+        };
+        assert!(keeps(&never));
+    }
+
+    #[test]
+    fn an_api_server_that_cannot_be_asked_never_tears_down() {
+        fn failed<T>(s: &str) -> Lookup<T> {
+            Lookup::Failed(s.to_owned())
+        }
+        for facts in [
+            StopFacts {
+                pod: failed("connection refused"),
+                daemonset: failed("connection refused"),
+                namespace: failed("connection refused"),
+                ..update()
+            },
+            StopFacts {
+                owner_at_start: None,
+                pod: failed("timeout"),
+                daemonset: Lookup::NotAsked,
+                namespace: Lookup::NotAsked,
+            },
+            StopFacts {
+                daemonset: failed("503"),
+                ..update()
+            },
+        ] {
+            assert!(keeps(&facts), "{facts:?}");
+        }
+        let StopAction::Keep(reason) = decide(&StopFacts {
+            daemonset: Lookup::Failed("503".into()),
+            ..update()
+        }) else {
+            panic!("kept")
+        };
+        assert!(reason.contains("kuport cleanup"), "{reason}");
+    }
+
+    #[test]
+    fn a_pod_without_a_daemonset_owner_keeps() {
+        let bare = StopFacts {
+            owner_at_start: None,
+            pod: Lookup::Found(None),
+            daemonset: Lookup::NotAsked,
+            namespace: Lookup::NotAsked,
+        };
+        assert!(keeps(&bare));
+    }
+
+    #[test]
+    fn the_owner_is_the_controlling_apps_v1_daemonset() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "kuport-agent-x", "namespace": "kuport-system", "ownerReferences": [
+                {"apiVersion": "v1", "kind": "DaemonSet", "name": "wrong-group", "uid": "a", "controller": true},
+                {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "not-controller", "uid": "b"},
+                {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "kuport-agent", "uid": "u1", "controller": true},
+            ]},
+        }))
+        .expect("pod");
+        assert_eq!(daemonset_owner(&pod), Some(owner("u1")));
+        let orphan: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "kuport-system"}
+        }))
+        .expect("pod");
+        assert_eq!(daemonset_owner(&orphan), None);
+    }
+}

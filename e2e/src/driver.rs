@@ -1,0 +1,619 @@
+//! The kind end-to-end run: a real cluster (kindnet, one control plane, two workers) with the
+//! image loaded and kuport installed from `crds/` and `deploy/manifests/`, probed from a
+//! container outside the cluster.
+//!
+//! Every step is a command for `kind`, `kubectl` or `docker` run through a [`Shell`]. The real
+//! shell runs them with xshell; the dry-run shell prints them and answers with the outputs a
+//! healthy run would give, so the whole sequence, and the checks on what the commands print,
+//! run here without a cluster.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail, ensure};
+
+use crate::manifests;
+
+/// The image the echo responder and the probing containers run (socat, with a shell).
+pub const SOCAT_IMAGE: &str = "docker.io/alpine/socat:1.8.0.3";
+
+/// How many asks the rolling-restart probe loop sends (10 a second).
+pub const LOOP_ASKS: u32 = 900;
+
+/// One command: a program, its arguments and what it reads on standard input.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cmd {
+    /// `kind`, `kubectl` or `docker`.
+    pub program: String,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// Standard input, when the command reads some.
+    pub stdin: Option<String>,
+}
+
+impl Cmd {
+    fn new<I, S>(program: &str, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self {
+            program: program.to_owned(),
+            args: args.into_iter().map(Into::into).collect(),
+            stdin: None,
+        }
+    }
+
+    fn with_stdin(mut self, text: String) -> Self {
+        self.stdin = Some(text);
+        self
+    }
+}
+
+impl fmt::Display for Cmd {
+    /// As a shell would take it, each word quoted when it needs to be; standard input is
+    /// summarised after the command.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.program)?;
+        for arg in &self.args {
+            write!(f, " {}", quote(arg))?;
+        }
+        if let Some(stdin) = &self.stdin {
+            write!(f, " <<< ({} lines on stdin)", stdin.lines().count())?;
+        }
+        Ok(())
+    }
+}
+
+fn quote(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:=@,+%".contains(c));
+    if plain {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
+/// Runs commands.
+pub trait Shell {
+    /// Runs `cmd` and returns what it printed on standard output; fails when it exits non-zero.
+    fn run(&mut self, cmd: &Cmd) -> Result<String>;
+}
+
+/// The real shell: runs each command with xshell, echoing it first.
+pub struct RealShell {
+    sh: xshell::Shell,
+}
+
+impl RealShell {
+    /// A shell in the current directory.
+    pub fn new() -> Result<Self> {
+        Ok(Self {
+            sh: xshell::Shell::new().context("starting a shell")?,
+        })
+    }
+}
+
+impl Shell for RealShell {
+    fn run(&mut self, cmd: &Cmd) -> Result<String> {
+        eprintln!("+ {cmd}");
+        let mut c = self.sh.cmd(&cmd.program).args(&cmd.args).quiet();
+        if let Some(stdin) = &cmd.stdin {
+            c = c.stdin(stdin);
+        }
+        c.read().with_context(|| format!("running {cmd}"))
+    }
+}
+
+/// The dry-run shell: records (and optionally prints) every command and answers as a healthy
+/// run would.
+#[derive(Debug, Default)]
+pub struct DryRun {
+    /// Every command run, in order.
+    pub commands: Vec<Cmd>,
+    /// Print each command to standard output as it is run.
+    pub print: bool,
+}
+
+impl Shell for DryRun {
+    fn run(&mut self, cmd: &Cmd) -> Result<String> {
+        if self.print {
+            println!("{cmd}");
+        }
+        self.commands.push(cmd.clone());
+        Ok(healthy_output(cmd))
+    }
+}
+
+/// What a command prints in a healthy run, for the dry run.
+pub fn healthy_output(cmd: &Cmd) -> String {
+    let joined = cmd.args.join(" ");
+    if cmd.program == "kubectl" && joined.contains("InternalIP") {
+        "172.18.0.3".to_owned()
+    } else if cmd.program == "docker" && joined.contains("prober-address") {
+        "prober-address 172.18.0.9\nsaw 172.18.0.9:41234".to_owned()
+    } else if cmd.program == "docker" && cmd.args.first().is_some_and(|a| a == "logs") {
+        format!("sent {LOOP_ASKS} answered {LOOP_ASKS}")
+    } else {
+        String::new()
+    }
+}
+
+/// Settings of a run.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The repository (for `crds/`, `deploy/manifests/` and the Dockerfile).
+    pub repo: PathBuf,
+    /// The kind cluster's name.
+    pub cluster: String,
+    /// The agent image reference to run (built or loaded under this name).
+    pub image: String,
+    /// Load the image from this archive (`docker load`) instead of building it.
+    pub image_archive: Option<PathBuf>,
+    /// Leave the cluster up afterwards.
+    pub keep: bool,
+}
+
+/// What a run measured.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// The prober's own address, as the pod saw it, per probe.
+    pub probes: Vec<String>,
+    /// Asks sent and answered by the loop during the rolling restart.
+    pub loop_sent: u32,
+    /// Asks answered.
+    pub loop_answered: u32,
+}
+
+const NAMESPACE: &str = "kuport-e2e";
+
+fn kind_config() -> String {
+    "kind: Cluster\napiVersion: kind.x-k8s.io/v1alpha4\nnodes:\n  - role: control-plane\n  - role: worker\n  - role: worker\n".to_owned()
+}
+
+/// The workload: an echo responder (socat answering each datagram with the address it came
+/// from) pinned to `pod_node`, its Service, a class accepting on `accepting_node`, and the
+/// mapping.
+pub fn workload(accepting_node: &str, pod_node: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Namespace
+metadata:
+  name: {NAMESPACE}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: echo
+  namespace: {NAMESPACE}
+spec:
+  replicas: 1
+  strategy:
+    type: Recreate
+  selector:
+    matchLabels: {{app: echo}}
+  template:
+    metadata:
+      labels: {{app: echo}}
+    spec:
+      nodeSelector:
+        kubernetes.io/hostname: {pod_node}
+      tolerations:
+        - operator: Exists
+      containers:
+        - name: echo
+          image: {SOCAT_IMAGE}
+          args: ["-T5", "UDP4-RECVFROM:3000,fork", "SYSTEM:echo saw $SOCAT_PEERADDR:$SOCAT_PEERPORT"]
+          ports:
+            - {{name: echo, containerPort: 3000, protocol: UDP}}
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: echo
+  namespace: {NAMESPACE}
+spec:
+  selector: {{app: echo}}
+  ports:
+    - {{name: echo, port: 3000, protocol: UDP}}
+---
+apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMapClass
+metadata:
+  name: e2e
+spec:
+  nodes:
+    {accepting_node}: {{interfaces: [eth0]}}
+  returnPath: {{mode: Vxlan}}
+---
+apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMap
+metadata:
+  name: echo
+  namespace: {NAMESPACE}
+spec:
+  className: e2e
+  protocol: UDP
+  port: 3000
+  serviceRef: {{name: echo, port: echo}}
+"#
+    )
+}
+
+struct Run<'a> {
+    sh: &'a mut dyn Shell,
+    o: &'a Options,
+    context: String,
+}
+
+impl Run<'_> {
+    fn kubectl<I, S>(&mut self, args: I) -> Result<String>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let mut all = vec!["--context".to_owned(), self.context.clone()];
+        all.extend(args.into_iter().map(Into::into));
+        self.sh.run(&Cmd::new("kubectl", all))
+    }
+
+    fn kubectl_stdin(&mut self, args: &[&str], stdin: String) -> Result<String> {
+        let mut all = vec!["--context".to_owned(), self.context.clone()];
+        all.extend(args.iter().map(|a| (*a).to_owned()));
+        self.sh.run(&Cmd::new("kubectl", all).with_stdin(stdin))
+    }
+
+    fn node(&self, suffix: &str) -> String {
+        format!("{}-{suffix}", self.o.cluster)
+    }
+
+    fn manifests(&self) -> Result<String> {
+        manifests::with_image(&self.o.repo.join("deploy/manifests"), &self.o.image)
+            .context("rendering deploy/manifests with the image under test")
+    }
+
+    /// Waits until the mapping is programmed with its endpoint on `node`.
+    fn wait_programmed(&mut self, node: &str) -> Result<()> {
+        self.kubectl([
+            "-n",
+            NAMESPACE,
+            "wait",
+            "portmap/echo",
+            &format!("--for=jsonpath={{.status.endpoint.node}}={node}"),
+            "--timeout=180s",
+        ])?;
+        self.kubectl([
+            "-n",
+            NAMESPACE,
+            "wait",
+            "portmap/echo",
+            "--for=condition=Programmed",
+            "--timeout=180s",
+        ])?;
+        Ok(())
+    }
+
+    /// One UDP probe from a container on kind's network (outside the cluster); returns the
+    /// prober's address after checking the pod saw exactly it.
+    fn probe(&mut self, address: &str) -> Result<String> {
+        let script = format!(
+            "echo prober-address $(hostname -i); echo ping | socat -T3 - UDP4:{address}:3000"
+        );
+        let out = self.sh.run(&Cmd::new(
+            "docker",
+            [
+                "run",
+                "--rm",
+                "--network",
+                "kind",
+                "--entrypoint",
+                "sh",
+                SOCAT_IMAGE,
+                "-c",
+                &script,
+            ],
+        ))?;
+        check_probe(&out)
+    }
+}
+
+/// Checks a probe's output: the pod must have seen the prober's own address.
+pub fn check_probe(output: &str) -> Result<String> {
+    let mut prober = None;
+    let mut saw = None;
+    for line in output.lines() {
+        if let Some(a) = line.strip_prefix("prober-address ") {
+            prober = a.split_whitespace().next().map(str::to_owned);
+        }
+        if let Some(a) = line.strip_prefix("saw ") {
+            saw = a.trim().rsplit_once(':').map(|(ip, _)| ip.to_owned());
+        }
+    }
+    let prober = prober.context("the prober did not print its own address")?;
+    let saw = saw.with_context(|| {
+        format!("no answer from the mapped port (the prober at {prober} got nothing back)")
+    })?;
+    ensure!(
+        saw == prober,
+        "the pod saw {saw}, not the prober's own address {prober}: the client address was lost"
+    );
+    Ok(prober)
+}
+
+/// Parses the loop's `sent N answered M`.
+pub fn parse_loop(output: &str) -> Result<(u32, u32)> {
+    let line = output
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("sent "))
+        .context("the probe loop printed no `sent N answered M` line")?;
+    let words: Vec<&str> = line.split_whitespace().collect();
+    match words.as_slice() {
+        ["sent", sent, "answered", answered] => Ok((
+            sent.parse().context("the loop's sent count")?,
+            answered.parse().context("the loop's answered count")?,
+        )),
+        _ => bail!("unexpected loop output {line:?}"),
+    }
+}
+
+/// Runs the whole end-to-end sequence (see the module documentation), deleting the cluster at
+/// the end unless `keep`, also when a step failed.
+pub fn run(sh: &mut dyn Shell, o: &Options) -> Result<Summary> {
+    let mut run = Run {
+        sh,
+        o,
+        context: format!("kind-{}", o.cluster),
+    };
+    let result = steps(&mut run);
+    if !o.keep {
+        let deleted = run.sh.run(&Cmd::new(
+            "kind",
+            ["delete", "cluster", "--name", &o.cluster],
+        ));
+        if let (Ok(_), Err(e)) = (&result, deleted) {
+            return Err(e.context("deleting the kind cluster"));
+        }
+    }
+    result
+}
+
+fn steps(r: &mut Run<'_>) -> Result<Summary> {
+    let o = r.o;
+    let mut summary = Summary::default();
+    r.sh.run(
+        &Cmd::new(
+            "kind",
+            [
+                "create", "cluster", "--name", &o.cluster, "--config", "-", "--wait", "180s",
+            ],
+        )
+        .with_stdin(kind_config()),
+    )?;
+    match &o.image_archive {
+        Some(archive) => r.sh.run(&Cmd::new(
+            "docker",
+            ["load", "--input", &archive.display().to_string()],
+        ))?,
+        None => r.sh.run(&Cmd::new(
+            "docker",
+            ["build", "--tag", &o.image, &o.repo.display().to_string()],
+        ))?,
+    };
+    r.sh.run(&Cmd::new(
+        "kind",
+        ["load", "docker-image", &o.image, "--name", &o.cluster],
+    ))?;
+
+    // Install as the README says: CRDs, then the manifests.
+    r.kubectl([
+        "apply",
+        "--server-side",
+        "-f",
+        &o.repo.join("crds").display().to_string(),
+    ])?;
+    let manifests = r.manifests()?;
+    r.kubectl_stdin(&["apply", "-f", "-"], manifests.clone())?;
+    r.kubectl([
+        "-n",
+        "kuport-system",
+        "rollout",
+        "status",
+        "daemonset/kuport-agent",
+        "--timeout=180s",
+    ])?;
+
+    // The mapping: accepted on the first worker, the pod on the second.
+    let (accepting, pod_node, moved_to) =
+        (r.node("worker"), r.node("worker2"), r.node("control-plane"));
+    let address = r.kubectl([
+        "get",
+        "node",
+        &accepting,
+        "-o",
+        "jsonpath={.status.addresses[?(@.type==\"InternalIP\")].address}",
+    ])?;
+    let address = address.trim().to_owned();
+    ensure!(!address.is_empty(), "node {accepting} has no InternalIP");
+    r.kubectl_stdin(&["apply", "-f", "-"], workload(&accepting, &pod_node))?;
+    r.kubectl([
+        "-n",
+        NAMESPACE,
+        "rollout",
+        "status",
+        "deployment/echo",
+        "--timeout=180s",
+    ])?;
+    r.wait_programmed(&pod_node)?;
+    summary.probes.push(r.probe(&address)?);
+
+    // The pod moves to another node; the mapping follows.
+    let patch = format!(
+        r#"{{"spec":{{"template":{{"spec":{{"nodeSelector":{{"kubernetes.io/hostname":"{moved_to}"}}}}}}}}}}"#
+    );
+    r.kubectl([
+        "-n",
+        NAMESPACE,
+        "patch",
+        "deployment/echo",
+        "--type",
+        "merge",
+        "-p",
+        &patch,
+    ])?;
+    r.kubectl([
+        "-n",
+        NAMESPACE,
+        "rollout",
+        "status",
+        "deployment/echo",
+        "--timeout=180s",
+    ])?;
+    r.wait_programmed(&moved_to)?;
+    summary.probes.push(r.probe(&address)?);
+
+    // A rolling restart of the DaemonSet while a loop asks 10 times a second.
+    let prober = format!("{}-prober", o.cluster);
+    let script = format!(
+        "sent=0; answered=0; while [ $sent -lt {LOOP_ASKS} ]; do \
+         if echo ping | socat -T1 - UDP4:{address}:3000 | grep -q '^saw '; then answered=$((answered+1)); fi; \
+         sent=$((sent+1)); sleep 0.1; done; echo sent $sent answered $answered"
+    );
+    r.sh.run(&Cmd::new(
+        "docker",
+        [
+            "run",
+            "--detach",
+            "--name",
+            &prober,
+            "--network",
+            "kind",
+            "--entrypoint",
+            "sh",
+            SOCAT_IMAGE,
+            "-c",
+            &script,
+        ],
+    ))?;
+    r.kubectl([
+        "-n",
+        "kuport-system",
+        "rollout",
+        "restart",
+        "daemonset/kuport-agent",
+    ])?;
+    r.kubectl([
+        "-n",
+        "kuport-system",
+        "rollout",
+        "status",
+        "daemonset/kuport-agent",
+        "--timeout=300s",
+    ])?;
+    r.sh.run(&Cmd::new("docker", ["wait", &prober]))?;
+    let logs = r.sh.run(&Cmd::new("docker", ["logs", &prober]))?;
+    r.sh.run(&Cmd::new("docker", ["rm", &prober]))?;
+    let (sent, answered) = parse_loop(&logs)?;
+    summary.loop_sent = sent;
+    summary.loop_answered = answered;
+    ensure!(
+        sent == LOOP_ASKS && answered == sent,
+        "the rolling restart lost {} of {sent} probes",
+        sent.saturating_sub(answered)
+    );
+
+    // Uninstall: the agents see their DaemonSet go and clean their nodes.
+    r.kubectl_stdin(&["delete", "--wait=true", "-f", "-"], manifests)?;
+    for node in [r.node("control-plane"), accepting, pod_node] {
+        let nft = r.sh.run(&Cmd::new(
+            "docker",
+            [
+                "run",
+                "--rm",
+                "--network",
+                &format!("container:{node}"),
+                "--cap-add",
+                "NET_ADMIN",
+                "--entrypoint",
+                "nft",
+                &o.image,
+                "list",
+                "tables",
+            ],
+        ))?;
+        let links = r.sh.run(&Cmd::new(
+            "docker",
+            ["exec", &node, "ip", "-o", "link", "show"],
+        ))?;
+        let left = leftovers(&nft, &links);
+        ensure!(
+            left.is_empty(),
+            "node {node} is not clean after uninstall: {}",
+            left.join(", ")
+        );
+    }
+    Ok(summary)
+}
+
+/// kuport's objects in `nft list tables` and `ip -o link show` output.
+pub fn leftovers(nft_tables: &str, links: &str) -> Vec<String> {
+    let mut left: Vec<String> = nft_tables
+        .lines()
+        .filter(|l| l.trim() == "table ip kuport")
+        .map(|l| l.trim().to_owned())
+        .collect();
+    for line in links.lines() {
+        if let Some(name) = line.split(": ").nth(1) {
+            let name = name.split('@').next().unwrap_or(name);
+            if name.starts_with("kup-") {
+                left.push(format!("link {name}"));
+            }
+        }
+    }
+    left
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_are_quoted_for_the_shell() {
+        let c = Cmd::new("kubectl", ["get", "-o", "jsonpath={.a}", "it's"]);
+        assert_eq!(c.to_string(), "kubectl get -o 'jsonpath={.a}' 'it'\\''s'");
+    }
+
+    #[test]
+    fn a_probe_passes_only_when_the_pod_saw_the_prober() {
+        assert_eq!(
+            check_probe("prober-address 172.18.0.9\nsaw 172.18.0.9:5000\n").expect("ok"),
+            "172.18.0.9"
+        );
+        for bad in [
+            "prober-address 172.18.0.9\nsaw 10.244.1.1:5000\n",
+            "prober-address 172.18.0.9\n",
+            "saw 172.18.0.9:5000\n",
+        ] {
+            assert!(check_probe(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn loop_output_and_leftovers_parse() {
+        assert_eq!(
+            parse_loop("noise\nsent 900 answered 897\n").expect("ok"),
+            (900, 897)
+        );
+        assert!(parse_loop("sent x answered 1").is_err());
+        assert!(parse_loop("").is_err());
+        let links = "1: lo: <LOOPBACK,UP> mtu 65536\n7: kup-a1b2@eth0: <BROADCAST> mtu 1450\n";
+        assert_eq!(
+            leftovers("table ip filter\ntable ip kuport\n", links),
+            vec!["table ip kuport".to_owned(), "link kup-a1b2".to_owned()]
+        );
+        assert!(leftovers("table ip filter\n", "1: lo: <LOOPBACK>\n").is_empty());
+    }
+}
