@@ -471,6 +471,19 @@ async fn cel_rules_refuse_changing_each_immutable_field(target: Target) {
             .await,
         );
         assert_invalid(&status, path, message);
+        // A rule on a scalar quotes the new value; one on an object (spec) quotes nothing.
+        let shown = if path == "spec" {
+            String::new()
+        } else {
+            format!("{value}: ")
+        };
+        assert!(
+            status.message.contains(&format!(
+                "{path}: Invalid value: {shown}{message}: delete the PortMap and create another"
+            )),
+            "{}",
+            status.message
+        );
         assert!(
             status
                 .message
@@ -515,6 +528,75 @@ async fn cel_rules_refuse_end_port_below_port_and_min_above_max(target: Target) 
             .await,
     );
     assert_invalid(&status, "spec.ports", "ports.min must not exceed ports.max");
+}
+
+/// The acceptance side of every CEL rule, with the cases of `agent/core/tests/crd_schema.rs`
+/// (which evaluates the rules with the model's CEL implementation): what the rules must let
+/// through, on both servers.
+async fn cel_rules_accept_what_they_should(target: Target) {
+    let Some(t) = start_on(target, "cel_rules_accept_what_they_should", &[]).await else {
+        return;
+    };
+    t.namespace("games").await;
+    let api = t.raw_portmaps("games");
+    let pp = PostParams::default();
+    let mut single = base_spec();
+    single.as_object_mut().expect("object").remove("endPort");
+    let mut equal = base_spec();
+    equal["endPort"] = json!(3000);
+    for (name, spec) in [
+        ("ranged", base_spec()),
+        ("single", single),
+        ("equal", equal),
+    ] {
+        api.create(&pp, &portmap_doc(name, spec))
+            .await
+            .unwrap_or_else(|e| panic!("{name} is a valid PortMap: {e}"));
+    }
+    // interfaces and serviceRef are mutable.
+    api.patch(
+        "ranged",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"interfaces": ["wt0"],
+                                      "serviceRef": {"name": "other", "port": "game"}}})),
+    )
+    .await
+    .expect("interfaces and serviceRef change");
+    // Writing the immutable fields unchanged is no change.
+    api.patch(
+        "ranged",
+        &PatchParams::default(),
+        &Patch::Merge(
+            json!({"spec": {"className": "public", "protocol": "UDP", "port": 3000,
+                                      "endPort": 3009}}),
+        ),
+    )
+    .await
+    .expect("unchanged immutable fields");
+
+    let classes = t.raw_classes();
+    for (name, ports) in [
+        ("equal", json!({"min": 1000, "max": 1000})),
+        ("partial", json!({"min": 1000})),
+        ("empty", json!({})),
+    ] {
+        let mut spec = class_spec();
+        spec["ports"] = ports;
+        classes
+            .create(&pp, &class_doc(name, spec))
+            .await
+            .unwrap_or_else(|e| panic!("class {name} is valid: {e}"));
+    }
+    // The default min (1) applies before the rule: max 0 is below it. The schema's minimum
+    // refuses max 0 too, and the rule runs all the same: both causes, the schema's first.
+    let mut spec = class_spec();
+    spec["ports"] = json!({"max": 0});
+    let status = api_error(classes.create(&pp, &class_doc("zero", spec)).await);
+    assert_eq!((status.code, status.reason.as_str()), (422, "Invalid"));
+    assert_eq!(
+        status.message,
+        "PortMapClass.kuport.wlz.li \"zero\" is invalid: [spec.ports.max: Invalid value: 0: spec.ports.max in body should be greater than or equal to 1, spec.ports: Invalid value: ports.min must not exceed ports.max]"
+    );
 }
 
 async fn schema_rejections_match_the_real_server(target: Target) {
@@ -866,6 +948,7 @@ on_both_servers!(
     defaults_from_the_crd_are_applied_on_create,
     cel_rules_refuse_changing_each_immutable_field,
     cel_rules_refuse_end_port_below_port_and_min_above_max,
+    cel_rules_accept_what_they_should,
     schema_rejections_match_the_real_server,
     label_and_field_selectors_filter_lists,
     event_field_selectors_serve_kubectl_describe,

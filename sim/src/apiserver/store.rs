@@ -406,9 +406,9 @@ impl Inner {
         *object = kube::core::cel::apply_defaults(&custom.schema, object);
         let mut causes = Vec::new();
         schema::check(&custom.schema, object, "", &mut causes);
-        if causes.is_empty() {
-            causes = schema::check_cel(&custom.schema, object, old);
-        }
+        // The real server evaluates the CEL rules whether or not the schema checks passed, and
+        // lists the schema's causes first.
+        causes.extend(schema::check_cel(&custom.schema, object, old));
         if causes.is_empty() {
             Ok(())
         } else {
