@@ -295,8 +295,9 @@ impl ControlPlane {
             .acquire()
             .await
             .map_err(|e| Error::Other(format!("wait for a control-plane slot: {e}")))?;
+        sweep_abandoned(&std::env::temp_dir());
         let tmp = tempfile::Builder::new()
-            .prefix("kuport-realapi-")
+            .prefix(SCRATCH_PREFIX)
             .tempdir()
             .map_err(io("create the control plane's scratch directory"))?;
         let root = tmp.path().to_path_buf();
@@ -376,6 +377,7 @@ impl ControlPlane {
             &api_args,
             &path("kube-apiserver.log"),
         )?);
+        cp.record_pids()?;
         cp.write_kubeconfig()?;
         cp.wait_ready("kube-apiserver.log").await?;
         if !options.controllers.is_empty() {
@@ -396,6 +398,7 @@ impl ControlPlane {
                 &kcm_args,
                 &path("kube-controller-manager.log"),
             )?);
+            cp.record_pids()?;
         }
         Ok(cp)
     }
@@ -405,6 +408,18 @@ impl ControlPlane {
             .as_ref()
             .map(tempfile::TempDir::path)
             .unwrap_or_else(|| Path::new("/nonexistent"))
+    }
+
+    /// Writes `pids`: this process's pid, then each child's, so a later start can stop the
+    /// processes of a test process that was killed before its drop ran.
+    fn record_pids(&self) -> Result<(), Error> {
+        let mut text = format!("{}\n", std::process::id());
+        for (_, child) in &self.children {
+            if let Some(pid) = child.id() {
+                let _ = writeln!(text, "{pid}");
+            }
+        }
+        write(&self.root().join("pids"), &text)
     }
 
     fn write_kubeconfig(&self) -> Result<(), Error> {
@@ -691,6 +706,60 @@ impl ControlPlane {
             });
         }
         Ok(events)
+    }
+}
+
+const SCRATCH_PREFIX: &str = "kuport-realapi-";
+
+/// Whether a process (not merely a thread: /proc also answers for thread ids) `pid` runs.
+fn pid_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|status| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Tgid:"))
+            .is_some_and(|tgid| tgid.trim() == pid.to_string())
+    })
+}
+
+/// Stops what a killed test process left behind: for each scratch directory whose owner (the
+/// first pid in its `pids`) is gone, kills the recorded children that still run one of the
+/// control-plane binaries (so a reused pid is never touched) and removes the directory.
+fn sweep_abandoned(tmp: &Path) {
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let dir = entry.path();
+        let is_scratch = dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(SCRATCH_PREFIX));
+        let Ok(text) = std::fs::read_to_string(dir.join("pids")) else {
+            continue;
+        };
+        let pids: Vec<u32> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        let Some((&owner, children)) = pids.split_first() else {
+            continue;
+        };
+        if !is_scratch || pid_alive(owner) {
+            continue;
+        }
+        for &pid in children {
+            let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+            let ours = exe.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                ["etcd", "kube-apiserver", "kube-controller-manager"].contains(&n)
+            });
+            if ours {
+                eprintln!(
+                    "kuport-realapi: stopping pid {pid} ({}) left by the killed test process {owner}",
+                    exe.display()
+                );
+                let _ = std::process::Command::new("kill")
+                    .args(["-KILL", &pid.to_string()])
+                    .status();
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
 
