@@ -865,7 +865,7 @@ async fn finalizers_hold_deletion_until_removed_and_namespaces_cascade(target: T
     let Some(t) = start_on(
         target,
         "finalizers_hold_deletion_until_removed_and_namespaces_cascade",
-        &["namespace"],
+        &["namespace-controller"],
     )
     .await
     else {

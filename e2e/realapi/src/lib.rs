@@ -115,8 +115,9 @@ pub fn required() -> bool {
 /// What to start besides etcd and kube-apiserver.
 #[derive(Debug, Clone, Default)]
 pub struct Options {
-    /// Start kube-controller-manager running only these controllers (for example `namespace`,
-    /// `endpointslice`, `node-lifecycle`). Empty: no controller-manager.
+    /// Start kube-controller-manager running only these controllers (for example
+    /// `namespace-controller`, `endpointslice-controller`, `node-lifecycle-controller`). Empty:
+    /// no controller-manager.
     pub controllers: Vec<String>,
 }
 
