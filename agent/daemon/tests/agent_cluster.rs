@@ -1,5 +1,10 @@
 //! Three agents in one process, each with an in-memory host, against the API server model over
 //! real TCP. Every wait is on a condition with a deadline; nothing asserts on timing.
+//!
+//! The tests that need no fault hook also run against a real kube-apiserver (`kuport-realapi`),
+//! with the agents authenticated as a ServiceAccount bound to the agent's shipped ClusterRole.
+//! Every request the role refuses fails the test at once, naming the verb and resource
+//! (read from the apiserver's audit log); a control test removes one verb and sees exactly that.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,6 +12,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Namespace, Node};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::api::{Api, ListParams, PostParams};
 use kuport::agent::{
     Agent, AgentConfig, AgentError, CancellationToken, Health, LinkWatch, Metrics, StopPolicy,
@@ -31,11 +37,31 @@ struct RunningAgent {
     task: Option<JoinHandle<Result<(), AgentError>>>,
 }
 
+/// Which API server the agents talk to.
+enum Backend {
+    Model(ApiServer),
+    Real(kuport_realapi::ControlPlane),
+}
+
+/// Which API server a shared test runs against.
+enum Target {
+    Model,
+    /// A real control plane; the agents run under this ClusterRole.
+    Real(Box<ClusterRole>),
+}
+
+const AGENT_NAMESPACE: &str = "kuport";
+const AGENT_ACCOUNT: &str = "kuport-agent";
+
 struct Cluster {
-    server: ApiServer,
+    backend: Backend,
+    /// The test's own (admin) client.
     client: kube::Client,
     url: String,
+    /// The agents' client on a real server (the ServiceAccount's token).
+    agent_client: Option<kube::Client>,
     agents: Vec<RunningAgent>,
+    last_rbac_check: std::sync::Mutex<Option<tokio::time::Instant>>,
 }
 
 fn client_for(url: &str) -> kube::Client {
@@ -67,23 +93,130 @@ impl Cluster {
 
     async fn start_with(resync: Duration) -> Self {
         let server = ApiServer::builder().build().expect("model builds");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let url = format!("http://{}", listener.local_addr().expect("addr"));
-        tokio::spawn(server.clone().serve(listener));
-        let client = client_for(&url);
-        let mut cluster = Self {
-            server,
-            client,
-            url,
-            agents: Vec::new(),
-        };
+        let mut cluster = Self::on_model(server).await;
         cluster.seed().await;
         for i in 1..=3 {
             cluster.start_agent(i, resync);
         }
         cluster
+    }
+
+    /// A cluster on `target` with nothing seeded and no agent; `None` when the real control
+    /// plane is not built here (one line printed; a failure under
+    /// `KUPORT_REQUIRE_REAL_APISERVER=1`).
+    async fn empty_on(target: Target, test: &str) -> Option<Self> {
+        let role = match target {
+            Target::Model => {
+                let server = ApiServer::builder().build().expect("model builds");
+                return Some(Self::on_model(server).await);
+            }
+            Target::Real(role) => role,
+        };
+        let cp = kuport_realapi::ControlPlane::start_or_skip(test, Default::default()).await?;
+        cp.install_crds(std::path::Path::new(kuport_realapi::CRD_DIR))
+            .await
+            .expect("the shipped CRDs install");
+        let agent_client = cp
+            .service_account_client(AGENT_NAMESPACE, AGENT_ACCOUNT, &role)
+            .await
+            .expect("the agent's ServiceAccount, role and token");
+        Some(Self {
+            client: cp.admin_client().await.expect("admin client"),
+            url: cp.url().to_owned(),
+            agent_client: Some(agent_client),
+            backend: Backend::Real(cp),
+            agents: Vec::new(),
+            last_rbac_check: std::sync::Mutex::new(None),
+        })
+    }
+
+    /// A seeded cluster on `target` with agents n1..n3.
+    async fn start_on(target: Target, test: &str, resync: Duration) -> Option<Self> {
+        let mut cluster = Self::empty_on(target, test).await?;
+        cluster.seed().await;
+        for i in 1..=3 {
+            cluster.start_agent(i, resync);
+        }
+        Some(cluster)
+    }
+
+    async fn on_model(server: ApiServer) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        tokio::spawn(server.clone().serve(listener));
+        Self {
+            backend: Backend::Model(server),
+            client: client_for(&url),
+            url,
+            agent_client: None,
+            agents: Vec::new(),
+            last_rbac_check: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// The model; only the fault-hook tests call this, and they run on the model alone.
+    fn model(&self) -> &ApiServer {
+        match &self.backend {
+            Backend::Model(server) => server,
+            Backend::Real(_) => panic!("a model-only test ran against the real server"),
+        }
+    }
+
+    /// The requests the agents' role refused so far (real server only), each naming the verb,
+    /// the resource and the apiserver's message.
+    fn rbac_refusals(&self) -> Vec<String> {
+        match &self.backend {
+            Backend::Model(_) => Vec::new(),
+            Backend::Real(cp) => cp
+                .forbidden_requests(&format!(
+                    "system:serviceaccount:{AGENT_NAMESPACE}:{AGENT_ACCOUNT}"
+                ))
+                .expect("the audit log reads"),
+        }
+    }
+
+    /// On a real server, prints the distinct requests the agents made, so the role's unused
+    /// grants show (an extra verb cannot fail a request, so it is reported, not asserted).
+    fn report_agent_requests(&self) {
+        if let Backend::Real(cp) = &self.backend {
+            let used = cp
+                .allowed_requests(&format!(
+                    "system:serviceaccount:{AGENT_NAMESPACE}:{AGENT_ACCOUNT}"
+                ))
+                .expect("the audit log reads");
+            eprintln!("requests the agents made: {}", used.join("; "));
+        }
+    }
+
+    /// Fails the test when the agents' role refused any request.
+    fn assert_rbac_allowed_everything(&self) {
+        let refused = self.rbac_refusals();
+        assert!(
+            refused.is_empty(),
+            "the agent's ClusterRole refused {} request(s):\n{}",
+            refused.len(),
+            refused.join("\n")
+        );
+    }
+
+    /// Waits until `check` holds, failing with `what` after the deadline, and at once when the
+    /// agents' role refused a request.
+    async fn eventually<F, Fut>(&self, what: &str, check: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let rbac = || {
+            let now = tokio::time::Instant::now();
+            let mut last = self.last_rbac_check.lock().expect("lock");
+            if last.is_none_or(|t| now.duration_since(t) > Duration::from_millis(250)) {
+                *last = Some(now);
+                self.assert_rbac_allowed_everything();
+            }
+        };
+        eventually_checking(what, check, rbac).await;
     }
 
     fn start_agent(&mut self, i: usize, resync: Duration) {
@@ -112,7 +245,11 @@ impl Cluster {
         config.retry_min = Duration::from_millis(50);
         config.retry_max = Duration::from_millis(500);
         config.api_timeout = Duration::from_secs(2);
-        let mut agent = Agent::new(client_for(&self.url), host.clone(), config);
+        let client = match &self.agent_client {
+            Some(client) => client.clone(),
+            None => client_for(&self.url),
+        };
+        let mut agent = Agent::new(client, host.clone(), config);
         if let Some(links) = links {
             agent = agent.with_link_watch(links);
         }
@@ -254,17 +391,31 @@ impl Cluster {
                     .expect("agent stops cleanly");
             }
         }
+        self.assert_rbac_allowed_everything();
+        self.report_agent_requests();
     }
 }
 
-/// Waits until `check` holds, failing with `what` after the deadline.
-async fn eventually<F, Fut>(what: &str, mut check: F)
+/// Waits until `check` holds, failing with `what` after the deadline; runs `also` on every
+/// round (it fails the test by panicking).
+/// Waits until `check` holds, failing with `what` after the deadline (tests on the model only,
+/// where no role is enforced).
+async fn eventually<F, Fut>(what: &str, check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    eventually_checking(what, check, || {}).await;
+}
+
+async fn eventually_checking<F, Fut>(what: &str, mut check: F, also: impl Fn())
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
     let deadline = tokio::time::Instant::now() + DEADLINE;
     loop {
+        also();
         if check().await {
             return;
         }
@@ -295,16 +446,23 @@ async fn programmed_true(c: &Cluster) -> bool {
         .is_some_and(|(s, _)| s == "True")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn remote_pod_gets_a_link_and_is_programmed_by_the_right_node() {
-    let mut c = Cluster::start().await;
-    eventually("Accepted=True", || async {
+async fn remote_pod_gets_a_link_and_is_programmed_by_the_right_node(target: Target) {
+    let Some(mut c) = Cluster::start_on(
+        target,
+        "remote_pod_gets_a_link_and_is_programmed_by_the_right_node",
+        Duration::from_secs(3600),
+    )
+    .await
+    else {
+        return;
+    };
+    c.eventually("Accepted=True", || async {
         c.condition("Accepted")
             .await
             .is_some_and(|(s, _)| s == "True")
     })
     .await;
-    eventually("the pod node's link claim lands", || async {
+    c.eventually("the pod node's link claim lands", || async {
         c.class()
             .await
             .status
@@ -313,7 +471,7 @@ async fn remote_pod_gets_a_link_and_is_programmed_by_the_right_node() {
     .await;
     // The serving node DNATs toward the pod node's end of the link; the pod node DNATs on
     // to the pod.
-    eventually(
+    c.eventually(
         "the serving node programs the DNAT over the link",
         || async {
             let n1 = c.agent("n1").host.applied();
@@ -322,11 +480,12 @@ async fn remote_pod_gets_a_link_and_is_programmed_by_the_right_node() {
         },
     )
     .await;
-    eventually("the pod node delivers to the pod", || async {
+    c.eventually("the pod node delivers to the pod", || async {
         dnat_targets(&c.agent("n2").host).contains(&"10.244.2.5".to_owned())
     })
     .await;
-    eventually("Programmed=True", || programmed_true(&c)).await;
+    c.eventually("Programmed=True", || programmed_true(&c))
+        .await;
     // The link exists at both ends, and the bystander programs nothing.
     assert_eq!(c.agent("n2").host.applied().links.len(), 1);
     assert_eq!(c.agent("n3").host.applied(), Default::default());
@@ -358,16 +517,16 @@ async fn remote_pod_gets_a_link_and_is_programmed_by_the_right_node() {
 
     // The pod moves to the serving node itself: the link goes, the DNAT follows.
     c.set_endpoint(Some(1), false).await;
-    eventually("the DNAT follows the pod", || async {
+    c.eventually("the DNAT follows the pod", || async {
         dnat_targets(&c.agent("n1").host) == ["10.244.1.5"]
     })
     .await;
-    eventually("the old link is gone on both ends", || async {
+    c.eventually("the old link is gone on both ends", || async {
         c.agent("n1").host.applied().links.is_empty()
             && c.agent("n2").host.applied().links.is_empty()
     })
     .await;
-    eventually("the status names the new endpoint", || async {
+    c.eventually("the status names the new endpoint", || async {
         c.portmap()
             .await
             .status
@@ -375,7 +534,7 @@ async fn remote_pod_gets_a_link_and_is_programmed_by_the_right_node() {
             .is_some_and(|e| e.node == "n1")
     })
     .await;
-    eventually("the unused claim is marked for collection", || async {
+    c.eventually("the unused claim is marked for collection", || async {
         c.class().await.status.is_some_and(|s| {
             s.links
                 .iter()
@@ -386,10 +545,18 @@ async fn remote_pod_gets_a_link_and_is_programmed_by_the_right_node() {
     c.stop_all().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn status_writer_changes_hands_when_no_node_serves() {
-    let mut c = Cluster::start().await;
-    eventually("Programmed=True", || programmed_true(&c)).await;
+async fn status_writer_changes_hands_when_no_node_serves(target: Target) {
+    let Some(mut c) = Cluster::start_on(
+        target,
+        "status_writer_changes_hands_when_no_node_serves",
+        Duration::from_secs(3600),
+    )
+    .await
+    else {
+        return;
+    };
+    c.eventually("Programmed=True", || programmed_true(&c))
+        .await;
     // Take n1 out of the class: nobody accepts, so the writer is the pod's node (n2).
     let before = c
         .agent("n2")
@@ -409,11 +576,11 @@ async fn status_writer_changes_hands_when_no_node_serves() {
         .replace("public", &PostParams::default(), &class)
         .await
         .expect("class replaced");
-    eventually("the old serving node's rules go", || async {
+    c.eventually("the old serving node's rules go", || async {
         dnat_targets(&c.agent("n1").host).is_empty()
     })
     .await;
-    eventually("a new writer reports Programmed=False", || async {
+    c.eventually("a new writer reports Programmed=False", || async {
         c.condition("Programmed")
             .await
             .is_some_and(|(s, _)| s == "False")
@@ -435,7 +602,7 @@ async fn status_writer_changes_hands_when_no_node_serves() {
         "another node took over the PortMap status (n1 wrote {n1_writes})"
     );
     // n1 no longer accepts: its row is removed, and n3's (not ready) row appears.
-    eventually("rows follow the class's nodes", || async {
+    c.eventually("rows follow the class's nodes", || async {
         c.class().await.status.is_some_and(|s| {
             s.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>() == ["n3"]
                 && !s.nodes[0].ready
@@ -448,7 +615,7 @@ async fn status_writer_changes_hands_when_no_node_serves() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_pod_nodes_claim_links_concurrently_and_get_distinct_slots() {
     let mut c = Cluster::start().await;
-    eventually("first link lands", || async {
+    c.eventually("first link lands", || async {
         c.class()
             .await
             .status
@@ -456,7 +623,7 @@ async fn two_pod_nodes_claim_links_concurrently_and_get_distinct_slots() {
     })
     .await;
     // A second mapping whose pod is on n3, plus a conflict storm on class status writes.
-    c.server.faults().fail_next(
+    c.model().faults().fail_next(
         6,
         Failure::Conflict,
         RequestFilter::writes().resource("portmapclasses").status(),
@@ -490,30 +657,31 @@ async fn two_pod_nodes_claim_links_concurrently_and_get_distinct_slots() {
         )
         .await
         .expect("portmap");
-    eventually("both claims land on distinct slots", || async {
+    c.eventually("both claims land on distinct slots", || async {
         c.class().await.status.is_some_and(|s| {
             let slots: Vec<i32> = s.links.iter().map(|l| l.slot).collect();
             s.links.len() == 2 && slots[0] != slots[1]
         })
     })
     .await;
-    eventually("the serving node holds both links", || async {
+    c.eventually("the serving node holds both links", || async {
         c.agent("n1").host.applied().links.len() == 2
     })
     .await;
-    assert!(c.server.faults().injected() >= 1, "the storm was injected");
+    assert!(c.model().faults().injected() >= 1, "the storm was injected");
     c.stop_all().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conflict_storms_on_portmap_status_converge() {
     let mut c = Cluster::start().await;
-    c.server.faults().fail_next(
+    c.model().faults().fail_next(
         20,
         Failure::Conflict,
         RequestFilter::writes().resource("portmaps").status(),
     );
-    eventually("Programmed=True despite 409s", || programmed_true(&c)).await;
+    c.eventually("Programmed=True despite 409s", || programmed_true(&c))
+        .await;
     assert!(
         c.agent("n1")
             .metrics
@@ -527,8 +695,9 @@ async fn conflict_storms_on_portmap_status_converge() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_api_outage_keeps_the_datapath_and_converges_after() {
     let mut c = Cluster::start_with(Duration::from_millis(300)).await;
-    eventually("Programmed=True", || programmed_true(&c)).await;
-    eventually("the pod node delivers to the pod", || async {
+    c.eventually("Programmed=True", || programmed_true(&c))
+        .await;
+    c.eventually("the pod node delivers to the pod", || async {
         dnat_targets(&c.agent("n2").host).contains(&"10.244.2.5".to_owned())
     })
     .await;
@@ -537,10 +706,10 @@ async fn an_api_outage_keeps_the_datapath_and_converges_after() {
         c.agent("n1").host.applied().nft,
         c.agent("n2").host.applied(),
     );
-    c.server.faults().pause();
+    c.model().faults().pause();
     // A host change during the outage: the next resync pass wants to write n1's row and cannot.
     c.agent("n1").host.lock().facts.underlay_mtu = Some(1400);
-    eventually("a pass fails on the unreachable API server", || async {
+    c.eventually("a pass fails on the unreachable API server", || async {
         c.agent("n1").metrics.passes_failed() > failed_before
     })
     .await;
@@ -558,8 +727,8 @@ async fn an_api_outage_keeps_the_datapath_and_converges_after() {
         n2_state,
         "the pod node keeps its half"
     );
-    c.server.faults().resume();
-    eventually("the row reports the new MTU after the outage", || async {
+    c.model().faults().resume();
+    c.eventually("the row reports the new MTU after the outage", || async {
         c.class().await.status.is_some_and(|s| {
             s.nodes
                 .iter()
@@ -571,10 +740,20 @@ async fn an_api_outage_keeps_the_datapath_and_converges_after() {
     c.stop_all().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_plain_stop_keeps_the_datapath_and_a_resync_after_convergence_writes_nothing() {
-    let mut c = Cluster::start_with(Duration::from_millis(300)).await;
-    eventually("Programmed=True", || programmed_true(&c)).await;
+async fn a_plain_stop_keeps_the_datapath_and_a_resync_after_convergence_writes_nothing(
+    target: Target,
+) {
+    let Some(mut c) = Cluster::start_on(
+        target,
+        "a_plain_stop_keeps_the_datapath_and_a_resync_after_convergence_writes_nothing",
+        Duration::from_millis(300),
+    )
+    .await
+    else {
+        return;
+    };
+    c.eventually("Programmed=True", || programmed_true(&c))
+        .await;
     // Converged: wait until a full set of resync passes has run with no write at all.
     let writes = |c: &Cluster| -> u64 {
         c.agents
@@ -583,7 +762,7 @@ async fn a_plain_stop_keeps_the_datapath_and_a_resync_after_convergence_writes_n
             .sum()
     };
     let mut stable = (writes(&c), c.agent("n1").metrics.passes_ok());
-    eventually("two resync passes in a row write nothing", || {
+    c.eventually("two resync passes in a row write nothing", || {
         let now = (writes(&c), c.agent("n1").metrics.passes_ok());
         let done = now.0 == stable.0 && now.1 >= stable.1 + 2;
         if now.0 != stable.0 {
@@ -726,9 +905,9 @@ async fn an_unreachable_api_server_at_stop_keeps_the_datapath() {
         .delete("kuport-agent", &Default::default())
         .await
         .expect("delete daemonset");
-    c.server.faults().pause();
+    c.model().faults().pause();
     let host = c.stop("n1").await;
-    c.server.faults().resume();
+    c.model().faults().resume();
     assert_eq!(host.lock().teardowns, 0, "no answer, no teardown");
     assert!(!dnat_targets(&host).is_empty());
     c.stop_all().await;
@@ -755,20 +934,9 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn endpoints_readiness_metrics_and_events() {
-    let server = ApiServer::builder().build().expect("model");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
-    tokio::spawn(server.clone().serve(listener));
+    let mut c = Cluster::on_model(ApiServer::builder().build().expect("model")).await;
     // Hold the API server so the first pass cannot happen before readiness is checked.
-    server.faults().pause();
-    let mut c = Cluster {
-        server,
-        client: client_for(&url),
-        url,
-        agents: Vec::new(),
-    };
+    c.model().faults().pause();
     c.start_agent(1, Duration::from_secs(3600));
     let n1 = c.agent("n1");
     n1.host.lock().counters = vec![MappingCounter {
@@ -787,15 +955,16 @@ async fn endpoints_readiness_metrics_and_events() {
 
     assert_eq!(http_get(addr, "/healthz").await.0, 200);
     assert_eq!(http_get(addr, "/readyz").await.0, 503, "no pass yet");
-    c.server.faults().resume();
+    c.model().faults().resume();
     c.seed().await;
     c.start_agent(2, Duration::from_secs(3600));
     c.start_agent(3, Duration::from_secs(3600));
-    eventually("ready after the first pass", || async {
+    c.eventually("ready after the first pass", || async {
         http_get(addr, "/readyz").await.0 == 200
     })
     .await;
-    eventually("Programmed=True", || programmed_true(&c)).await;
+    c.eventually("Programmed=True", || programmed_true(&c))
+        .await;
 
     let (code, text) = http_get(addr, "/metrics").await;
     assert_eq!(code, 200);
@@ -816,7 +985,7 @@ async fn endpoints_readiness_metrics_and_events() {
 
     // The Accepted and Programmed flips were announced on the PortMap.
     let events: Api<Event> = Api::namespaced(c.client.clone(), "games");
-    eventually("events on the PortMap's flips", || async {
+    c.eventually("events on the PortMap's flips", || async {
         let list = events.list(&ListParams::default()).await.expect("events");
         let reasons: Vec<String> = list
             .items
@@ -864,19 +1033,10 @@ async fn endpoints_readiness_metrics_and_events() {
     c.stop_all().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_link_event_rebuilds_the_datapath_at_once() {
-    let server = ApiServer::builder().build().expect("model");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
-    tokio::spawn(server.clone().serve(listener));
-    let mut c = Cluster {
-        server,
-        client: client_for(&url),
-        url,
-        agents: Vec::new(),
+async fn a_link_event_rebuilds_the_datapath_at_once(target: Target) {
+    let Some(mut c) = Cluster::empty_on(target, "a_link_event_rebuilds_the_datapath_at_once").await
+    else {
+        return;
     };
     c.seed().await;
     // The pod node's link events come from the test; the agent asks for the underlay device.
@@ -893,7 +1053,7 @@ async fn a_link_event_rebuilds_the_datapath_at_once() {
     c.start_agent(1, Duration::from_secs(3600));
     c.start_agent_with(2, Duration::from_secs(3600), Some(watch));
     c.start_agent(3, Duration::from_secs(3600));
-    eventually("the pod node programs its half", || async {
+    c.eventually("the pod node programs its half", || async {
         c.agent("n2").host.applied().links.len() == 1
     })
     .await;
@@ -912,9 +1072,67 @@ async fn a_link_event_rebuilds_the_datapath_at_once() {
     .await
     .expect("event sent");
     // No watch event and no resync is due: only the link event can cause this pass.
-    eventually("the link and rules are rebuilt", || async {
+    c.eventually("the link and rules are rebuilt", || async {
         c.agent("n2").host.applied() == programmed
     })
     .await;
     c.stop_all().await;
+}
+
+/// Declares `model` and `real` tests in a module named after each shared test function; the
+/// real one runs the agents under the shipped ClusterRole.
+macro_rules! on_both_servers {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn model() {
+                super::$name(super::Target::Model).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn real() {
+                let role = kuport_realapi::agent_role().expect("the agent's ClusterRole");
+                super::$name(super::Target::Real(Box::new(role))).await;
+            }
+        }
+    )*};
+}
+
+on_both_servers!(
+    remote_pod_gets_a_link_and_is_programmed_by_the_right_node,
+    status_writer_changes_hands_when_no_node_serves,
+    a_plain_stop_keeps_the_datapath_and_a_resync_after_convergence_writes_nothing,
+    a_link_event_rebuilds_the_datapath_at_once,
+);
+
+/// The control for the RBAC check: the first scenario, under the shipped role less `update` on
+/// `portmaps/status`, fails with the apiserver's 403 naming that verb and resource.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_rbac_control_a_missing_verb_fails_with_a_403_naming_it() {
+    let test = "real_rbac_control_a_missing_verb_fails_with_a_403_naming_it";
+    if !kuport_realapi::available_or_skip(test) {
+        return;
+    }
+    let role = kuport_realapi::without_verb(
+        kuport_realapi::agent_role().expect("the agent's ClusterRole"),
+        "portmaps/status",
+        "update",
+    );
+    let scenario = tokio::spawn(remote_pod_gets_a_link_and_is_programmed_by_the_right_node(
+        Target::Real(Box::new(role)),
+    ));
+    let failure = scenario
+        .await
+        .expect_err("the scenario must fail without update on portmaps/status");
+    let payload = failure.into_panic();
+    let message = payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_default();
+    assert!(
+        message.contains("the agent's ClusterRole refused")
+            && message.contains("update portmaps/status games/game")
+            && message.contains("cannot update resource \"portmaps/status\""),
+        "the failure does not name the missing verb: {message}"
+    );
 }

@@ -100,6 +100,31 @@ impl ApiError {
         .with_details(resource.details(name))
     }
 
+    /// A custom resource with fields its schema does not know, under `fieldValidation=Strict`,
+    /// worded as the real server words it (checked against kube-apiserver 1.37): a sent object
+    /// is 400 `<Kind> in version "<v>" cannot be handled as a <Kind>: strict decoding error: ...`;
+    /// a patched one is 422 Invalid on the field `patch`, quoting the patched object.
+    pub fn strict_decoding(
+        resource: &Resource,
+        object: &Value,
+        unknown: &str,
+        patch: bool,
+    ) -> Self {
+        let kind = &resource.kind;
+        if !patch {
+            return Self::bad_request(format!(
+                "{kind} in version \"{}\" cannot be handled as a {kind}: strict decoding error: {unknown}",
+                resource.version
+            ));
+        }
+        let quoted = serde_json::to_string(&Value::String(object.to_string())).unwrap_or_default();
+        let message = format!("Invalid value: {quoted}: strict decoding error: {unknown}");
+        Self::new(422, "Invalid", format!(" \"\" is invalid: patch: {message}")).with_details(
+            json!({"name": "", "group": "", "kind": "",
+                   "causes": [{"reason": "FieldValueInvalid", "message": message, "field": "patch"}]}),
+        )
+    }
+
     /// 409 AlreadyExists on create.
     pub fn already_exists(resource: &Resource, name: &str) -> Self {
         Self::new(

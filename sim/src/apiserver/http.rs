@@ -122,6 +122,7 @@ async fn route(server: &ApiServer, req: Request) -> Result<Response, ApiError> {
     let opts = WriteOpts {
         dry_run: query.get("dryRun").is_some_and(|v| v == "All"),
         strict: query.get("fieldValidation").is_some_and(|v| v == "Strict"),
+        patch: parts.method == Method::PATCH,
     };
     let table = accept.contains("as=Table");
     let include = IncludeObject::parse(query.get("includeObject").map(String::as_str));

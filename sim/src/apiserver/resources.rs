@@ -36,6 +36,9 @@ pub struct Resource {
     /// Field-selector labels beyond `metadata.name` and `metadata.namespace`, with the JSON path
     /// each reads (the real server supports a fixed set per kind and refuses others).
     pub field_labels: Vec<(&'static str, &'static [&'static str])>,
+    /// Whether the real server selects this kind with apimachinery's default conversion (only
+    /// `metadata.name` and `metadata.namespace`), which words a refusal differently.
+    pub default_field_conversion: bool,
     /// Server-side printing columns after `Name`.
     pub columns: Vec<Column>,
     /// For custom resources: the CRD's schema and name.
@@ -104,6 +107,7 @@ struct BuiltIn {
     status_subresource: bool,
     keep_status_on_create: bool,
     field_labels: &'static [(&'static str, &'static [&'static str])],
+    default_field_conversion: bool,
     /// (name, type, JSONPath, priority)
     columns: &'static [(&'static str, &'static str, &'static str, i32)],
 }
@@ -157,6 +161,7 @@ const BUILT_INS: &[BuiltIn] = &[
         status_subresource: true,
         keep_status_on_create: false,
         field_labels: &[("status.phase", &["status", "phase"])],
+        default_field_conversion: false,
         columns: &[("Status", "string", ".status.phase", 0), AGE],
     },
     BuiltIn {
@@ -169,6 +174,7 @@ const BUILT_INS: &[BuiltIn] = &[
         status_subresource: true,
         keep_status_on_create: true,
         field_labels: &[("spec.unschedulable", &["spec", "unschedulable"])],
+        default_field_conversion: false,
         columns: &[
             AGE,
             (
@@ -188,7 +194,11 @@ const BUILT_INS: &[BuiltIn] = &[
         short_names: &["svc"],
         status_subresource: true,
         keep_status_on_create: false,
-        field_labels: &[],
+        field_labels: &[
+            ("spec.clusterIP", &["spec", "clusterIP"]),
+            ("spec.type", &["spec", "type"]),
+        ],
+        default_field_conversion: false,
         columns: &[
             ("Type", "string", ".spec.type", 0),
             ("Cluster-IP", "string", ".spec.clusterIP", 0),
@@ -205,6 +215,7 @@ const BUILT_INS: &[BuiltIn] = &[
         status_subresource: false,
         keep_status_on_create: true,
         field_labels: &[],
+        default_field_conversion: true,
         columns: &[AGE],
     },
     BuiltIn {
@@ -217,6 +228,7 @@ const BUILT_INS: &[BuiltIn] = &[
         status_subresource: false,
         keep_status_on_create: true,
         field_labels: EVENT_FIELDS,
+        default_field_conversion: false,
         columns: &[
             ("Type", "string", ".type", 0),
             ("Reason", "string", ".reason", 0),
@@ -237,6 +249,7 @@ const BUILT_INS: &[BuiltIn] = &[
         status_subresource: true,
         keep_status_on_create: true,
         field_labels: &[("spec.nodeName", &["spec", "nodeName"])],
+        default_field_conversion: false,
         columns: &[("Status", "string", ".status.phase", 0), AGE],
     },
     BuiltIn {
@@ -249,6 +262,7 @@ const BUILT_INS: &[BuiltIn] = &[
         status_subresource: true,
         keep_status_on_create: false,
         field_labels: &[],
+        default_field_conversion: true,
         columns: &[AGE],
     },
     BuiltIn {
@@ -260,7 +274,8 @@ const BUILT_INS: &[BuiltIn] = &[
         short_names: &[],
         status_subresource: false,
         keep_status_on_create: true,
-        field_labels: &[("addressType", &["addressType"])],
+        field_labels: &[],
+        default_field_conversion: true,
         columns: &[("AddressType", "string", ".addressType", 0), AGE],
     },
     BuiltIn {
@@ -273,6 +288,7 @@ const BUILT_INS: &[BuiltIn] = &[
         status_subresource: false,
         keep_status_on_create: true,
         field_labels: EVENTS_K8S_IO_FIELDS,
+        default_field_conversion: false,
         columns: &[
             ("Type", "string", ".type", 0),
             ("Reason", "string", ".reason", 0),
@@ -314,6 +330,7 @@ fn built_in(b: &BuiltIn) -> Result<Resource, BuildError> {
         status_subresource: b.status_subresource,
         keep_status_on_create: b.keep_status_on_create,
         field_labels: b.field_labels.to_vec(),
+        default_field_conversion: b.default_field_conversion,
         columns,
         custom: None,
         stored_as: None,
@@ -389,6 +406,7 @@ pub fn from_crd(crd: &CustomResourceDefinition) -> Result<Resource, BuildError> 
             .is_some_and(|s| s.status.is_some()),
         keep_status_on_create: false,
         field_labels: Vec::new(),
+        default_field_conversion: false,
         columns,
         custom: Some(Custom { crd_name, schema }),
         stored_as: None,

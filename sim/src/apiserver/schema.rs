@@ -363,11 +363,14 @@ pub fn check_cel(schema: &Value, object: &Value, old: Option<&Value>) -> Vec<Cau
             .iter()
             .map(|e| {
                 let field = e.field_path.clone();
-                let value = lookup(object, &field);
-                let message = match e.kind {
-                    ErrorKind::ValidationFailure => {
+                let value = scalar_at(object, &field);
+                let message = match (&e.kind, value) {
+                    // The real server (1.37) quotes a scalar's value and leaves an object's out:
+                    // `spec: Invalid value: endPort is immutable: ...`.
+                    (ErrorKind::ValidationFailure, Some(value)) => {
                         format!("Invalid value: {}: {}", shown(&value), e.message)
                     }
+                    (ErrorKind::ValidationFailure, None) => format!("Invalid value: {}", e.message),
                     _ => format!("Internal error: rule {:?}: {}", e.rule, e.message),
                 };
                 let reason = match e.reason.as_deref() {
@@ -383,17 +386,14 @@ pub fn check_cel(schema: &Value, object: &Value, old: Option<&Value>) -> Vec<Cau
     }
 }
 
-/// The value at a dotted field path (`spec.port`), or the type name the real server prints
-/// for an object when the path names one.
-fn lookup(object: &Value, path: &str) -> Value {
-    let found = path
-        .split('.')
+/// The scalar at a dotted field path (`spec.port`); `None` when the path names an object or
+/// nothing.
+fn scalar_at(object: &Value, path: &str) -> Option<Value> {
+    path.split('.')
         .filter(|s| !s.is_empty())
-        .try_fold(object, |v, k| v.get(k));
-    match found {
-        Some(Value::Object(_)) | None => Value::String("object".to_owned()),
-        Some(v) => v.clone(),
-    }
+        .try_fold(object, |v, k| v.get(k))
+        .filter(|v| !v.is_object())
+        .cloned()
 }
 
 /// Whether a name is a DNS-1123 subdomain (most kinds) or, with `label`, a DNS-1123 label

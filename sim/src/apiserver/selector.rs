@@ -128,7 +128,8 @@ pub struct FieldSelector(Vec<(Vec<String>, String, bool)>);
 
 impl FieldSelector {
     /// Parses the `fieldSelector` query parameter. A label the kind does not support is refused
-    /// with the real server's wording (`field label not supported: x`).
+    /// with the real server's wording (`field label not supported: x`, or for kinds with only
+    /// the default labels `"x" is not a known field selector: only ...`).
     pub fn parse(text: &str, resource: &Resource) -> Result<Self, ApiError> {
         let mut reqs = Vec::new();
         for term in text.split(',').map(str::trim).filter(|t| !t.is_empty()) {
@@ -144,7 +145,14 @@ impl FieldSelector {
                 )));
             };
             let path = resource.field_label(label.trim()).ok_or_else(|| {
-                ApiError::bad_request(format!("field label not supported: {}", label.trim()))
+                let label = label.trim();
+                ApiError::bad_request(if resource.default_field_conversion {
+                    format!(
+                        "\"{label}\" is not a known field selector: only \"metadata.name\", \"metadata.namespace\""
+                    )
+                } else {
+                    format!("field label not supported: {label}")
+                })
             })?;
             reqs.push((
                 path.into_iter().map(str::to_owned).collect(),

@@ -153,6 +153,9 @@ pub(crate) struct WriteOpts {
     pub dry_run: bool,
     /// `fieldValidation=Strict`: unknown fields are an error instead of being pruned.
     pub strict: bool,
+    /// The write is a PATCH: the real server reports strict-decoding errors of a patched object
+    /// differently from those of a sent one.
+    pub patch: bool,
 }
 
 /// A parsed list request.
@@ -395,19 +398,19 @@ impl Inner {
                 .iter()
                 .map(|f| format!("unknown field \"{f}\""))
                 .collect();
-            return Err(ApiError::bad_request(format!(
-                "{}.{} \"{name}\": strict decoding error: {}",
-                r.kind,
-                r.group,
-                list.join(", ")
-            )));
+            return Err(ApiError::strict_decoding(
+                r,
+                object,
+                &list.join(", "),
+                opts.patch,
+            ));
         }
         *object = kube::core::cel::apply_defaults(&custom.schema, object);
         let mut causes = Vec::new();
         schema::check(&custom.schema, object, "", &mut causes);
-        if causes.is_empty() {
-            causes = schema::check_cel(&custom.schema, object, old);
-        }
+        // The real server evaluates the CEL rules whether or not the schema checks passed, and
+        // lists the schema's causes first.
+        causes.extend(schema::check_cel(&custom.schema, object, old));
         if causes.is_empty() {
             Ok(())
         } else {

@@ -8,11 +8,23 @@ use kuport_core::api::{PortMap, PortMapClass};
 use kuport_sim::apiserver::{ApiServer, ApiServerBuilder};
 use serde_json::{Value, json};
 
-/// A running model with a client pointed at it. The server task ends with the test's runtime.
+/// Which API server a shared test runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// The model in `kuport_sim::apiserver`, in process.
+    Model,
+    /// A real etcd and kube-apiserver with the shipped CRDs installed (`kuport-realapi`).
+    Real,
+}
+
+/// A running API server with an admin client pointed at it. The model's task ends with the
+/// test's runtime; a real control plane is stopped when this is dropped.
 pub struct TestServer {
-    pub server: ApiServer,
+    model: Option<ApiServer>,
     pub client: kube::Client,
     pub url: String,
+    kubeconfig: Option<tempfile::NamedTempFile>,
+    real: Option<kuport_realapi::ControlPlane>,
 }
 
 pub async fn start_with(builder: &ApiServerBuilder) -> TestServer {
@@ -25,9 +37,11 @@ pub async fn start_with(builder: &ApiServerBuilder) -> TestServer {
     let config = kube::Config::new(url.parse().expect("url parses"));
     let client = kube::Client::try_from(config).expect("client builds");
     TestServer {
-        server,
+        model: Some(server),
         client,
         url,
+        kubeconfig: None,
+        real: None,
     }
 }
 
@@ -35,7 +49,78 @@ pub async fn start() -> TestServer {
     start_with(&ApiServer::builder()).await
 }
 
+/// Starts `target` for the shared test `test`, or `None` (after one line) when the real
+/// control plane is not built and not required. `controllers` are the kube-controller-manager
+/// controllers the test needs on a real server (the model does their work itself).
+pub async fn start_on(target: Target, test: &str, controllers: &[&str]) -> Option<TestServer> {
+    match target {
+        Target::Model => Some(start().await),
+        Target::Real => {
+            let options = kuport_realapi::Options {
+                controllers: controllers.iter().map(|c| (*c).to_owned()).collect(),
+            };
+            let cp = kuport_realapi::ControlPlane::start_or_skip(test, options).await?;
+            cp.install_crds(std::path::Path::new(kuport_realapi::CRD_DIR))
+                .await
+                .expect("the shipped CRDs install and become Established");
+            let client = cp.admin_client().await.expect("admin client");
+            Some(TestServer {
+                model: None,
+                client,
+                url: cp.url().to_owned(),
+                kubeconfig: None,
+                real: Some(cp),
+            })
+        }
+    }
+}
+
+/// Declares `model` and `real` tests in a module named after each shared test function, which
+/// takes the [`Target`]. Test files declare `#[macro_use] mod common;`.
+#[allow(unused_macros)]
+macro_rules! on_both_servers {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test]
+            async fn model() {
+                super::$name(crate::common::Target::Model).await;
+            }
+            #[tokio::test]
+            async fn real() {
+                super::$name(crate::common::Target::Real).await;
+            }
+        }
+    )*};
+}
+
 impl TestServer {
+    /// The model behind this server; panics on a real server (model-only tests use `start`).
+    pub fn model(&self) -> &ApiServer {
+        self.model
+            .as_ref()
+            .expect("a model-only check ran against the real server")
+    }
+
+    /// Whether this is the real control plane.
+    pub fn is_real(&self) -> bool {
+        self.real.is_some()
+    }
+
+    /// A kubeconfig file for kubectl: the real control plane's admin one, or one written for
+    /// the model's URL.
+    pub fn kubeconfig(&mut self) -> std::path::PathBuf {
+        if let Some(cp) = &self.real {
+            return cp.kubeconfig().to_path_buf();
+        }
+        let file = self.kubeconfig.get_or_insert_with(|| {
+            let file = tempfile::NamedTempFile::new().expect("kubeconfig file");
+            std::fs::write(file.path(), kuport_sim::apiserver::kubeconfig(&self.url))
+                .expect("kubeconfig written");
+            file
+        });
+        file.path().to_path_buf()
+    }
+
     /// An untyped API for PortMaps in a namespace: lets tests send what the Rust type cannot
     /// (out-of-range ports, missing fields, unknown enum values).
     pub fn raw_portmaps(&self, ns: &str) -> Api<DynamicObject> {

@@ -1,0 +1,839 @@
+//! Test support: a real Kubernetes control plane (etcd, kube-apiserver and optionally
+//! kube-controller-manager) on free loopback ports, started the way controller-runtime's envtest
+//! starts one: an admin authenticated by a static token, service-account keys made at start,
+//! `--advertise-address=127.0.0.1` and RBAC authorization. The binaries come from
+//! `e2e/controlplane` (`just control-plane`), which builds them into a cache keyed by the
+//! Kubernetes version.
+//!
+//! Every process is stopped by pid when the [`ControlPlane`] is dropped, which also happens when
+//! a test panics; the scratch directory (certificates, etcd data, logs, the kubeconfig) goes with
+//! it, except after a panic, when it is kept and its path printed so the logs can be read.
+//!
+//! Tests call [`ControlPlane::start_or_skip`]: without the binaries it prints one line and
+//! returns `None`, unless `KUPORT_REQUIRE_REAL_APISERVER=1`, when it panics instead.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use serde_json::{Value, json};
+use tokio::process::{Child, Command};
+use tokio::sync::{Semaphore, SemaphorePermit};
+
+/// The agent's ClusterRole (the one named [`AGENT_ROLE_NAME`] in this multi-document file).
+pub const AGENT_ROLE_FILE: &str =
+    concat!(env!("CARGO_MANIFEST_DIR"), "/rbac/agent-clusterrole.yaml");
+/// The name of the agent's ClusterRole in [`AGENT_ROLE_FILE`].
+pub const AGENT_ROLE_NAME: &str = "kuport-agent";
+/// The generated CRDs the product ships.
+pub const CRD_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../crds");
+/// Set to 1 to turn "binaries missing" from a skip into a failure (CI sets it).
+pub const REQUIRE_ENV: &str = "KUPORT_REQUIRE_REAL_APISERVER";
+
+const CONTROLPLANE_GO_MOD: &str = include_str!("../../controlplane/go.mod");
+const READY_DEADLINE: Duration = Duration::from_secs(90);
+const ADMIN_USER: &str = "kuport-admin";
+
+/// How many control planes one test process runs at once (they are CPU heavy on small
+/// machines). Tests queue on it inside [`ControlPlane::start`].
+static RUNNING: Semaphore = Semaphore::const_new(1);
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{what}: {source}")]
+    Kube {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("{0}")]
+    Other(String),
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
+    let what = what.into();
+    move |source| Error::Io { what, source }
+}
+
+fn kube_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+    let what = what.into();
+    move |source| Error::Kube { what, source }
+}
+
+/// The Kubernetes release `e2e/controlplane/go.mod` pins (`v1.X.Y`).
+pub fn kubernetes_version() -> Option<&'static str> {
+    CONTROLPLANE_GO_MOD.lines().find_map(|line| {
+        let mut words = line.split_whitespace();
+        let first = words.next()?;
+        let (module, version) = if first == "require" {
+            (words.next()?, words.next()?)
+        } else {
+            (first, words.next()?)
+        };
+        (module == "k8s.io/kubernetes").then_some(version)
+    })
+}
+
+/// Where the binaries are: `KUPORT_CONTROLPLANE_DIR`, else
+/// `${KUPORT_CONTROLPLANE_CACHE:-/var/cache/kuport/controlplane}/<kubernetes version>`.
+pub fn binary_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("KUPORT_CONTROLPLANE_DIR") {
+        return PathBuf::from(dir);
+    }
+    let root = std::env::var_os("KUPORT_CONTROLPLANE_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/kuport/controlplane"));
+    root.join(kubernetes_version().unwrap_or("unknown"))
+}
+
+fn binaries_present(dir: &Path) -> bool {
+    ["etcd", "kube-apiserver", "kube-controller-manager"]
+        .iter()
+        .all(|b| dir.join(b).is_file())
+}
+
+/// Whether a missing control plane fails (CI) rather than skips (a developer's machine).
+pub fn required() -> bool {
+    std::env::var(REQUIRE_ENV).is_ok_and(|v| v == "1")
+}
+
+/// What to start besides etcd and kube-apiserver.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Start kube-controller-manager running only these controllers (for example
+    /// `namespace-controller`, `endpointslice-controller`, `node-lifecycle-controller`). Empty:
+    /// no controller-manager.
+    pub controllers: Vec<String>,
+}
+
+/// A running control plane. Dropping it kills every process it started and removes its files.
+pub struct ControlPlane {
+    url: String,
+    token: String,
+    dir: Option<tempfile::TempDir>,
+    kubeconfig: PathBuf,
+    audit_log: PathBuf,
+    // Killed in reverse start order: controller-manager, apiserver, etcd.
+    children: Vec<(&'static str, Child)>,
+    _permit: SemaphorePermit<'static>,
+}
+
+fn free_port() -> Result<u16, Error> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(io("bind a free loopback port"))?;
+    let port = listener
+        .local_addr()
+        .map_err(io("read the free port's address"))?
+        .port();
+    Ok(port)
+}
+
+fn write(path: &Path, contents: &str) -> Result<(), Error> {
+    std::fs::write(path, contents).map_err(io(format!("write {}", path.display())))
+}
+
+fn random_token() -> Result<String, Error> {
+    use std::io::Read as _;
+    let mut bytes = [0u8; 24];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(io("read /dev/urandom for the admin token"))?;
+    let mut token = String::new();
+    for b in bytes {
+        let _ = write!(token, "{b:02x}");
+    }
+    Ok(token)
+}
+
+struct Pki {
+    ca: String,
+    serving_cert: String,
+    serving_key: String,
+    sa_key: String,
+    sa_pub: String,
+}
+
+fn make_pki() -> Result<Pki, Error> {
+    let err = |what: &'static str| move |e: rcgen::Error| Error::Other(format!("{what}: {e}"));
+    let ca_key = rcgen::KeyPair::generate().map_err(err("generate the CA key"))?;
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new())
+        .map_err(err("CA certificate parameters"))?;
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "kuport-realapi-ca");
+    ca_params.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca =
+        rcgen::CertifiedIssuer::self_signed(ca_params, ca_key).map_err(err("self-sign the CA"))?;
+    let serving_key = rcgen::KeyPair::generate().map_err(err("generate the serving key"))?;
+    let mut params =
+        rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+            .map_err(err("serving certificate parameters"))?;
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "kube-apiserver");
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    let serving = params
+        .signed_by(&serving_key, &ca)
+        .map_err(err("sign the serving certificate"))?;
+    let sa = rcgen::KeyPair::generate().map_err(err("generate the service-account key"))?;
+    Ok(Pki {
+        ca: ca.pem(),
+        serving_cert: serving.pem(),
+        serving_key: serving_key.serialize_pem(),
+        sa_key: sa.serialize_pem(),
+        sa_pub: sa.public_key_pem(),
+    })
+}
+
+fn spawn(
+    name: &'static str,
+    binary: &Path,
+    args: &[String],
+    log: &Path,
+) -> Result<(&'static str, Child), Error> {
+    let out = std::fs::File::create(log).map_err(io(format!("create {}", log.display())))?;
+    let err = out
+        .try_clone()
+        .map_err(io(format!("reopen {}", log.display())))?;
+    let child = Command::new(binary)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(out))
+        .stderr(Stdio::from(err))
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(io(format!("start {}", binary.display())))?;
+    Ok((name, child))
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Whether the control plane can start here; prints the one skip line for `test` when not
+/// (and panics instead under `KUPORT_REQUIRE_REAL_APISERVER=1`).
+pub fn available_or_skip(test: &str) -> bool {
+    let dir = binary_dir();
+    if binaries_present(&dir) {
+        return true;
+    }
+    assert!(
+        !required(),
+        "{test}: no control-plane binaries in {} and {REQUIRE_ENV}=1 (build them: just control-plane)",
+        dir.display()
+    );
+    eprintln!(
+        "skipping {test}: no control-plane binaries in {} (build them: just control-plane)",
+        dir.display()
+    );
+    false
+}
+
+/// `role` without `verb` on `resource` (for example `portmaps/status`): rules granting it are
+/// split so every other grant stays. For the RBAC control tests.
+pub fn without_verb(mut role: ClusterRole, resource: &str, verb: &str) -> ClusterRole {
+    let mut rules = Vec::new();
+    for mut rule in role.rules.take().unwrap_or_default() {
+        let resources = rule.resources.clone().unwrap_or_default();
+        if resources.iter().any(|r| r == resource) && rule.verbs.iter().any(|v| v == verb) {
+            let mut narrowed = rule.clone();
+            narrowed.resources = Some(vec![resource.to_owned()]);
+            narrowed.verbs.retain(|v| v != verb);
+            rule.resources = Some(resources.into_iter().filter(|r| r != resource).collect());
+            if rule.resources.as_ref().is_some_and(|r| !r.is_empty()) {
+                rules.push(rule);
+            }
+            if !narrowed.verbs.is_empty() {
+                rules.push(narrowed);
+            }
+        } else {
+            rules.push(rule);
+        }
+    }
+    role.rules = Some(rules);
+    role
+}
+
+impl ControlPlane {
+    /// Starts a control plane, or returns `None` after printing one line when the binaries are
+    /// not built (panicking instead under `KUPORT_REQUIRE_REAL_APISERVER=1`). `test` names the
+    /// caller in that line.
+    pub async fn start_or_skip(test: &str, options: Options) -> Option<Self> {
+        if !available_or_skip(test) {
+            return None;
+        }
+        let dir = binary_dir();
+        match Self::start(&dir, options).await {
+            Ok(cp) => Some(cp),
+            Err(e) => panic!("{test}: starting the control plane: {e}"),
+        }
+    }
+
+    /// Starts etcd and kube-apiserver (and kube-controller-manager when asked) from `bin` and
+    /// waits until the apiserver reports ready.
+    pub async fn start(bin: &Path, options: Options) -> Result<Self, Error> {
+        let permit = RUNNING
+            .acquire()
+            .await
+            .map_err(|e| Error::Other(format!("wait for a control-plane slot: {e}")))?;
+        sweep_abandoned(&std::env::temp_dir());
+        let tmp = tempfile::Builder::new()
+            .prefix(SCRATCH_PREFIX)
+            .tempdir()
+            .map_err(io("create the control plane's scratch directory"))?;
+        let root = tmp.path().to_path_buf();
+        let path = |name: &str| root.join(name);
+        let pki = make_pki()?;
+        write(&path("ca.crt"), &pki.ca)?;
+        write(&path("apiserver.crt"), &pki.serving_cert)?;
+        write(&path("apiserver.key"), &pki.serving_key)?;
+        write(&path("sa.key"), &pki.sa_key)?;
+        write(&path("sa.pub"), &pki.sa_pub)?;
+        let token = random_token()?;
+        write(
+            &path("tokens.csv"),
+            &format!("{token},{ADMIN_USER},{ADMIN_USER},\"system:masters\"\n"),
+        )?;
+        write(
+            &path("audit-policy.yaml"),
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n  - level: Metadata\n",
+        )?;
+
+        let (etcd_port, peer_port, api_port) = (free_port()?, free_port()?, free_port()?);
+        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let url = format!("https://127.0.0.1:{api_port}");
+        let mut cp = Self {
+            url: url.clone(),
+            token: token.clone(),
+            kubeconfig: path("kubeconfig"),
+            audit_log: path("audit.log"),
+            dir: Some(tmp),
+            children: Vec::new(),
+            _permit: permit,
+        };
+        let s = |p: &str| path(p).display().to_string();
+        let etcd_args = vec![
+            "--name=default".to_owned(),
+            format!("--data-dir={}", s("etcd")),
+            format!("--listen-client-urls={etcd_url}"),
+            format!("--advertise-client-urls={etcd_url}"),
+            format!("--listen-peer-urls={peer_url}"),
+            format!("--initial-advertise-peer-urls={peer_url}"),
+            format!("--initial-cluster=default={peer_url}"),
+            "--unsafe-no-fsync=true".to_owned(),
+            "--log-level=warn".to_owned(),
+        ];
+        cp.children.push(spawn(
+            "etcd",
+            &bin.join("etcd"),
+            &etcd_args,
+            &path("etcd.log"),
+        )?);
+        let api_args = vec![
+            format!("--etcd-servers={etcd_url}"),
+            format!("--secure-port={api_port}"),
+            "--bind-address=127.0.0.1".to_owned(),
+            "--advertise-address=127.0.0.1".to_owned(),
+            format!("--cert-dir={}", s("certs")),
+            format!("--tls-cert-file={}", s("apiserver.crt")),
+            format!("--tls-private-key-file={}", s("apiserver.key")),
+            format!("--token-auth-file={}", s("tokens.csv")),
+            "--authorization-mode=RBAC".to_owned(),
+            format!("--service-account-key-file={}", s("sa.pub")),
+            format!("--service-account-signing-key-file={}", s("sa.key")),
+            format!("--service-account-issuer={url}"),
+            "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
+            "--allow-privileged=true".to_owned(),
+            // The kubernetes Service cannot point at a loopback address; envtest turns it off too.
+            "--endpoint-reconciler-type=none".to_owned(),
+            format!("--audit-policy-file={}", s("audit-policy.yaml")),
+            format!("--audit-log-path={}", s("audit.log")),
+            "--audit-log-mode=blocking".to_owned(),
+            "--v=1".to_owned(),
+        ];
+        cp.children.push(spawn(
+            "kube-apiserver",
+            &bin.join("kube-apiserver"),
+            &api_args,
+            &path("kube-apiserver.log"),
+        )?);
+        cp.record_pids()?;
+        cp.write_kubeconfig()?;
+        cp.wait_ready("kube-apiserver.log").await?;
+        if !options.controllers.is_empty() {
+            let kcm_args = vec![
+                format!("--kubeconfig={}", cp.kubeconfig.display()),
+                format!("--controllers={}", options.controllers.join(",")),
+                "--leader-elect=false".to_owned(),
+                "--secure-port=0".to_owned(),
+                "--use-service-account-credentials=false".to_owned(),
+                // Node-lifecycle: mark a node NotReady 10s after its last heartbeat.
+                "--node-monitor-grace-period=10s".to_owned(),
+                "--node-monitor-period=1s".to_owned(),
+                "--v=1".to_owned(),
+            ];
+            cp.children.push(spawn(
+                "kube-controller-manager",
+                &bin.join("kube-controller-manager"),
+                &kcm_args,
+                &path("kube-controller-manager.log"),
+            )?);
+            cp.record_pids()?;
+        }
+        Ok(cp)
+    }
+
+    fn root(&self) -> &Path {
+        self.dir
+            .as_ref()
+            .map(tempfile::TempDir::path)
+            .unwrap_or_else(|| Path::new("/nonexistent"))
+    }
+
+    /// Writes `pids`: this process's pid, then each child's, so a later start can stop the
+    /// processes of a test process that was killed before its drop ran.
+    fn record_pids(&self) -> Result<(), Error> {
+        let mut text = format!("{}\n", std::process::id());
+        for (_, child) in &self.children {
+            if let Some(pid) = child.id() {
+                let _ = writeln!(text, "{pid}");
+            }
+        }
+        write(&self.root().join("pids"), &text)
+    }
+
+    fn write_kubeconfig(&self) -> Result<(), Error> {
+        let ca = self.root().join("ca.crt");
+        let config = json!({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "kuport-realapi", "cluster": {
+                "server": self.url, "certificate-authority": ca.display().to_string()}}],
+            "users": [{"name": ADMIN_USER, "user": {"token": self.token}}],
+            "contexts": [{"name": "kuport-realapi",
+                          "context": {"cluster": "kuport-realapi", "user": ADMIN_USER}}],
+            "current-context": "kuport-realapi",
+        });
+        write(&self.kubeconfig, &config.to_string())
+    }
+
+    async fn wait_ready(&mut self, log: &str) -> Result<(), Error> {
+        let client = self.admin_client().await?;
+        let deadline = tokio::time::Instant::now() + READY_DEADLINE;
+        let mut last;
+        loop {
+            let exited =
+                self.children
+                    .iter_mut()
+                    .find_map(|(name, child)| match child.try_wait() {
+                        Ok(Some(status)) => Some((*name, status)),
+                        _ => None,
+                    });
+            if let Some((name, status)) = exited {
+                return Err(Error::Other(format!(
+                    "{name} exited with {status} before the apiserver was ready; its log ends:\n{}",
+                    tail(&self.root().join(format!("{name}.log")), 30)
+                )));
+            }
+            let request = http::Request::get("/readyz")
+                .body(Vec::new())
+                .map_err(|e| Error::Other(format!("build GET /readyz: {e}")))?;
+            match client.request_text(request).await {
+                Ok(body) if body.trim() == "ok" => return Ok(()),
+                Ok(body) => last = body,
+                Err(e) => last = e.to_string(),
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(Error::Other(format!(
+                    "kube-apiserver at {} not ready after {READY_DEADLINE:?} (last answer: {last}); {log} ends:\n{}",
+                    self.url,
+                    tail(&self.root().join(log), 30)
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// The apiserver's URL (`https://127.0.0.1:<port>`).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// An admin kubeconfig (token in `system:masters`, the generated CA) for kubectl.
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The audit log (every request at Metadata level).
+    pub fn audit_log(&self) -> &Path {
+        &self.audit_log
+    }
+
+    async fn client_for_user(&self, user: &str, token: &str) -> Result<kube::Client, Error> {
+        let ca = self.root().join("ca.crt");
+        let config = json!({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "c", "cluster": {
+                "server": self.url, "certificate-authority": ca.display().to_string()}}],
+            "users": [{"name": user, "user": {"token": token}}],
+            "contexts": [{"name": "c", "context": {"cluster": "c", "user": user}}],
+            "current-context": "c",
+        });
+        let kubeconfig: Kubeconfig = serde_json::from_value(config)
+            .map_err(|e| Error::Other(format!("kubeconfig for {user}: {e}")))?;
+        let config =
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .map_err(|e| Error::Other(format!("client config for {user}: {e}")))?;
+        kube::Client::try_from(config).map_err(kube_err(format!("client for {user}")))
+    }
+
+    /// A client authenticated as the admin (`system:masters`).
+    pub async fn admin_client(&self) -> Result<kube::Client, Error> {
+        self.client_for_user(ADMIN_USER, &self.token).await
+    }
+
+    /// Creates the CRDs in `dir` (every `*.yaml`) and waits until each is `Established` and its
+    /// resource is served.
+    pub async fn install_crds(&self, dir: &Path) -> Result<Vec<String>, Error> {
+        let client = self.admin_client().await?;
+        let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(io(format!("list {}", dir.display())))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+            .collect();
+        files.sort();
+        let mut names = Vec::new();
+        for file in &files {
+            let text =
+                std::fs::read_to_string(file).map_err(io(format!("read {}", file.display())))?;
+            let crd: CustomResourceDefinition = serde_saphyr::from_str(&text)
+                .map_err(|e| Error::Other(format!("parse {}: {e}", file.display())))?;
+            let name = crd.metadata.name.clone().unwrap_or_default();
+            api.create(&PostParams::default(), &crd)
+                .await
+                .map_err(kube_err(format!(
+                    "create CRD {name} from {}",
+                    file.display()
+                )))?;
+            names.push((name, crd));
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        for (name, crd) in &names {
+            loop {
+                let got = api
+                    .get(name)
+                    .await
+                    .map_err(kube_err(format!("get CRD {name}")))?;
+                let established = got
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|cs| {
+                        cs.iter()
+                            .any(|c| c.type_ == "Established" && c.status == "True")
+                    });
+                if established {
+                    break;
+                }
+                if tokio::time::Instant::now() > deadline {
+                    return Err(Error::Other(format!(
+                        "CRD {name} not Established after 60s: {:?}",
+                        got.status
+                    )));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            // Established is set before every apiserver handler serves the resource: list
+            // until it answers.
+            let version = crd
+                .spec
+                .versions
+                .iter()
+                .find(|v| v.storage)
+                .map(|v| v.name.clone())
+                .unwrap_or_default();
+            let resource = ApiResource {
+                group: crd.spec.group.clone(),
+                version: version.clone(),
+                api_version: format!("{}/{version}", crd.spec.group),
+                kind: crd.spec.names.kind.clone(),
+                plural: crd.spec.names.plural.clone(),
+            };
+            let dynamic: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+            loop {
+                match dynamic.list(&ListParams::default().limit(1)).await {
+                    Ok(_) => break,
+                    Err(e) if tokio::time::Instant::now() > deadline => {
+                        return Err(Error::Kube {
+                            what: format!("list {name} after it was Established"),
+                            source: e,
+                        });
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+        }
+        Ok(names.into_iter().map(|(n, _)| n).collect())
+    }
+
+    /// Creates the ServiceAccount `namespace/name`, the ClusterRole `role` and a binding of one
+    /// to the other, and returns a client authenticated with a token issued for that account.
+    pub async fn service_account_client(
+        &self,
+        namespace: &str,
+        name: &str,
+        role: &ClusterRole,
+    ) -> Result<kube::Client, Error> {
+        let admin = self.admin_client().await?;
+        let pp = PostParams::default();
+        let namespaces: Api<Namespace> = Api::all(admin.clone());
+        let ns: Namespace = from_json(json!({"metadata": {"name": namespace}}))?;
+        match namespaces.create(&pp, &ns).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(kube_err(format!("create namespace {namespace}"))(e)),
+        }
+        let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), namespace);
+        let account: ServiceAccount = from_json(json!({"metadata": {"name": name}}))?;
+        accounts
+            .create(&pp, &account)
+            .await
+            .map_err(kube_err(format!(
+                "create ServiceAccount {namespace}/{name}"
+            )))?;
+        let role_name = role.metadata.name.clone().unwrap_or_default();
+        Api::<ClusterRole>::all(admin.clone())
+            .create(&pp, role)
+            .await
+            .map_err(kube_err(format!("create ClusterRole {role_name}")))?;
+        let binding: ClusterRoleBinding = from_json(json!({
+            "metadata": {"name": format!("{role_name}-{namespace}-{name}")},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role_name},
+            "subjects": [{"kind": "ServiceAccount", "namespace": namespace, "name": name}],
+        }))?;
+        Api::<ClusterRoleBinding>::all(admin.clone())
+            .create(&pp, &binding)
+            .await
+            .map_err(kube_err(format!(
+                "bind ClusterRole {role_name} to {namespace}/{name}"
+            )))?;
+        let request: TokenRequest = from_json(json!({"spec": {"expirationSeconds": 3600}}))?;
+        let issued = accounts
+            .create_token_request(name, &pp, &request)
+            .await
+            .map_err(kube_err(format!("request a token for {namespace}/{name}")))?;
+        let token = issued.status.and_then(|s| s.token).ok_or_else(|| {
+            Error::Other(format!(
+                "token request for {namespace}/{name} returned no token"
+            ))
+        })?;
+        self.client_for_user(&format!("system:serviceaccount:{namespace}:{name}"), &token)
+            .await
+    }
+
+    /// Every request of `user` the apiserver refused with 403, as
+    /// `"<verb> <resource>[/<subresource>] <namespace>/<name>: <message>"`, sorted.
+    pub fn forbidden_requests(&self, user: &str) -> Result<Vec<String>, Error> {
+        Ok(self
+            .audit_events(user)?
+            .into_iter()
+            .filter(|e| e.code == 403)
+            .map(|e| format!("{}: {}", e.request, e.message))
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect())
+    }
+
+    /// The distinct `"<verb> <group>/<resource>[/<subresource>]"` requests `user` made that the
+    /// apiserver allowed, sorted.
+    pub fn allowed_requests(&self, user: &str) -> Result<Vec<String>, Error> {
+        Ok(self
+            .audit_events(user)?
+            .into_iter()
+            .filter(|e| e.code != 403)
+            .map(|e| e.kind)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect())
+    }
+
+    fn audit_events(&self, user: &str) -> Result<Vec<AuditEvent>, Error> {
+        let text = std::fs::read_to_string(&self.audit_log)
+            .map_err(io(format!("read {}", self.audit_log.display())))?;
+        let mut events = Vec::new();
+        for line in text.lines() {
+            let Ok(event) = serde_json::from_str::<Value>(line) else {
+                continue;
+            };
+            if event["stage"] != "ResponseComplete" || event["user"]["username"] != user {
+                continue;
+            }
+            let r = &event["objectRef"];
+            let s = |v: &Value| v.as_str().unwrap_or("").to_owned();
+            let mut resource = s(&r["resource"]);
+            if let Some(sub) = r["subresource"].as_str() {
+                resource = format!("{resource}/{sub}");
+            }
+            let verb = s(&event["verb"]);
+            let group = s(&r["apiGroup"]);
+            events.push(AuditEvent {
+                code: event["responseStatus"]["code"].as_u64().unwrap_or(0),
+                request: format!("{verb} {resource} {}/{}", s(&r["namespace"]), s(&r["name"])),
+                kind: format!("{verb} {group}/{resource}"),
+                message: s(&event["responseStatus"]["message"]),
+            });
+        }
+        Ok(events)
+    }
+}
+
+const SCRATCH_PREFIX: &str = "kuport-realapi-";
+
+/// Whether a process (not merely a thread: /proc also answers for thread ids) `pid` runs.
+fn pid_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|status| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Tgid:"))
+            .is_some_and(|tgid| tgid.trim() == pid.to_string())
+    })
+}
+
+/// Stops what a killed test process left behind: for each scratch directory whose owner (the
+/// first pid in its `pids`) is gone, kills the recorded children that still run one of the
+/// control-plane binaries (so a reused pid is never touched) and removes the directory.
+fn sweep_abandoned(tmp: &Path) {
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let dir = entry.path();
+        let is_scratch = dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(SCRATCH_PREFIX));
+        let Ok(text) = std::fs::read_to_string(dir.join("pids")) else {
+            continue;
+        };
+        let pids: Vec<u32> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        let Some((&owner, children)) = pids.split_first() else {
+            continue;
+        };
+        if !is_scratch || pid_alive(owner) {
+            continue;
+        }
+        for &pid in children {
+            let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+            let ours = exe.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                ["etcd", "kube-apiserver", "kube-controller-manager"].contains(&n)
+            });
+            if ours {
+                eprintln!(
+                    "kuport-realapi: stopping pid {pid} ({}) left by the killed test process {owner}",
+                    exe.display()
+                );
+                let _ = std::process::Command::new("kill")
+                    .args(["-KILL", &pid.to_string()])
+                    .status();
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+struct AuditEvent {
+    code: u64,
+    request: String,
+    kind: String,
+    message: String,
+}
+
+fn from_json<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, Error> {
+    serde_json::from_value(v).map_err(|e| Error::Other(format!("build an object: {e}")))
+}
+
+/// The ClusterRole named `name` from a (multi-document) YAML file.
+pub fn cluster_role_from(file: &Path, name: &str) -> Result<ClusterRole, Error> {
+    let text = std::fs::read_to_string(file).map_err(io(format!("read {}", file.display())))?;
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&text)
+        .map_err(|e| Error::Other(format!("parse {}: {e}", file.display())))?;
+    let doc = docs
+        .into_iter()
+        .find(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == name)
+        .ok_or_else(|| Error::Other(format!("{} holds no ClusterRole {name}", file.display())))?;
+    from_json(doc)
+}
+
+/// The agent's ClusterRole as shipped (see [`AGENT_ROLE_FILE`]).
+pub fn agent_role() -> Result<ClusterRole, Error> {
+    cluster_role_from(Path::new(AGENT_ROLE_FILE), AGENT_ROLE_NAME)
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        for (name, child) in self.children.iter_mut().rev() {
+            let pid = child.id();
+            if let Err(e) = child.start_kill() {
+                eprintln!("kuport-realapi: killing {name} (pid {pid:?}): {e}");
+            }
+        }
+        // Reap them so no zombie or half-written etcd directory outlives the test.
+        for (name, child) in &mut self.children {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                match child.try_wait() {
+                    Ok(Some(_)) => break,
+                    Ok(None) if std::time::Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    Ok(None) => {
+                        eprintln!("kuport-realapi: {name} did not exit within 10s of SIGKILL");
+                        break;
+                    }
+                    Err(e) => {
+                        eprintln!("kuport-realapi: waiting for {name}: {e}");
+                        break;
+                    }
+                }
+            }
+        }
+        if std::thread::panicking() {
+            if std::env::var("KUPORT_REALAPI_KEEP").is_ok_and(|v| v == "1")
+                && let Some(dir) = self.dir.take()
+            {
+                eprintln!(
+                    "kuport-realapi: the test failed; control plane files and logs kept in {}",
+                    dir.keep().display()
+                );
+            } else {
+                eprintln!(
+                    "kuport-realapi: the test failed; kube-apiserver's log ended:\n{}\n(set KUPORT_REALAPI_KEEP=1 to keep every log)",
+                    tail(&self.root().join("kube-apiserver.log"), 10)
+                );
+            }
+        }
+    }
+}
