@@ -76,9 +76,20 @@ fn seed_plan() -> Value {
     json(&plan(&["objects"], "worker-1", &["--output", "json"]))
 }
 
+/// The seed objects as worker-1 sees them with its host facts (without them no interface has an
+/// address, and only packets addressed to an interface's own address are captured).
+fn seed_plan_with_facts() -> Value {
+    let facts = testdata("facts-worker-1.yaml").display().to_string();
+    json(&plan(
+        &["objects"],
+        "worker-1",
+        &["--output", "json", "--facts", &facts],
+    ))
+}
+
 #[test]
 fn seed_json_follows_the_contract() {
-    let report = seed_plan();
+    let report = seed_plan_with_facts();
     assert_eq!(
         keys(&report),
         ["classes", "host", "node", "portmaps", "writes"]
@@ -148,11 +159,16 @@ fn seed_json_follows_the_contract() {
 
 #[test]
 fn nft_output_is_the_table() {
-    let out = succeeded(&plan(&["objects"], "worker-1", &["--output", "nft"]));
+    let facts = testdata("facts-worker-1.yaml").display().to_string();
+    let out = succeeded(&plan(
+        &["objects"],
+        "worker-1",
+        &["--output", "nft", "--facts", &facts],
+    ));
     assert!(out.starts_with("table ip kuport {"), "{out}");
     assert!(out.contains("dnat to 10.244.1.5"), "{out}");
     // The same text as the JSON report carries.
-    assert_eq!(seed_plan()["host"]["nftables"], out.as_str());
+    assert_eq!(seed_plan_with_facts()["host"]["nftables"], out.as_str());
 }
 
 #[test]
