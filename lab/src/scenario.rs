@@ -628,7 +628,7 @@ steps:
         let s: Scenario = serde_saphyr::from_str(yaml).expect("the lab.md example parses");
         validate(&s).expect("valid");
         let kinds: Vec<&str> = s.steps.iter().map(Step::kind).collect();
-        assert_eq!(kinds.len(), 28);
+        assert_eq!(kinds.len(), 30);
         for kind in [
             "wait",
             "probe",
