@@ -855,8 +855,6 @@ async fn an_agent_tears_down_only_when_its_daemonset_is_gone() {
         !dnat_targets(&n1).is_empty()
     })
     .await;
-    // The agents learn their owner in the background; let them.
-    tokio::time::sleep(Duration::from_millis(300)).await;
 
     // A rollout: n1's agent stops while its DaemonSet stands, and a new one takes over.
     let programmed = n1.applied();
@@ -874,7 +872,6 @@ async fn an_agent_tears_down_only_when_its_daemonset_is_gone() {
         programmed,
         "the new agent adopted the same datapath"
     );
-    tokio::time::sleep(Duration::from_millis(300)).await;
 
     // An uninstall: the DaemonSet is deleted, then its pods stop.
     Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(c.client.clone(), "kuport-system")
@@ -900,7 +897,6 @@ async fn an_unreachable_api_server_at_stop_keeps_the_datapath() {
         !dnat_targets(&c.agent("n1").host).is_empty()
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
     Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(c.client.clone(), "kuport-system")
         .delete("kuport-agent", &Default::default())
         .await

@@ -231,11 +231,18 @@ impl<H: Host> Agent<H> {
             StopPolicy::Keep => StopAction::Keep("the next agent adopts it".to_owned()),
             StopPolicy::Teardown => StopAction::Teardown("configured to".to_owned()),
             StopPolicy::Owner { pod, namespace } => {
+                // A lookup still running gets the same bounded time as the stop's own
+                // lookups, rather than being dropped because the stop came early.
                 let owner_at_start = match owner_task {
-                    Some(task) if task.is_finished() => task.await.ok().flatten(),
-                    Some(task) => {
-                        task.abort();
-                        None
+                    Some(mut task) => {
+                        let bound = self.config.api_timeout.min(STOP_LOOKUP_TIMEOUT);
+                        match tokio::time::timeout(bound, &mut task).await {
+                            Ok(found) => found.ok().flatten(),
+                            Err(_) => {
+                                task.abort();
+                                None
+                            }
+                        }
                     }
                     None => None,
                 };
