@@ -383,17 +383,7 @@ async fn configure_link(
         // Only non-zero fields are emitted in a request, so this sets rp_filter alone.
         let mut conf = InetDevConf::default();
         conf.rp_filter = i32::from(want.rp_filter);
-        let msg = LinkUnspec::new_with_index(k.index)
-            .append_extra_attribute(LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet(vec![
-                AfSpecInet::DevConfRequest(conf),
-            ])]))
-            .build();
-        handle
-            .link()
-            .set(msg)
-            .execute()
-            .await
-            .map_err(nl("set rp_filter of", &want.name))?;
+        set_devconf(handle, k.index, conf, "set rp_filter of", &want.name).await?;
         report.links_updated += 1;
     }
     if !k.up {
@@ -653,18 +643,25 @@ pub async fn ensure_valid_mark(
         }
         let mut conf = InetDevConf::default();
         conf.src_vmark = 1;
-        let msg = LinkUnspec::new_with_index(k.index)
-            .append_extra_attribute(LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet(vec![
-                AfSpecInet::DevConfRequest(conf),
-            ])]))
-            .build();
-        handle
-            .link()
-            .set(msg)
-            .execute()
-            .await
-            .map_err(nl("set src_valid_mark of", name))?;
+        set_devconf(handle, k.index, conf, "set src_valid_mark of", name).await?;
         report.links_updated += 1;
     }
     Ok(())
+}
+
+/// Writes per-device IPv4 settings through netlink (a container's `/proc/sys` is read-only);
+/// only the non-zero fields of `conf` are sent.
+async fn set_devconf(
+    handle: &Handle,
+    index: u32,
+    conf: InetDevConf,
+    op: &'static str,
+    name: &str,
+) -> Result<(), HostError> {
+    let msg = LinkUnspec::new_with_index(index)
+        .append_extra_attribute(LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet(vec![
+            AfSpecInet::DevConfRequest(conf),
+        ])]))
+        .build();
+    handle.link().set(msg).execute().await.map_err(nl(op, name))
 }

@@ -74,9 +74,25 @@ fn child_apply_golden() {
     let case = env_case();
     let state = golden_ir(&case);
     underlay_for(&state);
+    for iface in &state.valid_mark_interfaces {
+        sh(&format!(
+            "ip link show {iface} >/dev/null 2>&1 || ip link add {iface} type veth peer name {iface}-p"
+        ));
+    }
     block_on(async {
         let mut host = LinuxHost::new().expect("host");
         let first = host.apply(&state, false).await.expect("apply");
+        // The accepting interfaces' reverse-path check must honour the steering mark.
+        for iface in &state.valid_mark_interfaces {
+            assert_eq!(
+                sh(&format!(
+                    "cat /proc/sys/net/ipv4/conf/{iface}/src_valid_mark"
+                ))
+                .trim(),
+                "1",
+                "{case}: src_valid_mark on {iface}"
+            );
+        }
         if case == "empty" {
             assert_eq!(first.mutations(), 0, "{case}: an empty plan owns nothing");
         } else {
