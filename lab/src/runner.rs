@@ -184,6 +184,9 @@ impl Runner<'_> {
         for node in &self.topo.nodes {
             cluster.register_node(&node.name, node.mesh, true).await?;
         }
+        for listener in self.topo.scenario.host.listeners.clone() {
+            self.start_host_listener(&listener)?;
+        }
         if !self.topo.scenario.objects.trim().is_empty() {
             cluster.apply_yaml(&self.topo.scenario.objects).await?;
         }
@@ -221,6 +224,30 @@ impl Runner<'_> {
         self.cluster()?
             .sync_service(namespace, service, &pods)
             .await
+    }
+
+    /// Starts a responder in a node's own namespace, listening on every address of the node;
+    /// the lab records its pid and stops it with the rest.
+    fn start_host_listener(&mut self, l: &scenario::HostListener) -> Result<i32> {
+        let ns = self.topo.node(&l.node)?.ns.clone();
+        let what = format!("host-listener-{}-{}-{}", l.node, l.protocol.lower(), l.port);
+        let port = l.port.to_string();
+        let pid = self.lab.spawn(
+            &ns,
+            &what,
+            &self.topo.bin("kuport-echo"),
+            &["serve", l.protocol.lower(), &port, "--tag", &what],
+        )?;
+        let log = self.lab.log_path(&what);
+        if !sys::wait_until(Duration::from_secs(5), || {
+            std::fs::read_to_string(&log).is_ok_and(|s| s.contains("ready"))
+        }) {
+            bail!(
+                "host listener {what} did not start: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        Ok(pid)
     }
 
     fn start_agent(&mut self, node: &str) -> Result<()> {
@@ -511,6 +538,13 @@ impl Runner<'_> {
                 self.command_check(c, command).await
             }
             Step::RollingRestart(r) => self.rolling_restart(r),
+            Step::HostListener(l) => {
+                let pid = self.start_host_listener(l)?;
+                Ok((
+                    true,
+                    json!({"node": l.node, "listening": format!("{}/{}", l.port, l.protocol.as_str()), "pid": pid}),
+                ))
+            }
             Step::Cleanup(n) => {
                 let ns = self.topo.node(&n.node)?.ns.clone();
                 let out = std::process::Command::new("ip")

@@ -81,6 +81,20 @@ pub struct HostSpec {
     /// Ports the firewall opens besides the mesh port, as `udp/3000` or `tcp/27015-27020`.
     #[serde(default)]
     pub open: Vec<String>,
+    /// Host processes listening in a node's own namespace (on every address) before the
+    /// objects are created, as sshd or a hostNetwork server would.
+    #[serde(default)]
+    pub listeners: Vec<HostListener>,
+}
+
+/// A process listening on a port of a node's own addresses (a TCP listener or a bound UDP
+/// socket on `0.0.0.0`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HostListener {
+    pub node: String,
+    pub protocol: Protocol,
+    pub port: u16,
 }
 
 /// Host firewalls the lab can emulate.
@@ -186,6 +200,8 @@ pub enum Step {
     KuportStatus(CommandCheck),
     RollingRestart(RollingRestart),
     Cleanup(NodeRef),
+    /// Extension: starts a host listener in a node's namespace mid-scenario.
+    HostListener(HostListener),
 }
 
 impl Step {
@@ -218,6 +234,7 @@ impl Step {
             Step::KuportStatus(_) => "kuportStatus",
             Step::RollingRestart(_) => "rollingRestart",
             Step::Cleanup(_) => "cleanup",
+            Step::HostListener(_) => "hostListener",
         }
     }
 
@@ -624,11 +641,12 @@ steps:
   - kuportStatus: {args: [games/gameserver], expectExit: 1, expectOutput: [PortConflict], timeoutSeconds: 5}
   - rollingRestart: {name: rollout, rate: 10, settleSeconds: 2, probes: [{from: internet, to: {node: edge-a, interface: enp1s0}, protocol: UDP, port: 3000, expect: reply}]}
   - cleanup: {node: worker-b}
+  - hostListener: {node: edge-a, protocol: TCP, port: 2222}
 "#;
         let s: Scenario = serde_saphyr::from_str(yaml).expect("the lab.md example parses");
         validate(&s).expect("valid");
         let kinds: Vec<&str> = s.steps.iter().map(Step::kind).collect();
-        assert_eq!(kinds.len(), 30);
+        assert_eq!(kinds.len(), 31);
         for kind in [
             "wait",
             "probe",
@@ -657,6 +675,7 @@ steps:
             "kuportStatus",
             "rollingRestart",
             "cleanup",
+            "hostListener",
         ] {
             assert!(kinds.contains(&kind), "{kind} missing");
         }

@@ -23,6 +23,14 @@ pub const LINK_TABLE_BASE: u32 = 0x6b70_0000;
 pub const STAND_IN: Ipv4Addr = Ipv4Addr::new(169, 254, 107, 1);
 /// The block [`STAND_IN`] belongs to.
 pub const STAND_IN_BLOCK: (Ipv4Addr, u8) = (Ipv4Addr::new(169, 254, 107, 0), 24);
+
+/// True for an address in [`STAND_IN_BLOCK`]: kuport refuses it as a node's or an interface's
+/// address, since steering would move traffic for it onto the stand-in.
+pub fn in_stand_in_block(addr: Ipv4Addr) -> bool {
+    let (block, len) = STAND_IN_BLOCK;
+    let mask = u32::MAX << (32 - u32::from(len));
+    u32::from(addr) & mask == u32::from(block) & mask
+}
 /// ip rule priority of the loop guard (link mark to the peer's InternalIP → main).
 pub const PREF_LOOP_GUARD: u32 = 101;
 /// ip rule priority of the reply steering rules.
@@ -416,6 +424,28 @@ pub struct HostState {
 }
 
 impl HostState {
+    /// The ports this state captures as an accepting node (steered DNAT), by mapping: what a
+    /// host socket that appears later must yield to (earliest wins).
+    pub fn accepting_ports(&self) -> Vec<crate::snapshot::ProgrammedPort> {
+        let mut out: Vec<crate::snapshot::ProgrammedPort> = self
+            .nft
+            .rules(ChainId::Pre)
+            .iter()
+            .filter_map(|r| match r {
+                Rule::Dnat(d) if d.mark.is_some() => Some(crate::snapshot::ProgrammedPort {
+                    mapping: d.comment.clone(),
+                    protocol: d.protocol,
+                    first: d.ports.first,
+                    last: d.ports.last,
+                }),
+                _ => None,
+            })
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
     /// Sorts and deduplicates every collection, so equal states compare and render equal.
     pub fn normalise(&mut self) {
         self.nft.counters.sort();

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde::{Deserialize, Serialize};
 
-use crate::api::{PortMap, PortMapClass};
+use crate::api::{PortMap, PortMapClass, Protocol};
 use crate::ir::MarkLayout;
 
 /// The CNI's VXLAN port when `cilium-config` exists without a `tunnel-port` key.
@@ -94,6 +94,57 @@ pub struct HostFacts {
     /// restarts.
     #[serde(default)]
     pub link_ids: BTreeMap<String, u32>,
+    /// Sockets on this host that take traffic from outside it: TCP listeners and unconnected
+    /// UDP sockets, IPv4 or dual-stack. A mapping on their port would capture their traffic.
+    #[serde(default)]
+    pub sockets: Vec<HostSocket>,
+    /// What the host's own firewall is known to do to mapped traffic, one sentence each (for
+    /// example a forward chain whose policy is drop).
+    #[serde(default)]
+    pub firewall_warnings: Vec<String>,
+    /// The ports this node captured as an accepting node in the datapath it last applied, by
+    /// mapping. A host socket first seen on one of them yields to that mapping (earliest wins).
+    #[serde(default)]
+    pub programmed_ports: Vec<ProgrammedPort>,
+}
+
+/// A port range one mapping captures on this node.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ProgrammedPort {
+    /// The mapping, `namespace/name`.
+    pub mapping: String,
+    /// Its protocol.
+    pub protocol: Protocol,
+    /// First port.
+    pub first: u16,
+    /// Last port.
+    pub last: u16,
+}
+
+impl HostFacts {
+    /// The address of a class interface, unless it lies in the stand-in block kuport reserves.
+    pub fn interface_address(&self, name: &str) -> Option<Ipv4Addr> {
+        self.interfaces
+            .get(name)
+            .copied()
+            .filter(|a| !crate::ir::in_stand_in_block(*a))
+    }
+}
+
+/// One host socket that takes traffic from outside the host.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HostSocket {
+    /// TCP (a listener) or UDP (an unconnected socket).
+    pub protocol: Protocol,
+    /// The local address it is bound to; `0.0.0.0` for every address (IPv4 or dual-stack `::`).
+    pub address: Ipv4Addr,
+    /// The local port.
+    pub port: u16,
+    /// Who holds it, when the agent knows (its own health and metrics listeners).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
 }
 
 /// True when the Node's `Ready` condition is `True`.
@@ -115,5 +166,6 @@ pub fn node_internal_ip(node: &Node) -> Option<Ipv4Addr> {
         .and_then(|s| s.addresses.as_ref())?
         .iter()
         .filter(|a| a.type_ == "InternalIP")
-        .find_map(|a| a.address.parse::<Ipv4Addr>().ok())
+        .filter_map(|a| a.address.parse::<Ipv4Addr>().ok())
+        .find(|a| !crate::ir::in_stand_in_block(*a))
 }

@@ -394,3 +394,252 @@ fn the_transaction_is_the_listing_text_plus_object_commands() {
         "delete table ip kuport\n"
     );
 }
+
+/// edge-a's row reports a host socket on `port` bound to `address`.
+fn with_held(c: Cluster, protocol: &str, port: i32, address: &str) -> Cluster {
+    with_held_yielding(c, protocol, port, address, &[])
+}
+
+fn with_held_yielding(
+    mut c: Cluster,
+    protocol: &str,
+    port: i32,
+    address: &str,
+    yields_to: &[&str],
+) -> Cluster {
+    let held = serde_json::from_value(json!({"protocol": protocol, "port": port,
+        "address": address, "holder": format!("host {protocol} socket {address}:{port}"),
+        "yieldsTo": yields_to}))
+    .expect("held port");
+    let status = c.class_mut("public").status.as_mut().expect("status");
+    let row = status
+        .nodes
+        .iter_mut()
+        .find(|r| r.name == "edge-a")
+        .expect("edge-a row");
+    row.held_ports.push(held);
+    c
+}
+
+fn ssh_cluster() -> Cluster {
+    edge_and_worker()
+        .endpoint("games", "gs", "gs-0", "edge-a", "10.244.0.5", 22)
+        .portmap(pm("games", "ssh", "public", 22).tcp())
+}
+
+#[test]
+fn a_port_a_host_socket_holds_on_an_accepting_node_is_refused_naming_the_socket() {
+    let c = with_held(ssh_cluster(), "TCP", 22, "0.0.0.0");
+    let (reason, message) = accepted(&c, "ssh");
+    assert_eq!(reason, A::PortInUse);
+    assert!(
+        message.contains("host TCP socket 0.0.0.0:22") && message.contains("edge-a"),
+        "{message}"
+    );
+    // Control: the same port over the other protocol, and a socket bound to an address the
+    // mapping does not bind, take nothing from it.
+    assert_eq!(
+        accepted(&with_held(ssh_cluster(), "UDP", 22, "0.0.0.0"), "ssh").0,
+        A::Valid
+    );
+    assert_eq!(
+        accepted(&with_held(ssh_cluster(), "TCP", 22, "127.0.0.1"), "ssh").0,
+        A::Valid
+    );
+    // Bound to wt0's address: refused for a mapping on every interface, not for one on enp1s0.
+    let on_wt0 = with_held(ssh_cluster(), "TCP", 22, "100.64.0.1");
+    assert_eq!(accepted(&on_wt0, "ssh").0, A::PortInUse);
+    let enp_only = with_held(
+        edge_and_worker()
+            .endpoint("games", "gs", "gs-0", "edge-a", "10.244.0.5", 22)
+            .portmap(pm("games", "ssh", "public", 22).tcp().ifaces(&["enp1s0"])),
+        "TCP",
+        22,
+        "100.64.0.1",
+    );
+    assert_eq!(accepted(&enp_only, "ssh").0, A::Valid);
+}
+
+#[test]
+fn a_mapping_the_node_forwarded_before_the_socket_appeared_keeps_its_port_and_says_so() {
+    let c = with_held_yielding(ssh_cluster(), "TCP", 22, "0.0.0.0", &["games/ssh"]);
+    let plan = c.plan("edge-a");
+    let d = decision(&plan, "games", "ssh");
+    assert_eq!(d.accepted.reason, A::PortAlsoHeldByHost);
+    assert!(d.accepted.is_true(), "earliest wins: still accepted");
+    assert!(
+        d.accepted.message.contains("accepted first"),
+        "{}",
+        d.accepted.message
+    );
+    // The socket yields to another mapping only: this one is refused.
+    let other = with_held_yielding(ssh_cluster(), "TCP", 22, "0.0.0.0", &["games/other"]);
+    assert_eq!(accepted(&other, "ssh").0, A::PortInUse);
+}
+
+#[test]
+fn a_socket_yields_to_what_the_node_already_forwarded_when_first_seen_and_remembers_it() {
+    use kuport_core::api::Protocol;
+    use kuport_core::snapshot::{HostSocket, ProgrammedPort};
+    let mut f = edge_facts();
+    f.sockets = vec![HostSocket {
+        protocol: Protocol::Tcp,
+        address: "0.0.0.0".parse().expect("ip"),
+        port: 22,
+        holder: None,
+    }];
+    let yields = |c: &Cluster, f: &kuport_core::snapshot::HostFacts| {
+        let plan = c.plan_with("edge-a", f);
+        plan.writes.class_rows[0].row.held_ports[0]
+            .yields_to
+            .clone()
+    };
+    // Seen before anything was forwarded on its port: it was there first.
+    assert!(yields(&ssh_cluster(), &f).is_empty());
+    // First seen while the datapath already captured the port for games/ssh.
+    f.programmed_ports = vec![ProgrammedPort {
+        mapping: "games/ssh".into(),
+        protocol: Protocol::Tcp,
+        first: 20,
+        last: 30,
+    }];
+    assert_eq!(yields(&ssh_cluster(), &f), ["games/ssh"]);
+    // Once reported, the row's record stands (an agent restart forgets what it applied).
+    f.programmed_ports.clear();
+    let reported = with_held_yielding(ssh_cluster(), "TCP", 22, "0.0.0.0", &["games/ssh"]);
+    assert_eq!(yields(&reported, &f), ["games/ssh"]);
+}
+
+#[test]
+fn the_class_row_reports_only_sockets_on_asked_ports_and_bound_addresses() {
+    use kuport_core::api::Protocol;
+    use kuport_core::snapshot::HostSocket;
+    let sock = |protocol, address: &str, port| HostSocket {
+        protocol,
+        address: address.parse().expect("ip"),
+        port,
+        holder: None,
+    };
+    let mut f = edge_facts();
+    f.sockets = vec![
+        sock(Protocol::Tcp, "0.0.0.0", 22), // asked (ssh) and every address
+        sock(Protocol::Tcp, "127.0.0.1", 22), // loopback: not a bound address
+        sock(Protocol::Tcp, "0.0.0.0", 10250), // nobody asks for it
+        sock(Protocol::Udp, "100.64.0.1", 3000), // asked, on wt0's address
+        sock(Protocol::Udp, "10.9.9.9", 3000), // another address
+    ];
+    f.firewall_warnings = vec!["b".into(), "a".into(), "b".into()];
+    let c = ssh_cluster()
+        .endpoint("games", "gs3", "gs-1", "edge-a", "10.244.0.6", 3000)
+        .portmap(pm("games", "udp", "public", 2999).end(3001));
+    let plan = c.plan_with("edge-a", &f);
+    let row = &plan.writes.class_rows[0].row;
+    let held: Vec<(Protocol, i32, &str)> = row
+        .held_ports
+        .iter()
+        .map(|h| (h.protocol, h.port, h.address.as_str()))
+        .collect();
+    assert_eq!(
+        held,
+        [
+            (Protocol::Tcp, 22, "0.0.0.0"),
+            (Protocol::Udp, 3000, "100.64.0.1")
+        ]
+    );
+    assert_eq!(row.held_ports[0].holder, "host TCP listener 0.0.0.0:22");
+    assert_eq!(row.warnings, ["a", "b"], "sorted, once each");
+}
+
+#[test]
+fn a_programmed_mapping_names_a_firewall_known_to_drop_its_traffic() {
+    let mut c = remote();
+    let status = c.class_mut("public").status.as_mut().expect("status");
+    for row in &mut status.nodes {
+        if row.name == "edge-a" {
+            row.warnings = vec!["the host firewall's chain inet filter forward drops".into()];
+        }
+    }
+    let plan = c.plan("worker-b");
+    let d = decision(&plan, "games", "gs");
+    let programmed = d.programmed.as_ref().expect("programmed");
+    assert!(programmed.is_true(), "{programmed:?}");
+    assert!(
+        programmed
+            .message
+            .contains("on node edge-a, the host firewall's chain inet filter forward drops"),
+        "{}",
+        programmed.message
+    );
+    // Control: without the warning the message is empty.
+    let plan = remote().plan("worker-b");
+    let d = decision(&plan, "games", "gs");
+    assert_eq!(d.programmed.as_ref().expect("programmed").message, "");
+}
+
+#[test]
+fn stand_in_addresses_are_refused_as_interface_and_node_addresses() {
+    let f = facts(
+        &[("enp1s0", "169.254.107.1"), ("wt0", "100.64.0.1")],
+        "wt0",
+        1400,
+    );
+    let plan = remote().plan_with("edge-a", &f);
+    let row = &plan.writes.class_rows[0].row;
+    assert!(!row.ready);
+    assert!(
+        row.message
+            .as_deref()
+            .is_some_and(|m| m.contains("enp1s0") && m.contains("169.254.107.0/24")),
+        "{:?}",
+        row.message
+    );
+    assert!(
+        plan.host
+            .nft
+            .rules(ChainId::Steer)
+            .iter()
+            .all(|r| !matches!(r, Rule::Steer(s) if s.iif == "enp1s0")),
+        "nothing is captured on it"
+    );
+    // A node whose InternalIP lies in the block has none kuport can use: no link to it.
+    let c = Cluster::new()
+        .node("edge-a", "100.64.0.1")
+        .node("worker-b", "169.254.107.7")
+        .namespace("games", json!({}))
+        .class_json(
+            "public",
+            vxlan_spec(&[("edge-a", &["enp1s0", "wt0"])]),
+            Value::Null,
+        )
+        .row("public", "edge-a", json!({"enp1s0": "203.0.113.9"}), 1400)
+        .row("public", "worker-b", json!({}), 1420)
+        .claim("public", "edge-a/worker-b", 0)
+        .endpoint("games", "gs", "gs-0", "worker-b", "10.244.1.5", 3000)
+        .portmap(pm("games", "gs", "public", 3000));
+    let plan = c.plan("edge-a");
+    assert!(plan.host.links.is_empty(), "{:?}", plan.host.links);
+}
+
+#[test]
+fn the_applied_state_names_the_ports_it_captures_as_an_accepting_node() {
+    use kuport_core::api::Protocol;
+    let edge = remote().plan_with("edge-a", &edge_facts());
+    let ports = edge.host.accepting_ports();
+    assert_eq!(
+        ports.len(),
+        1,
+        "one entry per mapping and port, not per interface"
+    );
+    assert_eq!(
+        (
+            ports[0].mapping.as_str(),
+            ports[0].protocol,
+            ports[0].first,
+            ports[0].last
+        ),
+        ("games/gs", Protocol::Udp, 3000, 3000)
+    );
+    // The pod's node forwards link traffic but captures nothing of its own.
+    let pod = remote().plan_with("worker-b", &facts(&[], "wt0", 1400));
+    assert!(pod.host.accepting_ports().is_empty());
+}

@@ -10,6 +10,7 @@
 pub mod memory;
 pub mod netlink;
 pub mod nft;
+pub mod sockets;
 
 use std::future::Future;
 use std::net::Ipv4Addr;
@@ -58,6 +59,12 @@ pub enum HostError {
     Missing {
         /// What is missing.
         what: String,
+    },
+    /// A host fact could not be read.
+    #[error("reading host facts: {detail}")]
+    Facts {
+        /// What failed.
+        detail: String,
     },
     /// The netlink socket could not be opened.
     #[error("netlink: opening a socket: {0}")]
@@ -108,6 +115,8 @@ pub struct FactsQuery {
     pub internal_ip: Option<Ipv4Addr>,
     /// The mark layout the agent runs with (reported back in the facts).
     pub marks: MarkLayout,
+    /// The agent's own listening ports (health, metrics): named as the agent's in the facts.
+    pub agent_ports: Vec<u16>,
 }
 
 /// One mapping's counter in one chain.
@@ -273,13 +282,24 @@ impl Host for LinuxHost {
     }
 
     async fn facts(&self, query: &FactsQuery) -> Result<HostFacts, HostError> {
-        netlink::facts(
+        let mut facts = netlink::facts(
             &self.handle,
             &query.interfaces,
             query.internal_ip,
             query.marks,
         )
-        .await
+        .await?;
+        // /proc/self/net: the tables of this process's network namespace (the node's, for a
+        // hostNetwork pod), whatever /proc/net points at.
+        facts.sockets = sockets::read(std::path::Path::new("/proc/self/net"))?;
+        sockets::name_agent_sockets(&mut facts.sockets, &query.agent_ports);
+        facts.firewall_warnings = self.blocking(|nft| nft.firewall_warnings()).await?;
+        facts.programmed_ports = self
+            .last
+            .as_ref()
+            .map(HostState::accepting_ports)
+            .unwrap_or_default();
+        Ok(facts)
     }
 
     async fn counters(&self) -> Result<Vec<MappingCounter>, HostError> {

@@ -121,6 +121,8 @@ impl Host for MemoryHost {
         // As the real host does: the marks asked for, and each applied link's id read back
         // from its routing table.
         facts.marks = query.marks;
+        crate::sockets::name_agent_sockets(&mut facts.sockets, &query.agent_ports);
+        facts.programmed_ports = s.applied.accepting_ports();
         for route in &s.applied.routes {
             if let Some(id) = query.marks.link_id_of_table(route.table) {
                 facts.link_ids.insert(route.dev.clone(), id);

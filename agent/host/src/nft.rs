@@ -191,6 +191,42 @@ impl Nft {
     }
 }
 
+impl Nft {
+    /// What the host's other nftables tables are known to do to mapped traffic: every base
+    /// chain on the forward hook whose policy is drop. A mapped request is forwarded to the pod
+    /// after DNAT, so such a chain drops it unless one of its rules accepts it; kuport cannot
+    /// judge those rules, so this is reported, not acted on.
+    pub fn firewall_warnings(&self) -> Result<Vec<String>, HostError> {
+        let text = self.run("list chains", &["-j", "list", "chains"], None)?;
+        let json: Value = serde_json::from_str(&text).map_err(|e| HostError::Nft {
+            op: "list chains",
+            detail: format!("unreadable JSON: {e}"),
+        })?;
+        Ok(forward_drop_warnings(&json))
+    }
+}
+
+/// The forward-hook base chains with policy drop outside kuport's table, one sentence each,
+/// sorted.
+pub fn forward_drop_warnings(json: &Value) -> Vec<String> {
+    let mut out: Vec<String> = objects(json, "chain")
+        .filter(|c| c["hook"] == "forward" && c["policy"] == "drop")
+        .filter(|c| !(c["family"] == "ip" && c["table"] == TABLE))
+        .map(|c| {
+            format!(
+                "the host firewall's chain {} {} {} (forward hook, priority {}) drops forwarded packets by default: mapped traffic is forwarded to the pod and needs a rule there that accepts it",
+                c["family"].as_str().unwrap_or("?"),
+                c["table"].as_str().unwrap_or("?"),
+                c["name"].as_str().unwrap_or("?"),
+                c["prio"]
+            )
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
 /// The objects of one kind in an `nft -j list` answer.
 fn objects<'a>(json: &'a Value, kind: &'a str) -> impl Iterator<Item = &'a Value> + 'a {
     json["nftables"]
@@ -244,5 +280,30 @@ mod tests {
             zero_counters(text),
             "counter x {\n\t\tpackets 0 bytes 0\n\t}\n\tudp dport 3000 counter packets 0 bytes 0 dnat\n comment \"packets a\""
         );
+    }
+
+    #[test]
+    fn only_foreign_forward_chains_with_drop_policy_are_reported() {
+        let json: Value = serde_json::from_str(
+            r#"{"nftables": [
+              {"metainfo": {"version": "1.0.6"}},
+              {"chain": {"family": "inet", "table": "filter", "name": "forward", "handle": 1,
+                         "type": "filter", "hook": "forward", "prio": 0, "policy": "drop"}},
+              {"chain": {"family": "inet", "table": "filter", "name": "input", "handle": 2,
+                         "type": "filter", "hook": "input", "prio": 0, "policy": "drop"}},
+              {"chain": {"family": "ip", "table": "mesh", "name": "fwd", "handle": 3,
+                         "type": "filter", "hook": "forward", "prio": 0, "policy": "accept"}},
+              {"chain": {"family": "ip", "table": "kuport", "name": "kup-fwd", "handle": 4,
+                         "type": "filter", "hook": "forward", "prio": 0, "policy": "drop"}},
+              {"chain": {"family": "ip", "table": "filter", "name": "FORWARD", "handle": 5,
+                         "type": "filter", "hook": "forward", "prio": 0, "policy": "drop"}},
+              {"chain": {"family": "ip", "table": "filter", "name": "DOCKER", "handle": 6}}
+            ]}"#,
+        )
+        .expect("json");
+        let got = forward_drop_warnings(&json);
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(got[0].contains("chain inet filter forward (forward hook, priority 0)"));
+        assert!(got[1].contains("chain ip filter FORWARD"));
     }
 }

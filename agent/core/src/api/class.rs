@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     DEFAULT_VXLAN_PORT, DEFAULT_VXLAN_SUBNET, DEFAULT_VXLAN_VNI, MAX_PORT, MAX_VNI, MIN_PORT,
+    Protocol,
 };
 
 /// The cluster's shape as kuport sees it: which nodes accept traffic, on which interfaces, which
@@ -293,6 +294,17 @@ pub struct ClassNodeStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cni: Option<CniInfo>,
 
+    /// Host sockets on this node that hold a port some PortMap of the class asks for, on an
+    /// address the class binds here. A mapping is refused such a port unless it was accepted
+    /// before the socket appeared.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held_ports: Vec<HeldPort>,
+
+    /// What this node's own firewall is known to do to mapped traffic, for example a forward
+    /// chain whose policy is drop.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+
     /// The kuport version of the agent that wrote this row.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_version: Option<String>,
@@ -301,6 +313,30 @@ pub struct ClassNodeStatus {
     /// every resync, 5 minutes by default): a time much older than that means the agent stopped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_pass_time: Option<Time>,
+}
+
+/// A port a host socket holds on an accepting node.
+#[derive(
+    KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct HeldPort {
+    /// TCP or UDP.
+    pub protocol: Protocol,
+
+    /// The port.
+    pub port: i32,
+
+    /// The address the socket is bound to: `0.0.0.0` for every address of the node.
+    pub address: String,
+
+    /// What holds it, for example "host TCP listener 0.0.0.0:22".
+    pub holder: String,
+
+    /// Mappings (`namespace/name`) this node was already forwarding the port for when it first
+    /// saw the socket: they keep the port (earliest wins); any other mapping is refused it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub yields_to: Vec<String>,
 }
 
 /// The CNI facts an agent read (from kube-system/cilium-config).

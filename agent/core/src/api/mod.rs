@@ -6,7 +6,7 @@ mod class;
 mod portmap;
 
 pub use class::{
-    ClassNode, ClassNodeStatus, CniInfo, LinkClaim, PortMapClass, PortMapClassSpec,
+    ClassNode, ClassNodeStatus, CniInfo, HeldPort, LinkClaim, PortMapClass, PortMapClassSpec,
     PortMapClassStatus, PortWindow, ReturnPath, ReturnPathMode, ServingMode, VxlanSettings,
 };
 pub use portmap::{

@@ -196,7 +196,7 @@ impl Emitter<'_> {
         for iface in ifaces {
             // Only packets addressed to the interface's own address are captured: an
             // interface whose address is unknown captures nothing.
-            let Some(addr) = self.facts.interfaces.get(&iface).copied() else {
+            let Some(addr) = self.facts.interface_address(&iface) else {
                 continue;
             };
             self.steer(d, iface.clone(), addr, Some(local), ports);

@@ -148,6 +148,28 @@ fn check(
     if let Some(message) = held_by_node(index, spec.protocol, ports) {
         return Outcome::new(AcceptedReason::PortInUse, message);
     }
+    // Earliest wins: a mapping accepted before a host socket took its port keeps it, and says
+    // so; a new or changed one is refused the port.
+    let holder = format!(
+        "{namespace}/{}",
+        pm.metadata.name.as_deref().unwrap_or_default()
+    );
+    let host_clash = held_on_accepting_node(index, class, class_name, spec, ports);
+    if let Some(clash) = host_clash
+        .as_ref()
+        .filter(|c| !c.yields_to.contains(&holder))
+    {
+        return Outcome::new(
+            AcceptedReason::PortInUse,
+            format!(
+                "{} on node {} holds {} port {}; a mapping there would take its traffic",
+                clash.holder,
+                clash.node,
+                protocol_text(spec.protocol),
+                clash.port
+            ),
+        );
+    }
     if let Some(missing) = bindings.first_unoffered(class_name, class, &spec.interfaces) {
         return Outcome::new(
             AcceptedReason::InterfaceNotInClass,
@@ -171,12 +193,65 @@ fn check(
             ),
         );
     }
-    let holder = format!(
-        "{namespace}/{}",
-        pm.metadata.name.as_deref().unwrap_or_default()
-    );
     bindings.hold(spec.protocol, set, ports, holder);
-    Outcome::new(AcceptedReason::Valid, "")
+    match host_clash {
+        Some(clash) => Outcome::new(
+            AcceptedReason::PortAlsoHeldByHost,
+            format!(
+                "{} on node {} now also holds {} port {}; this mapping was accepted first and keeps the port, so traffic for it on the mapped addresses reaches the pod, not that socket",
+                clash.holder,
+                clash.node,
+                protocol_text(spec.protocol),
+                clash.port
+            ),
+        ),
+        None => Outcome::new(AcceptedReason::Valid, ""),
+    }
+}
+
+/// A host socket on an accepting node that holds one of the mapping's ports, on an address the
+/// mapping would bind there, as that node reported it in its class row.
+struct HostClash {
+    node: String,
+    port: i32,
+    holder: String,
+    yields_to: Vec<String>,
+}
+
+fn held_on_accepting_node(
+    index: &Index,
+    class: &PortMapClass,
+    class_name: &str,
+    spec: &crate::api::PortMapSpec,
+    ports: PortRange,
+) -> Option<HostClash> {
+    let in_range = |p: i32| (i32::from(ports.first)..=i32::from(ports.last)).contains(&p);
+    for (node, class_node) in &class.spec.nodes {
+        let Some(row) = index.row(class_name, node) else {
+            continue;
+        };
+        let bound: Vec<&String> = class_node
+            .interfaces
+            .iter()
+            .filter(|i| spec.interfaces.is_empty() || spec.interfaces.contains(i))
+            .collect();
+        let addresses: Vec<&String> = bound.iter().filter_map(|i| row.addresses.get(*i)).collect();
+        let found = row.held_ports.iter().find(|h| {
+            h.protocol == spec.protocol
+                && in_range(h.port)
+                && (h.address == "0.0.0.0" || addresses.contains(&&h.address))
+                && !bound.is_empty()
+        });
+        if let Some(h) = found {
+            return Some(HostClash {
+                node: node.clone(),
+                port: h.port,
+                holder: h.holder.clone(),
+                yields_to: h.yields_to.clone(),
+            });
+        }
+    }
+    None
 }
 
 /// The first name the mapping would bind that kuport refuses: among its own `interfaces`, or
@@ -467,7 +542,26 @@ fn programmed(index: &Index, class: &ClassState, w: &Working) -> Outcome<Program
             }
         }
     }
-    Outcome::new(R::AllNodesReady, "")
+    Outcome::new(R::AllNodesReady, firewall_note(index, class.name, d))
+}
+
+/// Programmed, but a programming node reported that its own firewall is known to drop mapped
+/// traffic: say so, since kuport cannot see past that firewall's rules.
+fn firewall_note(index: &Index, class: &str, d: &MappingDecision) -> String {
+    let notes: Vec<String> = d
+        .programming_nodes
+        .iter()
+        .filter_map(|node| index.row(class, node).map(|row| (node, row)))
+        .flat_map(|(node, row)| {
+            row.warnings
+                .iter()
+                .map(move |w| format!("on node {node}, {w}"))
+        })
+        .collect();
+    if notes.is_empty() {
+        return String::new();
+    }
+    format!("programmed, but {}", notes.join("; "))
 }
 
 fn published(
@@ -481,7 +575,7 @@ fn published(
     for (node, ifaces) in &d.bindings {
         for iface in ifaces {
             let address = if node == this_node {
-                facts.interfaces.get(iface).map(ToString::to_string)
+                facts.interface_address(iface).map(|a| a.to_string())
             } else {
                 index
                     .row(class.name, node)

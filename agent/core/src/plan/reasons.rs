@@ -26,6 +26,9 @@ pub enum AcceptedReason {
     InterfaceNotInClass,
     /// An earlier accepted mapping holds an overlapping port.
     PortConflict,
+    /// Accepted (true): a host socket on an accepting node took one of the ports after the
+    /// mapping was accepted; the mapping keeps it (earliest wins) and the message names the socket.
+    PortAlsoHeldByHost,
 }
 
 /// Reasons of a PortMap's `Programmed` condition, in gate order.
@@ -87,6 +90,7 @@ reason_names!(AcceptedReason {
     PortInUse,
     InterfaceNotInClass,
     PortConflict,
+    PortAlsoHeldByHost,
 });
 reason_names!(ProgrammedReason {
     AllNodesReady,
@@ -126,7 +130,10 @@ impl<R> Outcome<R> {
 impl Outcome<AcceptedReason> {
     /// True when the mapping is accepted.
     pub fn is_true(&self) -> bool {
-        self.reason == AcceptedReason::Valid
+        matches!(
+            self.reason,
+            AcceptedReason::Valid | AcceptedReason::PortAlsoHeldByHost
+        )
     }
 }
 

@@ -12,9 +12,9 @@ use super::mapping::Working;
 use super::{
     CLAIM_GC_AFTER_SECONDS, ClaimProposal, ClassRowWrite, GcAction, GcKind, PortMapWrite, Writes,
 };
-use crate::api::{ClassNodeStatus, CniInfo, EndpointStatus, PortMapStatus};
+use crate::api::{ClassNodeStatus, CniInfo, EndpointStatus, HeldPort, PortMapStatus, Protocol};
 use crate::ir::VXLAN_OVERHEAD;
-use crate::snapshot::{HostFacts, Snapshot};
+use crate::snapshot::{HostFacts, HostSocket, Snapshot};
 
 /// Builds a condition, keeping `lastTransitionTime` from the stored one unless the status flips.
 pub fn condition(
@@ -158,6 +158,14 @@ fn class_row(
     let mut missing = None;
     for iface in interfaces {
         match facts.interfaces.get(iface) {
+            Some(addr) if crate::ir::in_stand_in_block(*addr) => {
+                let (block, len) = crate::ir::STAND_IN_BLOCK;
+                missing.get_or_insert_with(|| {
+                    format!(
+                        "interface {iface} has address {addr}, inside {block}/{len}, which kuport reserves for its stand-in address"
+                    )
+                });
+            }
             Some(addr) => {
                 addresses.insert(iface.clone(), addr.to_string());
             }
@@ -166,6 +174,15 @@ fn class_row(
             }
         }
     }
+    let stored_row = state
+        .class
+        .status
+        .as_ref()
+        .and_then(|s| s.nodes.iter().find(|r| r.name == this_node));
+    let held_ports = held_ports(index, state.name, &addresses, facts, stored_row);
+    let mut warnings = facts.firewall_warnings.clone();
+    warnings.sort();
+    warnings.dedup();
     let underlay_mtu = facts.underlay_mtu.and_then(|m| i32::try_from(m).ok());
     let row = ClassNodeStatus {
         name: this_node.to_owned(),
@@ -174,6 +191,8 @@ fn class_row(
         underlay_mtu,
         link_mtu: underlay_mtu.map(|m| m - VXLAN_OVERHEAD as i32),
         addresses,
+        held_ports,
+        warnings,
         cni: snapshot.cni.as_ref().map(|c| CniInfo {
             name: c.name.clone(),
             routing_mode: c.routing_mode.clone(),
@@ -183,7 +202,6 @@ fn class_row(
         agent_version: None,
         last_pass_time: None,
     };
-    let _ = index;
     let stored = state
         .class
         .status
@@ -207,6 +225,92 @@ fn class_row(
         ready,
         accepting,
         named: state.class.spec.nodes.len(),
+    }
+}
+
+/// The host sockets that hold a port some PortMap of the class asks for, on an address the
+/// class binds on this node (or on every address). Only those are reported: the row stays
+/// small and does not churn with the host's unrelated sockets.
+fn held_ports(
+    index: &Index,
+    class: &str,
+    addresses: &BTreeMap<String, String>,
+    facts: &HostFacts,
+    stored_row: Option<&ClassNodeStatus>,
+) -> Vec<HeldPort> {
+    let asked: Vec<(Protocol, u16, u16)> = index
+        .portmaps
+        .iter()
+        .filter(|pm| pm.spec.class_name == class)
+        .filter_map(|pm| {
+            let first = u16::try_from(pm.spec.port).ok()?;
+            let last = pm
+                .spec
+                .end_port
+                .map_or(Some(first), |e| u16::try_from(e).ok())?;
+            Some((pm.spec.protocol, first, last))
+        })
+        .collect();
+    let mut held: Vec<HeldPort> = facts
+        .sockets
+        .iter()
+        .filter(|s| {
+            s.address.is_unspecified() || addresses.values().any(|a| *a == s.address.to_string())
+        })
+        .filter(|s| {
+            asked
+                .iter()
+                .any(|(p, first, last)| *p == s.protocol && (*first..=*last).contains(&s.port))
+        })
+        .map(|s| {
+            let mut held = HeldPort {
+                protocol: s.protocol,
+                port: i32::from(s.port),
+                address: s.address.to_string(),
+                holder: s.holder.clone().unwrap_or_else(|| socket_holder(s)),
+                yields_to: Vec::new(),
+            };
+            held.yields_to = yields_to(&held, s.port, facts, stored_row);
+            held
+        })
+        .collect();
+    held.sort();
+    held.dedup();
+    held
+}
+
+/// Who keeps a held port: as recorded when the socket was first reported (so it survives agent
+/// restarts), or, for a socket seen now for the first time, the mappings the datapath already
+/// captured the port for. A socket present before kuport looked yields to nobody.
+fn yields_to(
+    held: &HeldPort,
+    port: u16,
+    facts: &HostFacts,
+    stored_row: Option<&ClassNodeStatus>,
+) -> Vec<String> {
+    let known = stored_row.and_then(|r| {
+        r.held_ports
+            .iter()
+            .find(|h| (h.protocol, h.port, &h.address) == (held.protocol, held.port, &held.address))
+    });
+    if let Some(known) = known {
+        return known.yields_to.clone();
+    }
+    let mut mappings: Vec<String> = facts
+        .programmed_ports
+        .iter()
+        .filter(|p| p.protocol == held.protocol && (p.first..=p.last).contains(&port))
+        .map(|p| p.mapping.clone())
+        .collect();
+    mappings.sort();
+    mappings.dedup();
+    mappings
+}
+
+fn socket_holder(s: &HostSocket) -> String {
+    match s.protocol {
+        Protocol::Tcp => format!("host TCP listener {}:{}", s.address, s.port),
+        Protocol::Udp => format!("host UDP socket {}:{}", s.address, s.port),
     }
 }
 

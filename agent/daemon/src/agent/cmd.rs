@@ -145,6 +145,7 @@ async fn run_async(args: AgentArgs) -> anyhow::Result<()> {
     }
     let health_addr = args.health_addr.resolve(own);
     let metrics_addr = args.metrics_addr.resolve(own);
+    config.agent_ports = vec![health_addr.port(), metrics_addr.port()];
     config.stop_policy = stop_policy(args.pod_name.clone(), args.pod_namespace.clone());
     let agent = Agent::new(client, host, config).with_link_watch(Box::new(LinuxHost::link_events));
 

@@ -59,6 +59,8 @@ pub struct AgentConfig {
     pub marks: MarkLayout,
     /// What a stop does with the datapath (keep it for the next agent by default).
     pub stop_policy: StopPolicy,
+    /// The agent's own listening ports: mappings are refused them on the addresses they bind.
+    pub agent_ports: Vec<u16>,
 }
 
 impl AgentConfig {
@@ -73,6 +75,7 @@ impl AgentConfig {
             api_timeout: Duration::from_secs(10),
             marks: MarkLayout::default(),
             stop_policy: StopPolicy::Keep,
+            agent_ports: Vec::new(),
         }
     }
 }
@@ -410,7 +413,8 @@ impl<H: Host> Agent<H> {
             },
         }
 
-        let query = facts_query(&snapshot, &node, self.config.marks);
+        let mut query = facts_query(&snapshot, &node, self.config.marks);
+        query.agent_ports = self.config.agent_ports.clone();
         let facts = match self.host.facts(&query).await {
             Ok(f) => f,
             Err(e) => return (fail(Stage::Facts, format!("reading host facts: {e}")), None),
@@ -612,6 +616,7 @@ fn facts_query(snapshot: &Snapshot, node: &str, marks: MarkLayout) -> FactsQuery
         interfaces,
         internal_ip,
         marks,
+        agent_ports: Vec::new(),
     }
 }
 

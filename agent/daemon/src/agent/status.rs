@@ -17,8 +17,8 @@ use kube::Resource;
 use kube::api::{Api, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kuport_core::api::{LinkClaim, PortMap, PortMapClass, PortMapClassStatus, PortMapStatus};
+use kuport_core::plan::{AcceptedReason, PortMapWrite, Writes};
 use kuport_core::plan::{CLAIM_GC_AFTER_SECONDS, ClaimProposal, ClassRowWrite, GcAction, GcKind};
-use kuport_core::plan::{PortMapWrite, Writes};
 
 use super::events::{EventSink, PendingEvent};
 use super::metrics::{Metrics, WriteKind, WriteResult};
@@ -144,7 +144,7 @@ impl StatusWriter<'_> {
                     if let Some(c) = to_report(&stored.conditions, &w.status.conditions, type_) {
                         self.events.emit(PendingEvent {
                             regarding: current.object_ref(&()),
-                            warning: c.status != "True",
+                            warning: is_warning(c),
                             reason: c.reason.clone(),
                             note: note(type_, c),
                             action: "UpdateStatus",
@@ -532,10 +532,18 @@ fn note(type_: &str, c: &Condition) -> String {
 /// The new condition of `type_` when it is worth an Event: it is new, its status flipped, or
 /// it stays False for another reason (a different problem for the user to act on). A steady
 /// condition, or a True one whose reason or message changed, is not.
+/// Events for false conditions are warnings, and so is the one true reason that reports a
+/// clash.
+fn is_warning(c: &Condition) -> bool {
+    c.status != "True" || c.reason == AcceptedReason::PortAlsoHeldByHost.as_str()
+}
+
 fn to_report<'a>(stored: &[Condition], new: &'a [Condition], type_: &str) -> Option<&'a Condition> {
     let new = new.iter().find(|c| c.type_ == type_)?;
     let old = stored.iter().find(|c| c.type_ == type_);
-    old.is_none_or(|o| o.status != new.status || (new.status == "False" && o.reason != new.reason))
+    // A changed reason is news even when the status holds: a refusal with another cause, or an
+    // accepted mapping whose port a host socket now also wants.
+    old.is_none_or(|o| o.status != new.status || o.reason != new.reason)
         .then_some(new)
 }
 
@@ -801,6 +809,20 @@ mod tests {
             &[c("True", "AllNodesReady")],
             &c("True", "AllNodesReady")
         ));
+        let accepted = |reason: &str| Condition {
+            type_: "Accepted".into(),
+            ..cond("True", reason, NOW)
+        };
+        assert!(
+            to_report(
+                &[accepted("Valid")],
+                &[accepted("PortAlsoHeldByHost")],
+                "Accepted"
+            )
+            .is_some_and(is_warning),
+            "a host socket now clashes with an accepted mapping: a warning Event"
+        );
+        assert!(!is_warning(&accepted("Valid")));
     }
 
     #[test]
