@@ -179,28 +179,53 @@ struct Code {
 fn code_spans(doc: &str, text: &str) -> Vec<Code> {
     let mut spans = Vec::new();
     let mut fenced = false;
+    // Inline spans may wrap across lines: they are read per paragraph (or table row).
+    let mut paragraph: Option<(usize, String)> = None;
+    let mut flush = |paragraph: &mut Option<(usize, String)>, spans: &mut Vec<Code>| {
+        if let Some((line, text)) = paragraph.take() {
+            let mut parts = text.split('`');
+            parts.next();
+            while let (Some(inside), Some(_)) = (parts.next(), parts.next()) {
+                spans.push(Code {
+                    doc: doc.to_owned(),
+                    line,
+                    text: inside.to_owned(),
+                });
+            }
+        }
+    };
     for (i, line) in text.lines().enumerate() {
         if line.trim_start().starts_with("```") {
+            flush(&mut paragraph, &mut spans);
             fenced = !fenced;
             continue;
         }
-        let mut push = |s: &str| {
+        if fenced {
             spans.push(Code {
                 doc: doc.to_owned(),
                 line: i + 1,
-                text: s.to_owned(),
+                text: line.to_owned(),
             });
-        };
-        if fenced {
-            push(line);
             continue;
         }
-        let mut parts = line.split('`');
-        parts.next();
-        while let (Some(inside), Some(_)) = (parts.next(), parts.next()) {
-            push(inside);
+        if line.trim().is_empty() || line.starts_with('|') || line.starts_with('#') {
+            flush(&mut paragraph, &mut spans);
+        }
+        if line.trim().is_empty() {
+            continue;
+        }
+        match &mut paragraph {
+            Some((_, text)) => {
+                text.push(' ');
+                text.push_str(line);
+            }
+            None => paragraph = Some((i + 1, line.to_owned())),
+        }
+        if line.starts_with('|') || line.starts_with('#') {
+            flush(&mut paragraph, &mut spans);
         }
     }
+    flush(&mut paragraph, &mut spans);
     spans
 }
 
@@ -497,8 +522,10 @@ fn the_name_checks_see_what_they_should() {
     let t = tokens("nft list table ip kuport lab/scenarios/<file>.yaml /run/kuport-lab/x");
     assert!(kuport_invocations(&t).is_empty());
     assert!(repo_paths(&t, &top).is_empty());
-    let spans = code_spans("d.md", "a `x` b `y z`\n```sh\nkuport plan\n```\n`w`\n");
+    let text = "a `x` b `y\nz`\n```sh\nkuport plan\n```\n`w`\n| `t` |\n";
+    let spans = code_spans("d.md", text);
     let texts: Vec<&str> = spans.iter().map(|c| c.text.as_str()).collect();
-    assert_eq!(texts, vec!["x", "y z", "kuport plan", "w"]);
-    assert_eq!(spans[2].line, 3);
+    assert_eq!(texts, vec!["x", "y z", "kuport plan", "w", "t"]);
+    assert_eq!(spans[2].line, 4);
+    assert_eq!(spans[4].line, 7);
 }
