@@ -181,7 +181,7 @@ fn code_spans(doc: &str, text: &str) -> Vec<Code> {
     let mut fenced = false;
     // Inline spans may wrap across lines: they are read per paragraph (or table row).
     let mut paragraph: Option<(usize, String)> = None;
-    let mut flush = |paragraph: &mut Option<(usize, String)>, spans: &mut Vec<Code>| {
+    let flush = |paragraph: &mut Option<(usize, String)>, spans: &mut Vec<Code>| {
         if let Some((line, text)) = paragraph.take() {
             let mut parts = text.split('`');
             parts.next();
@@ -232,7 +232,7 @@ fn code_spans(doc: &str, text: &str) -> Vec<Code> {
 /// Tokens of a piece of code, split at white space and `=`, shell quotes removed.
 fn tokens(code: &str) -> Vec<String> {
     code.split(|c: char| c.is_whitespace() || c == '=')
-        .map(|t| t.trim_matches(|c| matches!(c, '\'' | '"' | '(' | ')' | '[' | ']' | ',')))
+        .map(|t| t.trim_matches(['\'', '"', '(', ')', '[', ']', ',']))
         .filter(|t| !t.is_empty())
         .map(str::to_owned)
         .collect()
@@ -281,7 +281,7 @@ fn kuport_invocations(toks: &[String]) -> Vec<(String, Vec<String>)> {
             .iter()
             .take_while(|t| !matches!(t.as_str(), "|" | "&&" | "||" | ";" | ">" | ">>"))
             .filter(|t| t.starts_with('-') && t.as_str() != "--" && !t.contains('<'))
-            .map(|t| t.trim_end_matches(|c| matches!(c, '.' | ':')).to_owned())
+            .map(|t| t.trim_end_matches(['.', ':']).to_owned())
             .collect();
         found.push((sub.1.clone(), flags));
     }
@@ -325,7 +325,7 @@ fn just_recipes_named(toks: &[String]) -> Vec<String> {
 /// repository and holding a `/`, no placeholder.
 fn repo_paths(toks: &[String], top: &BTreeSet<String>) -> Vec<String> {
     toks.iter()
-        .map(|t| t.trim_end_matches(|c| matches!(c, '.' | ':' | ';')))
+        .map(|t| t.trim_end_matches(['.', ':', ';']))
         .filter(|t| t.contains('/') && !t.contains("://"))
         .filter(|t| !t.contains(['<', '>', '*', '{', '}', '$', '…']) && !t.contains("..."))
         .filter(|t| t.split('/').next().is_some_and(|first| top.contains(first)))
