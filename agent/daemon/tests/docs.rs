@@ -100,6 +100,31 @@ fn every_reason_the_code_writes_is_explained_in_troubleshooting() {
     );
 }
 
+/// Reason rows of `doc` (`| <label> | `<Reason>` |` for a known label) naming a reason the code
+/// does not write: a renamed or removed reason left behind.
+fn stale_reason_rows(doc: &str, reasons: &[(&str, &str)]) -> Vec<String> {
+    let labels: BTreeSet<&str> = reasons.iter().map(|(l, _)| *l).collect();
+    doc.lines()
+        .filter_map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            let (label, reason) = (*cells.get(1)?, cells.get(2)?.strip_prefix('`')?);
+            let reason = reason.strip_suffix('`')?;
+            (labels.contains(label) && !reasons.contains(&(label, reason)))
+                .then(|| format!("| {label} | `{reason}` |"))
+        })
+        .collect()
+}
+
+#[test]
+fn troubleshooting_explains_no_reason_the_code_does_not_write() {
+    let stale = stale_reason_rows(&read("docs/troubleshooting.md"), &written_reasons());
+    assert!(
+        stale.is_empty(),
+        "docs/troubleshooting.md explains reasons the code never writes (renamed or removed?):\n{}",
+        stale.join("\n")
+    );
+}
+
 #[test]
 fn every_reason_the_code_writes_is_named_in_the_api_reference() {
     let api = read("docs/api.md");
@@ -122,6 +147,13 @@ fn the_reason_check_notices_a_missing_row() {
     assert_eq!(
         missing_reason_rows(doc, &reasons),
         vec!["| Accepted | `PortInUse` | ...".to_owned()]
+    );
+    assert_eq!(
+        stale_reason_rows(
+            "| Accepted | `Gone` | False | x |\n| Other | `Gone` |\n",
+            &reasons
+        ),
+        vec!["| Accepted | `Gone` |".to_owned()]
     );
     // A reason named only in prose, or under another condition, does not count.
     let prose = "PortInUse is explained here.\n| Programmed | `PortInUse` | x |\n";
