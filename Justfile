@@ -15,6 +15,7 @@ test:
 crds:
     cargo run --quiet -p kuport -- crds --out crds
     cargo run --quiet -p kuport -- crds --out deploy/chart/crds
+    cargo run --quiet -p kuport -- crds --markdown --update docs/api.md
 
 # Format every crate.
 fmt:

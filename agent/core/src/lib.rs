@@ -5,6 +5,7 @@
 //! argument, so every agent that sees the same objects computes the same result.
 
 pub mod api;
+pub mod api_docs;
 pub mod crd;
 pub mod ir;
 pub mod plan;

@@ -42,11 +42,25 @@ enum Command {
     /// Without --out, both CRDs are printed to standard output as one multi-document YAML
     /// stream, ready for `kubectl apply -f -`. With --out DIR, each is written to its own file
     /// (`<plural>.kuport.wlz.li.yaml`); the repository's crds/ directory is made this way.
+    /// With --markdown, the field reference of docs/api.md is printed instead (every spec and
+    /// status field with its type, default, validation and description, from the same schema);
+    /// --update FILE replaces the generated section of FILE with it.
+    #[command(after_help = "Examples:
+  kuport crds | kubectl apply -f -
+  kuport crds --out crds
+  kuport crds --markdown --update docs/api.md")]
     Crds {
         /// Write one file per kind into this directory (created when missing) instead of
         /// printing.
-        #[arg(long, value_name = "DIR")]
+        #[arg(long, value_name = "DIR", conflicts_with = "markdown")]
         out: Option<PathBuf>,
+        /// Print the Markdown field reference generated from the CRDs instead of the CRDs.
+        #[arg(long)]
+        markdown: bool,
+        /// With --markdown: replace the section of this file between the generated-section
+        /// markers instead of printing.
+        #[arg(long, value_name = "FILE", requires = "markdown")]
+        update: Option<PathBuf>,
     },
     /// Compute offline the plan the agent on one node would compute, from objects on disk.
     ///
@@ -131,11 +145,19 @@ impl Cli {
         match self.command {
             Command::Agent(args) => kuport::agent::cmd::run(args).map(|()| done),
             Command::Cleanup => kuport::agent::cmd::cleanup().map(|()| done),
-            Command::Crds { out: None } => {
+            Command::Crds {
+                markdown: true,
+                update,
+                ..
+            } => {
+                crate::crds::markdown(update.as_deref())?;
+                Ok(done)
+            }
+            Command::Crds { out: None, .. } => {
                 print!("{}", crate::crds::render_stream()?);
                 Ok(done)
             }
-            Command::Crds { out: Some(dir) } => {
+            Command::Crds { out: Some(dir), .. } => {
                 for path in crate::crds::write_dir(&dir)? {
                     eprintln!("wrote {}", path.display());
                 }

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use kuport_core::crd;
+use kuport_core::{api_docs, crd};
 
 /// Both CRDs as one multi-document YAML stream.
 pub fn render_stream() -> anyhow::Result<String> {
@@ -26,4 +26,24 @@ pub fn write_dir(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
         written.push(path);
     }
     Ok(written)
+}
+
+/// Prints the generated field reference, or splices it into `update`'s generated section.
+pub fn markdown(update: Option<&Path>) -> anyhow::Result<()> {
+    let generated = api_docs::markdown()?;
+    let Some(file) = update else {
+        print!("{generated}");
+        return Ok(());
+    };
+    let shown = file.display().to_string();
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {shown} to update"))?;
+    let new = api_docs::splice(&text, &generated, &shown)?;
+    if new == text {
+        eprintln!("{shown} is up to date");
+    } else {
+        std::fs::write(file, new).with_context(|| format!("writing {shown}"))?;
+        eprintln!("updated {shown}");
+    }
+    Ok(())
 }

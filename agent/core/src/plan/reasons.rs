@@ -66,6 +66,11 @@ pub enum ClassReason {
 macro_rules! reason_names {
     ($ty:ty { $($variant:ident),* $(,)? }) => {
         impl $ty {
+            /// Every reason, in declaration order: the list docs and metrics enumerate. The
+            /// `match` in `as_str` names the same variants, so a variant missing here does not
+            /// compile.
+            pub const ALL: &'static [Self] = &[$(Self::$variant),*];
+
             /// The reason as written in the condition.
             pub fn as_str(self) -> &'static str {
                 match self { $(Self::$variant => stringify!($variant)),* }

@@ -21,6 +21,13 @@ use kuport_core::plan::{AcceptedReason, PortMapWrite, Writes};
 use kuport_core::plan::{CLAIM_GC_AFTER_SECONDS, ClaimProposal, ClassRowWrite, GcAction, GcKind};
 
 use super::events::{EventSink, PendingEvent};
+
+/// Event reason on a PortMapClass when a node leaves its ready nodes (a Warning).
+pub const NODE_LEFT_REASON: &str = "NodeNotReady";
+/// Event reason on a PortMapClass when a node joins its ready nodes.
+pub const NODE_JOINED_REASON: &str = "NodeReady";
+/// Every Event reason the agent writes that is not a condition reason.
+pub const CLASS_EVENT_REASONS: [&str; 2] = [NODE_LEFT_REASON, NODE_JOINED_REASON];
 use super::metrics::{Metrics, WriteKind, WriteResult};
 
 /// How many times one class write re-reads and re-merges after a 409 within one pass.
@@ -247,7 +254,7 @@ impl StatusWriter<'_> {
                         self.events.emit(PendingEvent {
                             regarding: fresh.object_ref(&()),
                             warning: true,
-                            reason: "NodeNotReady".to_owned(),
+                            reason: NODE_LEFT_REASON.to_owned(),
                             note: format!("node {node} no longer accepts for the class: {why}"),
                             action: "UpdateStatus",
                         });
@@ -256,7 +263,7 @@ impl StatusWriter<'_> {
                         self.events.emit(PendingEvent {
                             regarding: fresh.object_ref(&()),
                             warning: false,
-                            reason: "NodeReady".to_owned(),
+                            reason: NODE_JOINED_REASON.to_owned(),
                             note: format!("node {node} accepts for the class"),
                             action: "UpdateStatus",
                         });

@@ -1,0 +1,563 @@
+//! The documentation says what the code does: every condition and Event reason the agent can
+//! write is explained in docs/troubleshooting.md (and named in docs/api.md), the generated field
+//! reference in docs/api.md is what `kuport crds --markdown` prints now, and every `kuport`
+//! subcommand and flag, `cargo` alias and package, `just` recipe and repository path that
+//! README.md or docs/*.md names in backticks or a code block exists.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use kuport::agent::status::CLASS_EVENT_REASONS;
+use kuport_core::api_docs;
+use kuport_core::plan::{AcceptedReason, ClassReason, ProgrammedReason};
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn read(rel: &str) -> String {
+    let path = repo_root().join(rel);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+/// README.md and every docs/*.md, sorted, as (repository path, text).
+fn documents() -> Vec<(String, String)> {
+    let mut names = vec!["README.md".to_owned()];
+    let dir = repo_root().join("docs");
+    let mut docs: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+        .map(|e| {
+            e.expect("docs entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .filter(|n| n.ends_with(".md"))
+        .map(|n| format!("docs/{n}"))
+        .collect();
+    docs.sort();
+    names.extend(docs);
+    names.into_iter().map(|n| (n.clone(), read(&n))).collect()
+}
+
+fn kuport(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_kuport"))
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running kuport {args:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "kuport {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("kuport prints UTF-8")
+}
+
+// ---- (1) reasons ----------------------------------------------------------------------------
+
+/// Every (table label, reason) the code can write: condition reasons from the reason enums'
+/// `ALL` lists (which the compiler keeps complete), and the Event reasons that are not
+/// condition reasons.
+fn written_reasons() -> Vec<(&'static str, &'static str)> {
+    let mut all = Vec::new();
+    all.extend(AcceptedReason::ALL.iter().map(|r| ("Accepted", r.as_str())));
+    all.extend(
+        ProgrammedReason::ALL
+            .iter()
+            .map(|r| ("Programmed", r.as_str())),
+    );
+    all.extend(ClassReason::ALL.iter().map(|r| ("Ready", r.as_str())));
+    all.extend(CLASS_EVENT_REASONS.iter().map(|r| ("Event", *r)));
+    all
+}
+
+/// The reasons `doc` has no table row for: a row starts `| <label> | `<Reason>` |`.
+fn missing_reason_rows(doc: &str, reasons: &[(&str, &str)]) -> Vec<String> {
+    reasons
+        .iter()
+        .filter(|(label, reason)| {
+            let row = format!("| {label} | `{reason}` |");
+            !doc.lines().any(|l| l.starts_with(&row))
+        })
+        .map(|(label, reason)| format!("| {label} | `{reason}` | ..."))
+        .collect()
+}
+
+#[test]
+fn every_reason_the_code_writes_is_explained_in_troubleshooting() {
+    let reasons = written_reasons();
+    assert!(
+        reasons.len() >= 20,
+        "the reason lists look empty: {reasons:?}"
+    );
+    let missing = missing_reason_rows(&read("docs/troubleshooting.md"), &reasons);
+    assert!(
+        missing.is_empty(),
+        "docs/troubleshooting.md has no row for these reasons (add one to \"Every condition \
+         reason\", with the meaning and the first check):\n{}",
+        missing.join("\n")
+    );
+}
+
+/// Reason rows of `doc` (`| <label> | `<Reason>` |` for a known label) naming a reason the code
+/// does not write: a renamed or removed reason left behind.
+fn stale_reason_rows(doc: &str, reasons: &[(&str, &str)]) -> Vec<String> {
+    let labels: BTreeSet<&str> = reasons.iter().map(|(l, _)| *l).collect();
+    doc.lines()
+        .filter_map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            let (label, reason) = (*cells.get(1)?, cells.get(2)?.strip_prefix('`')?);
+            let reason = reason.strip_suffix('`')?;
+            (labels.contains(label) && !reasons.contains(&(label, reason)))
+                .then(|| format!("| {label} | `{reason}` |"))
+        })
+        .collect()
+}
+
+#[test]
+fn troubleshooting_explains_no_reason_the_code_does_not_write() {
+    let stale = stale_reason_rows(&read("docs/troubleshooting.md"), &written_reasons());
+    assert!(
+        stale.is_empty(),
+        "docs/troubleshooting.md explains reasons the code never writes (renamed or removed?):\n{}",
+        stale.join("\n")
+    );
+}
+
+#[test]
+fn every_reason_the_code_writes_is_named_in_the_api_reference() {
+    let api = read("docs/api.md");
+    let missing: Vec<&str> = written_reasons()
+        .into_iter()
+        .map(|(_, r)| r)
+        .filter(|r| !api.contains(&format!("`{r}`")))
+        .collect();
+    assert!(missing.is_empty(), "docs/api.md never names {missing:?}");
+}
+
+#[test]
+fn the_reason_check_notices_a_missing_row() {
+    let doc = "| Accepted | `Valid` | True | ok |\n| Ready | `Valid` | x |\n";
+    let reasons = [
+        ("Accepted", "Valid"),
+        ("Accepted", "PortInUse"),
+        ("Ready", "Valid"),
+    ];
+    assert_eq!(
+        missing_reason_rows(doc, &reasons),
+        vec!["| Accepted | `PortInUse` | ...".to_owned()]
+    );
+    assert_eq!(
+        stale_reason_rows(
+            "| Accepted | `Gone` | False | x |\n| Other | `Gone` |\n",
+            &reasons
+        ),
+        vec!["| Accepted | `Gone` |".to_owned()]
+    );
+    // A reason named only in prose, or under another condition, does not count.
+    let prose = "PortInUse is explained here.\n| Programmed | `PortInUse` | x |\n";
+    assert_eq!(
+        missing_reason_rows(prose, &[("Accepted", "PortInUse")]).len(),
+        1
+    );
+}
+
+// ---- (2) the generated API reference --------------------------------------------------------
+
+#[test]
+fn api_md_field_reference_is_what_the_types_generate() {
+    let generated = kuport(&["crds", "--markdown"]);
+    assert!(generated.contains("### PortMapClass"), "{generated}");
+    let text = read("docs/api.md");
+    let committed =
+        api_docs::generated_section(&text, "docs/api.md").unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        committed == generated,
+        "docs/api.md's generated section differs from the types; run `cargo run -q -p kuport -- \
+         crds --markdown --update docs/api.md` and commit"
+    );
+}
+
+#[test]
+fn crds_markdown_update_rewrites_only_the_section() {
+    let dir = std::env::temp_dir().join(format!("kuport-api-docs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    let file = dir.join("api.md");
+    let before = format!(
+        "# Hand\n\nkept\n\n{}\nstale\n{}\n\nkept too\n",
+        api_docs::BEGIN_MARKER,
+        api_docs::END_MARKER
+    );
+    std::fs::write(&file, &before).expect("write scratch api.md");
+    let path = file.to_str().expect("UTF-8 temp path");
+    kuport(&["crds", "--markdown", "--update", path]);
+    let after = std::fs::read_to_string(&file).expect("read back");
+    assert!(after.starts_with("# Hand\n\nkept\n\n"), "{after}");
+    assert!(after.ends_with(&format!("{}\n\nkept too\n", api_docs::END_MARKER)));
+    assert!(!after.contains("stale") && after.contains("| `spec.className` |"));
+    std::fs::remove_dir_all(&dir).expect("remove scratch dir");
+}
+
+// ---- (3) commands and paths the docs name ---------------------------------------------------
+
+/// A piece of code in a document: an inline code span or a line of a fenced block.
+struct Code {
+    doc: String,
+    line: usize,
+    text: String,
+}
+
+fn code_spans(doc: &str, text: &str) -> Vec<Code> {
+    let mut spans = Vec::new();
+    let mut fenced = false;
+    // Inline spans may wrap across lines: they are read per paragraph (or table row).
+    let mut paragraph: Option<(usize, String)> = None;
+    let flush = |paragraph: &mut Option<(usize, String)>, spans: &mut Vec<Code>| {
+        if let Some((line, text)) = paragraph.take() {
+            let mut parts = text.split('`');
+            parts.next();
+            while let (Some(inside), Some(_)) = (parts.next(), parts.next()) {
+                spans.push(Code {
+                    doc: doc.to_owned(),
+                    line,
+                    text: inside.to_owned(),
+                });
+            }
+        }
+    };
+    for (i, line) in text.lines().enumerate() {
+        if line.trim_start().starts_with("```") {
+            flush(&mut paragraph, &mut spans);
+            fenced = !fenced;
+            continue;
+        }
+        if fenced {
+            spans.push(Code {
+                doc: doc.to_owned(),
+                line: i + 1,
+                text: line.to_owned(),
+            });
+            continue;
+        }
+        if line.trim().is_empty() || line.starts_with('|') || line.starts_with('#') {
+            flush(&mut paragraph, &mut spans);
+        }
+        if line.trim().is_empty() {
+            continue;
+        }
+        match &mut paragraph {
+            Some((_, text)) => {
+                text.push(' ');
+                text.push_str(line);
+            }
+            None => paragraph = Some((i + 1, line.to_owned())),
+        }
+        if line.starts_with('|') || line.starts_with('#') {
+            flush(&mut paragraph, &mut spans);
+        }
+    }
+    flush(&mut paragraph, &mut spans);
+    spans
+}
+
+/// Tokens of a piece of code, split at white space and `=`, shell quotes removed.
+fn tokens(code: &str) -> Vec<String> {
+    code.split(|c: char| c.is_whitespace() || c == '=')
+        .map(|t| t.trim_matches(['\'', '"', '(', ')', '[', ']', ',']))
+        .filter(|t| !t.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// True when a command may start after this token.
+fn command_position(prev: Option<&str>) -> bool {
+    matches!(
+        prev,
+        None | Some("$" | "sudo" | "--" | "|" | "&&" | "||" | ";" | "exec" | "time")
+    )
+}
+
+fn is_word(t: &str) -> bool {
+    t.chars().next().is_some_and(|c| c.is_ascii_lowercase())
+        && t.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+}
+
+/// A `kuport` invocation: the subcommand and the flags after it.
+fn kuport_invocations(toks: &[String]) -> Vec<(String, Vec<String>)> {
+    let mut found = Vec::new();
+    for (i, t) in toks.iter().enumerate() {
+        if t != "kuport" {
+            continue;
+        }
+        let prev = i.checked_sub(1).map(|p| toks[p].as_str());
+        let sub_at = if matches!(prev, Some("-p" | "--package")) {
+            // `cargo run -p kuport -- <sub>`
+            toks[i + 1..]
+                .iter()
+                .position(|t| t == "--")
+                .map(|p| i + 1 + p + 1)
+        } else if command_position(prev) {
+            Some(i + 1)
+        } else {
+            None
+        };
+        let Some(sub) = sub_at.and_then(|s| toks.get(s).map(|t| (s, t))) else {
+            continue;
+        };
+        if !is_word(sub.1) {
+            continue;
+        }
+        let flags = toks[sub.0 + 1..]
+            .iter()
+            .take_while(|t| !matches!(t.as_str(), "|" | "&&" | "||" | ";" | ">" | ">>"))
+            .filter(|t| t.starts_with('-') && t.as_str() != "--" && !t.contains('<'))
+            .map(|t| t.trim_end_matches(['.', ':']).to_owned())
+            .collect();
+        found.push((sub.1.clone(), flags));
+    }
+    found
+}
+
+/// `cargo <sub>` and the `-p` packages of a cargo invocation.
+fn cargo_invocations(toks: &[String]) -> Vec<(String, Vec<String>)> {
+    let mut found = Vec::new();
+    for (i, t) in toks.iter().enumerate() {
+        let prev = i.checked_sub(1).map(|p| toks[p].as_str());
+        if t != "cargo" || !command_position(prev) {
+            continue;
+        }
+        let Some(sub) = toks.get(i + 1).filter(|s| is_word(s)) else {
+            continue;
+        };
+        let rest = &toks[i + 2..];
+        let end = rest.iter().position(|t| t == "--").unwrap_or(rest.len());
+        let packages = rest[..end]
+            .windows(2)
+            .filter(|w| w[0] == "-p" || w[0] == "--package")
+            .map(|w| w[1].clone())
+            .collect();
+        found.push((sub.clone(), packages));
+    }
+    found
+}
+
+fn just_recipes_named(toks: &[String]) -> Vec<String> {
+    toks.iter()
+        .enumerate()
+        .filter(|(i, t)| {
+            *t == "just" && command_position(i.checked_sub(1).map(|p| toks[p].as_str()))
+        })
+        .filter_map(|(i, _)| toks.get(i + 1).filter(|s| is_word(s)).cloned())
+        .collect()
+}
+
+/// Repository paths among the tokens: relative, starting with a top-level entry of the
+/// repository and holding a `/`, no placeholder.
+fn repo_paths(toks: &[String], top: &BTreeSet<String>) -> Vec<String> {
+    toks.iter()
+        .map(|t| t.trim_end_matches(['.', ':', ';']))
+        .filter(|t| t.contains('/') && !t.contains("://"))
+        .filter(|t| !t.contains(['<', '>', '*', '{', '}', '$', '…']) && !t.contains("..."))
+        .filter(|t| t.split('/').next().is_some_and(|first| top.contains(first)))
+        .map(str::to_owned)
+        .collect()
+}
+
+struct Cli {
+    subcommands: BTreeSet<String>,
+    help: BTreeMap<String, String>,
+}
+
+impl Cli {
+    fn read() -> Self {
+        let top = kuport(&["--help"]);
+        let subcommands = top
+            .lines()
+            .skip_while(|l| !l.starts_with("Commands:"))
+            .skip(1)
+            .take_while(|l| l.starts_with("  "))
+            .filter_map(|l| l.split_whitespace().next())
+            .filter(|s| *s != "help")
+            .map(str::to_owned)
+            .collect::<BTreeSet<_>>();
+        assert!(
+            subcommands.contains("agent") && subcommands.contains("status"),
+            "could not read the subcommands from kuport --help:\n{top}"
+        );
+        let help = subcommands
+            .iter()
+            .map(|s| (s.clone(), kuport(&[s, "--help"])))
+            .collect();
+        Self { subcommands, help }
+    }
+
+    fn has_flag(&self, sub: &str, flag: &str) -> bool {
+        let help = &self.help[sub];
+        help.match_indices(flag).any(|(at, _)| {
+            let before = help[..at].chars().next_back();
+            let after = help[at + flag.len()..].chars().next();
+            before.is_none_or(|c| c == ' ' || c == '[')
+                && after.is_none_or(|c| !c.is_ascii_alphanumeric() && c != '-')
+        })
+    }
+}
+
+fn cargo_aliases() -> BTreeSet<String> {
+    let config = read(".cargo/config.toml");
+    config
+        .lines()
+        .skip_while(|l| l.trim() != "[alias]")
+        .skip(1)
+        .take_while(|l| !l.trim_start().starts_with('['))
+        .filter_map(|l| l.split_once('=').map(|(k, _)| k.trim().to_owned()))
+        .filter(|k| !k.starts_with('#') && !k.is_empty())
+        .collect()
+}
+
+fn workspace_packages() -> BTreeSet<String> {
+    let root = read("Cargo.toml");
+    let members = root
+        .lines()
+        .find(|l| l.trim_start().starts_with("members"))
+        .expect("workspace members line");
+    members
+        .split('"')
+        .skip(1)
+        .step_by(2)
+        .map(|dir| {
+            let manifest = read(&format!("{dir}/Cargo.toml"));
+            manifest
+                .lines()
+                .find_map(|l| l.strip_prefix("name = \""))
+                .and_then(|l| l.strip_suffix('"'))
+                .unwrap_or_else(|| panic!("{dir}/Cargo.toml has no package name"))
+                .to_owned()
+        })
+        .collect()
+}
+
+fn just_recipes() -> BTreeSet<String> {
+    read("Justfile")
+        .lines()
+        .filter(|l| l.chars().next().is_some_and(|c| c.is_ascii_lowercase()))
+        .filter_map(|l| l.split([' ', ':']).next())
+        .filter(|name| is_word(name))
+        .map(str::to_owned)
+        .collect()
+}
+
+const CARGO_BUILTINS: &[&str] = &[
+    "bench", "build", "check", "clippy", "doc", "fmt", "install", "metadata", "run", "test",
+    "tree", "update",
+];
+
+fn top_level() -> BTreeSet<String> {
+    std::fs::read_dir(repo_root())
+        .expect("reading the repository root")
+        .map(|e| {
+            e.expect("root entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .filter(|n| n != ".git" && n != "target")
+        .collect()
+}
+
+#[test]
+fn commands_and_paths_named_in_the_docs_exist() {
+    let cli = Cli::read();
+    let aliases = cargo_aliases();
+    let packages = workspace_packages();
+    let recipes = just_recipes();
+    let top = top_level();
+    let mut problems = BTreeSet::new();
+    let mut checked = 0usize;
+    for (doc, text) in documents() {
+        for code in code_spans(&doc, &text) {
+            let at = format!("{}:{}", code.doc, code.line);
+            let toks = tokens(&code.text);
+            for (sub, flags) in kuport_invocations(&toks) {
+                checked += 1;
+                if !cli.subcommands.contains(&sub) {
+                    problems.insert(format!("{at}: `kuport {sub}` is not a subcommand"));
+                    continue;
+                }
+                for flag in flags {
+                    if !cli.has_flag(&sub, &flag) {
+                        problems.insert(format!("{at}: `kuport {sub}` has no flag {flag}"));
+                    }
+                }
+            }
+            for (sub, pkgs) in cargo_invocations(&toks) {
+                checked += 1;
+                if !CARGO_BUILTINS.contains(&sub.as_str()) && !aliases.contains(&sub) {
+                    problems.insert(format!(
+                        "{at}: `cargo {sub}` is no alias in .cargo/config.toml"
+                    ));
+                }
+                for p in pkgs {
+                    if !packages.contains(&p) {
+                        problems.insert(format!("{at}: no workspace package {p}"));
+                    }
+                }
+            }
+            for recipe in just_recipes_named(&toks) {
+                checked += 1;
+                if !recipes.contains(&recipe) {
+                    problems.insert(format!("{at}: `just {recipe}` is no Justfile recipe"));
+                }
+            }
+            for path in repo_paths(&toks, &top) {
+                checked += 1;
+                if !repo_root().join(&path).exists() {
+                    problems.insert(format!("{at}: {path} does not exist"));
+                }
+            }
+        }
+    }
+    assert!(
+        checked > 100,
+        "only {checked} names checked: is the parsing broken?"
+    );
+    assert!(
+        problems.is_empty(),
+        "the docs name things that do not exist:\n{}",
+        problems.into_iter().collect::<Vec<_>>().join("\n")
+    );
+}
+
+#[test]
+fn the_name_checks_see_what_they_should() {
+    let t = tokens("cargo run -q -p kuport -- crds --markdown --update=docs/api.md");
+    assert_eq!(
+        kuport_invocations(&t),
+        vec![(
+            "crds".to_owned(),
+            vec!["--markdown".to_owned(), "--update".to_owned()]
+        )]
+    );
+    assert_eq!(
+        cargo_invocations(&t),
+        vec![("run".to_owned(), vec!["kuport".to_owned()])]
+    );
+    let top: BTreeSet<String> = ["docs".to_owned(), "lab".to_owned()].into();
+    assert_eq!(repo_paths(&t, &top), vec!["docs/api.md".to_owned()]);
+    let t = tokens("$ sudo kuport status -o json | jq '.problems'");
+    assert_eq!(
+        kuport_invocations(&t),
+        vec![("status".to_owned(), vec!["-o".to_owned()])]
+    );
+    // Not a command: `nft list table ip kuport`, a placeholder path, a path outside the repo.
+    let t = tokens("nft list table ip kuport lab/scenarios/<file>.yaml /run/kuport-lab/x");
+    assert!(kuport_invocations(&t).is_empty());
+    assert!(repo_paths(&t, &top).is_empty());
+    let text = "a `x` b `y\nz`\n```sh\nkuport plan\n```\n`w`\n| `t` |\n";
+    let spans = code_spans("d.md", text);
+    let texts: Vec<&str> = spans.iter().map(|c| c.text.as_str()).collect();
+    assert_eq!(texts, vec!["x", "y z", "kuport plan", "w", "t"]);
+    assert_eq!(spans[2].line, 4);
+    assert_eq!(spans[4].line, 7);
+}
