@@ -19,6 +19,47 @@ use crate::scenario::{self, Scenario, SignalName, Step};
 use crate::sys::{self, Lab};
 use crate::topology::{self, API_ADDR, Topology, UL_NS};
 
+/// Where the lab's agents serve `/metrics`, inside their node's namespace.
+const AGENT_METRICS: &str = "127.0.0.1:8081";
+
+/// The number of passes (ok and failed) the agent in `ns` has run, from its `/metrics`. The
+/// request runs on its own thread, which enters the node's namespace and ends with it.
+fn agent_passes(ns: &str) -> Result<u64> {
+    use std::io::{Read, Write};
+    let netns = File::open(Path::new("/run/netns").join(ns))
+        .with_context(|| format!("opening the namespace {ns}"))?;
+    let body = std::thread::scope(|scope| {
+        scope
+            .spawn(|| -> Result<String> {
+                enter_netns_of(&netns)?;
+                let addr: std::net::SocketAddr =
+                    AGENT_METRICS.parse().context("metrics address")?;
+                let mut stream =
+                    std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
+                stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+                stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: agent\r\n\r\n")?;
+                let mut text = String::new();
+                stream.read_to_string(&mut text)?;
+                Ok(text)
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("the metrics reader thread panicked"))?
+    })
+    .with_context(|| format!("reading the agent's metrics in {ns}"))?;
+    passes_in(&body).with_context(|| format!("no kuport_passes_total in the metrics of {ns}"))
+}
+
+/// Sums `kuport_passes_total` over its labels in a Prometheus text exposition.
+fn passes_in(text: &str) -> Option<u64> {
+    let values: Vec<u64> = text
+        .lines()
+        .filter(|l| l.starts_with("kuport_passes_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
 /// Moves this thread into a named network namespace. The lab's API client runs on this
 /// thread, so its sockets live in the underlay namespace where the API server listens.
 pub fn enter_netns(path: &Path) -> Result<()> {
@@ -293,6 +334,48 @@ impl Runner<'_> {
         self.lab.stop(pid, signal, Duration::from_secs(15))
     }
 
+    /// Polls every running agent's pass counter until none has moved for the quiet interval.
+    async fn settle(&self, s: &scenario::Settle) -> Result<(bool, Value)> {
+        let quiet = Duration::from_millis(s.quiet_millis.unwrap_or(500));
+        let deadline = Instant::now() + Duration::from_secs(s.timeout_seconds.unwrap_or(10));
+        let started = Instant::now();
+        let mut last: Option<BTreeMap<String, Result<u64, String>>> = None;
+        let mut unchanged_since = Instant::now();
+        loop {
+            let mut now = BTreeMap::new();
+            for node in self.topo.agents.keys() {
+                let ns = &self.topo.node(node)?.ns;
+                now.insert(node.clone(), agent_passes(ns).map_err(|e| format!("{e:#}")));
+            }
+            let idle = now.values().all(|p| matches!(p, Ok(n) if *n > 0));
+            if last.as_ref() != Some(&now) {
+                unchanged_since = Instant::now();
+            } else if idle && unchanged_since.elapsed() >= quiet {
+                let passes: BTreeMap<&String, u64> = now
+                    .iter()
+                    .filter_map(|(n, p)| Some((n, *p.as_ref().ok()?)))
+                    .collect();
+                return Ok((
+                    true,
+                    json!({"passes": passes, "waitedMillis": started.elapsed().as_millis() as u64}),
+                ));
+            }
+            if Instant::now() >= deadline {
+                let seen: BTreeMap<&String, String> = now
+                    .iter()
+                    .map(|(n, p)| (n, p.as_ref().map_or_else(Clone::clone, u64::to_string)))
+                    .collect();
+                return Ok((
+                    false,
+                    json!({"error": format!("agents still passing (or unreadable) after {:?}", started.elapsed()),
+                           "passes": seen}),
+                ));
+            }
+            last = Some(now);
+            tokio::time::sleep(probe::POLL).await;
+        }
+    }
+
     /// SIGTERM every agent before its namespace goes (what an agent keeps goes with the
     /// namespace).
     pub fn stop_agents(&mut self) {
@@ -338,6 +421,7 @@ impl Runner<'_> {
             Step::Parallel(inner) => self.parallel(inner).await,
             Step::Wait(w) => self.wait(w).await,
             Step::ExpectStatus(e) => self.expect_status(e).await,
+            Step::Settle(s) => self.settle(s).await,
             Step::Sleep(s) => {
                 tokio::time::sleep(Duration::from_secs_f64(s.seconds.max(0.0))).await;
                 Ok((true, json!({"seconds": s.seconds})))
@@ -941,6 +1025,13 @@ fn api_outage(on: bool) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn passes_are_summed_over_results_and_absent_when_not_exported() {
+        let text = "HTTP/1.0 200 OK\r\n\r\n# TYPE kuport_passes counter\nkuport_passes_total{result=\"failed\"} 2\nkuport_passes_total{result=\"ok\"} 7\nkuport_pass_failures_total{stage=\"links\"} 2\n";
+        assert_eq!(passes_in(text), Some(9));
+        assert_eq!(passes_in("# TYPE kuport_passes counter\n"), None);
+    }
 
     #[test]
     fn counters_are_read_by_name_from_the_listing() {

@@ -202,6 +202,8 @@ pub enum Step {
     Cleanup(NodeRef),
     /// Extension: starts a host listener in a node's namespace mid-scenario.
     HostListener(HostListener),
+    /// Extension: waits until every running agent is idle.
+    Settle(Settle),
 }
 
 impl Step {
@@ -235,6 +237,7 @@ impl Step {
             Step::RollingRestart(_) => "rollingRestart",
             Step::Cleanup(_) => "cleanup",
             Step::HostListener(_) => "hostListener",
+            Step::Settle(_) => "settle",
         }
     }
 
@@ -427,6 +430,21 @@ pub struct Snapshot {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Sleep {
     pub seconds: f64,
+}
+
+/// Waits until every running agent is idle: each has finished at least one pass and none has
+/// started another for `quietMillis`. Use it before a negative control breaks the datapath, so
+/// a pass still owed (the verifying pass a link creation triggers) cannot repair the damage
+/// mid-probe.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Settle {
+    /// How long no agent may start a pass (500 ms: ten debounce intervals).
+    #[serde(default)]
+    pub quiet_millis: Option<u64>,
+    /// Give up after this long (10 s).
+    #[serde(default)]
+    pub timeout_seconds: Option<u64>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -642,11 +660,12 @@ steps:
   - rollingRestart: {name: rollout, rate: 10, settleSeconds: 2, probes: [{from: internet, to: {node: edge-a, interface: enp1s0}, protocol: UDP, port: 3000, expect: reply}]}
   - cleanup: {node: worker-b}
   - hostListener: {node: edge-a, protocol: TCP, port: 2222}
+  - settle: {quietMillis: 500, timeoutSeconds: 10}
 "#;
         let s: Scenario = serde_saphyr::from_str(yaml).expect("the lab.md example parses");
         validate(&s).expect("valid");
         let kinds: Vec<&str> = s.steps.iter().map(Step::kind).collect();
-        assert_eq!(kinds.len(), 31);
+        assert_eq!(kinds.len(), 32);
         for kind in [
             "wait",
             "probe",
@@ -676,6 +695,7 @@ steps:
             "rollingRestart",
             "cleanup",
             "hostListener",
+            "settle",
         ] {
             assert!(kinds.contains(&kind), "{kind} missing");
         }
