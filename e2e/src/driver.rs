@@ -260,6 +260,18 @@ impl Run<'_> {
         self.sh.run(&Cmd::new("kubectl", all))
     }
 
+    /// Waits for a Deployment's or DaemonSet's rollout (`kubectl rollout status`).
+    fn rollout_status(&mut self, namespace: &str, object: &str, timeout: &str) -> Result<String> {
+        self.kubectl([
+            "-n",
+            namespace,
+            "rollout",
+            "status",
+            object,
+            &format!("--timeout={timeout}"),
+        ])
+    }
+
     fn kubectl_stdin(&mut self, args: &[&str], stdin: String) -> Result<String> {
         let mut all = vec!["--context".to_owned(), self.context.clone()];
         all.extend(args.iter().map(|a| (*a).to_owned()));
@@ -417,14 +429,7 @@ fn steps(r: &mut Run<'_>) -> Result<Summary> {
     ])?;
     let manifests = r.manifests()?;
     r.kubectl_stdin(&["apply", "-f", "-"], manifests.clone())?;
-    r.kubectl([
-        "-n",
-        "kuport-system",
-        "rollout",
-        "status",
-        "daemonset/kuport-agent",
-        "--timeout=180s",
-    ])?;
+    r.rollout_status("kuport-system", "daemonset/kuport-agent", "180s")?;
 
     // The mapping: accepted on the first worker, the pod on the second.
     let (accepting, pod_node, moved_to) =
@@ -439,14 +444,7 @@ fn steps(r: &mut Run<'_>) -> Result<Summary> {
     let address = address.trim().to_owned();
     ensure!(!address.is_empty(), "node {accepting} has no InternalIP");
     r.kubectl_stdin(&["apply", "-f", "-"], workload(&accepting, &pod_node))?;
-    r.kubectl([
-        "-n",
-        NAMESPACE,
-        "rollout",
-        "status",
-        "deployment/echo",
-        "--timeout=180s",
-    ])?;
+    r.rollout_status(NAMESPACE, "deployment/echo", "180s")?;
     r.wait_programmed(&pod_node)?;
     summary.probes.push(r.probe(&address)?);
 
@@ -464,14 +462,7 @@ fn steps(r: &mut Run<'_>) -> Result<Summary> {
         "-p",
         &patch,
     ])?;
-    r.kubectl([
-        "-n",
-        NAMESPACE,
-        "rollout",
-        "status",
-        "deployment/echo",
-        "--timeout=180s",
-    ])?;
+    r.rollout_status(NAMESPACE, "deployment/echo", "180s")?;
     r.wait_programmed(&moved_to)?;
     summary.probes.push(r.probe(&address)?);
 
@@ -505,14 +496,7 @@ fn steps(r: &mut Run<'_>) -> Result<Summary> {
         "restart",
         "daemonset/kuport-agent",
     ])?;
-    r.kubectl([
-        "-n",
-        "kuport-system",
-        "rollout",
-        "status",
-        "daemonset/kuport-agent",
-        "--timeout=300s",
-    ])?;
+    r.rollout_status("kuport-system", "daemonset/kuport-agent", "300s")?;
     r.sh.run(&Cmd::new("docker", ["wait", &prober]))?;
     let logs = r.sh.run(&Cmd::new("docker", ["logs", &prober]))?;
     r.sh.run(&Cmd::new("docker", ["rm", &prober]))?;

@@ -60,6 +60,27 @@ fn source(topo: &Topology, from: &str) -> Result<(String, Ipv4Addr)> {
     bail!("probe from {from}: use internet, vpn:<client> or pod:<namespace>/<name>")
 }
 
+/// `ip` arguments running one `kuport-echo ask` from namespace `ns`.
+fn ask_args(
+    topo: &Topology,
+    ns: &str,
+    protocol: Protocol,
+    dialed: SocketAddr,
+    timeout_ms: u64,
+) -> Vec<String> {
+    vec![
+        "netns".into(),
+        "exec".into(),
+        ns.into(),
+        topo.bin("kuport-echo"),
+        "ask".into(),
+        protocol.lower().into(),
+        dialed.to_string(),
+        "--timeout-ms".into(),
+        timeout_ms.to_string(),
+    ]
+}
+
 async fn ask_once(topo: &Topology, ns: &str, p: &Probe, dialed: SocketAddr) -> Result<Answer> {
     let timeout_ms = match (p.expect, p.protocol, p.bytes) {
         // Refused means the ICMP or RST came within a second, never a silent timeout.
@@ -67,17 +88,7 @@ async fn ask_once(topo: &Topology, ns: &str, p: &Probe, dialed: SocketAddr) -> R
         (_, Protocol::Tcp, Some(_)) => 20_000,
         _ => 2000,
     };
-    let mut args: Vec<String> = vec![
-        "netns".into(),
-        "exec".into(),
-        ns.into(),
-        topo.bin("kuport-echo"),
-        "ask".into(),
-        p.protocol.lower().into(),
-        dialed.to_string(),
-        "--timeout-ms".into(),
-        timeout_ms.to_string(),
-    ];
+    let mut args = ask_args(topo, ns, p.protocol, dialed, timeout_ms);
     if let Some(size) = p.size {
         args.extend(["--size".into(), size.to_string()]);
     }
@@ -216,17 +227,7 @@ pub fn prepare_loop(topo: &Topology, p: &Probe, timeout_ms: u64) -> Result<Loope
     let (ns, client_ip) = source(topo, &p.from)?;
     let addr = topo.address_of(&p.to.node, &p.to.interface)?;
     let dialed = SocketAddr::V4(SocketAddrV4::new(addr, p.port));
-    let args = vec![
-        "netns".into(),
-        "exec".into(),
-        ns,
-        topo.bin("kuport-echo"),
-        "ask".into(),
-        p.protocol.lower().into(),
-        dialed.to_string(),
-        "--timeout-ms".into(),
-        timeout_ms.to_string(),
-    ];
+    let args = ask_args(topo, &ns, p.protocol, dialed, timeout_ms);
     Ok(Looped {
         args,
         dialed,

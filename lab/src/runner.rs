@@ -273,22 +273,7 @@ impl Runner<'_> {
         let ns = self.topo.node(&l.node)?.ns.clone();
         let what = format!("host-listener-{}-{}-{}", l.node, l.protocol.lower(), l.port);
         let port = l.port.to_string();
-        let pid = self.lab.spawn(
-            &ns,
-            &what,
-            &self.topo.bin("kuport-echo"),
-            &["serve", l.protocol.lower(), &port, "--tag", &what],
-        )?;
-        let log = self.lab.log_path(&what);
-        if !sys::wait_until(Duration::from_secs(5), || {
-            std::fs::read_to_string(&log).is_ok_and(|s| s.contains("ready"))
-        }) {
-            bail!(
-                "host listener {what} did not start: {}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            );
-        }
-        Ok(pid)
+        topology::spawn_echo(self.lab, &self.topo, &ns, &what, l.protocol, &port, &what)
     }
 
     fn start_agent(&mut self, node: &str) -> Result<()> {

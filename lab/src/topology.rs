@@ -674,23 +674,38 @@ pub fn start_responder(
         port.to_string()
     };
     let what = format!("echo-{}-{}-{}", pod.spec.key(), protocol.lower(), port);
+    let pid = spawn_echo(lab, topo, &pod.ns, &what, protocol, &range, &pod.spec.key())?;
+    pod.responders.insert((protocol, port), pid);
+    Ok(())
+}
+
+/// Starts `kuport-echo serve` on `ports` (every address of namespace `ns`), tagging its answers
+/// with `tag`, and waits until it listens. The lab records the pid and stops it with the rest.
+pub fn spawn_echo(
+    lab: &mut Lab,
+    topo: &Topology,
+    ns: &str,
+    what: &str,
+    protocol: Protocol,
+    ports: &str,
+    tag: &str,
+) -> Result<i32> {
     let pid = lab.spawn(
-        &pod.ns,
-        &what,
+        ns,
+        what,
         &topo.bin("kuport-echo"),
-        &["serve", protocol.lower(), &range, "--tag", &pod.spec.key()],
+        &["serve", protocol.lower(), ports, "--tag", tag],
     )?;
-    let log = lab.log_path(&what);
+    let log = lab.log_path(what);
     if !sys::wait_until(Duration::from_secs(5), || {
         std::fs::read_to_string(&log).is_ok_and(|s| s.contains("ready"))
     }) {
         bail!(
-            "responder {what} did not start: {}",
+            "echo server {what} did not start: {}",
             std::fs::read_to_string(&log).unwrap_or_default()
         );
     }
-    pod.responders.insert((protocol, port), pid);
-    Ok(())
+    Ok(pid)
 }
 
 /// Removes a pod: its responders and its namespace (the host-side veth goes with it).
