@@ -210,6 +210,28 @@ mod tests {
     }
 
     #[test]
+    fn the_agents_own_tcp_listeners_are_named_as_the_agents() {
+        let sock = |protocol, port| HostSocket {
+            protocol,
+            address: Ipv4Addr::UNSPECIFIED,
+            port,
+            holder: None,
+        };
+        let mut sockets = vec![
+            sock(Protocol::Tcp, 9090),
+            sock(Protocol::Udp, 9090),
+            sock(Protocol::Tcp, 22),
+        ];
+        name_agent_sockets(&mut sockets, &[8081, 9090]);
+        assert_eq!(
+            sockets[0].holder.as_deref(),
+            Some("the kuport agent's health and metrics listener 0.0.0.0:9090")
+        );
+        assert_eq!(sockets[1].holder, None, "a UDP socket is not the agent's");
+        assert_eq!(sockets[2].holder, None);
+    }
+
+    #[test]
     fn garbage_lines_are_skipped_not_fatal() {
         let text = "header\nnot a socket line\n  0: zz:zz 00000000:0000 0A\n";
         assert!(parse(text, Protocol::Tcp).is_empty());

@@ -9,6 +9,7 @@ mod netns;
 
 use std::process::ExitCode;
 
+use kuport_core::api::Protocol;
 use kuport_core::ir::HostState;
 use kuport_host::{FactsQuery, Host, LinuxHost};
 use netns::{GOLDEN, Netns, block_on, child, foreign_state, golden_ir, golden_nft, sh};
@@ -420,11 +421,21 @@ fn child_facts() {
     sh(
         "ip link add enp1s0 type veth peer name enp1s0-peer && ip link set enp1s0 up && ip addr add 203.0.113.9/24 dev enp1s0",
     );
+    // A kernel tunnel socket (VXLAN on UDP 4799), a host listener and a forward chain whose
+    // policy is drop: what the facts must report besides addresses.
+    sh(
+        "ip link add vx-facts type vxlan id 42 dstport 4799 local 100.64.0.7 && ip link set vx-facts up",
+    );
+    sh(
+        "nft add table inet facts-fw && nft add chain inet facts-fw forward '{ type filter hook forward priority 0; policy drop; }'",
+    );
+    let _listener = std::net::TcpListener::bind("0.0.0.0:2222").expect("listen on 2222");
     block_on(async {
         let host = LinuxHost::new().expect("host");
         let query = FactsQuery {
             interfaces: vec!["enp1s0".into(), "wt0".into(), "eth9".into()],
             internal_ip: Some("100.64.0.7".parse().expect("ip")),
+            agent_ports: vec![2222],
             ..FactsQuery::default()
         };
         let facts = host.facts(&query).await.expect("facts");
@@ -450,6 +461,31 @@ fn child_facts() {
         );
         assert_eq!(facts.underlay_device.as_deref(), Some("wt0"));
         assert_eq!(facts.underlay_mtu, Some(1380));
+        let found = |protocol: Protocol, port: u16| {
+            facts
+                .sockets
+                .iter()
+                .find(|s| s.protocol == protocol && s.port == port && s.address.is_unspecified())
+        };
+        assert!(
+            found(Protocol::Udp, 4799).is_some(),
+            "the kernel's VXLAN socket is a host socket: {:?}",
+            facts.sockets
+        );
+        assert!(
+            found(Protocol::Tcp, 2222)
+                .and_then(|s| s.holder.as_deref())
+                .is_some_and(|h| h.contains("kuport agent")),
+            "{:?}",
+            facts.sockets
+        );
+        assert_eq!(
+            facts.firewall_warnings.len(),
+            1,
+            "{:?}",
+            facts.firewall_warnings
+        );
+        assert!(facts.firewall_warnings[0].contains("chain inet facts-fw forward"));
     });
 }
 

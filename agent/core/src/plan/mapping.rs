@@ -235,12 +235,14 @@ fn held_on_accepting_node(
             .iter()
             .filter(|i| spec.interfaces.is_empty() || spec.interfaces.contains(i))
             .collect();
+        if bound.is_empty() {
+            continue;
+        }
         let addresses: Vec<&String> = bound.iter().filter_map(|i| row.addresses.get(*i)).collect();
         let found = row.held_ports.iter().find(|h| {
             h.protocol == spec.protocol
                 && in_range(h.port)
                 && (h.address == "0.0.0.0" || addresses.contains(&&h.address))
-                && !bound.is_empty()
         });
         if let Some(h) = found {
             return Some(HostClash {
