@@ -5,6 +5,7 @@
 //! Every collection is sorted and deduplicated by [`HostState::normalise`], so two equal plans
 //! give byte-identical renderings.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
@@ -336,6 +337,85 @@ impl NftTable {
             .find(|(c, _)| *c == chain)
             .map_or(&[], |(_, rules)| rules.as_slice())
     }
+
+    /// Which mapping (`namespace/name`) each rule belongs to, keyed by the rule's comment: the
+    /// DNAT and SNAT rules name their counter, and a steering rule shares its DNAT's comment.
+    /// Rules of no mapping (guard, marks, MSS clamps) have no entry.
+    pub fn owners(&self) -> RuleOwners {
+        let by_counter: BTreeMap<&str, String> = self
+            .counters
+            .iter()
+            .map(|c| (c.name.as_str(), format!("{}/{}", c.namespace, c.mapping)))
+            .collect();
+        let mut by_comment = BTreeMap::new();
+        for (_, rules) in &self.chains {
+            for rule in rules {
+                let (comment, counter) = match rule {
+                    Rule::Dnat(d) => (&d.comment, &d.counter),
+                    Rule::IdentitySnat(s) => (&s.comment, &s.counter),
+                    _ => continue,
+                };
+                if let Some(owner) = by_counter.get(counter.as_str()) {
+                    by_comment.insert(comment.clone(), owner.clone());
+                }
+            }
+        }
+        let by_counter = by_counter
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect();
+        RuleOwners {
+            by_counter,
+            by_comment,
+        }
+    }
+
+    /// This table without the rules and counters of the given mappings (`namespace/name`):
+    /// what is applied when the kernel refused those mappings' rules, so only they stop.
+    pub fn without_mappings(&self, mappings: &BTreeSet<String>) -> NftTable {
+        let owners = self.owners();
+        let mut out = self.clone();
+        out.counters
+            .retain(|c| !mappings.contains(&format!("{}/{}", c.namespace, c.mapping)));
+        for (_, rules) in &mut out.chains {
+            rules.retain(|r| owners.of_rule(r).is_none_or(|o| !mappings.contains(o)));
+        }
+        out
+    }
+}
+
+/// The mapping each rule and counter of a table belongs to (see [`NftTable::owners`]).
+#[derive(Clone, Debug, Default)]
+pub struct RuleOwners {
+    by_counter: BTreeMap<String, String>,
+    by_comment: BTreeMap<String, String>,
+}
+
+impl RuleOwners {
+    /// The mapping a rule belongs to; `None` for rules of no mapping.
+    pub fn of_rule(&self, rule: &Rule) -> Option<&String> {
+        match rule {
+            Rule::Dnat(d) => self.by_counter.get(&d.counter),
+            Rule::IdentitySnat(s) => self.by_counter.get(&s.counter),
+            Rule::Steer(st) | Rule::MarkRequest(st) => self.by_comment.get(&st.comment),
+            _ => None,
+        }
+    }
+
+    /// The mapping a named counter counts.
+    pub fn of_counter(&self, name: &str) -> Option<&String> {
+        self.by_counter.get(name)
+    }
+
+    /// Every mapping that has a rule in `table` (whose owners these are), sorted.
+    pub fn mappings_in(&self, table: &NftTable) -> BTreeSet<String> {
+        table
+            .chains
+            .iter()
+            .flat_map(|(_, rules)| rules.iter())
+            .filter_map(|r| self.of_rule(r).cloned())
+            .collect()
+    }
 }
 
 /// A VXLAN return link: bound to the underlay device, no learning (both ends are fixed), one VNI
@@ -463,6 +543,25 @@ impl HostState {
         self.routes.dedup();
         self.valid_mark_interfaces.sort();
         self.valid_mark_interfaces.dedup();
+    }
+
+    /// The mappings (`namespace/name`) that lost at least one rule in `cut`, a reduced copy of
+    /// this state: who a refused link or a refused rule takes out.
+    pub fn mappings_cut_by(&self, cut: &HostState) -> BTreeSet<String> {
+        let kept: BTreeSet<&Rule> = cut
+            .nft
+            .chains
+            .iter()
+            .flat_map(|(_, rules)| rules.iter())
+            .collect();
+        let owners = self.nft.owners();
+        self.nft
+            .chains
+            .iter()
+            .flat_map(|(_, rules)| rules.iter())
+            .filter(|r| !kept.contains(r))
+            .filter_map(|r| owners.of_rule(r).cloned())
+            .collect()
     }
 
     /// This state without the named links and everything that leads into them: the rules on

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use crate::api::Protocol;
 use crate::ir::{
-    ChainId, Hook, LINK_PREFIX, MarkLayout, NftTable, Rule, STAND_IN, SteerRule, TABLE,
+    ChainId, Counter, Hook, LINK_PREFIX, MarkLayout, NftTable, Rule, STAND_IN, SteerRule, TABLE,
 };
 
 /// The table as nft text; empty when the node needs no table.
@@ -207,45 +207,85 @@ pub fn rule_text(rule: &Rule, marks: MarkLayout) -> String {
 /// host compares against and the transaction it sends come from one description.
 pub fn transaction(table: &NftTable, existing_counters: &[String], recreate: bool) -> String {
     let mut out = String::new();
+    for (line, _) in transaction_lines(table, existing_counters, recreate) {
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out
+}
+
+/// What one line of a transaction adds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LineOf<'a> {
+    /// The table, a chain, a flush or a deletion: nothing of one mapping.
+    Structure,
+    /// A named counter.
+    Counter(&'a Counter),
+    /// A rule.
+    Rule(&'a Rule),
+}
+
+/// The lines of [`transaction`], each with what it adds: nft reports a refused command by its
+/// line, so a refusal can be traced to the mapping that caused it.
+pub fn transaction_lines<'a>(
+    table: &'a NftTable,
+    existing_counters: &[String],
+    recreate: bool,
+) -> Vec<(String, LineOf<'a>)> {
+    let mut out = Vec::new();
     if table.is_empty() {
-        let _ = writeln!(out, "delete table ip {TABLE}");
+        out.push((format!("delete table ip {TABLE}"), LineOf::Structure));
         return out;
     }
     if recreate {
-        let _ = writeln!(out, "add table ip {TABLE}\ndelete table ip {TABLE}");
+        out.push((format!("add table ip {TABLE}"), LineOf::Structure));
+        out.push((format!("delete table ip {TABLE}"), LineOf::Structure));
     }
-    let _ = writeln!(out, "add table ip {TABLE}");
+    out.push((format!("add table ip {TABLE}"), LineOf::Structure));
     for chain in ChainId::ALL {
-        let _ = writeln!(
-            out,
-            "add chain ip {TABLE} {} {{ type {} hook {} priority {}; policy accept; }}\nflush chain ip {TABLE} {}",
-            chain.name(),
-            chain.chain_type(),
-            hook_name(chain.hook()),
-            chain.priority(),
-            chain.name()
-        );
+        out.push((
+            format!(
+                "add chain ip {TABLE} {} {{ type {} hook {} priority {}; policy accept; }}",
+                chain.name(),
+                chain.chain_type(),
+                hook_name(chain.hook()),
+                chain.priority(),
+            ),
+            LineOf::Structure,
+        ));
+        out.push((
+            format!("flush chain ip {TABLE} {}", chain.name()),
+            LineOf::Structure,
+        ));
     }
     if !recreate {
         for name in existing_counters {
             if !table.counters.iter().any(|c| &c.name == name) {
-                let _ = writeln!(out, "delete counter ip {TABLE} {name}");
+                out.push((
+                    format!("delete counter ip {TABLE} {name}"),
+                    LineOf::Structure,
+                ));
             }
         }
     }
     // An object name is written bare (nft's grammar takes no quoted string there); kuport's
     // counter names are Kubernetes names joined by `/`, cut with `_` and a hash.
     for counter in &table.counters {
-        let _ = writeln!(out, "add counter ip {TABLE} {}", counter.name);
+        out.push((
+            format!("add counter ip {TABLE} {}", counter.name),
+            LineOf::Counter(counter),
+        ));
     }
     for chain in ChainId::ALL {
         for rule in table.rules(chain) {
-            let _ = writeln!(
-                out,
-                "add rule ip {TABLE} {} {}",
-                chain.name(),
-                rule_text(rule, table.marks)
-            );
+            out.push((
+                format!(
+                    "add rule ip {TABLE} {} {}",
+                    chain.name(),
+                    rule_text(rule, table.marks)
+                ),
+                LineOf::Rule(rule),
+            ));
         }
     }
     out

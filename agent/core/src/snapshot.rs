@@ -106,6 +106,21 @@ pub struct HostFacts {
     /// mapping. A host socket first seen on one of them yields to that mapping (earliest wins).
     #[serde(default)]
     pub programmed_ports: Vec<ProgrammedPort>,
+    /// Mappings whose rules or return link the kernel refused in this node's last apply, with
+    /// the kernel's words. Reported in the node's class rows, so whoever writes the mapping's
+    /// status says why it is not programmed.
+    #[serde(default)]
+    pub refusals: Vec<HostRefusal>,
+}
+
+/// One mapping the kernel refused on this node.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HostRefusal {
+    /// The mapping, `namespace/name`.
+    pub mapping: String,
+    /// What was refused and what the kernel said.
+    pub message: String,
 }
 
 /// A port range one mapping captures on this node.

@@ -643,3 +643,136 @@ fn the_applied_state_names_the_ports_it_captures_as_an_accepting_node() {
     let pod = remote().plan_with("worker-b", &facts(&[], "wt0", 1400));
     assert!(pod.host.accepting_ports().is_empty());
 }
+
+#[test]
+fn a_refused_mapping_is_cut_alone_and_named_by_its_rules() {
+    let c = remote()
+        .endpoint("games", "local", "l-0", "edge-a", "10.244.0.7", 5000)
+        .portmap(pm("games", "local", "public", 5000));
+    let edge = c.plan_with("edge-a", &edge_facts());
+    let owners = edge.host.nft.owners();
+    assert_eq!(
+        owners
+            .mappings_in(&edge.host.nft)
+            .into_iter()
+            .collect::<Vec<_>>(),
+        ["games/gs", "games/local"]
+    );
+    for rule in edge.host.nft.rules(ChainId::Steer) {
+        assert!(
+            owners.of_rule(rule).is_some(),
+            "steering has an owner: {rule:?}"
+        );
+    }
+    let cut = edge
+        .host
+        .nft
+        .without_mappings(&["games/local".to_owned()].into_iter().collect());
+    assert_eq!(
+        owners.mappings_in(&cut).into_iter().collect::<Vec<_>>(),
+        ["games/gs"]
+    );
+    assert!(cut.counters.iter().all(|c| c.mapping != "local"));
+    // The guard and the marks belong to no mapping and stay.
+    assert_eq!(
+        cut.rules(ChainId::Guard),
+        edge.host.nft.rules(ChainId::Guard)
+    );
+    assert_eq!(
+        cut.rules(ChainId::Mangle),
+        edge.host.nft.rules(ChainId::Mangle)
+    );
+    let mut reduced = edge.host.clone();
+    reduced.nft = cut;
+    assert_eq!(
+        edge.host
+            .mappings_cut_by(&reduced)
+            .into_iter()
+            .collect::<Vec<_>>(),
+        ["games/local"]
+    );
+    // Every line of the transaction says what it adds, in the order it is written.
+    let lines = kuport_core::render::transaction_lines(&edge.host.nft, &[], false);
+    let script = kuport_core::render::transaction(&edge.host.nft, &[], false);
+    assert_eq!(script.lines().count(), lines.len());
+    for ((line, _), text) in lines.iter().zip(script.lines()) {
+        assert_eq!(line, text);
+    }
+}
+
+fn refusal(mapping: &str, message: &str) -> kuport_core::snapshot::HostRefusal {
+    kuport_core::snapshot::HostRefusal {
+        mapping: mapping.into(),
+        message: message.into(),
+    }
+}
+
+#[test]
+fn a_refusal_is_reported_under_its_class_and_turns_programmed_false() {
+    // worker-b (the pod's node, not an accepting node) refused the link of games/gs.
+    let mut pod_facts = facts(&[], "wt0", 1400);
+    pod_facts.refusals = vec![
+        refusal(
+            "games/gs",
+            "the kernel refused its return link kup-x: VNI held",
+        ),
+        refusal("games/gone", "a mapping that no longer exists"),
+    ];
+    let pod = remote().plan_with("worker-b", &pod_facts);
+    assert_eq!(pod.writes.refusals.len(), 1, "{:?}", pod.writes.refusals);
+    assert_eq!(pod.writes.refusals[0].class, "public");
+    assert_eq!(pod.writes.refusals[0].mapping, "games/gs");
+
+    // The status writer (edge-a) reads worker-b's entry from the class status.
+    let mut c = remote();
+    c.class_mut("public")
+        .status
+        .get_or_insert_with(Default::default)
+        .refused = vec![kuport_core::api::RefusedMapping {
+        node: "worker-b".into(),
+        mapping: "games/gs".into(),
+        message: "the kernel refused its return link kup-x: VNI held".into(),
+    }];
+    let plan = c.plan_with("edge-a", &edge_facts());
+    let p = decision(&plan, "games", "gs")
+        .programmed
+        .clone()
+        .expect("accepted");
+    assert_eq!(p.reason, kuport_core::plan::ProgrammedReason::HostRefused);
+    assert_eq!(
+        p.message,
+        "on node worker-b, the kernel refused its return link kup-x: VNI held"
+    );
+    // Its datapath is still asked for: the refused part is retried, nothing flaps.
+    assert_eq!(plan.host, remote().plan_with("edge-a", &edge_facts()).host);
+
+    // An entry of a node that no longer programs the mapping is ignored.
+    c.class_mut("public")
+        .status
+        .as_mut()
+        .expect("status")
+        .refused[0]
+        .node = "elsewhere".into();
+    let plan = c.plan_with("edge-a", &edge_facts());
+    assert!(
+        decision(&plan, "games", "gs")
+            .programmed
+            .as_ref()
+            .expect("accepted")
+            .is_true()
+    );
+
+    // This node's own refusal counts at once, before any status round trip.
+    let mut own = edge_facts();
+    own.refusals = vec![refusal(
+        "games/gs",
+        "the kernel refused its nftables rules: no",
+    )];
+    let plan = remote().plan_with("edge-a", &own);
+    let p = decision(&plan, "games", "gs")
+        .programmed
+        .clone()
+        .expect("accepted");
+    assert_eq!(p.reason, kuport_core::plan::ProgrammedReason::HostRefused);
+    assert!(p.message.starts_with("on node edge-a, "), "{}", p.message);
+}

@@ -1132,3 +1132,107 @@ async fn real_rbac_control_a_missing_verb_fails_with_a_403_naming_it() {
         "the failure does not name the missing verb: {message}"
     );
 }
+
+/// The kernel of the pod's node refuses one mapping's rules: that mapping says so in status
+/// (Programmed=False, HostRefused, the kernel's words, the node named), the class lists the
+/// refusal under that node, and every other mapping on the node is programmed and written.
+/// When the kernel takes the rules again, the mapping is programmed and the entry goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_mapping_is_reported_and_the_others_keep_working() {
+    let mut c = Cluster::empty_on(Target::Model, "refusal")
+        .await
+        .expect("model");
+    c.seed().await;
+    let portmaps: Api<PortMap> = Api::namespaced(c.client.clone(), "games");
+    let second = json!({
+        "apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMap",
+        "metadata": {"name": "other", "namespace": "games"},
+        "spec": {"className": "public", "protocol": "UDP", "port": 3001,
+                 "serviceRef": {"name": "gameserver", "port": "game"}},
+    });
+    portmaps
+        .create(&PostParams::default(), &from(second))
+        .await
+        .expect("portmap");
+    let n2 = MemoryHost::with_facts(facts(2));
+    n2.lock().refuse.insert(
+        "games/game".into(),
+        "Could not process rule: Operation not supported".into(),
+    );
+    let hour = Duration::from_secs(3600);
+    c.start_agent(1, hour);
+    c.start_agent_on(2, n2.clone(), hour, None, StopPolicy::Keep);
+    c.start_agent(3, hour);
+
+    let programmed = |name: &'static str| {
+        let api = portmaps.clone();
+        async move {
+            api.get(name).await.ok().and_then(|pm| {
+                pm.status?
+                    .conditions
+                    .into_iter()
+                    .find(|c| c.type_ == "Programmed")
+                    .map(|c| (c.status, c.reason, c.message))
+            })
+        }
+    };
+    c.eventually("the other mapping is programmed", || async {
+        programmed("other")
+            .await
+            .is_some_and(|(s, _, _)| s == "True")
+    })
+    .await;
+    c.eventually("the refused mapping says why", || async {
+        programmed("game").await.is_some_and(|(s, r, m)| {
+            s == "False"
+                && r == "HostRefused"
+                && m == "on node n2, the kernel refused its nftables rules: Could not process rule: Operation not supported"
+        })
+    })
+    .await;
+    let refused = c.class().await.status.expect("status").refused;
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(
+        (refused[0].node.as_str(), refused[0].mapping.as_str()),
+        ("n2", "games/game")
+    );
+    // n2 delivers the other mapping to the pod and nothing of the refused one.
+    let comments: Vec<String> = n2
+        .applied()
+        .nft
+        .chains
+        .iter()
+        .flat_map(|(_, rules)| rules)
+        .filter_map(|r| match r {
+            Rule::Dnat(d) => Some(d.comment.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(comments, ["games/other"]);
+    assert_eq!(
+        c.agent("n2")
+            .metrics
+            .encode()
+            .expect("metrics")
+            .lines()
+            .find(|l| l.starts_with("kuport_host_refusals ")),
+        Some("kuport_host_refusals 1")
+    );
+
+    // The kernel takes the rules again: the agent retries on its own (no watch event needed).
+    n2.lock().refuse.clear();
+    c.eventually(
+        "the mapping is programmed once the kernel takes it",
+        || async {
+            programmed("game")
+                .await
+                .is_some_and(|(s, _, _)| s == "True")
+        },
+    )
+    .await;
+    c.eventually("the class entry is gone", || async {
+        c.class().await.status.is_some_and(|s| s.refused.is_empty())
+    })
+    .await;
+    c.stop_all().await;
+}

@@ -12,11 +12,12 @@ pub mod netlink;
 pub mod nft;
 pub mod sockets;
 
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::net::Ipv4Addr;
 
 use kuport_core::ir::{ChainId, HostState, LINK_PREFIX, MarkLayout};
-use kuport_core::snapshot::HostFacts;
+use kuport_core::snapshot::{HostFacts, HostRefusal};
 use tokio::sync::mpsc;
 
 pub use memory::MemoryHost;
@@ -90,6 +91,38 @@ pub struct ApplyReport {
     pub routes_added: usize,
     /// Routes deleted.
     pub routes_deleted: usize,
+    /// What the kernel refused. Everything else was applied: a refusal takes out only the
+    /// mappings that depend on the refused part.
+    pub refused: Vec<Refusal>,
+}
+
+/// A part of the desired state the kernel refused, and the mappings it takes out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// What was refused: `return link kup-…` or `nftables rules`.
+    pub unit: String,
+    /// The mappings (`namespace/name`) that lost rules with it, sorted.
+    pub mappings: BTreeSet<String>,
+    /// What the kernel (or nft) said.
+    pub message: String,
+}
+
+impl Refusal {
+    /// The refusal as each mapping it takes out reports it (in its node's class row).
+    pub fn by_mapping(refusals: &[Refusal]) -> Vec<HostRefusal> {
+        let mut out: Vec<HostRefusal> = refusals
+            .iter()
+            .flat_map(|r| {
+                r.mappings.iter().map(|m| HostRefusal {
+                    mapping: m.clone(),
+                    message: format!("the kernel refused its {}: {}", r.unit, r.message),
+                })
+            })
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
 }
 
 impl ApplyReport {
@@ -169,7 +202,12 @@ pub trait Host: Send {
 pub struct LinuxHost {
     handle: rtnetlink::Handle,
     nft: nft::Nft,
+    /// The desired state the kernel was last brought to in full (no refusal): a pass that does
+    /// not verify and wants the same skips the kernel.
     last: Option<HostState>,
+    /// What the kernel holds of kuport's since the last apply: the desired state without the
+    /// parts it refused. Counters are labelled and captured ports reported from it.
+    applied: Option<HostState>,
     /// The mark layout whose ip rules this host owns (teardown needs it with no IR at hand).
     marks: MarkLayout,
 }
@@ -183,6 +221,7 @@ impl LinuxHost {
             handle,
             nft: nft::Nft::new(),
             last: None,
+            applied: None,
             marks: MarkLayout::default(),
         })
     }
@@ -253,21 +292,36 @@ impl Host for LinuxHost {
         // Links first: a link failure must not leave a DNAT toward a dead link. A link the
         // kernel refuses takes only its own rules out of this apply; everything else goes on.
         let failed = netlink::ensure_links(&self.handle, &desired.links, &mut report).await;
-        let failed_names: Vec<String> = failed.iter().map(|(name, _)| name.clone()).collect();
-        let applied = desired.without_links(&failed_names);
+        let mut applied = desired.clone();
+        for (name, error) in failed {
+            let cut = applied.without_links(std::slice::from_ref(&name));
+            report.refused.push(Refusal {
+                unit: format!("return link {name}"),
+                mappings: applied.mappings_cut_by(&cut),
+                message: error.to_string(),
+            });
+            applied = cut;
+        }
         let table = applied.nft.clone();
-        report.nft_changed = self.blocking(move |nft| nft.apply(&table)).await?;
+        let nft = self.blocking(move |nft| nft.apply(&table)).await?;
+        report.nft_changed = nft.changed;
+        let cut: BTreeSet<String> = nft
+            .refused
+            .iter()
+            .flat_map(|r| r.mappings.clone())
+            .collect();
+        if !cut.is_empty() {
+            applied.nft = applied.nft.without_mappings(&cut);
+        }
+        report.refused.extend(nft.refused);
         netlink::reconcile_rules(&self.handle, &applied.rules, self.marks, &mut report).await?;
         netlink::reconcile_routes(&self.handle, &applied.routes, &mut report).await?;
         netlink::remove_unwanted_links(&self.handle, &applied.links, &mut report).await?;
         netlink::ensure_valid_mark(&self.handle, &applied.valid_mark_interfaces, &mut report)
             .await?;
-        if let Some((_, first)) = failed.into_iter().next() {
-            // Not remembered as applied: the next pass tries the refused links again.
-            self.last = None;
-            return Err(first);
-        }
-        self.last = Some(desired.clone());
+        // A refusal is not remembered as applied: the next pass tries the refused parts again.
+        self.last = report.refused.is_empty().then(|| desired.clone());
+        self.applied = Some(applied);
         Ok(report)
     }
 
@@ -278,6 +332,7 @@ impl Host for LinuxHost {
         netlink::reconcile_routes(&self.handle, &[], &mut report).await?;
         netlink::remove_unwanted_links(&self.handle, &[], &mut report).await?;
         self.last = None;
+        self.applied = None;
         Ok(())
     }
 
@@ -295,7 +350,7 @@ impl Host for LinuxHost {
         sockets::name_agent_sockets(&mut facts.sockets, &query.agent_ports);
         facts.firewall_warnings = self.blocking(|nft| nft.firewall_warnings()).await?;
         facts.programmed_ports = self
-            .last
+            .applied
             .as_ref()
             .map(HostState::accepting_ports)
             .unwrap_or_default();
@@ -304,7 +359,7 @@ impl Host for LinuxHost {
 
     async fn counters(&self) -> Result<Vec<MappingCounter>, HostError> {
         let readings = self.blocking(|nft| nft.counters()).await?;
-        Ok(label_counters(self.last.as_ref(), &readings))
+        Ok(label_counters(self.applied.as_ref(), &readings))
     }
 }
 

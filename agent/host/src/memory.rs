@@ -1,12 +1,13 @@
 //! An in-memory host for the simulator and runtime tests: it records the last applied IR and
 //! every call, and serves scripted facts, counters and failures.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use kuport_core::ir::HostState;
 use kuport_core::snapshot::HostFacts;
 
-use crate::{ApplyReport, FactsQuery, Host, HostError, MappingCounter};
+use crate::{ApplyReport, FactsQuery, Host, HostError, MappingCounter, Refusal};
 
 /// What the memory host holds; shared between clones, so a test keeps a handle while the agent
 /// owns another.
@@ -24,6 +25,9 @@ pub struct MemoryState {
     pub counters: Vec<MappingCounter>,
     /// When set, the next apply fails with this message (then it is cleared).
     pub fail_next_apply: Option<String>,
+    /// Mappings (`namespace/name`) whose rules the "kernel" refuses, with its words, until
+    /// removed: every apply leaves them out and reports them, as the real host does.
+    pub refuse: BTreeMap<String, String>,
 }
 
 /// The in-memory host.
@@ -73,6 +77,7 @@ fn diff(old: &HostState, new: &HostState) -> ApplyReport {
         rules_deleted: missing(&old.rules, &new.rules),
         routes_added: missing(&new.routes, &old.routes),
         routes_deleted: missing(&old.routes, &new.routes),
+        refused: Vec::new(),
     }
 }
 
@@ -90,17 +95,36 @@ impl Host for MemoryHost {
                 detail,
             });
         }
+        let owners = desired.nft.owners();
+        let present = owners.mappings_in(&desired.nft);
+        let refused: Vec<Refusal> = s
+            .refuse
+            .iter()
+            .filter(|(mapping, _)| present.contains(*mapping))
+            .map(|(mapping, message)| Refusal {
+                unit: "nftables rules".to_owned(),
+                mappings: BTreeSet::from([mapping.clone()]),
+                message: message.clone(),
+            })
+            .collect();
+        let mut applied = desired.clone();
+        if !refused.is_empty() {
+            let cut: BTreeSet<String> = refused.iter().flat_map(|r| r.mappings.clone()).collect();
+            applied.nft = applied.nft.without_mappings(&cut);
+        }
         let base = match (&last, verify) {
             (Some(last), false) => last,
             _ => &s.applied,
         };
-        let report = diff(base, desired);
+        let mut report = diff(base, &applied);
         if report.mutations() > 0 {
             s.applies += 1;
-            s.applied = desired.clone();
+            s.applied = applied;
         }
         drop(s);
-        self.last = Some(desired.clone());
+        // As on the real host, a refusal is not remembered: the next pass tries again.
+        self.last = refused.is_empty().then(|| desired.clone());
+        report.refused = refused;
         Ok(report)
     }
 

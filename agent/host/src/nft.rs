@@ -3,14 +3,65 @@
 //! the kernel's listing is compared against (`kuport_core::render`), so there is one
 //! description of every rule, not two that must agree.
 
-use std::collections::BTreeSet;
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 
-use kuport_core::ir::{ChainId, Hook, NftTable, TABLE};
-use kuport_core::render::{nft_text, transaction};
+use kuport_core::ir::{ChainId, Hook, NftTable, RuleOwners, TABLE};
+use kuport_core::render::{LineOf, nft_text, transaction_lines};
 use serde_json::Value;
 
-use crate::HostError;
+use crate::{HostError, Refusal};
+
+/// How many transactions one apply may send while leaving refused mappings out.
+const MAX_ISOLATION_ROUNDS: usize = 4;
+
+/// What an nftables apply did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NftApplied {
+    /// Whether a transaction was sent.
+    pub changed: bool,
+    /// Mappings whose rules nft refused; the rest of the table was applied.
+    pub refused: Vec<Refusal>,
+}
+
+/// The mappings behind the lines nft refused, one refusal per mapping with nft's words, or
+/// `None` when a refused line belongs to no mapping (or nft's answer names no line).
+pub fn refused_mappings(
+    detail: &str,
+    lines: &[(String, LineOf<'_>)],
+    owners: &RuleOwners,
+) -> Option<Vec<Refusal>> {
+    let mut by_mapping: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for error in detail.lines().filter(|l| l.contains(": Error: ")) {
+        // `/dev/stdin:12:30-38: Error: Could not process rule: No such file or directory`
+        let (location, message) = error.split_once(": Error: ")?;
+        let number: usize = location.split(':').nth(1)?.parse().ok()?;
+        let (_, of) = lines.get(number.checked_sub(1)?)?;
+        let owner = match of {
+            LineOf::Counter(c) => owners.of_counter(&c.name),
+            LineOf::Rule(r) => owners.of_rule(r),
+            LineOf::Structure => None,
+        }?;
+        by_mapping
+            .entry(owner.clone())
+            .or_default()
+            .insert(message.trim().to_owned());
+    }
+    if by_mapping.is_empty() {
+        return None;
+    }
+    Some(
+        by_mapping
+            .into_iter()
+            .map(|(mapping, messages)| Refusal {
+                unit: "nftables rules".to_owned(),
+                mappings: BTreeSet::from([mapping]),
+                message: messages.into_iter().collect::<Vec<_>>().join("; "),
+            })
+            .collect(),
+    )
+}
 
 /// The `nft` program, and how to reach it.
 #[derive(Clone, Debug)]
@@ -97,14 +148,17 @@ impl Nft {
         Ok(objects(&json, "table").any(|t| t["name"] == TABLE))
     }
 
-    /// Brings the kernel's table to `desired` in one transaction. Returns whether anything was
-    /// sent: nothing is when the kernel already lists exactly the desired table.
-    pub fn apply(&self, desired: &NftTable) -> Result<bool, HostError> {
+    /// Brings the kernel's table to `desired` in one transaction. Nothing is sent when the
+    /// kernel already lists exactly the desired table. When nft refuses lines that belong to
+    /// mappings, those mappings' rules are left out and the rest is sent again (nft names every
+    /// refused line of a batch at once, so one retry is the rule); a refusal of anything that
+    /// belongs to no mapping fails the whole apply and the kernel keeps its previous table.
+    pub fn apply(&self, desired: &NftTable) -> Result<NftApplied, HostError> {
         let current = self.listing()?;
         let wanted = nft_text(desired);
         match &current {
-            Some(text) if *text == wanted => return Ok(false),
-            None if desired.is_empty() => return Ok(false),
+            Some(text) if *text == wanted => return Ok(NftApplied::default()),
+            None if desired.is_empty() => return Ok(NftApplied::default()),
             _ => {}
         }
         let (existing, recreate) = match current {
@@ -113,11 +167,39 @@ impl Nft {
             Some(_) if !desired.is_empty() && !self.chains_match()? => (Vec::new(), true),
             Some(_) => (self.counter_names()?.into_iter().collect(), false),
         };
-        self.send(&transaction(desired, &existing, recreate))?;
-        if !desired.is_empty() {
+        let owners = desired.owners();
+        let mut table = Cow::Borrowed(desired);
+        let mut refused = Vec::new();
+        for round in 1..=MAX_ISOLATION_ROUNDS {
+            let lines = transaction_lines(&table, &existing, recreate);
+            let mut script = String::new();
+            for (line, _) in &lines {
+                script.push_str(line);
+                script.push('\n');
+            }
+            let detail = match self.send(&script) {
+                Ok(()) => break,
+                Err(HostError::Nft { detail, .. }) if round < MAX_ISOLATION_ROUNDS => detail,
+                Err(e) => return Err(e),
+            };
+            let Some(these) = refused_mappings(&detail, &lines, &owners) else {
+                return Err(HostError::Nft {
+                    op: "apply transaction",
+                    detail,
+                });
+            };
+            let cut: BTreeSet<String> = these.iter().flat_map(|r| r.mappings.clone()).collect();
+            drop(lines);
+            table = Cow::Owned(table.without_mappings(&cut));
+            refused.extend(these);
+        }
+        if !table.is_empty() {
             self.check_hooks()?;
         }
-        Ok(true)
+        Ok(NftApplied {
+            changed: true,
+            refused,
+        })
     }
 
     fn send(&self, script: &str) -> Result<(), HostError> {
@@ -280,6 +362,89 @@ mod tests {
             zero_counters(text),
             "counter x {\n\t\tpackets 0 bytes 0\n\t}\n\tudp dport 3000 counter packets 0 bytes 0 dnat\n comment \"packets a\""
         );
+    }
+
+    fn table() -> NftTable {
+        use kuport_core::api::Protocol;
+        use kuport_core::ir::{Counter, DnatRule, PortRange, Rule};
+        let dnat = |name: &str, port: u16| {
+            Rule::Dnat(DnatRule {
+                iif: "wt0".into(),
+                mark: Some(1),
+                protocol: Protocol::Udp,
+                ports: PortRange::single(port),
+                to: "10.244.1.5".parse().expect("ip"),
+                to_port: None,
+                counter: format!("pre/games/{name}"),
+                comment: format!("games/{name}"),
+            })
+        };
+        let counter = |name: &str| Counter {
+            name: format!("pre/games/{name}"),
+            chain: ChainId::Pre,
+            namespace: "games".into(),
+            mapping: name.into(),
+        };
+        NftTable {
+            marks: Default::default(),
+            counters: vec![counter("a"), counter("b")],
+            chains: vec![
+                (ChainId::Pre, vec![dnat("a", 3000), dnat("b", 3001)]),
+                (ChainId::Fwd, vec![Rule::ClampMssOut]),
+            ],
+        }
+    }
+
+    fn line_of(lines: &[(String, LineOf<'_>)], wanted: impl Fn(&LineOf<'_>) -> bool) -> usize {
+        lines.iter().position(|(_, of)| wanted(of)).expect("line") + 1
+    }
+
+    #[test]
+    fn refused_lines_are_traced_to_their_mappings() {
+        let table = table();
+        let owners = table.owners();
+        let lines = transaction_lines(&table, &[], false);
+        let rule_b = line_of(
+            &lines,
+            |of| matches!(of, LineOf::Rule(kuport_core::ir::Rule::Dnat(d)) if d.comment == "games/b"),
+        );
+        let counter_b = line_of(
+            &lines,
+            |of| matches!(of, LineOf::Counter(c) if c.mapping == "b"),
+        );
+        let detail = format!(
+            "/dev/stdin:{counter_b}:18-40: Error: name too long, 256 characters maximum allowed\n\
+             add counter ip kuport pre/games/b\n                 ^^^^\n\
+             /dev/stdin:{rule_b}:42-44: Error: Could not process rule: No such file or directory\n\
+             add rule ip kuport kup-pre ...\n"
+        );
+        let refused = refused_mappings(&detail, &lines, &owners).expect("traced");
+        assert_eq!(refused.len(), 1, "{refused:?}");
+        assert_eq!(refused[0].mappings, BTreeSet::from(["games/b".to_owned()]));
+        assert_eq!(
+            refused[0].message,
+            "Could not process rule: No such file or directory; name too long, 256 characters maximum allowed"
+        );
+
+        // A refused line of no mapping (the MSS clamp, a chain) fails the whole apply.
+        let clamp = line_of(&lines, |of| {
+            matches!(of, LineOf::Rule(kuport_core::ir::Rule::ClampMssOut))
+        });
+        let detail = format!("/dev/stdin:{clamp}:1-5: Error: Could not process rule: Bad");
+        assert_eq!(refused_mappings(&detail, &lines, &owners), None);
+        let detail = "/dev/stdin:3:1-5: Error: Could not process rule: Bad";
+        assert_eq!(refused_mappings(detail, &lines, &owners), None);
+        // An answer that names no line cannot be traced either.
+        assert_eq!(
+            refused_mappings(
+                "netlink: Error: cache initialization failed",
+                &lines,
+                &owners
+            ),
+            None
+        );
+        let far = format!("/dev/stdin:{}:1-5: Error: x", lines.len() + 5);
+        assert_eq!(refused_mappings(&far, &lines, &owners), None);
     }
 
     #[test]

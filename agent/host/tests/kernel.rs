@@ -25,7 +25,11 @@ const TESTS: &[netns::Test] = &[
     ),
     ("an_update_changes_only_what_changed", update_only_changes),
     ("hand_made_drift_is_repaired_on_verify", drift_repaired),
-    ("a_held_vni_names_the_device_holding_it", vni_held),
+    (
+        "a_held_vni_takes_out_only_the_mappings_on_its_link",
+        vni_held,
+    ),
+    ("refused_rules_take_out_only_their_mapping", nft_refusal),
     ("facts_resolve_interfaces_and_the_underlay", facts_read),
     (
         "link_and_underlay_removal_is_reported_as_events",
@@ -39,6 +43,7 @@ const CHILDREN: &[netns::Test] = &[
     ("update", child_update),
     ("drift", child_drift),
     ("vni_held", child_vni_held),
+    ("nft_refusal", child_nft_refusal),
     ("facts", child_facts),
     ("events", child_events),
 ];
@@ -393,17 +398,131 @@ fn child_vni_held() {
     ));
     block_on(async {
         let mut host = LinuxHost::new().expect("host");
-        let err = host
+        let report = host
             .apply(&state, false)
             .await
-            .expect_err("the VNI is held");
-        let text = err.to_string();
-        assert!(text.contains("already used by device squatter"), "{text}");
+            .expect("everything but the held link is applied");
+        assert_eq!(report.refused.len(), 1, "{:?}", report.refused);
+        let refusal = &report.refused[0];
+        assert_eq!(refusal.unit, format!("return link {}", link.name));
+        assert!(
+            refusal.message.contains("already used by device squatter"),
+            "{refusal:?}"
+        );
+        assert_eq!(
+            refusal.mappings.iter().collect::<Vec<_>>(),
+            ["games/gs"],
+            "the mapping using the link is named"
+        );
         let table = sh("nft list ruleset");
         assert!(
             !table.contains("dnat") && !table.contains(&link.name),
             "no DNAT toward a link that failed, nothing on it:\n{table}"
         );
+        // Not remembered as applied: the next pass tries the link again, and succeeds once
+        // the squatter is gone.
+        sh("ip link del squatter");
+        let again = host.apply(&state, false).await.expect("apply");
+        assert!(again.refused.is_empty(), "{:?}", again.refused);
+        assert!(sh("nft list ruleset").contains("dnat"));
+    });
+}
+
+fn nft_refusal() {
+    let ns = Netns::new("nftref");
+    child(&ns, "nft_refusal", &[]);
+}
+
+/// A copy of the golden mapping `games/gs` as `games/bad`, one port up, whose counter names
+/// nft refuses (longer than the kernel's 256 bytes).
+fn with_refused_mapping(state: &HostState) -> HostState {
+    use kuport_core::ir::{Counter, PortRange, Rule};
+    let long = |chain: &str| format!("{chain}/games/{}", "b".repeat(300));
+    let up = |p: PortRange| PortRange {
+        first: p.first + 1,
+        last: p.last + 1,
+    };
+    let mut out = state.clone();
+    for c in &state.nft.counters {
+        if c.namespace == "games" && c.mapping == "gs" {
+            out.nft.counters.push(Counter {
+                name: long(c.chain.label()),
+                mapping: "bad".into(),
+                ..c.clone()
+            });
+        }
+    }
+    for (chain, rules) in &mut out.nft.chains {
+        let copies: Vec<Rule> = rules
+            .iter()
+            .filter_map(|r| match r.clone() {
+                Rule::Dnat(mut d) if d.comment == "games/gs" => {
+                    d.comment = "games/bad".into();
+                    d.counter = long(chain.label());
+                    d.ports = up(d.ports);
+                    Some(Rule::Dnat(d))
+                }
+                Rule::IdentitySnat(mut n) if n.comment == "games/gs" => {
+                    n.comment = "games/bad".into();
+                    n.counter = long(chain.label());
+                    n.ports = up(n.ports);
+                    Some(Rule::IdentitySnat(n))
+                }
+                Rule::Steer(mut st) if st.comment == "games/gs" => {
+                    st.comment = "games/bad".into();
+                    st.ports = up(st.ports);
+                    Some(Rule::Steer(st))
+                }
+                Rule::MarkRequest(mut st) if st.comment == "games/gs" => {
+                    st.comment = "games/bad".into();
+                    st.ports = up(st.ports);
+                    Some(Rule::MarkRequest(st))
+                }
+                _ => None,
+            })
+            .collect();
+        rules.extend(copies);
+    }
+    out.normalise();
+    out
+}
+
+fn child_nft_refusal() {
+    let good = golden_ir("same-node-single-port");
+    let state = with_refused_mapping(&good);
+    let pre = |s: &HostState| s.nft.rules(kuport_core::ir::ChainId::Pre).len();
+    assert!(pre(&state) > pre(&good), "the copy adds rules");
+    underlay_for(&state);
+    for iface in &state.valid_mark_interfaces {
+        sh(&format!(
+            "ip link show {iface} >/dev/null 2>&1 || ip link add {iface} type veth peer name {iface}-p"
+        ));
+    }
+    block_on(async {
+        let mut host = LinuxHost::new().expect("host");
+        let report = host
+            .apply(&state, false)
+            .await
+            .expect("everything but games/bad is applied");
+        assert_eq!(report.refused.len(), 1, "{:?}", report.refused);
+        let refusal = &report.refused[0];
+        assert_eq!(refusal.unit, "nftables rules");
+        assert_eq!(refusal.mappings.iter().collect::<Vec<_>>(), ["games/bad"]);
+        assert!(refusal.message.contains("name too long"), "{refusal:?}");
+        // The other mapping is programmed exactly as it would be alone.
+        let listing = sh("nft list table ip kuport");
+        assert_eq!(
+            kuport_host::nft::zero_counters(&listing),
+            golden_nft("same-node-single-port")
+        );
+        let counters = host.counters().await.expect("counters");
+        assert!(
+            !counters.is_empty() && counters.iter().all(|c| c.name != "bad"),
+            "{counters:?}"
+        );
+        // Tried again on the next pass (the refusal is not remembered as applied).
+        let again = host.apply(&state, false).await.expect("apply");
+        assert_eq!(again.refused.len(), 1);
     });
 }
 

@@ -258,6 +258,12 @@ pub struct PortMapClassStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["key".into()]))]
     pub links: Vec<LinkClaim>,
+
+    /// Mappings of this class whose nftables rules or return link a node's kernel refused in
+    /// that node's last pass, with the kernel's words; each node writes its own entries. Every
+    /// other mapping on that node is still programmed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused: Vec<RefusedMapping>,
 }
 
 /// One accepting node's view of the class, written by that node's agent.
@@ -337,6 +343,23 @@ pub struct HeldPort {
     /// saw the socket: they keep the port (earliest wins); any other mapping is refused it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub yields_to: Vec<String>,
+}
+
+/// A mapping of the class a node's kernel refused, as that node reported it.
+#[derive(
+    KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct RefusedMapping {
+    /// The node whose kernel refused (it owns this entry).
+    pub node: String,
+
+    /// The mapping, `namespace/name`.
+    pub mapping: String,
+
+    /// What was refused (its nftables rules, or the return link it uses) and what the kernel
+    /// said.
+    pub message: String,
 }
 
 /// The CNI facts an agent read (from kube-system/cilium-config).

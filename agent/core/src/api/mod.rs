@@ -7,7 +7,8 @@ mod portmap;
 
 pub use class::{
     ClassNode, ClassNodeStatus, CniInfo, HeldPort, LinkClaim, PortMapClass, PortMapClassSpec,
-    PortMapClassStatus, PortWindow, ReturnPath, ReturnPathMode, ServingMode, VxlanSettings,
+    PortMapClassStatus, PortWindow, RefusedMapping, ReturnPath, ReturnPathMode, ServingMode,
+    VxlanSettings,
 };
 pub use portmap::{
     EndpointStatus, PortMap, PortMapSpec, PortMapStatus, Protocol, PublishedAddress, ServiceRef,

@@ -417,7 +417,13 @@ pub fn gate_all(
             }
         }
         if let (true, Some(class)) = (w.decision.accepted.is_true(), class) {
-            w.decision.programmed = Some(programmed(index, class, w));
+            let mut outcome = programmed(index, class, w);
+            if outcome.is_true()
+                && let Some(message) = host_refusal(class, &w.decision, this_node, facts)
+            {
+                outcome = Outcome::new(ProgrammedReason::HostRefused, message);
+            }
+            w.decision.programmed = Some(outcome);
             if w.decision.emits {
                 w.decision.published = published(index, class, &w.decision, this_node, facts);
             }
@@ -545,6 +551,49 @@ fn programmed(index: &Index, class: &ClassState, w: &Working) -> Outcome<Program
         }
     }
     Outcome::new(R::AllNodesReady, firewall_note(index, class.name, d))
+}
+
+/// What a node that programs the mapping (an accepting node, or the pod's node at the far end
+/// of a return link) reported its kernel refused of it: this node from its own last apply,
+/// the others from their entries in the class status. Only asked once every other gate
+/// passed would let the mapping be programmed.
+fn host_refusal(
+    class: &ClassState,
+    d: &MappingDecision,
+    this_node: &str,
+    facts: &HostFacts,
+) -> Option<String> {
+    let ep = d.endpoint.as_ref()?;
+    let mapping = format!("{}/{}", d.namespace, d.name);
+    let mut nodes: Vec<&str> = d.programming_nodes.iter().map(String::as_str).collect();
+    nodes.push(ep.node.as_str());
+    nodes.sort_unstable();
+    nodes.dedup();
+    let stored = class
+        .class
+        .status
+        .as_ref()
+        .map(|s| s.refused.as_slice())
+        .unwrap_or_default();
+    let found: Vec<String> = nodes
+        .into_iter()
+        .filter_map(|node| {
+            let message = if node == this_node {
+                facts
+                    .refusals
+                    .iter()
+                    .find(|r| r.mapping == mapping)
+                    .map(|r| &r.message)
+            } else {
+                stored
+                    .iter()
+                    .find(|r| r.node == node && r.mapping == mapping)
+                    .map(|r| &r.message)
+            }?;
+            Some(format!("on node {node}, {message}"))
+        })
+        .collect();
+    (!found.is_empty()).then(|| found.join("; "))
 }
 
 /// Programmed, but a programming node reported that its own firewall is known to drop mapped

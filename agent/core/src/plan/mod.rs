@@ -149,6 +149,21 @@ pub struct Writes {
     pub claims: Vec<ClaimProposal>,
     /// Garbage-collection actions on claims, sorted by class then key.
     pub gc: Vec<GcAction>,
+    /// What this node's kernel refused, by class and mapping, sorted: it replaces this node's
+    /// entries in each class's `status.refused` (none left clears them).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub refusals: Vec<RefusalWrite>,
+}
+
+/// A mapping this node's kernel refused, under the class it belongs to.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct RefusalWrite {
+    /// The mapping's class.
+    pub class: String,
+    /// The mapping, `namespace/name`.
+    pub mapping: String,
+    /// What was refused and what the kernel said.
+    pub message: String,
 }
 
 /// The desired status of one PortMap.

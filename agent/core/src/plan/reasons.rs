@@ -46,6 +46,9 @@ pub enum ProgrammedReason {
     ReturnPathUnavailable,
     /// The mapping's interfaces leave a programming node nothing to bind.
     NoInterfaceOnNode,
+    /// A node's kernel refused the mapping's nftables rules or the return link it uses; the
+    /// message carries the kernel's words. Every other mapping on that node is programmed.
+    HostRefused,
 }
 
 /// Reasons of a PortMapClass's `Ready` condition, in check order.
@@ -104,6 +107,7 @@ reason_names!(ProgrammedReason {
     RangeTranslation,
     ReturnPathUnavailable,
     NoInterfaceOnNode,
+    HostRefused,
 });
 reason_names!(ClassReason {
     Valid,

@@ -10,7 +10,8 @@ use super::classes::{ClassState, split_key};
 use super::index::Index;
 use super::mapping::Working;
 use super::{
-    CLAIM_GC_AFTER_SECONDS, ClaimProposal, ClassRowWrite, GcAction, GcKind, PortMapWrite, Writes,
+    CLAIM_GC_AFTER_SECONDS, ClaimProposal, ClassRowWrite, GcAction, GcKind, PortMapWrite,
+    RefusalWrite, Writes,
 };
 use crate::api::{ClassNodeStatus, CniInfo, EndpointStatus, HeldPort, PortMapStatus, Protocol};
 use crate::ir::VXLAN_OVERHEAD;
@@ -90,6 +91,7 @@ pub fn writes(
             writes.gc.extend(gc(state, now));
         }
     }
+    writes.refusals = refusal_writes(index, facts);
     writes
 }
 
@@ -226,6 +228,30 @@ fn class_row(
         accepting,
         named: state.class.spec.nodes.len(),
     }
+}
+
+/// The refusals of this node's last apply, each under the class of its mapping (a refusal of a
+/// mapping that no longer exists is dropped), sorted.
+fn refusal_writes(index: &Index, facts: &HostFacts) -> Vec<RefusalWrite> {
+    let mut out: Vec<RefusalWrite> = facts
+        .refusals
+        .iter()
+        .filter_map(|r| {
+            let (namespace, name) = r.mapping.split_once('/')?;
+            let pm = index.portmaps.iter().find(|pm| {
+                pm.metadata.namespace.as_deref() == Some(namespace)
+                    && pm.metadata.name.as_deref() == Some(name)
+            })?;
+            Some(RefusalWrite {
+                class: pm.spec.class_name.clone(),
+                mapping: r.mapping.clone(),
+                message: r.message.clone(),
+            })
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// The host sockets that hold a port some PortMap of the class asks for, on an address the

@@ -116,6 +116,7 @@ pub struct Metrics {
     failures: Family<Labels, Counter>,
     mappings: Family<Labels, Gauge>,
     links: Gauge,
+    refusals: Gauge,
     status_writes: Family<Labels, Counter>,
     conflicts: Family<Labels, Counter>,
     last_success: Gauge<f64, AtomicU64>,
@@ -165,6 +166,12 @@ impl Metrics {
             "Return links in this node's applied state",
             links.clone(),
         );
+        let refusals = Gauge::default();
+        registry.register(
+            "host_refusals",
+            "Parts of the datapath this node's kernel refused in the last apply (each takes out only the mappings that use it; status names them)",
+            refusals.clone(),
+        );
         let status_writes = Family::<Labels, Counter>::default();
         registry.register(
             "status_writes",
@@ -199,6 +206,7 @@ impl Metrics {
             failures,
             mappings,
             links,
+            refusals,
             status_writes,
             conflicts,
             last_success,
@@ -270,6 +278,10 @@ impl Metrics {
         }
         self.links
             .set(i64::try_from(plan.host.links.len()).unwrap_or(i64::MAX));
+    }
+
+    pub(crate) fn set_refusals(&self, count: usize) {
+        self.refusals.set(i64::try_from(count).unwrap_or(i64::MAX));
     }
 
     pub(crate) fn record_write(&self, kind: WriteKind, result: WriteResult) {

@@ -18,8 +18,10 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kuport_core::api::{PortMap, PortMapClass};
 use kuport_core::ir::{HostState, MarkLayout, Rule};
 use kuport_core::plan::{Plan, plan};
-use kuport_core::snapshot::{CILIUM_CONFIG, CniFacts, HostFacts, Snapshot, node_internal_ip};
-use kuport_host::{ApplyReport, FactsQuery, Host, HostError, LinkEvent};
+use kuport_core::snapshot::{
+    CILIUM_CONFIG, CniFacts, HostFacts, HostRefusal, Snapshot, node_internal_ip,
+};
+use kuport_host::{ApplyReport, FactsQuery, Host, HostError, LinkEvent, Refusal};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -99,6 +101,9 @@ pub struct Agent<H: Host> {
     metrics: Arc<Metrics>,
     health: Health,
     link_watch: Option<LinkWatch>,
+    /// What the kernel refused in the last apply, by mapping: planned into this node's class
+    /// rows until an apply succeeds in full.
+    refusals: Vec<HostRefusal>,
 }
 
 /// The watched objects.
@@ -122,6 +127,8 @@ impl Drop for Inputs {
 /// What one pass came to.
 struct PassOutcome {
     failed: Option<(Stage, String)>,
+    /// The kernel refused part of the datapath (reported in status): try again soon.
+    refused: bool,
     /// Some status must be recomputed from fresher inputs: run again soon.
     recompute: bool,
 }
@@ -136,6 +143,7 @@ impl<H: Host> Agent<H> {
             metrics: Arc::new(Metrics::new()),
             health: Health::default(),
             link_watch: None,
+            refusals: Vec::new(),
         }
     }
 
@@ -359,7 +367,7 @@ impl<H: Host> Agent<H> {
                     );
                 }
             }
-            if outcome.failed.is_some() || outcome.recompute {
+            if outcome.failed.is_some() || outcome.refused || outcome.recompute {
                 retry_at = Some(Instant::now() + retry_delay);
                 retry_delay = (retry_delay * 2).min(self.config.retry_max);
             } else {
@@ -393,6 +401,7 @@ impl<H: Host> Agent<H> {
         let node = self.config.node_name.clone();
         let fail = |stage, error: String| PassOutcome {
             failed: Some((stage, error)),
+            refused: false,
             recompute: false,
         };
 
@@ -415,20 +424,23 @@ impl<H: Host> Agent<H> {
 
         let mut query = facts_query(&snapshot, &node, self.config.marks);
         query.agent_ports = self.config.agent_ports.clone();
-        let facts = match self.host.facts(&query).await {
+        let mut facts = match self.host.facts(&query).await {
             Ok(f) => f,
             Err(e) => return (fail(Stage::Facts, format!("reading host facts: {e}")), None),
         };
+        facts.refusals = self.refusals.clone();
         let underlay = facts.underlay_device.clone().map(|d| vec![d]);
 
-        let plan = match compute_plan(snapshot.clone(), node.clone(), facts).await {
+        let mut plan = match compute_plan(snapshot.clone(), node.clone(), facts.clone()).await {
             Ok(p) => p,
             Err(e) => return (fail(Stage::Plan, e), underlay),
         };
-        self.metrics.record_plan(&plan);
 
-        match self.host.apply(&plan.host, verify).await {
-            Ok(report) => log_apply(&report, &plan.host, verify),
+        let refused = match self.host.apply(&plan.host, verify).await {
+            Ok(report) => {
+                log_apply(&report, &plan.host, verify);
+                Refusal::by_mapping(&report.refused)
+            }
             Err(e) => {
                 // Status is not written: it would claim what the host does not have.
                 return (
@@ -436,7 +448,19 @@ impl<H: Host> Agent<H> {
                     underlay,
                 );
             }
+        };
+        self.metrics.set_refusals(refused.len());
+        if refused != self.refusals {
+            // The status must say what the kernel refused: plan it again with the refusals
+            // (the datapath it asks for is the same; only this node's rows change).
+            self.refusals = refused;
+            facts.refusals = self.refusals.clone();
+            plan = match compute_plan(snapshot.clone(), node.clone(), facts).await {
+                Ok(p) => p,
+                Err(e) => return (fail(Stage::Plan, e), underlay),
+            };
         }
+        self.metrics.record_plan(&plan);
 
         match self.host.counters().await {
             Ok(counters) => self.metrics.set_mapping_counters(counters),
@@ -466,16 +490,10 @@ impl<H: Host> Agent<H> {
                 status.recompute
             );
         }
-        let outcome = if status.errors.is_empty() {
-            PassOutcome {
-                failed: None,
-                recompute: status.recompute > 0,
-            }
-        } else {
-            PassOutcome {
-                failed: Some((Stage::Status, status.errors.join("; "))),
-                recompute: status.recompute > 0,
-            }
+        let outcome = PassOutcome {
+            failed: (!status.errors.is_empty()).then(|| (Stage::Status, status.errors.join("; "))),
+            refused: !self.refusals.is_empty(),
+            recompute: status.recompute > 0,
         };
         (outcome, underlay)
     }
@@ -639,6 +657,16 @@ fn host_stage(e: &HostError) -> Stage {
 
 /// One info line per applied change; debug for a pass that changed nothing.
 fn log_apply(report: &ApplyReport, state: &HostState, verify: bool) {
+    for refusal in &report.refused {
+        let mappings: Vec<&str> = refusal.mappings.iter().map(String::as_str).collect();
+        tracing::warn!(
+            unit = refusal.unit,
+            mappings = mappings.join(","),
+            "the kernel refused {}; the mappings using it are left out: {}",
+            refusal.unit,
+            refusal.message
+        );
+    }
     if report.mutations() == 0 {
         tracing::debug!(verify, "pass: datapath unchanged");
         return;

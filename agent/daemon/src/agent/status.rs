@@ -16,8 +16,10 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
 use kube::api::{Api, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kuport_core::api::{LinkClaim, PortMap, PortMapClass, PortMapClassStatus, PortMapStatus};
-use kuport_core::plan::{AcceptedReason, PortMapWrite, Writes};
+use kuport_core::api::{
+    LinkClaim, PortMap, PortMapClass, PortMapClassStatus, PortMapStatus, RefusedMapping,
+};
+use kuport_core::plan::{AcceptedReason, PortMapWrite, RefusalWrite, Writes};
 use kuport_core::plan::{CLAIM_GC_AFTER_SECONDS, ClaimProposal, ClassRowWrite, GcAction, GcKind};
 
 use super::events::{EventSink, PendingEvent};
@@ -77,13 +79,15 @@ impl StatusWriter<'_> {
             .map(|r| r.class.as_str())
             .chain(writes.claims.iter().map(|c| c.class.as_str()))
             .chain(writes.gc.iter().map(|g| g.class.as_str()))
+            .chain(writes.refusals.iter().map(|r| r.class.as_str()))
             .chain(
                 classes
                     .iter()
                     .filter(|c| {
-                        c.status
-                            .as_ref()
-                            .is_some_and(|s| s.nodes.iter().any(|n| n.name == self.node))
+                        c.status.as_ref().is_some_and(|s| {
+                            s.nodes.iter().any(|n| n.name == self.node)
+                                || s.refused.iter().any(|r| r.node == self.node)
+                        })
                     })
                     .map(|c| c.metadata.name.as_deref().unwrap_or_default()),
             )
@@ -96,6 +100,11 @@ impl StatusWriter<'_> {
                 row: writes.class_rows.iter().find(|r| r.class == class),
                 claims: writes.claims.iter().filter(|c| c.class == class).collect(),
                 gc: writes.gc.iter().filter(|g| g.class == class).collect(),
+                refused: writes
+                    .refusals
+                    .iter()
+                    .filter(|r| r.class == class)
+                    .collect(),
             };
             // When merging into the watched copy changes nothing, the fresh object is not read:
             // a converged pass costs no request. Anything to change is merged into a fresh read.
@@ -313,6 +322,8 @@ pub struct ClassPart<'a> {
     pub claims: Vec<&'a ClaimProposal>,
     /// Its GC actions.
     pub gc: Vec<&'a GcAction>,
+    /// What its kernel refused of the class's mappings (replacing its earlier entries).
+    pub refused: Vec<&'a RefusalWrite>,
 }
 
 /// The result of merging one node's part into a class status.
@@ -452,6 +463,18 @@ pub fn merge_class_status(
             }
         }
     }
+
+    // This node's refusals replace the entries it wrote before; other nodes' stay.
+    status.refused.retain(|r| r.node != node);
+    status
+        .refused
+        .extend(part.refused.iter().map(|r| RefusedMapping {
+            node: node.to_owned(),
+            mapping: r.mapping.clone(),
+            message: r.message.clone(),
+        }));
+    status.refused.sort();
+    status.refused.dedup();
 
     // The summary, from the merged rows and this pass's accepting nodes. Every accepting agent
     // computes it alike from the same object and snapshot, so it settles after one write.
@@ -638,6 +661,36 @@ mod tests {
             merged.ready_flipped.map(|c| c.reason),
             Some("Valid".to_owned())
         );
+    }
+
+    #[test]
+    fn own_refusals_replace_this_nodes_entries_and_leave_the_others() {
+        let entry = |node: &str, mapping: &str| RefusedMapping {
+            node: node.into(),
+            mapping: mapping.into(),
+            message: format!("refused on {node}"),
+        };
+        let stored = PortMapClassStatus {
+            refused: vec![entry("a", "games/x"), entry("b", "games/old")],
+            ..Default::default()
+        };
+        let write = RefusalWrite {
+            class: "public".into(),
+            mapping: "games/new".into(),
+            message: "refused on b".into(),
+        };
+        let part = ClassPart {
+            refused: vec![&write],
+            ..Default::default()
+        };
+        let merged = merge_class_status(&stored, "b", &part, ts(NOW));
+        assert_eq!(
+            merged.status.refused,
+            [entry("a", "games/x"), entry("b", "games/new")]
+        );
+        // Nothing refused any more: this node's entries go, the other node's stay.
+        let merged = merge_class_status(&merged.status, "b", &ClassPart::default(), ts(NOW));
+        assert_eq!(merged.status.refused, [entry("a", "games/x")]);
     }
 
     /// A row as this agent writes it, last stamped at `at`.
