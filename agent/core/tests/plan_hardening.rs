@@ -776,3 +776,83 @@ fn a_refusal_is_reported_under_its_class_and_turns_programmed_false() {
     assert_eq!(p.reason, kuport_core::plan::ProgrammedReason::HostRefused);
     assert!(p.message.starts_with("on node edge-a, "), "{}", p.message);
 }
+
+#[test]
+fn an_accepting_node_never_captures_a_port_its_own_socket_holds_before_its_row_says_so() {
+    use kuport_core::api::Protocol;
+    use kuport_core::snapshot::{HostSocket, ProgrammedPort};
+    let dnat_ports = |plan: &kuport_core::plan::Plan| -> Vec<u16> {
+        plan.host
+            .nft
+            .rules(ChainId::Pre)
+            .iter()
+            .chain(plan.host.nft.rules(ChainId::Steer))
+            .filter_map(|r| match r {
+                Rule::Dnat(d) => Some(d.ports.first),
+                Rule::Steer(s) | Rule::MarkRequest(s) => Some(s.ports.first),
+                _ => None,
+            })
+            .collect()
+    };
+    let mut f = edge_facts();
+    f.sockets = vec![HostSocket {
+        protocol: Protocol::Tcp,
+        address: "0.0.0.0".parse().expect("ip"),
+        port: 22,
+        holder: None,
+    }];
+    // The class and the mapping were created together: edge-a's row does not report the
+    // socket yet, so admission accepts the mapping; edge-a still captures nothing on 22.
+    let c = ssh_served();
+    let plan = c.plan_with("edge-a", &f);
+    assert!(decision(&plan, "games", "ssh").accepted.is_true());
+    assert!(dnat_ports(&plan).is_empty(), "{:?}", dnat_ports(&plan));
+    // And the row it writes records that the socket yields to nobody.
+    assert!(
+        plan.writes.class_rows[0].row.held_ports[0]
+            .yields_to
+            .is_empty()
+    );
+    // Control: without the socket the port is captured.
+    let plan = c.plan_with("edge-a", &edge_facts());
+    assert!(dnat_ports(&plan).contains(&22));
+    // A socket bound to another address takes nothing from the mapping.
+    let mut elsewhere = f.clone();
+    elsewhere.sockets[0].address = "127.0.0.1".parse().expect("ip");
+    assert!(dnat_ports(&c.plan_with("edge-a", &elsewhere)).contains(&22));
+    // Earliest wins: the node was already forwarding the port when the socket appeared.
+    let mut forwarded = f.clone();
+    forwarded.programmed_ports = vec![ProgrammedPort {
+        mapping: "games/ssh".into(),
+        protocol: Protocol::Tcp,
+        first: 22,
+        last: 22,
+    }];
+    assert!(dnat_ports(&c.plan_with("edge-a", &forwarded)).contains(&22));
+    // Once the row records whom the socket yields to, that record decides.
+    let yielded = with_held_yielding(ssh_served(), "TCP", 22, "0.0.0.0", &["games/ssh"]);
+    assert!(dnat_ports(&yielded.plan_with("edge-a", &f)).contains(&22));
+    let refused = with_held_yielding(ssh_served(), "TCP", 22, "0.0.0.0", &[]);
+    assert!(dnat_ports(&refused.plan_with("edge-a", &forwarded)).is_empty());
+}
+
+/// `ssh_cluster` with a ready TCP endpoint, so the mapping is programmed.
+fn ssh_served() -> Cluster {
+    edge_and_worker()
+        .endpoint_full(
+            "games",
+            "sshd",
+            "ssh",
+            "TCP",
+            "sshd-0",
+            "edge-a",
+            "10.244.0.5",
+            22,
+            Some(true),
+        )
+        .portmap(
+            pm("games", "ssh", "public", 22)
+                .tcp()
+                .service("sshd", "ssh"),
+        )
+}

@@ -199,6 +199,9 @@ impl Emitter<'_> {
             let Some(addr) = self.facts.interface_address(&iface) else {
                 continue;
             };
+            if self.held_here(class.name, d, addr, ports) {
+                continue;
+            }
             self.steer(d, iface.clone(), addr, Some(local), ports);
             self.state.valid_mark_interfaces.push(iface.clone());
             self.dnat(d, iface, Some(local), to, to_port, ports);
@@ -216,6 +219,36 @@ impl Emitter<'_> {
             to: None,
             table: MAIN_TABLE,
         });
+    }
+
+    /// A socket of this host holds one of the mapping's ports on `addr` (or on every address)
+    /// and has not yielded it to the mapping. Admission refuses such a mapping once this node's
+    /// row reports the socket; this closes the window before that (a class and its mappings
+    /// created together, a node newly named by a class), in which every agent, this one
+    /// included, would otherwise accept and capture the port: sshd's traffic would reach the
+    /// pod, and the capture would then count as "forwarded before the socket was seen".
+    fn held_here(
+        &self,
+        class: &str,
+        d: &super::MappingDecision,
+        addr: Ipv4Addr,
+        ports: PortRange,
+    ) -> bool {
+        let mapping = format!("{}/{}", d.namespace, d.name);
+        let stored_row = self.index.row(class, self.node);
+        self.facts.sockets.iter().any(|s| {
+            s.protocol == d.protocol
+                && (ports.first..=ports.last).contains(&s.port)
+                && (s.address.is_unspecified() || s.address == addr)
+                && !super::status::yields_to(
+                    s.protocol,
+                    s.port,
+                    &s.address.to_string(),
+                    self.facts,
+                    stored_row,
+                )
+                .contains(&mapping)
+        })
     }
 
     /// The pod node's half of the link from programming node `p`.

@@ -296,7 +296,7 @@ fn held_ports(
                 holder: s.holder.clone().unwrap_or_else(|| socket_holder(s)),
                 yields_to: Vec::new(),
             };
-            held.yields_to = yields_to(&held, s.port, facts, stored_row);
+            held.yields_to = yields_to(s.protocol, s.port, &held.address, facts, stored_row);
             held
         })
         .collect();
@@ -308,16 +308,17 @@ fn held_ports(
 /// Who keeps a held port: as recorded when the socket was first reported (so it survives agent
 /// restarts), or, for a socket seen now for the first time, the mappings the datapath already
 /// captured the port for. A socket present before kuport looked yields to nobody.
-fn yields_to(
-    held: &HeldPort,
+pub(super) fn yields_to(
+    protocol: Protocol,
     port: u16,
+    address: &str,
     facts: &HostFacts,
     stored_row: Option<&ClassNodeStatus>,
 ) -> Vec<String> {
     let known = stored_row.and_then(|r| {
         r.held_ports
             .iter()
-            .find(|h| (h.protocol, h.port, &h.address) == (held.protocol, held.port, &held.address))
+            .find(|h| h.protocol == protocol && h.port == i32::from(port) && h.address == address)
     });
     if let Some(known) = known {
         return known.yields_to.clone();
@@ -325,7 +326,7 @@ fn yields_to(
     let mut mappings: Vec<String> = facts
         .programmed_ports
         .iter()
-        .filter(|p| p.protocol == held.protocol && (p.first..=p.last).contains(&port))
+        .filter(|p| p.protocol == protocol && (p.first..=p.last).contains(&port))
         .map(|p| p.mapping.clone())
         .collect();
     mappings.sort();
