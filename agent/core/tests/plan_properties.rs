@@ -32,6 +32,17 @@ const NODES_AND_GHOST: [&str; 7] = [
 ];
 const CLASS_IFACES: [&str; 3] = ["enp1s0", "wt0", "eth1"];
 const PM_IFACES: [&str; 4] = ["enp1s0", "wt0", "eth1", "bogus"];
+/// Names the kernel or nft would refuse or misread: too long, with nft syntax, a quote, a
+/// wildcard, whitespace, empty, a dot name.
+const HOSTILE_IFACES: [&str; 7] = [
+    "a-name-over-15-bytes",
+    "wt0;drop",
+    "x\"y",
+    "wg*",
+    "eth 0",
+    "",
+    "..",
+];
 const NAMESPACES: [&str; 3] = ["games", "web", "ops"];
 const CLASSES: [&str; 4] = ["public", "lan", "private", "zz"];
 const MISSING_CLASS: &str = "missing";
@@ -377,8 +388,9 @@ fn class_attrs() -> impl Strategy<Value = (ClassM, bool)> {
             prop::collection::btree_map(
                 select(&NODES_AND_GHOST[..]),
                 prop_oneof![
-                    6 => prop::collection::vec(select(&CLASS_IFACES[..]), 1..=2),
-                    1 => Just(Vec::new()),
+                    12 => prop::collection::vec(select(&CLASS_IFACES[..]), 1..=2),
+                    2 => Just(Vec::new()),
+                    1 => prop::collection::vec(select(&HOSTILE_IFACES[..]), 1..=1),
                 ],
                 1..=4,
             ),
@@ -481,8 +493,9 @@ fn portmap() -> impl Strategy<Value = PmM> {
         ),
         (
             prop_oneof![
-                3 => Just(Vec::new()),
-                1 => prop::collection::vec(select(&PM_IFACES[..]), 1..=2),
+                6 => Just(Vec::new()),
+                2 => prop::collection::vec(select(&PM_IFACES[..]), 1..=2),
+                1 => prop::collection::vec(select(&HOSTILE_IFACES[..]), 1..=1),
             ],
             select(&SERVICES[..]),
             select(&PORT_NAMES[..]),
@@ -583,6 +596,10 @@ fn facts() -> impl Strategy<Value = FactsM> {
         prop_oneof![
             3 => (1u8..=250).prop_map(|a| CLASS_IFACES.iter().map(|i| (*i, a)).collect()),
             1 => prop::collection::vec((select(&CLASS_IFACES[..]), 1u8..=250), 0..=3),
+            // A host whose hostile-named devices have addresses (as if the kernel took them).
+            1 => (1u8..=250).prop_map(|a| {
+                CLASS_IFACES.iter().chain(HOSTILE_IFACES.iter()).map(|i| (*i, a)).collect()
+            }),
         ],
         prop::option::weighted(0.8, select(&["eth0", "wt0"][..])),
         prop::option::weighted(0.8, select(&[1500u32, 1450, 9000, 40][..])),
@@ -1176,7 +1193,24 @@ fn spec_is_invalid(m: &Model, p: &PmM) -> Option<&'static str> {
     if !port_ok(p.port) || p.end_port.is_some_and(|e| !port_ok(e)) {
         return Some("port outside 1..65535");
     }
+    if binds_hostile(m, p) {
+        return Some("a hostile interface name");
+    }
     None
+}
+
+/// The mapping would bind a hostile name: one of its own interfaces, or, when it names none,
+/// one its class gives any node.
+fn binds_hostile(m: &Model, p: &PmM) -> bool {
+    let hostile = |i: &&str| HOSTILE_IFACES.contains(i);
+    if !p.interfaces.is_empty() {
+        return p.interfaces.iter().any(hostile);
+    }
+    m.classes
+        .iter()
+        .filter(|c| c.name == p.class)
+        .flat_map(|c| c.nodes.values().flatten())
+        .any(hostile)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1273,6 +1307,26 @@ proptest! {
                     "{}/{}: programmed {:?} with accepted {:?}",
                     d.namespace, d.name, d.programmed, d.accepted
                 );
+            }
+        }
+    }
+
+    /// (d') No hostile interface name reaches any node's datapath: not the nft text, not a
+    /// link, not a sysctl; the mappings that would bind one are refused with a reason.
+    #[test]
+    fn hostile_interface_names_never_reach_the_host(m in model()) {
+        let snap = snapshot(&m);
+        for node in plan_nodes(&m) {
+            let p = plan_of(&m, &snap, node);
+            let text = kuport_core::render::nft_text(&p.host.nft);
+            for name in HOSTILE_IFACES.iter().filter(|n| !n.is_empty()) {
+                prop_assert!(
+                    !text.contains(&format!("\"{name}\"")),
+                    "node {}: {:?} in the table:\n{}", node, name, text
+                );
+            }
+            for iface in p.host.valid_mark_interfaces.iter().chain(p.host.links.iter().filter_map(|l| l.device.as_ref())) {
+                prop_assert!(!HOSTILE_IFACES.contains(&iface.as_str()), "node {}: {:?}", node, iface);
             }
         }
     }
