@@ -42,6 +42,10 @@ image out="target/kuport-agent.oci.tar":
 image-smoke archive="target/kuport-agent.oci.tar":
     deploy/image/smoke.sh {{archive}}
 
+# Lab scenarios with every agent run from the image (root); default: the cross-node ones.
+lab-image archive="target/kuport-agent.oci.tar" *scenarios="lab/scenarios/cilium-tunnel-cross-node.yaml lab/scenarios/cilium-tunnel-multi.yaml":
+    cargo lab run {{scenarios}} --agent-image {{archive}}
+
 # The image for both architectures with docker buildx (GitHub Actions; no push).
 image-multiarch tag="kuport-agent:ci":
     docker buildx build --platform linux/amd64,linux/arm64 --tag {{tag}} .

@@ -5,6 +5,7 @@
 
 mod cluster;
 mod hostbench;
+mod image;
 mod labbench;
 mod prereq;
 mod probe;
@@ -50,6 +51,10 @@ struct RunArgs {
     /// Leave the last scenario's lab up and print how to enter it (`kuport-lab down` removes it).
     #[arg(long)]
     keep: bool,
+    /// Run every agent from this image (an OCI archive, as `deploy/image/build-local.sh`
+    /// writes): its own root filesystem, read-only, as UID 0 with only CAP_NET_ADMIN.
+    #[arg(long, value_name = "ARCHIVE")]
+    agent_image: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -80,9 +85,10 @@ fn main() -> ExitCode {
         return not_root(&args);
     }
     let result = match cli.command {
-        None => run(cli.run.files, cli.run.report, cli.run.keep),
-        Some(Command::Run(a)) => run(a.files, a.report, a.keep),
+        None => run(cli.run),
+        Some(Command::Run(a)) => run(a),
         Some(Command::Down) => sys::down().map(|line| {
+            let _ = std::fs::remove_dir_all(image::unpack_dir());
             println!("{line}");
             ExitCode::SUCCESS
         }),
@@ -119,7 +125,13 @@ fn scenarios_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios")
 }
 
-fn run(files: Vec<PathBuf>, report_path: Option<PathBuf>, keep: bool) -> Result<ExitCode> {
+fn run(args: RunArgs) -> Result<ExitCode> {
+    let RunArgs {
+        files,
+        report: report_path,
+        keep,
+        agent_image,
+    } = args;
     let files = if files.is_empty() {
         scenario::files_in(&scenarios_dir())?
     } else {
@@ -131,6 +143,16 @@ fn run(files: Vec<PathBuf>, report_path: Option<PathBuf>, keep: bool) -> Result<
     }
     prereq::ensure_tools()?;
     let bins = prereq::binaries()?;
+    let image = match &agent_image {
+        Some(archive) => {
+            eprintln!(
+                "kuport-lab: unpacking the agent image {}",
+                archive.display()
+            );
+            Some(image::AgentImage::unpack(archive)?)
+        }
+        None => None,
+    };
     let (mut lab, original, rt) = session()?;
     let mut report = report::Report::default();
     let count = scenarios.len();
@@ -139,7 +161,7 @@ fn run(files: Vec<PathBuf>, report_path: Option<PathBuf>, keep: bool) -> Result<
         eprintln!("kuport-lab: [{}/{count}] {}", i + 1, s.name);
         let interrupted = rt.block_on(async {
             tokio::select! {
-                (r, kept) = runner::run_scenario(&mut lab, s, &bins, &original, keep_this) => {
+                (r, kept) = runner::run_scenario(&mut lab, s, &bins, image.as_ref(), &original, keep_this) => {
                     eprintln!("kuport-lab:   {} in {:.1} s", if r.ok { "ok" } else { "FAILED" }, r.seconds);
                     report.push(r);
                     if let Some(topo) = kept {
@@ -156,6 +178,9 @@ fn run(files: Vec<PathBuf>, report_path: Option<PathBuf>, keep: bool) -> Result<
             eprintln!("kuport-lab: interrupted; removed the lab (left: {left:?})");
             return Ok(ExitCode::from(130));
         }
+    }
+    if let (true, Some(image)) = (keep, image) {
+        image.keep();
     }
     print!("{}", report::table(&report));
     if let Some(path) = report_path {

@@ -13,6 +13,7 @@ use rustix::thread::{LinkNameSpaceType, move_into_link_name_space};
 use serde_json::{Value, json};
 
 use crate::cluster::{Cluster, condition};
+use crate::image::{self, AgentImage};
 use crate::probe;
 use crate::report::{ScenarioReport, StepReport};
 use crate::scenario::{self, Scenario, SignalName, Step};
@@ -77,6 +78,8 @@ pub fn enter_netns_of(file: &File) -> Result<()> {
 pub struct Runner<'a> {
     pub lab: &'a mut Lab,
     pub topo: Topology,
+    /// Agents run from this image instead of the built binary (`--agent-image`).
+    image: Option<&'a AgentImage>,
     cluster: Option<Cluster>,
     snapshots: BTreeMap<(String, String), String>,
 }
@@ -86,6 +89,7 @@ pub async fn run_scenario(
     lab: &mut Lab,
     scenario: &Scenario,
     bins: &Path,
+    image: Option<&AgentImage>,
     original_netns: &File,
     keep: bool,
 ) -> (ScenarioReport, Option<Topology>) {
@@ -107,6 +111,7 @@ pub async fn run_scenario(
         let mut runner = Runner {
             lab,
             topo,
+            image,
             cluster: None,
             snapshots: BTreeMap::new(),
         };
@@ -165,6 +170,7 @@ impl<'a> Runner<'a> {
         let mut runner = Runner {
             lab,
             topo,
+            image: None,
             cluster: None,
             snapshots: BTreeMap::new(),
         };
@@ -278,7 +284,11 @@ impl Runner<'_> {
 
     fn start_agent(&mut self, node: &str) -> Result<()> {
         let ns = self.topo.node(node)?.ns.clone();
-        let kubeconfig = self.topo.kubeconfig.display().to_string();
+        // From the image, the kubeconfig is copied into the agent's own /run.
+        let kubeconfig = match self.image {
+            None => self.topo.kubeconfig.display().to_string(),
+            Some(_) => image::KUBECONFIG_IN_IMAGE.to_owned(),
+        };
         let mut args: Vec<String> = vec![
             "agent".into(),
             "--node-name".into(),
@@ -299,9 +309,19 @@ impl Runner<'_> {
             ]);
         }
         args.extend(self.topo.scenario.agent_args.iter().cloned());
-        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        let bin = self.topo.bin("kuport");
-        let pid = self.lab.spawn(&ns, &format!("agent-{node}"), &bin, &refs)?;
+        let what = format!("agent-{node}");
+        let pid = match self.image {
+            None => {
+                let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+                self.lab
+                    .spawn(&ns, &what, &self.topo.bin("kuport"), &refs)?
+            }
+            Some(image) => {
+                let (program, args) = image.command(&self.topo.kubeconfig, &args);
+                let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+                self.lab.spawn_as(&ns, &what, "kuport", &program, &refs)?
+            }
+        };
         self.topo.agents.insert(node.to_string(), pid);
         Ok(())
     }

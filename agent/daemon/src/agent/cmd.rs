@@ -277,7 +277,7 @@ async fn make_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kub
             "loading the in-cluster configuration (outside a cluster, pass --kubeconfig)",
         )?,
     };
-    kube::Client::try_from(config).context("building the Kubernetes client")
+    crate::kube_client(config).context("building the Kubernetes client")
 }
 
 fn init_logging(level: LogLevel, format: LogFormat) {

@@ -150,7 +150,7 @@ async fn client(args: &StatusArgs) -> anyhow::Result<kube::Client> {
             .await
             .context("finding a kubeconfig or an in-cluster service account")?,
     };
-    kube::Client::try_from(config).context("building the Kubernetes client")
+    kuport::kube_client(config).context("building the Kubernetes client")
 }
 
 async fn list<K>(api: Api<K>, what: &str, params: &ListParams) -> anyhow::Result<Vec<K>>
