@@ -1,15 +1,31 @@
 //! The lab's side of the API server: it applies the scenario's objects and plays kubelet (Nodes)
 //! and the EndpointSlice controller (Services and slices following the pods).
+//!
+//! Against the real control plane (`--apiserver real`) it plays kubelet only: it writes Pods
+//! (bound to their node, then their status with the pod IP and readiness) and renews each
+//! node's Lease; the real EndpointSlice controller writes the slices, and the real
+//! node-lifecycle controller marks a node whose Lease stops being renewed not ready.
 
+use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, PostParams};
 use kube::{Client, Config};
 use serde_json::{Value, json};
+use tokio::task::JoinHandle;
 
 use crate::topology::PodInfo;
+
+/// How often the lab renews each live node's Lease (kubelet's default is 10 s; the real
+/// controller-manager runs with a 10 s grace period, see kuport-realapi).
+const LEASE_RENEWAL: Duration = Duration::from_secs(1);
 
 /// The namespace of the DaemonSet a `daemonSet: true` scenario records.
 pub const DAEMON_SET_NAMESPACE: &str = "kuport-system";
@@ -20,6 +36,7 @@ const KINDS: &[(&str, &str, &str, &str, bool)] = &[
     ("Node", "", "v1", "nodes", false),
     ("Service", "", "v1", "services", true),
     ("ConfigMap", "", "v1", "configmaps", true),
+    ("ServiceAccount", "", "v1", "serviceaccounts", true),
     ("Pod", "", "v1", "pods", true),
     ("DaemonSet", "apps", "v1", "daemonsets", true),
     (
@@ -41,6 +58,19 @@ const KINDS: &[(&str, &str, &str, &str, bool)] = &[
 
 pub struct Cluster {
     client: Client,
+    /// Against the real control plane: its controllers write slices and node readiness.
+    real: bool,
+    /// Nodes whose Lease is renewed (real control plane only).
+    alive: Arc<Mutex<BTreeSet<String>>>,
+    heartbeat: Option<JoinHandle<()>>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if let Some(task) = &self.heartbeat {
+            task.abort();
+        }
+    }
 }
 
 fn resource(kind: &str) -> Result<(ApiResource, bool)> {
@@ -66,14 +96,35 @@ fn resource(kind: &str) -> Result<(ApiResource, bool)> {
 }
 
 impl Cluster {
-    pub async fn connect(kubeconfig: &Path) -> Result<Self> {
+    /// A client of the API server `kubeconfig` names; `real` when it is the real control plane.
+    pub async fn connect(kubeconfig: &Path, real: bool) -> Result<Self> {
         let kc = kube::config::Kubeconfig::read_from(kubeconfig)
             .with_context(|| format!("reading {}", kubeconfig.display()))?;
         let config = Config::from_custom_kubeconfig(kc, &Default::default())
             .await
             .context("loading the lab kubeconfig")?;
         let client = Client::try_from(config).context("building the API client")?;
-        Ok(Self { client })
+        let alive = Arc::new(Mutex::new(BTreeSet::new()));
+        let heartbeat = real.then(|| tokio::spawn(renew_leases(client.clone(), alive.clone())));
+        Ok(Self {
+            client,
+            real,
+            alive,
+            heartbeat,
+        })
+    }
+
+    /// Whether the lab's own Lease renewals keep `node` alive.
+    fn set_alive(&self, node: &str, alive: bool) {
+        let mut set = self
+            .alive
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if alive {
+            set.insert(node.to_owned());
+        } else {
+            set.remove(node);
+        }
     }
 
     fn api(&self, kind: &str, namespace: Option<&str>) -> Result<Api<DynamicObject>> {
@@ -168,7 +219,8 @@ impl Cluster {
             .transpose()
     }
 
-    /// Registers a Node the way kubelet does: InternalIP is the mesh address, Ready as given.
+    /// Registers a Node the way kubelet does: InternalIP is the mesh address, Ready as given
+    /// (against the real control plane, its Lease renewed from now on).
     pub async fn register_node(
         &self,
         name: &str,
@@ -178,22 +230,30 @@ impl Cluster {
         self.apply(json!({
             "apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
-            "status": node_status(internal_ip, ready),
+            "status": node_status(internal_ip, ready, self.real),
         }))
         .await?;
         self.set_node_ready(name, internal_ip, ready).await
     }
 
     /// The node controller's part: flips the Node's Ready condition through the status
-    /// subresource.
+    /// subresource. Against the real control plane, a node going not ready only stops having
+    /// its Lease renewed (the real node-lifecycle controller notices within its grace period);
+    /// one coming back is renewed again and reports Ready, as a restarted kubelet does.
     pub async fn set_node_ready(
         &self,
         name: &str,
         internal_ip: Ipv4Addr,
         ready: bool,
     ) -> Result<()> {
+        if self.real {
+            self.set_alive(name, ready);
+            if !ready {
+                return Ok(());
+            }
+        }
         let api = self.api("Node", None)?;
-        let patch = json!({"status": node_status(internal_ip, ready)});
+        let patch = json!({"status": node_status(internal_ip, ready, self.real)});
         api.patch_status(
             name,
             &kube::api::PatchParams::default(),
@@ -256,26 +316,98 @@ impl Cluster {
     }
 
     /// The Service (created when the scenario's objects did not) and its one EndpointSlice,
-    /// listing `pods` with their readiness and node.
+    /// listing `pods` with their readiness and node; against the real control plane, the
+    /// Service and the pods' Pod objects, from which the real controller writes the slices.
     pub async fn sync_service(
         &self,
         namespace: &str,
         service: &str,
         pods: &[&PodInfo],
     ) -> Result<()> {
-        let mut ports: Vec<Value> = Vec::new();
-        for pod in pods {
-            for p in &pod.spec.ports {
-                let name = p
-                    .name
-                    .clone()
-                    .unwrap_or_else(|| format!("{}-{}", p.protocol.lower(), p.port));
-                let entry = json!({"name": name, "protocol": p.protocol.as_str(), "port": p.port});
-                if !ports.contains(&entry) {
-                    ports.push(entry);
+        self.ensure_service(namespace, service, pods).await?;
+        if self.real {
+            for pod in pods {
+                self.sync_pod(namespace, service, pod).await?;
+            }
+            return Ok(());
+        }
+        self.write_slice(namespace, service, pods).await
+    }
+
+    /// Kubelet's part for one pod: its Pod object bound to its node (created again when it
+    /// moved: `nodeName` cannot change), then its status: running, its IP, its readiness.
+    async fn sync_pod(&self, namespace: &str, service: &str, pod: &PodInfo) -> Result<()> {
+        let name = &pod.spec.name;
+        let what = format!("Pod {namespace}/{name}");
+        // The ServiceAccount admission refuses pods whose account does not exist, and no
+        // controller creates `default` here.
+        if self
+            .get("ServiceAccount", Some(namespace), "default")
+            .await?
+            .is_none()
+        {
+            self.apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                "metadata": {"name": "default", "namespace": namespace}}))
+                .await?;
+        }
+        let api = self.api("Pod", Some(namespace))?;
+        let existing = self.get("Pod", Some(namespace), name).await?;
+        let bound_to = existing
+            .as_ref()
+            .and_then(|p| p.pointer("/spec/nodeName").and_then(Value::as_str))
+            .map(str::to_owned);
+        if existing.is_some() && bound_to.as_deref() != Some(pod.node.as_str()) {
+            api.delete(name, &DeleteParams::default().grace_period(0))
+                .await
+                .with_context(|| format!("deleting {what} to move it"))?;
+            for _ in 0..100 {
+                if self.get("Pod", Some(namespace), name).await?.is_none() {
+                    break;
                 }
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
+        if bound_to.as_deref() != Some(pod.node.as_str()) {
+            let obj: DynamicObject = serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": namespace, "labels": {"app": service}},
+                "spec": {"nodeName": pod.node, "automountServiceAccountToken": false,
+                         "containers": [{"name": "echo", "image": "kuport-lab/echo"}]},
+            }))
+            .context("a Pod object")?;
+            api.create(&PostParams::default(), &obj)
+                .await
+                .with_context(|| format!("creating {what}"))?;
+        }
+        let ready = if pod.ready { "True" } else { "False" };
+        let now = Timestamp::now().to_string();
+        let status = json!({"status": {
+            "phase": "Running",
+            "podIP": pod.ip.to_string(),
+            "podIPs": [{"ip": pod.ip.to_string()}],
+            "startTime": now,
+            "conditions": [
+                {"type": "Ready", "status": ready, "lastTransitionTime": now},
+                {"type": "ContainersReady", "status": ready, "lastTransitionTime": now},
+            ],
+        }});
+        api.patch_status(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&status),
+        )
+        .await
+        .with_context(|| format!("writing the status of {what}"))?;
+        Ok(())
+    }
+
+    async fn ensure_service(
+        &self,
+        namespace: &str,
+        service: &str,
+        pods: &[&PodInfo],
+    ) -> Result<()> {
+        let ports = service_ports(pods);
         if self
             .get("Service", Some(namespace), service)
             .await?
@@ -292,6 +424,11 @@ impl Cluster {
             }))
             .await?;
         }
+        Ok(())
+    }
+
+    async fn write_slice(&self, namespace: &str, service: &str, pods: &[&PodInfo]) -> Result<()> {
+        let ports = service_ports(pods);
         let endpoints: Vec<Value> = pods
             .iter()
             .map(|pod| {
@@ -317,14 +454,79 @@ impl Cluster {
     }
 }
 
-fn node_status(internal_ip: Ipv4Addr, ready: bool) -> Value {
+/// The ports of a Service over `pods`: each distinct (name, protocol, port) of theirs, in order.
+fn service_ports(pods: &[&PodInfo]) -> Vec<Value> {
+    let mut ports: Vec<Value> = Vec::new();
+    for pod in pods {
+        for p in &pod.spec.ports {
+            let name = p
+                .name
+                .clone()
+                .unwrap_or_else(|| format!("{}-{}", p.protocol.lower(), p.port));
+            let entry = json!({"name": name, "protocol": p.protocol.as_str(), "port": p.port});
+            if !ports.contains(&entry) {
+                ports.push(entry);
+            }
+        }
+    }
+    ports
+}
+
+/// A Node's status as kubelet reports it; `now` stamps the heartbeat (the real node-lifecycle
+/// controller reads it), else a fixed time keeps the model's objects reproducible.
+fn node_status(internal_ip: Ipv4Addr, ready: bool, now: bool) -> Value {
+    let at = if now {
+        Timestamp::now().to_string()
+    } else {
+        "2026-01-01T00:00:00Z".to_owned()
+    };
     json!({
         "addresses": [{"type": "InternalIP", "address": internal_ip.to_string()}],
         "conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"},
                          "reason": if ready {"KubeletReady"} else {"NodeStatusUnknown"},
-                         "lastTransitionTime": "2026-01-01T00:00:00Z",
-                         "lastHeartbeatTime": "2026-01-01T00:00:00Z"}],
+                         "lastTransitionTime": at,
+                         "lastHeartbeatTime": at}],
     })
+}
+
+/// Kubelet's heartbeat: renews the Lease of every live node, every [`LEASE_RENEWAL`].
+async fn renew_leases(client: Client, alive: Arc<Mutex<BTreeSet<String>>>) {
+    let api: Api<Lease> = Api::namespaced(client, "kube-node-lease");
+    loop {
+        let nodes: Vec<String> = alive
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .cloned()
+            .collect();
+        for node in nodes {
+            if let Err(e) = renew_lease(&api, &node).await {
+                eprintln!("kuport-lab: renewing the Lease of node {node}: {e:#}");
+            }
+        }
+        tokio::time::sleep(LEASE_RENEWAL).await;
+    }
+}
+
+async fn renew_lease(api: &Api<Lease>, node: &str) -> Result<()> {
+    let mut lease: Lease = serde_json::from_value(json!({
+        "metadata": {"name": node, "namespace": "kube-node-lease"},
+        "spec": {"holderIdentity": node, "leaseDurationSeconds": 40},
+    }))
+    .context("a Lease")?;
+    if let Some(spec) = lease.spec.as_mut() {
+        spec.renew_time = Some(MicroTime(Timestamp::now()));
+    }
+    match api.get_opt(node).await? {
+        None => {
+            api.create(&PostParams::default(), &lease).await?;
+        }
+        Some(existing) => {
+            lease.metadata.resource_version = existing.metadata.resource_version;
+            api.replace(node, &PostParams::default(), &lease).await?;
+        }
+    }
+    Ok(())
 }
 
 /// A condition of an object's status, as (status, reason).

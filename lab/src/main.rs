@@ -55,6 +55,10 @@ struct RunArgs {
     /// writes): its own root filesystem, read-only, as UID 0 with only CAP_NET_ADMIN.
     #[arg(long, value_name = "ARCHIVE")]
     agent_image: Option<PathBuf>,
+    /// The API server: the model (default), or the real control plane built by
+    /// `just control-plane`, with the real EndpointSlice and node-lifecycle controllers.
+    #[arg(long, value_enum, default_value = "model")]
+    apiserver: runner::ApiServer,
 }
 
 #[derive(Subcommand)]
@@ -131,7 +135,13 @@ fn run(args: RunArgs) -> Result<ExitCode> {
         report: report_path,
         keep,
         agent_image,
+        apiserver,
     } = args;
+    if apiserver == runner::ApiServer::Real && (keep || agent_image.is_some()) {
+        anyhow::bail!(
+            "--apiserver real runs the control plane inside this process: it cannot be kept, and an agent in the image cannot read its certificate authority"
+        );
+    }
     let files = if files.is_empty() {
         scenario::files_in(&scenarios_dir())?
     } else {
@@ -161,7 +171,7 @@ fn run(args: RunArgs) -> Result<ExitCode> {
         eprintln!("kuport-lab: [{}/{count}] {}", i + 1, s.name);
         let interrupted = rt.block_on(async {
             tokio::select! {
-                (r, kept) = runner::run_scenario(&mut lab, s, &bins, image.as_ref(), &original, keep_this) => {
+                (r, kept) = runner::run_scenario(&mut lab, s, &bins, image.as_ref(), apiserver, &original, keep_this) => {
                     eprintln!("kuport-lab:   {} in {:.1} s", if r.ok { "ok" } else { "FAILED" }, r.seconds);
                     report.push(r);
                     if let Some(topo) = kept {

@@ -75,21 +75,45 @@ pub fn enter_netns_of(file: &File) -> Result<()> {
         .context("switching network namespace")
 }
 
+/// Which API server a scenario runs against.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum ApiServer {
+    /// The API server model (`kuport-sim serve`); the lab writes slices and node readiness.
+    #[default]
+    Model,
+    /// etcd, kube-apiserver and kube-controller-manager built from e2e/controlplane; the real
+    /// EndpointSlice and node-lifecycle controllers write slices and node readiness, and the
+    /// agents run as their ServiceAccount under the shipped ClusterRole.
+    Real,
+}
+
+/// Where the agents' kubeconfig goes against the real control plane (their ServiceAccount's
+/// token; the lab's own kubeconfig is the admin's).
+const AGENT_KUBECONFIG: &str = "/run/kuport-lab/agent-kubeconfig";
+
+/// The controllers the real control plane runs for the lab.
+const REAL_CONTROLLERS: [&str; 2] = ["endpointslice-controller", "node-lifecycle-controller"];
+
 pub struct Runner<'a> {
     pub lab: &'a mut Lab,
     pub topo: Topology,
     /// Agents run from this image instead of the built binary (`--agent-image`).
     image: Option<&'a AgentImage>,
+    api: ApiServer,
+    /// The real control plane, while it runs (dropping it stops it).
+    control_plane: Option<kuport_realapi::ControlPlane>,
     cluster: Option<Cluster>,
     snapshots: BTreeMap<(String, String), String>,
 }
 
 /// Runs a scenario; `keep` leaves its cluster up afterwards.
+#[allow(clippy::too_many_arguments)]
 pub async fn run_scenario(
     lab: &mut Lab,
     scenario: &Scenario,
     bins: &Path,
     image: Option<&AgentImage>,
+    api: ApiServer,
     original_netns: &File,
     keep: bool,
 ) -> (ScenarioReport, Option<Topology>) {
@@ -112,6 +136,8 @@ pub async fn run_scenario(
             lab,
             topo,
             image,
+            api,
+            control_plane: None,
             cluster: None,
             snapshots: BTreeMap::new(),
         };
@@ -122,6 +148,12 @@ pub async fn run_scenario(
                 }
             }
             Err(e) => error = Some(format!("starting the cluster: {e:#}")),
+        }
+        if let Some(refused) = runner.rbac_refusals() {
+            error = Some(match error {
+                Some(e) => format!("{e}; {refused}"),
+                None => refused,
+            });
         }
         if error.is_some() {
             runner.dump_logs(&mut error);
@@ -171,6 +203,8 @@ impl<'a> Runner<'a> {
             lab,
             topo,
             image: None,
+            api: ApiServer::Model,
+            control_plane: None,
             cluster: None,
             snapshots: BTreeMap::new(),
         };
@@ -188,34 +222,12 @@ impl Runner<'_> {
 
     /// API server, Nodes, objects, pods, Services and slices, then the agents.
     async fn start_cluster(&mut self) -> Result<()> {
-        let kubeconfig = self.topo.kubeconfig.display().to_string();
-        let sim = self.topo.bin("kuport-sim");
-        // A kubeconfig left by the previous scenario would pass the readiness check below early.
-        match std::fs::remove_file(&self.topo.kubeconfig) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(e).with_context(|| format!("removing the old {kubeconfig}"));
-            }
-            _ => {}
+        match self.api {
+            ApiServer::Model => self.start_model().await?,
+            ApiServer::Real => self.start_real().await?,
         }
-        let pid = self.lab.spawn(
-            UL_NS,
-            "apiserver",
-            &sim,
-            &["serve", "--listen", API_ADDR, "--kubeconfig", &kubeconfig],
-        )?;
-        self.topo.api_pid = Some(pid);
-        enter_netns(&Path::new("/run/netns").join(UL_NS))?;
-        let addr: std::net::SocketAddr = API_ADDR.parse().context("the API address")?;
-        let path = self.topo.kubeconfig.clone();
-        if !sys::wait_until(Duration::from_secs(15), || {
-            std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
-                // An empty file parses as an empty kubeconfig, so ask for its context.
-                && kube::config::Kubeconfig::read_from(&path)
-                    .is_ok_and(|k| k.current_context.is_some())
-        }) {
-            bail!("the API server did not listen on {API_ADDR} and write {kubeconfig} within 15 s");
-        }
-        let cluster = Cluster::connect(&self.topo.kubeconfig).await?;
+        let real = self.api == ApiServer::Real;
+        let cluster = Cluster::connect(&self.topo.kubeconfig, real).await?;
         if self.topo.scenario.cni.is_cilium() {
             cluster.ensure_namespace("kube-system").await?;
             let mode = match self.topo.scenario.cni {
@@ -282,12 +294,104 @@ impl Runner<'_> {
         topology::spawn_echo(self.lab, &self.topo, &ns, &what, l.protocol, &port, &what)
     }
 
+    /// Against the real control plane: the requests of the agents that their ClusterRole
+    /// refused (from the audit log), as one error; a missing verb fails the scenario even when
+    /// the agent copes (an Event it could not write).
+    fn rbac_refusals(&self) -> Option<String> {
+        let cp = self.control_plane.as_ref()?;
+        let user = format!(
+            "system:serviceaccount:{}:kuport-agent",
+            crate::cluster::DAEMON_SET_NAMESPACE
+        );
+        match cp.forbidden_requests(&user) {
+            Ok(refused) if refused.is_empty() => None,
+            Ok(refused) => Some(format!(
+                "the agents' ClusterRole refused {} request(s): {}",
+                refused.len(),
+                refused.join("; ")
+            )),
+            Err(e) => Some(format!("reading the audit log: {e}")),
+        }
+    }
+
+    /// The API server model in the underlay namespace; it writes the lab's kubeconfig.
+    async fn start_model(&mut self) -> Result<()> {
+        let kubeconfig = self.topo.kubeconfig.display().to_string();
+        let sim = self.topo.bin("kuport-sim");
+        // A kubeconfig left by the previous scenario would pass the readiness check below early.
+        match std::fs::remove_file(&self.topo.kubeconfig) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(e).with_context(|| format!("removing the old {kubeconfig}"));
+            }
+            _ => {}
+        }
+        let pid = self.lab.spawn(
+            UL_NS,
+            "apiserver",
+            &sim,
+            &["serve", "--listen", API_ADDR, "--kubeconfig", &kubeconfig],
+        )?;
+        self.topo.api_pid = Some(pid);
+        enter_netns(&Path::new("/run/netns").join(UL_NS))?;
+        let addr: std::net::SocketAddr = API_ADDR.parse().context("the API address")?;
+        let path = self.topo.kubeconfig.clone();
+        if !sys::wait_until(Duration::from_secs(15), || {
+            std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
+                // An empty file parses as an empty kubeconfig, so ask for its context.
+                && kube::config::Kubeconfig::read_from(&path)
+                    .is_ok_and(|k| k.current_context.is_some())
+        }) {
+            bail!("the API server did not listen on {API_ADDR} and write {kubeconfig} within 15 s");
+        }
+        Ok(())
+    }
+
+    /// The real control plane in the underlay namespace, serving on the lab's API address:
+    /// the CRDs installed, the admin's kubeconfig as the lab's, and one for the agents'
+    /// ServiceAccount bound to the ClusterRole the DaemonSet ships.
+    async fn start_real(&mut self) -> Result<()> {
+        let bin = kuport_realapi::binary_dir();
+        if !kuport_realapi::is_built() {
+            bail!(
+                "the real control plane is not built in {}: run `just control-plane`",
+                bin.display()
+            );
+        }
+        sys::ip(&["netns", "exec", UL_NS, "ip", "link", "set", "lo", "up"])?;
+        enter_netns(&Path::new("/run/netns").join(UL_NS))?;
+        let listen: std::net::SocketAddrV4 = API_ADDR.parse().context("the API address")?;
+        let options = kuport_realapi::Options {
+            controllers: REAL_CONTROLLERS.iter().map(|c| (*c).to_owned()).collect(),
+            listen: Some(listen),
+        };
+        let cp = kuport_realapi::ControlPlane::start(&bin, options)
+            .await
+            .context("starting the real control plane")?;
+        cp.install_crds(Path::new(kuport_realapi::CRD_DIR))
+            .await
+            .context("installing the CRDs")?;
+        std::fs::copy(cp.kubeconfig(), &self.topo.kubeconfig)
+            .with_context(|| format!("writing {}", self.topo.kubeconfig.display()))?;
+        let role = kuport_realapi::agent_role().context("the shipped agent ClusterRole")?;
+        cp.service_account_kubeconfig(
+            crate::cluster::DAEMON_SET_NAMESPACE,
+            "kuport-agent",
+            &role,
+            Path::new(AGENT_KUBECONFIG),
+        )
+        .await
+        .context("the agents' ServiceAccount")?;
+        self.control_plane = Some(cp);
+        Ok(())
+    }
+
     fn start_agent(&mut self, node: &str) -> Result<()> {
         let ns = self.topo.node(node)?.ns.clone();
         // From the image, the kubeconfig is copied into the agent's own /run.
-        let kubeconfig = match self.image {
-            None => self.topo.kubeconfig.display().to_string(),
-            Some(_) => image::KUBECONFIG_IN_IMAGE.to_owned(),
+        let kubeconfig = match (self.image, self.api) {
+            (Some(_), _) => image::KUBECONFIG_IN_IMAGE.to_owned(),
+            (None, ApiServer::Real) => AGENT_KUBECONFIG.to_owned(),
+            (None, ApiServer::Model) => self.topo.kubeconfig.display().to_string(),
         };
         let mut args: Vec<String> = vec![
             "agent".into(),

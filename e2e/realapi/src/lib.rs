@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -29,9 +29,24 @@ use serde_json::{Value, json};
 use tokio::process::{Child, Command};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
-/// The agent's ClusterRole (the one named [`AGENT_ROLE_NAME`] in this multi-document file).
-pub const AGENT_ROLE_FILE: &str =
-    concat!(env!("CARGO_MANIFEST_DIR"), "/rbac/agent-clusterrole.yaml");
+/// The agent's ClusterRole as the DaemonSet ships it (the one named [`AGENT_ROLE_NAME`]).
+pub const AGENT_ROLE_FILE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../deploy/manifests/clusterrole.yaml"
+);
+/// The agent's namespaced Roles and their RoleBindings as shipped: reading `cilium-config` in
+/// kube-system, and its own Pod and DaemonSet (the stop decision). Bound to whichever account
+/// a test runs the agent as.
+pub const AGENT_NAMESPACED_RBAC: [&str; 2] = [
+    concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../deploy/manifests/role-cilium-config.yaml"
+    ),
+    concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../deploy/manifests/role-lifecycle.yaml"
+    ),
+];
 /// The name of the agent's ClusterRole in [`AGENT_ROLE_FILE`].
 pub const AGENT_ROLE_NAME: &str = "kuport-agent";
 /// The generated CRDs the product ships.
@@ -107,6 +122,11 @@ fn binaries_present(dir: &Path) -> bool {
         .all(|b| dir.join(b).is_file())
 }
 
+/// Whether the control-plane binaries of this Kubernetes version are built.
+pub fn is_built() -> bool {
+    binaries_present(&binary_dir())
+}
+
 /// Whether a missing control plane fails (CI) rather than skips (a developer's machine).
 pub fn required() -> bool {
     std::env::var(REQUIRE_ENV).is_ok_and(|v| v == "1")
@@ -119,6 +139,10 @@ pub struct Options {
     /// `namespace-controller`, `endpointslice-controller`, `node-lifecycle-controller`). Empty:
     /// no controller-manager.
     pub controllers: Vec<String>,
+    /// Serve the API on this address and port instead of a free loopback port (the lab serves
+    /// it on its underlay, where the agents of the other namespaces reach it). etcd stays on
+    /// loopback.
+    pub listen: Option<std::net::SocketAddrV4>,
 }
 
 /// A running control plane. Dropping it kills every process it started and removes its files.
@@ -167,7 +191,7 @@ struct Pki {
     sa_pub: String,
 }
 
-fn make_pki() -> Result<Pki, Error> {
+fn make_pki(also_serve: Option<std::net::Ipv4Addr>) -> Result<Pki, Error> {
     let err = |what: &'static str| move |e: rcgen::Error| Error::Other(format!("{what}: {e}"));
     let ca_key = rcgen::KeyPair::generate().map_err(err("generate the CA key"))?;
     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new())
@@ -183,9 +207,10 @@ fn make_pki() -> Result<Pki, Error> {
     let ca =
         rcgen::CertifiedIssuer::self_signed(ca_params, ca_key).map_err(err("self-sign the CA"))?;
     let serving_key = rcgen::KeyPair::generate().map_err(err("generate the serving key"))?;
+    let mut names = vec!["127.0.0.1".to_owned(), "localhost".to_owned()];
+    names.extend(also_serve.map(|a| a.to_string()));
     let mut params =
-        rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
-            .map_err(err("serving certificate parameters"))?;
+        rcgen::CertificateParams::new(names).map_err(err("serving certificate parameters"))?;
     params
         .distinguished_name
         .push(rcgen::DnType::CommonName, "kube-apiserver");
@@ -303,7 +328,7 @@ impl ControlPlane {
             .map_err(io("create the control plane's scratch directory"))?;
         let root = tmp.path().to_path_buf();
         let path = |name: &str| root.join(name);
-        let pki = make_pki()?;
+        let pki = make_pki(options.listen.map(|l| *l.ip()))?;
         write(&path("ca.crt"), &pki.ca)?;
         write(&path("apiserver.crt"), &pki.serving_cert)?;
         write(&path("apiserver.key"), &pki.serving_key)?;
@@ -319,10 +344,14 @@ impl ControlPlane {
             "apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n  - level: Metadata\n",
         )?;
 
-        let (etcd_port, peer_port, api_port) = (free_port()?, free_port()?, free_port()?);
+        let (etcd_port, peer_port) = (free_port()?, free_port()?);
+        let (api_ip, api_port) = match options.listen {
+            Some(l) => (l.ip().to_string(), l.port()),
+            None => ("127.0.0.1".to_owned(), free_port()?),
+        };
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
         let peer_url = format!("http://127.0.0.1:{peer_port}");
-        let url = format!("https://127.0.0.1:{api_port}");
+        let url = format!("https://{api_ip}:{api_port}");
         let mut cp = Self {
             url: url.clone(),
             token: token.clone(),
@@ -353,8 +382,8 @@ impl ControlPlane {
         let api_args = vec![
             format!("--etcd-servers={etcd_url}"),
             format!("--secure-port={api_port}"),
-            "--bind-address=127.0.0.1".to_owned(),
-            "--advertise-address=127.0.0.1".to_owned(),
+            format!("--bind-address={api_ip}"),
+            format!("--advertise-address={api_ip}"),
             format!("--cert-dir={}", s("certs")),
             format!("--tls-cert-file={}", s("apiserver.crt")),
             format!("--tls-private-key-file={}", s("apiserver.key")),
@@ -490,16 +519,21 @@ impl ControlPlane {
         &self.audit_log
     }
 
-    async fn client_for_user(&self, user: &str, token: &str) -> Result<kube::Client, Error> {
+    /// A kubeconfig (as JSON, which is YAML) for `user` with `token`, trusting the generated CA.
+    fn kubeconfig_for(&self, user: &str, token: &str) -> Value {
         let ca = self.root().join("ca.crt");
-        let config = json!({
+        json!({
             "apiVersion": "v1", "kind": "Config",
             "clusters": [{"name": "c", "cluster": {
                 "server": self.url, "certificate-authority": ca.display().to_string()}}],
             "users": [{"name": user, "user": {"token": token}}],
             "contexts": [{"name": "c", "context": {"cluster": "c", "user": user}}],
             "current-context": "c",
-        });
+        })
+    }
+
+    async fn client_for_user(&self, user: &str, token: &str) -> Result<kube::Client, Error> {
+        let config = self.kubeconfig_for(user, token);
         let kubeconfig: Kubeconfig = serde_json::from_value(config)
             .map_err(|e| Error::Other(format!("kubeconfig for {user}: {e}")))?;
         let config =
@@ -607,6 +641,31 @@ impl ControlPlane {
         name: &str,
         role: &ClusterRole,
     ) -> Result<kube::Client, Error> {
+        let token = self.service_account_token(namespace, name, role).await?;
+        self.client_for_user(&format!("system:serviceaccount:{namespace}:{name}"), &token)
+            .await
+    }
+
+    /// Like [`ControlPlane::service_account_client`], but writes a kubeconfig for the account
+    /// to `path` (for a process of its own, such as an agent).
+    pub async fn service_account_kubeconfig(
+        &self,
+        namespace: &str,
+        name: &str,
+        role: &ClusterRole,
+        path: &Path,
+    ) -> Result<(), Error> {
+        let token = self.service_account_token(namespace, name, role).await?;
+        let user = format!("system:serviceaccount:{namespace}:{name}");
+        write(path, &self.kubeconfig_for(&user, &token).to_string())
+    }
+
+    async fn service_account_token(
+        &self,
+        namespace: &str,
+        name: &str,
+        role: &ClusterRole,
+    ) -> Result<String, Error> {
         let admin = self.admin_client().await?;
         let pp = PostParams::default();
         let namespaces: Api<Namespace> = Api::all(admin.clone());
@@ -640,18 +699,64 @@ impl ControlPlane {
             .map_err(kube_err(format!(
                 "bind ClusterRole {role_name} to {namespace}/{name}"
             )))?;
+        self.bind_namespaced_roles(&admin, namespace, name).await?;
         let request: TokenRequest = from_json(json!({"spec": {"expirationSeconds": 3600}}))?;
         let issued = accounts
             .create_token_request(name, &pp, &request)
             .await
             .map_err(kube_err(format!("request a token for {namespace}/{name}")))?;
-        let token = issued.status.and_then(|s| s.token).ok_or_else(|| {
+        issued.status.and_then(|s| s.token).ok_or_else(|| {
             Error::Other(format!(
                 "token request for {namespace}/{name} returned no token"
             ))
-        })?;
-        self.client_for_user(&format!("system:serviceaccount:{namespace}:{name}"), &token)
-            .await
+        })
+    }
+
+    /// Creates the shipped namespaced Roles ([`AGENT_NAMESPACED_RBAC`]) and binds each to the
+    /// ServiceAccount `namespace/name`, whatever subject the file names. A Role for a namespace
+    /// other than kube-system lives in the account's own namespace (as the chart installs it).
+    async fn bind_namespaced_roles(
+        &self,
+        admin: &kube::Client,
+        namespace: &str,
+        name: &str,
+    ) -> Result<(), Error> {
+        let pp = PostParams::default();
+        for file in AGENT_NAMESPACED_RBAC {
+            let text = std::fs::read_to_string(file).map_err(io(format!("read {file}")))?;
+            let docs: Vec<Value> = serde_saphyr::from_multiple(&text)
+                .map_err(|e| Error::Other(format!("parse {file}: {e}")))?;
+            for mut doc in docs.into_iter().filter(|d| !d.is_null()) {
+                if doc["metadata"]["namespace"] != "kube-system" {
+                    doc["metadata"]["namespace"] = json!(namespace);
+                }
+                let ns = doc["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap_or(namespace)
+                    .to_owned();
+                let what = format!("{} {ns}/{}", doc["kind"], doc["metadata"]["name"]);
+                match doc["kind"].as_str() {
+                    Some("Role") => {
+                        let role: Role = from_json(doc)?;
+                        Api::<Role>::namespaced(admin.clone(), &ns)
+                            .create(&pp, &role)
+                            .await
+                            .map_err(kube_err(format!("create {what}")))?;
+                    }
+                    Some("RoleBinding") => {
+                        doc["subjects"] = json!([{"kind": "ServiceAccount",
+                            "namespace": namespace, "name": name}]);
+                        let binding: RoleBinding = from_json(doc)?;
+                        Api::<RoleBinding>::namespaced(admin.clone(), &ns)
+                            .create(&pp, &binding)
+                            .await
+                            .map_err(kube_err(format!("create {what}")))?;
+                    }
+                    _ => return Err(Error::Other(format!("{file}: unexpected {what}"))),
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Every request of `user` the apiserver refused with 403, as

@@ -62,6 +62,7 @@ async fn node(client: &kube::Client, name: &str) {
 async fn endpointslice_controller_writes_slices_for_ready_pods() {
     let options = Options {
         controllers: vec!["endpointslice-controller".to_owned()],
+        ..Options::default()
     };
     let Some(cp) = ControlPlane::start_or_skip(
         "endpointslice_controller_writes_slices_for_ready_pods",
@@ -149,6 +150,7 @@ async fn endpointslice_controller_writes_slices_for_ready_pods() {
 async fn node_lifecycle_controller_marks_a_silent_node_not_ready() {
     let options = Options {
         controllers: vec!["node-lifecycle-controller".to_owned()],
+        ..Options::default()
     };
     let Some(cp) = ControlPlane::start_or_skip(
         "node_lifecycle_controller_marks_a_silent_node_not_ready",

@@ -58,6 +58,7 @@ pub async fn start_on(target: Target, test: &str, controllers: &[&str]) -> Optio
         Target::Real => {
             let options = kuport_realapi::Options {
                 controllers: controllers.iter().map(|c| (*c).to_owned()).collect(),
+                ..Default::default()
             };
             let cp = kuport_realapi::ControlPlane::start_or_skip(test, options).await?;
             cp.install_crds(std::path::Path::new(kuport_realapi::CRD_DIR))
