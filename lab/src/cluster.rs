@@ -252,15 +252,27 @@ impl Cluster {
                 return Ok(());
             }
         }
-        let api = self.api("Node", None)?;
-        let patch = json!({"status": node_status(internal_ip, ready, self.real)});
-        api.patch_status(
-            name,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(&patch),
-        )
-        .await
-        .with_context(|| format!("setting Node {name} Ready={ready}"))?;
+        let status = json!({"status": node_status(internal_ip, ready, self.real)});
+        self.merge_status("Node", None, name, &status)
+            .await
+            .with_context(|| format!("setting Node {name} Ready={ready}"))
+    }
+
+    /// A merge patch of an object's status subresource.
+    async fn merge_status(
+        &self,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+        status: &Value,
+    ) -> Result<()> {
+        self.api(kind, namespace)?
+            .patch_status(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(status),
+            )
+            .await?;
         Ok(())
     }
 
@@ -391,14 +403,9 @@ impl Cluster {
                 {"type": "ContainersReady", "status": ready, "lastTransitionTime": now},
             ],
         }});
-        api.patch_status(
-            name,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(&status),
-        )
-        .await
-        .with_context(|| format!("writing the status of {what}"))?;
-        Ok(())
+        self.merge_status("Pod", Some(namespace), name, &status)
+            .await
+            .with_context(|| format!("writing the status of {what}"))
     }
 
     async fn ensure_service(

@@ -1009,7 +1009,7 @@ impl Runner<'_> {
         let Some(mapping) = &h.nft_counter_non_zero else {
             bail!("expectHost: give nftCounterNonZero");
         };
-        let table = sys::exec(ns, "nft", &["list", "table", "ip", "kuport"])?;
+        let table = sys::exec(ns, "nft", &["list", "table", "ip", kuport_core::ir::TABLE])?;
         let packets = counter_packets(&table, &format!("pre/{mapping}"));
         Ok((
             packets.is_some_and(|p| p > 0),

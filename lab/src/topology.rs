@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use kuport_core::ir::{LINK_PREFIX, PREF_LOOP_GUARD, PREF_REPLY, TABLE};
 
 use crate::scenario::{Cni, Firewall, PodSpec, Protocol, RpFilter, Scenario};
 use crate::sys::{self, Lab, exec, ip, ip_in, ip_line, sh};
@@ -761,14 +762,14 @@ pub fn foreign_listing(ns: &str) -> Result<String> {
         let in_kuport_table = kuport_tables.iter().any(|t| {
             line.contains(&format!("table {t} ")) || line.ends_with(&format!("table {t}"))
         });
-        if !line.contains("kup-") && !in_kuport_table {
+        if !line.contains(LINK_PREFIX) && !in_kuport_table {
             out.push_str(line);
             out.push('\n');
         }
     }
     out.push_str("# links\n");
     for line in ip_in(ns, "-o link show")?.lines() {
-        if !line.contains(": kup-") {
+        if !line.contains(&format!(": {LINK_PREFIX}")) {
             // Counters and the kernel's link index of a peer are not configuration.
             out.push_str(
                 &line
@@ -782,7 +783,7 @@ pub fn foreign_listing(ns: &str) -> Result<String> {
     }
     out.push_str("# addresses\n");
     for line in ip_in(ns, "-o addr show")?.lines() {
-        if !line.contains(" kup-") {
+        if !line.contains(&format!(" {LINK_PREFIX}")) {
             out.push_str(line.split("valid_lft").next().unwrap_or(line));
             out.push('\n');
         }
@@ -793,7 +794,7 @@ pub fn foreign_listing(ns: &str) -> Result<String> {
         "for f in /proc/sys/net/ipv4/conf/*/rp_filter /proc/sys/net/ipv4/ip_forward /proc/sys/net/ipv4/fwmark_reflect; do echo \"$f $(cat $f)\"; done",
     )?;
     for line in sysctls.lines() {
-        if !line.contains("/kup-") {
+        if !line.contains(&format!("/{LINK_PREFIX}")) {
             out.push_str(line);
             out.push('\n');
         }
@@ -803,7 +804,9 @@ pub fn foreign_listing(ns: &str) -> Result<String> {
 
 /// kuport's ip rules sit at priorities 101 and 102 (nothing else of the lab's uses them).
 fn is_kuport_rule(line: &str) -> bool {
-    line.starts_with("101:") || line.starts_with("102:")
+    [PREF_LOOP_GUARD, PREF_REPLY]
+        .iter()
+        .any(|pref| line.starts_with(&format!("{pref}:")))
 }
 
 fn strip_counters(line: &str) -> String {
@@ -822,12 +825,12 @@ fn strip_counters(line: &str) -> String {
 /// Whether a node holds nothing of kuport's: no table, no `kup-` link, no kuport rule or route.
 pub fn kuport_leftovers(ns: &str) -> Result<Vec<String>> {
     let mut left = Vec::new();
-    if exec(ns, "nft", &["list", "table", "ip", "kuport"]).is_ok() {
-        left.push("table ip kuport".to_string());
+    if exec(ns, "nft", &["list", "table", "ip", TABLE]).is_ok() {
+        left.push(format!("table ip {TABLE}"));
     }
     for line in ip_in(ns, "-o link show")?.lines() {
         if let Some(name) = line.split(": ").nth(1)
-            && name.starts_with("kup-")
+            && name.starts_with(LINK_PREFIX)
         {
             left.push(format!("link {}", name.split('@').next().unwrap_or(name)));
         }
@@ -838,7 +841,7 @@ pub fn kuport_leftovers(ns: &str) -> Result<Vec<String>> {
         }
     }
     for line in ip_in(ns, "route show table all")?.lines() {
-        if line.contains("kup-") {
+        if line.contains(LINK_PREFIX) {
             left.push(format!("route {line}"));
         }
     }

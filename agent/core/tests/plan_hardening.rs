@@ -480,14 +480,8 @@ fn a_mapping_the_node_forwarded_before_the_socket_appeared_keeps_its_port_and_sa
 #[test]
 fn a_socket_yields_to_what_the_node_already_forwarded_when_first_seen_and_remembers_it() {
     use kuport_core::api::Protocol;
-    use kuport_core::snapshot::{HostSocket, ProgrammedPort};
-    let mut f = edge_facts();
-    f.sockets = vec![HostSocket {
-        protocol: Protocol::Tcp,
-        address: "0.0.0.0".parse().expect("ip"),
-        port: 22,
-        holder: None,
-    }];
+    use kuport_core::snapshot::ProgrammedPort;
+    let mut f = facts_with_sshd();
     let yields = |c: &Cluster, f: &kuport_core::snapshot::HostFacts| {
         let plan = c.plan_with("edge-a", f);
         plan.writes.class_rows[0].row.held_ports[0]
@@ -780,7 +774,7 @@ fn a_refusal_is_reported_under_its_class_and_turns_programmed_false() {
 #[test]
 fn an_accepting_node_never_captures_a_port_its_own_socket_holds_before_its_row_says_so() {
     use kuport_core::api::Protocol;
-    use kuport_core::snapshot::{HostSocket, ProgrammedPort};
+    use kuport_core::snapshot::ProgrammedPort;
     let dnat_ports = |plan: &kuport_core::plan::Plan| -> Vec<u16> {
         plan.host
             .nft
@@ -794,13 +788,7 @@ fn an_accepting_node_never_captures_a_port_its_own_socket_holds_before_its_row_s
             })
             .collect()
     };
-    let mut f = edge_facts();
-    f.sockets = vec![HostSocket {
-        protocol: Protocol::Tcp,
-        address: "0.0.0.0".parse().expect("ip"),
-        port: 22,
-        holder: None,
-    }];
+    let f = facts_with_sshd();
     // The class and the mapping were created together: edge-a's row does not report the
     // socket yet, so admission accepts the mapping; edge-a still captures nothing on 22.
     let c = ssh_served();
@@ -855,4 +843,16 @@ fn ssh_served() -> Cluster {
                 .tcp()
                 .service("sshd", "ssh"),
         )
+}
+
+/// edge-a's facts with sshd listening on TCP 22 on every address.
+fn facts_with_sshd() -> kuport_core::snapshot::HostFacts {
+    let mut f = edge_facts();
+    f.sockets = vec![kuport_core::snapshot::HostSocket {
+        protocol: kuport_core::api::Protocol::Tcp,
+        address: "0.0.0.0".parse().expect("ip"),
+        port: 22,
+        holder: None,
+    }];
+    f
 }

@@ -427,17 +427,21 @@ where
     }
 }
 
-fn dnat_targets(host: &MemoryHost) -> Vec<String> {
+fn dnats(host: &MemoryHost) -> Vec<kuport_core::ir::DnatRule> {
     host.applied()
         .nft
         .chains
         .iter()
         .flat_map(|(_, rules)| rules)
         .filter_map(|r| match r {
-            Rule::Dnat(d) => Some(d.to.to_string()),
+            Rule::Dnat(d) => Some(d.clone()),
             _ => None,
         })
         .collect()
+}
+
+fn dnat_targets(host: &MemoryHost) -> Vec<String> {
+    dnats(host).into_iter().map(|d| d.to.to_string()).collect()
 }
 
 async fn programmed_true(c: &Cluster) -> bool {
@@ -1043,6 +1047,7 @@ async fn a_link_event_rebuilds_the_datapath_at_once(target: Target) {
     let watch: LinkWatch = Box::new(move |devices| {
         seen.lock().expect("lock").push(devices);
         rx.take().ok_or(kuport_host::HostError::Missing {
+            stage: kuport_host::HostStage::Links,
             what: "a second link event stream".into(),
         })
     });
@@ -1197,17 +1202,7 @@ async fn a_refused_mapping_is_reported_and_the_others_keep_working() {
         ("n2", "games/game")
     );
     // n2 delivers the other mapping to the pod and nothing of the refused one.
-    let comments: Vec<String> = n2
-        .applied()
-        .nft
-        .chains
-        .iter()
-        .flat_map(|(_, rules)| rules)
-        .filter_map(|r| match r {
-            Rule::Dnat(d) => Some(d.comment.clone()),
-            _ => None,
-        })
-        .collect();
+    let comments: Vec<String> = dnats(&n2).into_iter().map(|d| d.comment).collect();
     assert_eq!(comments, ["games/other"]);
     assert_eq!(
         c.agent("n2")

@@ -36,6 +36,8 @@ pub enum HostError {
     /// A netlink request failed.
     #[error("netlink: {op} {object}: {source}")]
     Netlink {
+        /// The step of the apply it belongs to.
+        stage: HostStage,
         /// What was being done.
         op: &'static str,
         /// The object.
@@ -58,6 +60,8 @@ pub enum HostError {
     /// Something the IR depends on is not on the host.
     #[error("{what}")]
     Missing {
+        /// The step of the apply it belongs to.
+        stage: HostStage,
         /// What is missing.
         what: String,
     },
@@ -70,6 +74,33 @@ pub enum HostError {
     /// The netlink socket could not be opened.
     #[error("netlink: opening a socket: {0}")]
     Socket(std::io::Error),
+}
+
+/// The steps of an apply (and the facts read before it), as errors and metrics name them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum HostStage {
+    /// Reading the host facts.
+    Facts,
+    /// VXLAN links (devices, addresses, MTU, sysctls).
+    Links,
+    /// The nftables transaction.
+    Nftables,
+    /// ip rules.
+    Rules,
+    /// Routes.
+    Routes,
+}
+
+impl HostError {
+    /// The step of the apply this error belongs to.
+    pub fn stage(&self) -> HostStage {
+        match self {
+            HostError::Nft { .. } => HostStage::Nftables,
+            HostError::Netlink { stage, .. } | HostError::Missing { stage, .. } => *stage,
+            HostError::VniHeld { .. } | HostError::Socket(_) => HostStage::Links,
+            HostError::Facts { .. } => HostStage::Facts,
+        }
+    }
 }
 
 /// What one apply changed. A second apply of the same IR reports zero mutations.
@@ -389,4 +420,36 @@ pub fn label_counters(
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_name_their_stage_by_what_failed_not_by_their_text() {
+        let missing = |stage| HostError::Missing {
+            stage,
+            what: "link kup-x: device wt0 not present".into(),
+        };
+        // A missing device while writing routes is a routes failure, whatever the text says.
+        assert_eq!(missing(HostStage::Routes).stage(), HostStage::Routes);
+        assert_eq!(missing(HostStage::Links).stage(), HostStage::Links);
+        let nft = HostError::Nft {
+            op: "apply transaction",
+            detail: "ip rule".into(),
+        };
+        assert_eq!(nft.stage(), HostStage::Nftables);
+        let held = HostError::VniHeld {
+            link: "kup-x".into(),
+            vni: 4242,
+            port: 4790,
+            holder: "squat".into(),
+        };
+        assert_eq!(held.stage(), HostStage::Links);
+        let facts = HostError::Facts {
+            detail: "reading /proc/self/net/tcp".into(),
+        };
+        assert_eq!(facts.stage(), HostStage::Facts);
+    }
 }

@@ -20,11 +20,20 @@ use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage};
 use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
 use rtnetlink::{Handle, IpVersion, LinkUnspec, LinkVxlan, RouteMessageBuilder};
 
-use crate::{ApplyReport, HostError};
+use crate::{ApplyReport, HostError, HostStage};
 
-fn nl(op: &'static str, object: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> HostError {
+fn nl(
+    stage: HostStage,
+    op: &'static str,
+    object: impl Into<String>,
+) -> impl FnOnce(rtnetlink::Error) -> HostError {
     let object = object.into();
-    move |source| HostError::Netlink { op, object, source }
+    move |source| HostError::Netlink {
+        stage,
+        op,
+        object,
+        source,
+    }
 }
 
 /// A link as the kernel reports it.
@@ -106,7 +115,11 @@ fn parse_link(msg: &LinkMessage) -> KernelLink {
 pub async fn links(handle: &Handle) -> Result<Vec<KernelLink>, HostError> {
     let mut stream = handle.link().get().execute();
     let mut out = Vec::new();
-    while let Some(msg) = stream.try_next().await.map_err(nl("list", "links"))? {
+    while let Some(msg) = stream
+        .try_next()
+        .await
+        .map_err(nl(HostStage::Links, "list", "links"))?
+    {
         out.push(parse_link(&msg));
     }
     Ok(out)
@@ -116,7 +129,12 @@ pub async fn links(handle: &Handle) -> Result<Vec<KernelLink>, HostError> {
 pub async fn addresses(handle: &Handle) -> Result<BTreeMap<u32, Vec<Ipv4Net>>, HostError> {
     let mut stream = handle.address().get().execute();
     let mut out: BTreeMap<u32, Vec<Ipv4Net>> = BTreeMap::new();
-    while let Some(msg) = stream.try_next().await.map_err(nl("list", "addresses"))? {
+    while let Some(msg) =
+        stream
+            .try_next()
+            .await
+            .map_err(nl(HostStage::Links, "list", "addresses"))?
+    {
         if msg.header.family != AddressFamily::Inet {
             continue;
         }
@@ -215,6 +233,7 @@ pub async fn ensure_links(
             let mut first = Some(e);
             for want in desired {
                 let err = first.take().unwrap_or_else(|| HostError::Missing {
+                    stage: HostStage::Links,
                     what: format!("link {}: listing links failed", want.name),
                 });
                 all.push((want.name.clone(), err));
@@ -237,6 +256,7 @@ async fn ensure_link(
     report: &mut ApplyReport,
 ) -> Result<(), HostError> {
     let device = want.device.as_deref().ok_or_else(|| HostError::Missing {
+        stage: HostStage::Links,
         what: format!(
             "link {}: the underlay device holding {} is unknown",
             want.name, want.local
@@ -247,18 +267,18 @@ async fn ensure_link(
         .find(|l| l.name == device)
         .map(|l| l.index)
         .ok_or_else(|| HostError::Missing {
+            stage: HostStage::Links,
             what: format!("link {}: underlay device {device} not present", want.name),
         })?;
     let existing = current.iter().find(|l| l.name == want.name).cloned();
     let needs_create = match &existing {
         Some(k) if link_matches(k, want, dev_index) => false,
         Some(k) => {
-            handle
-                .link()
-                .del(k.index)
-                .execute()
-                .await
-                .map_err(nl("delete", &want.name))?;
+            handle.link().del(k.index).execute().await.map_err(nl(
+                HostStage::Links,
+                "delete",
+                &want.name,
+            ))?;
             report.links_deleted += 1;
             true
         }
@@ -271,6 +291,7 @@ async fn ensure_link(
     }
     let Some(k) = current.iter().find(|l| l.name == want.name).cloned() else {
         return Err(HostError::Missing {
+            stage: HostStage::Links,
             what: format!("link {} vanished after creation", want.name),
         });
     };
@@ -320,6 +341,7 @@ async fn create_vxlan(
                     holder: h.name.clone(),
                 }),
                 None => Err(HostError::Netlink {
+                    stage: HostStage::Links,
                     op: "create",
                     object: want.name.clone(),
                     source: e,
@@ -343,18 +365,17 @@ async fn configure_link(
             .get()
             .set_link_index_filter(k.index)
             .execute();
-        while let Some(msg) = stream
-            .try_next()
-            .await
-            .map_err(nl("list addresses of", &want.name))?
-        {
+        while let Some(msg) = stream.try_next().await.map_err(nl(
+            HostStage::Links,
+            "list addresses of",
+            &want.name,
+        ))? {
             if msg.header.family == AddressFamily::Inet {
-                handle
-                    .address()
-                    .del(msg)
-                    .execute()
-                    .await
-                    .map_err(nl("delete address of", &want.name))?;
+                handle.address().del(msg).execute().await.map_err(nl(
+                    HostStage::Links,
+                    "delete address of",
+                    &want.name,
+                ))?;
             }
         }
         handle
@@ -366,17 +387,16 @@ async fn configure_link(
             )
             .execute()
             .await
-            .map_err(nl("add address to", &want.name))?;
+            .map_err(nl(HostStage::Links, "add address to", &want.name))?;
         report.links_updated += 1;
     }
     if let Some(mtu) = want.mtu.filter(|m| k.mtu != Some(*m)) {
         let msg = LinkUnspec::new_with_index(k.index).mtu(mtu).build();
-        handle
-            .link()
-            .set(msg)
-            .execute()
-            .await
-            .map_err(nl("set mtu of", &want.name))?;
+        handle.link().set(msg).execute().await.map_err(nl(
+            HostStage::Links,
+            "set mtu of",
+            &want.name,
+        ))?;
         report.links_updated += 1;
     }
     if k.rp_filter != Some(i32::from(want.rp_filter)) {
@@ -388,12 +408,11 @@ async fn configure_link(
     }
     if !k.up {
         let msg = LinkUnspec::new_with_index(k.index).up().build();
-        handle
-            .link()
-            .set(msg)
-            .execute()
-            .await
-            .map_err(nl("set up", &want.name))?;
+        handle.link().set(msg).execute().await.map_err(nl(
+            HostStage::Links,
+            "set up",
+            &want.name,
+        ))?;
         report.links_updated += 1;
     }
     Ok(())
@@ -408,12 +427,11 @@ pub async fn remove_unwanted_links(
     let wanted: BTreeSet<&str> = desired.iter().map(|l| l.name.as_str()).collect();
     for k in links(handle).await? {
         if k.name.starts_with(LINK_PREFIX) && !wanted.contains(k.name.as_str()) {
-            handle
-                .link()
-                .del(k.index)
-                .execute()
-                .await
-                .map_err(nl("delete", &k.name))?;
+            handle.link().del(k.index).execute().await.map_err(nl(
+                HostStage::Links,
+                "delete",
+                &k.name,
+            ))?;
             report.links_deleted += 1;
         }
     }
@@ -441,7 +459,12 @@ async fn owned_rules(
 ) -> Result<Vec<(IpRule, RuleMessage)>, HostError> {
     let mut stream = handle.rule().get(IpVersion::V4).execute();
     let mut out = Vec::new();
-    while let Some(msg) = stream.try_next().await.map_err(nl("list", "ip rules"))? {
+    while let Some(msg) =
+        stream
+            .try_next()
+            .await
+            .map_err(nl(HostStage::Rules, "list", "ip rules"))?
+    {
         let mut fwmark = None;
         let mut fwmask = u32::MAX;
         let mut priority = 0;
@@ -489,12 +512,11 @@ pub async fn reconcile_rules(
         if want.contains(&rule) && !have.contains(&rule) {
             have.insert(rule);
         } else {
-            handle
-                .rule()
-                .del(msg)
-                .execute()
-                .await
-                .map_err(nl("delete", format!("ip rule {rule:?}")))?;
+            handle.rule().del(msg).execute().await.map_err(nl(
+                HostStage::Rules,
+                "delete",
+                format!("ip rule {rule:?}"),
+            ))?;
             report.rules_deleted += 1;
         }
     }
@@ -517,7 +539,7 @@ pub async fn reconcile_rules(
             .push(RuleAttribute::FwMask(rule.fwmask));
         req.execute()
             .await
-            .map_err(nl("add", format!("ip rule {rule:?}")))?;
+            .map_err(nl(HostStage::Rules, "add", format!("ip rule {rule:?}")))?;
         report.rules_added += 1;
     }
     Ok(())
@@ -532,7 +554,12 @@ async fn owned_routes(
     query.header.address_family = AddressFamily::Inet;
     let mut stream = handle.route().get(query).execute();
     let mut out = Vec::new();
-    while let Some(msg) = stream.try_next().await.map_err(nl("list", "routes"))? {
+    while let Some(msg) =
+        stream
+            .try_next()
+            .await
+            .map_err(nl(HostStage::Routes, "list", "routes"))?
+    {
         let mut table = u32::from(msg.header.table);
         let mut via = None;
         let mut dev = None;
@@ -583,12 +610,11 @@ pub async fn reconcile_routes(
         if want.contains(&route) && !have.contains(&route) {
             have.insert(route);
         } else {
-            handle
-                .route()
-                .del(msg)
-                .execute()
-                .await
-                .map_err(nl("delete", format!("route {route:?}")))?;
+            handle.route().del(msg).execute().await.map_err(nl(
+                HostStage::Routes,
+                "delete",
+                format!("route {route:?}"),
+            ))?;
             report.routes_deleted += 1;
         }
     }
@@ -598,6 +624,7 @@ pub async fn reconcile_routes(
             .find(|l| l.name == route.dev)
             .map(|l| l.index)
             .ok_or_else(|| HostError::Missing {
+                stage: HostStage::Routes,
                 what: format!(
                     "route in table {}: device {} not present",
                     route.table, route.dev
@@ -615,7 +642,7 @@ pub async fn reconcile_routes(
             .add(builder.build())
             .execute()
             .await
-            .map_err(nl("add", format!("route {route:?}")))?;
+            .map_err(nl(HostStage::Routes, "add", format!("route {route:?}")))?;
         report.routes_added += 1;
     }
     Ok(())
@@ -663,5 +690,10 @@ async fn set_devconf(
             AfSpecInet::DevConfRequest(conf),
         ])]))
         .build();
-    handle.link().set(msg).execute().await.map_err(nl(op, name))
+    handle
+        .link()
+        .set(msg)
+        .execute()
+        .await
+        .map_err(nl(HostStage::Links, op, name))
 }

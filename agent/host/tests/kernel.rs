@@ -52,6 +52,16 @@ fn main() -> ExitCode {
     netns::harness(TESTS, CHILDREN)
 }
 
+/// [`underlay_for`], plus a device for each accepting interface the IR sets sysctls on.
+fn underlay_and_interfaces_for(state: &HostState) {
+    underlay_for(state);
+    for iface in &state.valid_mark_interfaces {
+        sh(&format!(
+            "ip link show {iface} >/dev/null 2>&1 || ip link add {iface} type veth peer name {iface}-p"
+        ));
+    }
+}
+
 /// Gives the namespace the underlay the IR's links bind to: a dummy `wt0` holding the links'
 /// local address (the node's InternalIP), plus the interfaces the DNAT rules name.
 fn underlay_for(state: &HostState) {
@@ -79,12 +89,7 @@ fn golden_states() {
 fn child_apply_golden() {
     let case = env_case();
     let state = golden_ir(&case);
-    underlay_for(&state);
-    for iface in &state.valid_mark_interfaces {
-        sh(&format!(
-            "ip link show {iface} >/dev/null 2>&1 || ip link add {iface} type veth peer name {iface}-p"
-        ));
-    }
+    underlay_and_interfaces_for(&state);
     block_on(async {
         let mut host = LinuxHost::new().expect("host");
         let first = host.apply(&state, false).await.expect("apply");
@@ -492,12 +497,7 @@ fn child_nft_refusal() {
     let state = with_refused_mapping(&good);
     let pre = |s: &HostState| s.nft.rules(kuport_core::ir::ChainId::Pre).len();
     assert!(pre(&state) > pre(&good), "the copy adds rules");
-    underlay_for(&state);
-    for iface in &state.valid_mark_interfaces {
-        sh(&format!(
-            "ip link show {iface} >/dev/null 2>&1 || ip link add {iface} type veth peer name {iface}-p"
-        ));
-    }
+    underlay_and_interfaces_for(&state);
     block_on(async {
         let mut host = LinuxHost::new().expect("host");
         let report = host

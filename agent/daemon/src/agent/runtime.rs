@@ -21,7 +21,7 @@ use kuport_core::plan::{Plan, plan};
 use kuport_core::snapshot::{
     CILIUM_CONFIG, CniFacts, HostFacts, HostRefusal, Snapshot, node_internal_ip,
 };
-use kuport_host::{ApplyReport, FactsQuery, Host, HostError, LinkEvent, Refusal};
+use kuport_host::{ApplyReport, FactsQuery, Host, HostError, HostStage, LinkEvent, Refusal};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -647,11 +647,12 @@ async fn compute_plan(snapshot: Snapshot, node: String, facts: HostFacts) -> Res
 }
 
 fn host_stage(e: &HostError) -> Stage {
-    match e {
-        HostError::Nft { .. } => Stage::Nftables,
-        HostError::Netlink { object, .. } if object.starts_with("ip rule") => Stage::Rules,
-        HostError::Netlink { object, .. } if object.starts_with("route") => Stage::Routes,
-        _ => Stage::Links,
+    match e.stage() {
+        HostStage::Facts => Stage::Facts,
+        HostStage::Links => Stage::Links,
+        HostStage::Nftables => Stage::Nftables,
+        HostStage::Rules => Stage::Rules,
+        HostStage::Routes => Stage::Routes,
     }
 }
 
