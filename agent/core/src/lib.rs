@@ -13,3 +13,4 @@ pub mod render;
 pub mod report;
 pub mod snapshot;
 pub mod summary;
+pub mod trace;

@@ -1,0 +1,253 @@
+//! A packet tracer over the datapath IR: what a node's kuport rules do to one packet, without a
+//! kernel. It follows the chains in hook order (guard, mangle, steering and DNAT in prerouting,
+//! then kuport's ip rules and routes, then the identity SNAT in postrouting) with the same match
+//! and set semantics as the rendered nft text (`render::rule_text`), and reports the verdict,
+//! the rewrites, the marks and the route. The plan tests use it as the unprivileged twin of the
+//! lab: a client's request DNATed with its source kept, the reply marked into the right link, a
+//! forwarded packet untouched.
+//!
+//! It traces kuport's rules only: conntrack is the caller's (pass the flow's mark, and whether
+//! the packet is a reply), and other datapaths' rules are not modelled.
+
+use std::net::Ipv4Addr;
+
+use crate::api::Protocol;
+use crate::ir::{ChainId, HostState, MAIN_TABLE, PortRange, Rule, STAND_IN, SteerRule};
+
+/// A packet as it reaches a node, with what conntrack knows of its flow.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Packet {
+    /// The interface it arrives on.
+    pub iif: String,
+    /// Source address.
+    pub saddr: Ipv4Addr,
+    /// Destination address.
+    pub daddr: Ipv4Addr,
+    /// TCP or UDP.
+    pub protocol: Protocol,
+    /// Destination port.
+    pub dport: u16,
+    /// The packet mark it arrives with (another datapath may have set bits).
+    pub meta_mark: u32,
+    /// Its flow's conntrack mark.
+    pub ct_mark: u32,
+    /// True for a packet of the reply direction of its flow.
+    pub reply: bool,
+    /// The node's own addresses (`fib daddr type local`).
+    pub local: Vec<Ipv4Addr>,
+}
+
+impl Packet {
+    /// A first packet of a new flow, unmarked.
+    pub fn new(
+        iif: &str,
+        saddr: Ipv4Addr,
+        daddr: Ipv4Addr,
+        protocol: Protocol,
+        dport: u16,
+    ) -> Self {
+        Self {
+            iif: iif.to_owned(),
+            saddr,
+            daddr,
+            protocol,
+            dport,
+            meta_mark: 0,
+            ct_mark: 0,
+            reply: false,
+            local: Vec::new(),
+        }
+    }
+}
+
+/// Where kuport's ip rules send the packet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RouteDecision {
+    /// No kuport rule matched, or one sent it to the main table: the host's own routing.
+    Main,
+    /// A kuport table routed it over a link.
+    Via {
+        /// The table.
+        table: u32,
+        /// The next hop.
+        via: Ipv4Addr,
+        /// The device.
+        dev: String,
+    },
+    /// A kuport rule chose a table that has no route for it.
+    Unroutable {
+        /// The table.
+        table: u32,
+    },
+}
+
+/// What kuport's rules did to the packet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Trace {
+    /// Dropped, and by which counter.
+    pub dropped: Option<String>,
+    /// Accepted untracked by the link guard.
+    pub untracked: bool,
+    /// Moved to the stand-in address by the steering stage.
+    pub steered: bool,
+    /// The destination after DNAT (address, port), when a DNAT rule took it.
+    pub dnat: Option<(Ipv4Addr, u16)>,
+    /// An identity SNAT claimed the flow (its source is kept, no masquerade).
+    pub identity_snat: bool,
+    /// The packet mark after prerouting.
+    pub meta_mark: u32,
+    /// The flow's conntrack mark after prerouting.
+    pub ct_mark: u32,
+    /// The destination the route is looked up for.
+    pub daddr: Ipv4Addr,
+    /// The route kuport's ip rules chose (none for a dropped packet).
+    pub route: Option<RouteDecision>,
+    /// Named counters the packet passed, in order.
+    pub counters: Vec<String>,
+}
+
+/// Traces `packet` through the kuport rules of `state`.
+pub fn trace(state: &HostState, packet: &Packet) -> Trace {
+    let mut p = packet.clone();
+    let mut t = Trace {
+        dropped: None,
+        untracked: false,
+        steered: false,
+        dnat: None,
+        identity_snat: false,
+        meta_mark: p.meta_mark,
+        ct_mark: p.ct_mark,
+        daddr: p.daddr,
+        route: None,
+        counters: Vec::new(),
+    };
+    let mask = state.nft.marks.mask;
+    let set = |word: u32, value: u32| (word & !mask) | value;
+    // Prerouting, in priority order: guard (-300), mangle (-140), steer (-130), DNAT (-110).
+    for rule in state.nft.rules(ChainId::Guard) {
+        match rule {
+            Rule::GuardAllow {
+                device,
+                port,
+                peers,
+            } if p.iif == *device
+                && p.protocol == Protocol::Udp
+                && p.dport == *port
+                && peers.contains(&p.saddr) =>
+            {
+                t.untracked = true;
+                break;
+            }
+            Rule::GuardDrop { port, counter }
+                if p.protocol == Protocol::Udp
+                    && p.dport == *port
+                    && p.local.contains(&p.daddr) =>
+            {
+                t.counters.push(counter.clone());
+                t.dropped = Some(counter.clone());
+                return t;
+            }
+            _ => {}
+        }
+    }
+    for rule in state.nft.rules(ChainId::Mangle) {
+        match rule {
+            Rule::RestoreReplyMark { mark } if p.reply && p.ct_mark & mask == *mark => {
+                p.meta_mark = set(p.meta_mark, *mark);
+            }
+            Rule::SaveArrivalLink { iface, mark } if !p.reply && p.iif == *iface => {
+                p.ct_mark = set(p.ct_mark, *mark);
+            }
+            _ => {}
+        }
+    }
+    for rule in state.nft.rules(ChainId::Steer) {
+        match rule {
+            Rule::MarkRequest(r) if steer_matches(r, &p) && p.meta_mark & !mask == 0 => {
+                p.meta_mark = set(p.meta_mark, r.mark.unwrap_or(state.nft.marks.local()));
+            }
+            Rule::Steer(r) if steer_matches(r, &p) => {
+                if let Some(mark) = r.mark {
+                    p.ct_mark = set(p.ct_mark, mark);
+                }
+                p.daddr = STAND_IN;
+                t.steered = true;
+            }
+            _ => {}
+        }
+    }
+    for rule in state.nft.rules(ChainId::Pre) {
+        if let Rule::Dnat(r) = rule
+            && p.iif == r.iif
+            && p.daddr == STAND_IN
+            && r.mark.is_none_or(|m| p.ct_mark & mask == m)
+            && p.protocol == r.protocol
+            && in_ports(r.ports, p.dport)
+        {
+            t.counters.push(r.counter.clone());
+            p.daddr = r.to;
+            p.dport = r.to_port.unwrap_or(p.dport);
+            t.dnat = Some((p.daddr, p.dport));
+            // A NAT statement ends the chain.
+            break;
+        }
+    }
+    t.meta_mark = p.meta_mark;
+    t.ct_mark = p.ct_mark;
+    t.daddr = p.daddr;
+    t.route = Some(route(state, &p));
+    // Postrouting: the identity SNAT of a kuport flow, ahead of any masquerade.
+    for rule in state.nft.rules(ChainId::Post) {
+        if let Rule::IdentitySnat(r) = rule
+            && p.ct_mark & mask != 0
+            && p.daddr == r.daddr
+            && p.protocol == r.protocol
+            && in_ports(r.ports, p.dport)
+        {
+            t.counters.push(r.counter.clone());
+            t.identity_snat = true;
+            break;
+        }
+    }
+    t
+}
+
+fn steer_matches(r: &SteerRule, p: &Packet) -> bool {
+    !p.reply
+        && p.iif == r.iif
+        && p.daddr == r.daddr
+        && p.protocol == r.protocol
+        && in_ports(r.ports, p.dport)
+}
+
+fn in_ports(ports: PortRange, port: u16) -> bool {
+    (ports.first..=ports.last).contains(&port)
+}
+
+/// kuport's ip rules in priority order; the first whose mark (and destination) matches picks
+/// the table.
+fn route(state: &HostState, p: &Packet) -> RouteDecision {
+    let mut rules: Vec<_> = state.rules.iter().collect();
+    rules.sort_by_key(|r| r.priority);
+    let chosen = rules.into_iter().find(|r| {
+        p.meta_mark & r.fwmask == r.fwmark && r.to.is_none_or(|net| net.contains(&p.daddr))
+    });
+    let Some(rule) = chosen else {
+        return RouteDecision::Main;
+    };
+    if rule.table == MAIN_TABLE {
+        return RouteDecision::Main;
+    }
+    let found = state
+        .routes
+        .iter()
+        .find(|r| r.table == rule.table && r.to.is_none_or(|net| net.contains(&p.daddr)));
+    match found {
+        Some(r) => RouteDecision::Via {
+            table: r.table,
+            via: r.via,
+            dev: r.dev.clone(),
+        },
+        None => RouteDecision::Unroutable { table: rule.table },
+    }
+}
