@@ -7,8 +7,8 @@
 
 mod bindings;
 mod classes;
+mod emit;
 mod endpoint;
-mod host;
 mod index;
 mod mapping;
 pub mod reasons;
@@ -25,7 +25,7 @@ use crate::api::{ClassNodeStatus, PortMapStatus, Protocol, PublishedAddress};
 use crate::ir::{HostState, PortRange};
 use crate::snapshot::{HostFacts, Snapshot};
 
-pub use host::{fit_nft_text, link_name};
+pub use emit::{fit_nft_text, link_name};
 pub use reasons::{AcceptedReason, ClassReason, Outcome, ProgrammedReason};
 
 /// How long an unused link claim is kept before it is dropped.
@@ -241,7 +241,7 @@ pub fn plan(snapshot: &Snapshot, this_node: &str, facts: &HostFacts, now: Timest
     classes::assign_slots(&mut classes, &decisions);
     mapping::gate_all(&index, &classes, &mut decisions, this_node, facts);
 
-    let host = host::emit(&index, &classes, &decisions, this_node, facts);
+    let host = emit::emit(&index, &classes, &decisions, this_node, facts);
     let writes = status::writes(
         &index, &classes, &decisions, snapshot, this_node, facts, now,
     );
