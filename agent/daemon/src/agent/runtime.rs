@@ -106,14 +106,61 @@ pub struct Agent<H: Host> {
     refusals: Vec<HostRefusal>,
 }
 
-/// The watched objects.
-struct Inputs {
-    classes: Store<PortMapClass>,
-    portmaps: Store<PortMap>,
-    slices: Store<EndpointSlice>,
-    nodes: Store<Node>,
-    namespaces: Store<Namespace>,
-    tasks: Vec<JoinHandle<()>>,
+/// The watched kinds, declared once: each becomes a store in `Inputs`, a reflector started by
+/// `start_inputs`, a wait in `wait_synced` and a list in the pass's [`Snapshot`] (the field
+/// named after `=>`). Adding a kind is one line here and one field in `Snapshot`.
+macro_rules! watched_kinds {
+    ($($field:ident: $kind:ty => $snapshot:ident;)*) => {
+        /// The watched objects.
+        struct Inputs {
+            $($field: Store<$kind>,)*
+            tasks: Vec<JoinHandle<()>>,
+        }
+
+        fn start_inputs(client: &kube::Client, dirty: &mpsc::Sender<()>) -> Inputs {
+            let mut tasks = Vec::new();
+            $(
+                let ($field, task) =
+                    reflect::<$kind>(Api::all(client.clone()), dirty, stringify!($kind));
+                tasks.push(task);
+            )*
+            Inputs { $($field,)* tasks }
+        }
+
+        /// Waits until every watch has listed once.
+        async fn wait_synced(inputs: &Inputs) -> Result<(), AgentError> {
+            $(
+                inputs
+                    .$field
+                    .wait_until_ready()
+                    .await
+                    .map_err(|_| AgentError::WatchEnded(stringify!($kind)))?;
+            )*
+            Ok(())
+        }
+
+        impl Inputs {
+            fn snapshot(&self) -> Snapshot {
+                fn all<K: Clone + kube::Resource<DynamicType = ()> + 'static>(
+                    s: &Store<K>,
+                ) -> Vec<K> {
+                    s.state().iter().map(|o| (**o).clone()).collect()
+                }
+                Snapshot {
+                    $($snapshot: all(&self.$field),)*
+                    cni: None,
+                }
+            }
+        }
+    };
+}
+
+watched_kinds! {
+    classes: PortMapClass => classes;
+    portmaps: PortMap => portmaps;
+    slices: EndpointSlice => endpoint_slices;
+    nodes: Node => nodes;
+    namespaces: Namespace => namespaces;
 }
 
 impl Drop for Inputs {
@@ -513,38 +560,6 @@ impl<H: Host> Agent<H> {
     }
 }
 
-impl Inputs {
-    fn snapshot(&self) -> Snapshot {
-        fn all<K: Clone + kube::Resource<DynamicType = ()> + 'static>(s: &Store<K>) -> Vec<K> {
-            s.state().iter().map(|o| (**o).clone()).collect()
-        }
-        Snapshot {
-            classes: all(&self.classes),
-            portmaps: all(&self.portmaps),
-            endpoint_slices: all(&self.slices),
-            nodes: all(&self.nodes),
-            namespaces: all(&self.namespaces),
-            cni: None,
-        }
-    }
-}
-
-fn start_inputs(client: &kube::Client, dirty: &mpsc::Sender<()>) -> Inputs {
-    let (classes, t1) = reflect::<PortMapClass>(Api::all(client.clone()), dirty, "PortMapClass");
-    let (portmaps, t2) = reflect::<PortMap>(Api::all(client.clone()), dirty, "PortMap");
-    let (slices, t3) = reflect::<EndpointSlice>(Api::all(client.clone()), dirty, "EndpointSlice");
-    let (nodes, t4) = reflect::<Node>(Api::all(client.clone()), dirty, "Node");
-    let (namespaces, t5) = reflect::<Namespace>(Api::all(client.clone()), dirty, "Namespace");
-    Inputs {
-        classes,
-        portmaps,
-        slices,
-        nodes,
-        namespaces,
-        tasks: vec![t1, t2, t3, t4, t5],
-    }
-}
-
 /// A reflector for one kind: a store kept up to date by a watch that retries with backoff
 /// (an API outage leaves the store as it was), marking the node dirty on every change.
 fn reflect<K>(
@@ -583,36 +598,6 @@ where
         }
     });
     (reader, task)
-}
-
-async fn wait_synced(inputs: &Inputs) -> Result<(), AgentError> {
-    let ended = |kind| move |_| AgentError::WatchEnded(kind);
-    inputs
-        .classes
-        .wait_until_ready()
-        .await
-        .map_err(ended("PortMapClass"))?;
-    inputs
-        .portmaps
-        .wait_until_ready()
-        .await
-        .map_err(ended("PortMap"))?;
-    inputs
-        .slices
-        .wait_until_ready()
-        .await
-        .map_err(ended("EndpointSlice"))?;
-    inputs
-        .nodes
-        .wait_until_ready()
-        .await
-        .map_err(ended("Node"))?;
-    inputs
-        .namespaces
-        .wait_until_ready()
-        .await
-        .map_err(ended("Namespace"))?;
-    Ok(())
 }
 
 /// The facts this node's plan needs: the interfaces its classes give it, and its InternalIP.
