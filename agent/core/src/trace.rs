@@ -121,9 +121,28 @@ pub fn trace(state: &HostState, packet: &Packet) -> Trace {
         route: None,
         counters: Vec::new(),
     };
-    let mask = state.nft.marks.mask;
-    let set = |word: u32, value: u32| (word & !mask) | value;
     // Prerouting, in priority order: guard (-300), mangle (-140), steer (-130), DNAT (-110).
+    if !guard(state, &p, &mut t) {
+        return t;
+    }
+    mangle(state, &mut p);
+    steer(state, &mut p, &mut t);
+    dnat(state, &mut p, &mut t);
+    t.meta_mark = p.meta_mark;
+    t.ct_mark = p.ct_mark;
+    t.daddr = p.daddr;
+    t.route = Some(route(state, &p));
+    identity_snat(state, &p, &mut t);
+    t
+}
+
+/// Writes kuport's bits of a mark word, keeping the others.
+fn set_bits(state: &HostState, word: u32, value: u32) -> u32 {
+    (word & !state.nft.marks.mask) | value
+}
+
+/// kup-guard; false when the packet is dropped.
+fn guard(state: &HostState, p: &Packet, t: &mut Trace) -> bool {
     for rule in state.nft.rules(ChainId::Guard) {
         match rule {
             Rule::GuardAllow {
@@ -136,7 +155,7 @@ pub fn trace(state: &HostState, packet: &Packet) -> Trace {
                 && peers.contains(&p.saddr) =>
             {
                 t.untracked = true;
-                break;
+                return true;
             }
             Rule::GuardDrop { port, counter }
                 if p.protocol == Protocol::Udp
@@ -145,30 +164,42 @@ pub fn trace(state: &HostState, packet: &Packet) -> Trace {
             {
                 t.counters.push(counter.clone());
                 t.dropped = Some(counter.clone());
-                return t;
+                return false;
             }
             _ => {}
         }
     }
+    true
+}
+
+/// kup-mangle: a reply takes its flow's mark; a request over a link records the link's.
+fn mangle(state: &HostState, p: &mut Packet) {
+    let mask = state.nft.marks.mask;
     for rule in state.nft.rules(ChainId::Mangle) {
         match rule {
             Rule::RestoreReplyMark { mark } if p.reply && p.ct_mark & mask == *mark => {
-                p.meta_mark = set(p.meta_mark, *mark);
+                p.meta_mark = set_bits(state, p.meta_mark, *mark);
             }
             Rule::SaveArrivalLink { iface, mark } if !p.reply && p.iif == *iface => {
-                p.ct_mark = set(p.ct_mark, *mark);
+                p.ct_mark = set_bits(state, p.ct_mark, *mark);
             }
             _ => {}
         }
     }
+}
+
+/// kup-steer: the packet mark (unless another datapath set one), the flow mark, the stand-in.
+fn steer(state: &HostState, p: &mut Packet, t: &mut Trace) {
+    let mask = state.nft.marks.mask;
     for rule in state.nft.rules(ChainId::Steer) {
         match rule {
-            Rule::MarkRequest(r) if steer_matches(r, &p) && p.meta_mark & !mask == 0 => {
-                p.meta_mark = set(p.meta_mark, r.mark.unwrap_or(state.nft.marks.local()));
+            Rule::MarkRequest(r) if steer_matches(r, p) && p.meta_mark & !mask == 0 => {
+                let mark = r.mark.unwrap_or(state.nft.marks.local());
+                p.meta_mark = set_bits(state, p.meta_mark, mark);
             }
-            Rule::Steer(r) if steer_matches(r, &p) => {
+            Rule::Steer(r) if steer_matches(r, p) => {
                 if let Some(mark) = r.mark {
-                    p.ct_mark = set(p.ct_mark, mark);
+                    p.ct_mark = set_bits(state, p.ct_mark, mark);
                 }
                 p.daddr = STAND_IN;
                 t.steered = true;
@@ -176,6 +207,11 @@ pub fn trace(state: &HostState, packet: &Packet) -> Trace {
             _ => {}
         }
     }
+}
+
+/// kup-pre: the first DNAT rule that takes the steered packet (a NAT statement ends the chain).
+fn dnat(state: &HostState, p: &mut Packet, t: &mut Trace) {
+    let mask = state.nft.marks.mask;
     for rule in state.nft.rules(ChainId::Pre) {
         if let Rule::Dnat(r) = rule
             && p.iif == r.iif
@@ -188,28 +224,25 @@ pub fn trace(state: &HostState, packet: &Packet) -> Trace {
             p.daddr = r.to;
             p.dport = r.to_port.unwrap_or(p.dport);
             t.dnat = Some((p.daddr, p.dport));
-            // A NAT statement ends the chain.
-            break;
+            return;
         }
     }
-    t.meta_mark = p.meta_mark;
-    t.ct_mark = p.ct_mark;
-    t.daddr = p.daddr;
-    t.route = Some(route(state, &p));
-    // Postrouting: the identity SNAT of a kuport flow, ahead of any masquerade.
+}
+
+/// kup-post: the identity SNAT of a kuport flow, ahead of any masquerade.
+fn identity_snat(state: &HostState, p: &Packet, t: &mut Trace) {
     for rule in state.nft.rules(ChainId::Post) {
         if let Rule::IdentitySnat(r) = rule
-            && p.ct_mark & mask != 0
+            && p.ct_mark & state.nft.marks.mask != 0
             && p.daddr == r.daddr
             && p.protocol == r.protocol
             && in_ports(r.ports, p.dport)
         {
             t.counters.push(r.counter.clone());
             t.identity_snat = true;
-            break;
+            return;
         }
     }
-    t
 }
 
 fn steer_matches(r: &SteerRule, p: &Packet) -> bool {

@@ -478,45 +478,62 @@ impl<H: Host> Agent<H> {
         facts.refusals = self.refusals.clone();
         let underlay = facts.underlay_device.clone().map(|d| vec![d]);
 
-        let mut plan = match compute_plan(snapshot.clone(), node.clone(), facts.clone()).await {
-            Ok(p) => p,
-            Err(e) => return (fail(Stage::Plan, e), underlay),
+        let plan = match self.plan_and_apply(&snapshot, facts, verify).await {
+            Ok(plan) => plan,
+            // A failed apply writes no status: it would claim what the host does not have.
+            Err(failed) => return (fail(failed.0, failed.1), underlay),
         };
-
-        let refused = match self.host.apply(&plan.host, verify).await {
-            Ok(report) => {
-                log_apply(&report, &plan.host, verify);
-                Refusal::by_mapping(&report.refused)
-            }
-            Err(e) => {
-                // Status is not written: it would claim what the host does not have.
-                return (
-                    fail(host_stage(&e), format!("applying the datapath: {e}")),
-                    underlay,
-                );
-            }
-        };
-        self.metrics.set_refusals(refused.len());
-        if refused != self.refusals {
-            // The status must say what the kernel refused: plan it again with the refusals
-            // (the datapath it asks for is the same; only this node's rows change).
-            self.refusals = refused;
-            facts.refusals = self.refusals.clone();
-            plan = match compute_plan(snapshot.clone(), node.clone(), facts).await {
-                Ok(p) => p,
-                Err(e) => return (fail(Stage::Plan, e), underlay),
-            };
-        }
         self.metrics.record_plan(&plan);
-
         match self.host.counters().await {
             Ok(counters) => self.metrics.set_mapping_counters(counters),
             Err(e) => tracing::warn!("reading kuport's nft counters: {e}"),
         }
+        let outcome = self.write_status(&plan, inputs, &snapshot, events).await;
+        (outcome, underlay)
+    }
 
+    /// Plans, applies, and when the kernel refused something new, plans again so the status
+    /// says what it refused (the datapath asked for is the same; only this node's part of the
+    /// class status changes). Returns the plan whose status is to be written.
+    async fn plan_and_apply(
+        &mut self,
+        snapshot: &Snapshot,
+        mut facts: HostFacts,
+        verify: bool,
+    ) -> Result<Plan, (Stage, String)> {
+        let node = self.config.node_name.clone();
+        let plan = compute_plan(snapshot.clone(), node.clone(), facts.clone())
+            .await
+            .map_err(|e| (Stage::Plan, e))?;
+        let report = self
+            .host
+            .apply(&plan.host, verify)
+            .await
+            .map_err(|e| (host_stage(&e), format!("applying the datapath: {e}")))?;
+        log_apply(&report, &plan.host, verify);
+        let refused = Refusal::by_mapping(&report.refused);
+        self.metrics.set_refusals(refused.len());
+        if refused == self.refusals {
+            return Ok(plan);
+        }
+        self.refusals = refused;
+        facts.refusals = self.refusals.clone();
+        compute_plan(snapshot.clone(), node, facts)
+            .await
+            .map_err(|e| (Stage::Plan, e))
+    }
+
+    /// Writes the status this node owns; the pass fails at stage `status` when a write did.
+    async fn write_status(
+        &self,
+        plan: &Plan,
+        inputs: &Inputs,
+        snapshot: &Snapshot,
+        events: &EventSink,
+    ) -> PassOutcome {
         let writer = StatusWriter {
             client: &self.client,
-            node: &node,
+            node: &self.config.node_name,
             metrics: &self.metrics,
             events,
             api_timeout: self.config.api_timeout,
@@ -537,12 +554,11 @@ impl<H: Host> Agent<H> {
                 status.recompute
             );
         }
-        let outcome = PassOutcome {
+        PassOutcome {
             failed: (!status.errors.is_empty()).then(|| (Stage::Status, status.errors.join("; "))),
             refused: !self.refusals.is_empty(),
             recompute: status.recompute > 0,
-        };
-        (outcome, underlay)
+        }
     }
 
     /// `kube-system/cilium-config`: `Ok(None)` when it does not exist (no CNI facts).

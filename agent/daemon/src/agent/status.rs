@@ -354,74 +354,112 @@ pub fn merge_class_status(
     now: Timestamp,
 ) -> ClassMerge {
     let mut status = stored.clone();
-    let mut ready_flipped = None;
-
-    // The row: replaced in place, inserted in name order, or removed when this node no longer
-    // accepts for the class.
-    match part.row {
-        Some(write) => {
-            let mut new_row = write.row.clone();
-            new_row.agent_version = Some(env!("CARGO_PKG_VERSION").to_owned());
-            match status.nodes.iter_mut().find(|n| n.name == node) {
-                Some(row) => {
-                    // The stored pass time stands while it is recent and the version is the
-                    // same: a converged pass writes nothing.
-                    new_row.last_pass_time = row
-                        .last_pass_time
-                        .clone()
-                        .filter(|t| {
-                            row.agent_version == new_row.agent_version
-                                && (0..LAST_PASS_REFRESH_SECONDS)
-                                    .contains(&(now.as_second() - t.0.as_second()))
-                        })
-                        .or(Some(Time(now)));
-                    *row = new_row;
-                }
-                None => {
-                    new_row.last_pass_time = Some(Time(now));
-                    let at = status
-                        .nodes
-                        .iter()
-                        .position(|n| n.name.as_str() > node)
-                        .unwrap_or(status.nodes.len());
-                    status.nodes.insert(at, new_row);
-                }
-            }
-            let current = status.conditions.iter().position(|c| c.type_ == "Ready");
-            let differs =
-                current.is_none_or(|i| !condition_equivalent(&status.conditions[i], &write.ready));
-            if differs {
-                if current.is_none_or(|i| status.conditions[i].status != write.ready.status) {
-                    ready_flipped = Some(write.ready.clone());
-                }
-                match current {
-                    Some(i) => status.conditions[i] = write.ready.clone(),
-                    None => status.conditions.push(write.ready.clone()),
-                }
-                status.observed_generation = write.ready.observed_generation;
-            }
+    let ready_flipped = match part.row {
+        Some(write) => merge_row(&mut status, node, write, now),
+        // This node no longer accepts for the class: its row goes.
+        None => {
+            status.nodes.retain(|n| n.name != node);
+            None
         }
-        None => status.nodes.retain(|n| n.name != node),
+    };
+    let dropped = land_claims(&mut status, &part.claims);
+    collect_claims(&mut status, &part.gc, now);
+    // This node's refusals replace the entries it wrote before; other nodes' stay.
+    status.refused.retain(|r| r.node != node);
+    status
+        .refused
+        .extend(part.refused.iter().map(|r| RefusedMapping {
+            node: node.to_owned(),
+            mapping: r.mapping.clone(),
+            message: r.message.clone(),
+        }));
+    status.refused.sort();
+    status.refused.dedup();
+    let (nodes_left, nodes_joined) = match part.row {
+        Some(write) => summarise(stored, &mut status, write),
+        None => (Vec::new(), Vec::new()),
+    };
+    ClassMerge {
+        status,
+        dropped,
+        ready_flipped,
+        nodes_left,
+        nodes_joined,
     }
+}
 
-    // Proposals land only on a slot still free in the fresh object.
+/// This node's row, replaced in place or inserted in name order, and the class's Ready
+/// condition as this node computes it. Returns the condition when its status flipped (or it
+/// first appeared).
+fn merge_row(
+    status: &mut PortMapClassStatus,
+    node: &str,
+    write: &ClassRowWrite,
+    now: Timestamp,
+) -> Option<Condition> {
+    let mut new_row = write.row.clone();
+    new_row.agent_version = Some(env!("CARGO_PKG_VERSION").to_owned());
+    match status.nodes.iter_mut().find(|n| n.name == node) {
+        Some(row) => {
+            // The stored pass time stands while it is recent and the version is the same: a
+            // converged pass writes nothing.
+            new_row.last_pass_time = row
+                .last_pass_time
+                .clone()
+                .filter(|t| {
+                    row.agent_version == new_row.agent_version
+                        && (0..LAST_PASS_REFRESH_SECONDS)
+                            .contains(&(now.as_second() - t.0.as_second()))
+                })
+                .or(Some(Time(now)));
+            *row = new_row;
+        }
+        None => {
+            new_row.last_pass_time = Some(Time(now));
+            let at = status
+                .nodes
+                .iter()
+                .position(|n| n.name.as_str() > node)
+                .unwrap_or(status.nodes.len());
+            status.nodes.insert(at, new_row);
+        }
+    }
+    let current = status.conditions.iter().position(|c| c.type_ == "Ready");
+    let differs =
+        current.is_none_or(|i| !condition_equivalent(&status.conditions[i], &write.ready));
+    if !differs {
+        return None;
+    }
+    let flipped = current
+        .is_none_or(|i| status.conditions[i].status != write.ready.status)
+        .then(|| write.ready.clone());
+    match current {
+        Some(i) => status.conditions[i] = write.ready.clone(),
+        None => status.conditions.push(write.ready.clone()),
+    }
+    status.observed_generation = write.ready.observed_generation;
+    flipped
+}
+
+/// Lands proposals on slots still free in the fresh object, in key order; returns the keys of
+/// those dropped because another pair holds their slot.
+fn land_claims(status: &mut PortMapClassStatus, claims: &[&ClaimProposal]) -> Vec<String> {
     let mut dropped = Vec::new();
-    for claim in &part.claims {
+    for claim in claims {
         if status.links.iter().any(|l| l.key == claim.key) {
             // Another writer landed the pair already; its slot is the one that counts.
             continue;
         }
-        if status
+        let taken = status
             .links
             .iter()
-            .any(|l| u32::try_from(l.slot).ok() == Some(claim.slot))
-        {
-            dropped.push(claim.key.clone());
-            continue;
-        }
-        let Ok(slot) = i32::try_from(claim.slot) else {
-            dropped.push(claim.key.clone());
-            continue;
+            .any(|l| u32::try_from(l.slot).ok() == Some(claim.slot));
+        let slot = match (taken, i32::try_from(claim.slot)) {
+            (false, Ok(slot)) => slot,
+            _ => {
+                dropped.push(claim.key.clone());
+                continue;
+            }
         };
         let at = status
             .links
@@ -439,8 +477,12 @@ pub fn merge_class_status(
             },
         );
     }
+    dropped
+}
 
-    for action in &part.gc {
+/// Garbage collection of claims, re-checked on the fresh object.
+fn collect_claims(status: &mut PortMapClassStatus, gc: &[&GcAction], now: Timestamp) {
+    for action in gc {
         let Some(i) = status.links.iter().position(|l| l.key == action.key) else {
             continue;
         };
@@ -452,7 +494,7 @@ pub fn merge_class_status(
             }
             GcKind::ClearUnused => status.links[i].unused_since = None,
             GcKind::Drop => {
-                // Re-checked on the fresh object: someone may have cleared it meanwhile.
+                // Someone may have cleared it meanwhile.
                 let expired = status.links[i]
                     .unused_since
                     .as_ref()
@@ -463,61 +505,46 @@ pub fn merge_class_status(
             }
         }
     }
+}
 
-    // This node's refusals replace the entries it wrote before; other nodes' stay.
-    status.refused.retain(|r| r.node != node);
-    status
-        .refused
-        .extend(part.refused.iter().map(|r| RefusedMapping {
-            node: node.to_owned(),
-            mapping: r.mapping.clone(),
-            message: r.message.clone(),
-        }));
-    status.refused.sort();
-    status.refused.dedup();
-
-    // The summary, from the merged rows and this pass's accepting nodes. Every accepting agent
-    // computes it alike from the same object and snapshot, so it settles after one write.
+/// `readyNodes` and `nodesSummary` from the merged rows and this pass's accepting nodes (every
+/// accepting agent computes them alike from the same object and snapshot, so they settle after
+/// one write). Returns the nodes that left, each with why, and those that joined.
+fn summarise(
+    stored: &PortMapClassStatus,
+    status: &mut PortMapClassStatus,
+    write: &ClassRowWrite,
+) -> (Vec<(String, String)>, Vec<String>) {
+    let ready: Vec<String> = status
+        .nodes
+        .iter()
+        .filter(|n| n.ready && write.accepting.binary_search(&n.name).is_ok())
+        .map(|n| n.name.clone())
+        .collect();
     let mut nodes_left = Vec::new();
-    let mut nodes_joined = Vec::new();
-    if let Some(write) = part.row {
-        let ready: Vec<String> = status
-            .nodes
-            .iter()
-            .filter(|n| n.ready && write.accepting.binary_search(&n.name).is_ok())
-            .map(|n| n.name.clone())
-            .collect();
-        for gone in stored.ready_nodes.iter().filter(|n| !ready.contains(n)) {
-            let row = status.nodes.iter().find(|r| &r.name == gone);
-            let why = match row {
-                None => "its agent removed its row (the class no longer names it)".to_owned(),
-                Some(r) if !r.ready => r
-                    .message
-                    .clone()
-                    .unwrap_or_else(|| "its row is not ready".to_owned()),
-                Some(_) => "its Node is not Ready or no longer exists".to_owned(),
-            };
-            nodes_left.push((gone.clone(), why));
-        }
-        nodes_joined = ready
-            .iter()
-            .filter(|n| !stored.ready_nodes.contains(n))
-            .cloned()
-            .collect();
-        status.nodes_summary = Some(kuport_core::summary::class_nodes_summary(
-            write.named,
-            &ready,
-        ));
-        status.ready_nodes = ready;
+    for gone in stored.ready_nodes.iter().filter(|n| !ready.contains(n)) {
+        let row = status.nodes.iter().find(|r| &r.name == gone);
+        let why = match row {
+            None => "its agent removed its row (the class no longer names it)".to_owned(),
+            Some(r) if !r.ready => r
+                .message
+                .clone()
+                .unwrap_or_else(|| "its row is not ready".to_owned()),
+            Some(_) => "its Node is not Ready or no longer exists".to_owned(),
+        };
+        nodes_left.push((gone.clone(), why));
     }
-
-    ClassMerge {
-        status,
-        dropped,
-        ready_flipped,
-        nodes_left,
-        nodes_joined,
-    }
+    let nodes_joined = ready
+        .iter()
+        .filter(|n| !stored.ready_nodes.contains(n))
+        .cloned()
+        .collect();
+    status.nodes_summary = Some(kuport_core::summary::class_nodes_summary(
+        write.named,
+        &ready,
+    ));
+    status.ready_nodes = ready;
+    (nodes_left, nodes_joined)
 }
 
 /// Equal except for `lastTransitionTime` (the plan keeps it unless the condition flipped, and
