@@ -14,23 +14,40 @@ pub fn nft_text(table: &NftTable) -> String {
     if table.is_empty() {
         return String::new();
     }
+    let counters: Vec<(String, u64, u64)> = table
+        .counters
+        .iter()
+        .map(|c| (c.name.clone(), 0, 0))
+        .collect();
+    let chains: Vec<(ChainId, Vec<String>)> = ChainId::ALL
+        .iter()
+        .map(|&chain| {
+            let rules = table.rules(chain).iter().map(|r| rule_text(r, table.marks));
+            (chain, rules.collect())
+        })
+        .collect();
+    listing(&counters, &chains)
+}
+
+/// `nft list table ip kuport` as nft prints it: the named counters (name, packets, bytes),
+/// then each chain with its header and rule lines.
+pub fn listing(counters: &[(String, u64, u64)], chains: &[(ChainId, Vec<String>)]) -> String {
     let mut blocks = Vec::new();
-    for counter in &table.counters {
+    for (name, packets, bytes) in counters {
         blocks.push(format!(
-            "\tcounter {} {{\n\t\tpackets 0 bytes 0\n\t}}\n",
-            counter.name
+            "\tcounter {name} {{\n\t\tpackets {packets} bytes {bytes}\n\t}}\n"
         ));
     }
-    for chain in ChainId::ALL {
+    for (chain, rules) in chains {
         let mut block = format!(
             "\tchain {} {{\n\t\ttype {} hook {} priority {}; policy accept;\n",
             chain.name(),
             chain.chain_type(),
             hook_name(chain.hook()),
-            symbolic_priority(chain)
+            symbolic_priority(*chain)
         );
-        for rule in table.rules(chain) {
-            let _ = writeln!(block, "\t\t{}", rule_text(rule, table.marks));
+        for rule in rules {
+            let _ = writeln!(block, "\t\t{rule}");
         }
         block.push_str("\t}\n");
         blocks.push(block);

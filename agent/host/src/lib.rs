@@ -10,6 +10,8 @@
 pub mod memory;
 pub mod netlink;
 pub mod nft;
+#[cfg(test)]
+mod nft_fake;
 pub mod sockets;
 
 use std::collections::BTreeSet;

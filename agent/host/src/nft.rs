@@ -63,17 +63,50 @@ pub fn refused_mappings(
     )
 }
 
-/// The `nft` program, and how to reach it.
+/// How `nft` is reached: the program on `PATH`, or (in unprivileged tests) a fake holding a
+/// ruleset in memory.
+pub trait NftRunner: Send + Sync + std::fmt::Debug {
+    /// Runs `nft <args>` with `stdin` piped in: stdout, or what nft printed on stderr.
+    fn run(&self, args: &[&str], stdin: Option<&str>) -> Result<String, String>;
+}
+
+/// The `nft` program.
+#[derive(Debug)]
+struct Program(String);
+
+impl NftRunner for Program {
+    fn run(&self, args: &[&str], stdin: Option<&str>) -> Result<String, String> {
+        use std::io::Write as _;
+        let mut child = Command::new(&self.0)
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("running {}: {e}", self.0))?;
+        if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+            pipe.write_all(text.as_bytes())
+                .map_err(|e| format!("writing to nft: {e}"))?;
+        }
+        let out = child
+            .wait_with_output()
+            .map_err(|e| format!("waiting for nft: {e}"))?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).trim().to_owned());
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+}
+
+/// kuport's nftables table, through an [`NftRunner`].
 #[derive(Clone, Debug)]
 pub struct Nft {
-    program: String,
+    runner: std::sync::Arc<dyn NftRunner>,
 }
 
 impl Default for Nft {
     fn default() -> Self {
-        Self {
-            program: "nft".to_owned(),
-        }
+        Self::with_runner(std::sync::Arc::new(Program("nft".to_owned())))
     }
 }
 
@@ -94,40 +127,20 @@ impl Nft {
         Self::default()
     }
 
+    /// nft reached through `runner`.
+    pub fn with_runner(runner: std::sync::Arc<dyn NftRunner>) -> Self {
+        Self { runner }
+    }
+
     fn run(
         &self,
         op: &'static str,
         args: &[&str],
         stdin: Option<&str>,
     ) -> Result<String, HostError> {
-        use std::io::Write as _;
-        let mut cmd = Command::new(&self.program);
-        cmd.args(args)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped());
-        cmd.stderr(std::process::Stdio::piped());
-        let mut child = cmd.spawn().map_err(|e| HostError::Nft {
-            op,
-            detail: format!("running {}: {e}", self.program),
-        })?;
-        if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
-            pipe.write_all(text.as_bytes())
-                .map_err(|e| HostError::Nft {
-                    op,
-                    detail: format!("writing to nft: {e}"),
-                })?;
-        }
-        let out = child.wait_with_output().map_err(|e| HostError::Nft {
-            op,
-            detail: format!("waiting for nft: {e}"),
-        })?;
-        if !out.status.success() {
-            return Err(HostError::Nft {
-                op,
-                detail: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-            });
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        self.runner
+            .run(args, stdin)
+            .map_err(|detail| HostError::Nft { op, detail })
     }
 
     /// `nft list table ip kuport` with counter values zeroed; `None` when the table is absent.
@@ -397,6 +410,123 @@ mod tests {
 
     fn line_of(lines: &[(String, LineOf<'_>)], wanted: impl Fn(&LineOf<'_>) -> bool) -> usize {
         lines.iter().position(|(_, of)| wanted(of)).expect("line") + 1
+    }
+
+    fn fake() -> (std::sync::Arc<crate::nft_fake::FakeNft>, Nft) {
+        let fake = std::sync::Arc::new(crate::nft_fake::FakeNft::default());
+        (fake.clone(), Nft::with_runner(fake))
+    }
+
+    fn only(table: &NftTable, mapping: &str) -> NftTable {
+        let gone: BTreeSet<String> = [format!("games/{mapping}")].into_iter().collect();
+        table.without_mappings(&gone)
+    }
+
+    #[test]
+    fn a_first_apply_sends_one_transaction_and_a_second_sends_none() {
+        let (fake, nft) = fake();
+        let table = table();
+        let applied = nft.apply(&table).expect("apply");
+        assert!(applied.changed && applied.refused.is_empty());
+        assert_eq!(nft.listing().expect("listing"), Some(nft_text(&table)));
+        assert!(!nft.apply(&table).expect("again").changed);
+        assert_eq!(fake.lock().committed, 1, "an unchanged table sends nothing");
+        // Control: a changed table is sent.
+        assert!(nft.apply(&only(&table, "a")).expect("changed").changed);
+        assert_eq!(fake.lock().committed, 2);
+    }
+
+    #[test]
+    fn a_chain_with_the_wrong_priority_is_recreated() {
+        let (fake, nft) = fake();
+        let table = table();
+        nft.apply(&table).expect("apply");
+        // An older agent's chain at another priority: the kernel cannot change it in place.
+        if let Some(t) = fake.lock().table.as_mut() {
+            let steer = t
+                .chains
+                .get_mut(ChainId::Steer.name())
+                .expect("steer chain");
+            steer.priority = -160;
+            steer.rules.push("meta mark 0x1 accept".into());
+        }
+        let applied = nft.apply(&table).expect("recreated");
+        assert!(applied.changed);
+        assert_eq!(nft.listing().expect("listing"), Some(nft_text(&table)));
+        let steer =
+            fake.lock().table.as_ref().expect("table").chains[ChainId::Steer.name()].clone();
+        assert_eq!(steer.priority, ChainId::Steer.priority());
+    }
+
+    #[test]
+    fn vanished_mappings_lose_their_counters_and_kept_ones_keep_their_counts() {
+        let (fake, nft) = fake();
+        let table = table();
+        nft.apply(&table).expect("apply");
+        if let Some(t) = fake.lock().table.as_mut() {
+            t.counters.insert("pre/games/b".into(), (5, 500));
+        }
+        nft.apply(&only(&table, "a")).expect("apply without a");
+        let counters = nft.counters().expect("counters");
+        let names: Vec<&str> = counters.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["pre/games/b"]);
+        assert_eq!((counters[0].packets, counters[0].bytes), (5, 500));
+    }
+
+    #[test]
+    fn a_refused_mapping_is_left_out_and_the_rest_applied() {
+        let (fake, nft) = fake();
+        let table = table();
+        fake.lock().refuse = vec![(
+            "games/b".into(),
+            "Could not process rule: Operation not supported".into(),
+        )];
+        let applied = nft.apply(&table).expect("the rest is applied");
+        assert_eq!(applied.refused.len(), 1, "{:?}", applied.refused);
+        assert_eq!(
+            applied.refused[0].mappings,
+            BTreeSet::from(["games/b".to_owned()])
+        );
+        assert_eq!(
+            applied.refused[0].message,
+            "Could not process rule: Operation not supported"
+        );
+        assert_eq!(
+            nft.listing().expect("listing"),
+            Some(nft_text(&only(&table, "b")))
+        );
+        let s = fake.lock();
+        assert_eq!((s.committed, s.refused), (1, 1));
+    }
+
+    #[test]
+    fn a_refusal_of_no_mapping_fails_the_apply_and_changes_nothing() {
+        let (fake, nft) = fake();
+        let table = table();
+        nft.apply(&only(&table, "b")).expect("first");
+        fake.lock().refuse = vec![("maxseg".into(), "Could not process rule: Bad".into())];
+        let err = nft
+            .apply(&table)
+            .expect_err("the MSS clamp belongs to no mapping");
+        assert!(
+            err.to_string().contains("Could not process rule: Bad"),
+            "{err}"
+        );
+        assert_eq!(
+            nft.listing().expect("listing"),
+            Some(nft_text(&only(&table, "b"))),
+            "the previous table stands"
+        );
+    }
+
+    #[test]
+    fn an_empty_table_removes_kuports_table() {
+        let (fake, nft) = fake();
+        nft.apply(&table()).expect("apply");
+        assert!(nft.apply(&NftTable::default()).expect("empty").changed);
+        assert!(fake.lock().table.is_none());
+        assert_eq!(nft.listing().expect("listing"), None);
+        assert!(!nft.teardown().expect("teardown"), "nothing left to remove");
     }
 
     #[test]
