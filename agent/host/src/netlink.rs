@@ -498,6 +498,23 @@ async fn owned_rules(
     Ok(out)
 }
 
+/// What brings the objects kuport owns (`current`, each with its kernel message) to `desired`:
+/// those to delete (not desired, or a second copy of one), and the desired ones missing.
+pub fn set_diff<T: Ord, M>(current: Vec<(T, M)>, desired: &[T]) -> (Vec<(T, M)>, Vec<&T>) {
+    let want: BTreeSet<&T> = desired.iter().collect();
+    let mut have: BTreeSet<T> = BTreeSet::new();
+    let mut extra = Vec::new();
+    for (object, msg) in current {
+        if want.contains(&object) && !have.contains(&object) {
+            have.insert(object);
+        } else {
+            extra.push((object, msg));
+        }
+    }
+    let missing = desired.iter().filter(|d| !have.contains(*d)).collect();
+    (extra, missing)
+}
+
 /// Brings kuport's ip rules to `desired`: deletes extras, adds what is missing.
 pub async fn reconcile_rules(
     handle: &Handle,
@@ -506,21 +523,16 @@ pub async fn reconcile_rules(
     report: &mut ApplyReport,
 ) -> Result<(), HostError> {
     let current = owned_rules(handle, marks).await?;
-    let want: BTreeSet<&IpRule> = desired.iter().collect();
-    let mut have = BTreeSet::new();
-    for (rule, msg) in current {
-        if want.contains(&rule) && !have.contains(&rule) {
-            have.insert(rule);
-        } else {
-            handle.rule().del(msg).execute().await.map_err(nl(
-                HostStage::Rules,
-                "delete",
-                format!("ip rule {rule:?}"),
-            ))?;
-            report.rules_deleted += 1;
-        }
+    let (extra, missing) = set_diff(current, desired);
+    for (rule, msg) in extra {
+        handle.rule().del(msg).execute().await.map_err(nl(
+            HostStage::Rules,
+            "delete",
+            format!("ip rule {rule:?}"),
+        ))?;
+        report.rules_deleted += 1;
     }
-    for rule in desired.iter().filter(|r| !have.contains(*r)) {
+    for rule in missing {
         let mut req = handle
             .rule()
             .add()
@@ -604,21 +616,16 @@ pub async fn reconcile_routes(
         .map(|l| (l.index, l.name.clone()))
         .collect();
     let current = owned_routes(handle, &names).await?;
-    let want: BTreeSet<&Route> = desired.iter().collect();
-    let mut have = BTreeSet::new();
-    for (route, msg) in current {
-        if want.contains(&route) && !have.contains(&route) {
-            have.insert(route);
-        } else {
-            handle.route().del(msg).execute().await.map_err(nl(
-                HostStage::Routes,
-                "delete",
-                format!("route {route:?}"),
-            ))?;
-            report.routes_deleted += 1;
-        }
+    let (extra, missing) = set_diff(current, desired);
+    for (route, msg) in extra {
+        handle.route().del(msg).execute().await.map_err(nl(
+            HostStage::Routes,
+            "delete",
+            format!("route {route:?}"),
+        ))?;
+        report.routes_deleted += 1;
     }
-    for route in desired.iter().filter(|r| !have.contains(*r)) {
+    for route in missing {
         let index = kernel_links
             .iter()
             .find(|l| l.name == route.dev)
@@ -696,4 +703,53 @@ async fn set_devconf(
         .execute()
         .await
         .map_err(nl(HostStage::Links, op, name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(priority: u32, fwmark: u32) -> IpRule {
+        IpRule {
+            priority,
+            fwmark,
+            fwmask: 0xff,
+            to: None,
+            table: 254,
+        }
+    }
+
+    #[test]
+    fn the_diff_deletes_extras_and_duplicates_and_adds_what_is_missing() {
+        let desired = vec![rule(101, 2), rule(102, 1), rule(102, 2)];
+        let current = vec![
+            (rule(102, 1), "a"),
+            (rule(102, 1), "duplicate"),
+            (rule(102, 9), "stale"),
+            (rule(101, 2), "b"),
+        ];
+        let (extra, missing) = set_diff(current, &desired);
+        let gone: Vec<&str> = extra.iter().map(|(_, m)| *m).collect();
+        assert_eq!(gone, ["duplicate", "stale"]);
+        assert_eq!(missing, [&rule(102, 2)]);
+        // Already converged: nothing either way.
+        let current: Vec<(IpRule, ())> = desired.iter().map(|r| (r.clone(), ())).collect();
+        let (extra, missing) = set_diff(current, &desired);
+        assert!(extra.is_empty() && missing.is_empty());
+    }
+
+    #[test]
+    fn only_kuports_rules_are_owned() {
+        let marks = MarkLayout::default();
+        assert!(owned_rule(PREF_REPLY, 0x1, marks.mask, marks));
+        assert!(owned_rule(PREF_LOOP_GUARD, 0x2, marks.mask, marks));
+        // Another priority, another datapath's bits, no mark at all, another mask: not ours.
+        assert!(!owned_rule(9, 0x1, marks.mask, marks));
+        assert!(!owned_rule(PREF_REPLY, 0x4000, 0xffff, marks));
+        assert!(!owned_rule(PREF_REPLY, 0, marks.mask, marks));
+        assert!(!owned_rule(PREF_REPLY, 0x1, 0xf0, marks));
+        // The layout before marks were masked: cleaned away on upgrade.
+        assert!(owned_rule(PREF_REPLY, LINK_TABLE_BASE + 5, u32::MAX, marks));
+        assert!(in_table_space(LINK_TABLE_BASE + 7) && !in_table_space(254));
+    }
 }
