@@ -481,6 +481,24 @@ fn programmed(index: &Index, class: &ClassState, w: &Working) -> Outcome<Program
             ),
         );
     }
+    if let Some(failed) = node_gates(index, class, w, serving) {
+        return failed;
+    }
+    if let Some(failed) = link_gates(index, class, w) {
+        return failed;
+    }
+    Outcome::new(R::AllNodesReady, firewall_note(index, class.name, d))
+}
+
+/// Every programming node has reported a ready row and binds one of the mapping's interfaces.
+fn node_gates(
+    index: &Index,
+    class: &ClassState,
+    w: &Working,
+    serving: &str,
+) -> Option<Outcome<ProgrammedReason>> {
+    use ProgrammedReason as R;
+    let d = &w.decision;
     let role = |node: &str| {
         if node == serving {
             "serving node"
@@ -491,66 +509,72 @@ fn programmed(index: &Index, class: &ClassState, w: &Working) -> Outcome<Program
     for node in &d.programming_nodes {
         match index.row(class.name, node) {
             None => {
-                return Outcome::new(
+                return Some(Outcome::new(
                     R::NodeNotReady,
                     format!(
                         "{} {node} has not reported its row in class {} yet",
                         role(node),
                         class.name
                     ),
-                );
+                ));
             }
             Some(row) if !row.ready => {
                 let why = row.message.as_deref().unwrap_or("no reason given");
-                return Outcome::new(
+                return Some(Outcome::new(
                     R::NodeNotReady,
                     format!("{} {node} is not ready: {why}", role(node)),
-                );
+                ));
             }
             Some(_) => {}
         }
     }
-    for node in &d.programming_nodes {
-        if d.bindings.get(node).is_none_or(Vec::is_empty) {
-            return Outcome::new(
+    d.programming_nodes
+        .iter()
+        .find(|node| d.bindings.get(*node).is_none_or(Vec::is_empty))
+        .map(|node| {
+            Outcome::new(
                 R::NoInterfaceOnNode,
                 format!(
                     "{} {node} binds none of the requested interfaces {}",
                     role(node),
                     w.pm.spec.interfaces.join(", ")
                 ),
-            );
+            )
+        })
+}
+
+/// For a remote pod, every link the mapping needs has landed and both its ends have an
+/// InternalIP.
+fn link_gates(index: &Index, class: &ClassState, w: &Working) -> Option<Outcome<ProgrammedReason>> {
+    use ProgrammedReason as R;
+    if !w.remote {
+        return None;
+    }
+    for link in &w.decision.links {
+        if !link.landed {
+            let message = if class.exhausted.contains(&link.key) {
+                format!(
+                    "return link for {} is not claimed yet: no /31 is free in {} of class {}",
+                    link.key,
+                    class.subnet.map(|s| s.to_string()).unwrap_or_default(),
+                    class.name
+                )
+            } else {
+                format!("return link for {} is not claimed yet", link.key)
+            };
+            return Some(Outcome::new(R::ReturnPathUnavailable, message));
+        }
+        if let Some(node) = link.key.split('/').find(|n| index.internal_ip(n).is_none()) {
+            return Some(Outcome::new(
+                R::ReturnPathUnavailable,
+                format!(
+                    "return link for {} cannot be built: node {node} has no IPv4 InternalIP",
+                    link.key
+                ),
+            ));
         }
     }
-    if w.remote {
-        for link in &d.links {
-            if !link.landed {
-                let message = if class.exhausted.contains(&link.key) {
-                    format!(
-                        "return link for {} is not claimed yet: no /31 is free in {} of class {}",
-                        link.key,
-                        class.subnet.map(|s| s.to_string()).unwrap_or_default(),
-                        class.name
-                    )
-                } else {
-                    format!("return link for {} is not claimed yet", link.key)
-                };
-                return Outcome::new(R::ReturnPathUnavailable, message);
-            }
-            for node in link.key.split('/') {
-                if index.internal_ip(node).is_none() {
-                    return Outcome::new(
-                        R::ReturnPathUnavailable,
-                        format!(
-                            "return link for {} cannot be built: node {node} has no IPv4 InternalIP",
-                            link.key
-                        ),
-                    );
-                }
-            }
-        }
-    }
-    Outcome::new(R::AllNodesReady, firewall_note(index, class.name, d))
+    None
 }
 
 /// What a node that programs the mapping (an accepting node, or the pod's node at the far end
