@@ -92,6 +92,62 @@ fn spec_ports_text(port: i32, end_port: Option<i32>) -> String {
     }
 }
 
+/// The gates on the mapping and its class alone: a valid range and interface names, a
+/// selected namespace, the class's port window and reserved ports. The ports, or the refusal.
+fn admissible(
+    index: &Index,
+    pm: &PortMap,
+    class: &PortMapClass,
+    ports: Option<PortRange>,
+    namespace: &str,
+) -> Result<PortRange, Outcome<AcceptedReason>> {
+    let spec = &pm.spec;
+    let class_name = class.metadata.name.as_deref().unwrap_or_default();
+    if let Some(end) = spec.end_port.filter(|end| *end < spec.port) {
+        return Err(Outcome::new(
+            AcceptedReason::InvalidPortRange,
+            format!("endPort {end} is lower than port {}", spec.port),
+        ));
+    }
+    if let Some(bad) = first_invalid_interface(class, &spec.interfaces) {
+        return Err(Outcome::new(
+            AcceptedReason::InvalidInterfaceName,
+            format!(
+                "interface name {bad:?} (class {class_name}) is not a usable interface name: 1 to 15 of A-Z a-z 0-9 . _ @ + -, not starting with a dot"
+            ),
+        ));
+    }
+    if let Some(outcome) = check_namespace(index, class, class_name, namespace) {
+        return Err(outcome);
+    }
+    let window = &class.spec.ports;
+    let (min, max) = (window.min.max(MIN_PORT), window.max.min(MAX_PORT));
+    let Some(ports) = ports.filter(|p| i32::from(p.first) >= min && i32::from(p.last) <= max)
+    else {
+        return Err(Outcome::new(
+            AcceptedReason::PortOutOfRange,
+            format!(
+                "{} lie outside the window {min}-{max} of class {class_name}",
+                spec_ports_text(spec.port, spec.end_port)
+            ),
+        ));
+    };
+    let mut reserved: Vec<i32> = window
+        .reserved
+        .iter()
+        .copied()
+        .filter(|r| (i32::from(ports.first)..=i32::from(ports.last)).contains(r))
+        .collect();
+    reserved.sort_unstable();
+    if let Some(first) = reserved.first() {
+        return Err(Outcome::new(
+            AcceptedReason::PortReserved,
+            format!("port {first} is reserved by class {class_name}"),
+        ));
+    }
+    Ok(ports)
+}
+
 fn check(
     index: &Index,
     pm: &PortMap,
@@ -103,48 +159,10 @@ fn check(
 ) -> Outcome<AcceptedReason> {
     let spec = &pm.spec;
     let class_name = class.metadata.name.as_deref().unwrap_or_default();
-    if let Some(end) = spec.end_port.filter(|end| *end < spec.port) {
-        return Outcome::new(
-            AcceptedReason::InvalidPortRange,
-            format!("endPort {end} is lower than port {}", spec.port),
-        );
-    }
-    if let Some(bad) = first_invalid_interface(class, &spec.interfaces) {
-        return Outcome::new(
-            AcceptedReason::InvalidInterfaceName,
-            format!(
-                "interface name {bad:?} (class {class_name}) is not a usable interface name: 1 to 15 of A-Z a-z 0-9 . _ @ + -, not starting with a dot"
-            ),
-        );
-    }
-    if let Some(outcome) = check_namespace(index, class, class_name, namespace) {
-        return outcome;
-    }
-    let window = &class.spec.ports;
-    let (min, max) = (window.min.max(MIN_PORT), window.max.min(MAX_PORT));
-    let Some(ports) = ports.filter(|p| i32::from(p.first) >= min && i32::from(p.last) <= max)
-    else {
-        return Outcome::new(
-            AcceptedReason::PortOutOfRange,
-            format!(
-                "{} lie outside the window {min}-{max} of class {class_name}",
-                spec_ports_text(spec.port, spec.end_port)
-            ),
-        );
+    let ports = match admissible(index, pm, class, ports, namespace) {
+        Ok(ports) => ports,
+        Err(refused) => return refused,
     };
-    let mut reserved: Vec<i32> = window
-        .reserved
-        .iter()
-        .copied()
-        .filter(|r| (i32::from(ports.first)..=i32::from(ports.last)).contains(r))
-        .collect();
-    reserved.sort_unstable();
-    if let Some(first) = reserved.first() {
-        return Outcome::new(
-            AcceptedReason::PortReserved,
-            format!("port {first} is reserved by class {class_name}"),
-        );
-    }
     if let Some(message) = held_by_node(index, spec.protocol, ports) {
         return Outcome::new(AcceptedReason::PortInUse, message);
     }
