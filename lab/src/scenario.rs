@@ -145,27 +145,8 @@ pub struct PodPort {
     pub end_port: Option<u16>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
-#[serde(rename_all = "UPPERCASE")]
-pub enum Protocol {
-    Udp,
-    Tcp,
-}
-
-impl Protocol {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Protocol::Udp => "UDP",
-            Protocol::Tcp => "TCP",
-        }
-    }
-    pub fn lower(self) -> &'static str {
-        match self {
-            Protocol::Udp => "udp",
-            Protocol::Tcp => "tcp",
-        }
-    }
-}
+/// TCP or UDP, written `TCP`/`UDP` as in the API.
+pub use kuport_core::api::Protocol;
 
 /// One step; the YAML key names the kind.
 #[derive(Clone, Debug, Deserialize)]

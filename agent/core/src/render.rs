@@ -4,7 +4,6 @@
 
 use std::fmt::Write as _;
 
-use crate::api::Protocol;
 use crate::ir::{
     ChainId, Counter, Hook, LINK_PREFIX, MarkLayout, NftTable, Rule, STAND_IN, SteerRule, TABLE,
 };
@@ -80,13 +79,6 @@ fn quote(text: &str) -> String {
     format!("\"{}\"", text.replace('"', "'"))
 }
 
-fn proto(protocol: Protocol) -> &'static str {
-    match protocol {
-        Protocol::Tcp => "tcp",
-        Protocol::Udp => "udp",
-    }
-}
-
 /// `<key> & <mask> <op> <value>`, as nft lists it: a mask of leading ones (a prefix) is shown
 /// as `<key> [!= ]<value>/<len>`, any other mask as a bitwise AND.
 fn masked_cmp(key: &str, mask: u32, negate: bool, value: u32) -> String {
@@ -119,7 +111,7 @@ fn steer_match(r: &SteerRule) -> String {
         "iifname {} ip daddr {} {} dport {} ",
         quote(&r.iif),
         r.daddr,
-        proto(r.protocol),
+        r.protocol.lower(),
         r.ports
     )
 }
@@ -189,7 +181,7 @@ pub fn rule_text(rule: &Rule, marks: MarkLayout) -> String {
             let _ = write!(
                 text,
                 "{} dport {} counter name {} ",
-                proto(r.protocol),
+                r.protocol.lower(),
                 r.ports,
                 quote(&r.counter)
             );
@@ -208,7 +200,7 @@ pub fn rule_text(rule: &Rule, marks: MarkLayout) -> String {
             "{} ip daddr {} {} dport {} counter name {} snat to ip saddr comment {}",
             masked_cmp("ct mark", marks.mask, true, 0),
             r.daddr,
-            proto(r.protocol),
+            r.protocol.lower(),
             r.ports,
             quote(&r.counter),
             quote(&r.comment)

@@ -8,7 +8,6 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::api::Protocol;
 use crate::ir::{IpRule, Link, Route};
 use crate::plan::{ClassDecision, GcKind, MappingDecision, Outcome, Plan};
 use crate::render::nft_text;
@@ -324,10 +323,7 @@ fn route(r: &Route) -> RouteReport {
 pub fn text_summary(plan: &Plan) -> String {
     let mut out = format!("plan for node {}\n", plan.node);
     for d in &plan.portmaps {
-        let proto = match d.protocol {
-            Protocol::Tcp => "tcp",
-            Protocol::Udp => "udp",
-        };
+        let proto = d.protocol.lower();
         let ports = d.ports.map_or_else(|| "?".to_owned(), |p| p.to_string());
         let state = match &d.programmed {
             None => format!(

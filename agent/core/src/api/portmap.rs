@@ -139,6 +139,24 @@ pub enum Protocol {
     Udp,
 }
 
+impl Protocol {
+    /// As the API writes it: `TCP`, `UDP`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "TCP",
+            Protocol::Udp => "UDP",
+        }
+    }
+
+    /// As nft and `ss` write it: `tcp`, `udp`.
+    pub fn lower(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+        }
+    }
+}
+
 /// A named port of a Service in the PortMap's own namespace (there is deliberately no namespace
 /// field: a mapping cannot point at another namespace's workload).
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]

@@ -4,7 +4,7 @@ use std::net::Ipv4Addr;
 
 use super::ChosenEndpoint;
 use super::index::Index;
-use crate::api::{PortMap, Protocol};
+use crate::api::PortMap;
 
 /// The endpoint of `pm`: among ready IPv4 endpoints listing the named port with the mapping's
 /// protocol, sorted by (a) the node's rank among the accepting nodes (others after them),
@@ -13,7 +13,7 @@ pub fn choose(index: &Index, pm: &PortMap, accepting: &[&str]) -> Option<ChosenE
     let namespace = pm.metadata.namespace.as_deref().unwrap_or_default();
     let service = pm.spec.service_ref.name.as_str();
     let wanted_port = pm.spec.service_ref.port.as_str();
-    let protocol = protocol_name(pm.spec.protocol);
+    let protocol = pm.spec.protocol.as_str();
     let mut best: Option<(usize, Option<&str>, &str, Ipv4Addr, u16)> = None;
     for slice in index
         .slices
@@ -67,11 +67,4 @@ pub fn choose(index: &Index, pm: &PortMap, accepting: &[&str]) -> Option<ChosenE
         port,
         pod: pod.map(str::to_owned),
     })
-}
-
-fn protocol_name(protocol: Protocol) -> &'static str {
-    match protocol {
-        Protocol::Tcp => "TCP",
-        Protocol::Udp => "UDP",
-    }
 }

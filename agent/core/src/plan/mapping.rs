@@ -183,7 +183,7 @@ fn check(
                 "{} on node {} holds {} port {}; a mapping there would take its traffic",
                 clash.holder,
                 clash.node,
-                protocol_text(spec.protocol),
+                spec.protocol.as_str(),
                 clash.port
             ),
         );
@@ -205,7 +205,7 @@ fn check(
             format!(
                 "{what} held by {} ({} on {}/{})",
                 c.holder,
-                protocol_text(spec.protocol),
+                spec.protocol.as_str(),
                 c.node,
                 c.iface
             ),
@@ -219,7 +219,7 @@ fn check(
                 "{} on node {} now also holds {} port {}; this mapping was accepted first and keeps the port, so traffic for it on the mapped addresses reaches the pod, not that socket",
                 clash.holder,
                 clash.node,
-                protocol_text(spec.protocol),
+                spec.protocol.as_str(),
                 clash.port
             ),
         ),
@@ -354,13 +354,6 @@ fn check_namespace(
     }
 }
 
-fn protocol_text(protocol: Protocol) -> &'static str {
-    match protocol {
-        Protocol::Tcp => "TCP",
-        Protocol::Udp => "UDP",
-    }
-}
-
 /// Endpoint, serving and programming nodes, bindings and needed links of accepted mappings.
 pub fn resolve_all(
     index: &Index,
@@ -460,7 +453,7 @@ fn programmed(index: &Index, class: &ClassState, w: &Working) -> Outcome<Program
                 "service {}/{} has no ready IPv4 endpoint for its {} port {:?}",
                 d.namespace,
                 w.pm.spec.service_ref.name,
-                protocol_text(d.protocol),
+                d.protocol.as_str(),
                 w.pm.spec.service_ref.port
             ),
         );

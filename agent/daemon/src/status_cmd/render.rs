@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
-use kuport_core::api::{PortMap, PortMapClass, Protocol, ReturnPathMode, ServingMode};
+use kuport_core::api::{PortMap, PortMapClass, ReturnPathMode, ServingMode};
 use kuport_core::plan::{MappingDecision, Plan};
 use kuport_core::snapshot::{HostFacts, Snapshot, node_is_ready};
 use serde::Serialize;
@@ -139,13 +139,6 @@ pub struct StatusReport {
     pub problems: Vec<String>,
 }
 
-fn protocol(p: Protocol) -> &'static str {
-    match p {
-        Protocol::Tcp => "TCP",
-        Protocol::Udp => "UDP",
-    }
-}
-
 fn ports(pm: &PortMap) -> String {
     match pm.spec.end_port {
         Some(end) if end != pm.spec.port => format!("{}-{end}", pm.spec.port),
@@ -175,7 +168,7 @@ fn mapping_view(pm: &PortMap) -> MappingView {
         namespace,
         name,
         class: pm.spec.class_name.clone(),
-        protocol: protocol(pm.spec.protocol).to_owned(),
+        protocol: pm.spec.protocol.as_str().to_owned(),
         ports: ports(pm),
         published: status
             .published
