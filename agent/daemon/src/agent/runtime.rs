@@ -171,6 +171,62 @@ impl Drop for Inputs {
     }
 }
 
+/// When the next pass runs and whether it compares with the kernel: the first pass and one
+/// every resync verify; a failed verifying pass is owed until one succeeds; a failed, refused
+/// or to-be-recomputed pass is retried after a delay doubling from `retry_min` to `retry_max`.
+#[derive(Debug)]
+struct Schedule {
+    first: bool,
+    next_verify: Instant,
+    retry_at: Option<Instant>,
+    retry_delay: Duration,
+    verify_owed: bool,
+    resync: Duration,
+    retry_min: Duration,
+    retry_max: Duration,
+}
+
+impl Schedule {
+    fn new(config: &AgentConfig, now: Instant) -> Self {
+        Self {
+            first: true,
+            next_verify: now,
+            retry_at: None,
+            retry_delay: config.retry_min,
+            verify_owed: false,
+            resync: config.resync,
+            retry_min: config.retry_min,
+            retry_max: config.retry_max,
+        }
+    }
+
+    /// A pass starts: whether it verifies against the kernel.
+    fn start_pass(&mut self, link_changed: bool, now: Instant) -> bool {
+        let verify = self.first || self.verify_owed || link_changed || now >= self.next_verify;
+        self.first = false;
+        if verify {
+            self.next_verify = now + self.resync;
+        }
+        verify
+    }
+
+    /// A pass ended with `outcome`.
+    fn end_pass(&mut self, outcome: &PassOutcome, verified: bool, now: Instant) {
+        if outcome.failed.is_some() {
+            self.verify_owed |= verified;
+        } else {
+            self.verify_owed = false;
+        }
+        if outcome.failed.is_some() || outcome.refused || outcome.recompute {
+            self.retry_at = Some(now + self.retry_delay);
+            self.retry_delay = (self.retry_delay * 2).min(self.retry_max);
+        } else {
+            self.retry_at = None;
+            self.retry_delay = self.retry_min;
+        }
+    }
+}
+
 /// What one pass came to.
 struct PassOutcome {
     failed: Option<(Stage, String)>,
@@ -337,24 +393,19 @@ impl<H: Host> Agent<H> {
         let mut links: Option<mpsc::Receiver<LinkEvent>> = None;
         let mut watched_underlay: Option<Vec<String>> = None;
         let mut cni_cache: Option<Option<CniFacts>> = None;
-        let mut next_verify = Instant::now();
-        let mut retry_at: Option<Instant> = None;
-        let mut retry_delay = self.config.retry_min;
-        let mut first = true;
-        // A verify pass that failed is owed until one succeeds.
-        let mut verify_owed = false;
+        let mut schedule = Schedule::new(&self.config, Instant::now());
 
         loop {
             // A link event means the kernel changed behind the agent's back: only a pass that
             // compares against the kernel (not the last applied state) can see what is gone.
             let mut link_changed = false;
-            if !first {
+            if !schedule.first {
                 let link_event = tokio::select! {
                     _ = shutdown.cancelled() => return Ok(()),
                     Some(()) = dirty_rx.recv() => None,
                     event = next_link_event(&mut links) => Some(event),
-                    _ = tokio::time::sleep_until(next_verify) => None,
-                    _ = sleep_until_opt(retry_at) => None,
+                    _ = tokio::time::sleep_until(schedule.next_verify) => None,
+                    _ = sleep_until_opt(schedule.retry_at) => None,
                 };
                 match link_event {
                     Some(Some(e)) => {
@@ -384,43 +435,28 @@ impl<H: Host> Agent<H> {
                     }
                 }
             }
-            let verify = first || verify_owed || link_changed || Instant::now() >= next_verify;
-            first = false;
-            if verify {
-                next_verify = Instant::now() + self.config.resync;
-            }
+            let verify = schedule.start_pass(link_changed, Instant::now());
 
             let started = Instant::now();
-            let outcome = tokio::select! {
+            let (outcome, underlay) = tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
                 o = self.pass(&inputs, &events, verify, &mut cni_cache) => o,
             };
-            let (outcome, underlay) = outcome;
-            let elapsed = started.elapsed().as_secs_f64();
             let now_unix = Timestamp::now().as_millisecond() as f64 / 1000.0;
-            self.metrics
-                .observe_pass(elapsed, outcome.failed.as_ref().map(|f| f.0), now_unix);
-
+            self.metrics.observe_pass(
+                started.elapsed().as_secs_f64(),
+                outcome.failed.as_ref().map(|f| f.0),
+                now_unix,
+            );
             match &outcome.failed {
-                None => {
-                    self.health.set_ready();
-                    verify_owed = false;
-                }
-                Some((stage, error)) => {
-                    verify_owed |= verify;
-                    tracing::warn!(
-                        stage = stage.as_str(),
-                        "pass failed: {error}; retrying in {retry_delay:?}"
-                    );
-                }
+                None => self.health.set_ready(),
+                Some((stage, error)) => tracing::warn!(
+                    stage = stage.as_str(),
+                    "pass failed: {error}; retrying in {:?}",
+                    schedule.retry_delay
+                ),
             }
-            if outcome.failed.is_some() || outcome.refused || outcome.recompute {
-                retry_at = Some(Instant::now() + retry_delay);
-                retry_delay = (retry_delay * 2).min(self.config.retry_max);
-            } else {
-                retry_at = None;
-                retry_delay = self.config.retry_min;
-            }
+            schedule.end_pass(&outcome, verify, Instant::now());
 
             // (Re)open the link event stream once the underlay device is known or changed.
             if let (Some(watch), Some(underlay)) = (self.link_watch.as_mut(), underlay)
@@ -708,5 +744,74 @@ fn sleep_until_opt(at: Option<Instant>) -> Pin<Box<dyn Future<Output = ()> + Sen
     match at {
         Some(at) => Box::pin(tokio::time::sleep_until(at)),
         None => Box::pin(std::future::pending()),
+    }
+}
+
+#[cfg(test)]
+mod schedule_tests {
+    use super::*;
+
+    fn outcome(failed: bool, refused: bool) -> PassOutcome {
+        PassOutcome {
+            failed: failed.then(|| (Stage::Links, "refused".to_owned())),
+            refused,
+            recompute: false,
+        }
+    }
+
+    fn schedule() -> (Schedule, Instant) {
+        let mut config = AgentConfig::new("n1");
+        config.retry_min = Duration::from_millis(200);
+        config.retry_max = Duration::from_millis(700);
+        config.resync = Duration::from_secs(300);
+        let now = Instant::now();
+        (Schedule::new(&config, now), now)
+    }
+
+    #[test]
+    fn the_first_pass_and_each_resync_verify_and_others_do_not() {
+        let (mut s, t0) = schedule();
+        assert!(s.start_pass(false, t0), "the first pass verifies");
+        s.end_pass(&outcome(false, false), true, t0);
+        assert!(!s.start_pass(false, t0 + Duration::from_secs(1)));
+        assert!(
+            s.start_pass(true, t0 + Duration::from_secs(2)),
+            "a link event verifies"
+        );
+        assert!(
+            s.start_pass(false, t0 + Duration::from_secs(303)),
+            "a resync verifies"
+        );
+    }
+
+    #[test]
+    fn a_failed_verifying_pass_is_owed_and_retries_back_off() {
+        let (mut s, t0) = schedule();
+        assert!(s.start_pass(false, t0));
+        s.end_pass(&outcome(true, false), true, t0);
+        assert_eq!(s.retry_at, Some(t0 + Duration::from_millis(200)));
+        assert!(s.start_pass(false, t0), "the failed verify is owed");
+        s.end_pass(&outcome(true, false), true, t0);
+        assert_eq!(s.retry_at, Some(t0 + Duration::from_millis(400)));
+        s.start_pass(false, t0);
+        s.end_pass(&outcome(true, false), true, t0);
+        s.start_pass(false, t0);
+        s.end_pass(&outcome(true, false), true, t0);
+        assert_eq!(
+            s.retry_delay,
+            Duration::from_millis(700),
+            "capped at retry_max"
+        );
+        // A refusal (status written) retries too, without owing a verify.
+        s.start_pass(false, t0);
+        s.end_pass(&outcome(false, true), true, t0);
+        assert!(s.retry_at.is_some() && !s.verify_owed);
+        // A clean pass resets the delay and cancels the retry.
+        s.start_pass(false, t0);
+        s.end_pass(&outcome(false, false), false, t0);
+        assert_eq!(
+            (s.retry_at, s.retry_delay),
+            (None, Duration::from_millis(200))
+        );
     }
 }
