@@ -74,6 +74,8 @@ fn section_bounds(text: &str) -> Option<(usize, usize)> {
     Some((start, end))
 }
 
+/// One kind's section of docs/api.md. Long because it is the section's layout, written in the
+/// order the page reads.
 fn kind_section(file: &CrdFile, out: &mut String) -> Result<(), ApiDocsError> {
     let name = file.crd.metadata.name.clone().unwrap_or_default();
     let spec = &file.crd.spec;

@@ -117,6 +117,7 @@ fn steer_match(r: &SteerRule) -> String {
 }
 
 /// One rule as nft lists it (and as a transaction adds it: nft reads its own listing back).
+/// Long because it is one arm per rule kind: the whole grammar kuport writes, in one place.
 pub fn rule_text(rule: &Rule, marks: MarkLayout) -> String {
     match rule {
         Rule::GuardAllow {

@@ -141,6 +141,8 @@ fn portmap_write(w: &Working, now: Timestamp) -> PortMapWrite {
     }
 }
 
+/// This node's row in a class and the class's Ready condition as this node computes it. Long
+/// because the row has that many fields, each read from the facts or the stored row.
 fn class_row(
     index: &Index,
     state: &ClassState,

@@ -131,7 +131,8 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// A fresh registry with every series registered.
+    /// A fresh registry with every series registered. Long because it is the list of series,
+    /// each registered with its help text in the order `/metrics` shows them.
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("kuport");
         // 1 ms .. ~16 s: a pass is a plan plus a few API calls.

@@ -374,6 +374,9 @@ impl<H: Host> Agent<H> {
         }
     }
 
+    /// Waits for a reason to pass (a watch event, a link event, a retry, a resync), debounces,
+    /// runs the pass and reopens the link event stream when the underlay changed. Long because
+    /// the waiting is one `select!` over those sources; the decisions are in [`Schedule`].
     async fn run_loop(&mut self, shutdown: &CancellationToken) -> Result<(), AgentError> {
         // Capacity 1: a full channel already means "dirty", so watch events coalesce here.
         let (dirty_tx, mut dirty_rx) = mpsc::channel::<()>(1);

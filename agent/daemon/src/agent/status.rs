@@ -195,6 +195,9 @@ impl StatusWriter<'_> {
         }
     }
 
+    /// Reads the class fresh, merges this node's part, writes with compare-and-swap, and on a
+    /// 409 re-reads and re-merges (up to 5 times). Long because the retry loop, its timeouts
+    /// and the outcome accounting of each attempt belong together.
     async fn write_class(
         &self,
         class: &str,

@@ -448,6 +448,7 @@ fn state_text(m: &MappingView) -> String {
 }
 
 /// The report as text: mappings, classes, agents, then the problems (or that there are none).
+/// Long because it is the layout, section after section, as it appears on the screen.
 pub fn text(r: &StatusReport, now: Timestamp) -> String {
     let mut out = String::new();
     let programmed = r.mappings.iter().filter(|m| m.ok).count();
@@ -675,6 +676,9 @@ where
 /// (class, acceptance, endpoint, nodes, return links, Programmed, published addresses), then
 /// what its status says and whether that agrees, then its Events. `None` when the dump holds
 /// no such PortMap.
+///
+/// Long because it is the explanation itself, one step after another in the order a reader
+/// follows them; each step is a few lines.
 pub fn explain(dump: &Dump, namespace: &str, name: &str, now: Timestamp) -> Option<Explanation> {
     let snapshot = &dump.snapshot;
     let pm = snapshot.portmaps.iter().find(|pm| {
