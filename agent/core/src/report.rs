@@ -161,7 +161,7 @@ pub struct GcReport {
 
 fn condition<R: Copy + Into<&'static str>>(outcome: &Outcome<R>, ok: bool) -> ConditionReport {
     ConditionReport {
-        status: if ok { "True" } else { "False" },
+        status: crate::api::conditions::status(ok),
         reason: outcome.reason.into(),
         message: outcome.message.clone(),
     }

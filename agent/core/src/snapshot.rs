@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde::{Deserialize, Serialize};
 
-use crate::api::{PortMap, PortMapClass, Protocol};
+use crate::api::{PortMap, PortMapClass, Protocol, conditions};
 use crate::ir::MarkLayout;
 
 /// The CNI's VXLAN port when `cilium-config` exists without a `tunnel-port` key.
@@ -170,7 +170,7 @@ pub fn node_is_ready(node: &Node) -> bool {
         .is_some_and(|conds| {
             conds
                 .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True")
+                .any(|c| c.type_ == conditions::READY && c.status == conditions::TRUE)
         })
 }
 

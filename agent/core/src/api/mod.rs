@@ -45,3 +45,22 @@ pub fn valid_interface_name(name: &str) -> bool {
     let bytes = name.as_bytes();
     (1..=15).contains(&bytes.len()) && bytes.iter().enumerate().all(|(i, b)| allowed(*b, i == 0))
 }
+
+/// The condition types kuport writes, and the condition statuses, spelled once.
+pub mod conditions {
+    /// A PortMap's admission.
+    pub const ACCEPTED: &str = "Accepted";
+    /// A PortMap's datapath on every node that must carry it.
+    pub const PROGRAMMED: &str = "Programmed";
+    /// A PortMapClass's usability (and a Node's readiness).
+    pub const READY: &str = "Ready";
+    /// A condition that holds.
+    pub const TRUE: &str = "True";
+    /// A condition that does not hold.
+    pub const FALSE: &str = "False";
+
+    /// `True` or `False`.
+    pub fn status(holds: bool) -> &'static str {
+        if holds { TRUE } else { FALSE }
+    }
+}

@@ -13,7 +13,9 @@ use super::{
     CLAIM_GC_AFTER_SECONDS, ClaimProposal, ClassRowWrite, GcAction, GcKind, PortMapWrite,
     RefusalWrite, Writes,
 };
-use crate::api::{ClassNodeStatus, CniInfo, EndpointStatus, HeldPort, PortMapStatus, Protocol};
+use crate::api::{
+    ClassNodeStatus, CniInfo, EndpointStatus, HeldPort, PortMapStatus, Protocol, conditions,
+};
 use crate::ir::VXLAN_OVERHEAD;
 use crate::snapshot::{HostFacts, HostSocket, Snapshot};
 
@@ -27,7 +29,7 @@ pub fn condition(
     stored: &[Condition],
     now: Timestamp,
 ) -> Condition {
-    let status = if ok { "True" } else { "False" };
+    let status = conditions::status(ok);
     let last = stored
         .iter()
         .find(|c| c.type_ == type_ && c.status == status)
@@ -103,7 +105,7 @@ fn portmap_write(w: &Working, now: Timestamp) -> PortMapWrite {
             .map(|s| s.conditions.as_slice())
             .unwrap_or_default();
     let mut conditions = vec![condition(
-        "Accepted",
+        conditions::ACCEPTED,
         d.accepted.is_true(),
         d.accepted.reason.as_str(),
         &d.accepted.message,
@@ -113,7 +115,7 @@ fn portmap_write(w: &Working, now: Timestamp) -> PortMapWrite {
     )];
     if let Some(p) = &d.programmed {
         conditions.push(condition(
-            "Programmed",
+            conditions::PROGRAMMED,
             p.is_true(),
             p.reason.as_str(),
             &p.message,
@@ -213,7 +215,7 @@ fn class_row(
         .map(|s| s.conditions.as_slice())
         .unwrap_or_default();
     let ready = condition(
-        "Ready",
+        conditions::READY,
         state.ready.is_true(),
         state.ready.reason.as_str(),
         &state.ready.message,

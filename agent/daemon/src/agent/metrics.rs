@@ -6,6 +6,7 @@
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
+use kuport_core::api::conditions;
 use kuport_core::plan::Plan;
 use kuport_host::MappingCounter;
 use prometheus_client::collector::Collector;
@@ -264,14 +265,14 @@ impl Metrics {
         for d in &plan.portmaps {
             self.mappings
                 .get_or_create(&vec![
-                    ("condition", "Accepted".to_owned()),
+                    ("condition", conditions::ACCEPTED.to_owned()),
                     ("reason", d.accepted.reason.as_str().to_owned()),
                 ])
                 .inc();
             if let Some(p) = &d.programmed {
                 self.mappings
                     .get_or_create(&vec![
-                        ("condition", "Programmed".to_owned()),
+                        ("condition", conditions::PROGRAMMED.to_owned()),
                         ("reason", p.reason.as_str().to_owned()),
                     ])
                     .inc();

@@ -17,7 +17,7 @@ use kube::Resource;
 use kube::api::{Api, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kuport_core::api::{
-    LinkClaim, PortMap, PortMapClass, PortMapClassStatus, PortMapStatus, RefusedMapping,
+    LinkClaim, PortMap, PortMapClass, PortMapClassStatus, PortMapStatus, RefusedMapping, conditions,
 };
 use kuport_core::plan::{AcceptedReason, PortMapWrite, RefusalWrite, Writes};
 use kuport_core::plan::{CLAIM_GC_AFTER_SECONDS, ClaimProposal, ClassRowWrite, GcAction, GcKind};
@@ -156,7 +156,7 @@ impl StatusWriter<'_> {
                     .record_write(WriteKind::PortMap, WriteResult::Written);
                 outcome.written += 1;
                 tracing::debug!("wrote the status of {what}");
-                for type_ in ["Accepted", "Programmed"] {
+                for type_ in [conditions::ACCEPTED, conditions::PROGRAMMED] {
                     if let Some(c) = to_report(&stored.conditions, &w.status.conditions, type_) {
                         self.events.emit(PendingEvent {
                             regarding: current.object_ref(&()),
@@ -256,9 +256,9 @@ impl StatusWriter<'_> {
                     if let Some(c) = merged.ready_flipped {
                         self.events.emit(PendingEvent {
                             regarding: fresh.object_ref(&()),
-                            warning: c.status != "True",
+                            warning: c.status != conditions::TRUE,
                             reason: c.reason.clone(),
-                            note: note("Ready", &c),
+                            note: note(conditions::READY, &c),
                             action: "UpdateStatus",
                         });
                     }
@@ -427,7 +427,10 @@ fn merge_row(
             status.nodes.insert(at, new_row);
         }
     }
-    let current = status.conditions.iter().position(|c| c.type_ == "Ready");
+    let current = status
+        .conditions
+        .iter()
+        .position(|c| c.type_ == conditions::READY);
     let differs =
         current.is_none_or(|i| !condition_equivalent(&status.conditions[i], &write.ready));
     if !differs {
@@ -595,7 +598,7 @@ fn note(type_: &str, c: &Condition) -> String {
 /// Events for false conditions are warnings, and so is the one true reason that reports a
 /// clash.
 fn is_warning(c: &Condition) -> bool {
-    c.status != "True" || c.reason == AcceptedReason::PortAlsoHeldByHost.as_str()
+    c.status != conditions::TRUE || c.reason == AcceptedReason::PortAlsoHeldByHost.as_str()
 }
 
 fn to_report<'a>(stored: &[Condition], new: &'a [Condition], type_: &str) -> Option<&'a Condition> {

@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
-use kuport_core::api::{PortMap, PortMapClass, ReturnPathMode, ServingMode};
+use kuport_core::api::{PortMap, PortMapClass, ReturnPathMode, ServingMode, conditions};
 use kuport_core::plan::{MappingDecision, Plan};
 use kuport_core::snapshot::{HostFacts, Snapshot, node_is_ready};
 use serde::Serialize;
@@ -39,7 +39,7 @@ impl ConditionView {
     }
 
     fn is_true(&self) -> bool {
-        self.status == "True"
+        self.status == conditions::TRUE
     }
 }
 
@@ -162,7 +162,7 @@ fn mapping_view(pm: &PortMap) -> MappingView {
     let status = pm.status.clone().unwrap_or_default();
     let current = status.observed_generation.is_some()
         && status.observed_generation == pm.metadata.generation.or(status.observed_generation);
-    let programmed = condition(&status.conditions, "Programmed").map(ConditionView::of);
+    let programmed = condition(&status.conditions, conditions::PROGRAMMED).map(ConditionView::of);
     let ok = current && programmed.as_ref().is_some_and(ConditionView::is_true);
     MappingView {
         namespace,
@@ -187,7 +187,7 @@ fn mapping_view(pm: &PortMap) -> MappingView {
             address: e.address,
             port: e.port,
         }),
-        accepted: condition(&status.conditions, "Accepted").map(ConditionView::of),
+        accepted: condition(&status.conditions, conditions::ACCEPTED).map(ConditionView::of),
         programmed,
         current,
         ok,
@@ -275,7 +275,7 @@ fn class_view(c: &PortMapClass, snapshot: &Snapshot, plan: &Plan) -> ClassView {
                 .unwrap_or_default(),
         })
         .collect();
-    let ready = condition(&status.conditions, "Ready").map(ConditionView::of);
+    let ready = condition(&status.conditions, conditions::READY).map(ConditionView::of);
     let ok = ready.as_ref().is_some_and(ConditionView::is_true);
     ClassView {
         name,
@@ -443,7 +443,7 @@ fn state_text(m: &MappingView) -> String {
             let stale = if m.current { "" } else { " (stale)" };
             format!("{} {}{stale}", p.status, p.reason)
         }
-        (Some(_), None) => "Accepted".to_owned(),
+        (Some(_), None) => conditions::ACCEPTED.to_owned(),
     }
 }
 
@@ -664,7 +664,7 @@ where
     R: Copy + Into<&'static str>,
 {
     let reason: &'static str = o.reason.into();
-    let status = if ok { "True" } else { "False" };
+    let status = conditions::status(ok);
     if o.message.is_empty() {
         format!("{name} {status} {reason}")
     } else {
@@ -713,7 +713,7 @@ pub fn explain(dump: &Dump, namespace: &str, name: &str, now: Timestamp) -> Opti
                 c.spec.nodes.keys().cloned().collect::<Vec<_>>().join(", ")
             )];
             if let Some(r) = ready {
-                details.push(plan_line(&r.ready, r.ready.is_true(), "Ready"));
+                details.push(plan_line(&r.ready, r.ready.is_true(), conditions::READY));
             }
             steps.push(step(format!("class {}", d.class), true, details));
         }
@@ -724,7 +724,7 @@ pub fn explain(dump: &Dump, namespace: &str, name: &str, now: Timestamp) -> Opti
     steps.push(step(
         "accepted",
         accepted,
-        vec![plan_line(&d.accepted, accepted, "Accepted")],
+        vec![plan_line(&d.accepted, accepted, conditions::ACCEPTED)],
     ));
 
     // 3. Endpoint.
@@ -796,7 +796,7 @@ pub fn explain(dump: &Dump, namespace: &str, name: &str, now: Timestamp) -> Opti
     let programmed_ok = d.programmed.as_ref().is_some_and(|p| p.is_true());
     let programmed = d.programmed.as_ref().map_or_else(
         || "no Programmed condition: the mapping is not accepted".to_owned(),
-        |p| plan_line(p, p.is_true(), "Programmed"),
+        |p| plan_line(p, p.is_true(), conditions::PROGRAMMED),
     );
     let mut published: Vec<String> = d
         .published
