@@ -216,9 +216,14 @@ pub fn rule_text(rule: &Rule, marks: MarkLayout) -> String {
 /// in place). Rules are written in the very text nft lists them in, so the listing that the
 /// host compares against and the transaction it sends come from one description.
 pub fn transaction(table: &NftTable, existing_counters: &[String], recreate: bool) -> String {
+    script(&transaction_lines(table, existing_counters, recreate))
+}
+
+/// The `nft -f -` text of transaction lines.
+pub fn script(lines: &[(String, LineOf<'_>)]) -> String {
     let mut out = String::new();
-    for (line, _) in transaction_lines(table, existing_counters, recreate) {
-        out.push_str(&line);
+    for (line, _) in lines {
+        out.push_str(line);
         out.push('\n');
     }
     out

@@ -292,14 +292,22 @@ impl Cluster {
         });
         classes.create(&pp, &from(class)).await.expect("class");
         self.set_endpoint(Some(2), true).await;
+        self.create_portmap("game", 3000).await;
+    }
+
+    /// A UDP PortMap `games/<name>` of class `public` on `port`, aimed at the `gameserver` pod.
+    async fn create_portmap(&self, name: &str, port: u16) {
         let portmaps: Api<PortMap> = Api::namespaced(self.client.clone(), "games");
         let pm = json!({
             "apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMap",
-            "metadata": {"name": "game", "namespace": "games"},
-            "spec": {"className": "public", "protocol": "UDP", "port": 3000,
+            "metadata": {"name": name, "namespace": "games"},
+            "spec": {"className": "public", "protocol": "UDP", "port": port,
                      "serviceRef": {"name": "gameserver", "port": "game"}},
         });
-        portmaps.create(&pp, &from(pm)).await.expect("portmap");
+        portmaps
+            .create(&PostParams::default(), &from(pm))
+            .await
+            .expect("portmap");
     }
 
     /// Puts the `gameserver` pod on node `n<node>` (creating or replacing the slice).
@@ -1148,17 +1156,8 @@ async fn a_refused_mapping_is_reported_and_the_others_keep_working() {
         .await
         .expect("model");
     c.seed().await;
+    c.create_portmap("other", 3001).await;
     let portmaps: Api<PortMap> = Api::namespaced(c.client.clone(), "games");
-    let second = json!({
-        "apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMap",
-        "metadata": {"name": "other", "namespace": "games"},
-        "spec": {"className": "public", "protocol": "UDP", "port": 3001,
-                 "serviceRef": {"name": "gameserver", "port": "game"}},
-    });
-    portmaps
-        .create(&PostParams::default(), &from(second))
-        .await
-        .expect("portmap");
     let n2 = MemoryHost::with_facts(facts(2));
     n2.lock().refuse.insert(
         "games/game".into(),

@@ -141,6 +141,14 @@ pub struct Refusal {
 }
 
 impl Refusal {
+    /// Every mapping the refusals take out.
+    pub fn mappings_of(refusals: &[Refusal]) -> BTreeSet<String> {
+        refusals
+            .iter()
+            .flat_map(|r| r.mappings.iter().cloned())
+            .collect()
+    }
+
     /// The refusal as each mapping it takes out reports it (in its node's class row).
     pub fn by_mapping(refusals: &[Refusal]) -> Vec<HostRefusal> {
         let mut out: Vec<HostRefusal> = refusals
@@ -338,11 +346,7 @@ impl Host for LinuxHost {
         let table = applied.nft.clone();
         let nft = self.blocking(move |nft| nft.apply(&table)).await?;
         report.nft_changed = nft.changed;
-        let cut: BTreeSet<String> = nft
-            .refused
-            .iter()
-            .flat_map(|r| r.mappings.clone())
-            .collect();
+        let cut = Refusal::mappings_of(&nft.refused);
         if !cut.is_empty() {
             applied.nft = applied.nft.without_mappings(&cut);
         }

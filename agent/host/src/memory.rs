@@ -109,8 +109,9 @@ impl Host for MemoryHost {
             .collect();
         let mut applied = desired.clone();
         if !refused.is_empty() {
-            let cut: BTreeSet<String> = refused.iter().flat_map(|r| r.mappings.clone()).collect();
-            applied.nft = applied.nft.without_mappings(&cut);
+            applied.nft = applied
+                .nft
+                .without_mappings(&Refusal::mappings_of(&refused));
         }
         let base = match (&last, verify) {
             (Some(last), false) => last,

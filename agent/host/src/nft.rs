@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 
 use kuport_core::ir::{ChainId, Hook, NftTable, RuleOwners, TABLE};
-use kuport_core::render::{LineOf, nft_text, transaction_lines};
+use kuport_core::render::{LineOf, nft_text, script, transaction_lines};
 use serde_json::Value;
 
 use crate::{HostError, Refusal};
@@ -185,12 +185,7 @@ impl Nft {
         let mut refused = Vec::new();
         for round in 1..=MAX_ISOLATION_ROUNDS {
             let lines = transaction_lines(&table, &existing, recreate);
-            let mut script = String::new();
-            for (line, _) in &lines {
-                script.push_str(line);
-                script.push('\n');
-            }
-            let detail = match self.send(&script) {
+            let detail = match self.send(&script(&lines)) {
                 Ok(()) => break,
                 Err(HostError::Nft { detail, .. }) if round < MAX_ISOLATION_ROUNDS => detail,
                 Err(e) => return Err(e),
@@ -201,7 +196,7 @@ impl Nft {
                     detail,
                 });
             };
-            let cut: BTreeSet<String> = these.iter().flat_map(|r| r.mappings.clone()).collect();
+            let cut = Refusal::mappings_of(&these);
             drop(lines);
             table = Cow::Owned(table.without_mappings(&cut));
             refused.extend(these);

@@ -403,12 +403,7 @@ fn child_vni_held() {
     ));
     block_on(async {
         let mut host = LinuxHost::new().expect("host");
-        let report = host
-            .apply(&state, false)
-            .await
-            .expect("everything but the held link is applied");
-        assert_eq!(report.refused.len(), 1, "{:?}", report.refused);
-        let refusal = &report.refused[0];
+        let refusal = only_refusal(&mut host, &state, "everything but the held link").await;
         assert_eq!(refusal.unit, format!("return link {}", link.name));
         assert!(
             refusal.message.contains("already used by device squatter"),
@@ -431,6 +426,20 @@ fn child_vni_held() {
         assert!(again.refused.is_empty(), "{:?}", again.refused);
         assert!(sh("nft list ruleset").contains("dnat"));
     });
+}
+
+/// Applies `state`, which must succeed but for exactly one refused part; returns that refusal.
+async fn only_refusal(
+    host: &mut LinuxHost,
+    state: &HostState,
+    applied: &str,
+) -> kuport_host::Refusal {
+    let report = host
+        .apply(state, false)
+        .await
+        .unwrap_or_else(|e| panic!("{applied} is applied: {e}"));
+    assert_eq!(report.refused.len(), 1, "{:?}", report.refused);
+    report.refused[0].clone()
 }
 
 fn nft_refusal() {
@@ -500,12 +509,7 @@ fn child_nft_refusal() {
     underlay_and_interfaces_for(&state);
     block_on(async {
         let mut host = LinuxHost::new().expect("host");
-        let report = host
-            .apply(&state, false)
-            .await
-            .expect("everything but games/bad is applied");
-        assert_eq!(report.refused.len(), 1, "{:?}", report.refused);
-        let refusal = &report.refused[0];
+        let refusal = only_refusal(&mut host, &state, "everything but games/bad").await;
         assert_eq!(refusal.unit, "nftables rules");
         assert_eq!(refusal.mappings.iter().collect::<Vec<_>>(), ["games/bad"]);
         assert!(refusal.message.contains("name too long"), "{refusal:?}");
