@@ -598,21 +598,17 @@ async fn status_writer_changes_hands_when_no_node_serves(target: Target) {
             .is_some_and(|(s, _)| s == "False")
     })
     .await;
-    let n1_writes = c
-        .agent("n1")
-        .metrics
-        .status_writes_of(WriteKind::PortMap, WriteResult::Written);
-    let n2_or_n3_writes = c
-        .agent("n2")
-        .metrics
-        .status_writes_of(WriteKind::PortMap, WriteResult::Written)
-        + c.agent("n3")
+    // The writer counts a write only after the API server answered it, so the condition can be
+    // read before the count moves: wait for the count too.
+    let written = |node: &str| {
+        c.agent(node)
             .metrics
-            .status_writes_of(WriteKind::PortMap, WriteResult::Written);
-    assert!(
-        n2_or_n3_writes > before,
-        "another node took over the PortMap status (n1 wrote {n1_writes})"
-    );
+            .status_writes_of(WriteKind::PortMap, WriteResult::Written)
+    };
+    c.eventually("another node took over the PortMap status", || async {
+        written("n2") + written("n3") > before
+    })
+    .await;
     // n1 no longer accepts: its row is removed, and n3's (not ready) row appears.
     c.eventually("rows follow the class's nodes", || async {
         c.class().await.status.is_some_and(|s| {
