@@ -239,9 +239,10 @@ pub trait Host: Send {
     fn counters(&self) -> impl Future<Output = Result<Vec<MappingCounter>, HostError>> + Send;
 }
 
-/// The real host: nft and rtnetlink on the current network namespace.
-pub struct LinuxHost {
-    handle: rtnetlink::Handle,
+/// The real host: nft and rtnetlink on the current network namespace. Both backends can be
+/// swapped (`with_backends`), so the whole apply runs unprivileged over fakes in tests.
+pub struct LinuxHost<N: netlink::Netlink = netlink::RtNetlink> {
+    netlink: N,
     nft: nft::Nft,
     /// The desired state the kernel was last brought to in full (no refusal): a pass that does
     /// not verify and wants the same skips the kernel.
@@ -258,19 +259,10 @@ impl LinuxHost {
     pub fn new() -> Result<Self, HostError> {
         let (conn, handle, _) = rtnetlink::new_connection().map_err(HostError::Socket)?;
         tokio::spawn(conn);
-        Ok(Self {
-            handle,
-            nft: nft::Nft::new(),
-            last: None,
-            applied: None,
-            marks: MarkLayout::default(),
-        })
-    }
-
-    /// Uses `marks` instead of the default mark layout.
-    pub fn with_marks(mut self, marks: MarkLayout) -> Self {
-        self.marks = marks;
-        self
+        Ok(Self::with_backends(
+            netlink::RtNetlink::new(handle),
+            nft::Nft::new(),
+        ))
     }
 
     /// A stream of link events: any `kup-*` link, and any link named in `watch` (the underlay
@@ -309,6 +301,25 @@ impl LinuxHost {
         });
         Ok(rx)
     }
+}
+
+impl<N: netlink::Netlink> LinuxHost<N> {
+    /// A host over the given backends.
+    pub fn with_backends(netlink: N, nft: nft::Nft) -> Self {
+        Self {
+            netlink,
+            nft,
+            last: None,
+            applied: None,
+            marks: MarkLayout::default(),
+        }
+    }
+
+    /// Uses `marks` instead of the default mark layout.
+    pub fn with_marks(mut self, marks: MarkLayout) -> Self {
+        self.marks = marks;
+        self
+    }
 
     async fn blocking<T: Send + 'static>(
         &self,
@@ -324,7 +335,7 @@ impl LinuxHost {
     }
 }
 
-impl Host for LinuxHost {
+impl<N: netlink::Netlink> Host for LinuxHost<N> {
     async fn apply(&mut self, desired: &HostState, verify: bool) -> Result<ApplyReport, HostError> {
         if !verify && self.last.as_ref() == Some(desired) {
             return Ok(ApplyReport::default());
@@ -332,7 +343,7 @@ impl Host for LinuxHost {
         let mut report = ApplyReport::default();
         // Links first: a link failure must not leave a DNAT toward a dead link. A link the
         // kernel refuses takes only its own rules out of this apply; everything else goes on.
-        let failed = netlink::ensure_links(&self.handle, &desired.links, &mut report).await;
+        let failed = netlink::ensure_links(&self.netlink, &desired.links, &mut report).await;
         let mut applied = desired.clone();
         for (name, error) in failed {
             let cut = applied.without_links(std::slice::from_ref(&name));
@@ -351,10 +362,10 @@ impl Host for LinuxHost {
             applied.nft = applied.nft.without_mappings(&cut);
         }
         report.refused.extend(nft.refused);
-        netlink::reconcile_rules(&self.handle, &applied.rules, self.marks, &mut report).await?;
-        netlink::reconcile_routes(&self.handle, &applied.routes, &mut report).await?;
-        netlink::remove_unwanted_links(&self.handle, &applied.links, &mut report).await?;
-        netlink::ensure_valid_mark(&self.handle, &applied.valid_mark_interfaces, &mut report)
+        netlink::reconcile_rules(&self.netlink, &applied.rules, self.marks, &mut report).await?;
+        netlink::reconcile_routes(&self.netlink, &applied.routes, &mut report).await?;
+        netlink::remove_unwanted_links(&self.netlink, &applied.links, &mut report).await?;
+        netlink::ensure_valid_mark(&self.netlink, &applied.valid_mark_interfaces, &mut report)
             .await?;
         // A refusal is not remembered as applied: the next pass tries the refused parts again.
         self.last = report.refused.is_empty().then(|| desired.clone());
@@ -365,9 +376,9 @@ impl Host for LinuxHost {
     async fn teardown(&mut self) -> Result<(), HostError> {
         let mut report = ApplyReport::default();
         self.blocking(|nft| nft.teardown()).await?;
-        netlink::reconcile_rules(&self.handle, &[], self.marks, &mut report).await?;
-        netlink::reconcile_routes(&self.handle, &[], &mut report).await?;
-        netlink::remove_unwanted_links(&self.handle, &[], &mut report).await?;
+        netlink::reconcile_rules(&self.netlink, &[], self.marks, &mut report).await?;
+        netlink::reconcile_routes(&self.netlink, &[], &mut report).await?;
+        netlink::remove_unwanted_links(&self.netlink, &[], &mut report).await?;
         self.last = None;
         self.applied = None;
         Ok(())
@@ -375,7 +386,7 @@ impl Host for LinuxHost {
 
     async fn facts(&self, query: &FactsQuery) -> Result<HostFacts, HostError> {
         let mut facts = netlink::facts(
-            &self.handle,
+            &self.netlink,
             &query.interfaces,
             query.internal_ip,
             query.marks,
