@@ -5,6 +5,7 @@
 
 pub mod cmd;
 mod events;
+mod failure;
 pub mod health;
 pub mod lifecycle;
 pub mod metrics;

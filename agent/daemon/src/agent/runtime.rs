@@ -21,16 +21,17 @@ use kuport_core::plan::{Plan, plan};
 use kuport_core::snapshot::{
     CILIUM_CONFIG, CniFacts, HostFacts, HostRefusal, Snapshot, node_internal_ip,
 };
-use kuport_host::{ApplyReport, FactsQuery, Host, HostError, HostStage, LinkEvent, Refusal};
+use kuport_host::{ApplyReport, FactsQuery, Host, HostError, LinkEvent, Refusal};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::events::EventSink;
+use super::failure::{InputError, PassError};
 use super::health::Health;
 use super::lifecycle::{self, Lookup, StopAction, StopPolicy};
-use super::metrics::{Metrics, Stage};
+use super::metrics::Metrics;
 use super::status::StatusWriter;
 
 /// Opens a stream of link events for the given underlay devices (besides kuport's own `kup-*`
@@ -229,7 +230,7 @@ impl Schedule {
 
 /// What one pass came to.
 struct PassOutcome {
-    failed: Option<(Stage, String)>,
+    failed: Option<PassError>,
     /// The kernel refused part of the datapath (reported in status): try again soon.
     refused: bool,
     /// Some status must be recomputed from fresher inputs: run again soon.
@@ -448,13 +449,13 @@ impl<H: Host> Agent<H> {
             let now_unix = Timestamp::now().as_millisecond() as f64 / 1000.0;
             self.metrics.observe_pass(
                 started.elapsed().as_secs_f64(),
-                outcome.failed.as_ref().map(|f| f.0),
+                outcome.failed.as_ref().map(PassError::stage),
                 now_unix,
             );
             match &outcome.failed {
                 None => self.health.set_ready(),
-                Some((stage, error)) => tracing::warn!(
-                    stage = stage.as_str(),
+                Some(error) => tracing::warn!(
+                    stage = error.stage().as_str(),
                     "pass failed: {error}; retrying in {:?}",
                     schedule.retry_delay
                 ),
@@ -485,8 +486,8 @@ impl<H: Host> Agent<H> {
         cni_cache: &mut Option<Option<CniFacts>>,
     ) -> (PassOutcome, Option<Vec<String>>) {
         let node = self.config.node_name.clone();
-        let fail = |stage, error: String| PassOutcome {
-            failed: Some((stage, error)),
+        let fail = |error: PassError| PassOutcome {
+            failed: Some(error),
             refused: false,
             recompute: false,
         };
@@ -504,7 +505,7 @@ impl<H: Host> Agent<H> {
                     tracing::debug!("{e}; using the last answer");
                     snapshot.cni = cached.clone();
                 }
-                None => return (fail(Stage::Inputs, e), None),
+                None => return (fail(e), None),
             },
         }
 
@@ -512,7 +513,7 @@ impl<H: Host> Agent<H> {
         query.agent_ports = self.config.agent_ports.clone();
         let mut facts = match self.host.facts(&query).await {
             Ok(f) => f,
-            Err(e) => return (fail(Stage::Facts, format!("reading host facts: {e}")), None),
+            Err(e) => return (fail(PassError::Facts(e)), None),
         };
         facts.refusals = self.refusals.clone();
         let underlay = facts.underlay_device.clone().map(|d| vec![d]);
@@ -520,7 +521,7 @@ impl<H: Host> Agent<H> {
         let plan = match self.plan_and_apply(&snapshot, facts, verify).await {
             Ok(plan) => plan,
             // A failed apply writes no status: it would claim what the host does not have.
-            Err(failed) => return (fail(failed.0, failed.1), underlay),
+            Err(failed) => return (fail(failed), underlay),
         };
         self.metrics.record_plan(&plan);
         match self.host.counters().await {
@@ -539,16 +540,14 @@ impl<H: Host> Agent<H> {
         snapshot: &Snapshot,
         mut facts: HostFacts,
         verify: bool,
-    ) -> Result<Plan, (Stage, String)> {
+    ) -> Result<Plan, PassError> {
         let node = self.config.node_name.clone();
-        let plan = compute_plan(snapshot.clone(), node.clone(), facts.clone())
-            .await
-            .map_err(|e| (Stage::Plan, e))?;
+        let plan = compute_plan(snapshot.clone(), node.clone(), facts.clone()).await?;
         let report = self
             .host
             .apply(&plan.host, verify)
             .await
-            .map_err(|e| (host_stage(&e), format!("applying the datapath: {e}")))?;
+            .map_err(PassError::Apply)?;
         log_apply(&report, &plan.host, verify);
         let refused = Refusal::by_mapping(&report.refused);
         self.metrics.set_refusals(refused.len());
@@ -557,9 +556,7 @@ impl<H: Host> Agent<H> {
         }
         self.refusals = refused;
         facts.refusals = self.refusals.clone();
-        compute_plan(snapshot.clone(), node, facts)
-            .await
-            .map_err(|e| (Stage::Plan, e))
+        compute_plan(snapshot.clone(), node, facts).await
     }
 
     /// Writes the status this node owns; the pass fails at stage `status` when a write did.
@@ -594,24 +591,25 @@ impl<H: Host> Agent<H> {
             );
         }
         PassOutcome {
-            failed: (!status.errors.is_empty()).then(|| (Stage::Status, status.errors.join("; "))),
+            failed: (!status.errors.is_empty()).then(|| PassError::Status(status.errors)),
             refused: !self.refusals.is_empty(),
             recompute: status.recompute > 0,
         }
     }
 
     /// `kube-system/cilium-config`: `Ok(None)` when it does not exist (no CNI facts).
-    async fn read_cni(&self) -> Result<Option<CniFacts>, String> {
+    async fn read_cni(&self) -> Result<Option<CniFacts>, PassError> {
         let (ns, name) = CILIUM_CONFIG;
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), ns);
-        match tokio::time::timeout(self.config.api_timeout, api.get_opt(name)).await {
-            Ok(Ok(cm)) => Ok(cm.as_ref().map(CniFacts::from_cilium_config)),
-            Ok(Err(e)) => Err(format!("reading ConfigMap {ns}/{name}: {e}")),
-            Err(_) => Err(format!(
-                "reading ConfigMap {ns}/{name}: no answer within {:?}",
-                self.config.api_timeout
-            )),
-        }
+        let source = match tokio::time::timeout(self.config.api_timeout, api.get_opt(name)).await {
+            Ok(Ok(cm)) => return Ok(cm.as_ref().map(CniFacts::from_cilium_config)),
+            Ok(Err(e)) => InputError::Api(e),
+            Err(_) => InputError::Timeout(self.config.api_timeout),
+        };
+        Err(PassError::Inputs {
+            object: format!("{ns}/{name}"),
+            source,
+        })
     }
 }
 
@@ -679,21 +677,15 @@ fn facts_query(snapshot: &Snapshot, node: &str, marks: MarkLayout) -> FactsQuery
 }
 
 /// The plan, off the async workers; a panic in it fails the pass instead of the agent.
-async fn compute_plan(snapshot: Snapshot, node: String, facts: HostFacts) -> Result<Plan, String> {
+async fn compute_plan(
+    snapshot: Snapshot,
+    node: String,
+    facts: HostFacts,
+) -> Result<Plan, PassError> {
     let now = Timestamp::now();
     tokio::task::spawn_blocking(move || plan(&snapshot, &node, &facts, now))
         .await
-        .map_err(|e| format!("computing the plan: {e}"))
-}
-
-fn host_stage(e: &HostError) -> Stage {
-    match e.stage() {
-        HostStage::Facts => Stage::Facts,
-        HostStage::Links => Stage::Links,
-        HostStage::Nftables => Stage::Nftables,
-        HostStage::Rules => Stage::Rules,
-        HostStage::Routes => Stage::Routes,
-    }
+        .map_err(PassError::Plan)
 }
 
 /// One info line per applied change; debug for a pass that changed nothing.
@@ -756,7 +748,7 @@ mod schedule_tests {
 
     fn outcome(failed: bool, refused: bool) -> PassOutcome {
         PassOutcome {
-            failed: failed.then(|| (Stage::Links, "refused".to_owned())),
+            failed: failed.then(|| PassError::Status(vec!["refused".to_owned()])),
             refused,
             recompute: false,
         }
