@@ -552,7 +552,7 @@ pub fn leftovers(nft_tables: &str, links: &str) -> Vec<String> {
     for line in links.lines() {
         if let Some(name) = line.split(": ").nth(1) {
             let name = name.split('@').next().unwrap_or(name);
-            if name.starts_with("kup-") {
+            if name.starts_with(kuport_core::ir::LINK_PREFIX) {
                 left.push(format!("link {name}"));
             }
         }

@@ -440,7 +440,7 @@ fn count_links(ns: &Netns) -> usize {
             .context("listing links")?;
         Ok(String::from_utf8_lossy(&out.stdout)
             .lines()
-            .filter(|l| l.starts_with("kup-"))
+            .filter(|l| l.starts_with(kuport_core::ir::LINK_PREFIX))
             .count())
     })
     .unwrap_or(0)
