@@ -491,7 +491,10 @@ impl WatchStream {
                 self.pending.extend(batch);
                 continue;
             }
+            // Biased: a simulated run must replay exactly, and tokio's random branch order
+            // is seeded per process.
             tokio::select! {
+                biased;
                 changed = self.changes.changed() => {
                     if changed.is_err() {
                         self.done = true;

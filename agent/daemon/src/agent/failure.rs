@@ -25,7 +25,7 @@ pub enum PassError {
     Facts(#[source] HostError),
     /// The plan did not finish (it panicked: a bug, reported rather than crashing the agent).
     #[error("computing the plan: {0}")]
-    Plan(#[source] tokio::task::JoinError),
+    Plan(String),
     /// The kernel refused the datapath as a whole (a part it refused alone is a refusal, not a
     /// failure).
     #[error("applying the datapath: {0}")]

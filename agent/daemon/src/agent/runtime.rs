@@ -64,6 +64,43 @@ pub struct AgentConfig {
     pub stop_policy: StopPolicy,
     /// The agent's own listening ports: mappings are refused them on the addresses they bind.
     pub agent_ports: Vec<u16>,
+    /// Where wall-clock time comes from: the plan's `now` (claim ages, condition times) and
+    /// status timestamps. The simulator gives each agent its own skewed, simulated clock.
+    pub clock: Clock,
+    /// Seeds the jitter of the watches' retry delays (so agents restarted together do not
+    /// retry in step). The simulator fixes it so a run replays exactly.
+    pub jitter_seed: u64,
+    /// Computes the plan on a blocking thread (the default: a large plan must not hold an
+    /// async worker). The simulator computes it inline, where another thread would make a run
+    /// depend on the operating system's scheduler.
+    pub plan_on_blocking_thread: bool,
+}
+
+/// A source of wall-clock time.
+#[derive(Clone)]
+pub struct Clock(Arc<dyn Fn() -> Timestamp + Send + Sync>);
+
+impl Clock {
+    /// The system clock.
+    pub fn system() -> Self {
+        Self(Arc::new(Timestamp::now))
+    }
+
+    /// A clock reading `now`.
+    pub fn from_fn(now: impl Fn() -> Timestamp + Send + Sync + 'static) -> Self {
+        Self(Arc::new(now))
+    }
+
+    /// The time now.
+    pub fn now(&self) -> Timestamp {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for Clock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Clock({})", self.now())
+    }
 }
 
 impl AgentConfig {
@@ -79,8 +116,26 @@ impl AgentConfig {
             marks: MarkLayout::default(),
             stop_policy: StopPolicy::Keep,
             agent_ports: Vec::new(),
+            clock: Clock::system(),
+            jitter_seed: jitter_seed_for(&process_start_identity()),
+            plan_on_blocking_thread: true,
         }
     }
+}
+
+/// Mixes the process id and the start time: distinct on every start of every agent.
+fn process_start_identity() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{}/{nanos}", std::process::id())
+}
+
+/// A 64-bit seed from a string (FNV-1a: the seed needs spreading, not secrecy).
+fn jitter_seed_for(source: &str) -> u64 {
+    source.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// Why the agent stopped other than by cancellation.
@@ -118,11 +173,15 @@ macro_rules! watched_kinds {
             tasks: Vec<JoinHandle<()>>,
         }
 
-        fn start_inputs(client: &kube::Client, dirty: &mpsc::Sender<()>) -> Inputs {
+        fn start_inputs(client: &kube::Client, dirty: &mpsc::Sender<()>, jitter_seed: u64) -> Inputs {
             let mut tasks = Vec::new();
             $(
-                let ($field, task) =
-                    reflect::<$kind>(Api::all(client.clone()), dirty, stringify!($kind));
+                let ($field, task) = reflect::<$kind>(
+                    Api::all(client.clone()),
+                    dirty,
+                    stringify!($kind),
+                    jitter_seed,
+                );
                 tasks.push(task);
             )*
             Inputs { $($field,)* tasks }
@@ -142,10 +201,17 @@ macro_rules! watched_kinds {
 
         impl Inputs {
             fn snapshot(&self) -> Snapshot {
+                /// A store's objects by namespace and name: a store lists in hash order,
+                /// which must not reach the plan (nor make a simulated run differ).
                 fn all<K: Clone + kube::Resource<DynamicType = ()> + 'static>(
                     s: &Store<K>,
                 ) -> Vec<K> {
-                    s.state().iter().map(|o| (**o).clone()).collect()
+                    let mut objects: Vec<K> = s.state().iter().map(|o| (**o).clone()).collect();
+                    objects.sort_by(|a, b| {
+                        let key = |o: &K| (o.meta().namespace.clone(), o.meta().name.clone());
+                        key(a).cmp(&key(b))
+                    });
+                    objects
                 }
                 Snapshot {
                     $($snapshot: all(&self.$field),)*
@@ -381,7 +447,7 @@ impl<H: Host> Agent<H> {
     async fn run_loop(&mut self, shutdown: &CancellationToken) -> Result<(), AgentError> {
         // Capacity 1: a full channel already means "dirty", so watch events coalesce here.
         let (dirty_tx, mut dirty_rx) = mpsc::channel::<()>(1);
-        let inputs = start_inputs(&self.client, &dirty_tx);
+        let inputs = start_inputs(&self.client, &dirty_tx, self.config.jitter_seed);
         let events = EventSink::start(
             self.client.clone(),
             &self.config.node_name,
@@ -389,6 +455,7 @@ impl<H: Host> Agent<H> {
         );
 
         tokio::select! {
+            biased;
             _ = shutdown.cancelled() => return Ok(()),
             synced = wait_synced(&inputs) => synced?,
         }
@@ -404,7 +471,10 @@ impl<H: Host> Agent<H> {
             // compares against the kernel (not the last applied state) can see what is gone.
             let mut link_changed = false;
             if !schedule.first {
+                // Biased (in this order) rather than random: a run must replay exactly in the
+                // simulator, and every branch here leads to the same pass anyway.
                 let link_event = tokio::select! {
+                    biased;
                     _ = shutdown.cancelled() => return Ok(()),
                     Some(()) = dirty_rx.recv() => None,
                     event = next_link_event(&mut links) => Some(event),
@@ -429,6 +499,7 @@ impl<H: Host> Agent<H> {
                 }
                 // Let a burst of watch events settle into one pass.
                 tokio::select! {
+                    biased;
                     _ = shutdown.cancelled() => return Ok(()),
                     _ = tokio::time::sleep(self.config.debounce) => {}
                 }
@@ -443,10 +514,11 @@ impl<H: Host> Agent<H> {
 
             let started = Instant::now();
             let (outcome, underlay) = tokio::select! {
+                biased;
                 _ = shutdown.cancelled() => return Ok(()),
                 o = self.pass(&inputs, &events, verify, &mut cni_cache) => o,
             };
-            let now_unix = Timestamp::now().as_millisecond() as f64 / 1000.0;
+            let now_unix = self.config.clock.now().as_millisecond() as f64 / 1000.0;
             self.metrics.observe_pass(
                 started.elapsed().as_secs_f64(),
                 outcome.failed.as_ref().map(PassError::stage),
@@ -542,7 +614,15 @@ impl<H: Host> Agent<H> {
         verify: bool,
     ) -> Result<Plan, PassError> {
         let node = self.config.node_name.clone();
-        let plan = compute_plan(snapshot.clone(), node.clone(), facts.clone()).await?;
+        let (clock, blocking) = (&self.config.clock, self.config.plan_on_blocking_thread);
+        let plan = compute_plan(
+            snapshot.clone(),
+            node.clone(),
+            facts.clone(),
+            clock,
+            blocking,
+        )
+        .await?;
         let report = self
             .host
             .apply(&plan.host, verify)
@@ -556,7 +636,7 @@ impl<H: Host> Agent<H> {
         }
         self.refusals = refused;
         facts.refusals = self.refusals.clone();
-        compute_plan(snapshot.clone(), node, facts).await
+        compute_plan(snapshot.clone(), node, facts, clock, blocking).await
     }
 
     /// Writes the status this node owns; the pass fails at stage `status` when a write did.
@@ -579,7 +659,7 @@ impl<H: Host> Agent<H> {
                 &plan.writes,
                 &inputs.portmaps,
                 &snapshot.classes,
-                Timestamp::now(),
+                self.config.clock.now(),
             )
             .await;
         if status.written > 0 {
@@ -619,6 +699,7 @@ fn reflect<K>(
     api: Api<K>,
     dirty: &mpsc::Sender<()>,
     kind: &'static str,
+    jitter_seed: u64,
 ) -> (Store<K>, JoinHandle<()>)
 where
     K: kube::Resource<DynamicType = ()>
@@ -633,7 +714,7 @@ where
     let stream = reflector::reflector(
         writer,
         watcher(api, watcher::Config::default())
-            .default_backoff()
+            .backoff(watch_backoff(jitter_seed ^ jitter_seed_for(kind)))
             // Managed fields are never read; not caching them keeps the stores small.
             .modify(|o| o.meta_mut().managed_fields = None),
     );
@@ -676,16 +757,39 @@ fn facts_query(snapshot: &Snapshot, node: &str, marks: MarkLayout) -> FactsQuery
     }
 }
 
-/// The plan, off the async workers; a panic in it fails the pass instead of the agent.
+/// The plan, off the async workers unless configured inline; a panic in it fails the pass
+/// instead of the agent.
 async fn compute_plan(
     snapshot: Snapshot,
     node: String,
     facts: HostFacts,
+    clock: &Clock,
+    blocking: bool,
 ) -> Result<Plan, PassError> {
-    let now = Timestamp::now();
-    tokio::task::spawn_blocking(move || plan(&snapshot, &node, &facts, now))
-        .await
-        .map_err(PassError::Plan)
+    let now = clock.now();
+    if blocking {
+        return tokio::task::spawn_blocking(move || plan(&snapshot, &node, &facts, now))
+            .await
+            .map_err(|e| PassError::Plan(e.to_string()));
+    }
+    std::panic::catch_unwind(|| plan(&snapshot, &node, &facts, now))
+        .map_err(|_| PassError::Plan("the plan panicked".to_owned()))
+}
+
+/// The watches' retry delays: kube-runtime's default policy (0.8 s doubling to 30 s, reset
+/// after 2 min without errors, jittered), with the jitter drawn from `seed`.
+fn watch_backoff(seed: u64) -> impl kube::runtime::utils::Backoff {
+    let policy = backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(800))
+        .with_max_delay(Duration::from_secs(30))
+        .with_factor(2.0)
+        .without_max_times()
+        .with_jitter()
+        .with_jitter_seed(seed);
+    kube::runtime::utils::ResetTimerBackoff::new(
+        kube::runtime::watcher::ExponentialBackoff::from(policy),
+        Duration::from_secs(120),
+    )
 }
 
 /// One info line per applied change; debug for a pass that changed nothing.
