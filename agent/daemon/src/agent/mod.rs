@@ -15,5 +15,5 @@ pub mod status;
 pub use health::{Health, health_router, metrics_router};
 pub use lifecycle::{StopAction, StopPolicy};
 pub use metrics::{Metrics, Stage, WriteKind, WriteResult};
-pub use runtime::{Agent, AgentConfig, AgentError, Clock, LinkWatch};
+pub use runtime::{Agent, AgentConfig, AgentError, Clock, LinkWatch, PassHook};
 pub use tokio_util::sync::CancellationToken;

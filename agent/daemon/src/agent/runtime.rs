@@ -39,6 +39,11 @@ use super::status::StatusWriter;
 pub type LinkWatch =
     Box<dyn FnMut(Vec<String>) -> Result<mpsc::Receiver<LinkEvent>, HostError> + Send + Sync>;
 
+/// Sees (and may change) every plan a pass computes, before it is applied and its status
+/// written: the simulator records each agent's decisions through it, and injects deliberately
+/// broken decisions to prove its invariants catch them.
+pub type PassHook = Arc<dyn Fn(&Snapshot, &mut Plan) + Send + Sync>;
+
 /// How long each read deciding a stop may take (three reads fit well inside the DaemonSet's
 /// termination grace period).
 const STOP_LOOKUP_TIMEOUT: Duration = Duration::from_secs(3);
@@ -157,6 +162,7 @@ pub struct Agent<H: Host> {
     metrics: Arc<Metrics>,
     health: Health,
     link_watch: Option<LinkWatch>,
+    pass_hook: Option<PassHook>,
     /// What the kernel refused in the last apply, by mapping: planned into this node's class
     /// rows until an apply succeeds in full.
     refusals: Vec<HostRefusal>,
@@ -313,6 +319,7 @@ impl<H: Host> Agent<H> {
             metrics: Arc::new(Metrics::new()),
             health: Health::default(),
             link_watch: None,
+            pass_hook: None,
             refusals: Vec::new(),
         }
     }
@@ -321,6 +328,12 @@ impl<H: Host> Agent<H> {
     /// device (a restarted mesh daemon deletes every link bound to its device).
     pub fn with_link_watch(mut self, watch: LinkWatch) -> Self {
         self.link_watch = Some(watch);
+        self
+    }
+
+    /// Calls `hook` with every plan a pass computes (see [`PassHook`]).
+    pub fn with_pass_hook(mut self, hook: PassHook) -> Self {
+        self.pass_hook = Some(hook);
         self
     }
 
@@ -615,7 +628,7 @@ impl<H: Host> Agent<H> {
     ) -> Result<Plan, PassError> {
         let node = self.config.node_name.clone();
         let (clock, blocking) = (&self.config.clock, self.config.plan_on_blocking_thread);
-        let plan = compute_plan(
+        let mut plan = compute_plan(
             snapshot.clone(),
             node.clone(),
             facts.clone(),
@@ -623,6 +636,7 @@ impl<H: Host> Agent<H> {
             blocking,
         )
         .await?;
+        self.run_hook(snapshot, &mut plan);
         let report = self
             .host
             .apply(&plan.host, verify)
@@ -636,7 +650,15 @@ impl<H: Host> Agent<H> {
         }
         self.refusals = refused;
         facts.refusals = self.refusals.clone();
-        compute_plan(snapshot.clone(), node, facts, clock, blocking).await
+        let mut plan = compute_plan(snapshot.clone(), node, facts, clock, blocking).await?;
+        self.run_hook(snapshot, &mut plan);
+        Ok(plan)
+    }
+
+    fn run_hook(&self, snapshot: &Snapshot, plan: &mut Plan) {
+        if let Some(hook) = &self.pass_hook {
+            hook(snapshot, plan);
+        }
     }
 
     /// Writes the status this node owns; the pass fails at stage `status` when a write did.

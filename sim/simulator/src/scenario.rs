@@ -1,0 +1,252 @@
+//! Scenarios over many seeds: each seed builds a world, runs the scenario's script (cluster
+//! changes and faults), stops the faults, lets the cluster quiesce and checks the invariants.
+//! One summary line per scenario; a failing seed is printed and replays with
+//! `KUPORT_SIM_SEED=<seed>`.
+
+use std::time::Duration;
+
+use kuport::agent::PassHook;
+use serde_json::{Value, json};
+
+use crate::check::{Violation, quiesce};
+use crate::net::Tamper;
+use crate::world::{World, WorldConfig, WorldError};
+
+/// A scenario's script: changes the cluster (through `World`), with faults, over simulated
+/// time. It calls [`World::changed`] after each input change.
+pub type Script = fn(&mut World) -> Result<(), WorldError>;
+
+/// A scenario.
+pub struct Scenario {
+    /// Its name, in the summary line.
+    pub name: &'static str,
+    /// Node names (each runs an agent).
+    pub nodes: &'static [&'static str],
+    /// What happens.
+    pub script: Script,
+}
+
+/// A deliberately broken agent, to prove an invariant catches it.
+#[derive(Clone, Default)]
+pub struct Variant {
+    /// Changes every plan.
+    pub plan_fault: Option<PassHook>,
+    /// Changes every request on the wire.
+    pub wire_fault: Option<Tamper>,
+}
+
+/// One seed's run.
+#[derive(Debug)]
+pub struct SeedRun {
+    /// The seed.
+    pub seed: u64,
+    /// What broke.
+    pub violations: Vec<Violation>,
+    /// From each change to convergence on it.
+    pub convergence: Vec<Duration>,
+    /// Agent API requests per input change.
+    pub requests_per_change: f64,
+    /// What a replay of the seed must reproduce ([`World::digest`]).
+    pub digest: u64,
+}
+
+/// Runs one seed of `scenario`.
+pub fn run_seed(scenario: &Scenario, seed: u64, variant: &Variant) -> Result<SeedRun, WorldError> {
+    let mut world = World::new(WorldConfig {
+        seed,
+        nodes: scenario.nodes.iter().map(|n| (*n).to_owned()).collect(),
+        plan_fault: variant.plan_fault.clone(),
+        wire_fault: variant.wire_fault.clone(),
+    })?;
+    // Agents start, list and settle on the empty cluster.
+    world.run_for(Duration::from_secs(1))?;
+    (scenario.script)(&mut world)?;
+    world.api.faults().clear();
+    for node in world.nodes.keys().cloned().collect::<Vec<_>>() {
+        world.partition(&node, false);
+        world.restart(&node);
+    }
+    world.changed();
+    quiesce(&mut world, Duration::from_secs(60))?;
+    let changes = world.changes.max(1);
+    Ok(SeedRun {
+        seed,
+        violations: world.violations.found.clone(),
+        convergence: world.convergence.clone(),
+        requests_per_change: world.agent_requests() as f64 / changes as f64,
+        digest: world.digest(),
+    })
+}
+
+/// The seeds to run: `KUPORT_SIM_SEED` alone when set (a replay), else `count` seeds from
+/// `first` (`KUPORT_SIM_SEEDS` overrides the count, for the long sweep).
+pub fn seeds(first: u64, count: u64) -> Vec<u64> {
+    if let Some(seed) = std::env::var("KUPORT_SIM_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        return vec![seed];
+    }
+    let count = std::env::var("KUPORT_SIM_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(count);
+    (first..first + count).collect()
+}
+
+/// What a scenario's seeds came to.
+#[derive(Debug)]
+pub struct Summary {
+    /// Seeds run.
+    pub seeds: usize,
+    /// The failing seeds with what broke.
+    pub failures: Vec<(u64, Vec<Violation>)>,
+    /// The summary line.
+    pub line: String,
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// Runs `scenario` over `seeds` with `variant`, printing the summary line and each failing
+/// seed's first violations.
+pub fn run(scenario: &Scenario, seeds: &[u64], variant: &Variant) -> Summary {
+    let mut failures = Vec::new();
+    let mut convergence = Vec::new();
+    let mut requests = Vec::new();
+    for &seed in seeds {
+        match run_seed(scenario, seed, variant) {
+            Ok(run) => {
+                convergence.extend(run.convergence);
+                requests.push(run.requests_per_change);
+                if !run.violations.is_empty() {
+                    failures.push((seed, run.violations));
+                }
+            }
+            Err(e) => failures.push((
+                seed,
+                vec![Violation {
+                    at: Duration::ZERO,
+                    invariant: "harness",
+                    detail: e.to_string(),
+                }],
+            )),
+        }
+    }
+    convergence.sort();
+    let mean_requests = requests.iter().sum::<f64>() / requests.len().max(1) as f64;
+    let violations: usize = failures.iter().map(|(_, v)| v.len()).sum();
+    let line = format!(
+        "sim {}: {} seeds, {} violations, convergence p50/p99 {}/{} ms simulated, {:.0} API requests per change",
+        scenario.name,
+        seeds.len(),
+        violations,
+        percentile(&convergence, 0.5).as_millis(),
+        percentile(&convergence, 0.99).as_millis(),
+        mean_requests,
+    );
+    println!("{line}");
+    for (seed, found) in &failures {
+        println!("  seed {seed} (replay: KUPORT_SIM_SEED={seed}):");
+        for v in found.iter().take(5) {
+            println!("    at {:?}: {}: {}", v.at, v.invariant, v.detail);
+        }
+    }
+    Summary {
+        seeds: seeds.len(),
+        failures,
+        line,
+    }
+}
+
+// ---- the objects scenarios create ----
+
+/// A class accepting on `nodes` (interface `eth0`), Single or Multi; `index` keeps classes'
+/// return-link settings (VNI, port, subnet) apart.
+pub fn class(name: &str, index: u8, nodes: &[&str], multi: bool) -> Value {
+    let nodes: serde_json::Map<String, Value> = nodes
+        .iter()
+        .map(|n| ((*n).to_owned(), json!({"interfaces": ["eth0"]})))
+        .collect();
+    json!({
+        "apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMapClass",
+        "metadata": {"name": name},
+        "spec": {"nodes": nodes, "servingMode": if multi { "Multi" } else { "Single" },
+                 "returnPath": {"mode": "Vxlan", "vxlan": {
+                     "vni": 5000 + 1000 * i32::from(index),
+                     "port": 4790 + i32::from(index),
+                     "subnet": format!("169.254.{}.0/24", 77 + index)}}},
+    })
+}
+
+/// A UDP PortMap `games/<name>` of `class` on `port`, aimed at Service `<service>` port `game`.
+pub fn portmap(name: &str, class: &str, port: u16, service: &str) -> Value {
+    json!({
+        "apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMap",
+        "metadata": {"name": name, "namespace": "games"},
+        "spec": {"className": class, "protocol": "UDP", "port": port,
+                 "serviceRef": {"name": service, "port": "game"}},
+    })
+}
+
+/// The EndpointSlice of Service `<service>` with its one pod on `node` (none when `None`),
+/// ready or not.
+pub fn slice(service: &str, node: Option<&str>, ready: bool) -> Value {
+    let endpoints: Vec<Value> = node
+        .map(|n| {
+            let host = n.trim_start_matches(|c: char| !c.is_ascii_digit());
+            json!({"addresses": [format!("10.244.{host}.5")], "conditions": {"ready": ready},
+                   "nodeName": n,
+                   "targetRef": {"kind": "Pod", "name": format!("{service}-0"), "namespace": "games"}})
+        })
+        .into_iter()
+        .collect();
+    json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": format!("{service}-x"), "namespace": "games",
+                     "labels": {"kubernetes.io/service-name": service}},
+        "addressType": "IPv4",
+        "ports": [{"name": "game", "protocol": "UDP", "port": 3000}],
+        "endpoints": endpoints,
+    })
+}
+
+impl World {
+    /// Puts Service `<service>`'s pod on `node` (or nowhere), ready or not: creates the slice
+    /// or replaces its endpoints.
+    pub fn place_pod(
+        &mut self,
+        service: &str,
+        node: Option<&str>,
+        ready: bool,
+    ) -> Result<(), WorldError> {
+        let name = format!("{service}-x");
+        let want = slice(service, node, ready);
+        let exists = self
+            .object("discovery.k8s.io/v1", "endpointslices", "games", &name)
+            .is_some();
+        if exists {
+            let endpoints = want["endpoints"].clone();
+            self.edit(
+                ("discovery.k8s.io/v1", "EndpointSlice"),
+                Some("games"),
+                &name,
+                move |o| o["endpoints"] = endpoints.clone(),
+            )?;
+        } else {
+            self.create(&want)?;
+        }
+        self.changed();
+        Ok(())
+    }
+
+    /// Picks one of `items` with the scenario's generator.
+    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.rng.below(items.len())]
+    }
+}
