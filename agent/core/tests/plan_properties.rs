@@ -1,7 +1,8 @@
 //! Property tests of the plan over arbitrary small clusters (`spec/plan.md`, `spec/targets.md`):
 //! no panic, determinism under shuffled inputs, one global decision whatever the computing node,
 //! a reason for every PortMap, one status writer per PortMap, unique link slots, no return link
-//! before its claim has landed, and port conflicts as the spec defines them.
+//! before its claim has landed, proposals that land once written, and port conflicts as the spec
+//! defines them.
 //!
 //! Clusters hold API-valid objects (one object per name, one class row per node, one claim per
 //! key) with invalid contents; before planning, up to two rounds of every node's status writes
@@ -942,7 +943,7 @@ fn write_status(snap: &mut Snapshot, p: &Plan) {
             .find(|c| c.metadata.name.as_deref() == Some(name.as_str()));
         if let Some(class) = stored {
             let before = class.status.clone().unwrap_or_default();
-            let merged = merge_class_status(&before, &p.node, AGENT_VERSION, &part, now());
+            let merged = merge_class_status(class, &p.node, AGENT_VERSION, &part, now());
             if merged.status != before {
                 class.status = Some(merged.status);
             }
@@ -1430,6 +1431,39 @@ proptest! {
             }
         }
     }
+    /// (i) Proposals land: when every node writes what it planned from one snapshot, each pair
+    /// proposed holds a landed claim afterwards, as the plan reads the class again. The plan hands
+    /// each free slot to one pair and no write of the round takes a slot the plan saw free, so
+    /// nothing may keep a proposal out: one that never lands leaves its pair without a link for
+    /// good. The claim need not sit at the proposed slot: a GC drop in the same round can make
+    /// the pair's own entry, ignored while it shared its slot with an earlier key, count again,
+    /// and then that entry's slot is the one that counts.
+    #[test]
+    fn proposals_land_when_written(m in model(), seed in any::<u64>()) {
+        let mut snap = snapshot(&m);
+        let mut plans: Vec<Plan> = m.nodes.iter().map(|n| plan_of(&m, &snap, n.name)).collect();
+        Rng(seed).shuffle(&mut plans);
+        for p in &plans {
+            write_status(&mut snap, p);
+        }
+        for p in plans.iter().filter(|p| !p.writes.claims.is_empty()) {
+            let again = plan_of(&m, &snap, &p.node);
+            for claim in &p.writes.claims {
+                let landed = again
+                    .classes
+                    .iter()
+                    .filter(|c| c.name == claim.class)
+                    .flat_map(|c| &c.links)
+                    .any(|l| l.key == claim.key && l.landed);
+                prop_assert!(
+                    landed,
+                    "node {} proposed {} at slot {} in class {}, which did not land: {:?}",
+                    p.node, claim.key, claim.slot, claim.class, claims_of(&snap, &claim.class)
+                );
+            }
+        }
+    }
+
     /// (h) Conflicts follow the spec: accepted mappings never share a port of one protocol on a
     /// (node, interface) both could bind, and each `PortConflict` names an earlier accepted
     /// mapping that does.

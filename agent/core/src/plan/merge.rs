@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
+use super::classes::{usable_slots, valid_claims};
 use super::{
     CLAIM_GC_AFTER_SECONDS, ClaimProposal, ClassRowWrite, GcAction, GcKind, RefusalWrite, Writes,
 };
@@ -95,16 +96,19 @@ pub fn class_parts<'a>(
     parts
 }
 
-/// Merges the part of `node` into `stored`, touching nothing that belongs to another node. Its
-/// row is stamped with `agent_version` (the version of the agent writing, which is not
-/// necessarily this crate's) and, when due, with `now` as its pass time.
+/// Merges the part of `node` into the status of `class` (as read from the API server), touching
+/// nothing that belongs to another node. Its row is stamped with `agent_version` (the version
+/// of the agent writing, which is not necessarily this crate's) and, when due, with `now` as its
+/// pass time. The class's spec is read too: which link entries count as claims depends on its
+/// subnet and VNI, exactly as in the plan.
 pub fn merge_class_status(
-    stored: &PortMapClassStatus,
+    class: &PortMapClass,
     node: &str,
     agent_version: &str,
     part: &ClassPart<'_>,
     now: Timestamp,
 ) -> ClassMerge {
+    let stored = class.status.clone().unwrap_or_default();
     let mut status = stored.clone();
     let ready_flipped = match part.row {
         Some(write) => merge_row(&mut status, node, agent_version, write, now),
@@ -114,7 +118,7 @@ pub fn merge_class_status(
             None
         }
     };
-    let dropped = land_claims(&mut status, &part.claims);
+    let dropped = land_claims(&mut status, usable_slots(class), &part.claims);
     collect_claims(&mut status, &part.gc, now);
     // This node's refusals replace the entries it wrote before; other nodes' stay.
     status.refused.retain(|r| r.node != node);
@@ -128,7 +132,7 @@ pub fn merge_class_status(
     status.refused.sort();
     status.refused.dedup();
     let (nodes_left, nodes_joined) = match part.row {
-        Some(write) => summarise(stored, &mut status, write),
+        Some(write) => summarise(&stored, &mut status, write),
         None => (Vec::new(), Vec::new()),
     };
     ClassMerge {
@@ -198,25 +202,37 @@ fn merge_row(
 }
 
 /// Lands proposals on slots still free in the fresh object, in key order; returns the keys of
-/// those dropped because another pair holds their slot.
-fn land_claims(status: &mut PortMapClassStatus, claims: &[&ClaimProposal]) -> Vec<String> {
+/// those dropped because another pair holds their slot (or the slot left the usable range).
+///
+/// "Holds" is read as the plan reads claims (`valid_claims`): the plan proposes a fresh slot for
+/// a pair whose entry it ignores (a slot out of range, say after the subnet shrank, or one
+/// lost to another key) and may propose a slot that only ignored entries sit on (a malformed
+/// key). Those entries give way to the proposal, which would otherwise be refused on every pass
+/// and leave the pair without a link for good; removing them keeps every slot held at most once.
+fn land_claims(
+    status: &mut PortMapClassStatus,
+    usable_slots: u32,
+    claims: &[&ClaimProposal],
+) -> Vec<String> {
     let mut dropped = Vec::new();
     for claim in claims {
-        if status.links.iter().any(|l| l.key == claim.key) {
+        // Read afresh for each proposal: the ones landed before it hold their slots too.
+        let held = valid_claims(&status.links, usable_slots);
+        if held.contains_key(&claim.key) {
             // Another writer landed the pair already; its slot is the one that counts.
             continue;
         }
-        let taken = status
-            .links
-            .iter()
-            .any(|l| u32::try_from(l.slot).ok() == Some(claim.slot));
-        let slot = match (taken, i32::try_from(claim.slot)) {
-            (false, Ok(slot)) => slot,
+        let free = claim.slot < usable_slots && held.values().all(|c| c.slot != claim.slot);
+        let slot = match (free, i32::try_from(claim.slot)) {
+            (true, Ok(slot)) => slot,
             _ => {
                 dropped.push(claim.key.clone());
                 continue;
             }
         };
+        status
+            .links
+            .retain(|l| l.key != claim.key && l.slot != slot);
         let at = status
             .links
             .iter()
@@ -383,6 +399,17 @@ mod tests {
 
     const NOW: &str = "2026-01-02T00:00:00Z";
 
+    /// Merges into the status of a class `public` with the default subnet (128 slots).
+    fn merge_status(
+        stored: &PortMapClassStatus,
+        node: &str,
+        version: &str,
+        part: &ClassPart<'_>,
+        now: Timestamp,
+    ) -> ClassMerge {
+        merge_class_status(&class("public", stored.clone()), node, version, part, now)
+    }
+
     /// A Vxlan class with the default subnet (128 slots) and `status`.
     fn class(name: &str, status: PortMapClassStatus) -> PortMapClass {
         let mut class: PortMapClass = serde_json::from_value(serde_json::json!({
@@ -413,7 +440,7 @@ mod tests {
             row: Some(&write),
             ..Default::default()
         };
-        let merged = merge_class_status(&stored, "m-node", VERSION, &part, ts(NOW));
+        let merged = merge_status(&stored, "m-node", VERSION, &part, ts(NOW));
         let names: Vec<&str> = merged
             .status
             .nodes
@@ -448,14 +475,13 @@ mod tests {
             refused: vec![&write],
             ..Default::default()
         };
-        let merged = merge_class_status(&stored, "b", VERSION, &part, ts(NOW));
+        let merged = merge_status(&stored, "b", VERSION, &part, ts(NOW));
         assert_eq!(
             merged.status.refused,
             [entry("a", "games/x"), entry("b", "games/new")]
         );
         // Nothing refused any more: this node's entries go, the other node's stay.
-        let merged =
-            merge_class_status(&merged.status, "b", VERSION, &ClassPart::default(), ts(NOW));
+        let merged = merge_status(&merged.status, "b", VERSION, &ClassPart::default(), ts(NOW));
         assert_eq!(merged.status.refused, [entry("a", "games/x")]);
     }
 
@@ -489,7 +515,7 @@ mod tests {
             row: Some(&write),
             ..Default::default()
         };
-        let merged = merge_class_status(&stored, "n1", VERSION, &part, ts(NOW));
+        let merged = merge_status(&stored, "n1", VERSION, &part, ts(NOW));
         assert_eq!(merged.status, stored);
         assert_eq!(merged.ready_flipped, None);
         // A reason change without a flip is written, but is no flip.
@@ -501,7 +527,7 @@ mod tests {
             row: Some(&write),
             ..Default::default()
         };
-        let merged = merge_class_status(&stored, "n1", VERSION, &part, ts(NOW));
+        let merged = merge_status(&stored, "n1", VERSION, &part, ts(NOW));
         assert_eq!(merged.status.conditions[0].reason, "Other");
         assert_eq!(merged.ready_flipped, None);
     }
@@ -528,18 +554,18 @@ mod tests {
         };
         let recent = status(stamped("n1", "2026-01-01T23:59:01Z"));
         assert_eq!(
-            merge_class_status(&recent, "n1", VERSION, &part, ts(NOW)).status,
+            merge_status(&recent, "n1", VERSION, &part, ts(NOW)).status,
             recent
         );
         let old = status(stamped("n1", "2026-01-01T23:59:00Z"));
         assert_eq!(
-            merge_class_status(&old, "n1", VERSION, &part, ts(NOW)).status,
+            merge_status(&old, "n1", VERSION, &part, ts(NOW)).status,
             status(stamped("n1", NOW))
         );
         let mut other_version = stamped("n1", "2026-01-01T23:59:30Z");
         other_version.agent_version = Some("0.0.0-old".into());
         assert_eq!(
-            merge_class_status(&status(other_version), "n1", VERSION, &part, ts(NOW)).status,
+            merge_status(&status(other_version), "n1", VERSION, &part, ts(NOW)).status,
             status(stamped("n1", NOW))
         );
     }
@@ -570,7 +596,7 @@ mod tests {
             row: Some(&write),
             ..Default::default()
         };
-        let merged = merge_class_status(&fresh, "n1", VERSION, &part, ts(NOW));
+        let merged = merge_status(&fresh, "n1", VERSION, &part, ts(NOW));
         assert_eq!(merged.status.ready_nodes, ["n1"]);
         assert_eq!(merged.status.nodes_summary.as_deref(), Some("1/3 n1"));
         assert_eq!(
@@ -585,7 +611,7 @@ mod tests {
         );
         assert!(merged.nodes_joined.is_empty());
         // Written once, the next pass finds nothing to report.
-        let again = merge_class_status(&merged.status, "n1", VERSION, &part, ts(NOW));
+        let again = merge_status(&merged.status, "n1", VERSION, &part, ts(NOW));
         assert_eq!(again.status, merged.status);
         assert!(again.nodes_left.is_empty() && again.nodes_joined.is_empty());
         // n3 comes back.
@@ -597,7 +623,7 @@ mod tests {
             row: Some(&write),
             ..Default::default()
         };
-        let back = merge_class_status(&merged.status, "n1", VERSION, &part, ts(NOW));
+        let back = merge_status(&merged.status, "n1", VERSION, &part, ts(NOW));
         assert_eq!(back.status.nodes_summary.as_deref(), Some("2/3 n1,n3"));
         assert_eq!(back.nodes_joined, ["n3"]);
     }
@@ -608,7 +634,7 @@ mod tests {
             nodes: vec![row("n1"), row("n2")],
             ..Default::default()
         };
-        let merged = merge_class_status(&stored, "n1", VERSION, &ClassPart::default(), ts(NOW));
+        let merged = merge_status(&stored, "n1", VERSION, &ClassPart::default(), ts(NOW));
         assert_eq!(merged.status.nodes, vec![row("n2")]);
     }
 
@@ -681,12 +707,65 @@ mod tests {
             claims: vec![&taken, &free, &landed],
             ..Default::default()
         };
-        let merged = merge_class_status(&stored, "n2", VERSION, &part, ts(NOW));
+        let merged = merge_status(&stored, "n2", VERSION, &part, ts(NOW));
         assert_eq!(merged.dropped, ["n1/n2"]);
         assert_eq!(
             merged.status.links,
             vec![link("n1/n3", 0), link("n1/n4", 1)]
         );
+    }
+
+    #[test]
+    fn entries_the_plan_ignores_give_way_to_its_proposals() {
+        // What the plan reads past: a slot beyond the subnet's 128 (left by a larger subnet), a
+        // key that is not a sorted pair, and the later key of two on one slot. It proposes fresh
+        // slots for those pairs, and before the merge read claims as the plan does, these
+        // entries refused the proposals on every pass: the pairs never got a link.
+        let stored = PortMapClassStatus {
+            links: vec![
+                link("n1/n2", 200),
+                link("n1/n3", 0),
+                link("n1/n4", 0),
+                link("n5/n5", 2),
+            ],
+            ..Default::default()
+        };
+        let (beyond, lost, on_malformed) = (
+            proposal("n1/n2", 1),
+            proposal("n1/n4", 3),
+            proposal("n1/n6", 2),
+        );
+        let part = ClassPart {
+            claims: vec![&beyond, &lost, &on_malformed],
+            ..Default::default()
+        };
+        let merged = merge_status(&stored, "n2", VERSION, &part, ts(NOW));
+        assert!(merged.dropped.is_empty(), "{:?}", merged.dropped);
+        assert_eq!(
+            merged.status.links,
+            vec![
+                link("n1/n2", 1),
+                link("n1/n3", 0),
+                link("n1/n4", 3),
+                link("n1/n6", 2)
+            ],
+            "each pair holds its new slot, and no slot is held twice"
+        );
+    }
+
+    #[test]
+    fn a_proposal_beyond_the_fresh_subnet_is_dropped() {
+        // The class shrank to a /30 (2 slots) between the plan and the write.
+        let mut small = class("public", PortMapClassStatus::default());
+        small.spec.return_path.vxlan.subnet = "169.254.77.0/30".into();
+        let (fits, beyond) = (proposal("n1/n2", 1), proposal("n1/n3", 2));
+        let part = ClassPart {
+            claims: vec![&fits, &beyond],
+            ..Default::default()
+        };
+        let merged = merge_class_status(&small, "n2", VERSION, &part, ts(NOW));
+        assert_eq!(merged.dropped, ["n1/n3"]);
+        assert_eq!(merged.status.links, vec![link("n1/n2", 1)]);
     }
 
     #[test]
@@ -716,7 +795,7 @@ mod tests {
             gc: actions.iter().collect(),
             ..Default::default()
         };
-        let merged = merge_class_status(&stored, "a", VERSION, &part, ts(NOW));
+        let merged = merge_status(&stored, "a", VERSION, &part, ts(NOW));
         let mut marked = link("a/e", 3);
         marked.unused_since = Some(Time(ts(NOW)));
         assert_eq!(merged.status.links, vec![recent, link("a/d", 2), marked]);

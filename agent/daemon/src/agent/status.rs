@@ -80,11 +80,11 @@ impl StatusWriter<'_> {
             // a converged pass costs no request. Anything to change is merged into a fresh read.
             let watched = classes
                 .iter()
-                .find(|c| c.metadata.name.as_deref() == Some(class.as_str()))
-                .map(|c| c.status.clone().unwrap_or_default());
+                .find(|c| c.metadata.name.as_deref() == Some(class.as_str()));
             if let Some(watched) = watched {
-                let merged = merge_class_status(&watched, self.node, AGENT_VERSION, &part, now);
-                if merged.status == watched && merged.dropped.is_empty() {
+                let merged = merge_class_status(watched, self.node, AGENT_VERSION, &part, now);
+                let stored = watched.status.clone().unwrap_or_default();
+                if merged.status == stored && merged.dropped.is_empty() {
                     outcome.unchanged += 1;
                     continue;
                 }
@@ -197,7 +197,7 @@ impl StatusWriter<'_> {
                 }
             };
             let stored = fresh.status.clone().unwrap_or_default();
-            let merged = merge_class_status(&stored, self.node, AGENT_VERSION, part, now);
+            let merged = merge_class_status(&fresh, self.node, AGENT_VERSION, part, now);
             if !merged.dropped.is_empty() {
                 tracing::debug!(
                     "{what}: link proposal(s) {} dropped: the slot was taken meanwhile",
