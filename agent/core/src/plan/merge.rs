@@ -5,8 +5,8 @@
 //! the stored status already says the same. Class statuses are shared by every accepting node, so
 //! a node merges only its own part (its row, its link proposals, its GC actions, its refusals,
 //! the Ready condition when it differs) into the object as read, touching nothing another node
-//! owns. The agent runs this merge on every fresh read of a compare-and-swap loop; the simulator
-//! and the property tests run the same code, so what they check is what the agents write.
+//! owns. The agent runs this merge on every fresh read of a compare-and-swap loop; the property
+//! tests (and a simulator) run the same code, so what they check is what the agents write.
 
 use std::collections::BTreeMap;
 
@@ -39,7 +39,8 @@ pub struct ClassPart<'a> {
 pub struct ClassMerge {
     /// The status to write.
     pub status: PortMapClassStatus,
-    /// Keys of proposals dropped because another pair holds their slot.
+    /// Keys of proposals dropped because another pair holds their slot, or the class as read no
+    /// longer has it.
     pub dropped: Vec<String>,
     /// The Ready condition when its status flipped (or first appeared).
     pub ready_flipped: Option<Condition>,
