@@ -1,20 +1,24 @@
 //! Property tests of the plan over arbitrary small clusters (`spec/plan.md`, `spec/targets.md`):
 //! no panic, determinism under shuffled inputs, one global decision whatever the computing node,
 //! a reason for every PortMap, one status writer per PortMap, unique link slots, no return link
-//! before its claim has landed, and port conflicts as the spec defines them.
+//! before its claim has landed, proposals that land once written, and port conflicts as the spec
+//! defines them.
 //!
 //! Clusters hold API-valid objects (one object per name, one class row per node, one claim per
 //! key) with invalid contents; before planning, up to two rounds of every node's status writes
-//! (rows, proposals, GC) are applied, so that claims land and links get built.
+//! are applied as the agents write them (PortMap statuses replaced by their writer; each node's
+//! row, proposals, GC and refusals merged into the class status by the agent's own merge,
+//! `kuport_core::plan::merge`, nodes in a shuffled order), so that claims land and links get
+//! built.
 //!
 //! Cases per property: `KUPORT_PROPTEST_CASES` (default 1000).
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kuport_core::api::{LinkClaim, PortMapClass};
-use kuport_core::plan::{AcceptedReason, GcKind, Plan, plan};
+use kuport_core::plan::merge::{class_parts, merge_class_status, portmap_status_equivalent};
+use kuport_core::plan::{AcceptedReason, Plan, plan};
 use kuport_core::snapshot::{CniFacts, HostFacts, Snapshot};
 use proptest::prelude::*;
 use proptest::sample::select;
@@ -224,6 +228,8 @@ struct Model {
     /// Rounds in which every node's proposals, GC and class row are applied to the class
     /// statuses before planning (as the agents would write them), so that claims land.
     settle: u8,
+    /// Seed of the order in which the nodes' writes of each round reach the API server.
+    write_order: u64,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -679,10 +685,14 @@ fn model() -> impl Strategy<Value = Model> {
             prop::option::weighted(0.4, prop_oneof![Just(8472u16), Just(4790u16), 1..=65535u16]),
             prop::collection::vec(facts(), NODES_AND_GHOST.len()),
             select(&[0u8, 1, 2, 2][..]),
+            any::<u64>(),
         ),
     )
         .prop_map(
-            |((nodes, namespaces, classes, mut portmaps), (aimed, cni, facts, settle))| {
+            |(
+                (nodes, namespaces, classes, mut portmaps),
+                (aimed, cni, facts, settle, write_order),
+            )| {
                 // A class name the cluster lacks becomes one it has: only MISSING_CLASS is
                 // missing on purpose.
                 for pm in &mut portmaps {
@@ -709,6 +719,7 @@ fn model() -> impl Strategy<Value = Model> {
                     cni,
                     facts,
                     settle,
+                    write_order,
                 }
             },
         )
@@ -886,46 +897,55 @@ fn slice_json(s: &SliceM, i: usize) -> Value {
         "ports": ports, "endpoints": endpoints})
 }
 
-/// The plan's input: the model's objects after `settle` rounds of status writes.
+/// The version the model's agents stamp into their rows.
+const AGENT_VERSION: &str = "0.0.0-properties";
+
+/// The plan's input: the model's objects after `settle` rounds of status writes. In a round every
+/// agent plans from the same objects, then their writes reach the API server one node after the
+/// other, in an order drawn from `write_order`.
 fn snapshot(m: &Model) -> Snapshot {
     let mut snap = base_snapshot(m);
+    let mut rng = Rng(m.write_order);
     for _ in 0..m.settle {
-        let plans: Vec<Plan> = m.nodes.iter().map(|n| plan_of(m, &snap, n.name)).collect();
+        let mut plans: Vec<Plan> = m.nodes.iter().map(|n| plan_of(m, &snap, n.name)).collect();
+        rng.shuffle(&mut plans);
         for p in &plans {
-            apply_writes(&mut snap, p);
+            write_status(&mut snap, p);
         }
     }
     snap
 }
 
-/// Applies one node's class writes (its rows, proposals and GC) to the class statuses.
-fn apply_writes(snap: &mut Snapshot, p: &Plan) {
-    for class in &mut snap.classes {
-        let name = class.metadata.name.clone().unwrap_or_default();
-        let status = class.status.get_or_insert_with(Default::default);
-        for w in p.writes.class_rows.iter().filter(|w| w.class == name) {
-            status.nodes.retain(|r| r.name != w.row.name);
-            status.nodes.push(w.row.clone());
-            status.conditions.retain(|c| c.type_ != w.ready.type_);
-            status.conditions.push(w.ready.clone());
-        }
-        for c in p.writes.claims.iter().filter(|c| c.class == name) {
-            if status.links.iter().all(|l| l.key != c.key) {
-                status.links.push(
-                    serde_json::from_value(json!({"key": c.key, "peers": c.peers,
-                        "slot": c.slot, "subnet": c.subnet}))
-                    .expect("claim deserialises"),
-                );
+/// Writes one node's status as its agent does (`agent/daemon/src/agent/status.rs`): each PortMap
+/// status it owns replaced whole unless the stored one says the same, and its part of each class
+/// merged into the class status as stored now, which is what the agent's compare-and-swap loop
+/// converges to: the merge re-run on the freshest object.
+fn write_status(snap: &mut Snapshot, p: &Plan) {
+    for w in &p.writes.portmaps {
+        let stored = snap.portmaps.iter_mut().find(|pm| {
+            pm.metadata.namespace.as_deref() == Some(w.namespace.as_str())
+                && pm.metadata.name.as_deref() == Some(w.name.as_str())
+        });
+        if let Some(pm) = stored {
+            let same = pm
+                .status
+                .as_ref()
+                .is_some_and(|s| portmap_status_equivalent(s, &w.status));
+            if !same {
+                pm.status = Some(w.status.clone());
             }
         }
-        for g in p.writes.gc.iter().filter(|g| g.class == name) {
-            match g.action {
-                GcKind::Drop => status.links.retain(|l| l.key != g.key),
-                GcKind::MarkUnused | GcKind::ClearUnused => {
-                    for l in status.links.iter_mut().filter(|l| l.key == g.key) {
-                        l.unused_since = (g.action == GcKind::MarkUnused).then(|| Time(now()));
-                    }
-                }
+    }
+    for (name, part) in class_parts(&p.writes, &p.node, &snap.classes) {
+        let stored = snap
+            .classes
+            .iter_mut()
+            .find(|c| c.metadata.name.as_deref() == Some(name.as_str()));
+        if let Some(class) = stored {
+            let before = class.status.clone().unwrap_or_default();
+            let merged = merge_class_status(class, &p.node, AGENT_VERSION, &part, now());
+            if merged.status != before {
+                class.status = Some(merged.status);
             }
         }
     }
@@ -1411,6 +1431,39 @@ proptest! {
             }
         }
     }
+    /// (i) Proposals land: when every node writes what it planned from one snapshot, each pair
+    /// proposed holds a landed claim afterwards, as the plan reads the class again. The plan hands
+    /// each free slot to one pair and no write of the round takes a slot the plan saw free, so
+    /// nothing may keep a proposal out: one that never lands leaves its pair without a link for
+    /// good. The claim need not sit at the proposed slot: a GC drop in the same round can make
+    /// the pair's own entry, ignored while it shared its slot with an earlier key, count again,
+    /// and then that entry's slot is the one that counts.
+    #[test]
+    fn proposals_land_when_written(m in model(), seed in any::<u64>()) {
+        let mut snap = snapshot(&m);
+        let mut plans: Vec<Plan> = m.nodes.iter().map(|n| plan_of(&m, &snap, n.name)).collect();
+        Rng(seed).shuffle(&mut plans);
+        for p in &plans {
+            write_status(&mut snap, p);
+        }
+        for p in plans.iter().filter(|p| !p.writes.claims.is_empty()) {
+            let again = plan_of(&m, &snap, &p.node);
+            for claim in &p.writes.claims {
+                let landed = again
+                    .classes
+                    .iter()
+                    .filter(|c| c.name == claim.class)
+                    .flat_map(|c| &c.links)
+                    .any(|l| l.key == claim.key && l.landed);
+                prop_assert!(
+                    landed,
+                    "node {} proposed {} at slot {} in class {}, which did not land: {:?}",
+                    p.node, claim.key, claim.slot, claim.class, claims_of(&snap, &claim.class)
+                );
+            }
+        }
+    }
+
     /// (h) Conflicts follow the spec: accepted mappings never share a port of one protocol on a
     /// (node, interface) both could bind, and each `PortConflict` names an earlier accepted
     /// mapping that does.

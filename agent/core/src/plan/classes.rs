@@ -10,7 +10,7 @@ use super::index::Index;
 use super::mapping::Working;
 use super::reasons::{ClassReason, Outcome};
 use super::{ClaimView, ClassDecision, GcKind, Writes};
-use crate::api::{MAX_VNI, PortMapClass, ReturnPathMode};
+use crate::api::{LinkClaim, MAX_VNI, PortMapClass, ReturnPathMode};
 
 /// Link ids are the VNI's low 16 bits.
 const LINK_ID_SPACE: u64 = 1 << 16;
@@ -310,15 +310,23 @@ pub fn assign_slots(classes: &mut BTreeMap<&str, ClassState>, work: &[Working]) 
     }
 }
 
-/// Claims from the class status that are well formed and inside the usable slots; when two
-/// claim one slot (only possible by hand), the first by key keeps it.
+/// Claims from the class status that are well formed and inside the usable slots.
 fn landed_claims(state: &ClassState) -> BTreeMap<String, Claim> {
-    let mut by_key: Vec<_> = state
+    let links = state
         .class
         .status
-        .iter()
-        .flat_map(|s| s.links.iter())
-        .collect();
+        .as_ref()
+        .map(|s| s.links.as_slice())
+        .unwrap_or_default();
+    valid_claims(links, state.usable_slots)
+}
+
+/// The entries of `links` that count as claims: a well-formed key and a slot below
+/// `usable_slots`; when two claim one slot (only possible by hand), the first by key keeps it.
+/// The plan and the status merge both read claims through this, so an entry the plan ignores
+/// never keeps the merge from landing what the plan proposed instead.
+pub(super) fn valid_claims(links: &[LinkClaim], usable_slots: u32) -> BTreeMap<String, Claim> {
+    let mut by_key: Vec<&LinkClaim> = links.iter().collect();
     by_key.sort_by(|a, b| a.key.cmp(&b.key));
     let mut used = BTreeSet::new();
     let mut claims = BTreeMap::new();
@@ -326,9 +334,7 @@ fn landed_claims(state: &ClassState) -> BTreeMap<String, Claim> {
         let Ok(slot) = u32::try_from(link.slot) else {
             continue;
         };
-        if split_key(&link.key).is_none()
-            || slot >= state.usable_slots
-            || claims.contains_key(&link.key)
+        if split_key(&link.key).is_none() || slot >= usable_slots || claims.contains_key(&link.key)
         {
             continue;
         }
@@ -343,6 +349,15 @@ fn landed_claims(state: &ClassState) -> BTreeMap<String, Claim> {
         }
     }
     claims
+}
+
+/// How many slots a class's links may use: none unless it is a Vxlan class with usable
+/// settings.
+pub(super) fn usable_slots(class: &PortMapClass) -> u32 {
+    if class.spec.return_path.mode != ReturnPathMode::Vxlan {
+        return 0;
+    }
+    parse_settings(class).map_or(0, |(_, _, _, usable)| usable)
 }
 
 /// The class decisions, with each class's claims after this node's proposals and GC.

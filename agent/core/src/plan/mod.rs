@@ -11,6 +11,7 @@ mod emit;
 mod endpoint;
 mod index;
 mod mapping;
+pub mod merge;
 pub mod reasons;
 pub mod selector;
 mod status;
