@@ -43,7 +43,15 @@ fn main() -> ExitCode {
     netns::harness(TESTS, CHILDREN)
 }
 
-const ECHO: &str = env!("CARGO_BIN_EXE_kuport-echo");
+/// `kuport-echo` of this build (kuport-testkit's binary: cargo builds it for this test only when
+/// it is missing or older than its source, and only once a test runs as root).
+fn echo() -> &'static str {
+    static ECHO: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ECHO.get_or_init(|| {
+        let path = kuport_testkit::bins::echo().unwrap_or_else(|e| panic!("kuport-echo: {e:#}"));
+        path.to_str().expect("a UTF-8 path").to_owned()
+    })
+}
 const CLIENT: &str = "203.0.113.50";
 const DIALED: &str = "203.0.113.9";
 
@@ -142,7 +150,7 @@ fn responders(pod: &Netns, specs: &[(&str, &str)]) -> Vec<Proc> {
     specs
         .iter()
         .map(|(proto, ports)| {
-            let mut proc = pod.spawn(ECHO, &["serve", proto, ports]);
+            let mut proc = pod.spawn(echo(), &["serve", proto, ports]);
             let child = proc.0.as_mut().expect("child");
             let out = child.stdout.take().expect("stdout");
             let mut line = String::new();
@@ -159,7 +167,7 @@ fn probe(client: &Netns, proto: &str, port: u16, extra: &[&str]) -> (String, Str
     let target = format!("{DIALED}:{port}");
     let mut args = vec!["ask", proto, target.as_str(), "--timeout-ms", "3000"];
     args.extend_from_slice(extra);
-    let out = client.try_sh(&format!("{ECHO} {}", args.join(" ")));
+    let out = client.try_sh(&format!("{} {}", echo(), args.join(" ")));
     let text = String::from_utf8_lossy(&out.stdout).trim().to_owned();
     let field = |k: &str| {
         text.split_whitespace()
