@@ -78,10 +78,15 @@ impl Proc {
     /// Starts `cmd`; `what` names it in errors.
     pub fn spawn(mut cmd: Command, what: &str) -> Result<Self> {
         let child = cmd.spawn().with_context(|| format!("starting {what}"))?;
-        Ok(Self {
+        Ok(Self::adopt(child, what))
+    }
+
+    /// Guards a process started elsewhere (by a caller with errors of its own).
+    pub fn adopt(child: Child, what: &str) -> Self {
+        Self {
             child,
             what: what.to_owned(),
-        })
+        }
     }
 
     /// The process id.

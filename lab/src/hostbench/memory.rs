@@ -21,10 +21,11 @@ use k8s_openapi::api::core::v1::{Namespace, Node};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kuport_core::api::{PortMap, PortMapClass};
+use kuport_testkit::netns::{Netns, owned_name};
+use kuport_testkit::process::Proc;
 use serde_json::json;
 
-use super::netns::{Netns, Proc, owned_name};
-use super::{Measurement, list, median};
+use super::{Measurement, PREFIX, list, median};
 
 const NODES: usize = 500;
 const PORTMAPS: usize = 1_000;
@@ -105,10 +106,10 @@ pub fn measure(bins: &Path) -> Result<Vec<Measurement>> {
 
 /// One sample: a fresh namespace, API server model and agent.
 fn one_run(i: usize, kuport: &Path, sim_bin: &Path) -> Result<Watched> {
-    let dir = TempDir(std::env::temp_dir().join(owned_name(&format!("mem{i}"))));
+    let dir = TempDir(std::env::temp_dir().join(owned_name(PREFIX, &format!("mem{i}"))));
     std::fs::create_dir_all(&dir.0).with_context(|| format!("creating {}", dir.0.display()))?;
     let kubeconfig = dir.0.join("kubeconfig");
-    let ns = Netns::create(&format!("mem{i}"))?;
+    let ns = Netns::create(PREFIX, &format!("mem{i}"))?;
     // The agent's underlay: its InternalIP on a device, so its return links can be built.
     ns.ip(&[
         "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p",
