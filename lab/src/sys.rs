@@ -316,12 +316,7 @@ pub fn down() -> Result<String> {
 /// The record is rewritten on every namespace and process; an interrupted lab must still leave
 /// it whole (old or new, never truncated) or `down` cannot find what to remove.
 fn replace_file(path: &Path, contents: &str) -> Result<()> {
-    use std::io::Write;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)
-        .with_context(|| format!("creating a temporary file next to {}", path.display()))?;
-    tmp.write_all(contents.as_bytes())
-        .and_then(|()| tmp.persist(path).map(drop).map_err(|e| e.error))
+    kuport_testkit::fs::write_atomically(path, contents)
         .with_context(|| format!("writing {}", path.display()))
 }
 

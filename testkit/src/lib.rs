@@ -4,9 +4,11 @@
 //! - [`netns`] and [`process`]: guards that delete the namespaces and stop the processes a test
 //!   or the lab started, by name and pid, when dropped (also when a test fails), and commands
 //!   run to completion;
+//! - [`fs::write_atomically`]: files replaced whole;
 //! - [`bins`]: kuport's binaries from the running build, among them `kuport-echo`, the
 //!   responder and prober of the kernel tests and the lab (`src/bin/kuport-echo.rs`).
 
 pub mod bins;
+pub mod fs;
 pub mod netns;
 pub mod process;
