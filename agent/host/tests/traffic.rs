@@ -4,16 +4,13 @@
 //! `shared/reference/ctmark-proof.sh`), with negative controls that remove kuport's identity SNAT.
 //! Root only; own harness (see `netns/mod.rs`).
 
-#[path = "../../core/tests/fixture/mod.rs"]
-#[allow(unused_imports)]
-mod fixture;
 mod netns;
 
 use std::process::ExitCode;
 
-use fixture::{Cluster, edge_and_worker, facts, pm};
 use kuport_core::ir::{HostState, Rule};
 use kuport_host::{Host, LinuxHost};
+use kuport_testkit::cluster::{Cluster, edge_and_worker, facts, pm};
 use kuport_testkit::netns::Netns;
 use kuport_testkit::process::Proc;
 use netns::{block_on, child, namespace, sh};

@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service, ServiceAccount};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kuport_realapi::{ControlPlane, Options};
+use kuport_testkit::objects::{bound_pod, kubelet_node_status};
 use serde_json::{Value, json};
 
 fn from<T: serde::de::DeserializeOwned>(v: Value) -> T {
@@ -47,11 +48,7 @@ async fn node(client: &kube::Client, name: &str) {
             &PostParams::default(),
             &from(json!({
                 "metadata": {"name": name},
-                "status": {
-                    "addresses": [{"type": "InternalIP", "address": "10.0.0.1"}],
-                    "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                                    "lastHeartbeatTime": heartbeat, "lastTransitionTime": heartbeat}],
-                },
+                "status": kubelet_node_status("10.0.0.1", true, &heartbeat),
             })),
         )
         .await
@@ -97,14 +94,11 @@ async fn endpointslice_controller_writes_slices_for_ready_pods() {
         .await
         .expect("service");
     let pods: Api<Pod> = Api::namespaced(client.clone(), "games");
+    let container = json!({"name": "game", "image": "game:1",
+                           "ports": [{"name": "game", "containerPort": 3000, "protocol": "UDP"}]});
     pods.create(
         &pp,
-        &from(json!({
-            "metadata": {"name": "gameserver-0", "labels": {"app": "game"}},
-            "spec": {"nodeName": "n1", "automountServiceAccountToken": false,
-                     "containers": [{"name": "game", "image": "game:1",
-                                     "ports": [{"name": "game", "containerPort": 3000, "protocol": "UDP"}]}]},
-        })),
+        &from(bound_pod("gameserver-0", "game", "n1", container)),
     )
     .await
     .expect("pod");
