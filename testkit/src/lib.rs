@@ -7,6 +7,7 @@
 //!   or the lab started, by name and pid, when dropped (also when a test fails), and commands
 //!   run to completion;
 //! - [`fs::write_atomically`]: files replaced whole;
+//! - [`wait`]: waiting on a condition with a deadline;
 //! - [`bins`]: kuport's binaries from the running build, among them `kuport-echo`, the
 //!   responder and prober of the kernel tests and the lab (`src/bin/kuport-echo.rs`).
 
@@ -16,3 +17,4 @@ pub mod fs;
 pub mod netns;
 pub mod objects;
 pub mod process;
+pub mod wait;

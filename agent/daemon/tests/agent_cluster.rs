@@ -26,10 +26,13 @@ use kuport_sim::apiserver::{ApiServer, Failure, RequestFilter};
 use kuport_testkit::objects::{
     self, DAEMONSET_NAMESPACE, agent_daemonset, agent_pod, endpoint, pm, slice, vxlan_spec,
 };
+use kuport_testkit::wait;
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
 const DEADLINE: Duration = Duration::from_secs(30);
+/// How often a wait looks again.
+const POLL: Duration = Duration::from_millis(25);
 
 struct RunningAgent {
     name: String,
@@ -219,7 +222,7 @@ impl Cluster {
                 self.assert_rbac_allowed_everything();
             }
         };
-        eventually_checking(what, check, rbac).await;
+        wait::eventually_checking(what, DEADLINE, POLL, check, rbac).await;
     }
 
     fn start_agent(&mut self, i: usize, resync: Duration) {
@@ -385,8 +388,6 @@ impl Cluster {
     }
 }
 
-/// Waits until `check` holds, failing with `what` after the deadline; runs `also` on every
-/// round (it fails the test by panicking).
 /// Waits until `check` holds, failing with `what` after the deadline (tests on the model only,
 /// where no role is enforced).
 async fn eventually<F, Fut>(what: &str, check: F)
@@ -394,26 +395,7 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    eventually_checking(what, check, || {}).await;
-}
-
-async fn eventually_checking<F, Fut>(what: &str, mut check: F, also: impl Fn())
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        also();
-        if check().await {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    wait::eventually(what, DEADLINE, POLL, check).await;
 }
 
 fn dnats(host: &MemoryHost) -> Vec<kuport_core::ir::DnatRule> {

@@ -25,19 +25,13 @@ fn now() -> String {
         .expect("rounding now to the second")
 }
 
-async fn eventually<F, Fut>(what: &str, deadline: Duration, mut check: F)
+/// Waits until `check` holds, polling every 200 ms (the controllers act in seconds).
+async fn eventually<F, Fut>(what: &str, deadline: Duration, check: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let until = tokio::time::Instant::now() + deadline;
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < until,
-            "timed out after {deadline:?} waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    kuport_testkit::wait::eventually(what, deadline, Duration::from_millis(200), check).await;
 }
 
 async fn node(client: &kube::Client, name: &str) {
