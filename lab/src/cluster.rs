@@ -18,6 +18,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, PostParams};
 use kube::{Client, Config};
+use kuport_testkit::objects;
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
@@ -28,7 +29,7 @@ use crate::topology::PodInfo;
 const LEASE_RENEWAL: Duration = Duration::from_secs(1);
 
 /// The namespace of the DaemonSet a `daemonSet: true` scenario records.
-pub const DAEMON_SET_NAMESPACE: &str = "kuport-system";
+pub const DAEMON_SET_NAMESPACE: &str = objects::DAEMONSET_NAMESPACE;
 
 /// The kinds the lab writes: (kind, group, version, plural, namespaced).
 const KINDS: &[(&str, &str, &str, &str, bool)] = &[
@@ -280,20 +281,13 @@ impl Cluster {
     /// `kuport-agent-<node>`, owned by it), as the DaemonSet controller would make them.
     pub async fn install_daemon_set(&self, nodes: &[String]) -> Result<()> {
         self.ensure_namespace(DAEMON_SET_NAMESPACE).await?;
-        self.apply(json!({
-            "apiVersion": "apps/v1", "kind": "DaemonSet",
-            "metadata": {"name": "kuport-agent", "namespace": DAEMON_SET_NAMESPACE},
-            "spec": {
-                "selector": {"matchLabels": {"app.kubernetes.io/name": "kuport"}},
-                "template": {
-                    "metadata": {"labels": {"app.kubernetes.io/name": "kuport"}},
-                    "spec": {"containers": [{"name": "agent", "image": "kuport"}]},
-                },
-            },
-        }))
-        .await?;
+        self.apply(objects::agent_daemonset()).await?;
         let ds = self
-            .get("DaemonSet", Some(DAEMON_SET_NAMESPACE), "kuport-agent")
+            .get(
+                "DaemonSet",
+                Some(DAEMON_SET_NAMESPACE),
+                objects::AGENT_DAEMONSET,
+            )
             .await?
             .context("the DaemonSet just created is missing")?;
         let uid = ds
@@ -302,17 +296,7 @@ impl Cluster {
             .context("the DaemonSet has no uid")?
             .to_owned();
         for node in nodes {
-            self.apply(json!({
-                "apiVersion": "v1", "kind": "Pod",
-                "metadata": {
-                    "name": format!("kuport-agent-{node}"), "namespace": DAEMON_SET_NAMESPACE,
-                    "labels": {"app.kubernetes.io/name": "kuport"},
-                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
-                        "name": "kuport-agent", "uid": uid, "controller": true}],
-                },
-                "spec": {"nodeName": node, "containers": [{"name": "agent", "image": "kuport"}]},
-            }))
-            .await?;
+            self.apply(objects::agent_pod(node, &uid)).await?;
         }
         Ok(())
     }
@@ -380,13 +364,10 @@ impl Cluster {
             }
         }
         if bound_to.as_deref() != Some(pod.node.as_str()) {
-            let obj: DynamicObject = serde_json::from_value(json!({
-                "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": name, "namespace": namespace, "labels": {"app": service}},
-                "spec": {"nodeName": pod.node, "automountServiceAccountToken": false,
-                         "containers": [{"name": "echo", "image": "kuport-lab/echo"}]},
-            }))
-            .context("a Pod object")?;
+            let container = json!({"name": "echo", "image": "kuport-lab/echo"});
+            let mut obj = objects::bound_pod(name, service, &pod.node, container);
+            obj["metadata"]["namespace"] = json!(namespace);
+            let obj: DynamicObject = serde_json::from_value(obj).context("a Pod object")?;
             api.create(&PostParams::default(), &obj)
                 .await
                 .with_context(|| format!("creating {what}"))?;
@@ -435,28 +416,18 @@ impl Cluster {
     }
 
     async fn write_slice(&self, namespace: &str, service: &str, pods: &[&PodInfo]) -> Result<()> {
-        let ports = service_ports(pods);
-        let endpoints: Vec<Value> = pods
-            .iter()
-            .map(|pod| {
-                json!({
-                    "addresses": [pod.ip.to_string()],
-                    "conditions": {"ready": pod.ready, "serving": pod.ready, "terminating": false},
-                    "nodeName": pod.node,
-                    "targetRef": {"kind": "Pod", "namespace": namespace, "name": pod.spec.name},
-                })
-            })
-            .collect();
-        self.apply(json!({
-            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-            "metadata": {"name": format!("{service}-lab"), "namespace": namespace,
-                          "labels": {"kubernetes.io/service-name": service,
-                                     "endpointslice.kubernetes.io/managed-by": "kuport-lab"}},
-            "addressType": "IPv4",
-            "endpoints": endpoints,
-            "ports": ports,
-        }))
-        .await?;
+        let mut slice = objects::slice(namespace, &format!("{service}-lab"), service)
+            .label("endpointslice.kubernetes.io/managed-by", "kuport-lab")
+            .ports(service_ports(pods));
+        for pod in pods {
+            let endpoint = objects::endpoint(&pod.ip.to_string(), &pod.node)
+                .ready(pod.ready)
+                .condition("serving", pod.ready)
+                .condition("terminating", false)
+                .pod(namespace, &pod.spec.name);
+            slice = slice.endpoint(endpoint);
+        }
+        self.apply(slice.object()).await?;
         Ok(())
     }
 }
@@ -487,13 +458,7 @@ fn node_status(internal_ip: Ipv4Addr, ready: bool, now: bool) -> Value {
     } else {
         "2026-01-01T00:00:00Z".to_owned()
     };
-    json!({
-        "addresses": [{"type": "InternalIP", "address": internal_ip.to_string()}],
-        "conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"},
-                         "reason": if ready {"KubeletReady"} else {"NodeStatusUnknown"},
-                         "lastTransitionTime": at,
-                         "lastHeartbeatTime": at}],
-    })
+    objects::kubelet_node_status(&internal_ip.to_string(), ready, &at)
 }
 
 /// Kubelet's heartbeat: renews the Lease of every live node, every [`LEASE_RENEWAL`].

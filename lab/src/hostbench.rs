@@ -6,19 +6,22 @@
 //!   mappings, against the same node holding 1, side by side in one run;
 //! - the agent's peak RSS with 1,000 PortMaps and 500 Nodes in the API server model.
 //!
-//! Everything runs in throwaway namespaces named `klb-hb<pid>-*`; the guards in [`netns`] kill
-//! what was started there and delete them, on error too. Work that must run inside a namespace
+//! Everything runs in throwaway namespaces named `klb-hb<pid>-*`; the guards of
+//! [`kuport_testkit::netns`] kill what was started there and delete them, on error too. Work that must run inside a namespace
 //! with a fresh process (LinuxHost, which forks `nft`) re-executes the current binary through
 //! [`hidden_main`]; socket work runs on threads moved into the namespace.
 
 mod cluster;
 mod flows;
 mod memory;
-mod netns;
 mod nft;
 
 use std::path::Path;
 use std::process::ExitCode;
+
+/// Prefix of every namespace and temporary directory the benches create; the process id
+/// follows, so a stale one can be told from one a running bench owns.
+const PREFIX: &str = "klb-hb";
 
 /// One reported number.
 #[derive(Clone, Debug, PartialEq)]
@@ -52,7 +55,7 @@ const PARTS: [&str; 3] = ["nft", "flows", "memory"];
 
 fn run_parts(bins: &Path, parts: &[&str]) -> anyhow::Result<Vec<Measurement>> {
     use anyhow::Context as _;
-    netns::remove_stale();
+    kuport_testkit::netns::remove_stale(PREFIX);
     let mut out = Vec::new();
     for part in parts {
         let (what, found) = match *part {

@@ -18,7 +18,11 @@ const TOOLS: &[(&str, &str)] = &[
 ];
 
 /// The binaries the lab runs, all from the same build as the lab itself.
-const BINARIES: &[&str] = &["kuport", "kuport-sim", "kuport-echo"];
+const BINARIES: &[&str] = &["kuport", "kuport-sim", kuport_testkit::bins::ECHO];
+/// The packages they are built from.
+const PACKAGES: &[&str] = &["kuport", "kuport-sim", "kuport-testkit"];
+/// What they are built from, in the workspace.
+const SOURCES: &[&str] = &["agent", "sim", "testkit", "Cargo.lock", "Cargo.toml"];
 
 fn on_path(cmd: &str) -> bool {
     std::env::var_os("PATH")
@@ -67,98 +71,11 @@ pub fn ensure_tools() -> Result<()> {
     Ok(())
 }
 
-/// The directory holding kuport's binaries: the lab's own. Missing ones are built with the
-/// same cargo that built the lab (`$CARGO`), in the same profile.
+/// The directory holding kuport's binaries: the lab's own. Missing ones (and, under `cargo
+/// lab`, ones older than the sources) are built with the same cargo that built the lab, in the
+/// same profile.
 pub fn binaries() -> Result<PathBuf> {
-    let exe = std::env::current_exe().context("locating the kuport-lab binary")?;
-    let dir = exe
-        .parent()
-        .context("the kuport-lab binary has no directory")?
-        .to_path_buf();
-    let missing: Vec<&str> = BINARIES
-        .iter()
-        .copied()
-        .filter(|b| !dir.join(b).is_file())
-        .collect();
-    // Under `cargo run` (`cargo lab`) a binary older than any source would prove nothing about
-    // the code at hand: build then. Binaries newer than every source (as `cargo test
-    // --workspace` leaves them in CI) are used as they are, which saves rebuilding the
-    // dependencies with this build's feature set.
-    let under_cargo = std::env::var_os("CARGO").is_some();
-    let stale = under_cargo && older_than_sources(&dir);
-    if missing.is_empty() && !stale {
-        return Ok(dir);
-    }
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let release = dir.file_name().is_some_and(|n| n == "release");
-    eprintln!("kuport-lab: building {} with {cargo}", BINARIES.join(", "));
-    let mut cmd = Command::new(&cargo);
-    cmd.args([
-        "build",
-        "--quiet",
-        "-p",
-        "kuport",
-        "-p",
-        "kuport-sim",
-        "-p",
-        "kuport-host",
-        "--bins",
-    ]);
-    if release {
-        cmd.arg("--release");
-    }
-    let status = cmd
-        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
-        .status()
-        .with_context(|| format!("running {cargo} build"))?;
-    if !status.success() {
-        bail!("building {} failed ({status})", missing.join(", "));
-    }
-    for b in BINARIES {
-        if !dir.join(b).is_file() {
-            bail!(
-                "{b} is still missing from {} after the build",
-                dir.display()
-            );
-        }
-    }
-    Ok(dir)
-}
-
-/// Whether any of the binaries is older than the newest source file of the workspace.
-fn older_than_sources(dir: &Path) -> bool {
-    let oldest_binary = BINARIES.iter().filter_map(|b| modified(&dir.join(b))).min();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let mut newest_source = None;
-    for top in ["agent", "sim", "Cargo.lock", "Cargo.toml"] {
-        newest(&root.join(top), &mut newest_source);
-    }
-    match (oldest_binary, newest_source) {
-        (Some(bin), Some(src)) => bin < src,
-        _ => true,
-    }
-}
-
-fn modified(path: &Path) -> Option<std::time::SystemTime> {
-    std::fs::metadata(path).and_then(|m| m.modified()).ok()
-}
-
-/// The newest modification time of the `.rs` and `.toml` files (and Cargo.lock) below `path`.
-fn newest(path: &Path, acc: &mut Option<std::time::SystemTime>) {
-    if path.is_dir() {
-        let Ok(entries) = std::fs::read_dir(path) else {
-            return;
-        };
-        for entry in entries.flatten() {
-            newest(&entry.path(), acc);
-        }
-    } else if path
-        .extension()
-        .is_some_and(|e| e == "rs" || e == "toml" || e == "lock")
-        && let Some(t) = modified(path)
-    {
-        *acc = Some(acc.map_or(t, |a| a.max(t)));
-    }
+    kuport_testkit::bins::ensure(BINARIES, PACKAGES, SOURCES)
 }
 
 const BEGIN: &str = "<!-- kuport-lab bench: begin -->";

@@ -15,28 +15,8 @@ use serde::{Deserialize, Serialize};
 /// namespaces it describes.
 pub const RUN_DIR: &str = "/run/kuport-lab";
 
-/// Runs a command to completion; the error names the command line and quotes its stderr.
-pub fn run(program: &str, args: &[&str]) -> Result<String> {
-    let out = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("starting `{program} {}`", args.join(" ")))?;
-    stdout_of(program, args, &out)
-}
-
-/// The command's stdout when it succeeded, else an error naming it and quoting its stderr.
-fn stdout_of(program: &str, args: &[&str], out: &std::process::Output) -> Result<String> {
-    if !out.status.success() {
-        bail!(
-            "`{program} {}` failed ({}): {}",
-            args.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
+pub use kuport_testkit::process::run;
+use kuport_testkit::process::{stdout_of, stop_child};
 
 /// Runs a command feeding `input` on stdin.
 pub fn run_with_input(program: &str, args: &[&str], input: &str) -> Result<String> {
@@ -230,21 +210,12 @@ impl Lab {
 
     /// Signals a recorded process and waits for it (escalating to SIGKILL after `grace`).
     pub fn stop(&mut self, pid: i32, signal: Signal, grace: Duration) -> Result<()> {
-        if let Some(p) = Pid::from_raw(pid) {
-            let _ = rustix::process::kill_process(p, signal);
-        }
-        let deadline = Instant::now() + grace;
-        if let Some(child) = self.children.get_mut(&pid) {
-            loop {
-                if child.try_wait().ok().flatten().is_some() {
-                    break;
+        match self.children.get_mut(&pid) {
+            Some(child) => stop_child(child, signal, grace),
+            None => {
+                if let Some(p) = Pid::from_raw(pid) {
+                    let _ = rustix::process::kill_process(p, signal);
                 }
-                if Instant::now() >= deadline {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
             }
         }
         self.children.remove(&pid);
@@ -345,12 +316,7 @@ pub fn down() -> Result<String> {
 /// The record is rewritten on every namespace and process; an interrupted lab must still leave
 /// it whole (old or new, never truncated) or `down` cannot find what to remove.
 fn replace_file(path: &Path, contents: &str) -> Result<()> {
-    use std::io::Write;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)
-        .with_context(|| format!("creating a temporary file next to {}", path.display()))?;
-    tmp.write_all(contents.as_bytes())
-        .and_then(|()| tmp.persist(path).map(drop).map_err(|e| e.error))
+    kuport_testkit::fs::write_atomically(path, contents)
         .with_context(|| format!("writing {}", path.display()))
 }
 

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use kuport_sim::apiserver::{ApiServer, kubeconfig};
+use kuport_testkit::fs::write_atomically;
 
 #[derive(Parser)]
 #[command(
@@ -61,6 +62,8 @@ async fn main() -> Result<()> {
                 .local_addr()
                 .context("reading the listening address")?;
             let path = path.unwrap_or_else(|| std::env::temp_dir().join("kuport-sim.kubeconfig"));
+            // Readers poll for the kubeconfig while the server starts; a rename means they see
+            // either no file or the whole file, never the empty one a truncating write leaves.
             write_atomically(&path, &kubeconfig(&format!("http://{addr}")))
                 .with_context(|| format!("writing the kubeconfig {}", path.display()))?;
             println!("{}", path.display());
@@ -71,40 +74,5 @@ async fn main() -> Result<()> {
             }
             Ok(())
         }
-    }
-}
-
-/// Readers poll for the kubeconfig while the server starts; a rename means they see either no file
-/// or the whole file, never the empty one a truncating write leaves for a moment.
-fn write_atomically(path: &std::path::Path, contents: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(std::path::Path::new("."));
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-    tmp.write_all(contents.as_bytes())?;
-    tmp.persist(path).map_err(|e| e.error)?;
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::write_atomically;
-
-    #[test]
-    fn kubeconfig_replaces_the_old_file_whole_and_leaves_no_temp_file() {
-        let dir = std::env::temp_dir().join(format!("kuport-sim-write-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("kubeconfig");
-        std::fs::write(&path, "old").unwrap();
-        write_atomically(&path, "new contents").unwrap();
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), "new contents");
-        let names: Vec<_> = std::fs::read_dir(&dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        std::fs::remove_dir_all(&dir).unwrap();
-        assert_eq!(names, vec!["kubeconfig"]);
     }
 }

@@ -11,6 +11,7 @@ use common::*;
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Node};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kuport_core::api::{PortMap, PortMapStatus};
+use kuport_testkit::objects::base_portmap_spec;
 use serde_json::{Value, json};
 
 fn rv_of(o: &impl kube::ResourceExt) -> u64 {
@@ -29,7 +30,7 @@ async fn crud_round_trip_with_server_owned_metadata(target: Target) {
     let created = api
         .create(
             &PostParams::default(),
-            &portmap_doc("gameserver", base_spec()),
+            &portmap_doc("gameserver", base_portmap_spec()),
         )
         .await
         .expect("created");
@@ -68,7 +69,7 @@ async fn crud_round_trip_with_server_owned_metadata(target: Target) {
     let again = api
         .create(
             &PostParams::default(),
-            &portmap_doc("gameserver", base_spec()),
+            &portmap_doc("gameserver", base_portmap_spec()),
         )
         .await;
     let status = api_error(again);
@@ -113,7 +114,10 @@ async fn creating_in_a_missing_namespace_is_404_and_names_must_be_dns(target: Ta
     };
     let status = api_error(
         t.raw_portmaps("nowhere")
-            .create(&PostParams::default(), &portmap_doc("x", base_spec()))
+            .create(
+                &PostParams::default(),
+                &portmap_doc("x", base_portmap_spec()),
+            )
             .await,
     );
     assert_eq!(status.code, 404);
@@ -143,7 +147,7 @@ async fn status_subresource_isolation_both_ways(target: Target) {
     t.namespace("games").await;
     let api = t.raw_portmaps("games");
     // Status sent on create is dropped.
-    let mut doc = portmap_doc("gs", base_spec());
+    let mut doc = portmap_doc("gs", base_portmap_spec());
     doc.data["status"] = json!({"observedGeneration": 9});
     let created = api
         .create(&PostParams::default(), &doc)
@@ -214,7 +218,10 @@ async fn stale_resource_version_is_a_409_conflict(target: Target) {
     t.namespace("games").await;
     let api = t.raw_portmaps("games");
     let created = api
-        .create(&PostParams::default(), &portmap_doc("gs", base_spec()))
+        .create(
+            &PostParams::default(),
+            &portmap_doc("gs", base_portmap_spec()),
+        )
         .await
         .expect("created");
     let mut first = created.clone();
@@ -273,7 +280,10 @@ async fn generation_moves_on_spec_changes_only_and_no_ops_keep_the_version(targe
     t.namespace("games").await;
     let api = t.raw_portmaps("games");
     let created = api
-        .create(&PostParams::default(), &portmap_doc("gs", base_spec()))
+        .create(
+            &PostParams::default(),
+            &portmap_doc("gs", base_portmap_spec()),
+        )
         .await
         .expect("created");
     let labelled = api
@@ -406,10 +416,13 @@ async fn cel_rules_refuse_changing_each_immutable_field(target: Target) {
     t.namespace("games").await;
     let api = t.raw_portmaps("games");
     let ranged = api
-        .create(&PostParams::default(), &portmap_doc("ranged", base_spec()))
+        .create(
+            &PostParams::default(),
+            &portmap_doc("ranged", base_portmap_spec()),
+        )
         .await
         .expect("created");
-    let mut single_spec = base_spec();
+    let mut single_spec = base_portmap_spec();
     single_spec
         .as_object_mut()
         .expect("object")
@@ -511,7 +524,7 @@ async fn cel_rules_refuse_end_port_below_port_and_min_above_max(target: Target) 
         return;
     };
     t.namespace("games").await;
-    let mut spec = base_spec();
+    let mut spec = base_portmap_spec();
     spec["endPort"] = json!(2999);
     let status = api_error(
         t.raw_portmaps("games")
@@ -540,12 +553,12 @@ async fn cel_rules_accept_what_they_should(target: Target) {
     t.namespace("games").await;
     let api = t.raw_portmaps("games");
     let pp = PostParams::default();
-    let mut single = base_spec();
+    let mut single = base_portmap_spec();
     single.as_object_mut().expect("object").remove("endPort");
-    let mut equal = base_spec();
+    let mut equal = base_portmap_spec();
     equal["endPort"] = json!(3000);
     for (name, spec) in [
-        ("ranged", base_spec()),
+        ("ranged", base_portmap_spec()),
         ("single", single),
         ("equal", equal),
     ] {
@@ -614,7 +627,7 @@ async fn schema_rejections_match_the_real_server(target: Target) {
             )
         }
     };
-    let mut spec = base_spec();
+    let mut spec = base_portmap_spec();
     spec["port"] = json!(70000);
     spec["endPort"] = json!(70001);
     let status = create(spec).await;
@@ -624,11 +637,11 @@ async fn schema_rejections_match_the_real_server(target: Target) {
         "Invalid value: 70000: spec.port in body should be less than or equal to 65535",
     );
 
-    let mut spec = base_spec();
+    let mut spec = base_portmap_spec();
     spec.as_object_mut().expect("object").remove("className");
     assert_invalid(&create(spec).await, "spec.className", "Required value");
 
-    let mut spec = base_spec();
+    let mut spec = base_portmap_spec();
     spec["protocol"] = json!("SCTP");
     let status = create(spec).await;
     assert_invalid(&status, "spec.protocol", "Unsupported value: \"SCTP\"");
@@ -637,11 +650,11 @@ async fn schema_rejections_match_the_real_server(target: Target) {
         "FieldValueNotSupported"
     );
 
-    let mut spec = base_spec();
+    let mut spec = base_portmap_spec();
     spec["port"] = json!("3000");
     assert_invalid(&create(spec).await, "spec.port", "must be of type integer");
 
-    let mut spec = base_spec();
+    let mut spec = base_portmap_spec();
     spec["className"] = json!("");
     assert_invalid(
         &create(spec).await,
@@ -659,7 +672,7 @@ async fn schema_rejections_match_the_real_server(target: Target) {
     assert_invalid(&status, "spec.nodes", "should have at least 1 properties");
 
     // Unknown fields are pruned by default and refused under fieldValidation=Strict.
-    let mut spec = base_spec();
+    let mut spec = base_portmap_spec();
     spec["bogus"] = json!(1);
     let stored = api
         .create(&PostParams::default(), &portmap_doc("pruned", spec.clone()))
@@ -901,7 +914,10 @@ async fn finalizers_hold_deletion_until_removed_and_namespaces_cascade(target: T
 
     t.namespace("games").await;
     t.raw_portmaps("games")
-        .create(&PostParams::default(), &portmap_doc("gs", base_spec()))
+        .create(
+            &PostParams::default(),
+            &portmap_doc("gs", base_portmap_spec()),
+        )
         .await
         .expect("created");
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(t.client.clone());

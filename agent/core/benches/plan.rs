@@ -11,11 +11,12 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::jiff::Timestamp;
 use kuport_core::api::{LinkClaim, PortMapClass};
 use kuport_core::ir::Rule;
 use kuport_core::plan::{AcceptedReason, Plan, ProgrammedReason, plan};
 use kuport_core::snapshot::{CniFacts, HostFacts, Snapshot};
+use kuport_testkit::cluster::now;
+use kuport_testkit::objects::{self, endpoint, link_claim, node_row, pm, slice};
 use serde_json::{Value, json};
 
 const CLASSES: usize = 10;
@@ -26,10 +27,6 @@ const EDGE_PER_MULTI: usize = 4;
 const NAMESPACES: usize = 100;
 const WARMUP: usize = 3;
 const RUNS: usize = 21;
-
-fn now() -> Timestamp {
-    "2026-06-01T12:00:00Z".parse().expect("timestamp")
-}
 
 fn node_name(i: usize) -> String {
     format!("node-{i:03}")
@@ -65,20 +62,14 @@ fn cluster(size: &Size) -> Snapshot {
         ..Snapshot::default()
     };
     for i in 0..size.nodes {
-        snap.nodes.push(
-            serde_json::from_value(json!({"metadata": {"name": node_name(i)}, "status": {
-                "addresses": [{"type": "InternalIP", "address": format!("100.64.{}.{}", i / 250, 1 + i % 250)}],
-                "conditions": [{"type": "Ready", "status": "True"}]}}))
-            .expect("node"),
-        );
+        let ip = format!("100.64.{}.{}", i / 250, 1 + i % 250);
+        let node = objects::node(&node_name(i), Some(&ip), true);
+        snap.nodes.push(serde_json::from_value(node).expect("node"));
     }
     for n in 0..NAMESPACES {
-        snap.namespaces.push(
-            serde_json::from_value(
-                json!({"metadata": {"name": format!("ns-{n:02}"), "labels": {"tier": "public"}}}),
-            )
-            .expect("namespace"),
-        );
+        let ns = objects::namespace(&format!("ns-{n:02}"), json!({"tier": "public"}));
+        snap.namespaces
+            .push(serde_json::from_value(ns).expect("namespace"));
     }
     let mut members: Vec<Vec<usize>> = vec![Vec::new(); CLASSES];
     for i in 0..size.nodes {
@@ -104,25 +95,24 @@ fn class(k: usize, nodes: &[usize]) -> PortMapClass {
     let rows: Vec<Value> = nodes
         .iter()
         .map(|i| {
-            json!({"name": node_name(*i), "ready": true, "underlayMTU": 1450, "linkMTU": 1400,
-                   "addresses": {"eth0": format!("203.0.{}.{}", i / 250, 1 + i % 250),
-                                 "wt0": format!("100.64.{}.{}", i / 250, 1 + i % 250)}})
+            let addresses = json!({"eth0": format!("203.0.{}.{}", i / 250, 1 + i % 250),
+                                   "wt0": format!("100.64.{}.{}", i / 250, 1 + i % 250)});
+            node_row(&node_name(*i), addresses, 1450)
         })
         .collect();
     let mode = if k.is_multiple_of(2) { "Vxlan" } else { "None" };
     let serving = if k < MULTI_CLASSES { "Multi" } else { "Single" };
-    serde_json::from_value(json!({
-        "apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMapClass",
-        "metadata": {"name": class_name(k), "creationTimestamp": "2026-01-01T00:00:00Z", "generation": 1},
-        "spec": {
-            "nodes": node_map, "servingMode": serving,
-            "ports": {"min": 1024, "max": 65535, "reserved": [1080]},
-            "namespaceSelector": {"matchLabels": {"tier": "public"}},
-            "returnPath": {"mode": mode, "vxlan": {
-                "vni": 10_000 + 4096 * k, "port": 4790, "subnet": format!("169.254.{}.0/20", 16 * k)}}},
-        "status": {"nodes": rows}
-    }))
-    .expect("class")
+    let spec = json!({
+        "nodes": node_map, "servingMode": serving,
+        "ports": {"min": 1024, "max": 65535, "reserved": [1080]},
+        "namespaceSelector": {"matchLabels": {"tier": "public"}},
+        "returnPath": {"mode": mode, "vxlan": {
+            "vni": 10_000 + 4096 * k, "port": 4790, "subnet": format!("169.254.{}.0/20", 16 * k)}}});
+    let class = objects::class(&class_name(k), spec)
+        .created(kuport_testkit::cluster::CREATED)
+        .generation(1)
+        .status(json!({"nodes": rows}));
+    serde_json::from_value(class.object()).expect("class")
 }
 
 /// PortMap `j` and its Service's EndpointSlice (one ready pod).
@@ -152,20 +142,24 @@ fn portmap(
     } else {
         protocol
     };
-    let mut spec = json!({"className": class_name(k), "protocol": protocol, "port": port,
-        "serviceRef": {"name": name, "port": "game"}});
+    let port = i32::try_from(port).expect("a port");
+    let created = format!(
+        "2026-02-01T{:02}:{:02}:{:02}Z",
+        (j / 3600) % 24,
+        (j / 60) % 60,
+        j % 60
+    );
+    let mut p = pm(&namespace, &name, &class_name(k), port)
+        .protocol(protocol)
+        .generation(1)
+        .created(&created);
     if range {
-        spec["endPort"] = json!(port + 3);
+        p = p.end(port + 3);
     }
     if j % 5 == 1 {
-        spec["interfaces"] = json!(["eth0"]);
+        p = p.ifaces(&["eth0"]);
     }
-    let pm = serde_json::from_value(json!({
-        "apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMap",
-        "metadata": {"name": name, "namespace": namespace, "generation": 1,
-                     "creationTimestamp": format!("2026-02-01T{:02}:{:02}:{:02}Z", (j / 3600) % 24, (j / 60) % 60, j % 60)},
-        "spec": spec}))
-    .expect("portmap");
+    let pm = serde_json::from_value(p.object()).expect("portmap");
     // Half of the pods run on an accepting node of the class, half elsewhere (remote).
     let nodes = &members[k];
     let all: usize = members.iter().map(Vec::len).sum();
@@ -180,16 +174,14 @@ fn portmap(
     } else {
         port
     };
-    let slice = serde_json::from_value(json!({
-        "metadata": {"name": format!("{name}-abcde"), "namespace": namespace,
-                     "labels": {"kubernetes.io/service-name": name}},
-        "addressType": "IPv4",
-        "ports": [{"name": "game", "protocol": protocol, "port": pod_port}],
-        "endpoints": [{"addresses": [format!("10.{}.{}.{}", 100 + j / 65536, (j / 256) % 256, j % 256)],
-                       "nodeName": node_name(pod_node), "conditions": {"ready": true},
-                       "targetRef": {"kind": "Pod", "name": format!("{name}-0"), "namespace": namespace}}]
-    }))
-    .expect("slice");
+    let address = format!("10.{}.{}.{}", 100 + j / 65536, (j / 256) % 256, j % 256);
+    let pod = endpoint(&address, &node_name(pod_node))
+        .ready(true)
+        .pod(&namespace, &format!("{name}-0"));
+    let slice = slice(&namespace, &format!("{name}-abcde"), &name)
+        .port("game", protocol, pod_port)
+        .endpoint(pod);
+    let slice = serde_json::from_value(slice.object()).expect("slice");
     (pm, slice)
 }
 
@@ -211,9 +203,7 @@ fn land_half_of_the_needed_claims(snap: &mut Snapshot) {
             .iter_mut()
             .find(|c| c.metadata.name.as_deref() == Some(class.as_str()))
             .expect("class of a link");
-        let claim: LinkClaim = serde_json::from_value(json!({
-            "key": key, "peers": key.split('/').collect::<Vec<_>>(), "slot": slot, "subnet": ""}))
-        .expect("claim");
+        let claim: LinkClaim = serde_json::from_value(link_claim(&key, slot, "")).expect("claim");
         c.status
             .get_or_insert_with(Default::default)
             .links

@@ -8,6 +8,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 use kube::core::cel::Validator;
 use kuport_core::api::{PortMap, PortMapClass};
+use kuport_testkit::objects::{self, base_portmap_spec, kuport_object, none_spec};
 use serde_json::{Value, json};
 
 fn columns(crd: &CustomResourceDefinition) -> Vec<(String, String, i32)> {
@@ -341,13 +342,11 @@ fn every_field_has_a_description() {
 // --- CEL rules, evaluated with the kube-rs CEL implementation the API server model uses ---
 
 fn portmap(spec: Value) -> Value {
-    json!({"apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMap",
-           "metadata": {"name": "game", "namespace": "games"}, "spec": spec})
-}
-
-fn base_spec() -> Value {
-    json!({"className": "public", "protocol": "UDP", "port": 3000, "endPort": 3009,
-           "serviceRef": {"name": "gameserver", "port": "game"}})
+    kuport_object(
+        "PortMap",
+        json!({"name": "game", "namespace": "games"}),
+        spec,
+    )
 }
 
 fn with(mut spec: Value, field: &str, value: Value) -> Value {
@@ -371,16 +370,19 @@ fn pm_errors(new: &Value, old: Option<&Value>) -> Vec<String> {
 
 #[test]
 fn cel_accepts_a_valid_portmap_and_a_single_port() {
-    assert_eq!(pm_errors(&portmap(base_spec()), None), Vec::<String>::new());
-    let single = with(base_spec(), "endPort", Value::Null);
+    assert_eq!(
+        pm_errors(&portmap(base_portmap_spec()), None),
+        Vec::<String>::new()
+    );
+    let single = with(base_portmap_spec(), "endPort", Value::Null);
     assert_eq!(pm_errors(&portmap(single), None), Vec::<String>::new());
-    let equal = with(base_spec(), "endPort", json!(3000));
+    let equal = with(base_portmap_spec(), "endPort", json!(3000));
     assert_eq!(pm_errors(&portmap(equal), None), Vec::<String>::new());
 }
 
 #[test]
 fn cel_refuses_end_port_below_port() {
-    let bad = portmap(with(base_spec(), "endPort", json!(2999)));
+    let bad = portmap(with(base_portmap_spec(), "endPort", json!(2999)));
     let errors = pm_errors(&bad, None);
     assert_eq!(errors.len(), 1, "{errors:?}");
     assert!(
@@ -391,7 +393,7 @@ fn cel_refuses_end_port_below_port() {
 
 #[test]
 fn cel_refuses_changing_each_immutable_field() {
-    let old = portmap(base_spec());
+    let old = portmap(base_portmap_spec());
     let cases = [
         ("className", json!("intranet"), "className is immutable"),
         ("protocol", json!("TCP"), "protocol is immutable"),
@@ -400,7 +402,7 @@ fn cel_refuses_changing_each_immutable_field() {
         ("endPort", Value::Null, "endPort is immutable"),
     ];
     for (field, value, expected) in cases {
-        let new = portmap(with(base_spec(), field, value.clone()));
+        let new = portmap(with(base_portmap_spec(), field, value.clone()));
         let errors = pm_errors(&new, Some(&old));
         assert!(
             errors.iter().any(|e| e.contains(expected)),
@@ -408,8 +410,8 @@ fn cel_refuses_changing_each_immutable_field() {
         );
     }
     // Adding an endPort to a single-port mapping is a change too.
-    let old_single = portmap(with(base_spec(), "endPort", Value::Null));
-    let errors = pm_errors(&portmap(base_spec()), Some(&old_single));
+    let old_single = portmap(with(base_portmap_spec(), "endPort", Value::Null));
+    let errors = pm_errors(&portmap(base_portmap_spec()), Some(&old_single));
     assert!(
         errors.iter().any(|e| e.contains("endPort is immutable")),
         "{errors:?}"
@@ -418,16 +420,16 @@ fn cel_refuses_changing_each_immutable_field() {
 
 #[test]
 fn cel_allows_changing_interfaces_and_service_ref() {
-    let old = portmap(base_spec());
-    let mut spec = with(base_spec(), "interfaces", json!(["wt0"]));
+    let old = portmap(base_portmap_spec());
+    let mut spec = with(base_portmap_spec(), "interfaces", json!(["wt0"]));
     spec["serviceRef"] = json!({"name": "other", "port": "game"});
     assert_eq!(pm_errors(&portmap(spec), Some(&old)), Vec::<String>::new());
 }
 
 fn class(ports: Value) -> Value {
-    json!({"apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMapClass", "metadata": {"name": "c"},
-           "spec": {"nodes": {"a": {"interfaces": ["eth0"]}}, "ports": ports,
-                    "returnPath": {"mode": "None"}}})
+    let mut spec = none_spec(&[("a", &["eth0"])]);
+    spec["ports"] = ports;
+    objects::class("c", spec).object()
 }
 
 fn class_errors(obj: &Value) -> Vec<String> {

@@ -1,9 +1,7 @@
 //! Admission (`Accepted`) and conflicts: one test per reason, and the order they are checked in.
 
-mod fixture;
-
-use fixture::*;
 use kuport_core::plan::AcceptedReason as A;
+use kuport_testkit::cluster::*;
 use serde_json::{Value, json};
 
 fn cluster() -> Cluster {

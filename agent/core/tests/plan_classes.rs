@@ -1,9 +1,7 @@
 //! Class `Ready` reasons, link slots, garbage collection and link identifiers.
 
-mod fixture;
-
-use fixture::*;
 use kuport_core::plan::{ClassReason as C, GcKind, ProgrammedReason as P};
+use kuport_testkit::cluster::*;
 use serde_json::{Value, json};
 
 fn ready(plan: &kuport_core::plan::Plan, class: &str) -> (C, String) {

@@ -1,13 +1,11 @@
 //! Golden renderings of the datapath IR for each node role, and checks of what each role emits.
 //! Regenerate the files with `KUPORT_BLESS=1 cargo test -p kuport-core --test plan_golden`.
 
-mod fixture;
-
-use fixture::*;
 use kuport_core::ir::{ChainId, MarkLayout, Rule};
 use kuport_core::plan::Plan;
 use kuport_core::render::nft_text;
 use kuport_core::report::PlanReport;
+use kuport_testkit::cluster::*;
 use serde_json::{Value, json};
 
 fn golden(case: &str, plan: &Plan) {

@@ -2,13 +2,11 @@
 //! the steering stage, ports the node depends on, interface names, the stand-in block, the mark
 //! layout and stable link ids, and isolating a refused link.
 
-mod fixture;
-
-use fixture::*;
 use kuport_core::api::valid_interface_name;
 use kuport_core::ir::{ChainId, MarkLayout, Rule, STAND_IN};
 use kuport_core::plan::AcceptedReason as A;
 use kuport_core::plan::ClassReason;
+use kuport_testkit::cluster::*;
 use serde_json::{Value, json};
 
 fn edge_facts() -> kuport_core::snapshot::HostFacts {

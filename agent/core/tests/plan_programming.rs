@@ -1,9 +1,7 @@
 //! Endpoint choice, serving and programming nodes, the `Programmed` gates and the status writer.
 
-mod fixture;
-
-use fixture::*;
 use kuport_core::plan::ProgrammedReason as P;
+use kuport_testkit::cluster::*;
 use serde_json::{Value, json};
 
 fn programmed(c: &Cluster, ns: &str, name: &str) -> (P, String) {

@@ -20,6 +20,7 @@ use kuport_core::api::{LinkClaim, PortMapClass};
 use kuport_core::plan::merge::{class_parts, merge_class_status, portmap_status_equivalent};
 use kuport_core::plan::{AcceptedReason, Plan, plan};
 use kuport_core::snapshot::{CniFacts, HostFacts, Snapshot};
+use kuport_testkit::objects;
 use proptest::prelude::*;
 use proptest::sample::select;
 use proptest::test_runner::Config as ProptestConfig;
@@ -729,20 +730,24 @@ fn model() -> impl Strategy<Value = Model> {
 // From the model to the plan's inputs.
 
 fn node_json(n: &NodeM) -> Value {
-    let mut addresses = Vec::new();
-    if n.noise {
-        addresses.push(json!({"type": "InternalIP", "address": "fd00::1"}));
-        addresses.push(json!({"type": "ExternalIP", "address": "198.51.100.1"}));
+    let ip = n.ip.map(|ip| format!("100.64.0.{ip}"));
+    let mut node = objects::node(n.name, ip.as_deref(), n.ready);
+    let status = &mut node["status"];
+    if n.noise
+        && let Some(addresses) = status["addresses"].as_array_mut()
+    {
+        addresses.splice(
+            0..0,
+            [
+                json!({"type": "InternalIP", "address": "fd00::1"}),
+                json!({"type": "ExternalIP", "address": "198.51.100.1"}),
+            ],
+        );
     }
-    if let Some(ip) = n.ip {
-        addresses.push(json!({"type": "InternalIP", "address": format!("100.64.0.{ip}")}));
+    if let Some(conditions) = status["conditions"].as_array_mut() {
+        conditions.insert(0, json!({"type": "MemoryPressure", "status": "False"}));
     }
-    json!({"metadata": {"name": n.name}, "status": {
-    "addresses": addresses,
-    "conditions": [
-        {"type": "MemoryPressure", "status": "False"},
-        {"type": "Ready", "status": if n.ready { "True" } else { "False" }},
-    ]}})
+    node
 }
 
 fn selector_json(s: &SelM) -> Value {
@@ -792,12 +797,10 @@ fn class_json(c: &ClassM) -> Value {
     if let Some(sel) = &c.selector {
         spec["namespaceSelector"] = selector_json(sel);
     }
-    let mut metadata = json!({"name": c.name, "generation": 3});
+    let mut class = objects::class(c.name, spec).generation(3);
     if let Some(t) = c.created {
-        metadata["creationTimestamp"] = json!(t);
+        class = class.created(t);
     }
-    let mut obj = json!({"apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMapClass",
-        "metadata": metadata, "spec": spec});
     if !c.rows.is_empty() || !c.claims.is_empty() {
         let rows: Vec<Value> = c
             .rows
@@ -822,37 +825,34 @@ fn class_json(c: &ClassM) -> Value {
             .claims
             .iter()
             .map(|l| {
-                let mut claim = json!({"key": l.key, "peers": l.key.split('/').collect::<Vec<_>>(),
-                    "slot": l.slot, "subnet": ""});
+                let mut claim = objects::link_claim(&l.key, l.slot, "");
                 if let Some(t) = l.unused_since {
                     claim["unusedSince"] = json!(t);
                 }
                 claim
             })
             .collect();
-        obj["status"] = json!({
+        class = class.status(json!({
             "conditions": [{"type": "Ready", "status": "True", "reason": "Valid", "message": "",
                             "lastTransitionTime": TIMES[0]}],
-            "nodes": rows, "links": claims});
+            "nodes": rows, "links": claims}));
     }
-    obj
+    class.object()
 }
 
 fn portmap_json(p: &PmM) -> Value {
-    let mut spec = json!({"className": p.class, "protocol": if p.tcp { "TCP" } else { "UDP" },
-        "port": p.port, "serviceRef": {"name": p.service, "port": p.port_name}});
+    let mut pm = objects::pm(p.namespace, p.name, p.class, p.port)
+        .protocol(if p.tcp { "TCP" } else { "UDP" })
+        .service(p.service, p.port_name)
+        .ifaces(&p.interfaces)
+        .generation(2);
     if let Some(end) = p.end_port {
-        spec["endPort"] = json!(end);
+        pm = pm.end(end);
     }
-    if !p.interfaces.is_empty() {
-        spec["interfaces"] = json!(p.interfaces);
-    }
-    let mut metadata = json!({"name": p.name, "namespace": p.namespace, "generation": 2});
     if let Some(t) = p.created {
-        metadata["creationTimestamp"] = json!(t);
+        pm = pm.created(t);
     }
-    json!({"apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMap",
-        "metadata": metadata, "spec": spec})
+    pm.object()
 }
 
 fn slice_json(s: &SliceM, i: usize) -> Value {

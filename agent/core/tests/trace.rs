@@ -2,14 +2,12 @@
 //! its reply, a forwarded packet and an injected link frame. The unprivileged twin of the lab's
 //! probes; each check also shows the tracer noticing a rule taken away.
 
-mod fixture;
-
 use std::net::Ipv4Addr;
 
-use fixture::*;
 use kuport_core::api::Protocol;
 use kuport_core::ir::{ChainId, HostState, MAIN_TABLE, Rule};
 use kuport_core::trace::{Packet, RouteDecision, trace};
+use kuport_testkit::cluster::*;
 use serde_json::json;
 
 const CLIENT: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);

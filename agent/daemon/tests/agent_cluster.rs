@@ -23,10 +23,16 @@ use kuport_core::ir::Rule;
 use kuport_core::snapshot::HostFacts;
 use kuport_host::{LinkEvent, MappingCounter, MemoryHost};
 use kuport_sim::apiserver::{ApiServer, Failure, RequestFilter};
+use kuport_testkit::objects::{
+    self, DAEMONSET_NAMESPACE, agent_daemonset, agent_pod, endpoint, pm, slice, vxlan_spec,
+};
+use kuport_testkit::wait;
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
 const DEADLINE: Duration = Duration::from_secs(30);
+/// How often a wait looks again.
+const POLL: Duration = Duration::from_millis(25);
 
 struct RunningAgent {
     name: String,
@@ -216,7 +222,7 @@ impl Cluster {
                 self.assert_rbac_allowed_everything();
             }
         };
-        eventually_checking(what, check, rbac).await;
+        wait::eventually_checking(what, DEADLINE, POLL, check, rbac).await;
     }
 
     fn start_agent(&mut self, i: usize, resync: Duration) {
@@ -275,21 +281,11 @@ impl Cluster {
             .expect("namespace");
         let nodes: Api<Node> = Api::all(self.client.clone());
         for i in 1..=3 {
-            let node = json!({
-                "metadata": {"name": format!("n{i}")},
-                "status": {
-                    "addresses": [{"type": "InternalIP", "address": format!("10.0.0.{i}")}],
-                    "conditions": [{"type": "Ready", "status": "True"}],
-                },
-            });
+            let node = objects::node(&format!("n{i}"), Some(&format!("10.0.0.{i}")), true);
             nodes.create(&pp, &from(node)).await.expect("node");
         }
         let classes: Api<PortMapClass> = Api::all(self.client.clone());
-        let class = json!({
-            "apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMapClass",
-            "metadata": {"name": "public"},
-            "spec": {"nodes": {"n1": {"interfaces": ["eth0"]}}, "returnPath": {"mode": "Vxlan"}},
-        });
+        let class = objects::class("public", vxlan_spec(&[("n1", &["eth0"])])).object();
         classes.create(&pp, &from(class)).await.expect("class");
         self.set_endpoint(Some(2), true).await;
         self.create_portmap("game", 3000).await;
@@ -298,14 +294,9 @@ impl Cluster {
     /// A UDP PortMap `games/<name>` of class `public` on `port`, aimed at the `gameserver` pod.
     async fn create_portmap(&self, name: &str, port: u16) {
         let portmaps: Api<PortMap> = Api::namespaced(self.client.clone(), "games");
-        let pm = json!({
-            "apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMap",
-            "metadata": {"name": name, "namespace": "games"},
-            "spec": {"className": "public", "protocol": "UDP", "port": port,
-                     "serviceRef": {"name": "gameserver", "port": "game"}},
-        });
+        let portmap = pm("games", name, "public", port.into()).service("gameserver", "game");
         portmaps
-            .create(&PostParams::default(), &from(pm))
+            .create(&PostParams::default(), &from(portmap.object()))
             .await
             .expect("portmap");
     }
@@ -313,22 +304,15 @@ impl Cluster {
     /// Puts the `gameserver` pod on node `n<node>` (creating or replacing the slice).
     async fn set_endpoint(&self, node: Option<usize>, create: bool) {
         let slices: Api<EndpointSlice> = Api::namespaced(self.client.clone(), "games");
-        let endpoints: Vec<Value> = node
-            .map(|n| {
-                json!({"addresses": [format!("10.244.{n}.5")], "conditions": {"ready": true},
-                       "nodeName": format!("n{n}"),
-                       "targetRef": {"kind": "Pod", "name": "gameserver-0", "namespace": "games"}})
-            })
-            .into_iter()
-            .collect();
-        let mut slice = json!({
-            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-            "metadata": {"name": "gameserver-abc", "namespace": "games",
-                         "labels": {"kubernetes.io/service-name": "gameserver"}},
-            "addressType": "IPv4",
-            "ports": [{"name": "game", "protocol": "UDP", "port": 3000}],
-            "endpoints": endpoints,
-        });
+        let mut gameserver =
+            slice("games", "gameserver-abc", "gameserver").port("game", "UDP", 3000);
+        if let Some(n) = node {
+            let pod = endpoint(&format!("10.244.{n}.5"), &format!("n{n}"))
+                .ready(true)
+                .pod("games", "gameserver-0");
+            gameserver = gameserver.endpoint(pod);
+        }
+        let mut slice = gameserver.object();
         if create {
             slices
                 .create(&PostParams::default(), &from(slice))
@@ -404,8 +388,6 @@ impl Cluster {
     }
 }
 
-/// Waits until `check` holds, failing with `what` after the deadline; runs `also` on every
-/// round (it fails the test by panicking).
 /// Waits until `check` holds, failing with `what` after the deadline (tests on the model only,
 /// where no role is enforced).
 async fn eventually<F, Fut>(what: &str, check: F)
@@ -413,26 +395,7 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    eventually_checking(what, check, || {}).await;
-}
-
-async fn eventually_checking<F, Fut>(what: &str, mut check: F, also: impl Fn())
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        also();
-        if check().await {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    wait::eventually(what, DEADLINE, POLL, check).await;
 }
 
 fn dnats(host: &MemoryHost) -> Vec<kuport_core::ir::DnatRule> {
@@ -641,27 +604,23 @@ async fn two_pod_nodes_claim_links_concurrently_and_get_distinct_slots() {
     slices
         .create(
             &pp,
-            &from(json!({
-                "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-                "metadata": {"name": "voice-abc", "namespace": "games",
-                             "labels": {"kubernetes.io/service-name": "voice"}},
-                "addressType": "IPv4",
-                "ports": [{"name": "voice", "protocol": "UDP", "port": 4000}],
-                "endpoints": [{"addresses": ["10.244.3.7"], "conditions": {"ready": true},
-                               "nodeName": "n3"}],
-            })),
+            &from(
+                slice("games", "voice-abc", "voice")
+                    .port("voice", "UDP", 4000)
+                    .endpoint(endpoint("10.244.3.7", "n3").ready(true))
+                    .object(),
+            ),
         )
         .await
         .expect("slice");
     Api::<PortMap>::namespaced(c.client.clone(), "games")
         .create(
             &pp,
-            &from(json!({
-                "apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMap",
-                "metadata": {"name": "voice", "namespace": "games"},
-                "spec": {"className": "public", "protocol": "UDP", "port": 4000,
-                         "serviceRef": {"name": "voice", "port": "voice"}},
-            })),
+            &from(
+                pm("games", "voice", "public", 4000)
+                    .service("voice", "voice")
+                    .object(),
+            ),
         )
         .await
         .expect("portmap");
@@ -798,40 +757,20 @@ async fn install_daemonset(c: &Cluster) -> String {
     use k8s_openapi::api::core::v1::Pod;
     let pp = PostParams::default();
     Api::<Namespace>::all(c.client.clone())
-        .create(&pp, &from(json!({"metadata": {"name": "kuport-system"}})))
-        .await
-        .expect("namespace");
-    let ds: DaemonSet = Api::namespaced(c.client.clone(), "kuport-system")
         .create(
             &pp,
-            &from(json!({
-                "metadata": {"name": "kuport-agent", "namespace": "kuport-system"},
-                "spec": {
-                    "selector": {"matchLabels": {"app.kubernetes.io/name": "kuport"}},
-                    "template": {
-                        "metadata": {"labels": {"app.kubernetes.io/name": "kuport"}},
-                        "spec": {"containers": [{"name": "agent", "image": "kuport"}]},
-                    },
-                },
-            })),
+            &from(objects::namespace(DAEMONSET_NAMESPACE, Value::Null)),
         )
+        .await
+        .expect("namespace");
+    let ds: DaemonSet = Api::namespaced(c.client.clone(), DAEMONSET_NAMESPACE)
+        .create(&pp, &from(agent_daemonset()))
         .await
         .expect("daemonset");
     let uid = ds.metadata.uid.expect("the model assigns a uid");
     for i in 1..=3 {
-        Api::<Pod>::namespaced(c.client.clone(), "kuport-system")
-            .create(
-                &pp,
-                &from(json!({
-                    "metadata": {
-                        "name": format!("kuport-agent-n{i}"), "namespace": "kuport-system",
-                        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
-                            "name": "kuport-agent", "uid": uid, "controller": true}],
-                    },
-                    "spec": {"nodeName": format!("n{i}"),
-                             "containers": [{"name": "agent", "image": "kuport"}]},
-                })),
-            )
+        Api::<Pod>::namespaced(c.client.clone(), DAEMONSET_NAMESPACE)
+            .create(&pp, &from(agent_pod(&format!("n{i}"), &uid)))
             .await
             .expect("pod");
     }

@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use kuport_core::api::Protocol;
 use kuport_core::ir::HostState;
 use kuport_host::{FactsQuery, Host, LinuxHost};
-use netns::{GOLDEN, Netns, block_on, child, foreign_state, golden_ir, golden_nft, sh};
+use netns::{GOLDEN, block_on, child, foreign_state, golden_ir, golden_nft, namespace, sh};
 
 const TESTS: &[netns::Test] = &[
     (
@@ -81,7 +81,7 @@ fn env_case() -> String {
 
 fn golden_states() {
     for case in GOLDEN {
-        let ns = Netns::new("golden");
+        let ns = namespace("golden");
         child(&ns, "apply_golden", &[("KUPORT_CASE", case)]);
     }
 }
@@ -254,7 +254,7 @@ fn assert_nothing_owned() {
 // ---- foreign state ----
 
 fn foreign_untouched() {
-    let ns = Netns::new("foreign");
+    let ns = namespace("foreign");
     child(
         &ns,
         "apply_twice_and_teardown",
@@ -292,7 +292,7 @@ fn child_apply_twice_and_teardown() {
 // ---- update ----
 
 fn update_only_changes() {
-    let ns = Netns::new("update");
+    let ns = namespace("update");
     child(&ns, "update", &[]);
 }
 
@@ -342,7 +342,7 @@ fn child_update() {
 // ---- drift ----
 
 fn drift_repaired() {
-    let ns = Netns::new("drift");
+    let ns = namespace("drift");
     child(&ns, "drift", &[]);
 }
 
@@ -389,7 +389,7 @@ fn child_drift() {
 // ---- errors ----
 
 fn vni_held() {
-    let ns = Netns::new("vni");
+    let ns = namespace("vni");
     child(&ns, "vni_held", &[]);
 }
 
@@ -443,7 +443,7 @@ async fn only_refusal(
 }
 
 fn nft_refusal() {
-    let ns = Netns::new("nftref");
+    let ns = namespace("nftref");
     child(&ns, "nft_refusal", &[]);
 }
 
@@ -533,7 +533,7 @@ fn child_nft_refusal() {
 // ---- facts ----
 
 fn facts_read() {
-    let ns = Netns::new("facts");
+    let ns = namespace("facts");
     child(&ns, "facts", &[]);
 }
 
@@ -615,7 +615,7 @@ fn child_facts() {
 // ---- events ----
 
 fn link_events() {
-    let ns = Netns::new("events");
+    let ns = namespace("events");
     child(&ns, "events", &[]);
 }
 

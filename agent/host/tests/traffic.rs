@@ -4,17 +4,16 @@
 //! `shared/reference/ctmark-proof.sh`), with negative controls that remove kuport's identity SNAT.
 //! Root only; own harness (see `netns/mod.rs`).
 
-#[path = "../../core/tests/fixture/mod.rs"]
-#[allow(unused_imports)]
-mod fixture;
 mod netns;
 
 use std::process::ExitCode;
 
-use fixture::{Cluster, edge_and_worker, facts, pm};
 use kuport_core::ir::{HostState, Rule};
 use kuport_host::{Host, LinuxHost};
-use netns::{Netns, Proc, block_on, child, sh};
+use kuport_testkit::cluster::{Cluster, edge_and_worker, facts, pm};
+use kuport_testkit::netns::Netns;
+use kuport_testkit::process::Proc;
+use netns::{block_on, child, namespace, sh};
 use serde_json::json;
 
 const TESTS: &[netns::Test] = &[
@@ -43,7 +42,15 @@ fn main() -> ExitCode {
     netns::harness(TESTS, CHILDREN)
 }
 
-const ECHO: &str = env!("CARGO_BIN_EXE_kuport-echo");
+/// `kuport-echo` of this build (kuport-testkit's binary: cargo builds it for this test only when
+/// it is missing or older than its source, and only once a test runs as root).
+fn echo() -> &'static str {
+    static ECHO: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ECHO.get_or_init(|| {
+        let path = kuport_testkit::bins::echo().unwrap_or_else(|e| panic!("kuport-echo: {e:#}"));
+        path.to_str().expect("a UTF-8 path").to_owned()
+    })
+}
 const CLIENT: &str = "203.0.113.50";
 const DIALED: &str = "203.0.113.9";
 
@@ -59,7 +66,7 @@ fn child_apply_file() {
 }
 
 fn apply(ns: &Netns, state: &HostState) {
-    let path = std::env::temp_dir().join(format!("{}-state.json", ns.name));
+    let path = std::env::temp_dir().join(format!("{}-state.json", ns.name()));
     std::fs::write(&path, serde_json::to_string(state).expect("json")).expect("write state");
     child(
         ns,
@@ -80,7 +87,8 @@ fn without_identity_snat(mut state: HostState) -> HostState {
 fn wire(a: &Netns, a_dev: &str, a_addr: &str, b: &Netns, b_dev: &str, b_addr: &str) {
     sh(&format!(
         "ip link add {a_dev} netns {} type veth peer name {b_dev} netns {}",
-        a.name, b.name
+        a.name(),
+        b.name()
     ));
     a.sh(&format!(
         "ip addr add {a_addr} dev {a_dev} && ip link set {a_dev} up"
@@ -118,13 +126,13 @@ fn cni(node: &Netns, style: Cni, pod_cidr: &str, accepting: bool) {
 }
 
 fn node(tag: &str) -> Netns {
-    let ns = Netns::new(tag);
+    let ns = namespace(tag);
     ns.sh("sysctl -qw net.ipv4.ip_forward=1");
     ns
 }
 
 fn pod(tag: &str, node: &Netns, addr: &str, gw: &str) -> Netns {
-    let p = Netns::new(tag);
+    let p = namespace(tag);
     wire(
         &p,
         "eth0",
@@ -142,9 +150,10 @@ fn responders(pod: &Netns, specs: &[(&str, &str)]) -> Vec<Proc> {
     specs
         .iter()
         .map(|(proto, ports)| {
-            let mut proc = pod.spawn(ECHO, &["serve", proto, ports]);
-            let child = proc.0.as_mut().expect("child");
-            let out = child.stdout.take().expect("stdout");
+            let mut proc = pod
+                .spawn(echo(), &["serve", proto, ports])
+                .expect("responder starts");
+            let out = proc.take_stdout().expect("stdout");
             let mut line = String::new();
             std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line)
                 .expect("ready line");
@@ -159,7 +168,7 @@ fn probe(client: &Netns, proto: &str, port: u16, extra: &[&str]) -> (String, Str
     let target = format!("{DIALED}:{port}");
     let mut args = vec!["ask", proto, target.as_str(), "--timeout-ms", "3000"];
     args.extend_from_slice(extra);
-    let out = client.try_sh(&format!("{ECHO} {}", args.join(" ")));
+    let out = client.try_sh(&format!("{} {}", echo(), args.join(" ")));
     let text = String::from_utf8_lossy(&out.stdout).trim().to_owned();
     let field = |k: &str| {
         text.split_whitespace()
@@ -227,7 +236,7 @@ struct SameNode {
 
 fn same_node_topology(style: Cni) -> SameNode {
     let node = node("sn-node");
-    let client = Netns::new("sn-client");
+    let client = namespace("sn-client");
     wire(
         &client,
         "c0",
@@ -362,7 +371,7 @@ fn cross_topology(style: Cni) -> CrossNode {
     for n in [&edge, &worker] {
         n.sh("sysctl -qw net.ipv4.conf.all.rp_filter=1 net.ipv4.conf.default.rp_filter=1");
     }
-    let client = Netns::new("x-client");
+    let client = namespace("x-client");
     wire(
         &client,
         "c0",
@@ -435,7 +444,7 @@ fn cross_node() {
         }
         // A stopped responder's ICMP port-unreachable follows the flow back to the client, which
         // takes it as an answer to what it dialed.
-        t.responders[0].stop();
+        t.responders[0].stop(std::time::Duration::ZERO);
         assert_eq!(probe(&t.client, "udp", 3000, &[]).0, "refused");
         let _ = &t.pod;
     }

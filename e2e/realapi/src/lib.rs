@@ -16,7 +16,7 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use k8s_openapi::api::authentication::v1::TokenRequest;
@@ -25,8 +25,8 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBind
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use kuport_testkit::process::Proc;
 use serde_json::{Value, json};
-use tokio::process::{Child, Command};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
 /// The agent's ClusterRole as the DaemonSet ships it (the one named [`AGENT_ROLE_NAME`]).
@@ -153,7 +153,7 @@ pub struct ControlPlane {
     kubeconfig: PathBuf,
     audit_log: PathBuf,
     // Killed in reverse start order: controller-manager, apiserver, etcd.
-    children: Vec<(&'static str, Child)>,
+    children: Vec<(&'static str, Proc)>,
     _permit: SemaphorePermit<'static>,
 }
 
@@ -233,7 +233,7 @@ fn spawn(
     binary: &Path,
     args: &[String],
     log: &Path,
-) -> Result<(&'static str, Child), Error> {
+) -> Result<(&'static str, Proc), Error> {
     let out = std::fs::File::create(log).map_err(io(format!("create {}", log.display())))?;
     let err = out
         .try_clone()
@@ -243,10 +243,9 @@ fn spawn(
         .stdin(Stdio::null())
         .stdout(Stdio::from(out))
         .stderr(Stdio::from(err))
-        .kill_on_drop(true)
         .spawn()
         .map_err(io(format!("start {}", binary.display())))?;
-    Ok((name, child))
+    Ok((name, Proc::adopt(child, name)))
 }
 
 fn tail(path: &Path, lines: usize) -> String {
@@ -445,9 +444,7 @@ impl ControlPlane {
     fn record_pids(&self) -> Result<(), Error> {
         let mut text = format!("{}\n", std::process::id());
         for (_, child) in &self.children {
-            if let Some(pid) = child.id() {
-                let _ = writeln!(text, "{pid}");
-            }
+            let _ = writeln!(text, "{}", child.pid());
         }
         write(&self.root().join("pids"), &text)
     }
@@ -472,13 +469,13 @@ impl ControlPlane {
         let deadline = tokio::time::Instant::now() + READY_DEADLINE;
         let mut last;
         loop {
-            let exited =
-                self.children
-                    .iter_mut()
-                    .find_map(|(name, child)| match child.try_wait() {
-                        Ok(Some(status)) => Some((*name, status)),
-                        _ => None,
-                    });
+            let exited = self
+                .children
+                .iter_mut()
+                .find_map(|(name, child)| match child.exited() {
+                    Ok(Some(status)) => Some((*name, status)),
+                    _ => None,
+                });
             if let Some((name, status)) = exited {
                 return Err(Error::Other(format!(
                     "{name} exited with {status} before the apiserver was ready; its log ends:\n{}",
@@ -899,31 +896,11 @@ pub fn agent_role() -> Result<ClusterRole, Error> {
 
 impl Drop for ControlPlane {
     fn drop(&mut self) {
-        for (name, child) in self.children.iter_mut().rev() {
-            let pid = child.id();
-            if let Err(e) = child.start_kill() {
-                eprintln!("kuport-realapi: killing {name} (pid {pid:?}): {e}");
-            }
-        }
-        // Reap them so no zombie or half-written etcd directory outlives the test.
-        for (name, child) in &mut self.children {
-            let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            loop {
-                match child.try_wait() {
-                    Ok(Some(_)) => break,
-                    Ok(None) if std::time::Instant::now() < deadline => {
-                        std::thread::sleep(Duration::from_millis(20));
-                    }
-                    Ok(None) => {
-                        eprintln!("kuport-realapi: {name} did not exit within 10s of SIGKILL");
-                        break;
-                    }
-                    Err(e) => {
-                        eprintln!("kuport-realapi: waiting for {name}: {e}");
-                        break;
-                    }
-                }
-            }
+        // At once (no SIGTERM grace): nothing of a test's control plane is worth a clean
+        // shutdown, and each guard reaps its process so no zombie or half-written etcd
+        // directory outlives the test.
+        for (_, child) in self.children.iter_mut().rev() {
+            child.stop(Duration::ZERO);
         }
         if std::thread::panicking() {
             if std::env::var("KUPORT_REALAPI_KEEP").is_ok_and(|v| v == "1")

@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service, ServiceAccount};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kuport_realapi::{ControlPlane, Options};
+use kuport_testkit::objects::{bound_pod, kubelet_node_status};
 use serde_json::{Value, json};
 
 fn from<T: serde::de::DeserializeOwned>(v: Value) -> T {
@@ -24,19 +25,13 @@ fn now() -> String {
         .expect("rounding now to the second")
 }
 
-async fn eventually<F, Fut>(what: &str, deadline: Duration, mut check: F)
+/// Waits until `check` holds, polling every 200 ms (the controllers act in seconds).
+async fn eventually<F, Fut>(what: &str, deadline: Duration, check: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let until = tokio::time::Instant::now() + deadline;
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < until,
-            "timed out after {deadline:?} waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    kuport_testkit::wait::eventually(what, deadline, Duration::from_millis(200), check).await;
 }
 
 async fn node(client: &kube::Client, name: &str) {
@@ -47,11 +42,7 @@ async fn node(client: &kube::Client, name: &str) {
             &PostParams::default(),
             &from(json!({
                 "metadata": {"name": name},
-                "status": {
-                    "addresses": [{"type": "InternalIP", "address": "10.0.0.1"}],
-                    "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                                    "lastHeartbeatTime": heartbeat, "lastTransitionTime": heartbeat}],
-                },
+                "status": kubelet_node_status("10.0.0.1", true, &heartbeat),
             })),
         )
         .await
@@ -97,14 +88,11 @@ async fn endpointslice_controller_writes_slices_for_ready_pods() {
         .await
         .expect("service");
     let pods: Api<Pod> = Api::namespaced(client.clone(), "games");
+    let container = json!({"name": "game", "image": "game:1",
+                           "ports": [{"name": "game", "containerPort": 3000, "protocol": "UDP"}]});
     pods.create(
         &pp,
-        &from(json!({
-            "metadata": {"name": "gameserver-0", "labels": {"app": "game"}},
-            "spec": {"nodeName": "n1", "automountServiceAccountToken": false,
-                     "containers": [{"name": "game", "image": "game:1",
-                                     "ports": [{"name": "game", "containerPort": 3000, "protocol": "UDP"}]}]},
-        })),
+        &from(bound_pod("gameserver-0", "game", "n1", container)),
     )
     .await
     .expect("pod");

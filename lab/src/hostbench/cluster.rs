@@ -12,7 +12,9 @@ use k8s_openapi::jiff::Timestamp;
 use kuport_core::ir::{ChainId, HostState, Rule};
 use kuport_core::plan::plan;
 use kuport_core::snapshot::{HostFacts, Snapshot};
-use serde_json::json;
+use kuport_testkit::cluster::CREATED;
+use kuport_testkit::objects::{self, endpoint, node_row, nodes_json, pm, slice};
+use serde_json::{Value, json};
 
 /// The node every mapping lands on.
 pub const NODE: &str = "node-0";
@@ -70,56 +72,46 @@ pub fn snapshot(n: usize, moved: bool) -> Result<Snapshot> {
         bail!("the bench cluster holds 1 to 9,999 mappings, not {n}");
     }
     let mut snap = Snapshot::default();
-    snap.nodes.push(
-        serde_json::from_value(json!({"metadata": {"name": NODE}, "status": {
-            "addresses": [{"type": "InternalIP", "address": INTERNAL_IP.to_string()}],
-            "conditions": [{"type": "Ready", "status": "True"}]}}))
-        .context("building the Node")?,
-    );
-    snap.namespaces.push(
-        serde_json::from_value(json!({"metadata": {"name": NAMESPACE}}))
-            .context("building the Namespace")?,
-    );
-    snap.classes.push(
-        serde_json::from_value(json!({
-            "apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMapClass",
-            "metadata": {"name": CLASS, "creationTimestamp": "2026-01-01T00:00:00Z", "generation": 1},
-            "spec": {
-                "nodes": {NODE: {"interfaces": [PUBLIC_IF]}},
-                "ports": {"min": 1024, "max": 65535},
-                "returnPath": {"mode": "Vxlan", "vxlan": {"vni": 7000, "port": 4790, "subnet": "169.254.0.0/20"}}},
-            "status": {"nodes": [{"name": NODE, "ready": true, "underlayMTU": 1500, "linkMTU": 1450,
-                                  "addresses": {PUBLIC_IF: PUBLIC_ADDR.to_string()}}]}
-        }))
-        .context("building the PortMapClass")?,
-    );
+    let node = objects::node(NODE, Some(&INTERNAL_IP.to_string()), true);
+    snap.nodes
+        .push(serde_json::from_value(node).context("building the Node")?);
+    let namespace = objects::namespace(NAMESPACE, Value::Null);
+    snap.namespaces
+        .push(serde_json::from_value(namespace).context("building the Namespace")?);
+    let spec = json!({
+        "nodes": nodes_json(&[(NODE, &[PUBLIC_IF])]),
+        "ports": {"min": 1024, "max": 65535},
+        "returnPath": {"mode": "Vxlan", "vxlan": {"vni": 7000, "port": 4790, "subnet": "169.254.0.0/20"}}});
+    let row = node_row(NODE, json!({PUBLIC_IF: PUBLIC_ADDR.to_string()}), 1500);
+    let class = objects::class(CLASS, spec)
+        .created(CREATED)
+        .generation(1)
+        .status(json!({"nodes": [row]}));
+    snap.classes
+        .push(serde_json::from_value(class.object()).context("building the PortMapClass")?);
     for j in 0..n {
         let (port, mut pod) = mapping(j, n)?;
         if moved && j == 0 {
             pod = Ipv4Addr::new(10, 244, 250, 9);
         }
         let name = format!("pm-{j:04}");
+        let created = format!("2026-02-01T00:{:02}:{:02}Z", (j / 60) % 60, j % 60);
+        let portmap = pm(NAMESPACE, &name, CLASS, port.into())
+            .generation(1)
+            .created(&created);
         snap.portmaps.push(
-            serde_json::from_value(json!({
-                "apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMap",
-                "metadata": {"name": name, "namespace": NAMESPACE, "generation": 1,
-                             "creationTimestamp": format!("2026-02-01T00:{:02}:{:02}Z", (j / 60) % 60, j % 60)},
-                "spec": {"className": CLASS, "protocol": "UDP", "port": port,
-                         "serviceRef": {"name": name, "port": "game"}}
-            }))
-            .with_context(|| format!("building PortMap {name}"))?,
+            serde_json::from_value(portmap.object())
+                .with_context(|| format!("building PortMap {name}"))?,
         );
+        let endpoint = endpoint(&pod.to_string(), NODE)
+            .ready(true)
+            .pod(NAMESPACE, &format!("{name}-0"));
+        let slice = slice(NAMESPACE, &format!("{name}-x"), &name)
+            .port("game", "UDP", port)
+            .endpoint(endpoint);
         snap.endpoint_slices.push(
-            serde_json::from_value(json!({
-                "metadata": {"name": format!("{name}-x"), "namespace": NAMESPACE,
-                             "labels": {"kubernetes.io/service-name": name}},
-                "addressType": "IPv4",
-                "ports": [{"name": "game", "protocol": "UDP", "port": port}],
-                "endpoints": [{"addresses": [pod.to_string()], "nodeName": NODE,
-                               "conditions": {"ready": true},
-                               "targetRef": {"kind": "Pod", "name": format!("{name}-0"), "namespace": NAMESPACE}}]
-            }))
-            .with_context(|| format!("building the EndpointSlice of {name}"))?,
+            serde_json::from_value(slice.object())
+                .with_context(|| format!("building the EndpointSlice of {name}"))?,
         );
     }
     Ok(snap)

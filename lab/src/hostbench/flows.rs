@@ -28,11 +28,12 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
+use kuport_testkit::netns::{Netns, join};
+use kuport_testkit::process::Proc;
 
 use super::cluster::{INTERNAL_IP, PUBLIC_ADDR, PUBLIC_IF, TARGET_POD, TARGET_PORT};
-use super::netns::{Netns, Proc, join};
 use super::nft::{PROGRAM, mappings_text};
-use super::{Measurement, list, median};
+use super::{Measurement, PREFIX, list, median};
 
 /// The two node sizes compared.
 const SIZES: [usize; 2] = [1, 1_000];
@@ -210,9 +211,9 @@ fn row(mode: Mode, topologies: &[Topology], samples: &[Vec<Sample>]) -> Measurem
 
 impl Topology {
     fn build(index: usize, mappings: usize) -> Result<Self> {
-        let client = Netns::create(&format!("f{index}-client"))?;
-        let node = Netns::create(&format!("f{index}-node"))?;
-        let pod = Netns::create(&format!("f{index}-pod"))?;
+        let client = Netns::create(PREFIX, &format!("f{index}-client"))?;
+        let node = Netns::create(PREFIX, &format!("f{index}-node"))?;
+        let pod = Netns::create(PREFIX, &format!("f{index}-pod"))?;
         let public = format!("{PUBLIC_ADDR}/24");
         let gateway = format!("{POD_GATEWAY}/24");
         let pod_addr = format!("{TARGET_POD}/24");

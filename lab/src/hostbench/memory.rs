@@ -21,10 +21,12 @@ use k8s_openapi::api::core::v1::{Namespace, Node};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kuport_core::api::{PortMap, PortMapClass};
+use kuport_testkit::netns::{Netns, owned_name};
+use kuport_testkit::objects::{self, endpoint, link_claim, nodes_json, pm, slice};
+use kuport_testkit::process::Proc;
 use serde_json::json;
 
-use super::netns::{Netns, Proc, owned_name};
-use super::{Measurement, list, median};
+use super::{Measurement, PREFIX, list, median};
 
 const NODES: usize = 500;
 const PORTMAPS: usize = 1_000;
@@ -105,10 +107,10 @@ pub fn measure(bins: &Path) -> Result<Vec<Measurement>> {
 
 /// One sample: a fresh namespace, API server model and agent.
 fn one_run(i: usize, kuport: &Path, sim_bin: &Path) -> Result<Watched> {
-    let dir = TempDir(std::env::temp_dir().join(owned_name(&format!("mem{i}"))));
+    let dir = TempDir(std::env::temp_dir().join(owned_name(PREFIX, &format!("mem{i}"))));
     std::fs::create_dir_all(&dir.0).with_context(|| format!("creating {}", dir.0.display()))?;
     let kubeconfig = dir.0.join("kubeconfig");
-    let ns = Netns::create(&format!("mem{i}"))?;
+    let ns = Netns::create(PREFIX, &format!("mem{i}"))?;
     // The agent's underlay: its InternalIP on a device, so its return links can be built.
     ns.ip(&[
         "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p",
@@ -223,8 +225,8 @@ fn populate() -> Result<usize> {
 
         let namespaces: Vec<Namespace> = (0..NAMESPACES)
             .map(|k| {
-                serde_json::from_value(json!({"metadata": {"name": format!("ns-{k}"),
-                                              "labels": {"tier": "public"}}}))
+                let ns = objects::namespace(&format!("ns-{k}"), json!({"tier": "public"}));
+                serde_json::from_value(ns)
             })
             .collect::<Result<_, _>>()
             .context("building Namespaces")?;
@@ -232,32 +234,27 @@ fn populate() -> Result<usize> {
 
         let nodes: Vec<Node> = (0..NODES)
             .map(|i| {
-                serde_json::from_value(json!({"metadata": {"name": node_name(i)}, "status": {
-                    "addresses": [{"type": "InternalIP", "address": internal_ip(i)}],
-                    "conditions": [{"type": "Ready", "status": "True"}]}}))
+                serde_json::from_value(objects::node(&node_name(i), Some(&internal_ip(i)), true))
             })
             .collect::<Result<_, _>>()
             .context("building Nodes")?;
         count += create_all(&Api::all(client.clone()), nodes, |_| None).await?;
 
-        let class: PortMapClass = serde_json::from_value(json!({
-            "apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMapClass",
-            "metadata": {"name": "public"},
-            "spec": {"nodes": {AGENT_NODE: {"interfaces": ["eth0"]}},
-                     "ports": {"min": 1024, "max": 65535},
-                     "namespaceSelector": {"matchLabels": {"tier": "public"}},
-                     "returnPath": {"mode": "Vxlan", "vxlan": {"vni": 10000, "port": 4790,
-                                                               "subnet": "169.254.0.0/20"}}}}))
-        .context("building the PortMapClass")?;
+        let spec = json!({"nodes": nodes_json(&[(AGENT_NODE, &["eth0"])]),
+                          "ports": {"min": 1024, "max": 65535},
+                          "namespaceSelector": {"matchLabels": {"tier": "public"}},
+                          "returnPath": {"mode": "Vxlan", "vxlan": {"vni": 10000, "port": 4790,
+                                                                    "subnet": "169.254.0.0/20"}}});
+        let class: PortMapClass = serde_json::from_value(objects::class("public", spec).object())
+            .context("building the PortMapClass")?;
         count += create_all(&Api::all(client.clone()), vec![class], |_| None).await?;
         // Every pod node's agent would have claimed its pair with the agent's node; only this
         // one agent runs, so the claims are written as landed.
         let links: Vec<serde_json::Value> = (1..NODES)
             .map(|i| {
-                let peer = node_name(i);
                 let base = 2 * i as u32;
-                json!({"key": format!("{AGENT_NODE}/{peer}"), "peers": [AGENT_NODE, peer],
-                       "slot": i, "subnet": format!("169.254.{}.{}/31", base / 256, base % 256)})
+                let subnet = format!("169.254.{}.{}/31", base / 256, base % 256);
+                link_claim(&format!("{AGENT_NODE}/{}", node_name(i)), i, &subnet)
             })
             .collect();
         Api::<PortMapClass>::all(client.clone())
@@ -297,22 +294,21 @@ fn mapping(j: usize) -> Result<(PortMap, EndpointSlice)> {
     let namespace = format!("ns-{}", j % NAMESPACES);
     let name = format!("pm-{j:04}");
     let protocol = if j.is_multiple_of(2) { "UDP" } else { "TCP" };
-    let port = 2_000 + j;
-    let pm = serde_json::from_value(json!({
-        "apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMap",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"className": "public", "protocol": protocol, "port": port,
-                 "serviceRef": {"name": name, "port": "game"}}}))
-    .with_context(|| format!("building PortMap {name}"))?;
-    let slice = serde_json::from_value(json!({
-        "metadata": {"name": format!("{name}-x"), "namespace": namespace,
-                     "labels": {"kubernetes.io/service-name": name}},
-        "addressType": "IPv4",
-        "ports": [{"name": "game", "protocol": protocol, "port": 7_000 + j}],
-        "endpoints": [{"addresses": [format!("10.100.{}.{}", j / 250, 1 + j % 250)],
-                       "nodeName": node_name(j % NODES), "conditions": {"ready": true},
-                       "targetRef": {"kind": "Pod", "name": format!("{name}-0"), "namespace": namespace}}]}))
-    .with_context(|| format!("building the EndpointSlice of {name}"))?;
+    let port = i32::try_from(2_000 + j).with_context(|| format!("the port of {name}"))?;
+    let portmap = pm(&namespace, &name, "public", port).protocol(protocol);
+    let pm = serde_json::from_value(portmap.object())
+        .with_context(|| format!("building PortMap {name}"))?;
+    let pod = endpoint(
+        &format!("10.100.{}.{}", j / 250, 1 + j % 250),
+        &node_name(j % NODES),
+    )
+    .ready(true)
+    .pod(&namespace, &format!("{name}-0"));
+    let slice = slice(&namespace, &format!("{name}-x"), &name)
+        .port("game", protocol, 7_000 + j)
+        .endpoint(pod);
+    let slice = serde_json::from_value(slice.object())
+        .with_context(|| format!("building the EndpointSlice of {name}"))?;
     Ok((pm, slice))
 }
 

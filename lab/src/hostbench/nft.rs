@@ -13,10 +13,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 use kuport_core::plan::plan;
 use kuport_host::{Host as _, LinuxHost};
+use kuport_testkit::netns::Netns;
+use kuport_testkit::process::Proc;
 use serde::{Deserialize, Serialize};
 
 use super::cluster::{self, NODE};
-use super::netns::{Netns, Proc};
 use super::{Measurement, build_profile, list, median};
 
 /// Hidden subcommand: time plan and apply for `N` mappings in the current namespace.
@@ -48,7 +49,7 @@ pub fn measure() -> Result<Vec<Measurement>> {
     let exe = std::env::current_exe().context("finding the current executable")?;
     let mut out = Vec::new();
     for (n, samples) in SIZES {
-        let ns = Netns::create(&format!("nft{n}"))?;
+        let ns = Netns::create(super::PREFIX, &format!("nft{n}"))?;
         let mut cmd = ns.command(&exe);
         cmd.args([CHILD, &n.to_string(), &samples.to_string()])
             .stdout(Stdio::piped());

@@ -6,6 +6,7 @@ use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use kube::core::Status;
 use kuport_core::api::{PortMap, PortMapClass};
 use kuport_sim::apiserver::{ApiServer, ApiServerBuilder};
+use kuport_testkit::objects::{class, kuport_object, vxlan_spec};
 use serde_json::{Value, json};
 
 /// Which API server a shared test runs against.
@@ -150,26 +151,15 @@ pub fn dynamic(doc: Value) -> DynamicObject {
 }
 
 pub fn portmap_doc(name: &str, spec: Value) -> DynamicObject {
-    dynamic(
-        json!({"apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMap",
-                   "metadata": {"name": name}, "spec": spec}),
-    )
-}
-
-pub fn base_spec() -> Value {
-    json!({"className": "public", "protocol": "UDP", "port": 3000, "endPort": 3009,
-           "serviceRef": {"name": "gameserver", "port": "game"}})
+    dynamic(kuport_object("PortMap", json!({"name": name}), spec))
 }
 
 pub fn class_doc(name: &str, spec: Value) -> DynamicObject {
-    dynamic(
-        json!({"apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMapClass",
-                   "metadata": {"name": name}, "spec": spec}),
-    )
+    dynamic(class(name, spec).object())
 }
 
 pub fn class_spec() -> Value {
-    json!({"nodes": {"worker-1": {"interfaces": ["eth0"]}}, "returnPath": {"mode": "Vxlan"}})
+    vxlan_spec(&[("worker-1", &["eth0"])])
 }
 
 /// The `Status` of a failed request; panics with the result when it did not fail that way.

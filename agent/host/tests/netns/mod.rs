@@ -1,12 +1,13 @@
-//! Throwaway network namespaces for kernel tests.
-//!
-//! Every namespace is deleted by name when its guard drops, even when the test fails; processes
-//! started in one are killed by pid the same way.
+//! The kernel tests' harness and helpers: throwaway network namespaces (the guards of
+//! `kuport_testkit::netns`, deleted by name when dropped, even when the test fails; processes
+//! started in one are killed by pid the same way), bodies run inside them, the golden states.
 
 #![allow(dead_code)]
 
 use std::future::Future;
-use std::process::{Child, Command, Output};
+use std::process::Command;
+
+use kuport_testkit::netns::Netns;
 
 fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
@@ -41,88 +42,13 @@ pub fn root_or_skip(test: &str) -> bool {
     false
 }
 
-/// A network namespace, deleted on drop.
-pub struct Netns {
-    pub name: String,
-}
+/// Prefix of the test namespaces: `kt-<pid>-<tag>`.
+const PREFIX: &str = "kt-";
 
-impl Netns {
-    pub fn new(tag: &str) -> Self {
-        let name = format!("kt-{tag}-{}", std::process::id());
-        let _ = Command::new("ip")
-            .args(["netns", "del", &name])
-            .stderr(std::process::Stdio::null())
-            .status();
-        let ok = Command::new("ip")
-            .args(["netns", "add", &name])
-            .status()
-            .expect("run ip")
-            .success();
-        assert!(ok, "ip netns add {name}");
-        let ns = Netns { name };
-        ns.sh("ip link set lo up");
-        ns
-    }
-
-    /// Runs a shell command in the namespace; panics with its output when it fails.
-    pub fn sh(&self, script: &str) -> String {
-        let out = self.try_sh(script);
-        assert!(
-            out.status.success(),
-            "in {}: {script}\nstdout: {}\nstderr: {}",
-            self.name,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    pub fn try_sh(&self, script: &str) -> Output {
-        Command::new("ip")
-            .args(["netns", "exec", &self.name, "sh", "-c", script])
-            .output()
-            .expect("run ip netns exec")
-    }
-
-    /// Starts a long-running program in the namespace; killed when the guard drops.
-    pub fn spawn(&self, program: &str, args: &[&str]) -> Proc {
-        let child = Command::new("ip")
-            .args(["netns", "exec", &self.name, program])
-            .args(args)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("spawn in namespace");
-        Proc(Some(child))
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
-    }
-}
-
-/// A process started in a namespace, killed by pid on drop.
-pub struct Proc(pub Option<Child>);
-
-impl Proc {
-    pub fn stop(&mut self) -> String {
-        let Some(mut child) = self.0.take() else {
-            return String::new();
-        };
-        let _ = child.kill();
-        let out = child.wait_with_output().expect("wait");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.stop();
-    }
+/// A namespace `kt-<pid>-<tag>` with loopback up, for one test; its guard deletes it by name
+/// (killing what still runs in it) even when the test fails.
+pub fn namespace(tag: &str) -> Netns {
+    Netns::create(PREFIX, tag).unwrap_or_else(|e| panic!("creating namespace {tag}: {e:#}"))
 }
 
 /// Runs `body` on a tokio runtime (inside a namespace child).
@@ -265,6 +191,8 @@ pub fn harness(tests: &[Test], children: &[Test]) -> std::process::ExitCode {
         );
         return ExitCode::SUCCESS;
     }
+    // Namespaces of an earlier run killed before its guards ran.
+    kuport_testkit::netns::remove_stale(PREFIX);
     let (mut passed, mut failed) = (0, 0);
     for (name, test) in selected {
         if std::panic::catch_unwind(test).is_ok() {
@@ -290,7 +218,7 @@ pub fn harness(tests: &[Test], children: &[Test]) -> std::process::ExitCode {
 pub fn child(ns: &Netns, name: &str, env: &[(&str, &str)]) {
     let exe = std::env::current_exe().expect("test binary");
     let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", &ns.name])
+    cmd.args(["netns", "exec", ns.name()])
         .arg(exe)
         .args(["--kuport-child", name])
         .env("RUST_BACKTRACE", "0");
@@ -301,7 +229,7 @@ pub fn child(ns: &Netns, name: &str, env: &[(&str, &str)]) {
     assert!(
         out.status.success(),
         "{name} in {}:\n{}{}",
-        ns.name,
+        ns.name(),
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
