@@ -11,6 +11,10 @@ control-plane:
 test:
     cargo test --workspace
 
+# The simulator: every scenario over 10,000 seeds each (CI runs 510 in all).
+sim-long:
+    KUPORT_SIM_SEEDS=10000 cargo test --release -p kuport-simulator --test scenarios -- --nocapture
+
 # Regenerate crds/ and the chart's copy from the Rust types.
 crds:
     cargo run --quiet -p kuport -- crds --out crds

@@ -232,7 +232,10 @@ pub fn quiesce(world: &mut World, limit: Duration) -> Result<Quiesced, WorldErro
             world.violations.push(
                 world.elapsed(),
                 "single writer",
-                format!("{node} kept writing after convergence: {}", extra.join(", ")),
+                format!(
+                    "{node} kept writing after convergence: {}",
+                    extra.join(", ")
+                ),
             );
         }
     }
@@ -256,7 +259,8 @@ pub fn differences(world: &World) -> Result<Vec<String>, WorldError> {
         if !slot.running || slot.partitioned {
             continue;
         }
-        let want = plan(&snapshot, name, &slot.facts, world.node_now(name));
+        let facts = world.host_facts(name).unwrap_or_else(|| slot.facts.clone());
+        let want = plan(&snapshot, name, &facts, world.node_now(name));
         let have = slot.host.applied();
         if have != want.host {
             out.push(format!("node {name}: the host differs from the plan"));

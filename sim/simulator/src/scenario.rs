@@ -62,6 +62,7 @@ pub fn run_seed(scenario: &Scenario, seed: u64, variant: &Variant) -> Result<See
     world.run_for(Duration::from_secs(1))?;
     (scenario.script)(&mut world)?;
     world.api.faults().clear();
+    world.pause_api(false);
     for node in world.nodes.keys().cloned().collect::<Vec<_>>() {
         world.partition(&node, false);
         world.restart(&node);

@@ -80,6 +80,8 @@ pub struct World {
     pub classes: std::collections::BTreeSet<String>,
     /// Input changes the script made.
     pub changes: u64,
+    /// The model is paused (every request waits): the checks, which read it, wait too.
+    api_paused: bool,
     /// When the last input change was made, while the agents have not converged on it.
     pending_change: Option<Duration>,
     /// When convergence was last checked.
@@ -98,9 +100,7 @@ fn epoch() -> Timestamp {
 fn clock(now_ms: &Arc<AtomicU64>, skew_ms: Option<Arc<AtomicI64>>) -> Clock {
     let now_ms = now_ms.clone();
     Clock::from_fn(move || {
-        let skew = skew_ms
-            .as_ref()
-            .map_or(0, |s| s.load(Ordering::Relaxed));
+        let skew = skew_ms.as_ref().map_or(0, |s| s.load(Ordering::Relaxed));
         let at = now_ms.load(Ordering::Relaxed) as i64 + skew;
         epoch()
             .checked_add(SignedDuration::from_millis(at))
@@ -158,6 +158,7 @@ impl World {
             rng: SplitMix64::new(config.seed ^ 0x5CE7_A210),
             classes: Default::default(),
             changes: 0,
+            api_paused: false,
             pending_change: None,
             last_check: Duration::ZERO,
             convergence: Vec::new(),
@@ -234,6 +235,16 @@ impl World {
         self.nodes.insert(name.to_owned(), slot);
     }
 
+    /// Pauses the model (every request waits, a slow server) or resumes it.
+    pub fn pause_api(&mut self, paused: bool) {
+        if paused {
+            self.api.faults().pause();
+        } else {
+            self.api.faults().resume();
+        }
+        self.api_paused = paused;
+    }
+
     /// Counts one input change (for requests per change).
     pub fn changed(&mut self) {
         self.changes += 1;
@@ -261,7 +272,7 @@ impl World {
     /// Every 100 ms of simulated time while a change is pending: has every agent converged?
     fn measure_convergence(&mut self) -> Result<(), WorldError> {
         let now = self.elapsed();
-        let Some(since) = self.pending_change else {
+        let Some(since) = self.pending_change.filter(|_| !self.api_paused) else {
             return Ok(());
         };
         if now < self.last_check + Duration::from_millis(100) {
@@ -481,7 +492,11 @@ impl World {
 
     /// Starts node `name`'s agent again after a crash.
     pub fn restart(&mut self, name: &str) {
-        if let Some(slot) = self.nodes.get_mut(name).filter(|s| !s.running && !s.removed) {
+        if let Some(slot) = self
+            .nodes
+            .get_mut(name)
+            .filter(|s| !s.running && !s.removed)
+        {
             self.sim.bounce(name);
             slot.running = true;
         }
@@ -527,6 +542,20 @@ impl World {
                 .any(|c| c["type"] == "Ready" && c["status"] == "True")
         });
         named && ready
+    }
+
+    /// The facts node `name`'s agent reads from its host now (link ids and captured ports
+    /// follow what was applied), as the plan it converges to sees them.
+    pub fn host_facts(&self, name: &str) -> Option<HostFacts> {
+        let slot = self.nodes.get(name)?;
+        let query = kuport_host::FactsQuery {
+            interfaces: slot.facts.interfaces.keys().cloned().collect(),
+            internal_ip: None,
+            marks: kuport_core::ir::MarkLayout::default(),
+            agent_ports: Vec::new(),
+        };
+        use kuport_host::Host;
+        self.block_on(slot.host.facts(&query)).ok()
     }
 
     /// Node `name`'s clock now (simulated time plus its skew).

@@ -56,9 +56,9 @@ fn steady(w: &mut World) -> Result<(), WorldError> {
             }
             4 => {
                 // A slow server: every request waits until it resumes.
-                w.api.faults().pause();
+                w.pause_api(true);
                 pause(w, 2000)?;
-                w.api.faults().resume();
+                w.pause_api(false);
             }
             _ => {}
         }
@@ -141,11 +141,9 @@ fn crashes(w: &mut World) -> Result<(), WorldError> {
     w.partition(cut, false);
     pause(w, 1000)?;
 
-    w.api.faults().fail_fraction(
-        0.5,
-        Failure::Conflict,
-        RequestFilter::writes().status(),
-    );
+    w.api
+        .faults()
+        .fail_fraction(0.5, Failure::Conflict, RequestFilter::writes().status());
     move_a_pod(w, &["n1", "n2", "n3"])?;
     pause(w, 2000)?;
     w.api.faults().clear();
@@ -263,4 +261,94 @@ fn a_seed_replays_exactly() {
             s.name
         );
     }
+}
+
+// ---- deliberately broken agents: each invariant must catch its bug, naming a seed ----
+
+fn caught(s: &Scenario, variant: Variant, invariant: &str) {
+    let summary = scenario::run(s, &seeds(9_000, 3), &variant);
+    let found = summary
+        .failures
+        .iter()
+        .find(|(_, v)| v.iter().any(|v| v.invariant == invariant));
+    let Some((seed, _)) = found else {
+        panic!(
+            "the broken variant went unnoticed by \"{invariant}\": {}",
+            summary.line
+        );
+    };
+    println!("  caught by \"{invariant}\" with seed {seed}");
+}
+
+/// Statuses the class status writes of node `node` carry, as JSON, when `path` is one.
+fn class_status_body(path: &str, body: &bytes::Bytes) -> Option<serde_json::Value> {
+    (path.contains("/portmapclasses/") && path.ends_with("/status"))
+        .then(|| serde_json::from_slice(body).ok())
+        .flatten()
+}
+
+#[test]
+fn a_writer_rule_letting_every_node_write_is_caught() {
+    let plan_fault: kuport::agent::PassHook = std::sync::Arc::new(|snapshot, plan| {
+        let node = plan.node.clone();
+        for d in &plan.portmaps {
+            if d.status_writer.as_deref() == Some(node.as_str()) {
+                continue;
+            }
+            let stored = snapshot.portmaps.iter().find(|p| {
+                p.metadata.namespace.as_deref() == Some(&d.namespace)
+                    && p.metadata.name.as_deref() == Some(&d.name)
+            });
+            plan.writes.portmaps.push(kuport_core::plan::PortMapWrite {
+                namespace: d.namespace.clone(),
+                name: d.name.clone(),
+                status: stored.and_then(|p| p.status.clone()).unwrap_or_default(),
+            });
+        }
+    });
+    let variant = Variant {
+        plan_fault: Some(plan_fault),
+        wire_fault: None,
+    };
+    caught(&STEADY, variant, "single writer");
+}
+
+#[test]
+fn a_slot_landing_that_ignores_existing_claims_is_caught() {
+    // The plan's own proposals are checked again by the merge (it lands a claim only on a free
+    // slot), so the broken allocation is put where both meet: the written status itself.
+    let wire_fault: kuport_simulator::net::Tamper = std::sync::Arc::new(|_node, parts, body| {
+        let Some(mut status) = class_status_body(parts.uri.path(), &body) else {
+            return body;
+        };
+        if let Some(links) = status["status"]["links"].as_array_mut() {
+            for link in links {
+                link["slot"] = 0.into();
+            }
+        }
+        serde_json::to_vec(&status).map(Into::into).unwrap_or(body)
+    });
+    let variant = Variant {
+        plan_fault: None,
+        wire_fault: Some(wire_fault),
+    };
+    caught(&CLAIMS, variant, "unique slots");
+}
+
+#[test]
+fn a_merge_that_overwrites_other_nodes_rows_is_caught() {
+    let wire_fault: kuport_simulator::net::Tamper = std::sync::Arc::new(|node, parts, body| {
+        let Some(mut status) = class_status_body(parts.uri.path(), &body) else {
+            return body;
+        };
+        if let Some(rows) = status["status"]["nodes"].as_array_mut() {
+            rows.retain(|r| r["name"] == node);
+        }
+        serde_json::to_vec(&status).map(Into::into).unwrap_or(body)
+    });
+    let variant = Variant {
+        plan_fault: None,
+        wire_fault: Some(wire_fault),
+    };
+    caught(&STEADY, variant, "nothing lost");
 }
