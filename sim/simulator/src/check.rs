@@ -5,7 +5,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{Hash, Hasher};
 use std::time::Duration;
 
-use kuport_core::api::PortMapClass;
 use kuport_core::plan::{Plan, plan};
 use kuport_core::snapshot::Snapshot;
 
@@ -194,16 +193,10 @@ fn rows_kept(world: &mut World, at: Duration, class: &str, status: &serde_json::
     }
 }
 
-/// What a quiesced run measured.
-#[derive(Debug, Default)]
-pub struct Quiesced {
-    /// Simulated time from the last change to convergence.
-    pub convergence: Duration,
-}
-
 /// Waits (simulating) until every agent converged to the plan over the final state, up to
-/// `limit`, then checks the quiescence invariants. Returns how long convergence took.
-pub fn quiesce(world: &mut World, limit: Duration) -> Result<Quiesced, WorldError> {
+/// `limit`, then checks the quiescence invariants. (Convergence times are measured as the
+/// world runs: [`World::convergence`].)
+pub fn quiesce(world: &mut World, limit: Duration) -> Result<(), WorldError> {
     let start = world.elapsed();
     let step = Duration::from_millis(100);
     let mut last = Vec::new();
@@ -215,12 +208,11 @@ pub fn quiesce(world: &mut World, limit: Duration) -> Result<Quiesced, WorldErro
         }
     }
     let at = world.elapsed();
-    let convergence = at - start;
     if !last.is_empty() {
         for detail in last {
             world.violations.push(at, "convergence", detail);
         }
-        return Ok(Quiesced { convergence });
+        return Ok(());
     }
     // Converged: a quiet spell must write nothing (no ping-pong between writers).
     let writes_before = status_writes(world);
@@ -239,7 +231,7 @@ pub fn quiesce(world: &mut World, limit: Duration) -> Result<Quiesced, WorldErro
             );
         }
     }
-    Ok(Quiesced { convergence })
+    Ok(())
 }
 
 fn status_writes(world: &World) -> Vec<(String, Vec<String>)> {
@@ -330,12 +322,4 @@ fn class_rows(world: &World, snapshot: &Snapshot) -> Vec<String> {
         }
     }
     out
-}
-
-/// The class names a snapshot holds.
-pub fn class_names(classes: &[PortMapClass]) -> Vec<String> {
-    classes
-        .iter()
-        .filter_map(|c| c.metadata.name.clone())
-        .collect()
 }
