@@ -76,6 +76,17 @@ pub enum Hook {
     Forward,
 }
 
+impl Hook {
+    /// The hook as nft writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Hook::Prerouting => "prerouting",
+            Hook::Postrouting => "postrouting",
+            Hook::Forward => "forward",
+        }
+    }
+}
+
 impl ChainId {
     /// All chains in creation order.
     pub const ALL: [ChainId; 6] = [

@@ -365,32 +365,60 @@ fn a_refused_link_takes_out_only_what_leads_into_it() {
 }
 
 #[test]
-fn the_transaction_is_the_listing_text_plus_object_commands() {
+fn the_transaction_sends_what_differs_and_recreates_what_cannot_change_in_place() {
+    use kuport_core::render::{layout, transaction};
     let plan = remote().plan_with("edge-a", &edge_facts());
-    let table = &plan.host.nft;
-    let script = kuport_core::render::transaction(table, &["pre/games/gone".into()], false);
-    assert!(script.starts_with("add table ip kuport\n"), "{script}");
-    assert!(script.contains("delete counter ip kuport pre/games/gone\n"));
-    assert!(script.contains("add counter ip kuport pre/games/gs\n"));
-    assert!(script.contains("add chain ip kuport kup-steer { type filter hook prerouting priority -130; policy accept; }"));
-    for chain in ChainId::ALL {
-        for rule in table.rules(chain) {
-            let line = format!(
-                "add rule ip kuport {} {}",
-                chain.name(),
-                kuport_core::render::rule_text(rule, table.marks)
-            );
-            assert!(script.contains(&line), "missing {line}");
+    let planned = layout(&plan.host.nft);
+    let first = transaction(None, &planned);
+    assert!(first.starts_with("add table ip kuport\n"), "{first}");
+    assert!(first.contains("add counter ip kuport pre/games/gs\n"));
+    assert!(first.contains(
+        "add chain ip kuport kup-steer { type filter hook prerouting priority -130; policy accept; }"
+    ));
+    for (name, chain) in &planned.layout.chains {
+        for rule in &chain.rules {
+            let line = format!("add rule ip kuport {name} {rule}");
+            assert!(first.contains(&line), "missing {line}");
         }
     }
-    let recreate = kuport_core::render::transaction(table, &["pre/games/gone".into()], true);
-    assert!(recreate.starts_with("add table ip kuport\ndelete table ip kuport\n"));
-    assert!(!recreate.contains("delete counter"));
-    let empty = kuport_core::ir::NftTable::default();
+    for (name, store) in &planned.layout.stores {
+        for (key, value) in &store.elements {
+            let line = format!(
+                "add element ip kuport {name} {{ {} }}",
+                kuport_core::render::layout::element_text(key, value)
+            );
+            assert!(first.contains(&line), "missing {line}");
+        }
+    }
+    // Against itself: only the table line (nothing differs).
     assert_eq!(
-        kuport_core::render::transaction(&empty, &[], false),
+        transaction(Some(&planned.layout), &planned),
+        "add table ip kuport\n"
+    );
+    // A vanished mapping's counter is deleted, last.
+    let mut held = planned.layout.clone();
+    held.counters.insert("pre/games/gone".into());
+    let script = transaction(Some(&held), &planned);
+    assert_eq!(
+        script,
+        "add table ip kuport\ndelete counter ip kuport pre/games/gone\n"
+    );
+    // A chain at another priority cannot be changed in place: the table is made again.
+    let mut held = planned.layout.clone();
+    if let Some(c) = held.chains.get_mut("kup-steer") {
+        c.header = "type filter hook prerouting priority -160; policy accept;".into();
+    }
+    let recreate = transaction(Some(&held), &planned);
+    assert!(
+        recreate.starts_with("add table ip kuport\ndelete table ip kuport\nadd table ip kuport\n")
+    );
+    assert_eq!(recreate.lines().count(), first.lines().count() + 2);
+    let empty = kuport_core::render::Planned::default();
+    assert_eq!(
+        transaction(Some(&planned.layout), &empty),
         "delete table ip kuport\n"
     );
+    assert_eq!(transaction(None, &empty), "");
 }
 
 /// edge-a's row reports a host socket on `port` bound to `address`.
@@ -684,8 +712,9 @@ fn a_refused_mapping_is_cut_alone_and_named_by_its_rules() {
         ["games/local"]
     );
     // Every line of the transaction says what it adds, in the order it is written.
-    let lines = kuport_core::render::transaction_lines(&edge.host.nft, &[], false);
-    let script = kuport_core::render::transaction(&edge.host.nft, &[], false);
+    let planned = kuport_core::render::layout(&edge.host.nft);
+    let lines = kuport_core::render::transaction_lines(None, &planned);
+    let script = kuport_core::render::transaction(None, &planned);
     assert_eq!(script.lines().count(), lines.len());
     for ((line, _), text) in lines.iter().zip(script.lines()) {
         assert_eq!(line, text);

@@ -166,7 +166,11 @@ fn nft_output_is_the_table() {
         &["--output", "nft", "--facts", &facts],
     ));
     assert!(out.starts_with("table ip kuport {"), "{out}");
-    assert!(out.contains("dnat to 10.244.1.5"), "{out}");
+    // The mapping is an element of the DNAT map: its key, and the pod it goes to.
+    assert!(
+        out.contains("\"wt0\" . udp . 3000-3009 : 10.244.1.5"),
+        "{out}"
+    );
     // The same text as the JSON report carries.
     assert_eq!(seed_plan_with_facts()["host"]["nftables"], out.as_str());
 }

@@ -12,6 +12,7 @@ pub mod netlink;
 pub mod nft;
 #[cfg(test)]
 mod nft_fake;
+mod nft_generation;
 pub mod sockets;
 
 use std::collections::BTreeSet;
@@ -110,6 +111,11 @@ impl HostError {
 pub struct ApplyReport {
     /// Whether an nftables transaction was sent.
     pub nft_changed: bool,
+    /// Lines of the nftables transaction (only what differed is sent).
+    pub nft_lines: usize,
+    /// Whether kuport's table was listed: only a verifying pass after someone else changed
+    /// the ruleset needs to.
+    pub nft_listed: bool,
     /// Links created.
     pub links_created: usize,
     /// Links changed in place (address, MTU, rp_filter, up).
@@ -357,6 +363,8 @@ impl<N: netlink::Netlink> Host for LinuxHost<N> {
         let table = applied.nft.clone();
         let nft = self.blocking(move |nft| nft.apply(&table)).await?;
         report.nft_changed = nft.changed;
+        report.nft_lines = nft.lines;
+        report.nft_listed = nft.listed;
         let cut = Refusal::mappings_of(&nft.refused);
         if !cut.is_empty() {
             applied.nft = applied.nft.without_mappings(&cut);

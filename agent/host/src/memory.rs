@@ -70,6 +70,8 @@ fn diff(old: &HostState, new: &HostState) -> ApplyReport {
     }
     ApplyReport {
         nft_changed: old.nft != new.nft,
+        nft_lines: 0,
+        nft_listed: false,
         links_created: missing(&new.links, &old.links),
         links_updated: 0,
         links_deleted: missing(&old.links, &new.links),

@@ -1,14 +1,20 @@
-//! kuport's nftables table, applied by the `nft` program as one text transaction, so a refused
-//! batch leaves the previous rules in place. The transaction is written from the same rule text
-//! the kernel's listing is compared against (`kuport_core::render`), so there is one
-//! description of every rule, not two that must agree.
+//! kuport's nftables table, applied by the `nft` program in text transactions. The table the
+//! plan wants is laid out as a few lookup rules over sets and maps (`kuport_core::render::layout`);
+//! an apply diffs it against what the kernel holds and sends only the difference, in one
+//! atomic transaction, so a refused batch leaves the previous table in place.
+//!
+//! What the kernel holds is known without listing it while the ruleset generation
+//! ([`crate::nft_generation`]) is the one kuport last saw: then nobody has committed anything
+//! since. Otherwise the table is listed once and parsed.
 
-use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
+use std::sync::{Arc, Mutex};
 
-use kuport_core::ir::{ChainId, Hook, NftTable, RuleOwners, TABLE};
-use kuport_core::render::{LineOf, nft_text, script, transaction_lines};
+use kuport_core::ir::{ChainId, NftTable, TABLE};
+use kuport_core::render::layout::{Layout, chain_header, layout, parse_listing};
+use kuport_core::render::transaction::needs_recreate;
+use kuport_core::render::{LineOf, script, transaction_lines};
 use serde_json::Value;
 
 use crate::{HostError, Refusal};
@@ -23,28 +29,26 @@ pub struct NftApplied {
     pub changed: bool,
     /// Mappings whose rules nft refused; the rest of the table was applied.
     pub refused: Vec<Refusal>,
+    /// Lines the transaction sent (0 when nothing changed).
+    pub lines: usize,
+    /// True when the kernel's table was listed (the ruleset changed since kuport last saw it).
+    pub listed: bool,
 }
 
 /// The mappings behind the lines nft refused, one refusal per mapping with nft's words, or
 /// `None` when a refused line belongs to no mapping (or nft's answer names no line).
-pub fn refused_mappings(
-    detail: &str,
-    lines: &[(String, LineOf<'_>)],
-    owners: &RuleOwners,
-) -> Option<Vec<Refusal>> {
+pub fn refused_mappings(detail: &str, lines: &[(String, LineOf<'_>)]) -> Option<Vec<Refusal>> {
     let mut by_mapping: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for error in detail.lines().filter(|l| l.contains(": Error: ")) {
         // `/dev/stdin:12:30-38: Error: Could not process rule: No such file or directory`
         let (location, message) = error.split_once(": Error: ")?;
         let number: usize = location.split(':').nth(1)?.parse().ok()?;
         let (_, of) = lines.get(number.checked_sub(1)?)?;
-        let owner = match of {
-            LineOf::Counter(c) => owners.of_counter(&c.name),
-            LineOf::Rule(r) => owners.of_rule(r),
-            LineOf::Structure => None,
-        }?;
+        let LineOf::Mapping(owner) = of else {
+            return None;
+        };
         by_mapping
-            .entry(owner.clone())
+            .entry((*owner).to_owned())
             .or_default()
             .insert(message.trim().to_owned());
     }
@@ -68,6 +72,11 @@ pub fn refused_mappings(
 pub trait NftRunner: Send + Sync + std::fmt::Debug {
     /// Runs `nft <args>` with `stdin` piped in: stdout, or what nft printed on stderr.
     fn run(&self, args: &[&str], stdin: Option<&str>) -> Result<String, String>;
+
+    /// The ruleset generation, when it can be read; `None` makes every verify list the table.
+    fn generation(&self) -> Option<u32> {
+        None
+    }
 }
 
 /// The `nft` program.
@@ -96,17 +105,46 @@ impl NftRunner for Program {
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
+
+    fn generation(&self) -> Option<u32> {
+        match crate::nft_generation::read() {
+            Ok(g) => Some(g),
+            Err(e) => {
+                warn_once(&e);
+                None
+            }
+        }
+    }
+}
+
+/// The generation is an optimisation: when it cannot be read, every verify lists the table.
+/// Said once, not on every pass.
+fn warn_once(message: &str) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        tracing::warn!("reading the nftables generation: {message}; every verify lists the table");
+    });
+}
+
+/// What kuport last knew of the kernel's nftables, and at which ruleset generation.
+#[derive(Debug, Default)]
+struct Seen {
+    /// kuport's table (`None`: absent) as it stood at `generation`.
+    table: Option<(u32, Option<Layout>)>,
+    /// The host firewall's warnings as they stood at a generation.
+    warnings: Option<(u32, Vec<String>)>,
 }
 
 /// kuport's nftables table, through an [`NftRunner`].
 #[derive(Clone, Debug)]
 pub struct Nft {
-    runner: std::sync::Arc<dyn NftRunner>,
+    runner: Arc<dyn NftRunner>,
+    seen: Arc<Mutex<Seen>>,
 }
 
 impl Default for Nft {
     fn default() -> Self {
-        Self::with_runner(std::sync::Arc::new(Program("nft".to_owned())))
+        Self::with_runner(Arc::new(Program("nft".to_owned())))
     }
 }
 
@@ -121,6 +159,11 @@ pub struct CounterReading {
     pub bytes: u64,
 }
 
+/// True for nft's answer about an object that does not exist.
+fn absent(detail: &str) -> bool {
+    detail.contains("No such file or directory")
+}
+
 impl Nft {
     /// An `nft` found on `PATH`.
     pub fn new() -> Self {
@@ -128,8 +171,11 @@ impl Nft {
     }
 
     /// nft reached through `runner`.
-    pub fn with_runner(runner: std::sync::Arc<dyn NftRunner>) -> Self {
-        Self { runner }
+    pub fn with_runner(runner: Arc<dyn NftRunner>) -> Self {
+        Self {
+            runner,
+            seen: Arc::default(),
+        }
     }
 
     fn run(
@@ -143,71 +189,119 @@ impl Nft {
             .map_err(|detail| HostError::Nft { op, detail })
     }
 
-    /// `nft list table ip kuport` with counter values zeroed; `None` when the table is absent.
-    pub fn listing(&self) -> Result<Option<String>, HostError> {
-        if !self.table_exists()? {
-            return Ok(None);
-        }
-        let text = self.run("list table", &["list", "table", "ip", TABLE], None)?;
-        Ok(Some(zero_counters(&text)))
+    fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {
+        self.seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn table_exists(&self) -> Result<bool, HostError> {
-        let tables = self.run("list tables", &["-j", "list", "tables", "ip"], None)?;
-        let json: Value = serde_json::from_str(&tables).map_err(|e| HostError::Nft {
-            op: "list tables",
-            detail: format!("unreadable JSON: {e}"),
-        })?;
-        Ok(objects(&json, "table").any(|t| t["name"] == TABLE))
+    /// kuport's table as the kernel lists it, parsed; `None` when the table is absent.
+    pub fn read(&self) -> Result<Option<kuport_core::render::Listing>, HostError> {
+        self.read_with(&["list", "table", "ip", TABLE])
     }
 
-    /// Brings the kernel's table to `desired` in one transaction. Nothing is sent when the
-    /// kernel already lists exactly the desired table. When nft refuses lines that belong to
-    /// mappings, those mappings' rules are left out and the rest is sent again (nft names every
-    /// refused line of a batch at once, so one retry is the rule); a refusal of anything that
-    /// belongs to no mapping fails the whole apply and the kernel keeps its previous table.
-    pub fn apply(&self, desired: &NftTable) -> Result<NftApplied, HostError> {
-        let current = self.listing()?;
-        let wanted = nft_text(desired);
-        match &current {
-            Some(text) if *text == wanted => return Ok(NftApplied::default()),
-            None if desired.is_empty() => return Ok(NftApplied::default()),
-            _ => {}
-        }
-        let (existing, recreate) = match current {
-            None => (Vec::new(), false),
-            // The kernel cannot change a chain's type, hook or priority in place: start over.
-            Some(_) if !desired.is_empty() && !self.chains_match()? => (Vec::new(), true),
-            Some(_) => (self.counter_names()?.into_iter().collect(), false),
+    fn read_with(&self, args: &[&str]) -> Result<Option<kuport_core::render::Listing>, HostError> {
+        let text = match self.runner.run(args, None) {
+            Ok(text) => text,
+            Err(detail) if absent(&detail) => return Ok(None),
+            Err(detail) => {
+                return Err(HostError::Nft {
+                    op: "list table",
+                    detail,
+                });
+            }
         };
-        let owners = desired.owners();
-        let mut table = Cow::Borrowed(desired);
+        parse_listing(&text)
+            .map(Some)
+            .map_err(|detail| HostError::Nft {
+                op: "read the table listing",
+                detail,
+            })
+    }
+
+    /// The kernel's table: remembered when the generation is the one it was seen at, else
+    /// listed. The second value says whether it was listed.
+    fn current(&self, generation: Option<u32>) -> Result<(Option<Layout>, bool), HostError> {
+        if let Some(g) = generation
+            && let Some((seen_at, table)) = &self.seen().table
+            && *seen_at == g
+        {
+            return Ok((table.clone(), false));
+        }
+        Ok((self.read()?.map(|l| l.layout), true))
+    }
+
+    fn remember(&self, generation: Option<u32>, table: Option<Layout>) {
+        self.seen().table = generation.map(|g| (g, table));
+    }
+
+    /// Brings the kernel's table to `desired`, sending only what differs. Nothing is sent
+    /// when the kernel already holds exactly the desired table. When nft refuses lines that
+    /// belong to mappings, those mappings are left out and the rest is sent again (nft names
+    /// every refused line of a batch at once, so one retry is the rule); a refusal of anything
+    /// that belongs to no mapping fails the whole apply and the kernel keeps its previous table.
+    pub fn apply(&self, desired: &NftTable) -> Result<NftApplied, HostError> {
+        let before = self.runner.generation();
+        let (current, listed) = self.current(before)?;
+        let mut planned = layout(desired);
+        let wanted = (!planned.layout.is_empty()).then_some(&planned.layout);
+        if current.as_ref() == wanted {
+            self.remember(before, current);
+            return Ok(NftApplied {
+                listed,
+                ..NftApplied::default()
+            });
+        }
+        let creates = current.as_ref().is_none_or(|c| {
+            needs_recreate(c, &planned.layout)
+                || ChainId::ALL
+                    .iter()
+                    .any(|ch| !c.chains.contains_key(ch.name()))
+        });
+        let mut table = std::borrow::Cow::Borrowed(desired);
         let mut refused = Vec::new();
+        let mut sent = 0;
         for round in 1..=MAX_ISOLATION_ROUNDS {
-            let lines = transaction_lines(&table, &existing, recreate);
+            let lines = transaction_lines(current.as_ref(), &planned);
+            sent = lines.len();
             let detail = match self.send(&script(&lines)) {
                 Ok(()) => break,
                 Err(HostError::Nft { detail, .. }) if round < MAX_ISOLATION_ROUNDS => detail,
-                Err(e) => return Err(e),
+                Err(e) => return Err(self.forget(e)),
             };
-            let Some(these) = refused_mappings(&detail, &lines, &owners) else {
-                return Err(HostError::Nft {
+            let Some(these) = refused_mappings(&detail, &lines) else {
+                return Err(self.forget(HostError::Nft {
                     op: "apply transaction",
                     detail,
-                });
+                }));
             };
             let cut = Refusal::mappings_of(&these);
             drop(lines);
-            table = Cow::Owned(table.without_mappings(&cut));
+            table = std::borrow::Cow::Owned(table.without_mappings(&cut));
+            planned = layout(&table);
             refused.extend(these);
         }
-        if !table.is_empty() {
-            self.check_hooks()?;
+        if creates && !planned.layout.is_empty() {
+            self.check_hooks().map_err(|e| self.forget(e))?;
         }
+        let after = self.runner.generation();
+        // Our one commit bumps the generation by one (by none when the kernel found nothing to
+        // change); more means someone else committed too, and only a listing can tell what.
+        let ours =
+            matches!((before, after), (Some(b), Some(a)) if a == b || a == b.wrapping_add(1));
+        let now = (!planned.layout.is_empty()).then_some(planned.layout);
+        self.remember(if ours { after } else { None }, now);
         Ok(NftApplied {
             changed: true,
             refused,
+            lines: sent,
+            listed,
         })
+    }
+
+    fn forget(&self, error: HostError) -> HostError {
+        self.remember(None, None);
+        error
     }
 
     fn send(&self, script: &str) -> Result<(), HostError> {
@@ -217,38 +311,34 @@ impl Nft {
 
     /// Removes kuport's table, if present.
     pub fn teardown(&self) -> Result<bool, HostError> {
-        if !self.table_exists()? {
-            return Ok(false);
+        self.remember(None, None);
+        match self
+            .runner
+            .run(&["-f", "-"], Some(&format!("delete table ip {TABLE}\n")))
+        {
+            Ok(_) => Ok(true),
+            Err(detail) if absent(&detail) => Ok(false),
+            Err(detail) => Err(HostError::Nft {
+                op: "delete table",
+                detail,
+            }),
         }
-        self.send(&format!("delete table ip {TABLE}\n"))?;
-        Ok(true)
-    }
-
-    fn chains_json(&self) -> Result<Value, HostError> {
-        let text = self.run("list chains", &["-j", "list", "table", "ip", TABLE], None)?;
-        serde_json::from_str(&text).map_err(|e| HostError::Nft {
-            op: "list table",
-            detail: format!("unreadable JSON: {e}"),
-        })
-    }
-
-    /// True when every kuport chain exists with the type, hook and priority it must have.
-    fn chains_match(&self) -> Result<bool, HostError> {
-        let json = self.chains_json()?;
-        Ok(ChainId::ALL.iter().all(|c| {
-            objects(&json, "chain").any(|ch| {
-                ch["name"] == c.name()
-                    && ch["type"] == c.chain_type()
-                    && ch["hook"] == hook_name(c.hook())
-                    && ch["prio"] == c.priority()
-            })
-        }))
     }
 
     /// nft accepts a chain whose priority it cannot parse, reports success and leaves the chain
-    /// without a hook (its rules then never run); check every chain really hooked.
+    /// without a hook (its rules then never run); check every chain really hooked. The terse
+    /// listing leaves the elements out.
     fn check_hooks(&self) -> Result<(), HostError> {
-        if self.chains_match()? {
+        let listing = self.read_with(&["-t", "list", "table", "ip", TABLE])?;
+        let hooked = listing.is_some_and(|l| {
+            ChainId::ALL.iter().all(|c| {
+                l.layout
+                    .chains
+                    .get(c.name())
+                    .is_some_and(|ch| ch.header == chain_header(*c))
+            })
+        });
+        if hooked {
             return Ok(());
         }
         Err(HostError::Nft {
@@ -257,27 +347,20 @@ impl Nft {
         })
     }
 
-    fn counter_names(&self) -> Result<BTreeSet<String>, HostError> {
-        Ok(self.counters()?.into_iter().map(|c| c.name).collect())
-    }
-
-    /// Every named counter in kuport's table.
+    /// Every named counter in kuport's table, sorted by name: one `nft list counters`.
     pub fn counters(&self) -> Result<Vec<CounterReading>, HostError> {
-        if !self.table_exists()? {
+        let Some(listing) = self.read_with(&["list", "counters", "table", "ip", TABLE])? else {
             return Ok(Vec::new());
-        }
-        let json = self.chains_json()?;
-        let mut out: Vec<CounterReading> = objects(&json, "counter")
-            .filter_map(|c| {
-                Some(CounterReading {
-                    name: c["name"].as_str()?.to_owned(),
-                    packets: c["packets"].as_u64().unwrap_or(0),
-                    bytes: c["bytes"].as_u64().unwrap_or(0),
-                })
+        };
+        Ok(listing
+            .counters
+            .into_iter()
+            .map(|(name, (packets, bytes))| CounterReading {
+                name,
+                packets,
+                bytes,
             })
-            .collect();
-        out.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(out)
+            .collect())
     }
 }
 
@@ -285,14 +368,24 @@ impl Nft {
     /// What the host's other nftables tables are known to do to mapped traffic: every base
     /// chain on the forward hook whose policy is drop. A mapped request is forwarded to the pod
     /// after DNAT, so such a chain drops it unless one of its rules accepts it; kuport cannot
-    /// judge those rules, so this is reported, not acted on.
+    /// judge those rules, so this is reported, not acted on. Read again only when the ruleset
+    /// generation moved.
     pub fn firewall_warnings(&self) -> Result<Vec<String>, HostError> {
+        let generation = self.runner.generation();
+        if let Some(g) = generation
+            && let Some((seen_at, warnings)) = &self.seen().warnings
+            && *seen_at == g
+        {
+            return Ok(warnings.clone());
+        }
         let text = self.run("list chains", &["-j", "list", "chains"], None)?;
         let json: Value = serde_json::from_str(&text).map_err(|e| HostError::Nft {
             op: "list chains",
             detail: format!("unreadable JSON: {e}"),
         })?;
-        Ok(forward_drop_warnings(&json))
+        let warnings = forward_drop_warnings(&json);
+        self.seen().warnings = generation.map(|g| (g, warnings.clone()));
+        Ok(warnings)
     }
 }
 
@@ -326,89 +419,86 @@ fn objects<'a>(json: &'a Value, kind: &'a str) -> impl Iterator<Item = &'a Value
         .filter_map(move |o| o.get(kind))
 }
 
-/// Replaces counter values by zero, so a listing compares with the rendering.
-pub fn zero_counters(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(i) = rest.find("packets ") {
-        out.push_str(&rest[..i]);
-        let after = &rest[i + "packets ".len()..];
-        let digits = after.bytes().take_while(u8::is_ascii_digit).count();
-        let tail = &after[digits..];
-        if digits > 0 && tail.starts_with(" bytes ") {
-            let b = &tail[" bytes ".len()..];
-            let bdigits = b.bytes().take_while(u8::is_ascii_digit).count();
-            if bdigits > 0 {
-                out.push_str("packets 0 bytes 0");
-                rest = &b[bdigits..];
-                continue;
-            }
-        }
-        out.push_str("packets ");
-        rest = after;
-    }
-    out.push_str(rest);
-    out
-}
-
-fn hook_name(hook: Hook) -> &'static str {
-    match hook {
-        Hook::Prerouting => "prerouting",
-        Hook::Postrouting => "postrouting",
-        Hook::Forward => "forward",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kuport_core::api::Protocol;
+    use kuport_core::ir::{Counter, DnatRule, PortRange, Rule, SnatRule};
 
-    #[test]
-    fn zeroes_counter_values_only() {
-        let text = "counter x {\n\t\tpackets 12 bytes 3456\n\t}\n\tudp dport 3000 counter packets 1 bytes 2 dnat\n comment \"packets a\"";
-        assert_eq!(
-            zero_counters(text),
-            "counter x {\n\t\tpackets 0 bytes 0\n\t}\n\tudp dport 3000 counter packets 0 bytes 0 dnat\n comment \"packets a\""
-        );
+    fn dnat(name: &str, ports: PortRange, to: &str) -> Rule {
+        Rule::Dnat(DnatRule {
+            iif: "wt0".into(),
+            mark: Some(1),
+            protocol: Protocol::Udp,
+            ports,
+            to: to.parse().expect("ip"),
+            to_port: None,
+            counter: format!("pre/games/{name}"),
+            comment: format!("games/{name}"),
+        })
     }
 
-    fn table() -> NftTable {
-        use kuport_core::api::Protocol;
-        use kuport_core::ir::{Counter, DnatRule, PortRange, Rule};
-        let dnat = |name: &str, port: u16| {
-            Rule::Dnat(DnatRule {
-                iif: "wt0".into(),
-                mark: Some(1),
-                protocol: Protocol::Udp,
-                ports: PortRange::single(port),
-                to: "10.244.1.5".parse().expect("ip"),
-                to_port: None,
-                counter: format!("pre/games/{name}"),
-                comment: format!("games/{name}"),
-            })
-        };
-        let counter = |name: &str| Counter {
-            name: format!("pre/games/{name}"),
-            chain: ChainId::Pre,
+    fn snat(name: &str, ports: PortRange, to: &str) -> Rule {
+        Rule::IdentitySnat(SnatRule {
+            daddr: to.parse().expect("ip"),
+            protocol: Protocol::Udp,
+            ports,
+            counter: format!("post/games/{name}"),
+            comment: format!("games/{name}"),
+        })
+    }
+
+    fn counter(chain: ChainId, name: &str) -> Counter {
+        Counter {
+            name: format!("{}/games/{name}", chain.label()),
+            chain,
             namespace: "games".into(),
             mapping: name.into(),
-        };
-        NftTable {
-            marks: Default::default(),
-            counters: vec![counter("a"), counter("b")],
-            chains: vec![
-                (ChainId::Pre, vec![dnat("a", 3000), dnat("b", 3001)]),
-                (ChainId::Fwd, vec![Rule::ClampMssOut]),
-            ],
         }
     }
 
-    fn line_of(lines: &[(String, LineOf<'_>)], wanted: impl Fn(&LineOf<'_>) -> bool) -> usize {
-        lines.iter().position(|(_, of)| wanted(of)).expect("line") + 1
+    /// Mappings `a`..: single ports from 3000, and `r`, a range, each to its own pod.
+    fn table_of(names: &[&str]) -> NftTable {
+        let mut pre = Vec::new();
+        let mut post = Vec::new();
+        let mut counters = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            let ports = if *name == "r" {
+                PortRange {
+                    first: 4000,
+                    last: 4010,
+                }
+            } else {
+                PortRange::single(3000 + i as u16)
+            };
+            let pod = format!("10.244.1.{}", i + 5);
+            pre.push(dnat(name, ports, &pod));
+            post.push(snat(name, ports, &pod));
+            counters.push(counter(ChainId::Pre, name));
+            counters.push(counter(ChainId::Post, name));
+        }
+        let mut state = kuport_core::ir::HostState {
+            nft: NftTable {
+                marks: Default::default(),
+                counters,
+                chains: vec![
+                    (ChainId::Pre, pre),
+                    (ChainId::Post, post),
+                    (ChainId::Fwd, vec![Rule::ClampMssOut]),
+                ],
+            },
+            ..Default::default()
+        };
+        state.normalise();
+        state.nft
     }
 
-    fn fake() -> (std::sync::Arc<crate::nft_fake::FakeNft>, Nft) {
-        let fake = std::sync::Arc::new(crate::nft_fake::FakeNft::default());
+    fn table() -> NftTable {
+        table_of(&["a", "b"])
+    }
+
+    fn fake() -> (Arc<crate::nft_fake::FakeNft>, Nft) {
+        let fake = Arc::new(crate::nft_fake::FakeNft::default());
         (fake.clone(), Nft::with_runner(fake))
     }
 
@@ -417,18 +507,80 @@ mod tests {
         table.without_mappings(&gone)
     }
 
+    /// The kernel's table as kuport reads it.
+    fn held(nft: &Nft) -> Option<Layout> {
+        nft.read().expect("listing").map(|l| l.layout)
+    }
+
     #[test]
-    fn a_first_apply_sends_one_transaction_and_a_second_sends_none() {
+    fn a_first_apply_sends_one_transaction_and_an_unchanged_one_neither_sends_nor_lists() {
         let (fake, nft) = fake();
         let table = table();
         let applied = nft.apply(&table).expect("apply");
         assert!(applied.changed && applied.refused.is_empty());
-        assert_eq!(nft.listing().expect("listing"), Some(nft_text(&table)));
-        assert!(!nft.apply(&table).expect("again").changed);
-        assert_eq!(fake.lock().committed, 1, "an unchanged table sends nothing");
-        // Control: a changed table is sent.
-        assert!(nft.apply(&only(&table, "a")).expect("changed").changed);
+        assert_eq!(held(&nft), Some(layout(&table).layout));
+        let listed = fake.lock().listed;
+        let again = nft.apply(&table).expect("again");
+        assert!(!again.changed && !again.listed, "{again:?}");
+        let s = fake.lock();
+        assert_eq!(s.committed, 1, "an unchanged table sends nothing");
+        assert_eq!(s.listed, listed, "an unchanged generation needs no listing");
+    }
+
+    #[test]
+    fn one_mapping_changed_sends_only_its_elements() {
+        let (fake, nft) = fake();
+        let names: Vec<String> = (0..50).map(|i| format!("m{i}")).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let table = table_of(&names);
+        nft.apply(&table).expect("apply");
+        // m7's pod moves: its DNAT target and its SNAT key change.
+        let mut moved = table.clone();
+        for (_, rules) in &mut moved.chains {
+            for rule in rules.iter_mut() {
+                match rule {
+                    Rule::Dnat(d) if d.comment == "games/m7" => {
+                        d.to = "10.244.9.9".parse().expect("ip")
+                    }
+                    Rule::IdentitySnat(s) if s.comment == "games/m7" => {
+                        s.daddr = "10.244.9.9".parse().expect("ip")
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let applied = nft.apply(&moved).expect("moved");
+        // delete + add in the DNAT target map, delete + add in the SNAT counter map, the table.
+        assert_eq!(applied.lines, 5, "{applied:?}");
+        assert!(!applied.listed);
+        assert_eq!(held(&nft), Some(layout(&moved).layout));
         assert_eq!(fake.lock().committed, 2);
+    }
+
+    #[test]
+    fn a_change_by_another_program_is_listed_and_repaired() {
+        let (fake, nft) = fake();
+        let table = table();
+        nft.apply(&table).expect("apply");
+        {
+            let mut s = fake.lock();
+            s.generation += 1;
+            let t = s.table.as_mut().expect("table");
+            let store = t.stores.get_mut("post-port-count").expect("store");
+            let first = store.elements.keys().next().cloned().expect("an element");
+            store.elements.remove(&first);
+        }
+        let applied = nft.apply(&table).expect("repair");
+        assert!(applied.changed && applied.listed, "{applied:?}");
+        assert_eq!(
+            applied.lines, 2,
+            "the table and the one element: {applied:?}"
+        );
+        assert_eq!(held(&nft), Some(layout(&table).layout));
+        // Control: without a generation, every apply lists, and an intact table sends nothing.
+        fake.lock().no_generation = true;
+        let applied = nft.apply(&table).expect("again");
+        assert!(!applied.changed && applied.listed, "{applied:?}");
     }
 
     #[test]
@@ -436,8 +588,10 @@ mod tests {
         let (fake, nft) = fake();
         let table = table();
         nft.apply(&table).expect("apply");
-        // An older agent's chain at another priority: the kernel cannot change it in place.
-        if let Some(t) = fake.lock().table.as_mut() {
+        {
+            let mut s = fake.lock();
+            s.generation += 1;
+            let t = s.table.as_mut().expect("table");
             let steer = t
                 .chains
                 .get_mut(ChainId::Steer.name())
@@ -447,7 +601,7 @@ mod tests {
         }
         let applied = nft.apply(&table).expect("recreated");
         assert!(applied.changed);
-        assert_eq!(nft.listing().expect("listing"), Some(nft_text(&table)));
+        assert_eq!(held(&nft), Some(layout(&table).layout));
         let steer =
             fake.lock().table.as_ref().expect("table").chains[ChainId::Steer.name()].clone();
         assert_eq!(steer.priority, ChainId::Steer.priority());
@@ -464,8 +618,34 @@ mod tests {
         nft.apply(&only(&table, "a")).expect("apply without a");
         let counters = nft.counters().expect("counters");
         let names: Vec<&str> = counters.iter().map(|c| c.name.as_str()).collect();
-        assert_eq!(names, ["pre/games/b"]);
-        assert_eq!((counters[0].packets, counters[0].bytes), (5, 500));
+        assert_eq!(names, ["post/games/b", "pre/games/b"]);
+        assert_eq!((counters[1].packets, counters[1].bytes), (5, 500));
+    }
+
+    #[test]
+    fn ranges_go_to_interval_maps_and_single_ports_to_hash_maps() {
+        let (_, nft) = fake();
+        let table = table_of(&["a", "r"]);
+        nft.apply(&table).expect("apply");
+        let held = held(&nft).expect("table");
+        assert_eq!(
+            held.stores["pre-mark-0x00000001-range-to"].flags,
+            "interval"
+        );
+        assert_eq!(
+            held.stores["pre-mark-0x00000001-range-to"].elements["\"wt0\" . udp . 4000-4010"],
+            "10.244.1.6"
+        );
+        assert_eq!(held.stores["pre-mark-0x00000001-port-to"].flags, "");
+        assert_eq!(
+            held.stores["pre-mark-0x00000001-port-to"].elements["\"wt0\" . udp . 3000"],
+            "10.244.1.5 . 3000"
+        );
+        // A range mapping gone: its stores and their lookup rule go with it.
+        nft.apply(&only(&table, "r")).expect("without r");
+        let held = nft.read().expect("listing").expect("table").layout;
+        assert!(!held.stores.contains_key("pre-mark-0x00000001-range-to"));
+        assert_eq!(held, layout(&only(&table, "r")).layout);
     }
 
     #[test]
@@ -473,7 +653,7 @@ mod tests {
         let (fake, nft) = fake();
         let table = table();
         fake.lock().refuse = vec![(
-            "games/b".into(),
+            "10.244.1.6".into(),
             "Could not process rule: Operation not supported".into(),
         )];
         let applied = nft.apply(&table).expect("the rest is applied");
@@ -486,10 +666,7 @@ mod tests {
             applied.refused[0].message,
             "Could not process rule: Operation not supported"
         );
-        assert_eq!(
-            nft.listing().expect("listing"),
-            Some(nft_text(&only(&table, "b")))
-        );
+        assert_eq!(held(&nft), Some(layout(&only(&table, "b")).layout));
         let s = fake.lock();
         assert_eq!((s.committed, s.refused), (1, 1));
     }
@@ -500,6 +677,17 @@ mod tests {
         let table = table();
         nft.apply(&only(&table, "b")).expect("first");
         fake.lock().refuse = vec![("maxseg".into(), "Could not process rule: Bad".into())];
+        // Another program's commit changed the clamp: the rule must be written again.
+        {
+            let mut s = fake.lock();
+            s.generation += 1;
+            let t = s.table.as_mut().expect("table");
+            t.chains
+                .get_mut(ChainId::Fwd.name())
+                .expect("fwd")
+                .rules
+                .clear();
+        }
         let err = nft
             .apply(&table)
             .expect_err("the MSS clamp belongs to no mapping");
@@ -507,11 +695,12 @@ mod tests {
             err.to_string().contains("Could not process rule: Bad"),
             "{err}"
         );
-        assert_eq!(
-            nft.listing().expect("listing"),
-            Some(nft_text(&only(&table, "b"))),
+        let held = held(&nft).expect("table");
+        assert!(
+            held.chains[ChainId::Fwd.name()].rules.is_empty(),
             "the previous table stands"
         );
+        assert!(!held.counters.contains("pre/games/b"));
     }
 
     #[test]
@@ -520,30 +709,36 @@ mod tests {
         nft.apply(&table()).expect("apply");
         assert!(nft.apply(&NftTable::default()).expect("empty").changed);
         assert!(fake.lock().table.is_none());
-        assert_eq!(nft.listing().expect("listing"), None);
+        assert_eq!(held(&nft), None);
+        assert!(
+            !nft.apply(&NftTable::default())
+                .expect("still empty")
+                .changed
+        );
         assert!(!nft.teardown().expect("teardown"), "nothing left to remove");
     }
 
     #[test]
     fn refused_lines_are_traced_to_their_mappings() {
-        let table = table();
-        let owners = table.owners();
-        let lines = transaction_lines(&table, &[], false);
-        let rule_b = line_of(
-            &lines,
-            |of| matches!(of, LineOf::Rule(kuport_core::ir::Rule::Dnat(d)) if d.comment == "games/b"),
-        );
-        let counter_b = line_of(
-            &lines,
-            |of| matches!(of, LineOf::Counter(c) if c.mapping == "b"),
-        );
+        let planned = layout(&table());
+        let lines = transaction_lines(None, &planned);
+        let line_of = |wanted: &dyn Fn(&str, &LineOf<'_>) -> bool| {
+            lines
+                .iter()
+                .position(|(l, of)| wanted(l, of))
+                .expect("line")
+                + 1
+        };
+        let element_b =
+            line_of(&|l, of| l.contains("10.244.1.6") && *of == LineOf::Mapping("games/b"));
+        let counter_b = line_of(&|l, _| l == "add counter ip kuport pre/games/b");
         let detail = format!(
             "/dev/stdin:{counter_b}:18-40: Error: name too long, 256 characters maximum allowed\n\
              add counter ip kuport pre/games/b\n                 ^^^^\n\
-             /dev/stdin:{rule_b}:42-44: Error: Could not process rule: No such file or directory\n\
-             add rule ip kuport kup-pre ...\n"
+             /dev/stdin:{element_b}:42-44: Error: Could not process rule: No such file or directory\n\
+             add element ...\n"
         );
-        let refused = refused_mappings(&detail, &lines, &owners).expect("traced");
+        let refused = refused_mappings(&detail, &lines).expect("traced");
         assert_eq!(refused.len(), 1, "{refused:?}");
         assert_eq!(refused[0].mappings, BTreeSet::from(["games/b".to_owned()]));
         assert_eq!(
@@ -552,24 +747,48 @@ mod tests {
         );
 
         // A refused line of no mapping (the MSS clamp, a chain) fails the whole apply.
-        let clamp = line_of(&lines, |of| {
-            matches!(of, LineOf::Rule(kuport_core::ir::Rule::ClampMssOut))
-        });
+        let clamp = line_of(&|l, _| l.contains("maxseg"));
         let detail = format!("/dev/stdin:{clamp}:1-5: Error: Could not process rule: Bad");
-        assert_eq!(refused_mappings(&detail, &lines, &owners), None);
+        assert_eq!(refused_mappings(&detail, &lines), None);
         let detail = "/dev/stdin:3:1-5: Error: Could not process rule: Bad";
-        assert_eq!(refused_mappings(detail, &lines, &owners), None);
+        assert_eq!(refused_mappings(detail, &lines), None);
         // An answer that names no line cannot be traced either.
         assert_eq!(
-            refused_mappings(
-                "netlink: Error: cache initialization failed",
-                &lines,
-                &owners
-            ),
+            refused_mappings("netlink: Error: cache initialization failed", &lines),
             None
         );
         let far = format!("/dev/stdin:{}:1-5: Error: x", lines.len() + 5);
-        assert_eq!(refused_mappings(&far, &lines, &owners), None);
+        assert_eq!(refused_mappings(&far, &lines), None);
+    }
+
+    #[test]
+    fn firewall_warnings_are_read_again_only_when_the_ruleset_changed() {
+        let (fake, nft) = fake();
+        nft.apply(&table()).expect("apply");
+        assert_eq!(
+            nft.firewall_warnings().expect("warnings"),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            nft.firewall_warnings().expect("cached"),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            fake.lock().chains_listed,
+            1,
+            "an unchanged ruleset is not listed again"
+        );
+        fake.lock().generation += 1;
+        nft.firewall_warnings().expect("read again");
+        assert_eq!(fake.lock().chains_listed, 2);
+        fake.lock().no_generation = true;
+        nft.firewall_warnings().expect("no generation");
+        nft.firewall_warnings().expect("no generation");
+        assert_eq!(
+            fake.lock().chains_listed,
+            4,
+            "without a generation, every call lists"
+        );
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use kuport_core::ir::{ChainId, TABLE};
-use kuport_core::render::listing;
+use kuport_core::render::layout::chain_header;
 use serde_json::{Value, json};
 
 use crate::nft::NftRunner;
@@ -25,6 +25,19 @@ pub struct FakeChain {
     pub rules: Vec<String>,
 }
 
+/// A set or map as the fake holds it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FakeStore {
+    /// `set` or `map`.
+    pub map: bool,
+    /// The type text.
+    pub type_text: String,
+    /// `interval` or empty.
+    pub flags: String,
+    /// key → value (empty in a set).
+    pub elements: BTreeMap<String, String>,
+}
+
 /// kuport's table as the fake holds it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FakeTable {
@@ -32,6 +45,8 @@ pub struct FakeTable {
     pub chains: BTreeMap<String, FakeChain>,
     /// Named counters: (packets, bytes).
     pub counters: BTreeMap<String, (u64, u64)>,
+    /// Sets and maps by name.
+    pub stores: BTreeMap<String, FakeStore>,
 }
 
 /// What the fake holds and records.
@@ -43,7 +58,16 @@ pub struct FakeState {
     pub committed: usize,
     /// Transactions refused.
     pub refused: usize,
-    /// A rule line containing one of these is refused, with this message.
+    /// Times the table was listed in full (elements included).
+    pub listed: usize,
+    /// Times the other tables' chains were listed (`-j list chains`).
+    pub chains_listed: usize,
+    /// The ruleset generation: bumped by every commit that changed something, and by tests
+    /// standing in for another program's commit.
+    pub generation: u32,
+    /// When false, the fake cannot tell its generation (every verify must list).
+    pub no_generation: bool,
+    /// A rule or element line containing one of these is refused, with this message.
     pub refuse: Vec<(String, String)>,
 }
 
@@ -67,30 +91,39 @@ impl NftRunner for FakeNft {
     fn run(&self, args: &[&str], stdin: Option<&str>) -> Result<String, String> {
         let mut state = self.lock();
         match args {
-            ["-j", "list", "tables", "ip"] => {
-                let mut items = vec![json!({"metainfo": {}})];
-                if state.table.is_some() {
-                    items.push(json!({"table": {"family": "ip", "name": TABLE}}));
-                }
-                Ok(json!({ "nftables": items }).to_string())
-            }
             ["list", "table", "ip", name] if *name == TABLE => {
-                state.table.as_ref().map(list).ok_or_else(no_such_table)
+                state.listed += 1;
+                state
+                    .table
+                    .as_ref()
+                    .map(|t| list(t, true))
+                    .ok_or_else(no_such_table)
             }
-            ["-j", "list", "table", "ip", name] if *name == TABLE => state
+            ["-t", "list", "table", "ip", name] if *name == TABLE => state
                 .table
                 .as_ref()
-                .map(|t| list_json(t).to_string())
+                .map(|t| list(t, false))
                 .ok_or_else(no_such_table),
-            ["-j", "list", "chains"] => Ok(state
+            ["list", "counters", "table", "ip", name] if *name == TABLE => state
                 .table
                 .as_ref()
-                .map_or_else(|| json!({"nftables": []}), list_json)
-                .to_string()),
+                .map(list_counters)
+                .ok_or_else(no_such_table),
+            ["-j", "list", "chains"] => {
+                state.chains_listed += 1;
+                Ok(state
+                    .table
+                    .as_ref()
+                    .map_or_else(|| json!({"nftables": []}), list_json)
+                    .to_string())
+            }
             ["-f", "-"] => {
                 let script = stdin.unwrap_or_default();
                 match transact(&state, script) {
                     Ok(table) => {
+                        if table != state.table {
+                            state.generation += 1;
+                        }
                         state.table = table;
                         state.committed += 1;
                         Ok(String::new())
@@ -107,24 +140,84 @@ impl NftRunner for FakeNft {
             )),
         }
     }
+
+    fn generation(&self) -> Option<u32> {
+        let state = self.lock();
+        (!state.no_generation).then_some(state.generation)
+    }
 }
 
 fn no_such_table() -> String {
     format!("Error: No such file or directory\nlist table ip {TABLE}")
 }
 
-/// The listing, chains in kuport's order, as nft prints it.
-fn list(table: &FakeTable) -> String {
-    let counters: Vec<(String, u64, u64)> = table
-        .counters
-        .iter()
-        .map(|(name, (p, b))| (name.clone(), *p, *b))
-        .collect();
-    let chains: Vec<(ChainId, Vec<String>)> = ChainId::ALL
-        .iter()
-        .filter_map(|c| Some((*c, table.chains.get(c.name())?.rules.clone())))
-        .collect();
-    listing(&counters, &chains)
+/// The listing as nft prints it. Elements come in reverse order, several to a line, as the
+/// kernel's own order and nft's line filling would give: a reader must not depend on either.
+fn list(table: &FakeTable, elements: bool) -> String {
+    let mut text = format!("table ip {TABLE} {{\n");
+    for (name, (p, b)) in &table.counters {
+        text.push_str(&format!(
+            "\tcounter {name} {{\n\t\tpackets {p} bytes {b}\n\t}}\n\n"
+        ));
+    }
+    for (name, store) in &table.stores {
+        let kind = if store.map { "map" } else { "set" };
+        text.push_str(&format!(
+            "\t{kind} {name} {{\n\t\ttype {}\n",
+            store.type_text
+        ));
+        if !store.flags.is_empty() {
+            text.push_str(&format!("\t\tflags {}\n", store.flags));
+        }
+        if elements && !store.elements.is_empty() {
+            let items: Vec<String> = store
+                .elements
+                .iter()
+                .rev()
+                .map(|(k, v)| kuport_core::render::layout::element_text(k, v))
+                .collect();
+            let lines: Vec<String> = items.chunks(2).map(|c| c.join(", ")).collect();
+            text.push_str(&format!(
+                "\t\telements = {{ {} }}\n",
+                lines.join(",\n\t\t\t     ")
+            ));
+        }
+        text.push_str("\t}\n\n");
+    }
+    for (name, c) in &table.chains {
+        let header = ChainId::ALL
+            .iter()
+            .find(|id| {
+                id.name() == name && id.priority() == c.priority && id.hook().name() == c.hook
+            })
+            .map_or_else(
+                || {
+                    format!(
+                        "type {} hook {} priority {}; policy accept;",
+                        c.kind, c.hook, c.priority
+                    )
+                },
+                |id| chain_header(*id),
+            );
+        text.push_str(&format!("\tchain {name} {{\n\t\t{header}\n"));
+        for rule in &c.rules {
+            text.push_str(&format!("\t\t{rule}\n"));
+        }
+        text.push_str("\t}\n\n");
+    }
+    text.push_str("}\n");
+    text
+}
+
+fn list_counters(table: &FakeTable) -> String {
+    let mut text = format!("table ip {TABLE} {{\n");
+    for (name, (p, b)) in &table.counters {
+        text.push_str(&format!(
+            "\tcounter {name} {{\n\t\tpackets {p} bytes {b}\n\t}}\n"
+        ));
+    }
+    text.push_str("}\n");
+    text
 }
 
 fn list_json(table: &FakeTable) -> Value {
@@ -162,6 +255,15 @@ fn transact(state: &FakeState, script: &str) -> Result<Option<FakeTable>, String
 }
 
 const ENOENT: &str = "Could not process rule: No such file or directory";
+const EEXIST: &str = "Could not process rule: File exists";
+const EBUSY: &str = "Could not process rule: Device or resource busy";
+
+/// The `@store` names a rule looks up.
+fn stores_named(rule: &str) -> impl Iterator<Item = &str> {
+    rule.split('@')
+        .skip(1)
+        .filter_map(|r| r.split([' ', ';']).next())
+}
 
 fn command(
     table: &mut Option<FakeTable>,
@@ -169,7 +271,7 @@ fn command(
     line: &str,
 ) -> Result<(), String> {
     let prefix = format!("ip {TABLE}");
-    let rest = |verb: &str| line.strip_prefix(&format!("{verb} {prefix}"));
+    let rest = |verb: &str| line.strip_prefix(&format!("{verb} {prefix} "));
     if line == format!("add table {prefix}") {
         table.get_or_insert_with(FakeTable::default);
         return Ok(());
@@ -190,15 +292,59 @@ fn command(
         return Ok(());
     }
     if let Some(name) = rest("delete counter") {
+        let name = name.trim();
+        let quoted = format!("\"{name}\"");
+        if t.stores
+            .values()
+            .any(|s| s.elements.values().any(|v| *v == quoted))
+        {
+            return Err(EBUSY.to_owned());
+        }
         return t
             .counters
-            .remove(name.trim())
+            .remove(name)
             .map(|_| ())
             .ok_or_else(|| ENOENT.to_owned());
     }
     if let Some(name) = rest("add counter") {
         t.counters.entry(name.trim().to_owned()).or_insert((0, 0));
         return Ok(());
+    }
+    for (verb, map) in [("add set", false), ("add map", true)] {
+        if let Some(spec) = rest(verb) {
+            return add_store(t, spec, map);
+        }
+    }
+    for verb in ["delete set", "delete map"] {
+        if let Some(name) = rest(verb) {
+            let name = name.trim();
+            if t.chains
+                .values()
+                .any(|c| c.rules.iter().any(|r| stores_named(r).any(|s| s == name)))
+            {
+                return Err(EBUSY.to_owned());
+            }
+            return t
+                .stores
+                .remove(name)
+                .map(|_| ())
+                .ok_or_else(|| ENOENT.to_owned());
+        }
+    }
+    if let Some(spec) = rest("add element") {
+        if let Some((_, message)) = refuse.iter().find(|(needle, _)| spec.contains(needle)) {
+            return Err(message.clone());
+        }
+        return add_element(t, spec);
+    }
+    if let Some(spec) = rest("delete element") {
+        let (name, key) = element_spec(spec)?;
+        let store = t.stores.get_mut(name).ok_or_else(|| ENOENT.to_owned())?;
+        return store
+            .elements
+            .remove(key.trim())
+            .map(|_| ())
+            .ok_or_else(|| ENOENT.to_owned());
     }
     if let Some(rule) = rest("add rule") {
         let (chain, text) = rule.trim().split_once(' ').ok_or("a rule without chain")?;
@@ -212,11 +358,102 @@ fn command(
         if named.is_some_and(|n| !t.counters.contains_key(n)) {
             return Err(ENOENT.to_owned());
         }
+        if stores_named(text).any(|s| !t.stores.contains_key(s)) {
+            return Err(ENOENT.to_owned());
+        }
         let chain = t.chains.get_mut(chain).ok_or_else(|| ENOENT.to_owned())?;
         chain.rules.push(text.to_owned());
         return Ok(());
     }
     Err(format!("syntax error, the fake does not know {line:?}"))
+}
+
+/// `NAME { type T; [flags interval;] }`.
+fn add_store(t: &mut FakeTable, spec: &str, map: bool) -> Result<(), String> {
+    let (name, body) = spec.trim().split_once(' ').ok_or("a store without body")?;
+    let body = body.trim().trim_start_matches('{').trim_end_matches('}');
+    let mut store = FakeStore {
+        map,
+        ..FakeStore::default()
+    };
+    for part in body.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+        if let Some(t) = part.strip_prefix("type ") {
+            store.type_text = t.to_owned();
+        } else if let Some(f) = part.strip_prefix("flags ") {
+            store.flags = f.to_owned();
+        } else {
+            return Err(format!("syntax error in a store: {part:?}"));
+        }
+    }
+    match t.stores.get(name) {
+        Some(s) if (s.map, &s.type_text, &s.flags) != (map, &store.type_text, &store.flags) => {
+            Err(EEXIST.to_owned())
+        }
+        Some(_) => Ok(()),
+        None => {
+            t.stores.insert(name.to_owned(), store);
+            Ok(())
+        }
+    }
+}
+
+/// `NAME { ELEMENT }` → (name, element).
+fn element_spec(spec: &str) -> Result<(&str, &str), String> {
+    let (name, body) = spec
+        .trim()
+        .split_once(' ')
+        .ok_or("an element without body")?;
+    let body = body
+        .trim()
+        .strip_prefix('{')
+        .and_then(|b| b.strip_suffix('}'))
+        .ok_or("an element outside braces")?;
+    Ok((name, body.trim()))
+}
+
+/// The port range closing an interval key (`… . 3000-3010`) and the key before it.
+fn key_range(key: &str) -> Option<(&str, u16, u16)> {
+    let (prefix, ports) = key.rsplit_once(" . ")?;
+    let (first, last) = ports.split_once('-').unwrap_or((ports, ports));
+    Some((prefix, first.parse().ok()?, last.parse().ok()?))
+}
+
+/// Adds one element as the kernel would: into an existing store, a map's counter existing, the
+/// same key with another value refused, and an interval overlapping another refused.
+fn add_element(t: &mut FakeTable, spec: &str) -> Result<(), String> {
+    let (name, element) = element_spec(spec)?;
+    let counters = t.counters.clone();
+    let store = t.stores.get_mut(name).ok_or_else(|| ENOENT.to_owned())?;
+    let (key, value) = if store.map {
+        element
+            .split_once(" : ")
+            .ok_or("a map element without a value")?
+    } else {
+        (element, "")
+    };
+    if store.type_text.ends_with(": counter") {
+        let counter = value.trim_matches('"');
+        if !counters.contains_key(counter) {
+            return Err(ENOENT.to_owned());
+        }
+    }
+    match store.elements.get(key) {
+        Some(v) if v == value => return Ok(()),
+        Some(_) => return Err(EEXIST.to_owned()),
+        None => {}
+    }
+    if store.flags == "interval"
+        && let Some((prefix, first, last)) = key_range(key)
+        && store
+            .elements
+            .keys()
+            .filter_map(|k| key_range(k))
+            .any(|(p, f, l)| p == prefix && first <= l && f <= last)
+    {
+        return Err(EEXIST.to_owned());
+    }
+    store.elements.insert(key.to_owned(), value.to_owned());
+    Ok(())
 }
 
 /// `NAME { type T hook H priority P; policy accept; }`: created, or kept when it is the same;

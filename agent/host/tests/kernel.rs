@@ -111,8 +111,8 @@ fn child_apply_golden() {
         }
         let listing = sh("nft list table ip kuport 2>/dev/null || true");
         assert_eq!(
-            kuport_host::nft::zero_counters(&listing),
-            golden_nft(&case),
+            netns::table_of(&listing),
+            netns::table_of(&golden_nft(&case)),
             "{case}: nft listing"
         );
         check_links(&state);
@@ -370,8 +370,8 @@ fn child_drift() {
             "{verified:?}"
         );
         assert_eq!(
-            kuport_host::nft::zero_counters(&sh("nft list table ip kuport")),
-            golden_nft("pod-node-single")
+            netns::table_of(&sh("nft list table ip kuport")),
+            netns::table_of(&golden_nft("pod-node-single"))
         );
         check_rules_and_routes(&state);
         // A chain with the wrong priority (or none) is replaced, not patched.
@@ -379,8 +379,8 @@ fn child_drift() {
         let fixed = host.apply(&state, true).await.expect("repair");
         assert!(fixed.nft_changed);
         assert_eq!(
-            kuport_host::nft::zero_counters(&sh("nft list table ip kuport")),
-            golden_nft("pod-node-single")
+            netns::table_of(&sh("nft list table ip kuport")),
+            netns::table_of(&golden_nft("pod-node-single"))
         );
         host.teardown().await.expect("teardown");
     });
@@ -516,8 +516,8 @@ fn child_nft_refusal() {
         // The other mapping is programmed exactly as it would be alone.
         let listing = sh("nft list table ip kuport");
         assert_eq!(
-            kuport_host::nft::zero_counters(&listing),
-            golden_nft("same-node-single-port")
+            netns::table_of(&listing),
+            netns::table_of(&golden_nft("same-node-single-port"))
         );
         let counters = host.counters().await.expect("counters");
         assert!(

@@ -4,7 +4,9 @@
 //! (`__hostbench-nft N SAMPLES`): it times `plan()` for the node, then, per sample, tears the
 //! table down and times `LinuxHost::apply` of the plan's host state into the empty namespace,
 //! an unchanged re-apply compared against the kernel (what a resync does; it must send
-//! nothing), and the apply of a plan where one endpoint moved.
+//! nothing, and lists the table only when another program changed the ruleset), and the apply
+//! of a plan where one endpoint moved (only the elements that differ are sent). Growth rows
+//! compare 1,000 mappings with 100.
 
 use std::hint::black_box;
 use std::process::Stdio;
@@ -27,8 +29,14 @@ pub const PROGRAM: &str = "__hostbench-program";
 
 /// Sizes and apply samples per size (the 5,000 case takes about a second per sample).
 const SIZES: [(usize, usize); 4] = [(1, 5), (100, 5), (1_000, 5), (5_000, 3)];
-/// The target of `targets.md` for a 5,000-mapping transaction.
+/// The targets for 5,000 mappings: a first transaction, the apply after one pod moved, and an
+/// unchanged verifying pass.
 const TARGET_5000_MS: f64 = 500.0;
+const TARGET_CHANGE_MS: f64 = 100.0;
+const TARGET_UNCHANGED_MS: f64 = 100.0;
+/// Growth allowed for 10× the mappings: the plan, and the apply of one change.
+const GROWTH_PLAN: f64 = 12.0;
+const GROWTH_CHANGE: f64 = 2.0;
 
 /// What the child reports, one JSON line.
 #[derive(Debug, Serialize, Deserialize)]
@@ -42,12 +50,15 @@ struct ChildReport {
     unchanged_mutations: Vec<usize>,
     change_ms: Vec<f64>,
     change_sent: Vec<bool>,
+    change_lines: Vec<usize>,
+    unchanged_listed: Vec<bool>,
 }
 
 /// The parent side: one namespace and one child per size.
 pub fn measure() -> Result<Vec<Measurement>> {
     let exe = std::env::current_exe().context("finding the current executable")?;
     let mut out = Vec::new();
+    let mut reports = Vec::new();
     for (n, samples) in SIZES {
         let ns = Netns::create(super::PREFIX, &format!("nft{n}"))?;
         let mut cmd = ns.command(&exe);
@@ -59,8 +70,39 @@ pub fn measure() -> Result<Vec<Measurement>> {
             .with_context(|| format!("reading the report of {CHILD} {n}: {line:?}"))?;
         drop(ns);
         out.extend(rows(&r));
+        reports.push(r);
+    }
+    let at = |n: usize| reports.iter().find(|r| r.mappings == n);
+    if let (Some(small), Some(large)) = (at(100), at(1_000)) {
+        out.extend(growth(small, large));
     }
     Ok(out)
+}
+
+/// 10× the mappings: how much more a plan pass and a one-change apply cost.
+fn growth(small: &ChildReport, large: &ChildReport) -> Vec<Measurement> {
+    let row = |what: &str, a: &[f64], b: &[f64], limit: f64| {
+        let ratio = median(b) / median(a);
+        Measurement {
+            name: format!("growth: {what}, 1,000 mappings ÷ 100"),
+            value: ratio,
+            unit: "ratio".to_owned(),
+            samples: b.len(),
+            baseline: Some(median(a)),
+            target: format!("≤ {limit}×"),
+            met: Some(ratio <= limit),
+            note: format!("medians {:.2} ms vs {:.2} ms", median(b), median(a)),
+        }
+    };
+    vec![
+        row("plan pass", &small.plan_ms, &large.plan_ms, GROWTH_PLAN),
+        row(
+            "apply after one pod moved",
+            &small.change_ms,
+            &large.change_ms,
+            GROWTH_CHANGE,
+        ),
+    ]
 }
 
 fn rows(r: &ChildReport) -> Vec<Measurement> {
@@ -98,8 +140,8 @@ fn rows(r: &ChildReport) -> Vec<Measurement> {
             },
             met: is_target_size.then_some(first <= TARGET_5000_MS),
             note: format!(
-                "LinuxHost::apply into an empty namespace (nft listings, one transaction, hook \
-                 check); samples {} ms",
+                "LinuxHost::apply into an empty namespace (one transaction, a terse listing to \
+                 check the hooks); samples {} ms",
                 list(&r.first_ms, 1)
             ),
         },
@@ -109,12 +151,17 @@ fn rows(r: &ChildReport) -> Vec<Measurement> {
             unit: "ms".to_owned(),
             samples: r.change_ms.len(),
             baseline: None,
-            target: String::new(),
-            met: None,
+            target: if is_target_size {
+                format!("≤ {TARGET_CHANGE_MS} ms")
+            } else {
+                String::new()
+            },
+            met: is_target_size.then(|| median(&r.change_ms) <= TARGET_CHANGE_MS),
             note: format!(
-                "LinuxHost::apply of the plan after one pod moved (the whole table is resent); \
-                 transaction sent: {:?}; samples {} ms",
+                "LinuxHost::apply of the plan after one pod moved (only the elements that \
+                 differ are sent); transaction sent: {:?}, lines {:?}; samples {} ms",
                 r.change_sent,
+                r.change_lines,
                 list(&r.change_ms, 1)
             ),
         },
@@ -124,13 +171,21 @@ fn rows(r: &ChildReport) -> Vec<Measurement> {
             unit: "ms".to_owned(),
             samples: r.unchanged_ms.len(),
             baseline: None,
-            target: "applies nothing".to_owned(),
-            met: Some(unchanged_ok),
+            target: if is_target_size {
+                format!("applies nothing, ≤ {TARGET_UNCHANGED_MS} ms")
+            } else {
+                "applies nothing".to_owned()
+            },
+            met: Some(
+                unchanged_ok && (!is_target_size || median(&r.unchanged_ms) <= TARGET_UNCHANGED_MS),
+            ),
             note: format!(
                 "LinuxHost::apply(verify) of the state just applied; kernel mutations per sample \
-                 {:?} (first apply: {:?}, the transaction and one ip rule); samples {} ms",
+                 {:?} (first apply: {:?}, the transaction and one ip rule); table listed: {:?}; \
+                 samples {} ms",
                 r.unchanged_mutations,
                 r.first_mutations,
+                r.unchanged_listed,
                 list(&r.unchanged_ms, 1)
             ),
         },
@@ -210,6 +265,8 @@ pub fn child(args: &[String]) -> Result<()> {
         unchanged_mutations: Vec::new(),
         change_ms: Vec::new(),
         change_sent: Vec::new(),
+        change_lines: Vec::new(),
+        unchanged_listed: Vec::new(),
     };
     runtime()?.block_on(async {
         let mut host = LinuxHost::new().context("opening netlink")?;
@@ -223,10 +280,12 @@ pub fn child(args: &[String]) -> Result<()> {
             let again = host.apply(&state, true).await.context("unchanged apply")?;
             report.unchanged_ms.push(ms(start.elapsed()));
             report.unchanged_mutations.push(again.mutations());
+            report.unchanged_listed.push(again.nft_listed);
             let start = Instant::now();
             let change = host.apply(&moved, false).await.context("changed apply")?;
             report.change_ms.push(ms(start.elapsed()));
             report.change_sent.push(change.nft_changed);
+            report.change_lines.push(change.nft_lines);
         }
         host.teardown().await.context("final teardown")
     })?;

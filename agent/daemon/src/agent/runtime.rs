@@ -840,6 +840,7 @@ fn log_apply(report: &ApplyReport, state: &HostState, verify: bool) {
     tracing::info!(
         verify,
         nft_changed = report.nft_changed,
+        nft_lines = report.nft_lines,
         links_created = report.links_created,
         links_updated = report.links_updated,
         links_deleted = report.links_deleted,

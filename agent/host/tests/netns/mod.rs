@@ -78,6 +78,17 @@ pub fn golden_nft(case: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
+/// A listing (of the kernel, or a golden file) as a layout, counters left out: `None` for no
+/// table. The kernel lists hash-map elements in its own order, so listings compare parsed.
+pub fn table_of(listing: &str) -> Option<kuport_core::render::Layout> {
+    if listing.trim().is_empty() {
+        return None;
+    }
+    let parsed = kuport_core::render::parse_listing(listing)
+        .unwrap_or_else(|e| panic!("unreadable listing ({e}):\n{listing}"));
+    Some(parsed.layout)
+}
+
 /// Every golden case.
 pub const GOLDEN: [&str; 7] = [
     "empty",

@@ -1,65 +1,30 @@
-//! Canonical nft text of kuport's table: what `nft list table ip kuport` prints for the IR, with
-//! every counter at zero. Golden files and the `kuport plan --output nft` view use it; the host
-//! layer compares the kernel's listing (counters zeroed) against it.
+//! nft text of kuport's table. [`rule_text`] writes one IR rule in nft's grammar (the chains'
+//! own rules: the guard, the marks, the MSS clamps); [`layout`] turns the per-mapping rules into
+//! set and map elements behind a few lookup rules, which is what the kernel holds;
+//! [`transaction`] diffs two layouts into one atomic `nft -f -` script; [`nft_text`] is the
+//! listing `kuport plan --output nft` shows.
 
 use std::fmt::Write as _;
 
-use crate::ir::{
-    ChainId, Counter, Hook, LINK_PREFIX, MarkLayout, NftTable, Rule, STAND_IN, SteerRule, TABLE,
-};
+use crate::ir::{ChainId, Hook, LINK_PREFIX, MarkLayout, NftTable, Rule, STAND_IN, SteerRule};
 
-/// The table as nft text; empty when the node needs no table.
+pub mod layout;
+pub mod transaction;
+
+pub use layout::{Layout, Listing, Planned, layout, listing_text, parse_listing};
+pub use transaction::{LineOf, script, transaction, transaction_lines};
+
+/// The table as nft lists it (elements sorted), counters at zero; empty when the node needs no
+/// table.
 pub fn nft_text(table: &NftTable) -> String {
     if table.is_empty() {
         return String::new();
     }
-    let counters: Vec<(String, u64, u64)> = table
-        .counters
-        .iter()
-        .map(|c| (c.name.clone(), 0, 0))
-        .collect();
-    let chains: Vec<(ChainId, Vec<String>)> = ChainId::ALL
-        .iter()
-        .map(|&chain| {
-            let rules = table.rules(chain).iter().map(|r| rule_text(r, table.marks));
-            (chain, rules.collect())
-        })
-        .collect();
-    listing(&counters, &chains)
-}
-
-/// `nft list table ip kuport` as nft prints it: the named counters (name, packets, bytes),
-/// then each chain with its header and rule lines.
-pub fn listing(counters: &[(String, u64, u64)], chains: &[(ChainId, Vec<String>)]) -> String {
-    let mut blocks = Vec::new();
-    for (name, packets, bytes) in counters {
-        blocks.push(format!(
-            "\tcounter {name} {{\n\t\tpackets {packets} bytes {bytes}\n\t}}\n"
-        ));
-    }
-    for (chain, rules) in chains {
-        let mut block = format!(
-            "\tchain {} {{\n\t\ttype {} hook {} priority {}; policy accept;\n",
-            chain.name(),
-            chain.chain_type(),
-            hook_name(chain.hook()),
-            symbolic_priority(*chain)
-        );
-        for rule in rules {
-            let _ = writeln!(block, "\t\t{rule}");
-        }
-        block.push_str("\t}\n");
-        blocks.push(block);
-    }
-    format!("table ip {TABLE} {{\n{}}}\n", blocks.join("\n"))
+    listing_text(&layout(table).layout, &std::collections::BTreeMap::new())
 }
 
 fn hook_name(hook: Hook) -> &'static str {
-    match hook {
-        Hook::Prerouting => "prerouting",
-        Hook::Postrouting => "postrouting",
-        Hook::Forward => "forward",
-    }
+    hook.name()
 }
 
 /// nft lists standard priorities by name, relative to the family's well-known values.
@@ -207,103 +172,6 @@ pub fn rule_text(rule: &Rule, marks: MarkLayout) -> String {
             quote(&r.comment)
         ),
     }
-}
-
-/// The nft script (`nft -f -`) that brings kuport's table to `table` in one transaction:
-/// table and chains added (idempotent), the chains flushed, counters of vanished mappings
-/// deleted, every desired counter added (an existing one keeps its values), then every rule.
-/// With `recreate`, the table is deleted first (a chain's type, hook or priority cannot change
-/// in place). Rules are written in the very text nft lists them in, so the listing that the
-/// host compares against and the transaction it sends come from one description.
-pub fn transaction(table: &NftTable, existing_counters: &[String], recreate: bool) -> String {
-    script(&transaction_lines(table, existing_counters, recreate))
-}
-
-/// The `nft -f -` text of transaction lines.
-pub fn script(lines: &[(String, LineOf<'_>)]) -> String {
-    let mut out = String::new();
-    for (line, _) in lines {
-        out.push_str(line);
-        out.push('\n');
-    }
-    out
-}
-
-/// What one line of a transaction adds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LineOf<'a> {
-    /// The table, a chain, a flush or a deletion: nothing of one mapping.
-    Structure,
-    /// A named counter.
-    Counter(&'a Counter),
-    /// A rule.
-    Rule(&'a Rule),
-}
-
-/// The lines of [`transaction`], each with what it adds: nft reports a refused command by its
-/// line, so a refusal can be traced to the mapping that caused it.
-pub fn transaction_lines<'a>(
-    table: &'a NftTable,
-    existing_counters: &[String],
-    recreate: bool,
-) -> Vec<(String, LineOf<'a>)> {
-    let mut out = Vec::new();
-    if table.is_empty() {
-        out.push((format!("delete table ip {TABLE}"), LineOf::Structure));
-        return out;
-    }
-    if recreate {
-        out.push((format!("add table ip {TABLE}"), LineOf::Structure));
-        out.push((format!("delete table ip {TABLE}"), LineOf::Structure));
-    }
-    out.push((format!("add table ip {TABLE}"), LineOf::Structure));
-    for chain in ChainId::ALL {
-        out.push((
-            format!(
-                "add chain ip {TABLE} {} {{ type {} hook {} priority {}; policy accept; }}",
-                chain.name(),
-                chain.chain_type(),
-                hook_name(chain.hook()),
-                chain.priority(),
-            ),
-            LineOf::Structure,
-        ));
-        out.push((
-            format!("flush chain ip {TABLE} {}", chain.name()),
-            LineOf::Structure,
-        ));
-    }
-    if !recreate {
-        for name in existing_counters {
-            if !table.counters.iter().any(|c| &c.name == name) {
-                out.push((
-                    format!("delete counter ip {TABLE} {name}"),
-                    LineOf::Structure,
-                ));
-            }
-        }
-    }
-    // An object name is written bare (nft's grammar takes no quoted string there); kuport's
-    // counter names are Kubernetes names joined by `/`, cut with `_` and a hash.
-    for counter in &table.counters {
-        out.push((
-            format!("add counter ip {TABLE} {}", counter.name),
-            LineOf::Counter(counter),
-        ));
-    }
-    for chain in ChainId::ALL {
-        for rule in table.rules(chain) {
-            out.push((
-                format!(
-                    "add rule ip {TABLE} {} {}",
-                    chain.name(),
-                    rule_text(rule, table.marks)
-                ),
-                LineOf::Rule(rule),
-            ));
-        }
-    }
-    out
 }
 
 #[cfg(test)]
