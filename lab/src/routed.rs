@@ -141,8 +141,9 @@ impl RoutedPath {
             &format!("{CLIENT_IP}/32"),
         )?;
         // Both directions, hop by hop: the client's default, the router's new route, the
-        // edge into the mesh, the node to the pod, and the answer back the same way.
-        let e = (edge.ns.as_str(), "enp1s0");
+        // edge into the mesh, the node to the pod (the bench's CNI is Cilium's shape, pods
+        // behind cilium_host), and the answer back the same way.
+        let (edge_ns, edge_if) = (edge.ns.as_str(), "enp1s0");
         let expect: [(&str, String, String); 6] = [
             (
                 CLIENT_NS,
@@ -155,8 +156,8 @@ impl RoutedPath {
                 format!("via {edge_public} dev pub0"),
             ),
             (
-                e.0,
-                format!("{pod_ip} from {CLIENT_IP} iif {}", e.1),
+                edge_ns,
+                format!("{pod_ip} from {CLIENT_IP} iif {}", edge_if),
                 "dev wt0".into(),
             ),
             (
@@ -170,9 +171,9 @@ impl RoutedPath {
                 "dev wt0".into(),
             ),
             (
-                e.0,
+                edge_ns,
                 format!("{CLIENT_IP} from {pod_ip} iif wt0"),
-                format!("dev {}", e.1),
+                format!("dev {}", edge_if),
             ),
         ];
         for (ns, query, want) in expect {
@@ -320,11 +321,11 @@ fn link_bytes(ns: &str, pick: impl Fn(&str) -> bool) -> Result<(u64, u64)> {
     Ok(sum)
 }
 
-/// The packets every counter of kuport's table in `ns` has counted (0 without the table).
+/// The packets every counter of kuport's nft table in `ns` has counted. A missing table is an
+/// error: it would make "no kuport rule matched" true for the wrong reason.
 fn kuport_packets(ns: &str) -> Result<u64> {
-    let Ok(text) = exec(ns, "nft", &["list", "table", "ip", TABLE]) else {
-        return Ok(0);
-    };
+    let text = exec(ns, "nft", &["list", "table", "ip", TABLE])
+        .with_context(|| format!("listing kuport's table in {ns}"))?;
     let mut sum = 0;
     let mut words = text.split_whitespace();
     while let Some(w) = words.next() {
