@@ -10,6 +10,7 @@ mod labbench;
 mod prereq;
 mod probe;
 mod report;
+mod routed;
 mod runner;
 mod scenario;
 mod sys;
