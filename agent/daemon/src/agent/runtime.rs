@@ -166,6 +166,18 @@ pub struct Agent<H: Host> {
     /// What the kernel refused in the last apply, by mapping: planned into this node's class
     /// rows until an apply succeeds in full.
     refusals: Vec<HostRefusal>,
+    /// When the mapping counters were last read from the host.
+    counters_read: Option<Instant>,
+}
+
+/// The mapping counters are read from the host at most this often (and on every verifying
+/// pass): reading them runs `nft`, and a busy cluster runs many passes a second.
+const COUNTER_REFRESH: Duration = Duration::from_secs(10);
+
+/// Whether a pass reads the mapping counters: the first pass, a verifying one, or one at least
+/// [`COUNTER_REFRESH`] after the last read.
+fn counters_due(verify: bool, last: Option<Instant>, now: Instant) -> bool {
+    verify || last.is_none_or(|at| now >= at + COUNTER_REFRESH)
 }
 
 /// The watched kinds, declared once: each becomes a store in `Inputs`, a reflector started by
@@ -321,6 +333,7 @@ impl<H: Host> Agent<H> {
             link_watch: None,
             pass_hook: None,
             refusals: Vec::new(),
+            counters_read: None,
         }
     }
 
@@ -609,9 +622,13 @@ impl<H: Host> Agent<H> {
             Err(failed) => return (fail(failed), underlay),
         };
         self.metrics.record_plan(&plan);
-        match self.host.counters().await {
-            Ok(counters) => self.metrics.set_mapping_counters(counters),
-            Err(e) => tracing::warn!("reading kuport's nft counters: {e}"),
+        let now = Instant::now();
+        if counters_due(verify, self.counters_read, now) {
+            self.counters_read = Some(now);
+            match self.host.counters().await {
+                Ok(counters) => self.metrics.set_mapping_counters(counters),
+                Err(e) => tracing::warn!("reading kuport's nft counters: {e}"),
+            }
         }
         let outcome = self.write_status(&plan, inputs, &snapshot, events).await;
         (outcome, underlay)
@@ -872,6 +889,18 @@ fn sleep_until_opt(at: Option<Instant>) -> Pin<Box<dyn Future<Output = ()> + Sen
 #[cfg(test)]
 mod schedule_tests {
     use super::*;
+
+    #[test]
+    fn counters_are_read_first_on_verify_and_then_at_most_every_refresh() {
+        let t0 = Instant::now();
+        assert!(counters_due(false, None, t0), "the first pass reads them");
+        assert!(!counters_due(false, Some(t0), t0 + Duration::from_secs(1)));
+        assert!(
+            counters_due(true, Some(t0), t0 + Duration::from_secs(1)),
+            "a verify reads them"
+        );
+        assert!(counters_due(false, Some(t0), t0 + COUNTER_REFRESH));
+    }
 
     fn outcome(failed: bool, refused: bool) -> PassOutcome {
         PassOutcome {
