@@ -12,7 +12,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use kuport_core::ir::{ChainId, NftTable, TABLE};
-use kuport_core::render::layout::{Layout, chain_header, layout, parse_listing};
+use kuport_core::render::layout::{Layout, Planned, chain_header, layout, parse_listing};
 use kuport_core::render::transaction::needs_recreate;
 use kuport_core::render::{LineOf, script, transaction_lines};
 use serde_json::Value;
@@ -130,7 +130,10 @@ fn warn_once(message: &str) {
 #[derive(Debug, Default)]
 struct Seen {
     /// kuport's table (`None`: absent) as it stood at `generation`.
-    table: Option<(u32, Option<Layout>)>,
+    table: Option<(u32, Option<Arc<Layout>>)>,
+    /// The last desired table and its layout: a pass that wants the same table (most of them)
+    /// does not lay 5,000 mappings out again.
+    planned: Option<(NftTable, Arc<Planned>)>,
     /// The host firewall's warnings as they stood at a generation.
     warnings: Option<(u32, Vec<String>)>,
 }
@@ -221,17 +224,17 @@ impl Nft {
 
     /// The kernel's table: remembered when the generation is the one it was seen at, else
     /// listed. The second value says whether it was listed.
-    fn current(&self, generation: Option<u32>) -> Result<(Option<Layout>, bool), HostError> {
+    fn current(&self, generation: Option<u32>) -> Result<(Option<Arc<Layout>>, bool), HostError> {
         if let Some(g) = generation
             && let Some((seen_at, table)) = &self.seen().table
             && *seen_at == g
         {
             return Ok((table.clone(), false));
         }
-        Ok((self.read()?.map(|l| l.layout), true))
+        Ok((self.read()?.map(|l| Arc::new(l.layout)), true))
     }
 
-    fn remember(&self, generation: Option<u32>, table: Option<Layout>) {
+    fn remember(&self, generation: Option<u32>, table: Option<Arc<Layout>>) {
         self.seen().table = generation.map(|g| (g, table));
     }
 
@@ -243,16 +246,16 @@ impl Nft {
     pub fn apply(&self, desired: &NftTable) -> Result<NftApplied, HostError> {
         let before = self.runner.generation();
         let (current, listed) = self.current(before)?;
-        let mut planned = layout(desired);
+        let mut planned = self.planned(desired);
         let wanted = (!planned.layout.is_empty()).then_some(&planned.layout);
-        if current.as_ref() == wanted {
+        if current.as_deref() == wanted {
             self.remember(before, current);
             return Ok(NftApplied {
                 listed,
                 ..NftApplied::default()
             });
         }
-        let creates = current.as_ref().is_none_or(|c| {
+        let creates = current.as_deref().is_none_or(|c| {
             needs_recreate(c, &planned.layout)
                 || ChainId::ALL
                     .iter()
@@ -262,7 +265,7 @@ impl Nft {
         let mut refused = Vec::new();
         let mut sent = 0;
         for round in 1..=MAX_ISOLATION_ROUNDS {
-            let lines = transaction_lines(current.as_ref(), &planned);
+            let lines = transaction_lines(current.as_deref(), &planned);
             sent = lines.len();
             let detail = match self.send(&script(&lines)) {
                 Ok(()) => break,
@@ -278,7 +281,7 @@ impl Nft {
             let cut = Refusal::mappings_of(&these);
             drop(lines);
             table = std::borrow::Cow::Owned(table.without_mappings(&cut));
-            planned = layout(&table);
+            planned = Arc::new(layout(&table));
             refused.extend(these);
         }
         if creates && !planned.layout.is_empty() {
@@ -289,7 +292,7 @@ impl Nft {
         // change); more means someone else committed too, and only a listing can tell what.
         let ours =
             matches!((before, after), (Some(b), Some(a)) if a == b || a == b.wrapping_add(1));
-        let now = (!planned.layout.is_empty()).then_some(planned.layout);
+        let now = (!planned.layout.is_empty()).then(|| Arc::new(planned.layout.clone()));
         self.remember(if ours { after } else { None }, now);
         Ok(NftApplied {
             changed: true,
@@ -297,6 +300,18 @@ impl Nft {
             lines: sent,
             listed,
         })
+    }
+
+    /// The layout of `desired`, reused when it is the table the last apply wanted.
+    fn planned(&self, desired: &NftTable) -> Arc<Planned> {
+        if let Some((table, planned)) = &self.seen().planned
+            && table == desired
+        {
+            return planned.clone();
+        }
+        let planned = Arc::new(layout(desired));
+        self.seen().planned = Some((desired.clone(), planned.clone()));
+        planned
     }
 
     fn forget(&self, error: HostError) -> HostError {

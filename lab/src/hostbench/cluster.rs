@@ -159,9 +159,20 @@ pub fn host_state(snap: &Snapshot, target_last: bool) -> Result<HostState> {
     Ok(p.host)
 }
 
-/// Number of rules in the table.
+/// Number of rules in the IR's table (one per mapping and chain).
 pub fn rule_count(state: &HostState) -> usize {
     state.nft.chains.iter().map(|(_, r)| r.len()).sum()
+}
+
+/// What the kernel holds for the state: `N IR rules: R kernel rules, E set and map elements`.
+pub fn kernel_size(state: &HostState) -> String {
+    let planned = kuport_core::render::layout(&state.nft);
+    let rules: usize = planned.layout.chains.values().map(|c| c.rules.len()).sum();
+    format!(
+        "{} IR rules: {rules} kernel rules, {} set and map elements",
+        rule_count(state),
+        planned.layout.element_count()
+    )
 }
 
 #[cfg(test)]

@@ -42,7 +42,7 @@ const GROWTH_CHANGE: f64 = 2.0;
 #[derive(Debug, Serialize, Deserialize)]
 struct ChildReport {
     mappings: usize,
-    rules: usize,
+    rules: String,
     plan_ms: Vec<f64>,
     first_ms: Vec<f64>,
     first_mutations: Vec<usize>,
@@ -121,7 +121,7 @@ fn rows(r: &ChildReport) -> Vec<Measurement> {
             met: None,
             note: format!(
                 "median of {} passes of plan() for the node (one class, every pod on that node), \
-                 {}; {} nft rules",
+                 {}; {}",
                 r.plan_ms.len(),
                 build_profile(),
                 r.rules
@@ -257,7 +257,7 @@ pub fn child(args: &[String]) -> Result<()> {
     }
     let mut report = ChildReport {
         mappings: n,
-        rules: cluster::rule_count(&state),
+        rules: cluster::kernel_size(&state),
         plan_ms,
         first_ms: Vec::new(),
         first_mutations: Vec::new(),
@@ -307,7 +307,7 @@ pub fn program(args: &[String]) -> Result<()> {
     if !report.nft_changed {
         bail!("applying {n} mappings sent no nft transaction");
     }
-    println!("{}", cluster::rule_count(&state));
+    println!("{}", cluster::kernel_size(&state));
     Ok(())
 }
 
