@@ -202,8 +202,9 @@ fn merge_row(
     flipped
 }
 
-/// Lands proposals on slots still free in the fresh object, in key order; returns the keys of
-/// those dropped because another pair holds their slot (or the slot left the usable range).
+/// Lands proposals on slots still free in the fresh object (or held by the standby claim the
+/// proposal replaces), in key order; returns the keys of those dropped because another pair
+/// holds their slot (or the slot left the usable range).
 ///
 /// "Holds" is read as the plan reads claims (`valid_claims`): the plan proposes a fresh slot for
 /// a pair whose entry it ignores (a slot out of range, say after the subnet shrank, or one
@@ -223,7 +224,14 @@ fn land_claims(
             // Another writer landed the pair already; its slot is the one that counts.
             continue;
         }
-        let free = claim.slot < usable_slots && held.values().all(|c| c.slot != claim.slot);
+        // A serving pair may take over the slot of the standby claim its plan named, but only
+        // while that claim (not some other pair that landed meanwhile) still holds it.
+        let holder = held
+            .iter()
+            .find(|(_, c)| c.slot == claim.slot)
+            .map(|(k, _)| k);
+        let free =
+            claim.slot < usable_slots && holder.is_none_or(|k| claim.replaces.as_ref() == Some(k));
         let slot = match (free, i32::try_from(claim.slot)) {
             (true, Ok(slot)) => slot,
             _ => {
@@ -395,6 +403,7 @@ mod tests {
             peers: [a.into(), b.into()],
             slot,
             subnet: format!("169.254.77.{}/31", slot * 2),
+            replaces: None,
         }
     }
 
