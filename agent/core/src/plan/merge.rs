@@ -764,6 +764,36 @@ mod tests {
     }
 
     #[test]
+    fn a_takeover_lands_only_while_the_named_standby_claim_holds_the_slot() {
+        let stored = PortMapClassStatus {
+            links: vec![link("n1/n3", 0), link("n2/n3", 1)],
+            ..Default::default()
+        };
+        let mut takeover = proposal("n1/n2", 1);
+        takeover.replaces = Some("n2/n3".into());
+        let part = ClassPart {
+            claims: vec![&takeover],
+            ..Default::default()
+        };
+        let merged = merge_status(&stored, "n2", VERSION, &part, ts(NOW));
+        assert!(merged.dropped.is_empty());
+        assert_eq!(
+            merged.status.links,
+            vec![link("n1/n2", 1), link("n1/n3", 0)]
+        );
+        // Another pair landed on the slot meanwhile: the takeover is not for it.
+        let mut wrong = proposal("n1/n2", 0);
+        wrong.replaces = Some("n2/n3".into());
+        let part = ClassPart {
+            claims: vec![&wrong],
+            ..Default::default()
+        };
+        let merged = merge_status(&stored, "n2", VERSION, &part, ts(NOW));
+        assert_eq!(merged.dropped, ["n1/n2"]);
+        assert_eq!(merged.status.links, stored.links);
+    }
+
+    #[test]
     fn a_proposal_beyond_the_fresh_subnet_is_dropped() {
         // The class shrank to a /30 (2 slots) between the plan and the write.
         let mut small = class("public", PortMapClassStatus::default());
