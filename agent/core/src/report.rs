@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::ir::{IpRule, Link, Route};
-use crate::plan::{ClassDecision, GcKind, MappingDecision, Outcome, Plan};
+use crate::plan::{ClassDecision, GcKind, MappingDecision, NeededLink, Outcome, Plan};
 use crate::render::nft_text;
 
 /// The whole report.
@@ -45,6 +45,8 @@ pub struct PortMapReport {
     pub status_writer: Option<String>,
     pub published: Vec<PublishedReport>,
     pub links: Vec<MappingLinkReport>,
+    /// Links kept ready to the other accepting nodes of a Single class (claimed ahead of need).
+    pub standby_links: Vec<MappingLinkReport>,
 }
 
 /// `{node, address, port}` (port = the pod port).
@@ -143,12 +145,13 @@ pub struct WritesReport {
     pub gc: Vec<GcReport>,
 }
 
-/// `{class, key, slot}`.
+/// `{class, key, slot}`, and `replaces` when a serving pair takes over a standby claim's slot.
 #[derive(Clone, Debug, Serialize)]
 pub struct ClaimReport {
     pub class: String,
     pub key: String,
     pub slot: u32,
+    pub replaces: Option<String>,
 }
 
 /// `{class, key, action}`.
@@ -217,6 +220,7 @@ impl PlanReport {
                         class: c.class.clone(),
                         key: c.key.clone(),
                         slot: c.slot,
+                        replaces: c.replaces.clone(),
                     })
                     .collect(),
                 gc: plan
@@ -257,16 +261,17 @@ fn portmap(d: &MappingDecision) -> PortMapReport {
                 address: p.address.clone(),
             })
             .collect(),
-        links: d
-            .links
-            .iter()
-            .map(|l| MappingLinkReport {
-                class: l.class.clone(),
-                key: l.key.clone(),
-                slot: l.slot,
-                landed: l.landed,
-            })
-            .collect(),
+        links: d.links.iter().map(mapping_link).collect(),
+        standby_links: d.standby_links.iter().map(mapping_link).collect(),
+    }
+}
+
+fn mapping_link(l: &NeededLink) -> MappingLinkReport {
+    MappingLinkReport {
+        class: l.class.clone(),
+        key: l.key.clone(),
+        slot: l.slot,
+        landed: l.landed,
     }
 }
 

@@ -392,3 +392,231 @@ fn both_ends_derive_the_same_link() {
         (None, None)
     );
 }
+
+/// Edges edge-a (serving) and edge-c (standby), both on wt0, in a Single class of `subnet`; a
+/// pod on worker-b and, when `a_worker` is set, one on a-worker (whose name sorts before the
+/// edges, so its standby pair sorts before worker-b's serving pair).
+fn standby_cluster(subnet: &str, a_worker: bool) -> Cluster {
+    let mut c = Cluster::new()
+        .node("edge-a", "100.64.0.1")
+        .node("edge-c", "100.64.0.3")
+        .node("worker-b", "100.64.0.2")
+        .namespace("games", json!({}))
+        .class_json(
+            "public",
+            json!({"nodes": nodes_json(&[("edge-a", &["wt0"]), ("edge-c", &["wt0"])]),
+                   "returnPath": {"mode": "Vxlan", "vxlan": {"subnet": subnet, "vni": 4242, "port": 4790}}}),
+            Value::Null,
+        )
+        .row("public", "edge-a", json!({"wt0": "100.64.0.1"}), 1400)
+        .row("public", "edge-c", json!({"wt0": "100.64.0.3"}), 1400)
+        .endpoint("games", "gs", "gs-0", "worker-b", "10.244.1.5", 3000)
+        .portmap(pm("games", "gs", "public", 3000));
+    if a_worker {
+        c = c
+            .node("a-worker", "100.64.0.4")
+            .endpoint("games", "early", "early-0", "a-worker", "10.244.2.5", 3001)
+            .portmap(pm("games", "early", "public", 3001));
+    }
+    c
+}
+
+/// Every node's proposals: (proposer, key, slot, replaces).
+fn all_proposals(c: &Cluster) -> Vec<(String, String, u32, Option<String>)> {
+    ["a-worker", "edge-a", "edge-c", "worker-b"]
+        .iter()
+        .flat_map(|n| {
+            c.plan(n)
+                .writes
+                .claims
+                .into_iter()
+                .map(move |p| ((*n).to_owned(), p.key, p.slot, p.replaces))
+        })
+        .collect()
+}
+
+#[test]
+fn the_pod_node_claims_every_standby_pair_ahead_of_need() {
+    let c = standby_cluster("169.254.77.0/24", false);
+    assert_eq!(
+        all_proposals(&c),
+        [
+            ("worker-b".into(), "edge-a/worker-b".into(), 0, None),
+            ("worker-b".into(), "edge-c/worker-b".into(), 1, None),
+        ],
+        "the serving pair and the standby pair, both proposed by the pod's node"
+    );
+    assert_eq!(
+        ready(&c.plan("edge-a"), "public"),
+        (C::Valid, String::new())
+    );
+}
+
+#[test]
+fn standby_claims_are_never_collected() {
+    let c = standby_cluster("169.254.77.0/24", false)
+        .claim("public", "edge-a/worker-b", 0)
+        .claim_unused_since("public", "edge-c/worker-b", 1, "2026-05-01T00:00:00Z");
+    for edge in ["edge-a", "edge-c"] {
+        let gc: Vec<(String, GcKind)> = c
+            .plan(edge)
+            .writes
+            .gc
+            .into_iter()
+            .map(|g| (g.key, g.action))
+            .collect();
+        assert_eq!(
+            gc,
+            [("edge-c/worker-b".into(), GcKind::ClearUnused)],
+            "{edge}: a standby claim is needed, so it is cleared, not dropped"
+        );
+    }
+}
+
+#[test]
+fn serving_pairs_take_free_slots_before_standby_pairs() {
+    // Two slots, four pairs. In key order a-worker/edge-c (standby) would take the second slot
+    // and starve edge-a/worker-b (serving).
+    let c = standby_cluster("169.254.77.0/30", true);
+    assert_eq!(
+        all_proposals(&c),
+        [
+            ("a-worker".into(), "a-worker/edge-a".into(), 0, None),
+            ("worker-b".into(), "edge-a/worker-b".into(), 1, None),
+        ]
+    );
+    assert_eq!(
+        ready(&c.plan("edge-a"), "public"),
+        (
+            C::Valid,
+            "no /31 is free in 169.254.77.0/30 for standby link a-worker/edge-c and 1 more: moving the serving node there waits for a slot".into()
+        ),
+        "short of standby slots only, the class still works"
+    );
+}
+
+#[test]
+fn a_serving_pair_takes_over_a_standby_claims_slot_when_none_is_free() {
+    use kuport_core::plan::merge::{class_parts, merge_class_status};
+    // Both slots went to a-worker's pairs while worker-b's pod had no mapping.
+    let c = standby_cluster("169.254.77.0/30", true)
+        .claim("public", "a-worker/edge-a", 0)
+        .claim("public", "a-worker/edge-c", 1);
+    assert_eq!(
+        all_proposals(&c),
+        [(
+            "worker-b".into(),
+            "edge-a/worker-b".into(),
+            1,
+            Some("a-worker/edge-c".into())
+        )],
+        "the serving pair takes the standby pair's slot, lowest key first"
+    );
+    assert_eq!(ready(&c.plan("edge-a"), "public").0, C::Valid);
+    // Both ends of the standby link tear it down at once, so the new link's VNI is free.
+    assert!(c.plan("edge-c").host.links.is_empty());
+    let peers: Vec<String> = c
+        .plan("a-worker")
+        .host
+        .links
+        .into_iter()
+        .map(|l| l.peer)
+        .collect();
+    assert_eq!(peers, ["edge-a"]);
+
+    // The pod node's write lands the takeover.
+    let worker = c.plan("worker-b");
+    let mut after = c.clone();
+    let class = after.class_mut("public");
+    let part = class_parts(&worker.writes, "worker-b", std::slice::from_ref(&*class))
+        .remove("public")
+        .expect("worker-b writes to public");
+    let merged = merge_class_status(class, "worker-b", "test", &part, now());
+    assert!(merged.dropped.is_empty());
+    let keys: Vec<(String, i32)> = merged
+        .status
+        .links
+        .iter()
+        .map(|l| (l.key.clone(), l.slot))
+        .collect();
+    assert_eq!(
+        keys,
+        [("a-worker/edge-a".into(), 0), ("edge-a/worker-b".into(), 1)]
+    );
+    class.status = Some(merged.status);
+    let edge = c.plan("edge-a");
+    assert_eq!(edge.host.links.len(), 1, "before: only a-worker's link");
+    let edge = after.plan("edge-a");
+    assert_eq!(edge.host.links.len(), 2, "after: both serving links");
+    for name in ["gs", "early"] {
+        assert_eq!(
+            decision(&edge, "games", name)
+                .programmed
+                .as_ref()
+                .map(|p| p.reason),
+            Some(P::AllNodesReady),
+            "{name}"
+        );
+    }
+    assert!(
+        all_proposals(&after).is_empty(),
+        "the displaced standby pair waits for a free slot and takes none"
+    );
+    assert_eq!(
+        ready(&edge, "public"),
+        (
+            C::Valid,
+            "no /31 is free in 169.254.77.0/30 for standby link a-worker/edge-c and 1 more: moving the serving node there waits for a slot".into()
+        )
+    );
+}
+
+#[test]
+fn serving_links_take_link_marks_before_standby_links() {
+    use kuport_core::ir::MarkLayout;
+    use kuport_core::plan::link_name;
+    // Three edges; the pod node has marks for two links, and its standby links hold both ids.
+    let c = Cluster::new()
+        .node("edge-a", "100.64.0.1")
+        .node("edge-c", "100.64.0.3")
+        .node("edge-d", "100.64.0.5")
+        .node("worker-b", "100.64.0.2")
+        .namespace("games", json!({}))
+        .class_json(
+            "public",
+            json!({"nodes": nodes_json(&[("edge-a", &["wt0"]), ("edge-c", &["wt0"]), ("edge-d", &["wt0"])]),
+                   "returnPath": {"mode": "Vxlan"}}),
+            Value::Null,
+        )
+        .claim("public", "edge-a/worker-b", 0)
+        .claim("public", "edge-c/worker-b", 1)
+        .claim("public", "edge-d/worker-b", 2)
+        .endpoint("games", "gs", "gs-0", "worker-b", "10.244.1.5", 3000)
+        .portmap(pm("games", "gs", "public", 3000));
+    let mut f = facts(&[], "wt0", 1400);
+    f.marks = MarkLayout { base: 1, mask: 3 };
+    assert_eq!(f.marks.link_capacity(), 2);
+    let peers = |f: &kuport_core::snapshot::HostFacts| -> Vec<(String, u32)> {
+        let mut peers: Vec<(String, u32)> = c
+            .plan_with("worker-b", f)
+            .host
+            .links
+            .into_iter()
+            .map(|l| (l.peer, l.mark))
+            .collect();
+        peers.sort();
+        peers
+    };
+    assert_eq!(
+        peers(&f),
+        [("edge-a".into(), 2), ("edge-c".into(), 3)],
+        "with nothing on the host, the serving link takes the first id"
+    );
+    f.link_ids.insert(link_name("public", "edge-c"), 1);
+    f.link_ids.insert(link_name("public", "edge-d"), 2);
+    assert_eq!(
+        peers(&f),
+        [("edge-a".into(), 2), ("edge-d".into(), 3)],
+        "the serving link takes a standby link's id rather than go without"
+    );
+}

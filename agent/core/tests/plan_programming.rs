@@ -464,3 +464,173 @@ fn programmed_status_carries_generation_and_keeps_transition_time() {
     );
     assert_eq!(conds[1].last_transition_time.0, now(), "Programmed flipped");
 }
+
+/// Two accepting edges (edge-a serves, edge-c stands by) and a pod on worker-b, which accepts
+/// nothing: a Single class with the default subnet.
+fn two_edges() -> Cluster {
+    Cluster::new()
+        .node("edge-a", "100.64.0.1")
+        .node("edge-c", "100.64.0.3")
+        .node("worker-b", "100.64.0.2")
+        .namespace("games", json!({}))
+        .class_json(
+            "public",
+            vxlan_spec(&[("edge-a", &["wt0"]), ("edge-c", &["wt0"])]),
+            Value::Null,
+        )
+        .row("public", "edge-a", json!({"wt0": "100.64.0.1"}), 1400)
+        .row("public", "edge-c", json!({"wt0": "100.64.0.3"}), 1400)
+        .endpoint("games", "gs", "gs-0", "worker-b", "10.244.1.5", 3000)
+        .portmap(pm("games", "gs", "public", 3000))
+}
+
+fn edge_facts(addr: &str) -> kuport_core::snapshot::HostFacts {
+    facts(&[("wt0", addr)], "wt0", 1400)
+}
+
+#[test]
+fn a_standby_link_does_not_hold_up_programmed() {
+    let c = two_edges().claim("public", "edge-a/worker-b", 0);
+    let d = decision(&c.plan("edge-a"), "games", "gs").clone();
+    assert_eq!(d.serving_node.as_deref(), Some("edge-a"));
+    let keys = |l: &[kuport_core::plan::NeededLink]| -> Vec<String> {
+        l.iter().map(|l| l.key.clone()).collect()
+    };
+    assert_eq!(keys(&d.links), ["edge-a/worker-b"]);
+    assert_eq!(keys(&d.standby_links), ["edge-c/worker-b"]);
+    assert!(!d.standby_links[0].landed);
+    assert_eq!(
+        programmed(&c, "games", "gs").0,
+        P::AllNodesReady,
+        "only the serving link gates Programmed"
+    );
+}
+
+#[test]
+fn both_ends_of_a_standby_link_are_programmed_once_claimed() {
+    use kuport_core::ir::{ChainId, Rule};
+    let c = two_edges()
+        .claim("public", "edge-a/worker-b", 0)
+        .claim("public", "edge-c/worker-b", 1);
+    let worker = c.plan_with("worker-b", &facts(&[], "wt0", 1400));
+    let mut peers: Vec<&str> = worker.host.links.iter().map(|l| l.peer.as_str()).collect();
+    peers.sort_unstable();
+    assert_eq!(peers, ["edge-a", "edge-c"], "the pod node holds both links");
+    assert_eq!(
+        worker.host.rules.len(),
+        4,
+        "loop guard and reply rule per link"
+    );
+    assert_eq!(worker.host.routes.len(), 2);
+    let dnat_links: Vec<String> = worker
+        .host
+        .nft
+        .rules(ChainId::Pre)
+        .iter()
+        .filter_map(|r| match r {
+            Rule::Dnat(d) => Some(d.iif.clone()),
+            _ => None,
+        })
+        .collect();
+    let names: Vec<String> = worker.host.links.iter().map(|l| l.name.clone()).collect();
+    assert_eq!(
+        dnat_links, names,
+        "arrival DNAT on both links, each matching only its own link"
+    );
+    // The standby edge builds the link and nothing that captures traffic.
+    let standby = c.plan_with("edge-c", &edge_facts("100.64.0.3"));
+    assert_eq!(standby.host.links.len(), 1);
+    assert_eq!(standby.host.links[0].peer, "worker-b");
+    assert!(standby.host.nft.rules(ChainId::Pre).is_empty());
+    assert!(standby.host.nft.rules(ChainId::Steer).is_empty());
+    assert!(standby.host.rules.is_empty() && standby.host.routes.is_empty());
+    assert!(standby.writes.claims.is_empty() && standby.writes.gc.is_empty());
+    // The serving edge forwards over its own link.
+    let serving = c.plan_with("edge-a", &edge_facts("100.64.0.1"));
+    assert_eq!(serving.host.links.len(), 1);
+    assert!(!serving.host.nft.rules(ChainId::Pre).is_empty());
+}
+
+#[test]
+fn moving_the_serving_edge_waits_for_no_claim_and_changes_only_the_new_edges_capture() {
+    use kuport_core::ir::ChainId;
+    let before =
+        two_edges()
+            .claim("public", "edge-a/worker-b", 0)
+            .claim("public", "edge-c/worker-b", 1);
+    // edge-a goes NotReady: edge-c takes over.
+    let mut after = before.clone();
+    for node in &mut after.snapshot.nodes {
+        if node.metadata.name.as_deref() == Some("edge-a") {
+            for c in node
+                .status
+                .iter_mut()
+                .flat_map(|s| s.conditions.iter_mut().flatten())
+            {
+                if c.type_ == "Ready" {
+                    c.status = "False".into();
+                }
+            }
+        }
+    }
+    let edge_c = |c: &Cluster| c.plan_with("edge-c", &edge_facts("100.64.0.3"));
+    let worker_facts = facts(&[], "wt0", 1400);
+    let worker_before = before.plan_with("worker-b", &worker_facts);
+    // The host keeps the ids its links were built with (read back from their tables).
+    let mut worker_facts_after = worker_facts.clone();
+    let base = worker_facts.marks.base;
+    for l in &worker_before.host.links {
+        worker_facts_after
+            .link_ids
+            .insert(l.name.clone(), l.mark - base);
+    }
+    let worker_after = after.plan_with("worker-b", &worker_facts_after);
+    let d = decision(&edge_c(&after), "games", "gs").clone();
+    assert_eq!(d.serving_node.as_deref(), Some("edge-c"));
+    assert_eq!(
+        d.programmed.as_ref().map(|p| p.reason),
+        Some(P::AllNodesReady),
+        "programmed at once: {:?}",
+        d.programmed
+    );
+    for node in ["edge-a", "edge-c", "worker-b"] {
+        assert!(
+            after.plan(node).writes.claims.is_empty(),
+            "{node} proposes nothing: the new pair's claim is already there"
+        );
+    }
+    // The new serving edge keeps its link as it was and adds its capture.
+    let (old, new) = (edge_c(&before), edge_c(&after));
+    assert_eq!(old.host.links, new.host.links);
+    assert!(old.host.nft.rules(ChainId::Pre).is_empty());
+    assert!(!new.host.nft.rules(ChainId::Pre).is_empty());
+    // The pod node's link to edge-c, its rules and route stay exactly as they were; only the
+    // link to the edge that left goes.
+    let (old, new) = (worker_before, worker_after);
+    let kept = |p: &kuport_core::plan::Plan| {
+        let link = p
+            .host
+            .links
+            .iter()
+            .find(|l| l.peer == "edge-c")
+            .cloned()
+            .expect("link to edge-c");
+        let rules: Vec<_> = p
+            .host
+            .rules
+            .iter()
+            .filter(|r| r.fwmark == link.mark)
+            .cloned()
+            .collect();
+        let routes: Vec<_> = p
+            .host
+            .routes
+            .iter()
+            .filter(|r| r.dev == link.name)
+            .cloned()
+            .collect();
+        (link, rules, routes)
+    };
+    assert_eq!(kept(&old), kept(&new));
+    assert_eq!(new.host.links.len(), 1);
+}

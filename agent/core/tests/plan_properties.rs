@@ -1380,6 +1380,8 @@ proptest! {
         let snap = snapshot(&m);
         // (class, slot) -> keys proposed for it, by any node.
         let mut proposed: BTreeMap<(String, u32), BTreeSet<String>> = BTreeMap::new();
+        // (class, slot) -> the standby claims a serving pair's proposal takes the slot over from.
+        let mut replaced: BTreeMap<(String, u32), BTreeSet<String>> = BTreeMap::new();
         for node in plan_nodes(&m) {
             let p = plan_of(&m, &snap, node);
             for class in &p.classes {
@@ -1396,14 +1398,23 @@ proptest! {
                     .entry((claim.class.clone(), claim.slot))
                     .or_default()
                     .insert(claim.key.clone());
+                if let Some(victim) = &claim.replaces {
+                    replaced
+                        .entry((claim.class.clone(), claim.slot))
+                        .or_default()
+                        .insert(victim.clone());
+                }
             }
         }
         for ((class, slot), keys) in &proposed {
             prop_assert_eq!(keys.len(), 1, "class {} slot {} proposed for {:?}", class, slot, keys);
             let key = keys.first().expect("one key");
+            let victims = replaced.get(&(class.clone(), *slot));
+            prop_assert!(victims.is_none_or(|v| v.len() == 1), "class {} slot {} replaces {:?}", class, slot, victims);
             for landed in claims_of(&snap, class).iter().filter(|c| well_formed_key(&c.key)) {
+                let taken_over = victims.is_some_and(|v| v.contains(&landed.key));
                 prop_assert!(
-                    !(i64::from(landed.slot) == i64::from(*slot) && landed.key != *key),
+                    !(i64::from(landed.slot) == i64::from(*slot) && landed.key != *key && !taken_over),
                     "class {} slot {} proposed for {} but held by landed {}",
                     class, slot, key, landed.key
                 );

@@ -111,10 +111,11 @@ fn seed_json_follows_the_contract() {
             "programmingNodes",
             "published",
             "servingNode",
+            "standbyLinks",
             "statusWriter"
         ]
     );
-    for array in ["programmingNodes", "published", "links"] {
+    for array in ["programmingNodes", "published", "links", "standbyLinks"] {
         assert!(pm[array].is_array(), "{array} is an array: {}", pm[array]);
     }
     assert_eq!(pm["namespace"], "games");

@@ -40,10 +40,21 @@ pub struct ClassState<'a> {
     pub claims: BTreeMap<String, Claim>,
     /// Needed keys without a claim that got a free slot (identical on every node).
     pub proposals: BTreeMap<String, u32>,
-    /// Needed keys without a claim and without a free slot.
+    /// Serving keys without a claim, without a free slot and without a standby claim to take
+    /// over.
     pub exhausted: BTreeSet<String>,
-    /// Needed keys, each with the pod nodes of the mappings needing it.
+    /// Standby-only keys without a claim and without a free slot.
+    pub standby_exhausted: BTreeSet<String>,
+    /// Needed keys (serving and standby), each with the pod nodes of the mappings needing it.
     pub needed: BTreeMap<String, BTreeSet<String>>,
+    /// Needed keys some mapping needs as serving (its programming node's link); the rest of
+    /// `needed` is standby only.
+    pub serving: BTreeSet<String>,
+    /// Proposals that take over a standby claim's slot: serving key -> standby key.
+    pub replacing: BTreeMap<String, String>,
+    /// Landed standby claims a serving pair takes over: no longer used for links, so both ends
+    /// tear the standby link down before the new claim's link (same VNI) is built.
+    pub evicted: BTreeSet<String>,
     pub ready: Outcome<ClassReason>,
 }
 
@@ -55,7 +66,7 @@ impl ClassState<'_> {
 
     /// The slot of `key`: landed claim first, then this pass's global proposal.
     pub fn slot_of(&self, key: &str) -> Option<(u32, bool)> {
-        if let Some(claim) = self.claims.get(key) {
+        if let Some(claim) = self.claims.get(key).filter(|_| !self.evicted.contains(key)) {
             return Some((claim.slot, true));
         }
         self.proposals.get(key).map(|slot| (*slot, false))
@@ -102,7 +113,11 @@ pub fn evaluate_static<'a>(index: &Index<'a>) -> BTreeMap<&'a str, ClassState<'a
             claims: BTreeMap::new(),
             proposals: BTreeMap::new(),
             exhausted: BTreeSet::new(),
+            standby_exhausted: BTreeSet::new(),
             needed: BTreeMap::new(),
+            serving: BTreeSet::new(),
+            replacing: BTreeMap::new(),
+            evicted: BTreeSet::new(),
             ready: Outcome::new(ClassReason::Valid, ""),
         };
         if state.mode == ReturnPathMode::Vxlan {
@@ -251,18 +266,27 @@ fn link_ids_overlap(a: u32, a_len: u32, b: u32, b_len: u32) -> bool {
 
 /// Reads landed claims, collects needed pairs and assigns free slots to unclaimed ones. Every
 /// node computes the same assignment; only a pair's pod node proposes it.
+///
+/// Serving pairs come first: they take free slots before standby pairs do, and a serving pair
+/// left without one takes over the slot of a landed standby-only claim (lowest key first), so
+/// standby claims made ahead of need never starve a pair that carries traffic.
 pub fn assign_slots(classes: &mut BTreeMap<&str, ClassState>, work: &[Working]) {
     for w in work {
         let Some(ep) = &w.decision.endpoint else {
             continue;
         };
-        for link in &w.decision.links {
+        let links = w.decision.links.iter().map(|l| (l, true));
+        let standby = w.decision.standby_links.iter().map(|l| (l, false));
+        for (link, serving) in links.chain(standby) {
             if let Some(state) = classes.get_mut(link.class.as_str()) {
                 state
                     .needed
                     .entry(link.key.clone())
                     .or_default()
                     .insert(ep.node.clone());
+                if serving {
+                    state.serving.insert(link.key.clone());
+                }
             }
         }
     }
@@ -275,38 +299,82 @@ pub fn assign_slots(classes: &mut BTreeMap<&str, ClassState>, work: &[Working]) 
     for state in classes.values_mut().filter(|s| s.builds_links()) {
         let taken: BTreeSet<u32> = state.claims.values().map(|c| c.slot).collect();
         let mut next = 0u32;
-        let unclaimed: Vec<String> = state
-            .needed
-            .keys()
-            .filter(|k| !state.claims.contains_key(*k))
-            .cloned()
-            .collect();
-        for key in unclaimed {
+        let unclaimed = |serving: bool| -> Vec<String> {
+            state
+                .needed
+                .keys()
+                .filter(|k| !state.claims.contains_key(*k))
+                .filter(|k| state.serving.contains(*k) == serving)
+                .cloned()
+                .collect()
+        };
+        let (serving, standby) = (unclaimed(true), unclaimed(false));
+        let mut starved = Vec::new();
+        for (key, is_serving) in serving
+            .into_iter()
+            .map(|k| (k, true))
+            .chain(standby.into_iter().map(|k| (k, false)))
+        {
             while next < state.usable_slots && taken.contains(&next) {
                 next += 1;
             }
             if next < state.usable_slots {
                 state.proposals.insert(key, next);
                 next += 1;
+            } else if is_serving {
+                starved.push(key);
             } else {
-                state.exhausted.insert(key);
+                state.standby_exhausted.insert(key);
+            }
+        }
+        // Landed claims needed only as standby, which a starved serving pair may take over.
+        let mut victims = state
+            .claims
+            .iter()
+            .filter(|(k, _)| state.needed.contains_key(*k) && !state.serving.contains(*k))
+            .map(|(k, c)| (k.clone(), c.slot));
+        for key in starved {
+            match victims.next() {
+                Some((victim, slot)) => {
+                    state.proposals.insert(key.clone(), slot);
+                    state.replacing.insert(key, victim.clone());
+                    state.evicted.insert(victim);
+                }
+                None => {
+                    state.exhausted.insert(key);
+                }
             }
         }
         if let Some(first) = state.exhausted.first() {
-            let more = state.exhausted.len() - 1;
-            let more = if more > 0 {
-                format!(" and {more} more")
-            } else {
-                String::new()
-            };
             state.ready = Outcome::new(
                 ClassReason::SubnetExhausted,
                 format!(
-                    "no /31 is free in {} for node pair {first}{more}",
-                    state.subnet.map(|s| s.to_string()).unwrap_or_default()
+                    "no /31 is free in {} for node pair {first}{}",
+                    state.subnet.map(|s| s.to_string()).unwrap_or_default(),
+                    and_more(state.exhausted.len())
+                ),
+            );
+        } else if let (true, Some(first)) = (state.ready.is_true(), state.standby_exhausted.first())
+        {
+            // Every pair that carries traffic has its link; say that failover to some nodes
+            // will wait for a slot, without calling the class broken.
+            state.ready = Outcome::new(
+                ClassReason::Valid,
+                format!(
+                    "no /31 is free in {} for standby link {first}{}: moving the serving node there waits for a slot",
+                    state.subnet.map(|s| s.to_string()).unwrap_or_default(),
+                    and_more(state.standby_exhausted.len())
                 ),
             );
         }
+    }
+}
+
+/// " and N more" for a list of `len` named by its first entry.
+fn and_more(len: usize) -> String {
+    match len.saturating_sub(1) {
+        0 => String::new(),
+        more => format!(" and {more} more"),
     }
 }
 
@@ -402,6 +470,9 @@ pub fn decisions(
                 }
             }
             for claim in writes.claims.iter().filter(|c| c.class == state.name) {
+                if let Some(victim) = &claim.replaces {
+                    links.remove(victim);
+                }
                 links.insert(
                     claim.key.clone(),
                     ClaimView {

@@ -1,12 +1,12 @@
 //! Emission: what this node must own, by role (`datapath.md`, "Rules by role").
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 use sha2::{Digest, Sha256};
 
-use super::classes::{ClassState, pair_key};
+use super::classes::{ClassState, pair_key, split_key};
 use super::index::Index;
 use super::mapping::Working;
 use crate::ir::{
@@ -65,6 +65,11 @@ fn usable_link(index: &Index, class: &ClassState, this_node: &str, peer: &str) -
         return None;
     }
     let key = pair_key(this_node, peer);
+    if class.evicted.contains(&key) {
+        // A serving pair takes this slot over: the link goes before the new one (same VNI)
+        // is built.
+        return None;
+    }
     let slot = class.claims.get(&key)?.slot;
     let (net, even, odd) = class.slot_net(slot)?;
     let (own, peer_addr) = if this_node < peer {
@@ -90,6 +95,9 @@ struct Emitter<'a> {
     chains: BTreeMap<ChainId, Vec<Rule>>,
     /// Link ids handed out in this plan, by link name.
     link_ids: BTreeMap<String, u32>,
+    /// Names of the links this node builds for serving pairs: when ids run short, their ids on
+    /// the host are kept for them, and any other link's id may be taken for one.
+    serving_links: BTreeSet<String>,
 }
 
 /// Everything `this_node` must own.
@@ -107,12 +115,29 @@ pub fn emit(
         state: HostState::default(),
         chains: BTreeMap::new(),
         link_ids: BTreeMap::new(),
+        serving_links: BTreeSet::new(),
     };
-    for w in work.iter().filter(|w| w.decision.emits) {
-        let Some(class) = classes.get(w.decision.class.as_str()) else {
-            continue;
-        };
+    let emitting: Vec<(&ClassState, &Working)> = work
+        .iter()
+        .filter(|w| w.decision.emits)
+        .filter_map(|w| Some((classes.get(w.decision.class.as_str())?, w)))
+        .collect();
+    e.serving_links = emitting
+        .iter()
+        .flat_map(|(class, w)| w.decision.links.iter().map(move |l| (class.name, l)))
+        .filter_map(|(class, l)| {
+            let (a, b) = split_key(&l.key)?;
+            let peer = if a == this_node { b } else { a };
+            (a == this_node || b == this_node).then(|| link_name(class, peer))
+        })
+        .collect();
+    // Serving links first, standby links after: when the node's link marks run short, the links
+    // that carry traffic take them, and standby links get what is left.
+    for (class, w) in &emitting {
         e.mapping(class, w);
+    }
+    for (class, w) in &emitting {
+        e.standby(class, w);
     }
     e.guard();
     if !e.chains.is_empty() || !e.state.links.is_empty() {
@@ -164,6 +189,35 @@ impl Emitter<'_> {
                 .collect();
             for p in peers {
                 self.pod_half(class, d, &p, translated, pod_ports, ports);
+            }
+        }
+    }
+
+    /// The standby links of a mapping that touch this node. A standby accepting node builds
+    /// only the link (its steering and DNAT are what moves with the serving node); the pod's node
+    /// builds its whole half, whose rules match only traffic arriving over that link and so do
+    /// nothing while the link is idle. When the serving node moves to a standby node, that node
+    /// adds its steering and DNAT and nothing else changes anywhere.
+    fn standby(&mut self, class: &ClassState, w: &Working) {
+        let d = &w.decision;
+        let (Some(ep), Some(ports)) = (&d.endpoint, d.ports) else {
+            return;
+        };
+        let translated = (!ports.is_range() && ports.first != ep.port).then_some(ep.port);
+        let pod_ports = translated.map_or(ports, PortRange::single);
+        for link in &d.standby_links {
+            let Some((a, b)) = split_key(&link.key) else {
+                continue;
+            };
+            let peer = match (a == self.node, b == self.node) {
+                (true, _) => b,
+                (_, true) => a,
+                _ => continue,
+            };
+            if ep.node == self.node {
+                self.pod_half(class, d, peer, translated, pod_ports, ports);
+            } else if let Some(l) = usable_link(self.index, class, self.node, peer) {
+                self.link(class, peer, &l);
             }
         }
     }
@@ -404,16 +458,21 @@ impl Emitter<'_> {
         }
         let marks = self.facts.marks;
         let taken = |id: u32, e: &Self| e.link_ids.values().any(|v| *v == id);
+        // Whether another link on the host holds `id`: all of them count first, so no link's
+        // id moves while a free one exists; then, for a serving link only, only serving links
+        // count, so a serving link takes a standby link's id rather than go without one.
+        let held = |id: u32, e: &Self, serving_only: bool| {
+            e.facts.link_ids.iter().any(|(other, v)| {
+                *v == id && other != name && (!serving_only || e.serving_links.contains(other))
+            })
+        };
+        let serving = self.serving_links.contains(name);
+        let free = |e: &Self, serving_only: bool| {
+            (1..=marks.link_capacity()).find(|id| !taken(*id, e) && !held(*id, e, serving_only))
+        };
         let id = match self.facts.link_ids.get(name) {
             Some(id) if marks.link_mark(*id).is_some() && !taken(*id, self) => *id,
-            _ => (1..=marks.link_capacity()).find(|id| {
-                !taken(*id, self)
-                    && !self
-                        .facts
-                        .link_ids
-                        .iter()
-                        .any(|(other, v)| v == id && other != name)
-            })?,
+            _ => free(self, false).or_else(|| serving.then(|| free(self, true)).flatten())?,
         };
         self.link_ids.insert(name.to_owned(), id);
         Some(id)

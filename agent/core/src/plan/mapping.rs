@@ -68,6 +68,7 @@ fn admit<'a>(index: &Index<'a>, pm: &'a PortMap, bindings: &mut Bindings) -> Wor
             status_writer: None,
             published: Vec::new(),
             links: Vec::new(),
+            standby_links: Vec::new(),
             bindings: BTreeMap::new(),
             emits: false,
         },
@@ -405,8 +406,42 @@ pub fn resolve_all(
                 .collect();
             d.links.sort();
             d.links.dedup();
+            if class.class.spec.serving_mode == ServingMode::Single && serving != ep.node {
+                d.standby_links = standby_links(d, &class.accepting, all, &ep.node);
+            }
         }
     }
+}
+
+/// The links a Single mapping keeps ready for the accepting nodes that could take over serving
+/// it: every accepting node other than the serving one that binds one of its interfaces, to the
+/// pod's node. The serving node is the first accepting node, so any of them becomes it when the
+/// ones before it leave; with the link claimed and built, only its DNAT has to follow.
+///
+/// Only when the pod's node does not accept: a node that accepts serves its own pods while it is
+/// Ready, and when it is not, its pods (and so the endpoint) usually move with it, so links from
+/// every other accepting node to it would hold a slot per accepting node for a failover that
+/// rarely keeps the same pod.
+fn standby_links(
+    d: &MappingDecision,
+    accepting: &[&str],
+    bound: &BTreeMap<String, Vec<String>>,
+    pod_node: &str,
+) -> Vec<NeededLink> {
+    let mut links: Vec<NeededLink> = accepting
+        .iter()
+        .filter(|n| **n != pod_node && !d.programming_nodes.iter().any(|p| p == *n))
+        .filter(|n| bound.get(**n).is_some_and(|i| !i.is_empty()))
+        .map(|n| NeededLink {
+            class: d.class.clone(),
+            key: pair_key(n, pod_node),
+            slot: None,
+            landed: false,
+        })
+        .collect();
+    links.sort();
+    links.dedup();
+    links
 }
 
 /// The `Programmed` gates, slots of needed links, published rows and the status writer.
@@ -420,7 +455,8 @@ pub fn gate_all(
     for w in work.iter_mut() {
         let class = classes.get(w.decision.class.as_str());
         if let Some(class) = class {
-            for link in &mut w.decision.links {
+            let d = &mut w.decision;
+            for link in d.links.iter_mut().chain(d.standby_links.iter_mut()) {
                 if let Some((slot, landed)) = class.slot_of(&link.key) {
                     link.slot = Some(slot);
                     link.landed = landed;

@@ -202,8 +202,9 @@ fn merge_row(
     flipped
 }
 
-/// Lands proposals on slots still free in the fresh object, in key order; returns the keys of
-/// those dropped because another pair holds their slot (or the slot left the usable range).
+/// Lands proposals on slots still free in the fresh object (or held by the standby claim the
+/// proposal replaces), in key order; returns the keys of those dropped because another pair
+/// holds their slot (or the slot left the usable range).
 ///
 /// "Holds" is read as the plan reads claims (`valid_claims`): the plan proposes a fresh slot for
 /// a pair whose entry it ignores (a slot out of range, say after the subnet shrank, or one
@@ -223,7 +224,14 @@ fn land_claims(
             // Another writer landed the pair already; its slot is the one that counts.
             continue;
         }
-        let free = claim.slot < usable_slots && held.values().all(|c| c.slot != claim.slot);
+        // A serving pair may take over the slot of the standby claim its plan named, but only
+        // while that claim (not some other pair that landed meanwhile) still holds it.
+        let holder = held
+            .iter()
+            .find(|(_, c)| c.slot == claim.slot)
+            .map(|(k, _)| k);
+        let free =
+            claim.slot < usable_slots && holder.is_none_or(|k| claim.replaces.as_ref() == Some(k));
         let slot = match (free, i32::try_from(claim.slot)) {
             (true, Ok(slot)) => slot,
             _ => {
@@ -395,6 +403,7 @@ mod tests {
             peers: [a.into(), b.into()],
             slot,
             subnet: format!("169.254.77.{}/31", slot * 2),
+            replaces: None,
         }
     }
 
@@ -752,6 +761,36 @@ mod tests {
             ],
             "each pair holds its new slot, and no slot is held twice"
         );
+    }
+
+    #[test]
+    fn a_takeover_lands_only_while_the_named_standby_claim_holds_the_slot() {
+        let stored = PortMapClassStatus {
+            links: vec![link("n1/n3", 0), link("n2/n3", 1)],
+            ..Default::default()
+        };
+        let mut takeover = proposal("n1/n2", 1);
+        takeover.replaces = Some("n2/n3".into());
+        let part = ClassPart {
+            claims: vec![&takeover],
+            ..Default::default()
+        };
+        let merged = merge_status(&stored, "n2", VERSION, &part, ts(NOW));
+        assert!(merged.dropped.is_empty());
+        assert_eq!(
+            merged.status.links,
+            vec![link("n1/n2", 1), link("n1/n3", 0)]
+        );
+        // Another pair landed on the slot meanwhile: the takeover is not for it.
+        let mut wrong = proposal("n1/n2", 0);
+        wrong.replaces = Some("n2/n3".into());
+        let part = ClassPart {
+            claims: vec![&wrong],
+            ..Default::default()
+        };
+        let merged = merge_status(&stored, "n2", VERSION, &part, ts(NOW));
+        assert_eq!(merged.dropped, ["n1/n2"]);
+        assert_eq!(merged.status.links, stored.links);
     }
 
     #[test]

@@ -77,8 +77,14 @@ pub struct MappingDecision {
     pub status_writer: Option<String>,
     /// Where the port answers, sorted by node then interface.
     pub published: Vec<PublishedAddress>,
-    /// The return links the mapping needs, sorted by key.
+    /// The return links the mapping needs, sorted by key: those of its programming nodes.
     pub links: Vec<NeededLink>,
+    /// Standby return links, sorted by key: for a Single mapping whose pod's node does not
+    /// accept, the links from every other accepting node that binds one of its interfaces
+    /// (each could become the serving node). They are claimed and built ahead of need, so moving
+    /// the serving node never waits for a claim to land; `Programmed` does not wait for them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub standby_links: Vec<NeededLink>,
     /// Interfaces each programming node binds (the class's, narrowed by the mapping's).
     pub bindings: BTreeMap<String, Vec<String>>,
     /// True when the outcome allows DNAT rules at all (accepted, endpoint, accepting node, no
@@ -208,6 +214,11 @@ pub struct ClaimProposal {
     pub slot: u32,
     /// The /31, as text.
     pub subnet: String,
+    /// The standby claim whose slot this serving pair takes over, when no slot is free: a
+    /// serving pair always wins over a standby one. The merge lands the proposal on that slot
+    /// only while that key (or nobody) holds it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replaces: Option<String>,
 }
 
 /// What garbage collection does to one claim.

@@ -86,6 +86,7 @@ pub fn writes(
                     peers: [a.to_owned(), b.to_owned()],
                     slot: *slot,
                     subnet: net.to_string(),
+                    replaces: state.replacing.get(key).cloned(),
                 });
             }
         }
@@ -348,6 +349,8 @@ fn socket_holder(s: &HostSocket) -> String {
 fn gc(state: &ClassState, now: Timestamp) -> Vec<GcAction> {
     let mut actions = Vec::new();
     for (key, claim) in &state.claims {
+        // Standby pairs count as needed: their claims are what lets the serving node move
+        // without waiting, so they are never aged out while their nodes could serve.
         let needed = state.builds_links() && state.needed.contains_key(key);
         let action = match (needed, claim.unused_since) {
             (true, Some(_)) => Some(GcKind::ClearUnused),
