@@ -12,7 +12,9 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use kuport_core::ir::{ChainId, NftTable, TABLE};
-use kuport_core::render::layout::{Layout, Planned, chain_header, layout, parse_listing};
+use kuport_core::render::layout::{
+    Planned, chain_header, layout, layout_with_owners, parse_listing,
+};
 use kuport_core::render::transaction::needs_recreate;
 use kuport_core::render::{LineOf, script, transaction_lines};
 use serde_json::Value;
@@ -130,7 +132,7 @@ fn warn_once(message: &str) {
 #[derive(Debug, Default)]
 struct Seen {
     /// kuport's table (`None`: absent) as it stood at `generation`.
-    table: Option<(u32, Option<Arc<Layout>>)>,
+    table: Option<(u32, Option<Arc<Planned>>)>,
     /// The last desired table and its layout: a pass that wants the same table (most of them)
     /// does not lay 5,000 mappings out again.
     planned: Option<(NftTable, Arc<Planned>)>,
@@ -224,17 +226,23 @@ impl Nft {
 
     /// The kernel's table: remembered when the generation is the one it was seen at, else
     /// listed. The second value says whether it was listed.
-    fn current(&self, generation: Option<u32>) -> Result<(Option<Arc<Layout>>, bool), HostError> {
+    fn current(&self, generation: Option<u32>) -> Result<(Option<Arc<Planned>>, bool), HostError> {
         if let Some(g) = generation
             && let Some((seen_at, table)) = &self.seen().table
             && *seen_at == g
         {
             return Ok((table.clone(), false));
         }
-        Ok((self.read()?.map(|l| Arc::new(l.layout)), true))
+        let listed = self.read()?.map(|l| {
+            Arc::new(Planned {
+                layout: l.layout,
+                owners: Default::default(),
+            })
+        });
+        Ok((listed, true))
     }
 
-    fn remember(&self, generation: Option<u32>, table: Option<Arc<Layout>>) {
+    fn remember(&self, generation: Option<u32>, table: Option<Arc<Planned>>) {
         self.seen().table = generation.map(|g| (g, table));
     }
 
@@ -248,14 +256,15 @@ impl Nft {
         let (current, listed) = self.current(before)?;
         let mut planned = self.planned(desired);
         let wanted = (!planned.layout.is_empty()).then_some(&planned.layout);
-        if current.as_deref() == wanted {
+        if current.as_deref().map(|c| &c.layout) == wanted {
             self.remember(before, current);
             return Ok(NftApplied {
                 listed,
                 ..NftApplied::default()
             });
         }
-        let creates = current.as_deref().is_none_or(|c| {
+        let held = current.as_deref().map(|c| &c.layout);
+        let creates = held.is_none_or(|c| {
             needs_recreate(c, &planned.layout)
                 || ChainId::ALL
                     .iter()
@@ -265,21 +274,25 @@ impl Nft {
         let mut refused = Vec::new();
         let mut sent = 0;
         for round in 1..=MAX_ISOLATION_ROUNDS {
-            let lines = transaction_lines(current.as_deref(), &planned);
+            let lines = transaction_lines(held, &planned);
             sent = lines.len();
             let detail = match self.send(&script(&lines)) {
                 Ok(()) => break,
                 Err(HostError::Nft { detail, .. }) if round < MAX_ISOLATION_ROUNDS => detail,
                 Err(e) => return Err(self.forget(e)),
             };
-            let Some(these) = refused_mappings(&detail, &lines) else {
+            // The lines again, each with the mapping it belongs to (the same lines: owners
+            // are only recorded beside them).
+            let traced = layout_with_owners(&table);
+            let traced = transaction_lines(held, &traced);
+            let Some(these) = refused_mappings(&detail, &traced) else {
                 return Err(self.forget(HostError::Nft {
                     op: "apply transaction",
                     detail,
                 }));
             };
             let cut = Refusal::mappings_of(&these);
-            drop(lines);
+            drop((lines, traced));
             table = std::borrow::Cow::Owned(table.without_mappings(&cut));
             planned = Arc::new(layout(&table));
             refused.extend(these);
@@ -292,7 +305,7 @@ impl Nft {
         // change); more means someone else committed too, and only a listing can tell what.
         let ours =
             matches!((before, after), (Some(b), Some(a)) if a == b || a == b.wrapping_add(1));
-        let now = (!planned.layout.is_empty()).then(|| Arc::new(planned.layout.clone()));
+        let now = (!planned.layout.is_empty()).then_some(planned);
         self.remember(if ours { after } else { None }, now);
         Ok(NftApplied {
             changed: true,
@@ -439,6 +452,7 @@ mod tests {
     use super::*;
     use kuport_core::api::Protocol;
     use kuport_core::ir::{Counter, DnatRule, PortRange, Rule, SnatRule};
+    use kuport_core::render::Layout;
 
     fn dnat(name: &str, ports: PortRange, to: &str) -> Rule {
         Rule::Dnat(DnatRule {
@@ -735,8 +749,12 @@ mod tests {
 
     #[test]
     fn refused_lines_are_traced_to_their_mappings() {
-        let planned = layout(&table());
+        let planned = layout_with_owners(&table());
         let lines = transaction_lines(None, &planned);
+        // Owners are recorded beside the layout, never in it: the lines are the same.
+        let plain = layout(&table());
+        assert_eq!(plain.layout, planned.layout);
+        assert_eq!(script(&transaction_lines(None, &plain)), script(&lines));
         let line_of = |wanted: &dyn Fn(&str, &LineOf<'_>) -> bool| {
             lines
                 .iter()

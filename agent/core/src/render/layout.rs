@@ -139,6 +139,8 @@ const POST_TYPE: &str = "ipv4_addr . inet_proto . inet_service";
 /// Builds a [`Planned`] layout from the IR.
 struct Builder {
     marks: MarkLayout,
+    /// Whether to record owners (only tracing a refusal needs them).
+    with_owners: bool,
     planned: Planned,
     steer: BTreeSet<(Option<u32>, Width)>,
     pre: BTreeSet<(Option<u32>, Width)>,
@@ -149,20 +151,35 @@ struct Builder {
     taken: BTreeMap<(String, String), Vec<PortRange>>,
 }
 
-/// The kernel layout of `table`.
+/// The kernel layout of `table`, without owners.
 pub fn layout(table: &NftTable) -> Planned {
+    build(table, false)
+}
+
+/// The kernel layout of `table` with the mapping each element and counter belongs to: what a
+/// refused transaction is traced with (the same lines as [`layout`]'s).
+pub fn layout_with_owners(table: &NftTable) -> Planned {
+    build(table, true)
+}
+
+fn build(table: &NftTable, with_owners: bool) -> Planned {
     if table.is_empty() {
         return Planned::default();
     }
     let mut b = Builder {
         marks: table.marks,
+        with_owners,
         planned: Planned::default(),
         steer: BTreeSet::new(),
         pre: BTreeSet::new(),
         post: BTreeSet::new(),
         taken: BTreeMap::new(),
     };
-    let owners = table.owners();
+    let owners = if with_owners {
+        table.owners()
+    } else {
+        crate::ir::RuleOwners::default()
+    };
     for counter in &table.counters {
         b.planned.layout.counters.insert(counter.name.clone());
         if let Some(owner) = owners.of_counter(&counter.name) {
@@ -243,20 +260,21 @@ impl Builder {
         for piece in pieces {
             let key = format!("{prefix} . {piece}");
             for (store, value) in stores {
-                let elements = &mut self
-                    .planned
-                    .layout
-                    .stores
-                    .entry(store.clone())
-                    .or_default()
-                    .elements;
+                let stores = &mut self.planned.layout.stores;
+                if !stores.contains_key(store) {
+                    stores.insert(store.clone(), Store::default());
+                }
+                let Some(entry) = stores.get_mut(store) else {
+                    continue;
+                };
+                let elements = &mut entry.elements;
                 if elements.contains_key(&key) {
                     // A set holds the steering rule and its mark request under one key; for a
                     // map the first rule in IR order wins, as the first matching rule would.
                     continue;
                 }
                 elements.insert(key.clone(), value.clone().unwrap_or_default());
-                if !owner.is_empty() {
+                if self.with_owners && !owner.is_empty() {
                     self.planned
                         .owners
                         .elements

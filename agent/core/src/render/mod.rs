@@ -11,7 +11,9 @@ use crate::ir::{ChainId, Hook, LINK_PREFIX, MarkLayout, NftTable, Rule, STAND_IN
 pub mod layout;
 pub mod transaction;
 
-pub use layout::{Layout, Listing, Planned, layout, listing_text, parse_listing};
+pub use layout::{
+    Layout, Listing, Planned, layout, layout_with_owners, listing_text, parse_listing,
+};
 pub use transaction::{LineOf, script, transaction, transaction_lines};
 
 /// The table as nft lists it (elements sorted), counters at zero; empty when the node needs no
