@@ -453,6 +453,50 @@ fn the_pod_node_claims_every_standby_pair_ahead_of_need() {
 }
 
 #[test]
+fn only_the_next_accepting_nodes_in_serving_order_keep_standby_links() {
+    // Five accepting edges: edge-a serves, edge-b and edge-c are next; edge-d and edge-e would
+    // only serve after three failures, so they hold no slot and no mark for it.
+    let edges = ["edge-a", "edge-b", "edge-c", "edge-d", "edge-e"];
+    let mut c = Cluster::new().node("worker-x", "100.64.0.99");
+    for (i, e) in edges.iter().enumerate() {
+        c = c.node(e, &format!("100.64.0.{}", i + 1));
+    }
+    let nodes: Vec<(&str, &[&str])> = edges.iter().map(|e| (*e, &["wt0"][..])).collect();
+    c = c
+        .namespace("games", json!({}))
+        .class_json(
+            "public",
+            json!({"nodes": nodes_json(&nodes),
+                   "returnPath": {"mode": "Vxlan", "vxlan": {"subnet": "169.254.77.0/24", "vni": 4242, "port": 4790}}}),
+            Value::Null,
+        );
+    for (i, e) in edges.iter().enumerate() {
+        c = c.row(
+            "public",
+            e,
+            json!({"wt0": format!("100.64.0.{}", i + 1)}),
+            1400,
+        );
+    }
+    let c = c
+        .endpoint("games", "gs", "gs-0", "worker-x", "10.244.1.5", 3000)
+        .portmap(pm("games", "gs", "public", 3000));
+    let keys: Vec<String> = c
+        .plan("worker-x")
+        .writes
+        .claims
+        .into_iter()
+        .map(|p| p.key)
+        .collect();
+    assert_eq!(
+        keys,
+        ["edge-a/worker-x", "edge-b/worker-x", "edge-c/worker-x"],
+        "the serving pair and {} standby pairs",
+        kuport_core::plan::STANDBY_LINKS
+    );
+}
+
+#[test]
 fn standby_claims_are_never_collected() {
     let c = standby_cluster("169.254.77.0/24", false)
         .claim("public", "edge-a/worker-b", 0)

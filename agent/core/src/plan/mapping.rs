@@ -413,10 +413,17 @@ pub fn resolve_all(
     }
 }
 
-/// The links a Single mapping keeps ready for the accepting nodes that could take over serving
-/// it: every accepting node other than the serving one that binds one of its interfaces, to the
-/// pod's node. The serving node is the first accepting node, so any of them becomes it when the
-/// ones before it leave; with the link claimed and built, only its DNAT has to follow.
+/// How many accepting nodes after the serving one keep a standby link to a Single mapping's pod
+/// node. Every accepting node could serve, but a Single class may accept on dozens of nodes:
+/// a link to each from every pod node would take a /31 and a link mark per pair (254 marks per
+/// node, a /20 holds 2,048 pairs) for failovers that move one place down the order at a time.
+pub const STANDBY_LINKS: usize = 2;
+
+/// The links a Single mapping keeps ready for the accepting nodes that would take over serving
+/// it: the next [`STANDBY_LINKS`] accepting nodes after the serving one, in the order the class
+/// picks its serving node, that bind one of its interfaces, each to the pod's node. The serving
+/// node is the first accepting node, so the next one becomes it when it leaves; with the link
+/// claimed and built, only its DNAT has to follow.
 ///
 /// Only when the pod's node does not accept: a node that accepts serves its own pods while it is
 /// Ready, and when it is not, its pods (and so the endpoint) usually move with it, so links from
@@ -432,6 +439,7 @@ fn standby_links(
         .iter()
         .filter(|n| **n != pod_node && !d.programming_nodes.iter().any(|p| p == *n))
         .filter(|n| bound.get(**n).is_some_and(|i| !i.is_empty()))
+        .take(STANDBY_LINKS)
         .map(|n| NeededLink {
             class: d.class.clone(),
             key: pair_key(n, pod_node),

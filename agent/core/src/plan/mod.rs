@@ -11,6 +11,7 @@ mod emit;
 mod endpoint;
 mod index;
 mod mapping;
+pub use mapping::STANDBY_LINKS;
 pub mod merge;
 pub mod reasons;
 pub mod selector;
