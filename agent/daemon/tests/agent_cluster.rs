@@ -1085,6 +1085,56 @@ async fn real_rbac_control_a_missing_verb_fails_with_a_403_naming_it() {
 /// (Programmed=False, HostRefused, the kernel's words, the node named), the class lists the
 /// refusal under that node, and every other mapping on the node is programmed and written.
 /// When the kernel takes the rules again, the mapping is programmed and the entry goes.
+/// cilium-config is watched, not read per pass: creating it after the agents started refuses a
+/// mapping on the CNI's overlay port, and deleting it takes the refusal back, with no other
+/// object changing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cni_config_is_watched() {
+    let mut c = Cluster::empty_on(Target::Model, "cni-watch")
+        .await
+        .expect("model");
+    c.seed().await;
+    let hour = Duration::from_secs(3600);
+    for i in 1..=3 {
+        c.start_agent(i, hour);
+    }
+    c.eventually("Programmed=True", || programmed_true(&c))
+        .await;
+    let configs: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(c.client.clone(), "kube-system");
+    configs
+        .create(
+            &PostParams::default(),
+            &from(json!({"metadata": {"name": "cilium-config"},
+                         "data": {"routing-mode": "tunnel", "tunnel-port": "3000"}})),
+        )
+        .await
+        .expect("cilium-config");
+    let portmaps: Api<PortMap> = Api::namespaced(c.client.clone(), "games");
+    let accepted = || async {
+        portmaps.get("game").await.ok().and_then(|pm| {
+            pm.status?
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == "Accepted")
+                .map(|c| (c.status, c.reason))
+        })
+    };
+    c.eventually("the overlay port is refused", || async {
+        accepted().await == Some(("False".into(), "PortInUse".into()))
+    })
+    .await;
+    configs
+        .delete("cilium-config", &Default::default())
+        .await
+        .expect("delete");
+    c.eventually("accepted again once the CNI config is gone", || async {
+        accepted().await.is_some_and(|(s, _)| s == "True")
+    })
+    .await;
+    c.stop_all().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_mapping_is_reported_and_the_others_keep_working() {
     let mut c = Cluster::empty_on(Target::Model, "refusal")

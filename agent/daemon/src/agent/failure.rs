@@ -3,8 +3,6 @@
 //! log line; every failure is retried the same way (backoff, and a verify owed when the pass
 //! verified), so the stage decides what is reported, not what is done.
 
-use std::time::Duration;
-
 use kuport_host::{HostError, HostStage};
 
 use super::metrics::Stage;
@@ -12,14 +10,6 @@ use super::metrics::Stage;
 /// Why one pass failed.
 #[derive(Debug, thiserror::Error)]
 pub enum PassError {
-    /// An input the stores do not hold could not be read (`kube-system/cilium-config`).
-    #[error("reading ConfigMap {object}: {source}")]
-    Inputs {
-        /// `namespace/name`.
-        object: String,
-        /// What went wrong.
-        source: InputError,
-    },
     /// The host facts could not be read.
     #[error("reading host facts: {0}")]
     Facts(#[source] HostError),
@@ -35,22 +25,10 @@ pub enum PassError {
     Status(Vec<String>),
 }
 
-/// Why an API read failed.
-#[derive(Debug, thiserror::Error)]
-pub enum InputError {
-    /// The API server answered with an error.
-    #[error(transparent)]
-    Api(#[from] kube::Error),
-    /// The API server did not answer in time.
-    #[error("no answer within {0:?}")]
-    Timeout(Duration),
-}
-
 impl PassError {
     /// The stage the pass failed in.
     pub fn stage(&self) -> Stage {
         match self {
-            PassError::Inputs { .. } => Stage::Inputs,
             PassError::Facts(_) => Stage::Facts,
             PassError::Plan(_) => Stage::Plan,
             PassError::Apply(e) => Stage::from(e.stage()),

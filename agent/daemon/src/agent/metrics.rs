@@ -21,8 +21,6 @@ use prometheus_client::registry::Registry;
 /// Where a pass failed; also the `stage` label of `kuport_pass_failures_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Stage {
-    /// Reading the API inputs the stores do not hold (`kube-system/cilium-config`).
-    Inputs,
     /// Reading the host facts.
     Facts,
     /// Computing the plan.
@@ -41,8 +39,7 @@ pub enum Stage {
 
 impl Stage {
     /// Every stage, in pass order (what `/metrics` lists even before a failure).
-    pub const ALL: [Stage; 8] = [
-        Stage::Inputs,
+    pub const ALL: [Stage; 7] = [
         Stage::Facts,
         Stage::Plan,
         Stage::Nftables,
@@ -55,7 +52,6 @@ impl Stage {
     /// The label value.
     pub fn as_str(self) -> &'static str {
         match self {
-            Stage::Inputs => "inputs",
             Stage::Facts => "facts",
             Stage::Plan => "plan",
             Stage::Nftables => "nftables",

@@ -28,7 +28,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::events::EventSink;
-use super::failure::{InputError, PassError};
+use super::failure::PassError;
 use super::health::Health;
 use super::lifecycle::{self, Lookup, StopAction, StopPolicy};
 use super::metrics::Metrics;
@@ -188,6 +188,8 @@ macro_rules! watched_kinds {
         /// The watched objects.
         struct Inputs {
             $($field: Store<$kind>,)*
+            /// `kube-system/cilium-config`, watched by name: at most one object.
+            cni: Store<ConfigMap>,
             tasks: Vec<JoinHandle<()>>,
         }
 
@@ -196,13 +198,23 @@ macro_rules! watched_kinds {
             $(
                 let ($field, task) = reflect::<$kind>(
                     Api::all(client.clone()),
+                    watcher::Config::default(),
                     dirty,
                     stringify!($kind),
                     jitter_seed,
                 );
                 tasks.push(task);
             )*
-            Inputs { $($field,)* tasks }
+            let (ns, name) = CILIUM_CONFIG;
+            let (cni, task) = reflect::<ConfigMap>(
+                Api::namespaced(client.clone(), ns),
+                watcher::Config::default().fields(&format!("metadata.name={name}")),
+                dirty,
+                "ConfigMap",
+                jitter_seed,
+            );
+            tasks.push(task);
+            Inputs { $($field,)* cni, tasks }
         }
 
         /// Waits until every watch has listed once.
@@ -214,6 +226,11 @@ macro_rules! watched_kinds {
                     .await
                     .map_err(|_| AgentError::WatchEnded(stringify!($kind)))?;
             )*
+            inputs
+                .cni
+                .wait_until_ready()
+                .await
+                .map_err(|_| AgentError::WatchEnded("ConfigMap"))?;
             Ok(())
         }
 
@@ -233,7 +250,7 @@ macro_rules! watched_kinds {
                 }
                 Snapshot {
                     $($snapshot: all(&self.$field),)*
-                    cni: None,
+                    cni: self.cni.state().first().map(|cm| CniFacts::from_cilium_config(cm)),
                 }
             }
         }
@@ -489,7 +506,6 @@ impl<H: Host> Agent<H> {
 
         let mut links: Option<mpsc::Receiver<LinkEvent>> = None;
         let mut watched_underlay: Option<Vec<String>> = None;
-        let mut cni_cache: Option<Option<CniFacts>> = None;
         let mut schedule = Schedule::new(&self.config, Instant::now());
 
         loop {
@@ -542,7 +558,7 @@ impl<H: Host> Agent<H> {
             let (outcome, underlay) = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return Ok(()),
-                o = self.pass(&inputs, &events, verify, &mut cni_cache) => o,
+                o = self.pass(&inputs, &events, verify) => o,
             };
             let now_unix = self.config.clock.now().as_millisecond() as f64 / 1000.0;
             self.metrics.observe_pass(
@@ -581,7 +597,6 @@ impl<H: Host> Agent<H> {
         inputs: &Inputs,
         events: &EventSink,
         verify: bool,
-        cni_cache: &mut Option<Option<CniFacts>>,
     ) -> (PassOutcome, Option<Vec<String>>) {
         let node = self.config.node_name.clone();
         let fail = |error: PassError| PassOutcome {
@@ -590,22 +605,10 @@ impl<H: Host> Agent<H> {
             recompute: false,
         };
 
-        let mut snapshot = inputs.snapshot();
-        match self.read_cni().await {
-            Ok(cni) => {
-                *cni_cache = Some(cni.clone());
-                snapshot.cni = cni;
-            }
-            // An unreachable API server must not stop the datapath from being repaired (a
-            // link event during an outage): the last answer stands in.
-            Err(e) => match cni_cache {
-                Some(cached) => {
-                    tracing::debug!("{e}; using the last answer");
-                    snapshot.cni = cached.clone();
-                }
-                None => return (fail(e), None),
-            },
-        }
+        // Every input, cilium-config included, comes from a watch: an unreachable API server
+        // leaves the stores as they were, so a link event during an outage still repairs the
+        // datapath from the last known objects.
+        let snapshot = inputs.snapshot();
 
         let mut query = facts_query(&snapshot, &node, self.config.marks);
         query.agent_ports = self.config.agent_ports.clone();
@@ -710,25 +713,10 @@ impl<H: Host> Agent<H> {
             );
         }
         PassOutcome {
-            failed: (!status.errors.is_empty()).then(|| PassError::Status(status.errors)),
+            failed: (!status.errors.is_empty()).then_some(PassError::Status(status.errors)),
             refused: !self.refusals.is_empty(),
             recompute: status.recompute > 0,
         }
-    }
-
-    /// `kube-system/cilium-config`: `Ok(None)` when it does not exist (no CNI facts).
-    async fn read_cni(&self) -> Result<Option<CniFacts>, PassError> {
-        let (ns, name) = CILIUM_CONFIG;
-        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), ns);
-        let source = match tokio::time::timeout(self.config.api_timeout, api.get_opt(name)).await {
-            Ok(Ok(cm)) => return Ok(cm.as_ref().map(CniFacts::from_cilium_config)),
-            Ok(Err(e)) => InputError::Api(e),
-            Err(_) => InputError::Timeout(self.config.api_timeout),
-        };
-        Err(PassError::Inputs {
-            object: format!("{ns}/{name}"),
-            source,
-        })
     }
 }
 
@@ -736,6 +724,7 @@ impl<H: Host> Agent<H> {
 /// (an API outage leaves the store as it was), marking the node dirty on every change.
 fn reflect<K>(
     api: Api<K>,
+    config: watcher::Config,
     dirty: &mpsc::Sender<()>,
     kind: &'static str,
     jitter_seed: u64,
@@ -752,7 +741,7 @@ where
     let (reader, writer) = reflector::store();
     let stream = reflector::reflector(
         writer,
-        watcher(api, watcher::Config::default())
+        watcher(api, config)
             .backoff(watch_backoff(jitter_seed ^ jitter_seed_for(kind)))
             // Managed fields are never read; not caching them keeps the stores small.
             .modify(|o| o.meta_mut().managed_fields = None),
