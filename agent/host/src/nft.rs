@@ -536,6 +536,16 @@ mod tests {
         table.without_mappings(&gone)
     }
 
+    /// Another program's commit: changes kuport's table in the fake and moves the generation.
+    fn tamper(
+        fake: &crate::nft_fake::FakeNft,
+        change: impl FnOnce(&mut crate::nft_fake::FakeTable),
+    ) {
+        let mut s = fake.lock();
+        s.generation += 1;
+        change(s.table.as_mut().expect("table"));
+    }
+
     /// The kernel's table as kuport reads it.
     fn held(nft: &Nft) -> Option<Layout> {
         nft.read().expect("listing").map(|l| l.layout)
@@ -591,14 +601,11 @@ mod tests {
         let (fake, nft) = fake();
         let table = table();
         nft.apply(&table).expect("apply");
-        {
-            let mut s = fake.lock();
-            s.generation += 1;
-            let t = s.table.as_mut().expect("table");
+        tamper(&fake, |t| {
             let store = t.stores.get_mut("post-port-count").expect("store");
             let first = store.elements.keys().next().cloned().expect("an element");
             store.elements.remove(&first);
-        }
+        });
         let applied = nft.apply(&table).expect("repair");
         assert!(applied.changed && applied.listed, "{applied:?}");
         assert_eq!(
@@ -617,17 +624,14 @@ mod tests {
         let (fake, nft) = fake();
         let table = table();
         nft.apply(&table).expect("apply");
-        {
-            let mut s = fake.lock();
-            s.generation += 1;
-            let t = s.table.as_mut().expect("table");
+        tamper(&fake, |t| {
             let steer = t
                 .chains
                 .get_mut(ChainId::Steer.name())
                 .expect("steer chain");
             steer.priority = -160;
             steer.rules.push("meta mark 0x1 accept".into());
-        }
+        });
         let applied = nft.apply(&table).expect("recreated");
         assert!(applied.changed);
         assert_eq!(held(&nft), Some(layout(&table).layout));
@@ -707,16 +711,13 @@ mod tests {
         nft.apply(&only(&table, "b")).expect("first");
         fake.lock().refuse = vec![("maxseg".into(), "Could not process rule: Bad".into())];
         // Another program's commit changed the clamp: the rule must be written again.
-        {
-            let mut s = fake.lock();
-            s.generation += 1;
-            let t = s.table.as_mut().expect("table");
+        tamper(&fake, |t| {
             t.chains
                 .get_mut(ChainId::Fwd.name())
                 .expect("fwd")
                 .rules
                 .clear();
-        }
+        });
         let err = nft
             .apply(&table)
             .expect_err("the MSS clamp belongs to no mapping");
