@@ -1085,6 +1085,39 @@ async fn real_rbac_control_a_missing_verb_fails_with_a_403_naming_it() {
 /// (Programmed=False, HostRefused, the kernel's words, the node named), the class lists the
 /// refusal under that node, and every other mapping on the node is programmed and written.
 /// When the kernel takes the rules again, the mapping is programmed and the entry goes.
+/// A pass's PortMap status writes go out a few at a time, not one after another: against an API
+/// server that answers each status write after 200 ms, several are held at once, and never more
+/// than the agent's bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn portmap_status_writes_run_a_few_at_a_time() {
+    let mut c = Cluster::empty_on(Target::Model, "writes-in-flight")
+        .await
+        .expect("model");
+    c.seed().await;
+    for i in 0..11u16 {
+        c.create_portmap(&format!("extra-{i}"), 3001 + i).await;
+    }
+    c.model().faults().slow_down(
+        RequestFilter::writes().resource("portmaps").status(),
+        Duration::from_millis(200),
+    );
+    let hour = Duration::from_secs(3600);
+    for i in 1..=3 {
+        c.start_agent(i, hour);
+    }
+    let portmaps: Api<PortMap> = Api::namespaced(c.client.clone(), "games");
+    c.eventually("every PortMap has its status", || async {
+        portmaps
+            .list(&ListParams::default())
+            .await
+            .is_ok_and(|l| l.items.len() == 12 && l.items.iter().all(|pm| pm.status.is_some()))
+    })
+    .await;
+    let most = c.model().faults().most_slowed_at_once();
+    assert!((2..=8).contains(&most), "{most} status writes held at once");
+    c.stop_all().await;
+}
+
 /// cilium-config is watched, not read per pass: creating it after the agents started refuses a
 /// mapping on the CNI's overlay port, and deleting it takes the refusal back, with no other
 /// object changing.

@@ -147,6 +147,11 @@ struct FaultState {
     injected: u64,
     watch_delay: Duration,
     reorder_watch: bool,
+    /// Requests matching the filter are answered only after the delay.
+    slow: Option<(RequestFilter, Duration)>,
+    /// Slowed requests now being held, and the most held at once.
+    slowed_now: usize,
+    slowed_most: usize,
 }
 
 /// The fault handle. Cheap to clone; every clone controls the same server.
@@ -166,6 +171,9 @@ impl Faults {
                 injected: 0,
                 watch_delay: Duration::ZERO,
                 reorder_watch: false,
+                slow: None,
+                slowed_now: 0,
+                slowed_most: 0,
             })),
             paused: Arc::new(watch::channel(false).0),
             close_epoch: Arc::new(watch::channel(0).0),
@@ -204,6 +212,7 @@ impl Faults {
         let mut state = self.lock();
         state.rules.clear();
         state.watch_delay = Duration::ZERO;
+        state.slow = None;
         state.reorder_watch = false;
         drop(state);
         self.resume();
@@ -234,6 +243,47 @@ impl Faults {
     /// moment its request is answered), so tests wait on a condition instead of wall time.
     pub fn open_watches(&self) -> usize {
         self.close_epoch.receiver_count()
+    }
+
+    /// Answers every request matching `filter` only after `delay` (a slow API server), and
+    /// counts how many such requests it holds at once ([`Faults::most_slowed_at_once`]).
+    pub fn slow_down(&self, filter: RequestFilter, delay: Duration) {
+        let mut state = self.lock();
+        state.slow = Some((filter, delay));
+        state.slowed_most = 0;
+    }
+
+    /// The most slowed requests held at the same time since [`Faults::slow_down`].
+    pub fn most_slowed_at_once(&self) -> usize {
+        self.lock().slowed_most
+    }
+
+    /// Holds a request that matches the slow-down filter for its delay.
+    pub(crate) async fn slow(&self, req: RequestInfo<'_>) {
+        let delay = {
+            let mut state = self.lock();
+            let Some(delay) = state
+                .slow
+                .as_ref()
+                .filter(|(f, _)| f.matches(&req))
+                .map(|(_, d)| *d)
+            else {
+                return;
+            };
+            state.slowed_now += 1;
+            state.slowed_most = state.slowed_most.max(state.slowed_now);
+            delay
+        };
+        /// Counts the request out even when its connection is dropped during the delay.
+        struct Held<'a>(&'a Faults);
+        impl Drop for Held<'_> {
+            fn drop(&mut self) {
+                let mut state = self.0.lock();
+                state.slowed_now = state.slowed_now.saturating_sub(1);
+            }
+        }
+        let _held = Held(self);
+        tokio::time::sleep(delay).await;
     }
 
     /// Holds every request (and watch delivery) until [`Faults::resume`].

@@ -99,16 +99,15 @@ async fn route(server: &ApiServer, req: Request) -> Result<Response, ApiError> {
         Some(name) => format!("{} \"{name}\"", r.qualified()),
         None => r.qualified(),
     };
-    if let Some(e) = inner.faults.check(
-        RequestInfo {
-            verb,
-            resource: &r.plural,
-            status: target.status,
-        },
-        &what,
-    ) {
+    let info = RequestInfo {
+        verb,
+        resource: &r.plural,
+        status: target.status,
+    };
+    if let Some(e) = inner.faults.check(info, &what) {
         return Err(e);
     }
+    inner.faults.slow(info).await;
     let bytes = axum::body::to_bytes(body, MAX_BODY).await.map_err(|e| {
         ApiError::new(
             413,

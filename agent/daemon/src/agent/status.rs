@@ -53,6 +53,18 @@ pub struct StatusOutcome {
     pub errors: Vec<String>,
 }
 
+/// PortMap status writes in flight at once.
+const WRITES_IN_FLIGHT: usize = 8;
+
+impl StatusOutcome {
+    fn add(&mut self, other: StatusOutcome) {
+        self.written += other.written;
+        self.unchanged += other.unchanged;
+        self.recompute += other.recompute;
+        self.errors.extend(other.errors);
+    }
+}
+
 /// The status writer of one agent.
 pub(crate) struct StatusWriter<'a> {
     pub client: &'a kube::Client,
@@ -71,9 +83,26 @@ impl StatusWriter<'_> {
         classes: &[PortMapClass],
         now: Timestamp,
     ) -> StatusOutcome {
+        use futures_util::StreamExt as _;
         let mut outcome = StatusOutcome::default();
-        for w in &writes.portmaps {
-            self.write_portmap(w, portmaps, &mut outcome).await;
+        // A few writes in flight at once: a first pass on a large cluster has a status for every
+        // mapping, and one at a time holds the pass for the sum of their round trips. Each
+        // request body exists only while its write is in flight, and results are taken in the
+        // order of the writes (an ordered queue), so the outcome does not depend on which
+        // answer came first.
+        // A hand-fed queue rather than `stream::iter(..).map(..).buffered(..)`: a closure
+        // borrowing `self` there makes the agent's future fail the `Send` bound of a spawn.
+        let mut todo = writes.portmaps.iter();
+        let mut in_flight = futures_util::stream::FuturesOrdered::new();
+        loop {
+            while in_flight.len() < WRITES_IN_FLIGHT {
+                let Some(w) = todo.next() else { break };
+                in_flight.push_back(self.write_portmap(w, portmaps));
+            }
+            let Some(one) = in_flight.next().await else {
+                break;
+            };
+            outcome.add(one);
         }
         for (class, part) in class_parts(writes, self.node, classes) {
             // When merging into the watched copy changes nothing, the fresh object is not read:
@@ -94,22 +123,18 @@ impl StatusWriter<'_> {
         outcome
     }
 
-    async fn write_portmap(
-        &self,
-        w: &PortMapWrite,
-        store: &Store<PortMap>,
-        outcome: &mut StatusOutcome,
-    ) {
+    async fn write_portmap(&self, w: &PortMapWrite, store: &Store<PortMap>) -> StatusOutcome {
+        let mut outcome = StatusOutcome::default();
         let what = format!("PortMap {}/{}", w.namespace, w.name);
         let Some(current) = store.get(&ObjectRef::new(&w.name).within(&w.namespace)) else {
             // Deleted since the snapshot: nothing to write.
             outcome.unchanged += 1;
-            return;
+            return outcome;
         };
         let stored = current.status.clone().unwrap_or_default();
         if portmap_status_equivalent(&stored, &w.status) {
             outcome.unchanged += 1;
-            return;
+            return outcome;
         }
         let mut body = (*current).clone();
         body.metadata.managed_fields = None;
@@ -163,6 +188,7 @@ impl StatusWriter<'_> {
                 ));
             }
         }
+        outcome
     }
 
     /// Reads the class fresh, merges this node's part, writes with compare-and-swap, and on a
