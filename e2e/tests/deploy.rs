@@ -471,7 +471,12 @@ fn the_agent_roles_grant_no_verb_beyond_the_api() {
     assert_eq!(cilium.metadata.namespace.as_deref(), Some("kube-system"));
     assert_eq!(
         rule_grants(cilium.rules.as_deref().unwrap_or_default()),
-        set(&["/configmaps[cilium-config]:get"])
+        // list and watch by name only: the agent watches it with a metadata.name selector.
+        set(&[
+            "/configmaps[cilium-config]:get",
+            "/configmaps[cilium-config]:list",
+            "/configmaps[cilium-config]:watch",
+        ])
     );
     let lifecycle: Role = the(&objects, "Role", "kuport-agent-lifecycle");
     assert_eq!(lifecycle.metadata.namespace.as_deref(), Some(NAMESPACE));
