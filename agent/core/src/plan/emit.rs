@@ -22,16 +22,23 @@ pub const NFT_TEXT_MAX: usize = 128;
 /// The first 8 hex digits of the text's sha256: identical on every node, short enough for
 /// interface names (15 bytes) and nft names.
 fn short_hash(text: &str) -> String {
-    Sha256::digest(text.as_bytes())
-        .iter()
-        .take(4)
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let digest = Sha256::digest(text.as_bytes());
+    let mut out = String::with_capacity(8);
+    for b in &digest[..4] {
+        out.push(char::from(HEX[usize::from(b >> 4)]));
+        out.push(char::from(HEX[usize::from(b & 0xf)]));
+    }
+    out
 }
 
 /// Device name of the link from this node to `peer` in `class`.
 pub fn link_name(class: &str, peer: &str) -> String {
-    format!("{LINK_PREFIX}{}", short_hash(&format!("{class}/{peer}")))
+    let mut key = String::with_capacity(class.len() + 1 + peer.len());
+    key.push_str(class);
+    key.push('/');
+    key.push_str(peer);
+    format!("{LINK_PREFIX}{}", short_hash(&key))
 }
 
 /// `text` if it fits nft's limit, else its head plus `_` and 8 hex digits of its sha256 (`_`

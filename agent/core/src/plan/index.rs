@@ -1,12 +1,12 @@
 //! Sorted lookup structures over the snapshot, built once per pass.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, HashSet};
 use std::net::Ipv4Addr;
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::{ClassNodeStatus, PortMap, PortMapClass};
+use crate::api::{ClassNode, ClassNodeStatus, PortMap, PortMapClass, ReturnPathMode};
 use crate::snapshot::{CniFacts, Snapshot, node_internal_ip, node_is_ready};
 
 static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
@@ -32,6 +32,21 @@ pub struct Index<'a> {
     /// PortMaps in conflict order: creation time, then namespace, then name.
     pub portmaps: Vec<&'a PortMap>,
     pub cni: Option<&'a CniFacts>,
+    /// Per class, its nodes whose rows report host sockets, in the class's node order: the
+    /// only rows a mapping's host-clash check has to read.
+    pub held_rows: BTreeMap<&'a str, Vec<HeldRow<'a>>>,
+    /// Per class, the first interface name among its nodes' lists that kuport refuses, if any.
+    pub invalid_class_interface: BTreeMap<&'a str, &'a str>,
+    /// UDP ports every node depends on (each Vxlan class's link port, the CNI's overlay port)
+    /// with what holds them, sorted.
+    pub node_udp_ports: Vec<(u16, String)>,
+}
+
+/// A class node whose row reports host sockets.
+pub struct HeldRow<'a> {
+    pub node: &'a str,
+    pub class_node: &'a ClassNode,
+    pub row: &'a ClassNodeStatus,
 }
 
 impl<'a> Index<'a> {
@@ -94,16 +109,29 @@ impl<'a> Index<'a> {
         portmaps.sort_by(|a, b| conflict_key(a).cmp(&conflict_key(b)));
         // The API server cannot hold two objects with one name; an offline dump can. Keep the
         // earliest, so the result does not depend on input order.
-        let mut seen = BTreeSet::new();
+        // Only membership is asked of this set, so its hash order reaches no output.
+        let mut seen = HashSet::with_capacity(portmaps.len());
         portmaps.retain(|pm| seen.insert(conflict_key(pm).1));
+        let held_rows = classes
+            .iter()
+            .map(|(name, class)| (*name, held_rows_of(name, class, &rows)))
+            .collect();
+        let invalid_class_interface = classes
+            .iter()
+            .filter_map(|(name, class)| Some((*name, first_invalid_class_interface(class)?)))
+            .collect();
+        let cni = snapshot.cni.as_ref();
         Index {
+            node_udp_ports: node_udp_ports(&classes, cni),
             nodes,
             namespaces,
             classes,
             rows,
             slices,
             portmaps,
-            cni: snapshot.cni.as_ref(),
+            cni,
+            held_rows,
+            invalid_class_interface,
         }
     }
 
@@ -131,6 +159,59 @@ impl<'a> Index<'a> {
     pub fn row(&self, class: &str, node: &str) -> Option<&'a ClassNodeStatus> {
         self.rows.get(&(class, node)).copied()
     }
+}
+
+fn held_rows_of<'a>(
+    class_name: &'a str,
+    class: &'a PortMapClass,
+    rows: &BTreeMap<(&'a str, &'a str), &'a ClassNodeStatus>,
+) -> Vec<HeldRow<'a>> {
+    class
+        .spec
+        .nodes
+        .iter()
+        .filter_map(|(node, class_node)| {
+            let row = rows.get(&(class_name, node.as_str()))?;
+            (!row.held_ports.is_empty()).then_some(HeldRow {
+                node,
+                class_node,
+                row,
+            })
+        })
+        .collect()
+}
+
+fn first_invalid_class_interface(class: &PortMapClass) -> Option<&str> {
+    class
+        .spec
+        .nodes
+        .values()
+        .flat_map(|n| n.interfaces.iter())
+        .map(String::as_str)
+        .filter(|name| !crate::api::valid_interface_name(name))
+        .min()
+}
+
+fn node_udp_ports(
+    classes: &BTreeMap<&str, &PortMapClass>,
+    cni: Option<&CniFacts>,
+) -> Vec<(u16, String)> {
+    let mut holders: Vec<(u16, String)> = classes
+        .iter()
+        .filter(|(_, c)| c.spec.return_path.mode == ReturnPathMode::Vxlan)
+        .filter_map(|(name, c)| {
+            let port = u16::try_from(c.spec.return_path.vxlan.port).ok()?;
+            Some((port, format!("the return links of class {name}")))
+        })
+        .collect();
+    if let Some(cni) = cni {
+        holders.push((
+            cni.vxlan_port,
+            format!("the overlay of the CNI ({})", cni.name),
+        ));
+    }
+    holders.sort();
+    holders
 }
 
 /// (creationTimestamp, (namespace, name)): a missing timestamp sorts first.

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use super::bindings::{Bindings, SetId};
 use super::classes::{ClassState, pair_key};
-use super::index::Index;
+use super::index::{HeldRow, Index};
 use super::reasons::{AcceptedReason, Outcome, ProgrammedReason};
 use super::{MappingDecision, NeededLink, endpoint, selector};
 use crate::api::{
@@ -110,7 +110,7 @@ fn admissible(
             format!("endPort {end} is lower than port {}", spec.port),
         ));
     }
-    if let Some(bad) = first_invalid_interface(class, &spec.interfaces) {
+    if let Some(bad) = first_invalid_interface(index, class_name, &spec.interfaces) {
         return Err(Outcome::new(
             AcceptedReason::InvalidInterfaceName,
             format!(
@@ -173,7 +173,7 @@ fn check(
         "{namespace}/{}",
         pm.metadata.name.as_deref().unwrap_or_default()
     );
-    let host_clash = held_on_accepting_node(index, class, class_name, spec, ports);
+    let host_clash = held_on_accepting_node(index, class_name, spec, ports);
     if let Some(clash) = host_clash
         .as_ref()
         .filter(|c| !c.yields_to.contains(&holder))
@@ -239,33 +239,36 @@ struct HostClash {
 
 fn held_on_accepting_node(
     index: &Index,
-    class: &PortMapClass,
     class_name: &str,
     spec: &crate::api::PortMapSpec,
     ports: PortRange,
 ) -> Option<HostClash> {
     let in_range = |p: i32| (i32::from(ports.first)..=i32::from(ports.last)).contains(&p);
-    for (node, class_node) in &class.spec.nodes {
-        let Some(row) = index.row(class_name, node) else {
-            continue;
+    let held_rows = index.held_rows.get(class_name)?;
+    for HeldRow {
+        node,
+        class_node,
+        row,
+    } in held_rows
+    {
+        let bound = || {
+            class_node
+                .interfaces
+                .iter()
+                .filter(|i| spec.interfaces.is_empty() || spec.interfaces.contains(i))
         };
-        let bound: Vec<&String> = class_node
-            .interfaces
-            .iter()
-            .filter(|i| spec.interfaces.is_empty() || spec.interfaces.contains(i))
-            .collect();
-        if bound.is_empty() {
+        if bound().next().is_none() {
             continue;
         }
-        let addresses: Vec<&String> = bound.iter().filter_map(|i| row.addresses.get(*i)).collect();
         let found = row.held_ports.iter().find(|h| {
             h.protocol == spec.protocol
                 && in_range(h.port)
-                && (h.address == "0.0.0.0" || addresses.contains(&&h.address))
+                && (h.address == "0.0.0.0"
+                    || bound().any(|i| row.addresses.get(i) == Some(&h.address)))
         });
         if let Some(h) = found {
             return Some(HostClash {
-                node: node.clone(),
+                node: (*node).to_owned(),
                 port: h.port,
                 holder: h.holder.clone(),
                 yields_to: h.yields_to.clone(),
@@ -277,21 +280,21 @@ fn held_on_accepting_node(
 
 /// The first name the mapping would bind that kuport refuses: among its own `interfaces`, or
 /// the class's when it names none.
-fn first_invalid_interface(class: &PortMapClass, requested: &[String]) -> Option<String> {
-    let mut names: Vec<&String> = if requested.is_empty() {
-        class
-            .spec
-            .nodes
-            .values()
-            .flat_map(|n| n.interfaces.iter())
-            .collect()
-    } else {
-        requested.iter().collect()
-    };
-    names.sort();
-    names
-        .into_iter()
-        .find(|n| !crate::api::valid_interface_name(n))
+fn first_invalid_interface(
+    index: &Index,
+    class_name: &str,
+    requested: &[String],
+) -> Option<String> {
+    if requested.is_empty() {
+        return index
+            .invalid_class_interface
+            .get(class_name)
+            .map(|n| (*n).to_owned());
+    }
+    requested
+        .iter()
+        .filter(|n| !crate::api::valid_interface_name(n))
+        .min()
         .cloned()
 }
 
@@ -302,24 +305,9 @@ fn held_by_node(index: &Index, protocol: Protocol, ports: PortRange) -> Option<S
     if protocol != Protocol::Udp {
         return None;
     }
-    let mut holders: Vec<(u16, String)> = index
-        .classes
+    let (port, holder) = index
+        .node_udp_ports
         .iter()
-        .filter(|(_, c)| c.spec.return_path.mode == ReturnPathMode::Vxlan)
-        .filter_map(|(name, c)| {
-            let port = u16::try_from(c.spec.return_path.vxlan.port).ok()?;
-            Some((port, format!("the return links of class {name}")))
-        })
-        .collect();
-    if let Some(cni) = index.cni {
-        holders.push((
-            cni.vxlan_port,
-            format!("the overlay of the CNI ({})", cni.name),
-        ));
-    }
-    holders.sort();
-    let (port, holder) = holders
-        .into_iter()
         .find(|(p, _)| ports.first <= *p && *p <= ports.last)?;
     Some(format!(
         "UDP port {port} is used by {holder} on every node; a mapping there would capture its traffic"
@@ -643,17 +631,21 @@ fn host_refusal(
     facts: &HostFacts,
 ) -> Option<String> {
     let ep = d.endpoint.as_ref()?;
-    let mapping = format!("{}/{}", d.namespace, d.name);
-    let mut nodes: Vec<&str> = d.programming_nodes.iter().map(String::as_str).collect();
-    nodes.push(ep.node.as_str());
-    nodes.sort_unstable();
-    nodes.dedup();
     let stored = class
         .class
         .status
         .as_ref()
         .map(|s| s.refused.as_slice())
         .unwrap_or_default();
+    // Nearly every pass of a healthy cluster has nothing refused: ask nothing more then.
+    if stored.is_empty() && facts.refusals.is_empty() {
+        return None;
+    }
+    let mapping = format!("{}/{}", d.namespace, d.name);
+    let mut nodes: Vec<&str> = d.programming_nodes.iter().map(String::as_str).collect();
+    nodes.push(ep.node.as_str());
+    nodes.sort_unstable();
+    nodes.dedup();
     let found: Vec<String> = nodes
         .into_iter()
         .filter_map(|node| {

@@ -260,8 +260,7 @@ pub fn plan(snapshot: &Snapshot, this_node: &str, facts: &HostFacts, now: Timest
     );
     let class_decisions = classes::decisions(&classes, &writes, now);
 
-    let mut portmaps: Vec<MappingDecision> = decisions.into_iter().map(|d| d.decision).collect();
-    portmaps.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    let portmaps = by_name(decisions.into_iter().map(|d| d.decision).collect());
     Plan {
         node: this_node.to_owned(),
         portmaps,
@@ -269,4 +268,19 @@ pub fn plan(snapshot: &Snapshot, this_node: &str, facts: &HostFacts, now: Timest
         host,
         writes,
     }
+}
+
+/// The decisions sorted by namespace and name. The index holds one PortMap per name, so the
+/// keys are unique and an unstable sort gives the one order; sorting the keys alone and then
+/// moving each decision once avoids shuffling the large decisions through the sort.
+fn by_name(decisions: Vec<MappingDecision>) -> Vec<MappingDecision> {
+    let mut order: Vec<(usize, &str, &str)> = decisions
+        .iter()
+        .enumerate()
+        .map(|(i, d)| (i, d.namespace.as_str(), d.name.as_str()))
+        .collect();
+    order.sort_unstable_by(|a, b| (a.1, a.2).cmp(&(b.1, b.2)));
+    let order: Vec<usize> = order.into_iter().map(|(i, _, _)| i).collect();
+    let mut slots: Vec<Option<MappingDecision>> = decisions.into_iter().map(Some).collect();
+    order.into_iter().filter_map(|i| slots[i].take()).collect()
 }
