@@ -250,7 +250,7 @@ fn portmap(d: &MappingDecision) -> PortMapReport {
             port: e.port,
         }),
         serving_node: d.serving_node.clone(),
-        programming_nodes: d.programming_nodes.clone(),
+        programming_nodes: d.programming_nodes.to_vec(),
         status_writer: d.status_writer.clone(),
         published: d
             .published

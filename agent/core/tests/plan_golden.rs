@@ -194,7 +194,7 @@ fn node_both_accepting_and_holding_the_pod_multi() {
     let plan = c.plan_with("worker-b", &facts(&[("wt0", "100.64.0.2")], "wt0", 1400));
     let d = decision(&plan, "games", "gs");
     assert_eq!(d.serving_node.as_deref(), Some("worker-b"));
-    assert_eq!(d.programming_nodes, ["edge-a", "edge-c", "worker-b"]);
+    assert_eq!(*d.programming_nodes, ["edge-a", "edge-c", "worker-b"]);
     let pre = plan.host.nft.rules(ChainId::Pre);
     assert_eq!(pre.len(), 3, "its own wt0 plus one per link");
     assert!(

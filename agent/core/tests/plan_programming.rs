@@ -25,7 +25,7 @@ fn same_node_mapping_is_programmed() {
     let plan = c.plan("edge-a");
     let d = decision(&plan, "games", "gs");
     assert_eq!(d.serving_node.as_deref(), Some("edge-a"));
-    assert_eq!(d.programming_nodes, ["edge-a"]);
+    assert_eq!(*d.programming_nodes, ["edge-a"]);
     assert_eq!(d.status_writer.as_deref(), Some("edge-a"));
     assert!(d.links.is_empty());
 }
@@ -238,7 +238,7 @@ fn multi_node_binding_nothing_is_reported() {
         .portmap(pm("games", "gs", "multi", 3000).ifaces(&["enp1s0"]));
     let plan = c.plan("a");
     let d = decision(&plan, "games", "gs");
-    assert_eq!(d.programming_nodes, ["a", "b"]);
+    assert_eq!(*d.programming_nodes, ["a", "b"]);
     let p = d.programmed.as_ref().expect("programmed");
     assert_eq!(p.reason, P::NoInterfaceOnNode);
     assert_eq!(

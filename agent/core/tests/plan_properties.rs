@@ -1183,9 +1183,11 @@ type GlobalPart = (
 fn global_part(p: &Plan) -> GlobalPart {
     let mut portmaps = p.portmaps.clone();
     for d in &mut portmaps {
-        for row in &mut d.published {
+        let mut rows = d.published.to_vec();
+        for row in &mut rows {
             row.address.clear();
         }
+        d.published = rows.into();
     }
     let classes = p
         .classes

@@ -2,6 +2,7 @@
 //! links needed, the `Programmed` gates, published rows and the status writer.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use super::bindings::{Bindings, SetId};
 use super::classes::{ClassState, pair_key};
@@ -23,7 +24,14 @@ pub struct Working<'a> {
     pub remote: bool,
     /// The mapping's binding set (when its class exists).
     pub set: Option<SetId>,
+    /// What decides its programming nodes, bindings and published rows, once resolved: mappings
+    /// with the same group share them.
+    pub group: Option<Group<'a>>,
 }
+
+/// Class, binding set, and the serving node of a Single class (a Multi class programs every
+/// accepting node, whichever serves).
+pub type Group<'a> = (&'a str, SetId, Option<&'a str>);
 
 /// Admission of every PortMap, walking them in conflict order. Also returns the interned
 /// binding sets, which resolution reuses.
@@ -64,16 +72,17 @@ fn admit<'a>(index: &Index<'a>, pm: &'a PortMap, bindings: &mut Bindings) -> Wor
             programmed: None,
             endpoint: None,
             serving_node: None,
-            programming_nodes: Vec::new(),
+            programming_nodes: Arc::from([]),
             status_writer: None,
-            published: Vec::new(),
+            published: Arc::from([]),
             links: Vec::new(),
             standby_links: Vec::new(),
-            bindings: BTreeMap::new(),
+            bindings: Arc::default(),
             emits: false,
         },
         remote: false,
         set,
+        group: None,
     }
 }
 
@@ -344,12 +353,16 @@ fn check_namespace(
 }
 
 /// Endpoint, serving and programming nodes, bindings and needed links of accepted mappings.
-pub fn resolve_all(
+pub fn resolve_all<'a>(
     index: &Index,
-    classes: &BTreeMap<&str, ClassState>,
+    classes: &BTreeMap<&str, ClassState<'a>>,
     bindings: &Bindings,
-    work: &mut [Working],
+    work: &mut [Working<'a>],
 ) {
+    // Thousands of mappings share a few groups: their node lists and binding maps are built
+    // once per group and shared, not copied into each decision.
+    type Shared = (Arc<[String]>, Arc<BTreeMap<String, Vec<String>>>);
+    let mut shared: BTreeMap<Group<'a>, Shared> = BTreeMap::new();
     for w in work.iter_mut().filter(|w| w.decision.accepted.is_true()) {
         let Some(class) = classes.get(w.decision.class.as_str()) else {
             continue;
@@ -358,23 +371,34 @@ pub fn resolve_all(
         d.endpoint = endpoint::choose(index, w.pm, &class.accepting);
         let Some(ep) = &d.endpoint else { continue };
         let serving = if class.accepting.contains(&ep.node.as_str()) {
-            Some(ep.node.as_str())
+            class.accepting.iter().copied().find(|n| *n == ep.node)
         } else {
             class.accepting.first().copied()
         };
         let Some(serving) = serving else { continue };
         d.serving_node = Some(serving.to_owned());
-        d.programming_nodes = match class.class.spec.serving_mode {
-            ServingMode::Single => vec![serving.to_owned()],
-            ServingMode::Multi => class.accepting.iter().map(|n| (*n).to_owned()).collect(),
+        let single = class.class.spec.serving_mode == ServingMode::Single;
+        let Some(set) = w.set else {
+            d.programming_nodes = programming_nodes(class, serving);
+            continue;
         };
-        let Some(set) = w.set else { continue };
+        let group = (class.name, set, single.then_some(serving));
+        w.group = Some(group);
+        let (nodes, bound) = shared
+            .entry(group)
+            .or_insert_with(|| {
+                let nodes = programming_nodes(class, serving);
+                let all = &bindings.set(set).by_node;
+                let bound = nodes
+                    .iter()
+                    .map(|n| (n.clone(), all.get(n).cloned().unwrap_or_default()))
+                    .collect();
+                (nodes, Arc::new(bound))
+            })
+            .clone();
+        d.programming_nodes = nodes;
+        d.bindings = bound;
         let all = &bindings.set(set).by_node;
-        d.bindings = d
-            .programming_nodes
-            .iter()
-            .map(|n| (n.clone(), all.get(n).cloned().unwrap_or_default()))
-            .collect();
         w.remote = d.programming_nodes.iter().any(|n| *n != ep.node);
         let range_translation = d.ports.is_some_and(|p| p.is_range() && p.first != ep.port);
         let refused = w.remote && class.mode == ReturnPathMode::None;
@@ -394,10 +418,18 @@ pub fn resolve_all(
                 .collect();
             d.links.sort();
             d.links.dedup();
-            if class.class.spec.serving_mode == ServingMode::Single && serving != ep.node {
+            if single && serving != ep.node {
                 d.standby_links = standby_links(d, &class.accepting, all, &ep.node);
             }
         }
+    }
+}
+
+/// Single: the serving node; Multi: every accepting node.
+fn programming_nodes(class: &ClassState, serving: &str) -> Arc<[String]> {
+    match class.class.spec.serving_mode {
+        ServingMode::Single => Arc::from([serving.to_owned()]),
+        ServingMode::Multi => class.accepting.iter().map(|n| (*n).to_owned()).collect(),
     }
 }
 
@@ -448,6 +480,9 @@ pub fn gate_all(
     this_node: &str,
     facts: &HostFacts,
 ) {
+    // Published rows depend on the group alone (its nodes and interfaces, and their addresses):
+    // built once per group.
+    let mut shared: BTreeMap<Group, Arc<[PublishedAddress]>> = BTreeMap::new();
     for w in work.iter_mut() {
         let class = classes.get(w.decision.class.as_str());
         if let Some(class) = class {
@@ -468,7 +503,15 @@ pub fn gate_all(
             }
             w.decision.programmed = Some(outcome);
             if w.decision.emits {
-                w.decision.published = published(index, class, &w.decision, this_node, facts);
+                let d = &w.decision;
+                let rows = match w.group {
+                    Some(group) => shared
+                        .entry(group)
+                        .or_insert_with(|| published(index, class, d, this_node, facts))
+                        .clone(),
+                    None => published(index, class, d, this_node, facts),
+                };
+                w.decision.published = rows;
             }
         }
         w.decision.status_writer = status_writer(index, class, &w.decision);
@@ -549,7 +592,7 @@ fn node_gates(
             "accepting node"
         }
     };
-    for node in &d.programming_nodes {
+    for node in d.programming_nodes.iter() {
         match index.row(class.name, node) {
             None => {
                 return Some(Outcome::new(
@@ -692,9 +735,9 @@ fn published(
     d: &MappingDecision,
     this_node: &str,
     facts: &HostFacts,
-) -> Vec<PublishedAddress> {
+) -> Arc<[PublishedAddress]> {
     let mut rows = Vec::new();
-    for (node, ifaces) in &d.bindings {
+    for (node, ifaces) in d.bindings.iter() {
         for iface in ifaces {
             let address = if node == this_node {
                 facts.interface_address(iface).map(|a| a.to_string())
@@ -711,7 +754,7 @@ fn published(
         }
     }
     rows.sort();
-    rows
+    rows.into()
 }
 
 /// The serving node; else the endpoint's node; else the class's first accepting node; else the

@@ -19,6 +19,7 @@ mod status;
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
+use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
 use serde::Serialize;
@@ -72,12 +73,14 @@ pub struct MappingDecision {
     /// The serving node (only when an endpoint was chosen and a node accepts).
     pub serving_node: Option<String>,
     /// The nodes that program the mapping (Single: the serving node; Multi: every accepting
-    /// node), sorted.
-    pub programming_nodes: Vec<String>,
+    /// node), sorted. Shared by every mapping with the same nodes: a Multi class's mappings all
+    /// have the same list.
+    pub programming_nodes: Arc<[String]>,
     /// The one node that writes this mapping's status.
     pub status_writer: Option<String>,
-    /// Where the port answers, sorted by node then interface.
-    pub published: Vec<PublishedAddress>,
+    /// Where the port answers, sorted by node then interface. Shared by every mapping with the
+    /// same bindings.
+    pub published: Arc<[PublishedAddress]>,
     /// The return links the mapping needs, sorted by key: those of its programming nodes.
     pub links: Vec<NeededLink>,
     /// Standby return links, sorted by key: for a Single mapping whose pod's node does not
@@ -86,8 +89,9 @@ pub struct MappingDecision {
     /// the serving node never waits for a claim to land; `Programmed` does not wait for them.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub standby_links: Vec<NeededLink>,
-    /// Interfaces each programming node binds (the class's, narrowed by the mapping's).
-    pub bindings: BTreeMap<String, Vec<String>>,
+    /// Interfaces each programming node binds (the class's, narrowed by the mapping's). Shared
+    /// by every mapping with the same binding set and programming nodes.
+    pub bindings: Arc<BTreeMap<String, Vec<String>>>,
     /// True when the outcome allows DNAT rules at all (accepted, endpoint, accepting node, no
     /// range translation, not refused for lack of a return path).
     pub emits: bool,

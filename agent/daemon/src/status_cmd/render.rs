@@ -755,7 +755,7 @@ pub fn explain(dump: &Dump, namespace: &str, name: &str, now: Timestamp) -> Opti
     if !d.programming_nodes.is_empty() {
         node_details.push(format!("programmed on {}", d.programming_nodes.join(", ")));
     }
-    for (node, ifaces) in &d.bindings {
+    for (node, ifaces) in d.bindings.iter() {
         let row = class
             .and_then(|c| c.status.as_ref())
             .and_then(|s| s.nodes.iter().find(|r| &r.name == node));
