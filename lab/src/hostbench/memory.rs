@@ -4,7 +4,8 @@
 //! class whose only accepting node is the agent's (`node-000`, so it programs and reports every
 //! mapping), 1,000 PortMaps and their EndpointSlices with the pods spread over all 500 nodes,
 //! and the class's link claims landed as the pod nodes' agents would have written them (so the
-//! agent builds a return link to each of the 499 other nodes). Then `kuport agent` for
+//! agent builds return links to the other nodes: as many as its link marks allow, 254 with the
+//! default mark mask; the rest of the mappings are refused for want of a mark). Then `kuport agent` for
 //! `node-000`, until `/readyz` answers 200 and passes stop coming (its status writes echo back
 //! as watch events for a while); then `VmHWM`.
 
@@ -163,7 +164,7 @@ fn one_run(i: usize, kuport: &Path, sim_bin: &Path) -> Result<Watched> {
         .map_err(|e| e.context(tail(&dir.0, "agent")))?;
     watched.created = created;
     watched.links = count_links(&ns);
-    // No graceful teardown (seconds for 499 links): deleting the namespace removes it all.
+    // No graceful teardown (seconds for hundreds of links): deleting the namespace removes it all.
     agent.stop(Duration::ZERO);
     sim.stop(Duration::ZERO);
     Ok(watched)

@@ -18,7 +18,7 @@ use std::fmt::Write as _;
 
 use crate::ir::{ChainId, MarkLayout, NftTable, PortRange, Rule, STAND_IN, TABLE};
 
-use super::{hook_name, masked_cmp, masked_eq, masked_set, quote, rule_text, symbolic_priority};
+use super::{masked_cmp, masked_eq, masked_set, quote, rule_text, symbolic_priority};
 
 /// A set or a map of kuport's table.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -414,7 +414,7 @@ pub fn chain_header(chain: ChainId) -> String {
     format!(
         "type {} hook {} priority {}; policy accept;",
         chain.chain_type(),
-        hook_name(chain.hook()),
+        chain.hook().name(),
         symbolic_priority(chain)
     )
 }

@@ -6,7 +6,7 @@
 
 use std::fmt::Write as _;
 
-use crate::ir::{ChainId, Hook, LINK_PREFIX, MarkLayout, NftTable, Rule, STAND_IN, SteerRule};
+use crate::ir::{ChainId, LINK_PREFIX, MarkLayout, NftTable, Rule, STAND_IN, SteerRule};
 
 pub mod layout;
 pub mod transaction;
@@ -23,10 +23,6 @@ pub fn nft_text(table: &NftTable) -> String {
         return String::new();
     }
     listing_text(&layout(table).layout, &std::collections::BTreeMap::new())
-}
-
-fn hook_name(hook: Hook) -> &'static str {
-    hook.name()
 }
 
 /// nft lists standard priorities by name, relative to the family's well-known values.

@@ -7,7 +7,6 @@ use std::collections::BTreeSet;
 
 use crate::ir::{ChainId, TABLE};
 
-use super::hook_name;
 use super::layout::{Layout, Planned, element_text};
 
 /// What one line of a transaction belongs to.
@@ -195,7 +194,7 @@ fn add_chain(chain: ChainId) -> String {
         "add chain ip {TABLE} {} {{ type {} hook {} priority {}; policy accept; }}",
         chain.name(),
         chain.chain_type(),
-        hook_name(chain.hook()),
+        chain.hook().name(),
         chain.priority(),
     )
 }
