@@ -397,28 +397,13 @@ fn both_ends_derive_the_same_link() {
 /// pod on worker-b and, when `a_worker` is set, one on a-worker (whose name sorts before the
 /// edges, so its standby pair sorts before worker-b's serving pair).
 fn standby_cluster(subnet: &str, a_worker: bool) -> Cluster {
-    let mut c = Cluster::new()
-        .node("edge-a", "100.64.0.1")
-        .node("edge-c", "100.64.0.3")
-        .node("worker-b", "100.64.0.2")
-        .namespace("games", json!({}))
-        .class_json(
-            "public",
-            json!({"nodes": nodes_json(&[("edge-a", &["wt0"]), ("edge-c", &["wt0"])]),
-                   "returnPath": {"mode": "Vxlan", "vxlan": {"subnet": subnet, "vni": 4242, "port": 4790}}}),
-            Value::Null,
-        )
-        .row("public", "edge-a", json!({"wt0": "100.64.0.1"}), 1400)
-        .row("public", "edge-c", json!({"wt0": "100.64.0.3"}), 1400)
-        .endpoint("games", "gs", "gs-0", "worker-b", "10.244.1.5", 3000)
-        .portmap(pm("games", "gs", "public", 3000));
-    if a_worker {
-        c = c
-            .node("a-worker", "100.64.0.4")
-            .endpoint("games", "early", "early-0", "a-worker", "10.244.2.5", 3001)
-            .portmap(pm("games", "early", "public", 3001));
+    let c = two_edges_and_worker(subnet);
+    if !a_worker {
+        return c;
     }
-    c
+    c.node("a-worker", "100.64.0.4")
+        .endpoint("games", "early", "early-0", "a-worker", "10.244.2.5", 3001)
+        .portmap(pm("games", "early", "public", 3001))
 }
 
 /// Every node's proposals: (proposer, key, slot, replaces).

@@ -468,20 +468,7 @@ fn programmed_status_carries_generation_and_keeps_transition_time() {
 /// Two accepting edges (edge-a serves, edge-c stands by) and a pod on worker-b, which accepts
 /// nothing: a Single class with the default subnet.
 fn two_edges() -> Cluster {
-    Cluster::new()
-        .node("edge-a", "100.64.0.1")
-        .node("edge-c", "100.64.0.3")
-        .node("worker-b", "100.64.0.2")
-        .namespace("games", json!({}))
-        .class_json(
-            "public",
-            vxlan_spec(&[("edge-a", &["wt0"]), ("edge-c", &["wt0"])]),
-            Value::Null,
-        )
-        .row("public", "edge-a", json!({"wt0": "100.64.0.1"}), 1400)
-        .row("public", "edge-c", json!({"wt0": "100.64.0.3"}), 1400)
-        .endpoint("games", "gs", "gs-0", "worker-b", "10.244.1.5", 3000)
-        .portmap(pm("games", "gs", "public", 3000))
+    two_edges_and_worker(kuport_core::api::DEFAULT_VXLAN_SUBNET)
 }
 
 fn edge_facts(addr: &str) -> kuport_core::snapshot::HostFacts {

@@ -776,20 +776,21 @@ pub fn explain(dump: &Dump, namespace: &str, name: &str, now: Timestamp) -> Opti
 
     // 5. Return links.
     let links_ok = d.links.iter().all(|l| l.landed);
-    let link_details = if d.endpoint.is_none() {
+    let link_line = |l: &kuport_core::plan::NeededLink, role: &str| match (l.slot, l.landed) {
+        (Some(s), true) => format!("{}{role}: slot {s}, claimed", l.key),
+        (Some(s), false) => format!("{}{role}: slot {s} proposed, not claimed yet", l.key),
+        (None, _) => format!("{}{role}: no free slot", l.key),
+    };
+    let mut link_details: Vec<String> = if d.endpoint.is_none() {
         vec!["none: no endpoint is chosen".to_owned()]
     } else if d.links.is_empty() {
         vec!["none needed: the pod runs on every node that programs the mapping".to_owned()]
     } else {
-        d.links
-            .iter()
-            .map(|l| match (l.slot, l.landed) {
-                (Some(s), true) => format!("{}: slot {s}, claimed", l.key),
-                (Some(s), false) => format!("{}: slot {s} proposed, not claimed yet", l.key),
-                (None, _) => format!("{}: no free slot", l.key),
-            })
-            .collect()
+        d.links.iter().map(|l| link_line(l, "")).collect()
     };
+    // Standby links only make a failover fast; the mapping works without them, so they are
+    // listed but take no part in this step's verdict.
+    link_details.extend(d.standby_links.iter().map(|l| link_line(l, " (standby)")));
     steps.push(step("return links", links_ok, link_details));
 
     // 6. Programmed.
@@ -911,6 +912,35 @@ mod tests {
         assert_eq!(ago("2025-12-31T01:00:00Z", now), "24h ago");
         assert_eq!(ago("2025-12-20T01:00:00Z", now), "12d ago");
         assert_eq!(ago("2026-01-01T02:00:00Z", now), "in the future");
+    }
+
+    #[test]
+    fn standby_links_are_listed_without_deciding_the_links_step() {
+        let c = kuport_testkit::cluster::two_edges_and_worker("169.254.77.0/24").claim(
+            "public",
+            "edge-a/worker-b",
+            0,
+        );
+        let dump = Dump {
+            snapshot: c.snapshot,
+            events: Vec::new(),
+        };
+        let now = kuport_testkit::cluster::now();
+        let e = explain(&dump, "games", "gs", now).expect("the mapping is explained");
+        let links = e
+            .steps
+            .iter()
+            .find(|s| s.title == "return links")
+            .expect("a return links step");
+        assert_eq!(
+            links.details,
+            [
+                "edge-a/worker-b: slot 0, claimed",
+                "edge-c/worker-b (standby): slot 1 proposed, not claimed yet"
+            ],
+            "{e:#?}"
+        );
+        assert_eq!(links.state, "ok", "an unclaimed standby link fails nothing");
     }
 
     #[test]
