@@ -121,6 +121,11 @@ pub struct HostRefusal {
     pub mapping: String,
     /// What was refused and what the kernel said.
     pub message: String,
+    /// The return link device whose refusal took the mapping's rules with it, when it was a
+    /// link: the plan tells from it whether the mapping needed that link or only kept it as a
+    /// standby.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<String>,
 }
 
 /// A port range one mapping captures on this node.

@@ -725,6 +725,7 @@ fn refusal(mapping: &str, message: &str) -> kuport_core::snapshot::HostRefusal {
     kuport_core::snapshot::HostRefusal {
         mapping: mapping.into(),
         message: message.into(),
+        link: None,
     }
 }
 

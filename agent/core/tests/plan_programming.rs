@@ -621,3 +621,38 @@ fn moving_the_serving_edge_waits_for_no_claim_and_changes_only_the_new_edges_cap
     assert_eq!(kept(&old), kept(&new));
     assert_eq!(new.host.links.len(), 1);
 }
+
+#[test]
+fn a_refused_standby_link_is_not_reported_against_the_mapping() {
+    use kuport_core::plan::link_name;
+    use kuport_core::snapshot::HostRefusal;
+    let c = two_edges()
+        .claim("public", "edge-a/worker-b", 0)
+        .claim("public", "edge-c/worker-b", 1);
+    let refused = |peer: &str| {
+        let mut f = facts(&[("wt0", "100.64.0.2")], "wt0", 1400);
+        let link = link_name("public", peer);
+        f.refusals = vec![HostRefusal {
+            mapping: "games/gs".into(),
+            message: format!("the kernel refused its return link {link}: File exists"),
+            link: Some(link),
+        }];
+        f
+    };
+    // The pod's node: its link to edge-c only keeps a failover ready.
+    let standby = c.plan_with("worker-b", &refused("edge-c"));
+    assert!(
+        standby.writes.refusals.is_empty(),
+        "{:?}",
+        standby.writes.refusals
+    );
+    // Its link to edge-a carries the mapping's traffic: that refusal is the mapping's.
+    let serving = c.plan_with("worker-b", &refused("edge-a"));
+    let mappings: Vec<&str> = serving
+        .writes
+        .refusals
+        .iter()
+        .map(|r| r.mapping.as_str())
+        .collect();
+    assert_eq!(mappings, ["games/gs"]);
+}

@@ -146,7 +146,15 @@ pub struct Refusal {
     pub message: String,
 }
 
+/// How a refused return link is named in [`Refusal::unit`].
+const LINK_UNIT: &str = "return link ";
+
 impl Refusal {
+    /// The refused return link's device name, when the unit is a link.
+    pub fn link(&self) -> Option<&str> {
+        self.unit.strip_prefix(LINK_UNIT)
+    }
+
     /// Every mapping the refusals take out.
     pub fn mappings_of(refusals: &[Refusal]) -> BTreeSet<String> {
         refusals
@@ -163,6 +171,7 @@ impl Refusal {
                 r.mappings.iter().map(|m| HostRefusal {
                     mapping: m.clone(),
                     message: format!("the kernel refused its {}: {}", r.unit, r.message),
+                    link: r.link().map(str::to_owned),
                 })
             })
             .collect();
@@ -354,7 +363,7 @@ impl<N: netlink::Netlink> Host for LinuxHost<N> {
         for (name, error) in failed {
             let cut = applied.without_links(std::slice::from_ref(&name));
             report.refused.push(Refusal {
-                unit: format!("return link {name}"),
+                unit: format!("{LINK_UNIT}{name}"),
                 mappings: applied.mappings_cut_by(&cut),
                 message: error.to_string(),
             });

@@ -14,7 +14,7 @@ use crate::api::{
     ServingMode,
 };
 use crate::ir::PortRange;
-use crate::snapshot::HostFacts;
+use crate::snapshot::{HostFacts, HostRefusal};
 
 /// A mapping being resolved.
 pub struct Working<'a> {
@@ -696,7 +696,7 @@ fn host_refusal(
                 facts
                     .refusals
                     .iter()
-                    .find(|r| r.mapping == mapping)
+                    .find(|r| r.mapping == mapping && !standby_only(d, this_node, r))
                     .map(|r| &r.message)
             } else {
                 stored
@@ -708,6 +708,26 @@ fn host_refusal(
         })
         .collect();
     (!found.is_empty()).then(|| found.join("; "))
+}
+
+/// True when `refusal` is of a return link that, on `this_node`, `d` keeps only as a standby
+/// link: the mapping's traffic does not use it, so losing it does not stop the mapping (the
+/// agent logs the refusal; a failover to that edge would wait for the link).
+pub fn standby_only(d: &MappingDecision, this_node: &str, refusal: &HostRefusal) -> bool {
+    let Some(link) = refusal.link.as_deref() else {
+        return false;
+    };
+    let device_here = |l: &NeededLink| {
+        let (a, b) = super::classes::split_key(&l.key)?;
+        let peer = match (a == this_node, b == this_node) {
+            (true, _) => b,
+            (_, true) => a,
+            _ => return None,
+        };
+        Some(super::emit::link_name(&l.class, peer))
+    };
+    let is = |l: &NeededLink| device_here(l).is_some_and(|name| name == link);
+    !d.links.iter().any(is) && d.standby_links.iter().any(is)
 }
 
 /// Programmed, but a programming node reported that its own firewall is known to drop mapped

@@ -94,7 +94,7 @@ pub fn writes(
             writes.gc.extend(gc(state, now));
         }
     }
-    writes.refusals = refusal_writes(index, facts);
+    writes.refusals = refusal_writes(work, this_node, facts);
     writes
 }
 
@@ -236,19 +236,22 @@ fn class_row(
 }
 
 /// The refusals of this node's last apply, each under the class of its mapping (a refusal of a
-/// mapping that no longer exists is dropped), sorted.
-fn refusal_writes(index: &Index, facts: &HostFacts) -> Vec<RefusalWrite> {
+/// mapping that no longer exists is dropped, and so is a refused link the mapping only keeps as a
+/// standby: its traffic does not use it), sorted.
+fn refusal_writes(work: &[Working], this_node: &str, facts: &HostFacts) -> Vec<RefusalWrite> {
     let mut out: Vec<RefusalWrite> = facts
         .refusals
         .iter()
         .filter_map(|r| {
             let (namespace, name) = r.mapping.split_once('/')?;
-            let pm = index.portmaps.iter().find(|pm| {
-                pm.metadata.namespace.as_deref() == Some(namespace)
-                    && pm.metadata.name.as_deref() == Some(name)
-            })?;
+            let w = work
+                .iter()
+                .find(|w| w.decision.namespace == namespace && w.decision.name == name)?;
+            if super::mapping::standby_only(&w.decision, this_node, r) {
+                return None;
+            }
             Some(RefusalWrite {
-                class: pm.spec.class_name.clone(),
+                class: w.pm.spec.class_name.clone(),
                 mapping: r.mapping.clone(),
                 message: r.message.clone(),
             })
