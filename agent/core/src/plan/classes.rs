@@ -26,6 +26,7 @@ pub struct Claim {
 pub struct ClassState<'a> {
     pub name: &'a str,
     pub class: &'a PortMapClass,
+    /// Sorted by name (the serving order).
     pub accepting: Vec<&'a str>,
     pub mode: ReturnPathMode,
     /// Parsed, masked subnet of a Vxlan class with usable settings.

@@ -129,14 +129,19 @@ pub fn emit(
         .filter(|w| w.decision.emits)
         .filter_map(|w| Some((classes.get(w.decision.class.as_str())?, w)))
         .collect();
-    e.serving_links = emitting
+    // Thousands of mappings share a few links: hash each (class, peer) once.
+    let serving_pairs: BTreeSet<(&str, &str)> = emitting
         .iter()
         .flat_map(|(class, w)| w.decision.links.iter().map(move |l| (class.name, l)))
         .filter_map(|(class, l)| {
             let (a, b) = split_key(&l.key)?;
             let peer = if a == this_node { b } else { a };
-            (a == this_node || b == this_node).then(|| link_name(class, peer))
+            (a == this_node || b == this_node).then_some((class, peer))
         })
+        .collect();
+    e.serving_links = serving_pairs
+        .into_iter()
+        .map(|(class, peer)| link_name(class, peer))
         .collect();
     // Serving links first, standby links after: when the node's link marks run short, the links
     // that carry traffic take them, and standby links get what is left.

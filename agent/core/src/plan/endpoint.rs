@@ -8,7 +8,7 @@ use crate::api::PortMap;
 
 /// The endpoint of `pm`: among ready IPv4 endpoints listing the named port with the mapping's
 /// protocol, sorted by (a) the node's rank among the accepting nodes (others after them),
-/// (b) the pod name, (c) the node name, (d) the address.
+/// (b) the pod name, (c) the node name, (d) the address. `accepting` is sorted by name.
 pub fn choose(index: &Index, pm: &PortMap, accepting: &[&str]) -> Option<ChosenEndpoint> {
     let namespace = pm.metadata.namespace.as_deref().unwrap_or_default();
     let service = pm.spec.service_ref.name.as_str();
@@ -50,10 +50,8 @@ pub fn choose(index: &Index, pm: &PortMap, accepting: &[&str]) -> Option<ChosenE
             if !ready {
                 continue;
             }
-            let rank = accepting
-                .iter()
-                .position(|n| *n == node)
-                .unwrap_or(accepting.len());
+            // `accepting` is sorted by name: a search, not a walk over a large class.
+            let rank = accepting.binary_search(&node).unwrap_or(accepting.len());
             let pod = ep.target_ref.as_ref().and_then(|t| t.name.as_deref());
             let candidate = (rank, pod, node, address, pod_port);
             if best.as_ref().is_none_or(|b| candidate < *b) {

@@ -370,10 +370,10 @@ pub fn resolve_all<'a>(
         let d = &mut w.decision;
         d.endpoint = endpoint::choose(index, w.pm, &class.accepting);
         let Some(ep) = &d.endpoint else { continue };
-        let serving = if class.accepting.contains(&ep.node.as_str()) {
-            class.accepting.iter().copied().find(|n| *n == ep.node)
-        } else {
-            class.accepting.first().copied()
+        // `accepting` is sorted by name.
+        let serving = match class.accepting.binary_search(&ep.node.as_str()) {
+            Ok(i) => Some(class.accepting[i]),
+            Err(_) => class.accepting.first().copied(),
         };
         let Some(serving) = serving else { continue };
         d.serving_node = Some(serving.to_owned());
