@@ -45,6 +45,8 @@ pub struct RoutedPath {
     pub target: String,
     edge_ns: String,
     worker_ns: String,
+    /// The two routes into the mesh (edge → pod, worker → client), as `ip route` specs.
+    mesh_routes: Vec<(String, String)>,
 }
 
 /// Bytes and packet counts that tell which way a transfer went.
@@ -82,6 +84,7 @@ impl RoutedPath {
             target: format!("{}:{PORT}", p.ip),
             edge_ns: edge_node.ns.clone(),
             worker_ns: worker_node.ns.clone(),
+            mesh_routes: Vec::new(),
         };
         let built = path.add(runner, &p.ns, p.ip, edge_public, &edge_node, &worker_node);
         if let Err(e) = built {
@@ -122,9 +125,13 @@ impl RoutedPath {
         // The edge sends it into the mesh, not the CNI's VXLAN tunnel (its /24 route): the
         // mapping's link runs over wt0 too, so both paths cross the same userspace WireGuard.
         self.route(&edge.ns, &format!("{pod_ip}/32 dev wt0"))?;
+        self.mesh_routes
+            .push((edge.ns.clone(), format!("{pod_ip}/32 dev wt0")));
         // The node's own default leads to a dead-end gateway; the client is reached back
         // through the edge, over the mesh.
         self.route(&worker.ns, &format!("{CLIENT_IP}/32 dev wt0"))?;
+        self.mesh_routes
+            .push((worker.ns.clone(), format!("{CLIENT_IP}/32 dev wt0")));
         // WireGuard sends only to a peer that allows the destination and accepts only sources
         // the sending peer is allowed: the pod's address from the node, the client's from the
         // edge.
@@ -193,6 +200,17 @@ impl RoutedPath {
             spec: spec.to_string(),
         });
         ip_in(ns, &format!("route add {spec}"))?;
+        Ok(())
+    }
+
+    /// Locks the MTU of the two routes into the mesh to `mtu`: the routed path then carries
+    /// packets no larger than the mapping's return link does (path MTU discovery lowers the
+    /// ends' segments), which separates the cost of the link's smaller packets from the rest.
+    /// Only lowered, never raised again: the ends keep what path MTU discovery taught them.
+    pub fn lock_mtu(&self, mtu: u32) -> Result<()> {
+        for (ns, spec) in &self.mesh_routes {
+            ip_in(ns, &format!("route replace {spec} mtu lock {mtu}"))?;
+        }
         Ok(())
     }
 
@@ -337,4 +355,21 @@ fn kuport_packets(ns: &str) -> Result<u64> {
         }
     }
     Ok(sum)
+}
+
+/// The MTU kuport gave its return link on the edge (the first `kup-*` link): what the mapping's
+/// packets are limited to.
+pub fn edge_link_mtu(path: &RoutedPath) -> Result<u32> {
+    let text = ip_in(&path.edge_ns, "-j link show")?;
+    let links: Vec<Value> = serde_json::from_str(&text).context("reading `ip -j link`")?;
+    links
+        .iter()
+        .filter(|l| {
+            l.get("ifname")
+                .and_then(Value::as_str)
+                .is_some_and(|n| n.starts_with(LINK_PREFIX))
+        })
+        .find_map(|l| l.get("mtu").and_then(Value::as_u64))
+        .and_then(|m| u32::try_from(m).ok())
+        .with_context(|| format!("no kuport link with an MTU in {}", path.edge_ns))
 }
