@@ -150,11 +150,7 @@ fn pod_node_single() {
 }
 
 fn multi() -> Cluster {
-    Cluster::new()
-        .node("edge-a", "100.64.0.1")
-        .node("edge-c", "100.64.0.3")
-        .node("worker-b", "100.64.0.2")
-        .namespace("games", json!({}))
+    three_nodes()
         .class_json(
             "vip",
             json!({"nodes": nodes_json(&[("edge-a", &["wt0"]), ("edge-c", &["wt0"]), ("worker-b", &["wt0"])]),

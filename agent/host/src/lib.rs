@@ -259,12 +259,13 @@ pub trait Host: Send {
 pub struct LinuxHost<N: netlink::Netlink = netlink::RtNetlink> {
     netlink: N,
     nft: nft::Nft,
-    /// The desired state the kernel was last brought to in full (no refusal): a pass that does
-    /// not verify and wants the same skips the kernel.
-    last: Option<HostState>,
     /// What the kernel holds of kuport's since the last apply: the desired state without the
     /// parts it refused. Counters are labelled and captured ports reported from it.
     applied: Option<HostState>,
+    /// True when `applied` is the whole desired state (nothing refused): a pass that does not
+    /// verify and wants the same skips the kernel. A flag rather than a second copy of the
+    /// state, which at thousands of mappings is most of what the agent holds between passes.
+    applied_in_full: bool,
     /// The mark layout whose ip rules this host owns (teardown needs it with no IR at hand).
     marks: MarkLayout,
 }
@@ -324,8 +325,8 @@ impl<N: netlink::Netlink> LinuxHost<N> {
         Self {
             netlink,
             nft,
-            last: None,
             applied: None,
+            applied_in_full: false,
             marks: MarkLayout::default(),
         }
     }
@@ -352,7 +353,7 @@ impl<N: netlink::Netlink> LinuxHost<N> {
 
 impl<N: netlink::Netlink> Host for LinuxHost<N> {
     async fn apply(&mut self, desired: &HostState, verify: bool) -> Result<ApplyReport, HostError> {
-        if !verify && self.last.as_ref() == Some(desired) {
+        if !verify && self.applied_in_full && self.applied.as_ref() == Some(desired) {
             return Ok(ApplyReport::default());
         }
         let mut report = ApplyReport::default();
@@ -385,7 +386,7 @@ impl<N: netlink::Netlink> Host for LinuxHost<N> {
         netlink::ensure_valid_mark(&self.netlink, &applied.valid_mark_interfaces, &mut report)
             .await?;
         // A refusal is not remembered as applied: the next pass tries the refused parts again.
-        self.last = report.refused.is_empty().then(|| desired.clone());
+        self.applied_in_full = report.refused.is_empty();
         self.applied = Some(applied);
         Ok(report)
     }
@@ -396,8 +397,8 @@ impl<N: netlink::Netlink> Host for LinuxHost<N> {
         netlink::reconcile_rules(&self.netlink, &[], self.marks, &mut report).await?;
         netlink::reconcile_routes(&self.netlink, &[], &mut report).await?;
         netlink::remove_unwanted_links(&self.netlink, &[], &mut report).await?;
-        self.last = None;
         self.applied = None;
+        self.applied_in_full = false;
         Ok(())
     }
 
