@@ -45,7 +45,8 @@ pub struct PortMapReport {
     pub status_writer: Option<String>,
     pub published: Vec<PublishedReport>,
     pub links: Vec<MappingLinkReport>,
-    /// Links kept ready to the other accepting nodes of a Single class (claimed ahead of need).
+    /// Links kept ready ahead of need: from the next accepting nodes of a Single class to the
+    /// pod's node, and from the programming nodes to the nodes of the next endpoints.
     pub standby_links: Vec<MappingLinkReport>,
 }
 

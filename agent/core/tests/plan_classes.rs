@@ -518,7 +518,7 @@ fn serving_pairs_take_free_slots_before_standby_pairs() {
         ready(&c.plan("edge-a"), "public"),
         (
             C::Valid,
-            "no /31 is free in 169.254.77.0/30 for standby link a-worker/edge-c and 1 more: moving the serving node there waits for a slot".into()
+            "no /31 is free in 169.254.77.0/30 for standby link a-worker/edge-c and 1 more: a failover over that pair waits for a slot".into()
         ),
         "short of standby slots only, the class still works"
     );
@@ -595,7 +595,7 @@ fn a_serving_pair_takes_over_a_standby_claims_slot_when_none_is_free() {
         ready(&edge, "public"),
         (
             C::Valid,
-            "no /31 is free in 169.254.77.0/30 for standby link a-worker/edge-c and 1 more: moving the serving node there waits for a slot".into()
+            "no /31 is free in 169.254.77.0/30 for standby link a-worker/edge-c and 1 more: a failover over that pair waits for a slot".into()
         )
     );
 }

@@ -656,3 +656,81 @@ fn a_refused_standby_link_is_not_reported_against_the_mapping() {
         .collect();
     assert_eq!(mappings, ["games/gs"]);
 }
+
+/// Class `public` on edge-a alone (Single, Vxlan); the mapping `games/gs` has a ready pod on
+/// worker-b (chosen: `gs-0` sorts first) and one on worker-c, unless `b_ready` is false.
+fn two_pods(b_ready: bool) -> Cluster {
+    let c = three_nodes()
+        .node("worker-c", "100.64.0.4")
+        .class_json("public", vxlan_spec(&[("edge-a", &["wt0"])]), Value::Null)
+        .row("public", "edge-a", json!({"wt0": "100.64.0.1"}), 1400)
+        .endpoint_full(
+            "games",
+            "gs",
+            "game",
+            "UDP",
+            "gs-0",
+            "worker-b",
+            "10.244.1.5",
+            3000,
+            Some(b_ready),
+        )
+        .endpoint("games", "gs", "gs-1", "worker-c", "10.244.2.5", 3000)
+        .portmap(pm("games", "gs", "public", 3000));
+    c.claim("public", "edge-a/worker-b", 0)
+}
+
+#[test]
+fn the_next_endpoints_node_keeps_a_standby_link_so_an_endpoint_change_waits_for_no_claim() {
+    use kuport_core::ir::ChainId;
+    let keys = |l: &[kuport_core::plan::NeededLink]| -> Vec<String> {
+        l.iter().map(|l| l.key.clone()).collect()
+    };
+    let before = two_pods(true);
+    let d = decision(&before.plan("edge-a"), "games", "gs").clone();
+    assert_eq!(
+        d.endpoint.as_ref().map(|e| e.node.as_str()),
+        Some("worker-b")
+    );
+    assert_eq!(keys(&d.links), ["edge-a/worker-b"]);
+    assert_eq!(keys(&d.standby_links), ["edge-a/worker-c"]);
+    // The endpoint's node proposes the claim ahead of need.
+    let proposals: Vec<String> = before
+        .plan("worker-b")
+        .writes
+        .claims
+        .iter()
+        .map(|p| p.key.clone())
+        .collect();
+    assert_eq!(proposals, ["edge-a/worker-c"]);
+
+    // Once claimed, both ends build the device and nothing that captures traffic.
+    let claimed = before.clone().claim("public", "edge-a/worker-c", 1);
+    let standby_end = claimed.plan_with("worker-c", &facts(&[("wt0", "100.64.0.4")], "wt0", 1400));
+    assert_eq!(standby_end.host.links.len(), 1);
+    assert_eq!(standby_end.host.links[0].peer, "edge-a");
+    assert!(standby_end.host.nft.rules(ChainId::Pre).is_empty());
+    let edge = claimed.plan_with("edge-a", &facts(&[("wt0", "100.64.0.1")], "wt0", 1400));
+    assert_eq!(
+        edge.host.links.len(),
+        2,
+        "the serving link and the standby one"
+    );
+
+    // worker-b's pod goes unready: the mapping moves to worker-c over the link already there.
+    let mut after = two_pods(false).claim("public", "edge-a/worker-c", 1);
+    after.snapshot.endpoint_slices.reverse();
+    let moved = after.plan_with("edge-a", &facts(&[("wt0", "100.64.0.1")], "wt0", 1400));
+    let d = decision(&moved, "games", "gs");
+    assert_eq!(
+        d.endpoint.as_ref().map(|e| e.node.as_str()),
+        Some("worker-c")
+    );
+    assert_eq!(keys(&d.links), ["edge-a/worker-c"]);
+    assert!(d.links[0].landed);
+    assert_eq!(
+        d.programmed.as_ref().map(|p| p.reason),
+        Some(P::AllNodesReady)
+    );
+    assert!(moved.writes.claims.is_empty(), "{:?}", moved.writes.claims);
+}

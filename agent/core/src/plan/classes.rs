@@ -362,7 +362,7 @@ pub fn assign_slots(classes: &mut BTreeMap<&str, ClassState>, work: &[Working]) 
             state.ready = Outcome::new(
                 ClassReason::Valid,
                 format!(
-                    "no /31 is free in {} for standby link {first}{}: moving the serving node there waits for a slot",
+                    "no /31 is free in {} for standby link {first}{}: a failover over that pair waits for a slot",
                     state.subnet.map(|s| s.to_string()).unwrap_or_default(),
                     and_more(state.standby_exhausted.len())
                 ),

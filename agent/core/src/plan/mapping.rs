@@ -422,7 +422,49 @@ pub fn resolve_all<'a>(
                 d.standby_links = standby_links(d, &class.accepting, all, &ep.node);
             }
         }
+        if d.emits && class.builds_links() {
+            let alternates = endpoint_standby_links(index, w.pm, class, d);
+            d.standby_links.extend(alternates);
+            d.standby_links.sort();
+            d.standby_links.dedup();
+        }
     }
+}
+
+/// The links a mapping keeps ready for the pods it would move to: from each programming node
+/// that binds one of its interfaces to the nodes of the next [`STANDBY_LINKS`] other ready
+/// endpoints, in the order the endpoint is chosen, that no programming node runs (those are
+/// served without a link). With them claimed and built, a pod going unready or away moves the
+/// mapping without waiting for a claim to land; only the DNAT and the new pod's arrival half
+/// follow.
+fn endpoint_standby_links(
+    index: &Index,
+    pm: &PortMap,
+    class: &ClassState,
+    d: &MappingDecision,
+) -> Vec<NeededLink> {
+    let Some(ep) = &d.endpoint else {
+        return Vec::new();
+    };
+    let mut exclude: Vec<&str> = d.programming_nodes.iter().map(String::as_str).collect();
+    exclude.push(ep.node.as_str());
+    let next = endpoint::next_nodes(index, pm, &class.accepting, &exclude, STANDBY_LINKS);
+    let serving: Vec<&str> = d
+        .programming_nodes
+        .iter()
+        .map(String::as_str)
+        .filter(|p| d.bindings.get(*p).is_some_and(|i| !i.is_empty()))
+        .collect();
+    next.iter()
+        .flat_map(|node| serving.iter().map(move |p| pair_key(p, node)))
+        .filter(|key| !d.links.iter().any(|l| l.key == *key))
+        .map(|key| NeededLink {
+            class: d.class.clone(),
+            key,
+            slot: None,
+            landed: false,
+        })
+        .collect()
 }
 
 /// Single: the serving node; Multi: every accepting node.
@@ -437,6 +479,7 @@ fn programming_nodes(class: &ClassState, serving: &str) -> Arc<[String]> {
 /// node. Every accepting node could serve, but a Single class may accept on dozens of nodes:
 /// a link to each from every pod node would take a /31 and a link mark per pair (254 marks per
 /// node, a /20 holds 2,048 pairs) for failovers that move one place down the order at a time.
+/// Also how many next endpoints' nodes keep standby links from the programming nodes.
 pub const STANDBY_LINKS: usize = 2;
 
 /// The links a Single mapping keeps ready for the accepting nodes that would take over serving
