@@ -68,6 +68,8 @@ struct Cluster {
     agent_client: Option<kube::Client>,
     agents: Vec<RunningAgent>,
     last_rbac_check: std::sync::Mutex<Option<tokio::time::Instant>>,
+    /// How long one API request of the agents started next may take.
+    api_timeout: Duration,
 }
 
 fn client_for(url: &str) -> kube::Client {
@@ -133,6 +135,7 @@ impl Cluster {
             backend: Backend::Real(cp),
             agents: Vec::new(),
             last_rbac_check: std::sync::Mutex::new(None),
+            api_timeout: Duration::from_secs(2),
         })
     }
 
@@ -159,6 +162,7 @@ impl Cluster {
             agent_client: None,
             agents: Vec::new(),
             last_rbac_check: std::sync::Mutex::new(None),
+            api_timeout: Duration::from_secs(2),
         }
     }
 
@@ -250,7 +254,7 @@ impl Cluster {
         config.debounce = Duration::from_millis(20);
         config.retry_min = Duration::from_millis(50);
         config.retry_max = Duration::from_millis(500);
-        config.api_timeout = Duration::from_secs(2);
+        config.api_timeout = self.api_timeout;
         let client = match &self.agent_client {
             Some(client) => client.clone(),
             None => client_for(&self.url),
@@ -1081,10 +1085,6 @@ async fn real_rbac_control_a_missing_verb_fails_with_a_403_naming_it() {
     );
 }
 
-/// The kernel of the pod's node refuses one mapping's rules: that mapping says so in status
-/// (Programmed=False, HostRefused, the kernel's words, the node named), the class lists the
-/// refusal under that node, and every other mapping on the node is programmed and written.
-/// When the kernel takes the rules again, the mapping is programmed and the entry goes.
 /// A pass's PortMap status writes go out a few at a time, not one after another: against an API
 /// server that answers each status write after 200 ms, several are held at once, and never more
 /// than the agent's bound.
@@ -1115,6 +1115,78 @@ async fn portmap_status_writes_run_a_few_at_a_time() {
     .await;
     let most = c.model().faults().most_slowed_at_once();
     assert!((2..=8).contains(&most), "{most} status writes held at once");
+    c.stop_all().await;
+}
+
+/// The datapath never waits for status writes. With the API server holding every PortMap status
+/// write for 5 s, the pod moves to the serving node and, while the write saying so is held, back:
+/// the serving node follows it back within a bound far below the held write (before, the pass
+/// loop sat in that write). The status then catches up with the newest move, not the held one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_status_write_does_not_hold_the_datapath() {
+    const HELD: Duration = Duration::from_secs(5);
+    let mut c = Cluster::empty_on(Target::Model, "held-status-write")
+        .await
+        .expect("model");
+    // Longer than the held writes: they succeed, slowly, rather than time out.
+    c.api_timeout = Duration::from_secs(20);
+    c.seed().await;
+    let hour = Duration::from_secs(3600);
+    for i in 1..=3 {
+        c.start_agent(i, hour);
+    }
+    c.eventually("Programmed=True", || programmed_true(&c))
+        .await;
+    let over_the_link = || {
+        let n1 = c.agent("n1").host.applied();
+        n1.links.len() == 1
+            && dnat_targets(&c.agent("n1").host) == [n1.links[0].peer_address.to_string()]
+    };
+    c.eventually("the serving node DNATs over the link", || async {
+        over_the_link()
+    })
+    .await;
+    let written = || {
+        c.agent("n1")
+            .metrics
+            .status_writes_of(WriteKind::PortMap, WriteResult::Written)
+    };
+    let written_before = written();
+    c.model()
+        .faults()
+        .slow_down(RequestFilter::writes().resource("portmaps").status(), HELD);
+    c.set_endpoint(Some(1), false).await;
+    c.eventually("the serving node delivers to the pod on itself", || async {
+        dnat_targets(&c.agent("n1").host) == ["10.244.1.5"]
+    })
+    .await;
+    c.eventually("the status write of that move is held", || async {
+        c.model().faults().most_slowed_at_once() >= 1
+    })
+    .await;
+    let moved = tokio::time::Instant::now();
+    c.set_endpoint(Some(2), false).await;
+    c.eventually("the serving node DNATs over the link again", || async {
+        over_the_link()
+    })
+    .await;
+    let took = moved.elapsed();
+    assert!(
+        took < Duration::from_millis(1500),
+        "the datapath followed the pod after {took:?}, with a status write held for {HELD:?}"
+    );
+    // Both moves are written, in order: the held one, then the newest, which took over from
+    // the pass whose write was held.
+    c.eventually("the status names the pod's node, n2, last", || async {
+        written() >= written_before + 2
+            && c.portmap()
+                .await
+                .status
+                .and_then(|s| s.endpoint)
+                .is_some_and(|e| e.node == "n2")
+    })
+    .await;
+    assert!(c.agent("n1").metrics.passes_superseded() >= 1);
     c.stop_all().await;
 }
 
@@ -1168,6 +1240,10 @@ async fn the_cni_config_is_watched() {
     c.stop_all().await;
 }
 
+/// The kernel of the pod's node refuses one mapping's rules: that mapping says so in status
+/// (Programmed=False, HostRefused, the kernel's words, the node named), the class lists the
+/// refusal under that node, and every other mapping on the node is programmed and written.
+/// When the kernel takes the rules again, the mapping is programmed and the entry goes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_mapping_is_reported_and_the_others_keep_working() {
     let mut c = Cluster::empty_on(Target::Model, "refusal")

@@ -136,14 +136,14 @@ impl Metrics {
         let pass_duration = Histogram::new(exponential_buckets(0.001, 2.0, 15));
         registry.register_with_unit(
             "pass_duration",
-            "Duration of one pass (snapshot, facts, plan, apply, status)",
+            "Duration of one pass (snapshot, facts, plan, apply, status writes)",
             prometheus_client::registry::Unit::Seconds,
             pass_duration.clone(),
         );
         let passes = Family::<Labels, Counter>::default();
         registry.register(
             "passes",
-            "Passes run, by result (ok or failed)",
+            "Passes run, by result (ok, failed, or superseded: a newer pass took over its status writes)",
             passes.clone(),
         );
         let failures = Family::<Labels, Counter>::default();
@@ -215,7 +215,7 @@ impl Metrics {
         for stage in Stage::ALL {
             let _ = metrics.failures.get_or_create(&stage_labels(stage));
         }
-        for result in ["ok", "failed"] {
+        for result in ["ok", "failed", "superseded"] {
             let _ = metrics.passes.get_or_create(&result_labels(result));
         }
         for kind in [WriteKind::PortMap, WriteKind::Class] {
@@ -252,6 +252,15 @@ impl Metrics {
                 self.failures.get_or_create(&stage_labels(stage)).inc();
             }
         }
+    }
+
+    /// A pass whose status writes a newer pass took over before they finished, none failing:
+    /// it neither failed nor completed, so the last successful pass stays as it was.
+    pub(crate) fn observe_superseded(&self, seconds: f64) {
+        self.pass_duration.observe(seconds);
+        self.passes
+            .get_or_create(&result_labels("superseded"))
+            .inc();
     }
 
     pub(crate) fn record_plan(&self, plan: &Plan) {
@@ -324,6 +333,13 @@ impl Metrics {
     /// Passes that failed.
     pub fn passes_failed(&self) -> u64 {
         self.passes.get_or_create(&result_labels("failed")).get()
+    }
+
+    /// Passes whose status writes a newer pass took over.
+    pub fn passes_superseded(&self) -> u64 {
+        self.passes
+            .get_or_create(&result_labels("superseded"))
+            .get()
     }
 
     /// Events handed to the API server.

@@ -11,6 +11,7 @@ pub mod lifecycle;
 pub mod metrics;
 mod runtime;
 pub mod status;
+mod status_task;
 
 pub use health::{Health, health_router, metrics_router};
 pub use lifecycle::{StopAction, StopPolicy};

@@ -3,6 +3,7 @@
 //! Generic over the host (`Host`) and built on any `kube::Client`, so the same code runs on a
 //! node, in the simulator and in tests with several agents in one process.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -17,7 +18,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kuport_core::api::{PortMap, PortMapClass};
 use kuport_core::ir::{HostState, MarkLayout, Rule};
-use kuport_core::plan::{Plan, plan};
+use kuport_core::plan::{Plan, Writes, plan};
 use kuport_core::snapshot::{
     CILIUM_CONFIG, CniFacts, HostFacts, HostRefusal, Snapshot, node_internal_ip,
 };
@@ -33,6 +34,7 @@ use super::health::Health;
 use super::lifecycle::{self, Lookup, StopAction, StopPolicy};
 use super::metrics::Metrics;
 use super::status::StatusWriter;
+use super::status_task::{StatusDone, StatusJob, StatusTask};
 
 /// Opens a stream of link events for the given underlay devices (besides kuport's own `kup-*`
 /// links). Called again whenever the underlay device the host reports changes.
@@ -152,6 +154,9 @@ pub enum AgentError {
     /// Tearing the datapath down at shutdown (kuport being removed) failed.
     #[error("tearing down the datapath at shutdown: {0}")]
     Teardown(#[source] HostError),
+    /// The task writing status ended on its own (it panicked: a bug).
+    #[error("writing status: the status writer stopped: {0}")]
+    StatusWriter(String),
 }
 
 /// One node's agent.
@@ -302,21 +307,26 @@ impl Schedule {
         }
     }
 
-    /// A pass starts: whether it verifies against the kernel.
+    /// A pass starts: whether it verifies against the kernel. It is the retry that was due, if
+    /// one was: the loop waits for the next pass while this one's status writes go on, and a
+    /// retry left due would start pass after pass until they ended.
     fn start_pass(&mut self, link_changed: bool, now: Instant) -> bool {
         let verify = self.first || self.verify_owed || link_changed || now >= self.next_verify;
         self.first = false;
+        self.retry_at = None;
         if verify {
             self.next_verify = now + self.resync;
         }
         verify
     }
 
-    /// A pass ended with `outcome`.
+    /// A pass ended with `outcome`. Passes may end in another order than they started (their
+    /// status writes finish after the next pass began), so only a pass that verified pays a
+    /// verify owed.
     fn end_pass(&mut self, outcome: &PassOutcome, verified: bool, now: Instant) {
         if outcome.failed.is_some() {
             self.verify_owed |= verified;
-        } else {
+        } else if verified {
             self.verify_owed = false;
         }
         if outcome.failed.is_some() || outcome.refused || outcome.recompute {
@@ -327,6 +337,63 @@ impl Schedule {
             self.retry_delay = self.retry_min;
         }
     }
+}
+
+/// What the datapath part of a pass came to.
+enum Applied {
+    /// It failed; nothing is written (a failed apply would have status claim what the host
+    /// does not have).
+    Failed(PassError),
+    /// The datapath is applied; the writes go to the status task.
+    Ok {
+        writes: Writes,
+        /// The classes the plan read (the writes are merged into them first).
+        classes: Vec<PortMapClass>,
+        /// The kernel refused part of the datapath.
+        refused: bool,
+    },
+}
+
+/// A pass whose status writes are with the status task.
+struct Writing {
+    started: Instant,
+    verified: bool,
+    refused: bool,
+}
+
+/// Passes whose status writes have not been reported yet, by id, and the newest pass whose
+/// outcome the schedule took: a pass ending after a newer one ended (its writes were slower
+/// than the newer pass's datapath failed) is recorded, but must not undo the newer one's retry.
+#[derive(Default)]
+struct InFlight {
+    writing: BTreeMap<u64, Writing>,
+    scheduled: Option<u64>,
+    next_id: u64,
+}
+
+impl InFlight {
+    fn new_id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    /// Whether pass `id` is newer than every pass the schedule took (and now takes it).
+    fn take_for_schedule(&mut self, id: u64) -> bool {
+        let newest = self.scheduled.is_none_or(|s| id > s);
+        if newest {
+            self.scheduled = Some(id);
+        }
+        newest
+    }
+}
+
+/// Why the loop woke up.
+enum Wake {
+    /// A pass's status writes finished (or the status task stopped).
+    Written(Result<StatusDone, String>),
+    /// A reason to pass; with the link event when one woke it (`Some(None)`: the host's link
+    /// event stream ended).
+    Pass(Option<Option<LinkEvent>>),
 }
 
 /// What one pass came to.
@@ -485,8 +552,10 @@ impl<H: Host> Agent<H> {
     }
 
     /// Waits for a reason to pass (a watch event, a link event, a retry, a resync), debounces,
-    /// runs the pass and reopens the link event stream when the underlay changed. Long because
-    /// the waiting is one `select!` over those sources; the decisions are in [`Schedule`].
+    /// runs the pass, hands its status writes to the status task and reopens the link event
+    /// stream when the underlay changed; records each pass once its writes are reported. Long
+    /// because the waiting is one `select!` over those sources; the decisions are in
+    /// [`Schedule`].
     async fn run_loop(&mut self, shutdown: &CancellationToken) -> Result<(), AgentError> {
         // Capacity 1: a full channel already means "dirty", so watch events coalesce here.
         let (dirty_tx, mut dirty_rx) = mpsc::channel::<()>(1);
@@ -496,6 +565,15 @@ impl<H: Host> Agent<H> {
             &self.config.node_name,
             self.metrics.clone(),
         );
+        let writer = StatusWriter::new(
+            self.client.clone(),
+            self.config.node_name.clone(),
+            self.metrics.clone(),
+            events,
+            self.config.api_timeout,
+        );
+        let mut status =
+            StatusTask::start(writer, inputs.portmaps.clone(), self.config.clock.clone());
 
         tokio::select! {
             biased;
@@ -507,6 +585,7 @@ impl<H: Host> Agent<H> {
         let mut links: Option<mpsc::Receiver<LinkEvent>> = None;
         let mut watched_underlay: Option<Vec<String>> = None;
         let mut schedule = Schedule::new(&self.config, Instant::now());
+        let mut in_flight = InFlight::default();
 
         loop {
             // A link event means the kernel changed behind the agent's back: only a pass that
@@ -514,14 +593,24 @@ impl<H: Host> Agent<H> {
             let mut link_changed = false;
             if !schedule.first {
                 // Biased (in this order) rather than random: a run must replay exactly in the
-                // simulator, and every branch here leads to the same pass anyway.
-                let link_event = tokio::select! {
+                // simulator. Reports of finished writes come first, so a pass starts on a
+                // schedule that knows how the previous ones ended.
+                let wake = tokio::select! {
                     biased;
                     _ = shutdown.cancelled() => return Ok(()),
-                    Some(()) = dirty_rx.recv() => None,
-                    event = next_link_event(&mut links) => Some(event),
-                    _ = tokio::time::sleep_until(schedule.next_verify) => None,
-                    _ = sleep_until_opt(schedule.retry_at) => None,
+                    done = status.done() => Wake::Written(done),
+                    Some(()) = dirty_rx.recv() => Wake::Pass(None),
+                    event = next_link_event(&mut links) => Wake::Pass(Some(event)),
+                    _ = tokio::time::sleep_until(schedule.next_verify) => Wake::Pass(None),
+                    _ = sleep_until_opt(schedule.retry_at) => Wake::Pass(None),
+                };
+                let link_event = match wake {
+                    Wake::Written(done) => {
+                        let done = done.map_err(AgentError::StatusWriter)?;
+                        self.writes_done(done, &mut in_flight, &mut schedule);
+                        continue;
+                    }
+                    Wake::Pass(event) => event,
                 };
                 match link_event {
                     Some(Some(e)) => {
@@ -554,27 +643,43 @@ impl<H: Host> Agent<H> {
             }
             let verify = schedule.start_pass(link_changed, Instant::now());
 
+            let id = in_flight.new_id();
             let started = Instant::now();
-            let (outcome, underlay) = tokio::select! {
+            let (applied, underlay) = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return Ok(()),
-                o = self.pass(&inputs, &events, verify) => o,
+                o = self.pass(&inputs, verify) => o,
             };
-            let now_unix = self.config.clock.now().as_millisecond() as f64 / 1000.0;
-            self.metrics.observe_pass(
-                started.elapsed().as_secs_f64(),
-                outcome.failed.as_ref().map(PassError::stage),
-                now_unix,
-            );
-            match &outcome.failed {
-                None => self.health.set_ready(),
-                Some(error) => tracing::warn!(
-                    stage = error.stage().as_str(),
-                    "pass failed: {error}; retrying in {:?}",
-                    schedule.retry_delay
-                ),
+            match applied {
+                Applied::Failed(error) => {
+                    let outcome = PassOutcome {
+                        failed: Some(error),
+                        refused: false,
+                        recompute: false,
+                    };
+                    self.end_pass(id, started, verify, outcome, &mut in_flight, &mut schedule);
+                }
+                Applied::Ok {
+                    writes,
+                    classes,
+                    refused,
+                } => {
+                    let writing = Writing {
+                        started,
+                        verified: verify,
+                        refused,
+                    };
+                    in_flight.writing.insert(id, writing);
+                    let job = StatusJob {
+                        pass: id,
+                        writes,
+                        classes,
+                    };
+                    if let Some(replaced) = status.submit(job) {
+                        self.superseded(replaced, &mut in_flight);
+                    }
+                }
             }
-            schedule.end_pass(&outcome, verify, Instant::now());
 
             // (Re)open the link event stream once the underlay device is known or changed.
             if let (Some(watch), Some(underlay)) = (self.link_watch.as_mut(), underlay)
@@ -591,38 +696,107 @@ impl<H: Host> Agent<H> {
         }
     }
 
-    /// One pass. Returns its outcome and the underlay devices to watch for link events.
-    async fn pass(
-        &mut self,
-        inputs: &Inputs,
-        events: &EventSink,
-        verify: bool,
-    ) -> (PassOutcome, Option<Vec<String>>) {
-        let node = self.config.node_name.clone();
-        let fail = |error: PassError| PassOutcome {
-            failed: Some(error),
-            refused: false,
-            recompute: false,
+    /// A pass's status writes were reported: the pass ends with what they came to, as it did
+    /// when it wrote them itself. A pass whose writes a newer pass took over without any of
+    /// them failing ends as superseded: it neither failed nor completed.
+    fn writes_done(&self, done: StatusDone, in_flight: &mut InFlight, schedule: &mut Schedule) {
+        let Some(writing) = in_flight.writing.remove(&done.pass) else {
+            return;
         };
+        let status = done.outcome;
+        if status.written > 0 {
+            tracing::info!(
+                "status: {} written, {} unchanged, {} to recompute",
+                status.written,
+                status.unchanged,
+                status.recompute
+            );
+        }
+        if status.superseded && status.errors.is_empty() {
+            self.metrics
+                .observe_superseded(writing.started.elapsed().as_secs_f64());
+            tracing::debug!("status writes superseded by a newer pass's");
+            return;
+        }
+        let outcome = PassOutcome {
+            failed: (!status.errors.is_empty()).then_some(PassError::Status(status.errors)),
+            refused: writing.refused,
+            recompute: status.recompute > 0,
+        };
+        self.end_pass(
+            done.pass,
+            writing.started,
+            writing.verified,
+            outcome,
+            in_flight,
+            schedule,
+        );
+    }
+
+    /// A pass whose writes were replaced before the status task started them.
+    fn superseded(&self, id: u64, in_flight: &mut InFlight) {
+        if let Some(writing) = in_flight.writing.remove(&id) {
+            self.metrics
+                .observe_superseded(writing.started.elapsed().as_secs_f64());
+        }
+    }
+
+    /// Records how pass `id` ended and, unless a newer pass ended first, schedules the next.
+    fn end_pass(
+        &self,
+        id: u64,
+        started: Instant,
+        verified: bool,
+        outcome: PassOutcome,
+        in_flight: &mut InFlight,
+        schedule: &mut Schedule,
+    ) {
+        let now_unix = self.config.clock.now().as_millisecond() as f64 / 1000.0;
+        self.metrics.observe_pass(
+            started.elapsed().as_secs_f64(),
+            outcome.failed.as_ref().map(PassError::stage),
+            now_unix,
+        );
+        let newest = in_flight.take_for_schedule(id);
+        match &outcome.failed {
+            None => self.health.set_ready(),
+            Some(error) if newest => tracing::warn!(
+                stage = error.stage().as_str(),
+                "pass failed: {error}; retrying in {:?}",
+                schedule.retry_delay
+            ),
+            Some(error) => tracing::warn!(
+                stage = error.stage().as_str(),
+                "pass failed: {error}; a newer pass has ended since"
+            ),
+        }
+        if newest {
+            schedule.end_pass(&outcome, verified, Instant::now());
+        }
+    }
+
+    /// One pass up to the datapath. Returns what it came to (with the status it leaves to write)
+    /// and the underlay devices to watch for link events.
+    async fn pass(&mut self, inputs: &Inputs, verify: bool) -> (Applied, Option<Vec<String>>) {
+        let node = self.config.node_name.clone();
 
         // Every input, cilium-config included, comes from a watch: an unreachable API server
         // leaves the stores as they were, so a link event during an outage still repairs the
         // datapath from the last known objects.
-        let snapshot = inputs.snapshot();
+        let mut snapshot = inputs.snapshot();
 
         let mut query = facts_query(&snapshot, &node, self.config.marks);
         query.agent_ports = self.config.agent_ports.clone();
         let mut facts = match self.host.facts(&query).await {
             Ok(f) => f,
-            Err(e) => return (fail(PassError::Facts(e)), None),
+            Err(e) => return (Applied::Failed(PassError::Facts(e)), None),
         };
         facts.refusals = self.refusals.clone();
         let underlay = facts.underlay_device.clone().map(|d| vec![d]);
 
-        let plan = match self.plan_and_apply(&snapshot, facts, verify).await {
+        let mut plan = match self.plan_and_apply(&snapshot, facts, verify).await {
             Ok(plan) => plan,
-            // A failed apply writes no status: it would claim what the host does not have.
-            Err(failed) => return (fail(failed), underlay),
+            Err(failed) => return (Applied::Failed(failed), underlay),
         };
         self.metrics.record_plan(&plan);
         let now = Instant::now();
@@ -633,8 +807,12 @@ impl<H: Host> Agent<H> {
                 Err(e) => tracing::warn!("reading kuport's nft counters: {e}"),
             }
         }
-        let outcome = self.write_status(&plan, inputs, &snapshot, events).await;
-        (outcome, underlay)
+        let applied = Applied::Ok {
+            writes: std::mem::take(&mut plan.writes),
+            classes: std::mem::take(&mut snapshot.classes),
+            refused: !self.refusals.is_empty(),
+        };
+        (applied, underlay)
     }
 
     /// Plans, applies, and when the kernel refused something new, plans again so the status
@@ -678,44 +856,6 @@ impl<H: Host> Agent<H> {
     fn run_hook(&self, snapshot: &Snapshot, plan: &mut Plan) {
         if let Some(hook) = &self.pass_hook {
             hook(snapshot, plan);
-        }
-    }
-
-    /// Writes the status this node owns; the pass fails at stage `status` when a write did.
-    async fn write_status(
-        &self,
-        plan: &Plan,
-        inputs: &Inputs,
-        snapshot: &Snapshot,
-        events: &EventSink,
-    ) -> PassOutcome {
-        let writer = StatusWriter {
-            client: &self.client,
-            node: &self.config.node_name,
-            metrics: &self.metrics,
-            events,
-            api_timeout: self.config.api_timeout,
-        };
-        let status = writer
-            .write_all(
-                &plan.writes,
-                &inputs.portmaps,
-                &snapshot.classes,
-                self.config.clock.now(),
-            )
-            .await;
-        if status.written > 0 {
-            tracing::info!(
-                "status: {} written, {} unchanged, {} to recompute",
-                status.written,
-                status.unchanged,
-                status.recompute
-            );
-        }
-        PassOutcome {
-            failed: (!status.errors.is_empty()).then_some(PassError::Status(status.errors)),
-            refused: !self.refusals.is_empty(),
-            recompute: status.recompute > 0,
         }
     }
 }
@@ -953,5 +1093,45 @@ mod schedule_tests {
             (s.retry_at, s.retry_delay),
             (None, Duration::from_millis(200))
         );
+    }
+
+    #[test]
+    fn a_started_pass_is_the_retry_that_was_due() {
+        let (mut s, t0) = schedule();
+        s.start_pass(false, t0);
+        s.end_pass(&outcome(true, false), false, t0);
+        assert!(s.retry_at.is_some());
+        // The retry runs; its writes have not ended yet, and no other retry is due meanwhile.
+        s.start_pass(false, t0 + Duration::from_millis(200));
+        assert_eq!(s.retry_at, None);
+        assert_eq!(
+            s.retry_delay,
+            Duration::from_millis(400),
+            "the backoff stands"
+        );
+    }
+
+    #[test]
+    fn only_a_verifying_pass_pays_a_verify_owed() {
+        let (mut s, t0) = schedule();
+        assert!(s.start_pass(false, t0));
+        // The next pass starts before the verifying pass's status writes fail.
+        assert!(!s.start_pass(false, t0 + Duration::from_secs(1)));
+        s.end_pass(&outcome(true, false), true, t0);
+        s.end_pass(&outcome(false, false), false, t0);
+        assert!(s.verify_owed, "the pass that ended clean did not verify");
+        assert!(s.start_pass(false, t0 + Duration::from_secs(2)));
+        s.end_pass(&outcome(false, false), true, t0);
+        assert!(!s.verify_owed);
+    }
+
+    #[test]
+    fn a_pass_ending_after_a_newer_one_leaves_the_schedule_to_it() {
+        let mut in_flight = InFlight::default();
+        let (older, newer) = (in_flight.new_id(), in_flight.new_id());
+        assert!(in_flight.take_for_schedule(newer));
+        assert!(!in_flight.take_for_schedule(older));
+        let newest = in_flight.new_id();
+        assert!(in_flight.take_for_schedule(newest));
     }
 }
