@@ -68,6 +68,8 @@ struct Cluster {
     agent_client: Option<kube::Client>,
     agents: Vec<RunningAgent>,
     last_rbac_check: std::sync::Mutex<Option<tokio::time::Instant>>,
+    /// How long one API request of the agents started next may take.
+    api_timeout: Duration,
 }
 
 fn client_for(url: &str) -> kube::Client {
@@ -133,6 +135,7 @@ impl Cluster {
             backend: Backend::Real(cp),
             agents: Vec::new(),
             last_rbac_check: std::sync::Mutex::new(None),
+            api_timeout: Duration::from_secs(2),
         })
     }
 
@@ -159,6 +162,7 @@ impl Cluster {
             agent_client: None,
             agents: Vec::new(),
             last_rbac_check: std::sync::Mutex::new(None),
+            api_timeout: Duration::from_secs(2),
         }
     }
 
@@ -250,7 +254,7 @@ impl Cluster {
         config.debounce = Duration::from_millis(20);
         config.retry_min = Duration::from_millis(50);
         config.retry_max = Duration::from_millis(500);
-        config.api_timeout = Duration::from_secs(2);
+        config.api_timeout = self.api_timeout;
         let client = match &self.agent_client {
             Some(client) => client.clone(),
             None => client_for(&self.url),
@@ -1081,10 +1085,6 @@ async fn real_rbac_control_a_missing_verb_fails_with_a_403_naming_it() {
     );
 }
 
-/// The kernel of the pod's node refuses one mapping's rules: that mapping says so in status
-/// (Programmed=False, HostRefused, the kernel's words, the node named), the class lists the
-/// refusal under that node, and every other mapping on the node is programmed and written.
-/// When the kernel takes the rules again, the mapping is programmed and the entry goes.
 /// A pass's PortMap status writes go out a few at a time, not one after another: against an API
 /// server that answers each status write after 200 ms, several are held at once, and never more
 /// than the agent's bound.
@@ -1115,6 +1115,208 @@ async fn portmap_status_writes_run_a_few_at_a_time() {
     .await;
     let most = c.model().faults().most_slowed_at_once();
     assert!((2..=8).contains(&most), "{most} status writes held at once");
+    c.stop_all().await;
+}
+
+/// The datapath never waits for status writes. With the API server holding every PortMap status
+/// write for 5 s, the pod moves to the serving node and, while the write saying so is held, back:
+/// the serving node follows it back within a bound far below the held write (before, the pass
+/// loop sat in that write). The status then catches up with the newest move, not the held one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_status_write_does_not_hold_the_datapath() {
+    const HELD: Duration = Duration::from_secs(5);
+    let mut c = Cluster::empty_on(Target::Model, "held-status-write")
+        .await
+        .expect("model");
+    // Longer than the held writes: they succeed, slowly, rather than time out.
+    c.api_timeout = Duration::from_secs(20);
+    c.seed().await;
+    let hour = Duration::from_secs(3600);
+    for i in 1..=3 {
+        c.start_agent(i, hour);
+    }
+    c.eventually("Programmed=True", || programmed_true(&c))
+        .await;
+    let over_the_link = || {
+        let n1 = c.agent("n1").host.applied();
+        n1.links.len() == 1
+            && dnat_targets(&c.agent("n1").host) == [n1.links[0].peer_address.to_string()]
+    };
+    c.eventually("the serving node DNATs over the link", || async {
+        over_the_link()
+    })
+    .await;
+    let written = || {
+        c.agent("n1")
+            .metrics
+            .status_writes_of(WriteKind::PortMap, WriteResult::Written)
+    };
+    let written_before = written();
+    c.model()
+        .faults()
+        .slow_down(RequestFilter::writes().resource("portmaps").status(), HELD);
+    c.set_endpoint(Some(1), false).await;
+    c.eventually("the serving node delivers to the pod on itself", || async {
+        dnat_targets(&c.agent("n1").host) == ["10.244.1.5"]
+    })
+    .await;
+    c.eventually("the status write of that move is held", || async {
+        c.model().faults().most_slowed_at_once() >= 1
+    })
+    .await;
+    let moved = tokio::time::Instant::now();
+    c.set_endpoint(Some(2), false).await;
+    c.eventually("the serving node DNATs over the link again", || async {
+        over_the_link()
+    })
+    .await;
+    let took = moved.elapsed();
+    assert!(
+        took < Duration::from_millis(1500),
+        "the datapath followed the pod after {took:?}, with a status write held for {HELD:?}"
+    );
+    // Both moves are written, in order: the held one, then the newest, which took over from
+    // the pass whose write was held.
+    c.eventually("the status names the pod's node, n2, last", || async {
+        written() >= written_before + 2
+            && c.portmap()
+                .await
+                .status
+                .and_then(|s| s.endpoint)
+                .is_some_and(|e| e.node == "n2")
+    })
+    .await;
+    assert!(c.agent("n1").metrics.passes_superseded() >= 1);
+    c.stop_all().await;
+}
+
+/// The passes every agent ran so far, however they ended.
+fn passes(a: &RunningAgent) -> u64 {
+    a.metrics.passes_ok() + a.metrics.passes_failed() + a.metrics.passes_superseded()
+}
+
+/// Waits until no agent has run a pass for half a second: their writes are done and the
+/// watches have brought the statuses back.
+async fn settle(c: &Cluster) {
+    let mut last: Option<(Vec<u64>, tokio::time::Instant)> = None;
+    c.eventually("the agents stop passing", || {
+        let now: Vec<u64> = c.agents.iter().map(passes).collect();
+        let quiet = match &last {
+            Some((seen, since)) if *seen == now => since.elapsed() >= Duration::from_millis(500),
+            _ => {
+                last = Some((now, tokio::time::Instant::now()));
+                false
+            }
+        };
+        std::future::ready(quiet)
+    })
+    .await;
+}
+
+/// A watch event changing nothing a pass reads runs no pass: a row's pass time refreshed, a
+/// kubelet's heartbeat, and on the nodes that do not write it a PortMap's status written over.
+/// The node that writes that status puts its own back, and its own write coming back runs no
+/// pass either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_changing_nothing_a_pass_reads_run_no_pass() {
+    let mut c = Cluster::start().await;
+    c.eventually("Programmed=True", || programmed_true(&c))
+        .await;
+    c.eventually("the pod node delivers to the pod", || async {
+        dnat_targets(&c.agent("n2").host).contains(&"10.244.2.5".to_owned())
+    })
+    .await;
+    settle(&c).await;
+    let before: Vec<u64> = c.agents.iter().map(passes).collect();
+    let ignored = |kind: &str| -> Vec<u64> {
+        c.agents
+            .iter()
+            .map(|a| a.metrics.watch_events(kind, false))
+            .collect()
+    };
+    let ignored_before: Vec<Vec<u64>> = ["PortMapClass", "Node", "PortMap"]
+        .into_iter()
+        .map(ignored)
+        .collect();
+    let pp = PostParams::default();
+
+    // Every row's pass time moved, as each agent refreshes it once a minute (half a minute
+    // ago: another time than the one stored, and recent enough for n1 to keep it).
+    let classes: Api<PortMapClass> = Api::all(c.client.clone());
+    let mut class = c.class().await;
+    let recently = k8s_openapi::jiff::Timestamp::now()
+        .checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(30))
+        .expect("a time");
+    for row in class.status.iter_mut().flat_map(|s| s.nodes.iter_mut()) {
+        row.last_pass_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            recently,
+        ));
+    }
+    classes
+        .replace_status("public", &pp, &class)
+        .await
+        .expect("class status written");
+    // A kubelet's heartbeat on n3.
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    let mut n3 = nodes.get_status("n3").await.expect("node n3");
+    for cond in n3
+        .status
+        .iter_mut()
+        .flat_map(|s| s.conditions.iter_mut().flatten())
+    {
+        cond.last_heartbeat_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::now(),
+        ));
+    }
+    nodes
+        .replace_status("n3", &pp, &n3)
+        .await
+        .expect("node status written");
+    // The PortMap's status written over by someone other than its writer, n1.
+    let portmaps: Api<PortMap> = Api::namespaced(c.client.clone(), "games");
+    let mut game = c.portmap().await;
+    let message = |pm: &PortMap| -> Option<String> {
+        pm.status
+            .as_ref()?
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Programmed")
+            .map(|c| c.message.clone())
+    };
+    let programmed = message(&game);
+    for cond in game.status.iter_mut().flat_map(|s| s.conditions.iter_mut()) {
+        cond.message = "written by hand".into();
+    }
+    portmaps
+        .replace_status("game", &pp, &game)
+        .await
+        .expect("portmap status written");
+
+    c.eventually("n1 puts its status back", || async {
+        message(&c.portmap().await) == programmed
+    })
+    .await;
+    // Every agent has seen every one of those events (and n2 and n3 the status put back).
+    c.eventually("every agent ignored the events", || async {
+        let now: Vec<Vec<u64>> = ["PortMapClass", "Node", "PortMap"]
+            .into_iter()
+            .map(ignored)
+            .collect();
+        (0..c.agents.len()).all(|i| {
+            let portmap_events = if c.agents[i].name == "n1" { 1 } else { 2 };
+            now[0][i] > ignored_before[0][i]
+                && now[1][i] > ignored_before[1][i]
+                && now[2][i] >= ignored_before[2][i] + portmap_events
+        })
+    })
+    .await;
+    for (a, before) in c.agents.iter().zip(&before) {
+        if a.name == "n1" {
+            assert!(passes(a) > *before, "n1 ran a pass to put its status back");
+        } else {
+            assert_eq!(passes(a), *before, "{} ran a pass", a.name);
+        }
+    }
     c.stop_all().await;
 }
 
@@ -1168,6 +1370,10 @@ async fn the_cni_config_is_watched() {
     c.stop_all().await;
 }
 
+/// The kernel of the pod's node refuses one mapping's rules: that mapping says so in status
+/// (Programmed=False, HostRefused, the kernel's words, the node named), the class lists the
+/// refusal under that node, and every other mapping on the node is programmed and written.
+/// When the kernel takes the rules again, the mapping is programmed and the entry goes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_mapping_is_reported_and_the_others_keep_working() {
     let mut c = Cluster::empty_on(Target::Model, "refusal")

@@ -118,6 +118,7 @@ pub struct Metrics {
     conflicts: Family<Labels, Counter>,
     last_success: Gauge<f64, AtomicU64>,
     events: Family<Labels, Counter>,
+    watch_events: Family<Labels, Counter>,
     mapping_counters: Arc<MappingCounters>,
 }
 
@@ -136,14 +137,14 @@ impl Metrics {
         let pass_duration = Histogram::new(exponential_buckets(0.001, 2.0, 15));
         registry.register_with_unit(
             "pass_duration",
-            "Duration of one pass (snapshot, facts, plan, apply, status)",
+            "Duration of one pass (snapshot, facts, plan, apply, status writes)",
             prometheus_client::registry::Unit::Seconds,
             pass_duration.clone(),
         );
         let passes = Family::<Labels, Counter>::default();
         registry.register(
             "passes",
-            "Passes run, by result (ok or failed)",
+            "Passes run, by result (ok, failed, or superseded: a newer pass took over its status writes)",
             passes.clone(),
         );
         let failures = Family::<Labels, Counter>::default();
@@ -195,6 +196,12 @@ impl Metrics {
             "Kubernetes Events, by result (published, dropped, failed)",
             events.clone(),
         );
+        let watch_events = Family::<Labels, Counter>::default();
+        registry.register(
+            "watch_events",
+            "Watch events, by kind and result (pass: it can change a pass and marks the node dirty; ignored: it changes nothing a pass reads)",
+            watch_events.clone(),
+        );
         let mapping_counters = Arc::new(MappingCounters::default());
         registry.register_collector(Box::new(mapping_counters.clone()));
         let metrics = Self {
@@ -209,13 +216,14 @@ impl Metrics {
             conflicts,
             last_success,
             events,
+            watch_events,
             mapping_counters,
         };
         // Create the labelled series up front, so a scrape shows zeros rather than nothing.
         for stage in Stage::ALL {
             let _ = metrics.failures.get_or_create(&stage_labels(stage));
         }
-        for result in ["ok", "failed"] {
+        for result in ["ok", "failed", "superseded"] {
             let _ = metrics.passes.get_or_create(&result_labels(result));
         }
         for kind in [WriteKind::PortMap, WriteKind::Class] {
@@ -252,6 +260,15 @@ impl Metrics {
                 self.failures.get_or_create(&stage_labels(stage)).inc();
             }
         }
+    }
+
+    /// A pass whose status writes a newer pass took over before they finished, none failing:
+    /// it neither failed nor completed, so the last successful pass stays as it was.
+    pub(crate) fn observe_superseded(&self, seconds: f64) {
+        self.pass_duration.observe(seconds);
+        self.passes
+            .get_or_create(&result_labels("superseded"))
+            .inc();
     }
 
     pub(crate) fn record_plan(&self, plan: &Plan) {
@@ -297,6 +314,12 @@ impl Metrics {
             .inc();
     }
 
+    pub(crate) fn record_watch_event(&self, kind: &str, passes: bool) {
+        self.watch_events
+            .get_or_create(&watch_labels(kind, passes))
+            .inc();
+    }
+
     pub(crate) fn set_mapping_counters(&self, counters: Vec<MappingCounter>) {
         self.mapping_counters.set(counters);
     }
@@ -326,6 +349,21 @@ impl Metrics {
         self.passes.get_or_create(&result_labels("failed")).get()
     }
 
+    /// Passes whose status writes a newer pass took over.
+    pub fn passes_superseded(&self) -> u64 {
+        self.passes
+            .get_or_create(&result_labels("superseded"))
+            .get()
+    }
+
+    /// Watch events of `kind` (`PortMap`, `Node`, ...) that marked the node dirty (`passes`)
+    /// or changed nothing a pass reads.
+    pub fn watch_events(&self, kind: &str, passes: bool) -> u64 {
+        self.watch_events
+            .get_or_create(&watch_labels(kind, passes))
+            .get()
+    }
+
     /// Events handed to the API server.
     pub fn events_published(&self) -> u64 {
         self.events
@@ -340,6 +378,13 @@ fn stage_labels(stage: Stage) -> Labels {
 
 fn result_labels(result: &str) -> Labels {
     vec![("result", result.to_owned())]
+}
+
+fn watch_labels(kind: &str, passes: bool) -> Labels {
+    vec![
+        ("kind", kind.to_owned()),
+        ("result", if passes { "pass" } else { "ignored" }.to_owned()),
+    ]
 }
 
 fn kind_labels(kind: WriteKind) -> Labels {

@@ -9,8 +9,10 @@ mod failure;
 pub mod health;
 pub mod lifecycle;
 pub mod metrics;
+mod relevance;
 mod runtime;
 pub mod status;
+mod status_task;
 
 pub use health::{Health, health_router, metrics_router};
 pub use lifecycle::{StopAction, StopPolicy};

@@ -3,6 +3,7 @@
 //! Generic over the host (`Host`) and built on any `kube::Client`, so the same code runs on a
 //! node, in the simulator and in tests with several agents in one process.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -13,11 +14,11 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kuport_core::api::{PortMap, PortMapClass};
 use kuport_core::ir::{HostState, MarkLayout, Rule};
-use kuport_core::plan::{Plan, plan};
+use kuport_core::plan::{Plan, Writes, plan};
 use kuport_core::snapshot::{
     CILIUM_CONFIG, CniFacts, HostFacts, HostRefusal, Snapshot, node_internal_ip,
 };
@@ -32,7 +33,9 @@ use super::failure::PassError;
 use super::health::Health;
 use super::lifecycle::{self, Lookup, StopAction, StopPolicy};
 use super::metrics::Metrics;
+use super::relevance::{PassInput, Wanted};
 use super::status::StatusWriter;
+use super::status_task::{StatusDone, StatusJob, StatusTask};
 
 /// Opens a stream of link events for the given underlay devices (besides kuport's own `kup-*`
 /// links). Called again whenever the underlay device the host reports changes.
@@ -152,6 +155,9 @@ pub enum AgentError {
     /// Tearing the datapath down at shutdown (kuport being removed) failed.
     #[error("tearing down the datapath at shutdown: {0}")]
     Teardown(#[source] HostError),
+    /// The task writing status ended on its own (it panicked: a bug).
+    #[error("writing status: the status writer stopped: {0}")]
+    StatusWriter(String),
 }
 
 /// One node's agent.
@@ -168,6 +174,10 @@ pub struct Agent<H: Host> {
     refusals: Vec<HostRefusal>,
     /// When the mapping counters were last read from the host.
     counters_read: Option<Instant>,
+    /// The last pass's snapshot (less the classes, which went to the status writes): the next
+    /// pass takes every object the stores still hold at the same version from it instead of
+    /// copying it again.
+    previous: Snapshot,
 }
 
 /// The mapping counters are read from the host at most this often (and on every verifying
@@ -182,7 +192,8 @@ fn counters_due(verify: bool, last: Option<Instant>, now: Instant) -> bool {
 
 /// The watched kinds, declared once: each becomes a store in `Inputs`, a reflector started by
 /// `start_inputs`, a wait in `wait_synced` and a list in the pass's [`Snapshot`] (the field
-/// named after `=>`). Adding a kind is one line here and one field in `Snapshot`.
+/// named after `=>`). Adding a kind is one line here, one field in `Snapshot` and a `PassInput`
+/// impl saying which of its changes a pass reads.
 macro_rules! watched_kinds {
     ($($field:ident: $kind:ty => $snapshot:ident;)*) => {
         /// The watched objects.
@@ -193,15 +204,14 @@ macro_rules! watched_kinds {
             tasks: Vec<JoinHandle<()>>,
         }
 
-        fn start_inputs(client: &kube::Client, dirty: &mpsc::Sender<()>, jitter_seed: u64) -> Inputs {
+        fn start_inputs(client: &kube::Client, watch: &Watch) -> Inputs {
             let mut tasks = Vec::new();
             $(
                 let ($field, task) = reflect::<$kind>(
                     Api::all(client.clone()),
                     watcher::Config::default(),
-                    dirty,
+                    watch,
                     stringify!($kind),
-                    jitter_seed,
                 );
                 tasks.push(task);
             )*
@@ -209,9 +219,8 @@ macro_rules! watched_kinds {
             let (cni, task) = reflect::<ConfigMap>(
                 Api::namespaced(client.clone(), ns),
                 watcher::Config::default().fields(&format!("metadata.name={name}")),
-                dirty,
+                watch,
                 "ConfigMap",
-                jitter_seed,
             );
             tasks.push(task);
             Inputs { $($field,)* cni, tasks }
@@ -235,21 +244,12 @@ macro_rules! watched_kinds {
         }
 
         impl Inputs {
-            fn snapshot(&self) -> Snapshot {
-                /// A store's objects by namespace and name: a store lists in hash order,
-                /// which must not reach the plan (nor make a simulated run differ).
-                fn all<K: Clone + kube::Resource<DynamicType = ()> + 'static>(
-                    s: &Store<K>,
-                ) -> Vec<K> {
-                    let mut objects: Vec<K> = s.state().iter().map(|o| (**o).clone()).collect();
-                    objects.sort_by(|a, b| {
-                        let key = |o: &K| (o.meta().namespace.clone(), o.meta().name.clone());
-                        key(a).cmp(&key(b))
-                    });
-                    objects
-                }
+            /// Every watched object, each kind sorted by namespace and name; objects `previous`
+            /// (the last snapshot) holds at the version the store holds are moved from it, the
+            /// others copied from the store.
+            fn snapshot(&self, previous: Snapshot) -> Snapshot {
                 Snapshot {
-                    $($snapshot: all(&self.$field),)*
+                    $($snapshot: refresh(&self.$field, previous.$snapshot),)*
                     cni: self.cni.state().first().map(|cm| CniFacts::from_cilium_config(cm)),
                 }
             }
@@ -263,6 +263,38 @@ watched_kinds! {
     slices: EndpointSlice => endpoint_slices;
     nodes: Node => nodes;
     namespaces: Namespace => namespaces;
+}
+
+/// A store's objects sorted by namespace and name (a store lists in hash order, which must not
+/// reach the plan, nor make a simulated run differ), taking each from `previous` (sorted the
+/// same way) when it holds the object at the same `resourceVersion` (the API server gives every
+/// change a new one), and copying it from the store otherwise. A pass after one event then
+/// copies one object instead of every object of every store.
+fn refresh<K>(store: &Store<K>, previous: Vec<K>) -> Vec<K>
+where
+    K: Clone + kube::Resource<DynamicType = ()> + 'static,
+{
+    fn key<K: kube::Resource>(o: &K) -> (Option<&str>, Option<&str>) {
+        (o.meta().namespace.as_deref(), o.meta().name.as_deref())
+    }
+    let mut current = store.state();
+    current.sort_by(|a, b| key(a.as_ref()).cmp(&key(b.as_ref())));
+    let mut previous = previous.into_iter().peekable();
+    current
+        .iter()
+        .map(|o| {
+            let o = o.as_ref();
+            while previous.next_if(|p| key(p) < key(o)).is_some() {}
+            let version = o.meta().resource_version.as_deref();
+            previous
+                .next_if(|p| {
+                    key(p) == key(o)
+                        && version.is_some()
+                        && p.meta().resource_version.as_deref() == version
+                })
+                .unwrap_or_else(|| o.clone())
+        })
+        .collect()
 }
 
 impl Drop for Inputs {
@@ -302,21 +334,26 @@ impl Schedule {
         }
     }
 
-    /// A pass starts: whether it verifies against the kernel.
+    /// A pass starts: whether it verifies against the kernel. It is the retry that was due, if
+    /// one was: the loop waits for the next pass while this one's status writes go on, and a
+    /// retry left due would start pass after pass until they ended.
     fn start_pass(&mut self, link_changed: bool, now: Instant) -> bool {
         let verify = self.first || self.verify_owed || link_changed || now >= self.next_verify;
         self.first = false;
+        self.retry_at = None;
         if verify {
             self.next_verify = now + self.resync;
         }
         verify
     }
 
-    /// A pass ended with `outcome`.
+    /// A pass ended with `outcome`. Passes may end in another order than they started (their
+    /// status writes finish after the next pass began), so only a pass that verified pays a
+    /// verify owed.
     fn end_pass(&mut self, outcome: &PassOutcome, verified: bool, now: Instant) {
         if outcome.failed.is_some() {
             self.verify_owed |= verified;
-        } else {
+        } else if verified {
             self.verify_owed = false;
         }
         if outcome.failed.is_some() || outcome.refused || outcome.recompute {
@@ -327,6 +364,63 @@ impl Schedule {
             self.retry_delay = self.retry_min;
         }
     }
+}
+
+/// What the datapath part of a pass came to.
+enum Applied {
+    /// It failed; nothing is written (a failed apply would have status claim what the host
+    /// does not have).
+    Failed(PassError),
+    /// The datapath is applied; the writes go to the status task.
+    Ok {
+        writes: Writes,
+        /// The classes the plan read (the writes are merged into them first).
+        classes: Vec<PortMapClass>,
+        /// The kernel refused part of the datapath.
+        refused: bool,
+    },
+}
+
+/// A pass whose status writes are with the status task.
+struct Writing {
+    started: Instant,
+    verified: bool,
+    refused: bool,
+}
+
+/// Passes whose status writes have not been reported yet, by id, and the newest pass whose
+/// outcome the schedule took: a pass ending after a newer one ended (its writes were slower
+/// than the newer pass's datapath failed) is recorded, but must not undo the newer one's retry.
+#[derive(Default)]
+struct InFlight {
+    writing: BTreeMap<u64, Writing>,
+    scheduled: Option<u64>,
+    next_id: u64,
+}
+
+impl InFlight {
+    fn new_id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    /// Whether pass `id` is newer than every pass the schedule took (and now takes it).
+    fn take_for_schedule(&mut self, id: u64) -> bool {
+        let newest = self.scheduled.is_none_or(|s| id > s);
+        if newest {
+            self.scheduled = Some(id);
+        }
+        newest
+    }
+}
+
+/// Why the loop woke up.
+enum Wake {
+    /// A pass's status writes finished (or the status task stopped).
+    Written(Result<StatusDone, String>),
+    /// A reason to pass; with the link event when one woke it (`Some(None)`: the host's link
+    /// event stream ended).
+    Pass(Option<Option<LinkEvent>>),
 }
 
 /// What one pass came to.
@@ -351,6 +445,7 @@ impl<H: Host> Agent<H> {
             pass_hook: None,
             refusals: Vec::new(),
             counters_read: None,
+            previous: Snapshot::default(),
         }
     }
 
@@ -485,17 +580,35 @@ impl<H: Host> Agent<H> {
     }
 
     /// Waits for a reason to pass (a watch event, a link event, a retry, a resync), debounces,
-    /// runs the pass and reopens the link event stream when the underlay changed. Long because
-    /// the waiting is one `select!` over those sources; the decisions are in [`Schedule`].
+    /// runs the pass, hands its status writes to the status task and reopens the link event
+    /// stream when the underlay changed; records each pass once its writes are reported. Long
+    /// because the waiting is one `select!` over those sources; the decisions are in
+    /// [`Schedule`].
     async fn run_loop(&mut self, shutdown: &CancellationToken) -> Result<(), AgentError> {
         // Capacity 1: a full channel already means "dirty", so watch events coalesce here.
         let (dirty_tx, mut dirty_rx) = mpsc::channel::<()>(1);
-        let inputs = start_inputs(&self.client, &dirty_tx, self.config.jitter_seed);
+        let wanted = Wanted::default();
+        let watch = Watch {
+            dirty: dirty_tx,
+            wanted: wanted.clone(),
+            metrics: self.metrics.clone(),
+            jitter_seed: self.config.jitter_seed,
+        };
+        let inputs = start_inputs(&self.client, &watch);
         let events = EventSink::start(
             self.client.clone(),
             &self.config.node_name,
             self.metrics.clone(),
         );
+        let writer = StatusWriter::new(
+            self.client.clone(),
+            self.config.node_name.clone(),
+            self.metrics.clone(),
+            events,
+            self.config.api_timeout,
+        );
+        let mut status =
+            StatusTask::start(writer, inputs.portmaps.clone(), self.config.clock.clone());
 
         tokio::select! {
             biased;
@@ -507,6 +620,7 @@ impl<H: Host> Agent<H> {
         let mut links: Option<mpsc::Receiver<LinkEvent>> = None;
         let mut watched_underlay: Option<Vec<String>> = None;
         let mut schedule = Schedule::new(&self.config, Instant::now());
+        let mut in_flight = InFlight::default();
 
         loop {
             // A link event means the kernel changed behind the agent's back: only a pass that
@@ -514,14 +628,24 @@ impl<H: Host> Agent<H> {
             let mut link_changed = false;
             if !schedule.first {
                 // Biased (in this order) rather than random: a run must replay exactly in the
-                // simulator, and every branch here leads to the same pass anyway.
-                let link_event = tokio::select! {
+                // simulator. Reports of finished writes come first, so a pass starts on a
+                // schedule that knows how the previous ones ended.
+                let wake = tokio::select! {
                     biased;
                     _ = shutdown.cancelled() => return Ok(()),
-                    Some(()) = dirty_rx.recv() => None,
-                    event = next_link_event(&mut links) => Some(event),
-                    _ = tokio::time::sleep_until(schedule.next_verify) => None,
-                    _ = sleep_until_opt(schedule.retry_at) => None,
+                    done = status.done() => Wake::Written(done),
+                    Some(()) = dirty_rx.recv() => Wake::Pass(None),
+                    event = next_link_event(&mut links) => Wake::Pass(Some(event)),
+                    _ = tokio::time::sleep_until(schedule.next_verify) => Wake::Pass(None),
+                    _ = sleep_until_opt(schedule.retry_at) => Wake::Pass(None),
+                };
+                let link_event = match wake {
+                    Wake::Written(done) => {
+                        let done = done.map_err(AgentError::StatusWriter)?;
+                        self.writes_done(done, &mut in_flight, &mut schedule);
+                        continue;
+                    }
+                    Wake::Pass(event) => event,
                 };
                 match link_event {
                     Some(Some(e)) => {
@@ -554,27 +678,45 @@ impl<H: Host> Agent<H> {
             }
             let verify = schedule.start_pass(link_changed, Instant::now());
 
+            let id = in_flight.new_id();
             let started = Instant::now();
-            let (outcome, underlay) = tokio::select! {
+            let (applied, underlay) = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return Ok(()),
-                o = self.pass(&inputs, &events, verify) => o,
+                o = self.pass(&inputs, verify) => o,
             };
-            let now_unix = self.config.clock.now().as_millisecond() as f64 / 1000.0;
-            self.metrics.observe_pass(
-                started.elapsed().as_secs_f64(),
-                outcome.failed.as_ref().map(PassError::stage),
-                now_unix,
-            );
-            match &outcome.failed {
-                None => self.health.set_ready(),
-                Some(error) => tracing::warn!(
-                    stage = error.stage().as_str(),
-                    "pass failed: {error}; retrying in {:?}",
-                    schedule.retry_delay
-                ),
+            match applied {
+                Applied::Failed(error) => {
+                    let outcome = PassOutcome {
+                        failed: Some(error),
+                        refused: false,
+                        recompute: false,
+                    };
+                    self.end_pass(id, started, verify, outcome, &mut in_flight, &mut schedule);
+                }
+                Applied::Ok {
+                    writes,
+                    classes,
+                    refused,
+                } => {
+                    let writing = Writing {
+                        started,
+                        verified: verify,
+                        refused,
+                    };
+                    in_flight.writing.insert(id, writing);
+                    let writes = Arc::new(writes);
+                    wanted.set(writes.clone());
+                    let job = StatusJob {
+                        pass: id,
+                        writes,
+                        classes,
+                    };
+                    if let Some(replaced) = status.submit(job) {
+                        self.superseded(replaced, &mut in_flight);
+                    }
+                }
             }
-            schedule.end_pass(&outcome, verify, Instant::now());
 
             // (Re)open the link event stream once the underlay device is known or changed.
             if let (Some(watch), Some(underlay)) = (self.link_watch.as_mut(), underlay)
@@ -591,38 +733,117 @@ impl<H: Host> Agent<H> {
         }
     }
 
-    /// One pass. Returns its outcome and the underlay devices to watch for link events.
-    async fn pass(
-        &mut self,
-        inputs: &Inputs,
-        events: &EventSink,
-        verify: bool,
-    ) -> (PassOutcome, Option<Vec<String>>) {
-        let node = self.config.node_name.clone();
-        let fail = |error: PassError| PassOutcome {
-            failed: Some(error),
-            refused: false,
-            recompute: false,
+    /// A pass's status writes were reported: the pass ends with what they came to, as it did
+    /// when it wrote them itself. A pass whose writes a newer pass took over without any of
+    /// them failing ends as superseded: it neither failed nor completed.
+    fn writes_done(&self, done: StatusDone, in_flight: &mut InFlight, schedule: &mut Schedule) {
+        let Some(writing) = in_flight.writing.remove(&done.pass) else {
+            return;
         };
+        let status = done.outcome;
+        if status.written > 0 {
+            tracing::info!(
+                "status: {} written, {} unchanged, {} to recompute",
+                status.written,
+                status.unchanged,
+                status.recompute
+            );
+        }
+        if status.superseded && status.errors.is_empty() {
+            self.metrics
+                .observe_superseded(writing.started.elapsed().as_secs_f64());
+            tracing::debug!("status writes superseded by a newer pass's");
+            return;
+        }
+        let outcome = PassOutcome {
+            failed: (!status.errors.is_empty()).then_some(PassError::Status(status.errors)),
+            refused: writing.refused,
+            recompute: status.recompute > 0,
+        };
+        self.end_pass(
+            done.pass,
+            writing.started,
+            writing.verified,
+            outcome,
+            in_flight,
+            schedule,
+        );
+    }
+
+    /// A pass whose writes were replaced before the status task started them.
+    fn superseded(&self, id: u64, in_flight: &mut InFlight) {
+        if let Some(writing) = in_flight.writing.remove(&id) {
+            self.metrics
+                .observe_superseded(writing.started.elapsed().as_secs_f64());
+        }
+    }
+
+    /// Records how pass `id` ended and, unless a newer pass ended first, schedules the next.
+    fn end_pass(
+        &self,
+        id: u64,
+        started: Instant,
+        verified: bool,
+        outcome: PassOutcome,
+        in_flight: &mut InFlight,
+        schedule: &mut Schedule,
+    ) {
+        let now_unix = self.config.clock.now().as_millisecond() as f64 / 1000.0;
+        self.metrics.observe_pass(
+            started.elapsed().as_secs_f64(),
+            outcome.failed.as_ref().map(PassError::stage),
+            now_unix,
+        );
+        let newest = in_flight.take_for_schedule(id);
+        match &outcome.failed {
+            None => self.health.set_ready(),
+            Some(error) if newest => tracing::warn!(
+                stage = error.stage().as_str(),
+                "pass failed: {error}; retrying in {:?}",
+                schedule.retry_delay
+            ),
+            Some(error) => tracing::warn!(
+                stage = error.stage().as_str(),
+                "pass failed: {error}; a newer pass has ended since"
+            ),
+        }
+        if newest {
+            schedule.end_pass(&outcome, verified, Instant::now());
+        }
+    }
+
+    /// One pass up to the datapath. Returns what it came to (with the status it leaves to write)
+    /// and the underlay devices to watch for link events.
+    async fn pass(&mut self, inputs: &Inputs, verify: bool) -> (Applied, Option<Vec<String>>) {
+        let node = self.config.node_name.clone();
 
         // Every input, cilium-config included, comes from a watch: an unreachable API server
         // leaves the stores as they were, so a link event during an outage still repairs the
         // datapath from the last known objects.
-        let snapshot = inputs.snapshot();
+        let mut snapshot = inputs.snapshot(std::mem::take(&mut self.previous));
 
         let mut query = facts_query(&snapshot, &node, self.config.marks);
         query.agent_ports = self.config.agent_ports.clone();
         let mut facts = match self.host.facts(&query).await {
             Ok(f) => f,
-            Err(e) => return (fail(PassError::Facts(e)), None),
+            Err(e) => {
+                self.previous = snapshot;
+                return (Applied::Failed(PassError::Facts(e)), None);
+            }
         };
         facts.refusals = self.refusals.clone();
         let underlay = facts.underlay_device.clone().map(|d| vec![d]);
 
-        let plan = match self.plan_and_apply(&snapshot, facts, verify).await {
+        let planned = self.plan_and_apply(&mut snapshot, facts, verify).await;
+        // The classes go with the writes; the rest is the next pass's to reuse.
+        let classes = match planned {
+            Ok(_) => std::mem::take(&mut snapshot.classes),
+            Err(_) => Vec::new(),
+        };
+        self.previous = snapshot;
+        let mut plan = match planned {
             Ok(plan) => plan,
-            // A failed apply writes no status: it would claim what the host does not have.
-            Err(failed) => return (fail(failed), underlay),
+            Err(failed) => return (Applied::Failed(failed), underlay),
         };
         self.metrics.record_plan(&plan);
         let now = Instant::now();
@@ -633,8 +854,12 @@ impl<H: Host> Agent<H> {
                 Err(e) => tracing::warn!("reading kuport's nft counters: {e}"),
             }
         }
-        let outcome = self.write_status(&plan, inputs, &snapshot, events).await;
-        (outcome, underlay)
+        let applied = Applied::Ok {
+            writes: std::mem::take(&mut plan.writes),
+            classes,
+            refused: !self.refusals.is_empty(),
+        };
+        (applied, underlay)
     }
 
     /// Plans, applies, and when the kernel refused something new, plans again so the status
@@ -642,20 +867,11 @@ impl<H: Host> Agent<H> {
     /// class status changes). Returns the plan whose status is to be written.
     async fn plan_and_apply(
         &mut self,
-        snapshot: &Snapshot,
-        mut facts: HostFacts,
+        snapshot: &mut Snapshot,
+        facts: HostFacts,
         verify: bool,
     ) -> Result<Plan, PassError> {
-        let node = self.config.node_name.clone();
-        let (clock, blocking) = (&self.config.clock, self.config.plan_on_blocking_thread);
-        let mut plan = compute_plan(
-            snapshot.clone(),
-            node.clone(),
-            facts.clone(),
-            clock,
-            blocking,
-        )
-        .await?;
+        let (mut plan, mut facts) = self.plan(snapshot, facts).await?;
         self.run_hook(snapshot, &mut plan);
         let report = self
             .host
@@ -670,9 +886,30 @@ impl<H: Host> Agent<H> {
         }
         self.refusals = refused;
         facts.refusals = self.refusals.clone();
-        let mut plan = compute_plan(snapshot.clone(), node, facts, clock, blocking).await?;
+        let (mut plan, _) = self.plan(snapshot, facts).await?;
         self.run_hook(snapshot, &mut plan);
         Ok(plan)
+    }
+
+    /// Computes the plan over `snapshot`, lent to the plan's thread and put back (the next pass
+    /// reuses its objects); hands the facts back for a second plan. When the plan panicked the
+    /// snapshot is lost, and the next pass copies every object from the stores again.
+    async fn plan(
+        &self,
+        snapshot: &mut Snapshot,
+        facts: HostFacts,
+    ) -> Result<(Plan, HostFacts), PassError> {
+        let lent = std::mem::take(snapshot);
+        let (plan, lent, facts) = compute_plan(
+            lent,
+            self.config.node_name.clone(),
+            facts,
+            &self.config.clock,
+            self.config.plan_on_blocking_thread,
+        )
+        .await?;
+        *snapshot = lent;
+        Ok((plan, facts))
     }
 
     fn run_hook(&self, snapshot: &Snapshot, plan: &mut Plan) {
@@ -680,86 +917,68 @@ impl<H: Host> Agent<H> {
             hook(snapshot, plan);
         }
     }
-
-    /// Writes the status this node owns; the pass fails at stage `status` when a write did.
-    async fn write_status(
-        &self,
-        plan: &Plan,
-        inputs: &Inputs,
-        snapshot: &Snapshot,
-        events: &EventSink,
-    ) -> PassOutcome {
-        let writer = StatusWriter {
-            client: &self.client,
-            node: &self.config.node_name,
-            metrics: &self.metrics,
-            events,
-            api_timeout: self.config.api_timeout,
-        };
-        let status = writer
-            .write_all(
-                &plan.writes,
-                &inputs.portmaps,
-                &snapshot.classes,
-                self.config.clock.now(),
-            )
-            .await;
-        if status.written > 0 {
-            tracing::info!(
-                "status: {} written, {} unchanged, {} to recompute",
-                status.written,
-                status.unchanged,
-                status.recompute
-            );
-        }
-        PassOutcome {
-            failed: (!status.errors.is_empty()).then_some(PassError::Status(status.errors)),
-            refused: !self.refusals.is_empty(),
-            recompute: status.recompute > 0,
-        }
-    }
 }
 
 /// A reflector for one kind: a store kept up to date by a watch that retries with backoff
-/// (an API outage leaves the store as it was), marking the node dirty on every change.
+/// (an API outage leaves the store as it was), marking the node dirty on every change that can
+/// change a pass (`relevance`).
 fn reflect<K>(
     api: Api<K>,
     config: watcher::Config,
-    dirty: &mpsc::Sender<()>,
+    watch: &Watch,
     kind: &'static str,
-    jitter_seed: u64,
 ) -> (Store<K>, JoinHandle<()>)
 where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
+    K: PassInput + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
 {
-    let (reader, writer) = reflector::store();
-    let stream = reflector::reflector(
-        writer,
-        watcher(api, config)
-            .backoff(watch_backoff(jitter_seed ^ jitter_seed_for(kind)))
-            // Managed fields are never read; not caching them keeps the stores small.
-            .modify(|o| o.meta_mut().managed_fields = None),
-    );
-    let dirty = dirty.clone();
+    let (reader, mut writer) = reflector::store();
+    let stream = watcher(api, config)
+        .backoff(watch_backoff(watch.jitter_seed ^ jitter_seed_for(kind)))
+        // Managed fields are never read; not caching them keeps the stores small.
+        .modify(|o| o.meta_mut().managed_fields = None);
+    let store = reader.clone();
+    let Watch {
+        dirty,
+        wanted,
+        metrics,
+        ..
+    } = watch.clone();
     let task = tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         while let Some(event) = stream.next().await {
-            match event {
-                // Full means a pass is already due.
-                Ok(_) => {
-                    let _ = dirty.try_send(());
+            let event = match event {
+                Ok(event) => event,
+                Err(e) => {
+                    tracing::warn!("watching {kind}: {e}");
+                    continue;
                 }
-                Err(e) => tracing::warn!("watching {kind}: {e}"),
+            };
+            // Judged against the object the store holds before the event is applied.
+            let passes = match &event {
+                watcher::Event::Apply(new) => store
+                    .get(&ObjectRef::from_obj(new))
+                    .is_none_or(|old| K::changes_a_pass(&old, new, &wanted)),
+                _ => true,
+            };
+            writer.apply_watcher_event(&event);
+            metrics.record_watch_event(kind, passes);
+            if passes {
+                // Full means a pass is already due.
+                let _ = dirty.try_send(());
             }
         }
     });
     (reader, task)
+}
+
+/// What every watch shares: where to mark the node dirty, what its status writes want (to
+/// judge which events can change a pass), the metrics, the seed of its retry jitter.
+#[derive(Clone)]
+struct Watch {
+    dirty: mpsc::Sender<()>,
+    wanted: Wanted,
+    metrics: Arc<Metrics>,
+    jitter_seed: u64,
 }
 
 /// The facts this node's plan needs: the interfaces its classes give it, and its InternalIP.
@@ -786,21 +1005,26 @@ fn facts_query(snapshot: &Snapshot, node: &str, marks: MarkLayout) -> FactsQuery
 }
 
 /// The plan, off the async workers unless configured inline; a panic in it fails the pass
-/// instead of the agent.
+/// instead of the agent. The snapshot and the facts are moved to the plan's thread and handed
+/// back with the plan rather than copied for it (a snapshot holds every watched object).
 async fn compute_plan(
     snapshot: Snapshot,
     node: String,
     facts: HostFacts,
     clock: &Clock,
     blocking: bool,
-) -> Result<Plan, PassError> {
+) -> Result<(Plan, Snapshot, HostFacts), PassError> {
     let now = clock.now();
     if blocking {
-        return tokio::task::spawn_blocking(move || plan(&snapshot, &node, &facts, now))
-            .await
-            .map_err(|e| PassError::Plan(e.to_string()));
+        return tokio::task::spawn_blocking(move || {
+            let plan = plan(&snapshot, &node, &facts, now);
+            (plan, snapshot, facts)
+        })
+        .await
+        .map_err(|e| PassError::Plan(e.to_string()));
     }
     std::panic::catch_unwind(|| plan(&snapshot, &node, &facts, now))
+        .map(|plan| (plan, snapshot, facts))
         .map_err(|_| PassError::Plan("the plan panicked".to_owned()))
 }
 
@@ -953,5 +1177,119 @@ mod schedule_tests {
             (s.retry_at, s.retry_delay),
             (None, Duration::from_millis(200))
         );
+    }
+
+    #[test]
+    fn a_started_pass_is_the_retry_that_was_due() {
+        let (mut s, t0) = schedule();
+        s.start_pass(false, t0);
+        s.end_pass(&outcome(true, false), false, t0);
+        assert!(s.retry_at.is_some());
+        // The retry runs; its writes have not ended yet, and no other retry is due meanwhile.
+        s.start_pass(false, t0 + Duration::from_millis(200));
+        assert_eq!(s.retry_at, None);
+        assert_eq!(
+            s.retry_delay,
+            Duration::from_millis(400),
+            "the backoff stands"
+        );
+    }
+
+    #[test]
+    fn only_a_verifying_pass_pays_a_verify_owed() {
+        let (mut s, t0) = schedule();
+        assert!(s.start_pass(false, t0));
+        // The next pass starts before the verifying pass's status writes fail.
+        assert!(!s.start_pass(false, t0 + Duration::from_secs(1)));
+        s.end_pass(&outcome(true, false), true, t0);
+        s.end_pass(&outcome(false, false), false, t0);
+        assert!(s.verify_owed, "the pass that ended clean did not verify");
+        assert!(s.start_pass(false, t0 + Duration::from_secs(2)));
+        s.end_pass(&outcome(false, false), true, t0);
+        assert!(!s.verify_owed);
+    }
+
+    #[test]
+    fn a_pass_ending_after_a_newer_one_leaves_the_schedule_to_it() {
+        let mut in_flight = InFlight::default();
+        let (older, newer) = (in_flight.new_id(), in_flight.new_id());
+        assert!(in_flight.take_for_schedule(newer));
+        assert!(!in_flight.take_for_schedule(older));
+        let newest = in_flight.new_id();
+        assert!(in_flight.take_for_schedule(newest));
+    }
+}
+
+#[cfg(test)]
+mod snapshot_tests {
+    use super::*;
+
+    fn config_map(namespace: &str, name: &str, version: &str, marker: &str) -> ConfigMap {
+        let mut cm = ConfigMap::default();
+        cm.metadata.namespace = Some(namespace.to_owned());
+        cm.metadata.name = Some(name.to_owned());
+        cm.metadata.resource_version = Some(version.to_owned());
+        cm.data = Some([("from".to_owned(), marker.to_owned())].into());
+        cm
+    }
+
+    fn marker(cm: &ConfigMap) -> (&str, &str, &str) {
+        (
+            cm.metadata.name.as_deref().unwrap_or_default(),
+            cm.metadata.resource_version.as_deref().unwrap_or_default(),
+            cm.data
+                .as_ref()
+                .and_then(|d| d.get("from"))
+                .map_or("", String::as_str),
+        )
+    }
+
+    #[test]
+    fn unchanged_objects_are_taken_from_the_previous_snapshot_and_the_rest_copied() {
+        let (store, mut writer) = reflector::store::<ConfigMap>();
+        for cm in [
+            config_map("a", "same", "1", "store"),
+            config_map("a", "changed", "5", "store"),
+            config_map("a", "new", "7", "store"),
+            config_map("b", "same", "2", "store"),
+        ] {
+            writer.apply_watcher_event(&watcher::Event::Apply(cm));
+        }
+        // The marker tells where each object came from: at one version the API server's
+        // objects are the same, so only the test can tell them apart.
+        let previous = vec![
+            config_map("a", "changed", "4", "previous"),
+            config_map("a", "gone", "3", "previous"),
+            config_map("a", "same", "1", "previous"),
+            config_map("b", "same", "2", "previous"),
+        ];
+        let refreshed = refresh(&store, previous);
+        let got: Vec<_> = refreshed.iter().map(marker).collect();
+        assert_eq!(
+            got,
+            [
+                ("changed", "5", "store"),
+                ("new", "7", "store"),
+                ("same", "1", "previous"),
+                ("same", "2", "previous"),
+            ]
+        );
+        assert_eq!(
+            refreshed[3].metadata.namespace.as_deref(),
+            Some("b"),
+            "sorted by namespace, then name"
+        );
+    }
+
+    #[test]
+    fn an_object_without_a_version_is_always_copied() {
+        let (store, mut writer) = reflector::store::<ConfigMap>();
+        let mut cm = config_map("a", "x", "1", "store");
+        cm.metadata.resource_version = None;
+        writer.apply_watcher_event(&watcher::Event::Apply(cm.clone()));
+        let mut old = cm;
+        old.data = Some([("from".to_owned(), "previous".to_owned())].into());
+        let refreshed = refresh(&store, vec![old]);
+        assert_eq!(marker(&refreshed[0]).2, "store");
     }
 }

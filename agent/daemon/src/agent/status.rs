@@ -9,7 +9,8 @@
 //! without I/O, so the simulator and the property tests merge with the agent's own code; this
 //! module does the requests, the retries, the metrics and the Events.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -17,7 +18,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
 use kube::api::{Api, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kuport_core::api::{PortMap, PortMapClass, conditions};
+use kuport_core::api::{PortMap, PortMapClass, PortMapStatus, conditions};
 use kuport_core::plan::merge::{
     ClassPart, class_parts, merge_class_status, portmap_status_equivalent,
 };
@@ -51,6 +52,9 @@ pub struct StatusOutcome {
     pub recompute: usize,
     /// Writes that failed for another reason, each naming the object and the operation.
     pub errors: Vec<String>,
+    /// A newer pass's writes arrived before these finished: the writes not yet sent were left
+    /// to it (the counts above cover only what was done).
+    pub superseded: bool,
 }
 
 /// PortMap status writes in flight at once.
@@ -62,40 +66,91 @@ impl StatusOutcome {
         self.unchanged += other.unchanged;
         self.recompute += other.recompute;
         self.errors.extend(other.errors);
+        self.superseded |= other.superseded;
     }
 }
 
-/// The status writer of one agent.
-pub(crate) struct StatusWriter<'a> {
-    pub client: &'a kube::Client,
-    pub node: &'a str,
-    pub metrics: &'a Arc<Metrics>,
-    pub events: &'a EventSink,
-    pub api_timeout: Duration,
+/// The status writer of one agent. It owns what it needs, so it can write on a task of its own
+/// while the pass loop goes on (`status_task`).
+pub(crate) struct StatusWriter {
+    client: kube::Client,
+    node: String,
+    metrics: Arc<Metrics>,
+    events: EventSink,
+    api_timeout: Duration,
+    /// PortMap statuses this writer wrote whose echo the watch has not delivered yet, by
+    /// namespace and name (see [`Echo`]).
+    echoes: Mutex<BTreeMap<(String, String), Echo>>,
 }
 
-impl StatusWriter<'_> {
-    /// Writes everything in `writes`; one failed write never stops the others.
+/// A PortMap status write that the API server accepted: the `resourceVersion` it replaced and
+/// the status it wrote. While the watched object still carries that version, the write is known
+/// to have landed although the store does not show it yet (a newer pass's writes may start
+/// before the watch delivers it): a write of the same status is not sent again, and a write of
+/// another one waits for the watch, since on the old version either would only meet a 409.
+#[derive(Debug)]
+struct Echo {
+    replaced: String,
+    status: PortMapStatus,
+}
+
+/// What this writer last wrote over the watched version of a PortMap.
+enum Echoed {
+    /// The status about to be written: it is there already.
+    Same,
+    /// Another status.
+    Other,
+}
+
+impl StatusWriter {
+    /// The writer of `node`'s status; each request may take `api_timeout`.
+    pub fn new(
+        client: kube::Client,
+        node: String,
+        metrics: Arc<Metrics>,
+        events: EventSink,
+        api_timeout: Duration,
+    ) -> Self {
+        Self {
+            client,
+            node,
+            metrics,
+            events,
+            api_timeout,
+            echoes: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Writes everything in `writes`; one failed write never stops the others. Before it sends
+    /// each request it asks `superseded`: once a newer pass's writes wait, it sends nothing more,
+    /// lets the requests already sent finish (their answers are counted, and a newer write of
+    /// the same object never overtakes one in flight) and returns with `superseded` set.
     pub async fn write_all(
         &self,
         writes: &Writes,
         portmaps: &Store<PortMap>,
         classes: &[PortMapClass],
         now: Timestamp,
+        superseded: &(dyn Fn() -> bool + Send + Sync),
     ) -> StatusOutcome {
         use futures_util::StreamExt as _;
         let mut outcome = StatusOutcome::default();
+        self.forget_caught_up_echoes(portmaps);
         // A few writes in flight at once: a first pass on a large cluster has a status for every
-        // mapping, and one at a time holds the pass for the sum of their round trips. Each
+        // mapping, and one at a time holds the writes for the sum of their round trips. Each
         // request body exists only while its write is in flight, and results are taken in the
         // order of the writes (an ordered queue), so the outcome does not depend on which
         // answer came first.
         // A hand-fed queue rather than `stream::iter(..).map(..).buffered(..)`: a closure
-        // borrowing `self` there makes the agent's future fail the `Send` bound of a spawn.
+        // borrowing `self` there makes the writer's future fail the `Send` bound of a spawn.
         let mut todo = writes.portmaps.iter();
         let mut in_flight = futures_util::stream::FuturesOrdered::new();
         loop {
-            while in_flight.len() < WRITES_IN_FLIGHT {
+            while in_flight.len() < WRITES_IN_FLIGHT && !outcome.superseded {
+                if superseded() {
+                    outcome.superseded = true;
+                    break;
+                }
                 let Some(w) = todo.next() else { break };
                 in_flight.push_back(self.write_portmap(w, portmaps));
             }
@@ -104,23 +159,55 @@ impl StatusWriter<'_> {
             };
             outcome.add(one);
         }
-        for (class, part) in class_parts(writes, self.node, classes) {
+        if outcome.superseded {
+            return outcome;
+        }
+        for (class, part) in class_parts(writes, &self.node, classes) {
             // When merging into the watched copy changes nothing, the fresh object is not read:
             // a converged pass costs no request. Anything to change is merged into a fresh read.
             let watched = classes
                 .iter()
                 .find(|c| c.metadata.name.as_deref() == Some(class.as_str()));
             if let Some(watched) = watched {
-                let merged = merge_class_status(watched, self.node, AGENT_VERSION, &part, now);
+                let merged = merge_class_status(watched, &self.node, AGENT_VERSION, &part, now);
                 let stored = watched.status.clone().unwrap_or_default();
                 if merged.status == stored && merged.dropped.is_empty() {
                     outcome.unchanged += 1;
                     continue;
                 }
             }
-            self.write_class(&class, &part, now, &mut outcome).await;
+            self.write_class(&class, &part, now, &mut outcome, superseded)
+                .await;
+            if outcome.superseded {
+                break;
+            }
         }
         outcome
+    }
+
+    /// Drops the echoes the watch has caught up with (the stored object moved past the version
+    /// the write replaced, or is gone): from then on the store itself says what was written.
+    fn forget_caught_up_echoes(&self, portmaps: &Store<PortMap>) {
+        let mut echoes = self.echoes.lock().unwrap_or_else(PoisonError::into_inner);
+        echoes.retain(|(namespace, name), echo| {
+            portmaps
+                .get(&ObjectRef::new(name).within(namespace))
+                .is_some_and(|o| o.metadata.resource_version.as_deref() == Some(&echo.replaced))
+        });
+    }
+
+    /// Whether this writer already wrote a status over the version of the object the store
+    /// still holds, and whether it was the same as `w`'s.
+    fn echo(&self, w: &PortMapWrite, current: &PortMap) -> Option<Echoed> {
+        let echoes = self.echoes.lock().unwrap_or_else(PoisonError::into_inner);
+        let echo = echoes.get(&(w.namespace.clone(), w.name.clone()))?;
+        (current.metadata.resource_version.as_deref() == Some(&echo.replaced)).then(|| {
+            if portmap_status_equivalent(&echo.status, &w.status) {
+                Echoed::Same
+            } else {
+                Echoed::Other
+            }
+        })
     }
 
     async fn write_portmap(&self, w: &PortMapWrite, store: &Store<PortMap>) -> StatusOutcome {
@@ -135,6 +222,22 @@ impl StatusWriter<'_> {
         if portmap_status_equivalent(&stored, &w.status) {
             outcome.unchanged += 1;
             return outcome;
+        }
+        match self.echo(w, &current) {
+            Some(Echoed::Same) => {
+                outcome.unchanged += 1;
+                return outcome;
+            }
+            Some(Echoed::Other) => {
+                // The object has moved past the stored version (this writer moved it), so a
+                // write on that version could only meet a 409: wait for the watch instead.
+                tracing::debug!(
+                    "writing the status of {what}: the watch has not delivered this agent's last write yet, recomputing"
+                );
+                outcome.recompute += 1;
+                return outcome;
+            }
+            None => {}
         }
         let mut body = (*current).clone();
         body.metadata.managed_fields = None;
@@ -151,6 +254,18 @@ impl StatusWriter<'_> {
                     .record_write(WriteKind::PortMap, WriteResult::Written);
                 outcome.written += 1;
                 tracing::debug!("wrote the status of {what}");
+                if let Some(replaced) = current.metadata.resource_version.clone() {
+                    self.echoes
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .insert(
+                            (w.namespace.clone(), w.name.clone()),
+                            Echo {
+                                replaced,
+                                status: w.status.clone(),
+                            },
+                        );
+                }
                 for type_ in [conditions::ACCEPTED, conditions::PROGRAMMED] {
                     if let Some(c) = to_report(&stored.conditions, &w.status.conditions, type_) {
                         self.events.emit(PendingEvent {
@@ -192,18 +307,24 @@ impl StatusWriter<'_> {
     }
 
     /// Reads the class fresh, merges this node's part, writes with compare-and-swap, and on a
-    /// 409 re-reads and re-merges (up to 5 times). Long because the retry loop, its timeouts
-    /// and the outcome accounting of each attempt belong together.
+    /// 409 re-reads and re-merges (up to 5 times, and only while no newer pass's writes wait).
+    /// Long because the retry loop, its timeouts and the outcome accounting of each attempt
+    /// belong together.
     async fn write_class(
         &self,
         class: &str,
         part: &ClassPart<'_>,
         now: Timestamp,
         outcome: &mut StatusOutcome,
+        superseded: &(dyn Fn() -> bool + Send + Sync),
     ) {
         let what = format!("PortMapClass {class}");
         let api: Api<PortMapClass> = Api::all(self.client.clone());
         for _ in 0..CLASS_CAS_ATTEMPTS {
+            if superseded() {
+                outcome.superseded = true;
+                return;
+            }
             let fresh = match tokio::time::timeout(self.api_timeout, api.get_opt(class)).await {
                 Ok(Ok(Some(fresh))) => fresh,
                 Ok(Ok(None)) => {
@@ -223,7 +344,7 @@ impl StatusWriter<'_> {
                 }
             };
             let stored = fresh.status.clone().unwrap_or_default();
-            let merged = merge_class_status(&fresh, self.node, AGENT_VERSION, part, now);
+            let merged = merge_class_status(&fresh, &self.node, AGENT_VERSION, part, now);
             if !merged.dropped.is_empty() {
                 tracing::debug!(
                     "{what}: link proposal(s) {} dropped: the slot was taken meanwhile",
