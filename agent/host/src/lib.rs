@@ -140,19 +140,33 @@ pub struct ApplyReport {
 pub struct Refusal {
     /// What was refused: `return link kup-…` or `nftables rules`.
     pub unit: String,
+    /// The refused return link's device name, when the unit is a link.
+    pub link: Option<String>,
     /// The mappings (`namespace/name`) that lost rules with it, sorted.
     pub mappings: BTreeSet<String>,
     /// What the kernel (or nft) said.
     pub message: String,
 }
 
-/// How a refused return link is named in [`Refusal::unit`].
-const LINK_UNIT: &str = "return link ";
-
 impl Refusal {
-    /// The refused return link's device name, when the unit is a link.
-    pub fn link(&self) -> Option<&str> {
-        self.unit.strip_prefix(LINK_UNIT)
+    /// The kernel refused return link `name`; `mappings` lost their rules with it.
+    pub fn of_link(name: &str, mappings: BTreeSet<String>, message: String) -> Self {
+        Self {
+            unit: format!("return link {name}"),
+            link: Some(name.to_owned()),
+            mappings,
+            message,
+        }
+    }
+
+    /// nft refused the rules of `mapping`.
+    pub fn of_rules(mapping: String, message: String) -> Self {
+        Self {
+            unit: "nftables rules".to_owned(),
+            link: None,
+            mappings: BTreeSet::from([mapping]),
+            message,
+        }
     }
 
     /// Every mapping the refusals take out.
@@ -171,7 +185,7 @@ impl Refusal {
                 r.mappings.iter().map(|m| HostRefusal {
                     mapping: m.clone(),
                     message: format!("the kernel refused its {}: {}", r.unit, r.message),
-                    link: r.link().map(str::to_owned),
+                    link: r.link.clone(),
                 })
             })
             .collect();
@@ -363,11 +377,11 @@ impl<N: netlink::Netlink> Host for LinuxHost<N> {
         let mut applied = desired.clone();
         for (name, error) in failed {
             let cut = applied.without_links(std::slice::from_ref(&name));
-            report.refused.push(Refusal {
-                unit: format!("{LINK_UNIT}{name}"),
-                mappings: applied.mappings_cut_by(&cut),
-                message: error.to_string(),
-            });
+            report.refused.push(Refusal::of_link(
+                &name,
+                applied.mappings_cut_by(&cut),
+                error.to_string(),
+            ));
             applied = cut;
         }
         let table = applied.nft.clone();

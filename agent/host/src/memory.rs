@@ -1,7 +1,7 @@
 //! An in-memory host for the simulator and runtime tests: it records the last applied IR and
 //! every call, and serves scripted facts, counters and failures.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use kuport_core::ir::HostState;
@@ -103,11 +103,7 @@ impl Host for MemoryHost {
             .refuse
             .iter()
             .filter(|(mapping, _)| present.contains(*mapping))
-            .map(|(mapping, message)| Refusal {
-                unit: "nftables rules".to_owned(),
-                mappings: BTreeSet::from([mapping.clone()]),
-                message: message.clone(),
-            })
+            .map(|(mapping, message)| Refusal::of_rules(mapping.clone(), message.clone()))
             .collect();
         let mut applied = desired.clone();
         if !refused.is_empty() {

@@ -60,10 +60,8 @@ pub fn refused_mappings(detail: &str, lines: &[(String, LineOf<'_>)]) -> Option<
     Some(
         by_mapping
             .into_iter()
-            .map(|(mapping, messages)| Refusal {
-                unit: "nftables rules".to_owned(),
-                mappings: BTreeSet::from([mapping]),
-                message: messages.into_iter().collect::<Vec<_>>().join("; "),
+            .map(|(mapping, messages)| {
+                Refusal::of_rules(mapping, messages.into_iter().collect::<Vec<_>>().join("; "))
             })
             .collect(),
     )

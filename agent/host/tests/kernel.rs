@@ -405,6 +405,7 @@ fn child_vni_held() {
         let mut host = LinuxHost::new().expect("host");
         let refusal = only_refusal(&mut host, &state, "everything but the held link").await;
         assert_eq!(refusal.unit, format!("return link {}", link.name));
+        assert_eq!(refusal.link.as_deref(), Some(link.name.as_str()));
         assert!(
             refusal.message.contains("already used by device squatter"),
             "{refusal:?}"
@@ -511,6 +512,7 @@ fn child_nft_refusal() {
         let mut host = LinuxHost::new().expect("host");
         let refusal = only_refusal(&mut host, &state, "everything but games/bad").await;
         assert_eq!(refusal.unit, "nftables rules");
+        assert_eq!(refusal.link, None);
         assert_eq!(refusal.mappings.iter().collect::<Vec<_>>(), ["games/bad"]);
         assert!(refusal.message.contains("name too long"), "{refusal:?}");
         // The other mapping is programmed exactly as it would be alone.
