@@ -183,6 +183,16 @@ fn check_links(state: &HostState) {
         );
         let rp = sh(&format!("cat /proc/sys/net/ipv4/conf/{}/rp_filter", l.name));
         assert_eq!(rp.trim(), "2", "{}: loose reverse-path filtering", l.name);
+        // The peer's end is reachable without ARP: a permanent entry with the MAC its agent
+        // gives it (02:6b:70 and the last three octets of its address).
+        let o = l.peer_address.octets();
+        let mac = format!("02:6b:70:{:02x}:{:02x}:{:02x}", o[1], o[2], o[3]);
+        let neigh = sh(&format!("ip -4 neigh show dev {}", l.name));
+        assert!(
+            neigh.contains(&format!("{} lladdr {mac} PERMANENT", l.peer_address)),
+            "{}: {neigh:?}",
+            l.name
+        );
     }
 }
 

@@ -6,6 +6,7 @@
 //! kernel. Every request is recorded, and one request can be made to fail once.
 
 use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
 use std::num::NonZeroI32;
 use std::sync::{Mutex, MutexGuard};
 
@@ -36,6 +37,8 @@ pub struct FakeKernel {
     pub addresses: BTreeMap<u32, Vec<Ipv4Net>>,
     pub rules: Vec<KernelRule>,
     pub routes: Vec<KernelRoute>,
+    /// Permanent neighbour entries: (link index, address) → MAC.
+    pub neighbours: BTreeMap<(u32, Ipv4Addr), [u8; 6]>,
     /// Every request, in order, as `"<request> <object>"`.
     pub calls: Vec<String>,
     /// The request (its name as in `calls`, without the object) that fails once with EPERM.
@@ -180,6 +183,7 @@ impl Netlink for FakeNetlink {
         let mut k = self.request("delete-link", index)?;
         k.links.remove(&index).ok_or_else(|| errno(ENODEV))?;
         k.addresses.remove(&index);
+        k.neighbours.retain(|(link, _), _| *link != index);
         k.routes.retain(|r| r.oif != Some(index));
         Ok(())
     }
@@ -213,6 +217,18 @@ impl Netlink for FakeNetlink {
     async fn set_up(&self, index: u32) -> Result<(), rtnetlink::Error> {
         let mut k = self.request("set-up", index)?;
         k.existing(index)?.up = true;
+        Ok(())
+    }
+
+    async fn set_neighbour(
+        &self,
+        index: u32,
+        address: Ipv4Addr,
+        mac: [u8; 6],
+    ) -> Result<(), rtnetlink::Error> {
+        let mut k = self.request("set-neighbour", format!("{index} {address}"))?;
+        k.existing(index)?;
+        k.neighbours.insert((index, address), mac);
         Ok(())
     }
 

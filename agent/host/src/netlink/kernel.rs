@@ -220,6 +220,21 @@ impl Netlink for RtNetlink {
         self.handle.link().set(msg).execute().await
     }
 
+    async fn set_neighbour(
+        &self,
+        index: u32,
+        address: Ipv4Addr,
+        mac: [u8; 6],
+    ) -> Result<(), rtnetlink::Error> {
+        self.handle
+            .neighbours()
+            .add(index, IpAddr::V4(address))
+            .link_layer_address(&mac)
+            .replace()
+            .execute()
+            .await
+    }
+
     async fn set_devconf(&self, index: u32, setting: DevConf) -> Result<(), rtnetlink::Error> {
         // Only non-zero fields are emitted in a request, so this sets the one field alone.
         let mut conf = InetDevConf::default();

@@ -115,6 +115,17 @@ async fn golden_states_are_built_in_full_and_a_second_apply_changes_nothing() {
             assert_eq!(k.mtu, want.mtu, "{case}: {} mtu", want.name);
             assert_eq!(k.rp_filter, Some(i32::from(want.rp_filter)));
             assert_eq!(net.kernel().addresses[&k.index], [want.address]);
+            // The entry names the MAC the peer's agent gives its own end of the /31.
+            let peer_end = Link {
+                address: Ipv4Net::new(want.peer_address, 31).expect("net"),
+                ..want.clone()
+            };
+            assert_eq!(
+                net.kernel().neighbours.get(&(k.index, want.peer_address)),
+                Some(&link_mac(&peer_end)),
+                "{case}: {} holds its peer's MAC without asking ARP",
+                want.name
+            );
         }
         for iface in &state.valid_mark_interfaces {
             assert_eq!(net.link(iface).expect("iface").src_valid_mark, Some(1));
@@ -191,6 +202,8 @@ async fn drift_is_repaired_and_counted() {
         if let Some(v) = k.links.get_mut(&a).and_then(|l| l.vxlan.as_mut()) {
             v.vni = Some(9999);
         }
+        // A link set down loses its neighbour entries, permanent ones too.
+        k.neighbours.retain(|(link, _), _| *link != b);
         let l = k.links.get_mut(&b).expect("b");
         l.up = false;
         l.mtu = Some(1200);
@@ -221,6 +234,11 @@ async fn drift_is_repaired_and_counted() {
     let (_, rules, routes) = owned(&net).await;
     assert_eq!(rules, sorted(&state.rules));
     assert_eq!(routes, sorted(&state.routes));
+    assert_eq!(
+        net.kernel().neighbours.get(&(b, second.peer_address)),
+        Some(&peer_mac(second)),
+        "the downed link's neighbour entry is back"
+    );
     let recreated = net.link(&first.name).expect("recreated");
     assert_eq!(recreated.vxlan.and_then(|v| v.vni), Some(first.vni));
     assert_eq!(
