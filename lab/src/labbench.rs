@@ -345,6 +345,23 @@ async fn first_answer_from(
     }
 }
 
+/// Which sample was the slowest, for telling one late change from a slow path: ", slowest
+/// 1150 ms (sample 7 of 20)".
+fn slowest(samples: &[f64]) -> String {
+    samples
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map(|(i, ms)| {
+            format!(
+                ", slowest {ms:.0} ms (sample {} of {})",
+                i + 1,
+                samples.len()
+            )
+        })
+        .unwrap_or_default()
+}
+
 fn change_measurement(name: &str, samples: &[f64], how: &str) -> Measurement {
     let (p50, p99) = (percentile(samples, 50.0), percentile(samples, 99.0));
     Measurement {
@@ -355,7 +372,7 @@ fn change_measurement(name: &str, samples: &[f64], how: &str) -> Measurement {
         baseline: None,
         target: "p50 ≤ 300 ms, p99 ≤ 1 s".into(),
         met: Some(p50 <= 300.0 && p99 <= 1000.0),
-        note: format!("p99 {p99:.0} ms; {how}"),
+        note: format!("p99 {p99:.0} ms{}; {how}", slowest(samples)),
     }
 }
 
