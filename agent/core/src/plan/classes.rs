@@ -509,6 +509,28 @@ mod tests {
     }
 
     #[test]
+    fn a_link_names_the_other_end_only_to_its_own_ends() {
+        let link = crate::plan::NeededLink {
+            class: "games".into(),
+            key: pair_key("worker-b", "edge-a"),
+            slot: None,
+            landed: false,
+        };
+        assert_eq!(link.peer_of("edge-a"), Some("worker-b"));
+        assert_eq!(link.peer_of("worker-b"), Some("edge-a"));
+        assert_eq!(link.peer_of("worker-c"), None);
+        let broken = crate::plan::NeededLink {
+            key: "worker-b/edge-a".into(),
+            ..link
+        };
+        assert_eq!(
+            broken.peer_of("edge-a"),
+            None,
+            "an unsorted key names no peer"
+        );
+    }
+
+    #[test]
     fn link_id_ranges_wrap_modulo_65536() {
         assert!(link_ids_overlap(4242, 128, 4300, 10));
         assert!(!link_ids_overlap(4242, 128, 4370, 10));

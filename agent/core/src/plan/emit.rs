@@ -6,7 +6,7 @@ use std::net::Ipv4Addr;
 use ipnet::Ipv4Net;
 use sha2::{Digest, Sha256};
 
-use super::classes::{ClassState, pair_key, split_key};
+use super::classes::{ClassState, pair_key};
 use super::index::Index;
 use super::mapping::Working;
 use crate::ir::{
@@ -133,11 +133,7 @@ pub fn emit(
     let serving_pairs: BTreeSet<(&str, &str)> = emitting
         .iter()
         .flat_map(|(class, w)| w.decision.links.iter().map(move |l| (class.name, l)))
-        .filter_map(|(class, l)| {
-            let (a, b) = split_key(&l.key)?;
-            let peer = if a == this_node { b } else { a };
-            (a == this_node || b == this_node).then_some((class, peer))
-        })
+        .filter_map(|(class, l)| Some((class, l.peer_of(this_node)?)))
         .collect();
     e.serving_links = serving_pairs
         .into_iter()
@@ -218,13 +214,8 @@ impl Emitter<'_> {
         let translated = (!ports.is_range() && ports.first != ep.port).then_some(ep.port);
         let pod_ports = translated.map_or(ports, PortRange::single);
         for link in &d.standby_links {
-            let Some((a, b)) = split_key(&link.key) else {
+            let Some(peer) = link.peer_of(self.node) else {
                 continue;
-            };
-            let peer = match (a == self.node, b == self.node) {
-                (true, _) => b,
-                (_, true) => a,
-                _ => continue,
             };
             if ep.node == self.node {
                 self.pod_half(class, d, peer, translated, pod_ports, ports);

@@ -760,16 +760,10 @@ pub fn standby_only(d: &MappingDecision, this_node: &str, refusal: &HostRefusal)
     let Some(link) = refusal.link.as_deref() else {
         return false;
     };
-    let device_here = |l: &NeededLink| {
-        let (a, b) = super::classes::split_key(&l.key)?;
-        let peer = match (a == this_node, b == this_node) {
-            (true, _) => b,
-            (_, true) => a,
-            _ => return None,
-        };
-        Some(super::emit::link_name(&l.class, peer))
+    let is = |l: &NeededLink| {
+        l.peer_of(this_node)
+            .is_some_and(|peer| super::emit::link_name(&l.class, peer) == link)
     };
-    let is = |l: &NeededLink| device_here(l).is_some_and(|name| name == link);
     !d.links.iter().any(is) && d.standby_links.iter().any(is)
 }
 

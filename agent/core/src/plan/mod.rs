@@ -123,6 +123,21 @@ pub struct NeededLink {
     pub landed: bool,
 }
 
+impl NeededLink {
+    /// The link's other end as seen from `node`, when `node` is one of its ends (the device on
+    /// `node` is then `emit::link_name(class, peer)`).
+    pub fn peer_of(&self, node: &str) -> Option<&str> {
+        let (a, b) = classes::split_key(&self.key)?;
+        if a == node {
+            Some(b)
+        } else if b == node {
+            Some(a)
+        } else {
+            None
+        }
+    }
+}
+
 /// The global decision for one class.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ClassDecision {
