@@ -276,6 +276,16 @@ impl Cluster {
         });
     }
 
+    /// Agents n1..n3 with an hour's resync (every pass then comes from an event), returning once
+    /// the seeded mapping is Programmed=True.
+    async fn start_agents_until_programmed(&mut self) {
+        for i in 1..=3 {
+            self.start_agent(i, Duration::from_secs(3600));
+        }
+        self.eventually("Programmed=True", || programmed_true(self))
+            .await;
+    }
+
     async fn seed(&self) {
         let pp = PostParams::default();
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
@@ -1131,12 +1141,7 @@ async fn a_held_status_write_does_not_hold_the_datapath() {
     // Longer than the held writes: they succeed, slowly, rather than time out.
     c.api_timeout = Duration::from_secs(20);
     c.seed().await;
-    let hour = Duration::from_secs(3600);
-    for i in 1..=3 {
-        c.start_agent(i, hour);
-    }
-    c.eventually("Programmed=True", || programmed_true(&c))
-        .await;
+    c.start_agents_until_programmed().await;
     let over_the_link = || {
         let n1 = c.agent("n1").host.applied();
         n1.links.len() == 1
@@ -1199,12 +1204,7 @@ async fn the_cni_config_is_watched() {
         .await
         .expect("model");
     c.seed().await;
-    let hour = Duration::from_secs(3600);
-    for i in 1..=3 {
-        c.start_agent(i, hour);
-    }
-    c.eventually("Programmed=True", || programmed_true(&c))
-        .await;
+    c.start_agents_until_programmed().await;
     let configs: Api<k8s_openapi::api::core::v1::ConfigMap> =
         Api::namespaced(c.client.clone(), "kube-system");
     configs
