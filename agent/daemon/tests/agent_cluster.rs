@@ -1195,6 +1195,136 @@ async fn a_held_status_write_does_not_hold_the_datapath() {
     c.stop_all().await;
 }
 
+/// The passes every agent ran so far, however they ended.
+fn passes(a: &RunningAgent) -> u64 {
+    a.metrics.passes_ok() + a.metrics.passes_failed() + a.metrics.passes_superseded()
+}
+
+/// Waits until no agent has run a pass for half a second: their writes are done and the
+/// watches have brought the statuses back.
+async fn settle(c: &Cluster) {
+    let mut last: Option<(Vec<u64>, tokio::time::Instant)> = None;
+    c.eventually("the agents stop passing", || {
+        let now: Vec<u64> = c.agents.iter().map(passes).collect();
+        let quiet = match &last {
+            Some((seen, since)) if *seen == now => since.elapsed() >= Duration::from_millis(500),
+            _ => {
+                last = Some((now, tokio::time::Instant::now()));
+                false
+            }
+        };
+        std::future::ready(quiet)
+    })
+    .await;
+}
+
+/// A watch event changing nothing a pass reads runs no pass: a row's pass time refreshed, a
+/// kubelet's heartbeat, and on the nodes that do not write it a PortMap's status written over.
+/// The node that writes that status puts its own back, and its own write coming back runs no
+/// pass either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_changing_nothing_a_pass_reads_run_no_pass() {
+    let mut c = Cluster::start().await;
+    c.eventually("Programmed=True", || programmed_true(&c))
+        .await;
+    c.eventually("the pod node delivers to the pod", || async {
+        dnat_targets(&c.agent("n2").host).contains(&"10.244.2.5".to_owned())
+    })
+    .await;
+    settle(&c).await;
+    let before: Vec<u64> = c.agents.iter().map(passes).collect();
+    let ignored = |kind: &str| -> Vec<u64> {
+        c.agents
+            .iter()
+            .map(|a| a.metrics.watch_events(kind, false))
+            .collect()
+    };
+    let ignored_before: Vec<Vec<u64>> = ["PortMapClass", "Node", "PortMap"]
+        .into_iter()
+        .map(ignored)
+        .collect();
+    let pp = PostParams::default();
+
+    // Every row's pass time moved, as each agent refreshes it once a minute (half a minute
+    // ago: another time than the one stored, and recent enough for n1 to keep it).
+    let classes: Api<PortMapClass> = Api::all(c.client.clone());
+    let mut class = c.class().await;
+    let recently = k8s_openapi::jiff::Timestamp::now()
+        .checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(30))
+        .expect("a time");
+    for row in class.status.iter_mut().flat_map(|s| s.nodes.iter_mut()) {
+        row.last_pass_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            recently,
+        ));
+    }
+    classes
+        .replace_status("public", &pp, &class)
+        .await
+        .expect("class status written");
+    // A kubelet's heartbeat on n3.
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    let mut n3 = nodes.get_status("n3").await.expect("node n3");
+    for cond in n3
+        .status
+        .iter_mut()
+        .flat_map(|s| s.conditions.iter_mut().flatten())
+    {
+        cond.last_heartbeat_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::now(),
+        ));
+    }
+    nodes
+        .replace_status("n3", &pp, &n3)
+        .await
+        .expect("node status written");
+    // The PortMap's status written over by someone other than its writer, n1.
+    let portmaps: Api<PortMap> = Api::namespaced(c.client.clone(), "games");
+    let mut game = c.portmap().await;
+    let message = |pm: &PortMap| -> Option<String> {
+        pm.status
+            .as_ref()?
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Programmed")
+            .map(|c| c.message.clone())
+    };
+    let programmed = message(&game);
+    for cond in game.status.iter_mut().flat_map(|s| s.conditions.iter_mut()) {
+        cond.message = "written by hand".into();
+    }
+    portmaps
+        .replace_status("game", &pp, &game)
+        .await
+        .expect("portmap status written");
+
+    c.eventually("n1 puts its status back", || async {
+        message(&c.portmap().await) == programmed
+    })
+    .await;
+    // Every agent has seen every one of those events (and n2 and n3 the status put back).
+    c.eventually("every agent ignored the events", || async {
+        let now: Vec<Vec<u64>> = ["PortMapClass", "Node", "PortMap"]
+            .into_iter()
+            .map(ignored)
+            .collect();
+        (0..c.agents.len()).all(|i| {
+            let portmap_events = if c.agents[i].name == "n1" { 1 } else { 2 };
+            now[0][i] > ignored_before[0][i]
+                && now[1][i] > ignored_before[1][i]
+                && now[2][i] >= ignored_before[2][i] + portmap_events
+        })
+    })
+    .await;
+    for (a, before) in c.agents.iter().zip(&before) {
+        if a.name == "n1" {
+            assert!(passes(a) > *before, "n1 ran a pass to put its status back");
+        } else {
+            assert_eq!(passes(a), *before, "{} ran a pass", a.name);
+        }
+    }
+    c.stop_all().await;
+}
+
 /// cilium-config is watched, not read per pass: creating it after the agents started refuses a
 /// mapping on the CNI's overlay port, and deleting it takes the refusal back, with no other
 /// object changing.

@@ -118,6 +118,7 @@ pub struct Metrics {
     conflicts: Family<Labels, Counter>,
     last_success: Gauge<f64, AtomicU64>,
     events: Family<Labels, Counter>,
+    watch_events: Family<Labels, Counter>,
     mapping_counters: Arc<MappingCounters>,
 }
 
@@ -195,6 +196,12 @@ impl Metrics {
             "Kubernetes Events, by result (published, dropped, failed)",
             events.clone(),
         );
+        let watch_events = Family::<Labels, Counter>::default();
+        registry.register(
+            "watch_events",
+            "Watch events, by kind and result (pass: it can change a pass and marks the node dirty; ignored: it changes nothing a pass reads)",
+            watch_events.clone(),
+        );
         let mapping_counters = Arc::new(MappingCounters::default());
         registry.register_collector(Box::new(mapping_counters.clone()));
         let metrics = Self {
@@ -209,6 +216,7 @@ impl Metrics {
             conflicts,
             last_success,
             events,
+            watch_events,
             mapping_counters,
         };
         // Create the labelled series up front, so a scrape shows zeros rather than nothing.
@@ -306,6 +314,12 @@ impl Metrics {
             .inc();
     }
 
+    pub(crate) fn record_watch_event(&self, kind: &str, passes: bool) {
+        self.watch_events
+            .get_or_create(&watch_labels(kind, passes))
+            .inc();
+    }
+
     pub(crate) fn set_mapping_counters(&self, counters: Vec<MappingCounter>) {
         self.mapping_counters.set(counters);
     }
@@ -342,6 +356,14 @@ impl Metrics {
             .get()
     }
 
+    /// Watch events of `kind` (`PortMap`, `Node`, ...) that marked the node dirty (`passes`)
+    /// or changed nothing a pass reads.
+    pub fn watch_events(&self, kind: &str, passes: bool) -> u64 {
+        self.watch_events
+            .get_or_create(&watch_labels(kind, passes))
+            .get()
+    }
+
     /// Events handed to the API server.
     pub fn events_published(&self) -> u64 {
         self.events
@@ -356,6 +378,13 @@ fn stage_labels(stage: Stage) -> Labels {
 
 fn result_labels(result: &str) -> Labels {
     vec![("result", result.to_owned())]
+}
+
+fn watch_labels(kind: &str, passes: bool) -> Labels {
+    vec![
+        ("kind", kind.to_owned()),
+        ("result", if passes { "pass" } else { "ignored" }.to_owned()),
+    ]
 }
 
 fn kind_labels(kind: WriteKind) -> Labels {

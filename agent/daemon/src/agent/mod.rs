@@ -9,6 +9,7 @@ mod failure;
 pub mod health;
 pub mod lifecycle;
 pub mod metrics;
+mod relevance;
 mod runtime;
 pub mod status;
 mod status_task;

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kuport_core::api::{PortMap, PortMapClass};
 use kuport_core::ir::{HostState, MarkLayout, Rule};
@@ -33,6 +33,7 @@ use super::failure::PassError;
 use super::health::Health;
 use super::lifecycle::{self, Lookup, StopAction, StopPolicy};
 use super::metrics::Metrics;
+use super::relevance::{PassInput, Wanted};
 use super::status::StatusWriter;
 use super::status_task::{StatusDone, StatusJob, StatusTask};
 
@@ -187,7 +188,8 @@ fn counters_due(verify: bool, last: Option<Instant>, now: Instant) -> bool {
 
 /// The watched kinds, declared once: each becomes a store in `Inputs`, a reflector started by
 /// `start_inputs`, a wait in `wait_synced` and a list in the pass's [`Snapshot`] (the field
-/// named after `=>`). Adding a kind is one line here and one field in `Snapshot`.
+/// named after `=>`). Adding a kind is one line here, one field in `Snapshot` and a `PassInput`
+/// impl saying which of its changes a pass reads.
 macro_rules! watched_kinds {
     ($($field:ident: $kind:ty => $snapshot:ident;)*) => {
         /// The watched objects.
@@ -198,15 +200,14 @@ macro_rules! watched_kinds {
             tasks: Vec<JoinHandle<()>>,
         }
 
-        fn start_inputs(client: &kube::Client, dirty: &mpsc::Sender<()>, jitter_seed: u64) -> Inputs {
+        fn start_inputs(client: &kube::Client, watch: &Watch) -> Inputs {
             let mut tasks = Vec::new();
             $(
                 let ($field, task) = reflect::<$kind>(
                     Api::all(client.clone()),
                     watcher::Config::default(),
-                    dirty,
+                    watch,
                     stringify!($kind),
-                    jitter_seed,
                 );
                 tasks.push(task);
             )*
@@ -214,9 +215,8 @@ macro_rules! watched_kinds {
             let (cni, task) = reflect::<ConfigMap>(
                 Api::namespaced(client.clone(), ns),
                 watcher::Config::default().fields(&format!("metadata.name={name}")),
-                dirty,
+                watch,
                 "ConfigMap",
-                jitter_seed,
             );
             tasks.push(task);
             Inputs { $($field,)* cni, tasks }
@@ -559,7 +559,14 @@ impl<H: Host> Agent<H> {
     async fn run_loop(&mut self, shutdown: &CancellationToken) -> Result<(), AgentError> {
         // Capacity 1: a full channel already means "dirty", so watch events coalesce here.
         let (dirty_tx, mut dirty_rx) = mpsc::channel::<()>(1);
-        let inputs = start_inputs(&self.client, &dirty_tx, self.config.jitter_seed);
+        let wanted = Wanted::default();
+        let watch = Watch {
+            dirty: dirty_tx,
+            wanted: wanted.clone(),
+            metrics: self.metrics.clone(),
+            jitter_seed: self.config.jitter_seed,
+        };
+        let inputs = start_inputs(&self.client, &watch);
         let events = EventSink::start(
             self.client.clone(),
             &self.config.node_name,
@@ -670,6 +677,8 @@ impl<H: Host> Agent<H> {
                         refused,
                     };
                     in_flight.writing.insert(id, writing);
+                    let writes = Arc::new(writes);
+                    wanted.set(writes.clone());
                     let job = StatusJob {
                         pass: id,
                         writes,
@@ -861,45 +870,65 @@ impl<H: Host> Agent<H> {
 }
 
 /// A reflector for one kind: a store kept up to date by a watch that retries with backoff
-/// (an API outage leaves the store as it was), marking the node dirty on every change.
+/// (an API outage leaves the store as it was), marking the node dirty on every change that can
+/// change a pass (`relevance`).
 fn reflect<K>(
     api: Api<K>,
     config: watcher::Config,
-    dirty: &mpsc::Sender<()>,
+    watch: &Watch,
     kind: &'static str,
-    jitter_seed: u64,
 ) -> (Store<K>, JoinHandle<()>)
 where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
+    K: PassInput + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
 {
-    let (reader, writer) = reflector::store();
-    let stream = reflector::reflector(
-        writer,
-        watcher(api, config)
-            .backoff(watch_backoff(jitter_seed ^ jitter_seed_for(kind)))
-            // Managed fields are never read; not caching them keeps the stores small.
-            .modify(|o| o.meta_mut().managed_fields = None),
-    );
-    let dirty = dirty.clone();
+    let (reader, mut writer) = reflector::store();
+    let stream = watcher(api, config)
+        .backoff(watch_backoff(watch.jitter_seed ^ jitter_seed_for(kind)))
+        // Managed fields are never read; not caching them keeps the stores small.
+        .modify(|o| o.meta_mut().managed_fields = None);
+    let store = reader.clone();
+    let Watch {
+        dirty,
+        wanted,
+        metrics,
+        ..
+    } = watch.clone();
     let task = tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         while let Some(event) = stream.next().await {
-            match event {
-                // Full means a pass is already due.
-                Ok(_) => {
-                    let _ = dirty.try_send(());
+            let event = match event {
+                Ok(event) => event,
+                Err(e) => {
+                    tracing::warn!("watching {kind}: {e}");
+                    continue;
                 }
-                Err(e) => tracing::warn!("watching {kind}: {e}"),
+            };
+            // Judged against the object the store holds before the event is applied.
+            let passes = match &event {
+                watcher::Event::Apply(new) => store
+                    .get(&ObjectRef::from_obj(new))
+                    .is_none_or(|old| K::changes_a_pass(&old, new, &wanted)),
+                _ => true,
+            };
+            writer.apply_watcher_event(&event);
+            metrics.record_watch_event(kind, passes);
+            if passes {
+                // Full means a pass is already due.
+                let _ = dirty.try_send(());
             }
         }
     });
     (reader, task)
+}
+
+/// What every watch shares: where to mark the node dirty, what its status writes want (to
+/// judge which events can change a pass), the metrics, the seed of its retry jitter.
+#[derive(Clone)]
+struct Watch {
+    dirty: mpsc::Sender<()>,
+    wanted: Wanted,
+    metrics: Arc<Metrics>,
+    jitter_seed: u64,
 }
 
 /// The facts this node's plan needs: the interfaces its classes give it, and its InternalIP.

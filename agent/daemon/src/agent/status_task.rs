@@ -23,8 +23,9 @@ use super::status::{StatusOutcome, StatusWriter};
 pub(crate) struct StatusJob {
     /// The pass they come from.
     pub pass: u64,
-    /// What its plan has this node write.
-    pub writes: Writes,
+    /// What its plan has this node write (shared with the watches, which compare the statuses
+    /// they see with it).
+    pub writes: Arc<Writes>,
     /// The classes as that pass saw them (the writes are merged into them first, to skip a
     /// request that would change nothing, and a row of this node they no longer mention goes).
     pub classes: Vec<PortMapClass>,

@@ -1,0 +1,452 @@
+//! Which watch events can change what a pass does.
+//!
+//! Every watch event used to run a pass on every node: a kubelet's heartbeat on any Node,
+//! another node refreshing its row's pass time, a PortMap status written by the one node that
+//! writes it. A pass reads only part of each object (the plan, the facts query and the status
+//! writes together), so an event changing nothing of that part is no reason to pass. What a
+//! pass reads of each kind, and so what an event must change to run one:
+//!
+//! - PortMapClass: everything but `resourceVersion` and the `lastPassTime` and `agentVersion`
+//!   of the rows. The plan never reads those two (it leaves them out of the row it computes);
+//!   the status writes read them only in this node's own row, merging a write into the object
+//!   as read at that moment, and a pass that is not run writes nothing.
+//! - PortMap: everything but `resourceVersion` and the status. The plan reads a PortMap's status
+//!   only for a mapping this node writes (to keep a condition's transition time), and the
+//!   writes compare it with the status wanted. So a change to the status alone matters only to
+//!   the node writing it, and to it only when the status is not the one it wants: its own write
+//!   coming back runs no pass, someone else's write over it does (to put it back).
+//! - Node: its name, whether it is Ready, its InternalIP (`node_is_ready`, `node_internal_ip`:
+//!   the plan's index reads nothing else of a Node, nor does the facts query).
+//! - Namespace: its name and labels (all the plan's index reads).
+//! - EndpointSlice: everything but `resourceVersion`.
+//! - `kube-system/cilium-config`: what `CniFacts::from_cilium_config` reads of it.
+//!
+//! Only an object replaced in place is judged; one created or deleted, and every object of a
+//! relist (the watch starting over), marks the node dirty as before. The test below plans a
+//! cluster before and after changing every field said here not to be read, on every node, and
+//! gets the same plans: a plan reading one of them later fails it.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kuport_core::api::{PortMap, PortMapClass, PortMapStatus};
+use kuport_core::plan::Writes;
+use kuport_core::plan::merge::portmap_status_equivalent;
+use kuport_core::snapshot::{CniFacts, node_internal_ip, node_is_ready};
+
+/// A watched kind, and which of its changes a pass reads.
+pub(crate) trait PassInput: kube::Resource<DynamicType = ()> + Clone + Sized {
+    /// Whether the store replacing `old` with `new` can change what a pass of this node plans,
+    /// applies or writes, given the statuses it wants to write.
+    fn changes_a_pass(old: &Self, new: &Self, wanted: &Wanted) -> bool;
+}
+
+/// `o` without its `resourceVersion`, which changes with every write whatever it changed.
+fn unversioned<K: kube::Resource + Clone>(o: &K) -> K {
+    let mut o = o.clone();
+    o.meta_mut().resource_version = None;
+    o
+}
+
+impl PassInput for PortMapClass {
+    fn changes_a_pass(old: &Self, new: &Self, _: &Wanted) -> bool {
+        fn read(class: &PortMapClass) -> PortMapClass {
+            let mut class = unversioned(class);
+            for row in class.status.iter_mut().flat_map(|s| s.nodes.iter_mut()) {
+                row.last_pass_time = None;
+                row.agent_version = None;
+            }
+            class
+        }
+        read(old) != read(new)
+    }
+}
+
+impl PassInput for PortMap {
+    fn changes_a_pass(old: &Self, new: &Self, wanted: &Wanted) -> bool {
+        fn read(pm: &PortMap) -> PortMap {
+            let mut pm = unversioned(pm);
+            pm.status = None;
+            pm
+        }
+        if read(old) != read(new) {
+            return true;
+        }
+        if old.status == new.status {
+            return false;
+        }
+        let (Some(namespace), Some(name)) = (
+            new.metadata.namespace.as_deref(),
+            new.metadata.name.as_deref(),
+        ) else {
+            return true;
+        };
+        let status = new.status.clone().unwrap_or_default();
+        wanted.differs(namespace, name, &status).unwrap_or(false)
+    }
+}
+
+impl PassInput for Node {
+    fn changes_a_pass(old: &Self, new: &Self, _: &Wanted) -> bool {
+        let read = |n: &Node| {
+            (
+                n.metadata.name.clone(),
+                node_is_ready(n),
+                node_internal_ip(n),
+            )
+        };
+        read(old) != read(new)
+    }
+}
+
+impl PassInput for Namespace {
+    fn changes_a_pass(old: &Self, new: &Self, _: &Wanted) -> bool {
+        let read = |ns: &Namespace| (ns.metadata.name.clone(), ns.metadata.labels.clone());
+        read(old) != read(new)
+    }
+}
+
+impl PassInput for EndpointSlice {
+    fn changes_a_pass(old: &Self, new: &Self, _: &Wanted) -> bool {
+        unversioned(old) != unversioned(new)
+    }
+}
+
+impl PassInput for ConfigMap {
+    fn changes_a_pass(old: &Self, new: &Self, _: &Wanted) -> bool {
+        CniFacts::from_cilium_config(old) != CniFacts::from_cilium_config(new)
+    }
+}
+
+/// The writes this node last handed to the status task: the PortMap statuses it wants.
+/// Shared between the pass loop, which sets it, and the watches, which read it.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Wanted(Arc<Mutex<WantedWrites>>);
+
+#[derive(Debug, Default)]
+struct WantedWrites {
+    writes: Arc<Writes>,
+    /// The plan sorts its PortMap writes by namespace and name; a pass hook may not keep them
+    /// sorted, and then lookups go one by one.
+    sorted: bool,
+}
+
+impl Wanted {
+    /// The writes a pass handed over.
+    pub fn set(&self, writes: Arc<Writes>) {
+        let sorted = writes
+            .portmaps
+            .is_sorted_by(|a, b| (&a.namespace, &a.name) <= (&b.namespace, &b.name));
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = WantedWrites { writes, sorted };
+    }
+
+    /// `None` when this node does not write the status of PortMap `namespace/name`; otherwise
+    /// whether the status it wants says something else than `status`.
+    fn differs(&self, namespace: &str, name: &str, status: &PortMapStatus) -> Option<bool> {
+        let wanted = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let portmaps = &wanted.writes.portmaps;
+        let write = if wanted.sorted {
+            portmaps
+                .binary_search_by(|w| {
+                    (w.namespace.as_str(), w.name.as_str()).cmp(&(namespace, name))
+                })
+                .ok()
+                .map(|i| &portmaps[i])
+        } else {
+            portmaps
+                .iter()
+                .find(|w| w.namespace == namespace && w.name == name)
+        }?;
+        Some(!portmap_status_equivalent(&write.status, status))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{NodeCondition, Taint};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use kuport_core::plan::{Plan, plan};
+    use kuport_core::snapshot::{HostFacts, Snapshot};
+    use kuport_testkit::cluster::{Cluster, facts, now, pm, vxlan_spec};
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    /// Two accepting edges (edge-a serves) and the pod on worker-b, with the rows, a landed
+    /// claim and the CNI's config: every kind the plan reads, each with fields it does not.
+    fn cluster() -> Cluster {
+        Cluster::new()
+            .node("edge-a", "100.64.0.1")
+            .node("edge-c", "100.64.0.3")
+            .node("worker-b", "100.64.0.2")
+            .namespace("games", json!({"team": "a"}))
+            .class_json(
+                "public",
+                vxlan_spec(&[("edge-a", &["wt0"]), ("edge-c", &["wt0"])]),
+                Value::Null,
+            )
+            .row("public", "edge-a", json!({"wt0": "100.64.0.1"}), 1400)
+            .row("public", "edge-c", json!({"wt0": "100.64.0.3"}), 1400)
+            .claim("public", "edge-a/worker-b", 0)
+            .endpoint("games", "gs", "gs-0", "worker-b", "10.244.1.5", 3000)
+            .portmap(pm("games", "gs", "public", 3000))
+            .cni_port(8472)
+    }
+
+    fn facts_of(node: &str) -> HostFacts {
+        match node {
+            "edge-a" => facts(&[("wt0", "100.64.0.1")], "wt0", 1400),
+            "edge-c" => facts(&[("wt0", "100.64.0.3")], "wt0", 1400),
+            _ => facts(&[], "wt0", 1400),
+        }
+    }
+
+    const NODES: [&str; 3] = ["edge-a", "edge-c", "worker-b"];
+
+    fn plan_of(snapshot: &Snapshot, node: &str) -> Plan {
+        plan(snapshot, node, &facts_of(node), now())
+    }
+
+    fn wanted_of(plan: &Plan) -> Wanted {
+        let wanted = Wanted::default();
+        wanted.set(Arc::new(plan.writes.clone()));
+        wanted
+    }
+
+    fn time(at: &str) -> Time {
+        Time(at.parse().expect("timestamp"))
+    }
+
+    /// Every object of `snapshot` with a new `resourceVersion` and every field this module
+    /// says a pass does not read changed; a PortMap's status only when `node` does not write
+    /// it (`writer`).
+    fn touch_unread(snapshot: &Snapshot, node: &str, writer: Option<&str>) -> Snapshot {
+        let mut s = snapshot.clone();
+        for n in &mut s.nodes {
+            n.metadata.resource_version = Some("901".into());
+            n.metadata.labels = Some([("zone".to_owned(), "b".to_owned())].into());
+            n.metadata.annotations = Some([("note".to_owned(), "x".to_owned())].into());
+            let spec = n.spec.get_or_insert_with(Default::default);
+            spec.unschedulable = Some(true);
+            spec.taints = Some(vec![Taint {
+                key: "dedicated".into(),
+                effect: "NoSchedule".into(),
+                ..Taint::default()
+            }]);
+            let status = n.status.get_or_insert_with(Default::default);
+            for c in status.conditions.iter_mut().flatten() {
+                c.last_heartbeat_time = Some(time("2026-06-01T11:59:00Z"));
+                c.last_transition_time = Some(time("2026-05-01T00:00:00Z"));
+                c.reason = Some("KubeletReady".into());
+                c.message = Some("kubelet is posting ready status".into());
+            }
+            status
+                .conditions
+                .get_or_insert_with(Vec::new)
+                .push(NodeCondition {
+                    type_: "MemoryPressure".into(),
+                    status: "True".into(),
+                    ..NodeCondition::default()
+                });
+            status.addresses.get_or_insert_with(Vec::new).push(
+                k8s_openapi::api::core::v1::NodeAddress {
+                    type_: "Hostname".into(),
+                    address: "host".into(),
+                },
+            );
+            status.capacity = Some(
+                [(
+                    "cpu".to_owned(),
+                    k8s_openapi::apimachinery::pkg::api::resource::Quantity("8".into()),
+                )]
+                .into(),
+            );
+        }
+        for ns in &mut s.namespaces {
+            ns.metadata.resource_version = Some("902".into());
+            ns.metadata.annotations = Some([("owner".to_owned(), "x".to_owned())].into());
+            ns.status.get_or_insert_with(Default::default).phase = Some("Active".into());
+        }
+        for class in &mut s.classes {
+            class.metadata.resource_version = Some("903".into());
+            for row in class.status.iter_mut().flat_map(|s| s.nodes.iter_mut()) {
+                row.last_pass_time = Some(time("2026-06-01T11:58:00Z"));
+                row.agent_version = Some("0.0.9".into());
+            }
+        }
+        for slice in &mut s.endpoint_slices {
+            slice.metadata.resource_version = Some("904".into());
+        }
+        for p in &mut s.portmaps {
+            p.metadata.resource_version = Some("905".into());
+            if writer != Some(node) {
+                p.status = Some(PortMapStatus {
+                    conditions: vec![Condition {
+                        type_: "Programmed".into(),
+                        status: "False".into(),
+                        reason: "Whatever".into(),
+                        message: "written by another node".into(),
+                        last_transition_time: time("2026-06-01T11:00:00Z"),
+                        observed_generation: Some(7),
+                    }],
+                    ..PortMapStatus::default()
+                });
+            }
+        }
+        s
+    }
+
+    fn pairs<'a, K>(a: &'a [K], b: &'a [K]) -> impl Iterator<Item = (&'a K, &'a K)> {
+        assert_eq!(a.len(), b.len());
+        a.iter().zip(b)
+    }
+
+    #[test]
+    fn what_is_said_not_to_be_read_changes_no_plan_and_runs_no_pass() {
+        let base = cluster().snapshot;
+        let serving = plan_of(&base, "edge-a");
+        assert!(
+            !serving.host.links.is_empty()
+                && !serving.writes.portmaps.is_empty()
+                && !serving.writes.class_rows.is_empty(),
+            "the cluster exercises links, PortMap and class writes: {:?}",
+            serving.host.links
+        );
+        for node in NODES {
+            let before = plan_of(&base, node);
+            let writer = before.portmaps[0].status_writer.clone();
+            let touched = touch_unread(&base, node, writer.as_deref());
+            assert_eq!(
+                plan_of(&touched, node),
+                before,
+                "{node}: the plan read a field said not to be read"
+            );
+            let wanted = wanted_of(&before);
+            let unchanged = |what: &str, changes: bool| {
+                assert!(
+                    !changes,
+                    "{node}: {what}: an unread change would run a pass"
+                );
+            };
+            for (a, b) in pairs(&base.nodes, &touched.nodes) {
+                unchanged("Node", Node::changes_a_pass(a, b, &wanted));
+            }
+            for (a, b) in pairs(&base.namespaces, &touched.namespaces) {
+                unchanged("Namespace", Namespace::changes_a_pass(a, b, &wanted));
+            }
+            for (a, b) in pairs(&base.classes, &touched.classes) {
+                unchanged("PortMapClass", PortMapClass::changes_a_pass(a, b, &wanted));
+            }
+            for (a, b) in pairs(&base.endpoint_slices, &touched.endpoint_slices) {
+                unchanged(
+                    "EndpointSlice",
+                    EndpointSlice::changes_a_pass(a, b, &wanted),
+                );
+            }
+            for (a, b) in pairs(&base.portmaps, &touched.portmaps) {
+                unchanged("PortMap", PortMap::changes_a_pass(a, b, &wanted));
+            }
+        }
+    }
+
+    #[test]
+    fn what_a_pass_reads_runs_one() {
+        let base = cluster().snapshot;
+        let wanted = Wanted::default();
+        let node = &base.nodes[0];
+        let mut not_ready = node.clone();
+        for c in not_ready
+            .status
+            .iter_mut()
+            .flat_map(|s| s.conditions.iter_mut().flatten())
+        {
+            c.status = "False".into();
+        }
+        assert!(Node::changes_a_pass(node, &not_ready, &wanted));
+        let mut moved = node.clone();
+        for a in moved
+            .status
+            .iter_mut()
+            .flat_map(|s| s.addresses.iter_mut().flatten())
+        {
+            a.address = "100.64.0.9".into();
+        }
+        assert!(Node::changes_a_pass(node, &moved, &wanted));
+
+        let ns = &base.namespaces[0];
+        let mut relabelled = ns.clone();
+        relabelled.metadata.labels = Some([("team".to_owned(), "b".to_owned())].into());
+        assert!(Namespace::changes_a_pass(ns, &relabelled, &wanted));
+
+        let class = &base.classes[0];
+        let mut unclaimed = class.clone();
+        if let Some(s) = unclaimed.status.as_mut() {
+            s.links.clear();
+        }
+        assert!(PortMapClass::changes_a_pass(class, &unclaimed, &wanted));
+        let mut row_down = class.clone();
+        if let Some(s) = row_down.status.as_mut() {
+            s.nodes[1].ready = false;
+        }
+        assert!(PortMapClass::changes_a_pass(class, &row_down, &wanted));
+
+        let slice = &base.endpoint_slices[0];
+        let mut unready = slice.clone();
+        for e in unready.endpoints.iter_mut().flatten() {
+            e.conditions.get_or_insert_with(Default::default).ready = Some(false);
+        }
+        assert!(EndpointSlice::changes_a_pass(slice, &unready, &wanted));
+
+        let cm = |data: Value| -> ConfigMap {
+            serde_json::from_value(json!({"metadata": {"name": "cilium-config"}, "data": data}))
+                .expect("config map")
+        };
+        let tunnel = cm(json!({"tunnel-port": "8472"}));
+        assert!(ConfigMap::changes_a_pass(
+            &tunnel,
+            &cm(json!({"tunnel-port": "8473"})),
+            &wanted
+        ));
+        assert!(!ConfigMap::changes_a_pass(
+            &tunnel,
+            &cm(json!({"tunnel-port": "8472", "debug": "true"})),
+            &wanted
+        ));
+    }
+
+    #[test]
+    fn a_portmap_status_runs_a_pass_only_on_its_writer_and_only_when_not_the_one_it_wants() {
+        let base = cluster().snapshot;
+        let writes = plan_of(&base, "edge-a");
+        assert_eq!(
+            writes.portmaps[0].status_writer.as_deref(),
+            Some("edge-a"),
+            "the serving node writes the status"
+        );
+        let wanted = writes.writes.portmaps[0].status.clone();
+        let stored = &base.portmaps[0];
+        let with = |status: PortMapStatus| {
+            let mut p = stored.clone();
+            p.metadata.resource_version = Some("77".into());
+            p.status = Some(status);
+            p
+        };
+        let echo = with(wanted.clone());
+        let mut other = wanted.clone();
+        other.conditions[0].message = "someone else's words".into();
+        let other = with(other);
+        let on = |node: &str, new: &PortMap| {
+            PortMap::changes_a_pass(stored, new, &wanted_of(&plan_of(&base, node)))
+        };
+        assert!(!on("edge-a", &echo), "the writer's own write coming back");
+        assert!(on("edge-a", &other), "the writer puts its status back");
+        for node in ["edge-c", "worker-b"] {
+            assert!(!on(node, &other), "{node} does not write it");
+        }
+        // A spec change matters to every node.
+        let mut respec = stored.clone();
+        respec.spec.port = 3001;
+        assert!(on("worker-b", &respec));
+    }
+}
