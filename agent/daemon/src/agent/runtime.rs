@@ -174,6 +174,10 @@ pub struct Agent<H: Host> {
     refusals: Vec<HostRefusal>,
     /// When the mapping counters were last read from the host.
     counters_read: Option<Instant>,
+    /// The last pass's snapshot (less the classes, which went to the status writes): the next
+    /// pass takes every object the stores still hold at the same version from it instead of
+    /// copying it again.
+    previous: Snapshot,
 }
 
 /// The mapping counters are read from the host at most this often (and on every verifying
@@ -240,21 +244,12 @@ macro_rules! watched_kinds {
         }
 
         impl Inputs {
-            fn snapshot(&self) -> Snapshot {
-                /// A store's objects by namespace and name: a store lists in hash order,
-                /// which must not reach the plan (nor make a simulated run differ).
-                fn all<K: Clone + kube::Resource<DynamicType = ()> + 'static>(
-                    s: &Store<K>,
-                ) -> Vec<K> {
-                    let mut objects: Vec<K> = s.state().iter().map(|o| (**o).clone()).collect();
-                    objects.sort_by(|a, b| {
-                        let key = |o: &K| (o.meta().namespace.clone(), o.meta().name.clone());
-                        key(a).cmp(&key(b))
-                    });
-                    objects
-                }
+            /// Every watched object, each kind sorted by namespace and name; objects `previous`
+            /// (the last snapshot) holds at the version the store holds are moved from it, the
+            /// others copied from the store.
+            fn snapshot(&self, previous: Snapshot) -> Snapshot {
                 Snapshot {
-                    $($snapshot: all(&self.$field),)*
+                    $($snapshot: refresh(&self.$field, previous.$snapshot),)*
                     cni: self.cni.state().first().map(|cm| CniFacts::from_cilium_config(cm)),
                 }
             }
@@ -268,6 +263,38 @@ watched_kinds! {
     slices: EndpointSlice => endpoint_slices;
     nodes: Node => nodes;
     namespaces: Namespace => namespaces;
+}
+
+/// A store's objects sorted by namespace and name (a store lists in hash order, which must not
+/// reach the plan, nor make a simulated run differ), taking each from `previous` (sorted the
+/// same way) when it holds the object at the same `resourceVersion` (the API server gives every
+/// change a new one), and copying it from the store otherwise. A pass after one event then
+/// copies one object instead of every object of every store.
+fn refresh<K>(store: &Store<K>, previous: Vec<K>) -> Vec<K>
+where
+    K: Clone + kube::Resource<DynamicType = ()> + 'static,
+{
+    fn key<K: kube::Resource>(o: &K) -> (Option<&str>, Option<&str>) {
+        (o.meta().namespace.as_deref(), o.meta().name.as_deref())
+    }
+    let mut current = store.state();
+    current.sort_by(|a, b| key(a.as_ref()).cmp(&key(b.as_ref())));
+    let mut previous = previous.into_iter().peekable();
+    current
+        .iter()
+        .map(|o| {
+            let o = o.as_ref();
+            while previous.next_if(|p| key(p) < key(o)).is_some() {}
+            let version = o.meta().resource_version.as_deref();
+            previous
+                .next_if(|p| {
+                    key(p) == key(o)
+                        && version.is_some()
+                        && p.meta().resource_version.as_deref() == version
+                })
+                .unwrap_or_else(|| o.clone())
+        })
+        .collect()
 }
 
 impl Drop for Inputs {
@@ -418,6 +445,7 @@ impl<H: Host> Agent<H> {
             pass_hook: None,
             refusals: Vec::new(),
             counters_read: None,
+            previous: Snapshot::default(),
         }
     }
 
@@ -792,18 +820,28 @@ impl<H: Host> Agent<H> {
         // Every input, cilium-config included, comes from a watch: an unreachable API server
         // leaves the stores as they were, so a link event during an outage still repairs the
         // datapath from the last known objects.
-        let mut snapshot = inputs.snapshot();
+        let mut snapshot = inputs.snapshot(std::mem::take(&mut self.previous));
 
         let mut query = facts_query(&snapshot, &node, self.config.marks);
         query.agent_ports = self.config.agent_ports.clone();
         let mut facts = match self.host.facts(&query).await {
             Ok(f) => f,
-            Err(e) => return (Applied::Failed(PassError::Facts(e)), None),
+            Err(e) => {
+                self.previous = snapshot;
+                return (Applied::Failed(PassError::Facts(e)), None);
+            }
         };
         facts.refusals = self.refusals.clone();
         let underlay = facts.underlay_device.clone().map(|d| vec![d]);
 
-        let mut plan = match self.plan_and_apply(&snapshot, facts, verify).await {
+        let planned = self.plan_and_apply(&mut snapshot, facts, verify).await;
+        // The classes go with the writes; the rest is the next pass's to reuse.
+        let classes = match planned {
+            Ok(_) => std::mem::take(&mut snapshot.classes),
+            Err(_) => Vec::new(),
+        };
+        self.previous = snapshot;
+        let mut plan = match planned {
             Ok(plan) => plan,
             Err(failed) => return (Applied::Failed(failed), underlay),
         };
@@ -818,7 +856,7 @@ impl<H: Host> Agent<H> {
         }
         let applied = Applied::Ok {
             writes: std::mem::take(&mut plan.writes),
-            classes: std::mem::take(&mut snapshot.classes),
+            classes,
             refused: !self.refusals.is_empty(),
         };
         (applied, underlay)
@@ -829,20 +867,11 @@ impl<H: Host> Agent<H> {
     /// class status changes). Returns the plan whose status is to be written.
     async fn plan_and_apply(
         &mut self,
-        snapshot: &Snapshot,
-        mut facts: HostFacts,
+        snapshot: &mut Snapshot,
+        facts: HostFacts,
         verify: bool,
     ) -> Result<Plan, PassError> {
-        let node = self.config.node_name.clone();
-        let (clock, blocking) = (&self.config.clock, self.config.plan_on_blocking_thread);
-        let mut plan = compute_plan(
-            snapshot.clone(),
-            node.clone(),
-            facts.clone(),
-            clock,
-            blocking,
-        )
-        .await?;
+        let (mut plan, mut facts) = self.plan(snapshot, facts).await?;
         self.run_hook(snapshot, &mut plan);
         let report = self
             .host
@@ -857,9 +886,30 @@ impl<H: Host> Agent<H> {
         }
         self.refusals = refused;
         facts.refusals = self.refusals.clone();
-        let mut plan = compute_plan(snapshot.clone(), node, facts, clock, blocking).await?;
+        let (mut plan, _) = self.plan(snapshot, facts).await?;
         self.run_hook(snapshot, &mut plan);
         Ok(plan)
+    }
+
+    /// Computes the plan over `snapshot`, lent to the plan's thread and put back (the next pass
+    /// reuses its objects); hands the facts back for a second plan. When the plan panicked the
+    /// snapshot is lost, and the next pass copies every object from the stores again.
+    async fn plan(
+        &self,
+        snapshot: &mut Snapshot,
+        facts: HostFacts,
+    ) -> Result<(Plan, HostFacts), PassError> {
+        let lent = std::mem::take(snapshot);
+        let (plan, lent, facts) = compute_plan(
+            lent,
+            self.config.node_name.clone(),
+            facts,
+            &self.config.clock,
+            self.config.plan_on_blocking_thread,
+        )
+        .await?;
+        *snapshot = lent;
+        Ok((plan, facts))
     }
 
     fn run_hook(&self, snapshot: &Snapshot, plan: &mut Plan) {
@@ -955,21 +1005,26 @@ fn facts_query(snapshot: &Snapshot, node: &str, marks: MarkLayout) -> FactsQuery
 }
 
 /// The plan, off the async workers unless configured inline; a panic in it fails the pass
-/// instead of the agent.
+/// instead of the agent. The snapshot and the facts are moved to the plan's thread and handed
+/// back with the plan rather than copied for it (a snapshot holds every watched object).
 async fn compute_plan(
     snapshot: Snapshot,
     node: String,
     facts: HostFacts,
     clock: &Clock,
     blocking: bool,
-) -> Result<Plan, PassError> {
+) -> Result<(Plan, Snapshot, HostFacts), PassError> {
     let now = clock.now();
     if blocking {
-        return tokio::task::spawn_blocking(move || plan(&snapshot, &node, &facts, now))
-            .await
-            .map_err(|e| PassError::Plan(e.to_string()));
+        return tokio::task::spawn_blocking(move || {
+            let plan = plan(&snapshot, &node, &facts, now);
+            (plan, snapshot, facts)
+        })
+        .await
+        .map_err(|e| PassError::Plan(e.to_string()));
     }
     std::panic::catch_unwind(|| plan(&snapshot, &node, &facts, now))
+        .map(|plan| (plan, snapshot, facts))
         .map_err(|_| PassError::Plan("the plan panicked".to_owned()))
 }
 
@@ -1162,5 +1217,79 @@ mod schedule_tests {
         assert!(!in_flight.take_for_schedule(older));
         let newest = in_flight.new_id();
         assert!(in_flight.take_for_schedule(newest));
+    }
+}
+
+#[cfg(test)]
+mod snapshot_tests {
+    use super::*;
+
+    fn config_map(namespace: &str, name: &str, version: &str, marker: &str) -> ConfigMap {
+        let mut cm = ConfigMap::default();
+        cm.metadata.namespace = Some(namespace.to_owned());
+        cm.metadata.name = Some(name.to_owned());
+        cm.metadata.resource_version = Some(version.to_owned());
+        cm.data = Some([("from".to_owned(), marker.to_owned())].into());
+        cm
+    }
+
+    fn marker(cm: &ConfigMap) -> (&str, &str, &str) {
+        (
+            cm.metadata.name.as_deref().unwrap_or_default(),
+            cm.metadata.resource_version.as_deref().unwrap_or_default(),
+            cm.data
+                .as_ref()
+                .and_then(|d| d.get("from"))
+                .map_or("", String::as_str),
+        )
+    }
+
+    #[test]
+    fn unchanged_objects_are_taken_from_the_previous_snapshot_and_the_rest_copied() {
+        let (store, mut writer) = reflector::store::<ConfigMap>();
+        for cm in [
+            config_map("a", "same", "1", "store"),
+            config_map("a", "changed", "5", "store"),
+            config_map("a", "new", "7", "store"),
+            config_map("b", "same", "2", "store"),
+        ] {
+            writer.apply_watcher_event(&watcher::Event::Apply(cm));
+        }
+        // The marker tells where each object came from: at one version the API server's
+        // objects are the same, so only the test can tell them apart.
+        let previous = vec![
+            config_map("a", "changed", "4", "previous"),
+            config_map("a", "gone", "3", "previous"),
+            config_map("a", "same", "1", "previous"),
+            config_map("b", "same", "2", "previous"),
+        ];
+        let refreshed = refresh(&store, previous);
+        let got: Vec<_> = refreshed.iter().map(marker).collect();
+        assert_eq!(
+            got,
+            [
+                ("changed", "5", "store"),
+                ("new", "7", "store"),
+                ("same", "1", "previous"),
+                ("same", "2", "previous"),
+            ]
+        );
+        assert_eq!(
+            refreshed[3].metadata.namespace.as_deref(),
+            Some("b"),
+            "sorted by namespace, then name"
+        );
+    }
+
+    #[test]
+    fn an_object_without_a_version_is_always_copied() {
+        let (store, mut writer) = reflector::store::<ConfigMap>();
+        let mut cm = config_map("a", "x", "1", "store");
+        cm.metadata.resource_version = None;
+        writer.apply_watcher_event(&watcher::Event::Apply(cm.clone()));
+        let mut old = cm;
+        old.data = Some([("from".to_owned(), "previous".to_owned())].into());
+        let refreshed = refresh(&store, vec![old]);
+        assert_eq!(marker(&refreshed[0]).2, "store");
     }
 }
