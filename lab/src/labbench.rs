@@ -405,7 +405,7 @@ async fn endpoint_unready(runner: &mut Runner<'_>, client: &str) -> Result<Measu
         let t0 = Instant::now();
         samples.push(first_answer_from(runner, client, "203.0.113.1:3100", other, t0).await?);
         set_ready(runner, &serving, true).await?;
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        tokio::time::sleep(SETTLE).await;
     }
     Ok(change_measurement(
         "endpoint change (serving pod unready) → first answer from the new endpoint",
@@ -430,6 +430,7 @@ async fn set_ready(runner: &mut Runner<'_>, pod: &str, ready: bool) -> Result<()
 async fn pod_moved(runner: &mut Runner<'_>, client: &str) -> Result<Measurement> {
     let mut samples = Vec::new();
     for i in 0..CHANGE_SAMPLES {
+        tokio::time::sleep(SETTLE).await;
         let to = if i % 2 == 0 { "worker-c" } else { "worker-b" };
         let step = Step::MovePod(scenario::MovePod {
             pod: "games/mover-0".into(),
@@ -453,6 +454,9 @@ async fn pod_moved(runner: &mut Runner<'_>, client: &str) -> Result<Measurement>
     ))
 }
 
+/// How long a change sample waits for the last change to settle on every node.
+const SETTLE: Duration = Duration::from_millis(500);
+
 /// Single serving with two accepting edges; the serving edge's Node is marked not ready and the
 /// mapping must answer on the other edge's address. Edge-a serves while it is ready (the first
 /// accepting node), so the samples alternate: edge-a not ready, then ready again.
@@ -463,6 +467,10 @@ async fn node_not_ready(runner: &mut Runner<'_>, client: &str) -> Result<Measure
     );
     let mut samples = Vec::new();
     for i in 0..CHANGE_SAMPLES {
+        // Let the last change settle on every node first: the next sample then measures one
+        // whole change, not the end of the last one (answering at once because the old
+        // serving edge had not yet let go).
+        tokio::time::sleep(SETTLE).await;
         let ready = i % 2 == 1;
         let step = Step::SetNodeReady(scenario::SetNodeReady {
             node: "edge-a".into(),
