@@ -374,10 +374,11 @@ async fn configure_link(
     let stage = HostStage::Links;
     let addrs = addresses(net, stage).await?;
     let have: Vec<Ipv4Net> = addrs.get(&k.index).cloned().unwrap_or_default();
+    let readdress = have != [want.address];
     // A new address, or a link coming up (which flushes its neighbours), needs the peer's
     // neighbour entry (below).
-    let fresh = have != [want.address] || !k.up;
-    if have != [want.address] {
+    let fresh = readdress || !k.up;
+    if readdress {
         net.delete_addresses(k.index).await.map_err(nl(
             stage,
             "delete addresses of",
