@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 use super::events::EventSink;
 use super::failure::PassError;
 use super::health::Health;
-use super::lifecycle::{self, Lookup, StopAction, StopPolicy};
+use super::lifecycle::{self, Lookup, RemovalWatch, StopAction, StopPolicy};
 use super::metrics::Metrics;
 use super::relevance::{PassInput, Wanted};
 use super::status::StatusWriter;
@@ -498,8 +498,9 @@ impl<H: Host> Agent<H> {
     }
 
     /// Under [`StopPolicy::Owner`], reads the agent's own Pod in the background (retrying until
-    /// it answers) to learn the DaemonSet owning it.
-    fn learn_owner(&self) -> Option<JoinHandle<Option<lifecycle::Owner>>> {
+    /// it answers) to learn the DaemonSet owning it, then watches that DaemonSet and its
+    /// namespace for a sign of removal (the watch lives in the task's result until the stop).
+    fn learn_owner(&self) -> Option<JoinHandle<Option<(lifecycle::Owner, RemovalWatch)>>> {
         let StopPolicy::Owner { pod, namespace } = self.config.stop_policy.clone() else {
             return None;
         };
@@ -521,9 +522,12 @@ impl<H: Host> Agent<H> {
                                 "Pod {namespace}/{pod} has no DaemonSet owner: a stop will keep the datapath"
                             ),
                         }
-                        return owner;
+                        return owner.map(|o| {
+                            let watch = lifecycle::watch_removal(&client, &o);
+                            (o, watch)
+                        });
                     }
-                    Lookup::NotFound | Lookup::Denied => {
+                    Lookup::NotFound | Lookup::Denied | Lookup::Unauthorized => {
                         tracing::warn!(
                             "cannot read the agent's own Pod {namespace}/{pod}: removing kuport \
                              will not clean this node by itself (grant get on pods and \
@@ -544,7 +548,7 @@ impl<H: Host> Agent<H> {
 
     async fn stop_action(
         &self,
-        owner_task: Option<JoinHandle<Option<lifecycle::Owner>>>,
+        owner_task: Option<JoinHandle<Option<(lifecycle::Owner, RemovalWatch)>>>,
     ) -> StopAction {
         match &self.config.stop_policy {
             StopPolicy::Keep => StopAction::Keep("the next agent adopts it".to_owned()),
@@ -552,7 +556,7 @@ impl<H: Host> Agent<H> {
             StopPolicy::Owner { pod, namespace } => {
                 // A lookup still running gets the same bounded time as the stop's own
                 // lookups, rather than being dropped because the stop came early.
-                let owner_at_start = match owner_task {
+                let learnt = match owner_task {
                     Some(mut task) => {
                         let bound = self.config.api_timeout.min(STOP_LOOKUP_TIMEOUT);
                         match tokio::time::timeout(bound, &mut task).await {
@@ -565,11 +569,16 @@ impl<H: Host> Agent<H> {
                     }
                     None => None,
                 };
+                let (owner_at_start, seen_removal) = match learnt {
+                    Some((owner, watch)) => (Some(owner), watch.seen()),
+                    None => (None, None),
+                };
                 let facts = lifecycle::gather(
                     &self.client,
                     pod,
                     namespace,
                     owner_at_start,
+                    seen_removal,
                     self.config.api_timeout.min(STOP_LOOKUP_TIMEOUT),
                 )
                 .await;
