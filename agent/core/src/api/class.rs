@@ -97,8 +97,8 @@ pub struct ClassNode {
     /// address and wt0 for the mesh address). Given per node, so nodes with different NIC names
     /// can share a class.
     #[schemars(
-        length(min = 1),
-        inner(pattern(r"^[A-Za-z0-9_@+-][A-Za-z0-9._@+-]{0,14}$"))
+        length(min = 1, max = 16),
+        inner(length(max = 15), pattern(r"^[A-Za-z0-9_@+-][A-Za-z0-9._@+-]{0,14}$"))
     )]
     pub interfaces: Vec<String>,
 }
@@ -132,7 +132,7 @@ pub struct PortWindow {
 
     /// Ports the administrator keeps back: a PortMap whose range contains one is refused.
     #[serde(default)]
-    #[schemars(inner(range(min = 1, max = 65535)))]
+    #[schemars(length(max = 1024), inner(range(min = 1, max = 65535)))]
     pub reserved: Vec<i32>,
 }
 
@@ -196,6 +196,7 @@ pub struct VxlanSettings {
     /// IPv4 CIDR the link addresses come from: one /31 per node pair, so a /24 holds 128 pairs.
     /// Link-local space avoids touching any other route.
     #[serde(default = "default_subnet")]
+    #[schemars(length(max = 18))]
     pub subnet: String,
 }
 
@@ -252,6 +253,7 @@ pub struct PortMapClassStatus {
     /// "2/2 edge-a,edge-b" (at most four names, then "… +N"): what the Nodes column shows.
     /// Derived from readyNodes in the same write.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
     pub nodes_summary: Option<String>,
 
     /// Return-link address claims, one per node pair that has, or recently had, a link.
@@ -271,6 +273,7 @@ pub struct PortMapClassStatus {
 #[serde(rename_all = "camelCase")]
 pub struct ClassNodeStatus {
     /// The node this row describes.
+    #[schemars(length(max = 253))]
     pub name: String,
 
     /// True when every interface the class gives this node resolves to an IPv4 address.
@@ -278,6 +281,7 @@ pub struct ClassNodeStatus {
 
     /// Why the node is not ready, for example "interface wt0 not present".
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
     pub message: Option<String>,
 
     /// MTU of the interface carrying the node's InternalIP.
@@ -294,6 +298,10 @@ pub struct ClassNodeStatus {
 
     /// The IPv4 address each class interface resolved to on this node.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend(
+        "maxProperties" = 16,
+        "additionalProperties" = {"type": "string", "maxLength": 15}
+    ))]
     pub addresses: BTreeMap<String, String>,
 
     /// What the agent read of the CNI's configuration; absent when none was found.
@@ -309,10 +317,12 @@ pub struct ClassNodeStatus {
     /// What this node's own firewall is known to do to mapped traffic, for example a forward
     /// chain whose policy is drop.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), inner(length(max = 1024)))]
     pub warnings: Vec<String>,
 
     /// The kuport version of the agent that wrote this row.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
     pub agent_version: Option<String>,
 
     /// When this node's agent last completed a pass, refreshed at most once a minute (and at
@@ -334,14 +344,17 @@ pub struct HeldPort {
     pub port: i32,
 
     /// The address the socket is bound to: `0.0.0.0` for every address of the node.
+    #[schemars(length(max = 15))]
     pub address: String,
 
     /// What holds it, for example "host TCP listener 0.0.0.0:22".
+    #[schemars(length(max = 256))]
     pub holder: String,
 
     /// Mappings (`namespace/name`) this node was already forwarding the port for when it first
     /// saw the socket: they keep the port (earliest wins); any other mapping is refused it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(max = 317)))]
     pub yields_to: Vec<String>,
 }
 
@@ -352,13 +365,16 @@ pub struct HeldPort {
 #[serde(rename_all = "camelCase")]
 pub struct RefusedMapping {
     /// The node whose kernel refused (it owns this entry).
+    #[schemars(length(max = 253))]
     pub node: String,
 
     /// The mapping, `namespace/name`.
+    #[schemars(length(max = 317))]
     pub mapping: String,
 
     /// What was refused (its nftables rules, or the return link it uses) and what the kernel
     /// said.
+    #[schemars(length(max = 1024))]
     pub message: String,
 }
 
@@ -367,10 +383,12 @@ pub struct RefusedMapping {
 #[serde(rename_all = "camelCase")]
 pub struct CniInfo {
     /// The CNI's name, for example cilium.
+    #[schemars(length(max = 63))]
     pub name: String,
 
     /// The CNI's routing mode as configured (tunnel or native), when it says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 63))]
     pub routing_mode: Option<String>,
 
     /// The UDP port of the CNI's own VXLAN overlay; kuport's link port must differ from it.
@@ -383,14 +401,17 @@ pub struct CniInfo {
 #[serde(rename_all = "camelCase")]
 pub struct LinkClaim {
     /// The two node names, sorted and joined by "/".
+    #[schemars(length(max = 507))]
     pub key: String,
 
     /// The two node names, sorted.
     #[serde(default)]
+    #[schemars(length(max = 2), inner(length(max = 253)))]
     pub peers: Vec<String>,
 
     /// The claimed /31, as text.
     #[serde(default)]
+    #[schemars(length(max = 18))]
     pub subnet: String,
 
     /// Zero-based index of the /31 inside the class subnet. Never renumbered while in use.

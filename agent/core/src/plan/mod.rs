@@ -16,6 +16,7 @@ pub mod merge;
 pub mod reasons;
 pub mod selector;
 mod status;
+pub use status::limits;
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;

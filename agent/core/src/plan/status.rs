@@ -18,6 +18,23 @@ use crate::api::{
 };
 use crate::ir::VXLAN_OVERHEAD;
 use crate::snapshot::{HostFacts, HostSocket, Snapshot};
+use crate::text::cut_bytes;
+
+/// The longest strings and lists the CRD schema takes in what this node writes (the API server
+/// refuses a whole status for one string too long, so the writes are cut to fit). A test checks
+/// them against the generated schema.
+pub mod limits {
+    /// A row's message, a warning, a refusal's message.
+    pub const MESSAGE: usize = 1024;
+    /// What holds a port.
+    pub const HOLDER: usize = 256;
+    /// The CNI's name and routing mode as read from its configuration.
+    pub const CNI_WORD: usize = 63;
+    /// Warnings in a row.
+    pub const WARNINGS: usize = 32;
+    /// Mappings a held port yields to.
+    pub const YIELDS_TO: usize = 64;
+}
 
 /// Builds a condition, keeping `lastTransitionTime` from the stored one unless the status flips.
 pub fn condition(
@@ -187,22 +204,22 @@ fn class_row(
         .as_ref()
         .and_then(|s| s.nodes.iter().find(|r| r.name == this_node));
     let held_ports = held_ports(index, state.name, &addresses, facts, stored_row);
-    let mut warnings = facts.firewall_warnings.clone();
-    warnings.sort();
-    warnings.dedup();
     let underlay_mtu = facts.underlay_mtu.and_then(|m| i32::try_from(m).ok());
     let row = ClassNodeStatus {
         name: this_node.to_owned(),
         ready: missing.is_none(),
-        message: missing,
+        message: missing.map(|m| cut_bytes(&m, limits::MESSAGE).into_owned()),
         underlay_mtu,
         link_mtu: underlay_mtu.map(|m| m - VXLAN_OVERHEAD as i32),
         addresses,
         held_ports,
-        warnings,
+        warnings: row_warnings(&facts.firewall_warnings),
         cni: snapshot.cni.as_ref().map(|c| CniInfo {
-            name: c.name.clone(),
-            routing_mode: c.routing_mode.clone(),
+            name: cut_bytes(&c.name, limits::CNI_WORD).into_owned(),
+            routing_mode: c
+                .routing_mode
+                .as_deref()
+                .map(|m| cut_bytes(m, limits::CNI_WORD).into_owned()),
             vxlan_port: Some(i32::from(c.vxlan_port)),
         }),
         // The agent stamps these when it writes the row.
@@ -253,7 +270,7 @@ fn refusal_writes(work: &[Working], this_node: &str, facts: &HostFacts) -> Vec<R
             Some(RefusalWrite {
                 class: w.pm.spec.class_name.clone(),
                 mapping: r.mapping.clone(),
-                message: r.message.clone(),
+                message: cut_bytes(&r.message, limits::MESSAGE).into_owned(),
             })
         })
         .collect();
@@ -297,14 +314,16 @@ fn held_ports(
                 .any(|(p, first, last)| *p == s.protocol && (*first..=*last).contains(&s.port))
         })
         .map(|s| {
+            let holder = s.holder.clone().unwrap_or_else(|| socket_holder(s));
             let mut held = HeldPort {
                 protocol: s.protocol,
                 port: i32::from(s.port),
                 address: s.address.to_string(),
-                holder: s.holder.clone().unwrap_or_else(|| socket_holder(s)),
+                holder: cut_bytes(&holder, limits::HOLDER).into_owned(),
                 yields_to: Vec::new(),
             };
             held.yields_to = yields_to(s.protocol, s.port, &held.address, facts, stored_row);
+            held.yields_to.truncate(limits::YIELDS_TO);
             held
         })
         .collect();
@@ -342,6 +361,23 @@ pub(super) fn yields_to(
     mappings
 }
 
+/// The firewall warnings of a row, sorted, each cut to the schema's length and at most
+/// [`limits::WARNINGS`] of them, the last saying how many more there were.
+fn row_warnings(found: &[String]) -> Vec<String> {
+    let mut warnings: Vec<String> = found
+        .iter()
+        .map(|w| cut_bytes(w, limits::MESSAGE).into_owned())
+        .collect();
+    warnings.sort();
+    warnings.dedup();
+    if warnings.len() > limits::WARNINGS {
+        let more = warnings.len() - (limits::WARNINGS - 1);
+        warnings.truncate(limits::WARNINGS - 1);
+        warnings.push(format!("and {more} more warnings"));
+    }
+    warnings
+}
+
 fn socket_holder(s: &HostSocket) -> String {
     match s.protocol {
         Protocol::Tcp => format!("host TCP listener {}:{}", s.address, s.port),
@@ -371,4 +407,78 @@ fn gc(state: &ClassState, now: Timestamp) -> Vec<GcAction> {
         }
     }
     actions
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::CustomResourceExt as _;
+
+    use super::*;
+    use crate::api::PortMapClass;
+
+    /// The schema's bound at `path` (JSON pointer into the status schema) for `key`.
+    fn bound(path: &str, key: &str) -> usize {
+        let crd = serde_json::to_value(PortMapClass::crd()).expect("json");
+        let status = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+            ["properties"];
+        let node = status
+            .pointer(path)
+            .unwrap_or_else(|| panic!("no {path} in the status schema"));
+        node[key]
+            .as_u64()
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or_else(|| panic!("{path} has no {key}"))
+    }
+
+    #[test]
+    fn the_limits_are_the_schemas() {
+        let row = "/nodes/items/properties";
+        assert_eq!(
+            bound(&format!("{row}/message"), "maxLength"),
+            limits::MESSAGE
+        );
+        assert_eq!(
+            bound(&format!("{row}/warnings"), "maxItems"),
+            limits::WARNINGS
+        );
+        assert_eq!(
+            bound(&format!("{row}/warnings/items"), "maxLength"),
+            limits::MESSAGE
+        );
+        let held = format!("{row}/heldPorts/items/properties");
+        assert_eq!(
+            bound(&format!("{held}/holder"), "maxLength"),
+            limits::HOLDER
+        );
+        assert_eq!(
+            bound(&format!("{held}/yieldsTo"), "maxItems"),
+            limits::YIELDS_TO
+        );
+        let cni = format!("{row}/cni/properties");
+        assert_eq!(bound(&format!("{cni}/name"), "maxLength"), limits::CNI_WORD);
+        assert_eq!(
+            bound(&format!("{cni}/routingMode"), "maxLength"),
+            limits::CNI_WORD
+        );
+        assert_eq!(
+            bound("/refused/items/properties/message", "maxLength"),
+            limits::MESSAGE
+        );
+    }
+
+    #[test]
+    fn warnings_are_cut_and_counted() {
+        let found: Vec<String> = (0..40)
+            .map(|i| format!("{i:02} {}", "w".repeat(2000)))
+            .collect();
+        let warnings = row_warnings(&found);
+        assert_eq!(warnings.len(), limits::WARNINGS);
+        assert!(warnings.iter().all(|w| w.len() <= limits::MESSAGE));
+        assert_eq!(
+            warnings.last().map(String::as_str),
+            Some("and 9 more warnings")
+        );
+        let few = row_warnings(&["b".to_owned(), "a".to_owned(), "a".to_owned()]);
+        assert_eq!(few, ["a", "b"]);
+    }
 }
