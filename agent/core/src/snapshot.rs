@@ -15,6 +15,9 @@ use crate::ir::MarkLayout;
 pub const CILIUM_DEFAULT_VXLAN_PORT: u16 = 8472;
 /// Namespace and name of the ConfigMap the CNI facts are read from.
 pub const CILIUM_CONFIG: (&str, &str) = ("kube-system", "cilium-config");
+/// The keys of `cilium-config` [`CniFacts::from_cilium_config`] reads (the agent keeps no
+/// other).
+pub const CILIUM_CONFIG_KEYS: [&str; 3] = ["routing-mode", "tunnel", "tunnel-port"];
 
 /// Everything the plan reads from the API server. Order of the lists does not matter: the plan
 /// sorts whatever it iterates.
@@ -166,6 +169,9 @@ pub struct HostSocket {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holder: Option<String>,
 }
+
+/// The label an EndpointSlice names its Service by: the only label of a slice the plan reads.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
 /// True when the Node's `Ready` condition is `True`.
 pub fn node_is_ready(node: &Node) -> bool {
