@@ -5,8 +5,9 @@
 //! `kubectl apply` leaves the whole object again in `last-applied-configuration`, up to 256 KiB
 //! per object), labels nothing selects on, a Node's image list and capacity. Anyone who may
 //! create a PortMap or a Service decides how large those are, and every agent on every node
-//! held them: 1,000 PortMaps carrying a 100 KiB annotation each took the agent far past its
-//! 128 MiB limit (`docs/performance.md`). Each kind is trimmed as its events arrive, before the
+//! held them: 1,000 PortMaps carrying a 100 KiB annotation each are 100 MiB of annotations
+//! alone, against the DaemonSet's 128 MiB memory limit. Each kind is trimmed as its events
+//! arrive, before the
 //! store takes it, to the fields `relevance.rs` says a pass reads (plus the metadata the stores
 //! and the snapshot key on: name, namespace, uid, `resourceVersion`, generation, creation and
 //! deletion times). A test plans a cluster before and after trimming and gets the same plans.
