@@ -4,7 +4,7 @@
 //! same objects in memory, so the decisions are tested without root.
 
 #[cfg(test)]
-mod fake;
+pub(crate) mod fake;
 pub mod kernel;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -618,4 +618,4 @@ pub async fn ensure_valid_mark(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -19,7 +19,7 @@ const GOLDEN_WITH_LINKS: [&str; 4] = [
     "both-roles-multi",
 ];
 
-fn golden(case: &str) -> HostState {
+pub(crate) fn golden(case: &str) -> HostState {
     let path = format!(
         "{}/../core/testdata/golden/{case}.ir.json",
         env!("CARGO_MANIFEST_DIR")
@@ -30,7 +30,7 @@ fn golden(case: &str) -> HostState {
 
 /// A kernel with the underlay the IR's links bind to (`wt0` holding their local address) and
 /// every accepting interface the IR names.
-fn kernel_for(state: &HostState) -> FakeNetlink {
+pub(crate) fn kernel_for(state: &HostState) -> FakeNetlink {
     let net = FakeNetlink::new();
     let local = state
         .links
@@ -46,7 +46,7 @@ fn kernel_for(state: &HostState) -> FakeNetlink {
     net
 }
 
-fn host(net: &FakeNetlink) -> (std::sync::Arc<FakeNft>, LinuxHost<FakeNetlink>) {
+pub(crate) fn host(net: &FakeNetlink) -> (std::sync::Arc<FakeNft>, LinuxHost<FakeNetlink>) {
     let nft = std::sync::Arc::new(FakeNft::default());
     let host = LinuxHost::with_backends(net.clone(), Nft::with_runner(nft.clone()));
     (nft, host)
