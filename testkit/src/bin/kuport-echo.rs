@@ -6,6 +6,7 @@
 //! kuport-echo serve <udp|tcp> <first-port>[-<last-port>] [--tag T]
 //!     answer "peer=<ip>:<port> port=<local port>" (plus " tag=T": which responder answered)
 //! kuport-echo ask <udp|tcp> <ip>:<port> [--timeout-ms N] [--bulk N] [--size N] [--df on|off]
+//!                 [--source-port N]
 //!     prints "reply from=<ip:port> <answer> client=<ip:port> rtt_us=N", "refused" (exit 3),
 //!     "timeout" (exit 4) or "fragneeded mtu=N" (exit 5)
 //! ```
@@ -14,6 +15,8 @@
 //! router on the path answers "fragmentation needed", reported with the path MTU it named.
 //! A UDP probe uses a connected socket: the kernel delivers a reply only when it comes from the
 //! exact address and port dialed, and reports an ICMP port-unreachable as "refused".
+//! `--source-port` (UDP) sends from that port, so successive asks are one flow to conntrack, as
+//! a client sending from one socket is.
 
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -153,6 +156,13 @@ fn ask(args: &[String]) -> Result<u8, String> {
     let timeout = Duration::from_millis(flag(args, "--timeout-ms").unwrap_or(2000));
     let bulk = flag(args, "--bulk").map(|n| n as usize);
     let size = flag(args, "--size").map(|n| n as usize);
+    let source_port = match flag(args, "--source-port") {
+        None => 0,
+        Some(port) if proto == "udp" => {
+            u16::try_from(port).map_err(|_| format!("--source-port {port}: not a port"))?
+        }
+        Some(_) => return Err("--source-port is for UDP asks".into()),
+    };
     let df = match args
         .iter()
         .position(|a| a == "--df")
@@ -165,7 +175,7 @@ fn ask(args: &[String]) -> Result<u8, String> {
     };
     let started = std::time::Instant::now();
     let outcome = match proto {
-        "udp" => ask_udp(target, timeout, size, df),
+        "udp" => ask_udp(target, timeout, size, df, source_port),
         "tcp" => ask_tcp(target, timeout, bulk),
         other => return Err(format!("unknown protocol {other}")),
     };
@@ -246,9 +256,10 @@ fn ask_udp(
     timeout: Duration,
     size: Option<usize>,
     df: bool,
+    source_port: u16,
 ) -> Result<String, Outcome> {
     use rustix::net::sockopt::{Ipv4PathMtuDiscovery, set_ip_mtu_discover};
-    let sock = UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], 0)))?;
+    let sock = UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], source_port)))?;
     let pmtu = if df {
         Ipv4PathMtuDiscovery::DO
     } else {
