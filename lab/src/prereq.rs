@@ -15,6 +15,9 @@ const TOOLS: &[(&str, &str)] = &[
     ("wg", "wireguard-tools"),
     ("nsenter", "util-linux"),
     ("ping", "iputils-ping"),
+    // Inspecting and deleting conntrack entries by hand in scenarios' controls (never used by
+    // the agent, which speaks ctnetlink itself).
+    ("conntrack", "conntrack"),
 ];
 
 /// The binaries the lab runs, all from the same build as the lab itself.

@@ -98,6 +98,9 @@ async fn ask_once(topo: &Topology, ns: &str, p: &Probe, dialed: SocketAddr) -> R
     if let Some(bytes) = p.bytes {
         args.extend(["--bulk".into(), bytes.to_string()]);
     }
+    if let Some(port) = p.source_port {
+        args.extend(["--source-port".into(), port.to_string()]);
+    }
     let out = tokio::process::Command::new("ip")
         .args(&args)
         .output()
@@ -227,7 +230,10 @@ pub fn prepare_loop(topo: &Topology, p: &Probe, timeout_ms: u64) -> Result<Loope
     let (ns, client_ip) = source(topo, &p.from)?;
     let addr = topo.address_of(&p.to.node, &p.to.interface)?;
     let dialed = SocketAddr::V4(SocketAddrV4::new(addr, p.port));
-    let args = ask_args(topo, &ns, p.protocol, dialed, timeout_ms);
+    let mut args = ask_args(topo, &ns, p.protocol, dialed, timeout_ms);
+    if let Some(port) = p.source_port {
+        args.extend(["--source-port".into(), port.to_string()]);
+    }
     Ok(Looped {
         args,
         dialed,

@@ -291,6 +291,10 @@ pub struct Probe {
     /// Extension: the pod (`namespace/name`) whose responder must be the one answering.
     #[serde(default)]
     pub answered_by: Option<String>,
+    /// Extension (UDP): the client's source port. Probes giving the same port from the same
+    /// client are one flow to conntrack, as a client sending from one socket is.
+    #[serde(default)]
+    pub source_port: Option<u16>,
 }
 
 fn yes() -> bool {
@@ -541,6 +545,14 @@ fn validate(s: &Scenario) -> Result<()> {
             bail!("node {} listed twice", n.name);
         }
     }
+    for probe in s.steps.iter().flat_map(probes_of) {
+        if probe.source_port.is_some() && probe.protocol != Protocol::Udp {
+            bail!(
+                "probe to port {}: sourcePort is for UDP probes (a TCP connection's port stays taken after it closes)",
+                probe.port
+            );
+        }
+    }
     for step in &s.steps {
         if let Step::RollingRestart(r) = step {
             if r.probes.is_empty() || r.rate == 0 || r.rate > 100 {
@@ -560,6 +572,16 @@ fn validate(s: &Scenario) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The probes of a step, those of `parallel` and `rollingRestart` included.
+fn probes_of(step: &Step) -> Vec<&Probe> {
+    match step {
+        Step::Probe(p) => vec![p],
+        Step::Parallel(steps) => steps.iter().flat_map(probes_of).collect(),
+        Step::RollingRestart(r) => r.probes.iter().collect(),
+        _ => Vec::new(),
+    }
 }
 
 /// Every `*.yaml` in a directory, sorted by file name.
@@ -719,6 +741,23 @@ steps:
         )
         .expect("parses");
         assert!(validate(&unknown).is_err());
+    }
+
+    #[test]
+    fn a_source_port_is_for_udp_probes() {
+        let base = "name: x\ncni: kindnet\nnodes: [{name: a}]\nsteps:\n  - parallel:\n      - probe: {from: internet, to: {node: a, interface: eth0}, protocol: PROTO, port: 1, expect: reply, sourcePort: 40000}\n";
+        let udp: Scenario = serde_saphyr::from_str(&base.replace("PROTO", "UDP")).expect("parses");
+        validate(&udp).expect("valid");
+        let Step::Parallel(steps) = &udp.steps[0] else {
+            panic!("not parallel")
+        };
+        let Step::Probe(p) = &steps[0] else {
+            panic!("not a probe")
+        };
+        assert_eq!(p.source_port, Some(40000));
+        let tcp: Scenario = serde_saphyr::from_str(&base.replace("PROTO", "TCP")).expect("parses");
+        let err = validate(&tcp).expect_err("TCP with a source port");
+        assert!(format!("{err}").contains("sourcePort"), "{err}");
     }
 
     #[test]
