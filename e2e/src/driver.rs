@@ -273,6 +273,11 @@ pub trait Platform {
     fn finish_loop(&mut self, sh: &mut dyn Shell) -> Result<String>;
     /// `nft list tables` and `ip -o link show` on `node`.
     fn node_state(&mut self, sh: &mut dyn Shell, node: &str) -> Result<(String, String)>;
+    /// `helm` with `args`, pointed at the cluster, when this platform installs the chart too.
+    fn helm(&self, args: Vec<String>) -> Option<Cmd> {
+        let _ = args;
+        None
+    }
 }
 
 struct Run<'a> {
@@ -290,6 +295,31 @@ impl Run<'_> {
     {
         let cmd = self.p.kubectl(args.into_iter().map(Into::into).collect());
         self.sh.run(&cmd)
+    }
+
+    fn helm(&mut self, args: &[&str]) -> Result<String> {
+        let cmd = self
+            .p
+            .helm(args.iter().map(|a| (*a).to_owned()).collect())
+            .context("this platform has no helm")?;
+        self.sh.run(&cmd)
+    }
+
+    /// Every node in `nodes` without a kuport table or link.
+    fn nodes_clean(&mut self, nodes: &[String]) -> Result<()> {
+        let mut all = nodes.to_vec();
+        all.sort();
+        all.dedup();
+        for node in all {
+            let (nft, links) = self.p.node_state(self.sh, &node)?;
+            let left = leftovers(&nft, &links);
+            ensure!(
+                left.is_empty(),
+                "node {node} is not clean after uninstall: {}",
+                left.join(", ")
+            );
+        }
+        Ok(())
     }
 
     /// Runs one named step, printing its line.
@@ -350,7 +380,6 @@ impl Run<'_> {
         ])?;
         Ok(())
     }
-
 }
 
 /// Checks a probe's output: the pod must have seen the prober's own address.
@@ -433,12 +462,15 @@ fn steps(r: &mut Run<'_>) -> Result<Summary> {
         "-f".into(),
         repo_dir("crds"),
     ]);
-    r.step("install: CRDs, then the manifests; the DaemonSet ready on every node", |r| {
-        r.sh.run(&crds)?;
-        r.sh.run(&install)?;
-        r.rollout_status("kuport-system", "daemonset/kuport-agent", "180s")?;
-        Ok(())
-    })?;
+    r.step(
+        "install: CRDs, then the manifests; the DaemonSet ready on every node",
+        |r| {
+            r.sh.run(&crds)?;
+            r.sh.run(&install)?;
+            r.rollout_status("kuport-system", "daemonset/kuport-agent", "180s")?;
+            Ok(())
+        },
+    )?;
 
     // The mapping: accepted on one node, the pod on another.
     let (accepting, pod_node, moved_to) = r.p.nodes();
@@ -454,15 +486,19 @@ fn steps(r: &mut Run<'_>) -> Result<Summary> {
         ensure!(!address.is_empty(), "node {accepting} has no InternalIP");
         Ok(address)
     })?;
-    r.step("workload and mapping: the pod on another node, Programmed", |r| {
-        let workload = r.p.workload(&accepting, &pod_node);
-        r.kubectl_stdin(&["apply", "-f", "-"], workload)?;
-        r.rollout_status(NAMESPACE, "deployment/echo", "180s")?;
-        r.wait_programmed(&pod_node)
-    })?;
-    let seen = r.step("probe across nodes: the pod sees the client's own address", |r| {
-        r.p.probe(r.sh, &address)
-    })?;
+    r.step(
+        "workload and mapping: the pod on another node, Programmed",
+        |r| {
+            let workload = r.p.workload(&accepting, &pod_node);
+            r.kubectl_stdin(&["apply", "-f", "-"], workload)?;
+            r.rollout_status(NAMESPACE, "deployment/echo", "180s")?;
+            r.wait_programmed(&pod_node)
+        },
+    )?;
+    let seen = r.step(
+        "probe across nodes: the pod sees the client's own address",
+        |r| r.p.probe(r.sh, &address),
+    )?;
     summary.probes.extend(seen);
 
     // The pod moves to another node; the mapping follows.
@@ -483,9 +519,10 @@ fn steps(r: &mut Run<'_>) -> Result<Summary> {
         r.rollout_status(NAMESPACE, "deployment/echo", "180s")?;
         r.wait_programmed(&moved_to)
     })?;
-    let seen = r.step("probe after the move: the pod sees the client's own address", |r| {
-        r.p.probe(r.sh, &address)
-    })?;
+    let seen = r.step(
+        "probe after the move: the pod sees the client's own address",
+        |r| r.p.probe(r.sh, &address),
+    )?;
     summary.probes.extend(seen);
 
     // A rolling restart of the DaemonSet while a loop asks 10 times a second.
@@ -516,23 +553,113 @@ fn steps(r: &mut Run<'_>) -> Result<Summary> {
 
     // Uninstall: the agents see their DaemonSet go and clean their nodes.
     let nodes = vec![accepting, pod_node, moved_to];
-    r.step("uninstall leaves no kuport table or link on any node", |r| {
-        r.sh.run(&uninstall)?;
-        let mut all = nodes.clone();
-        all.sort();
-        all.dedup();
-        for node in all {
-            let (nft, links) = r.p.node_state(r.sh, &node)?;
-            let left = leftovers(&nft, &links);
-            ensure!(
-                left.is_empty(),
-                "node {node} is not clean after uninstall: {}",
-                left.join(", ")
-            );
-        }
-        Ok(())
-    })?;
+    r.step(
+        "uninstall leaves no kuport table or link on any node",
+        |r| {
+            r.sh.run(&uninstall)?;
+            r.nodes_clean(&nodes)
+        },
+    )?;
+    if r.p.helm(Vec::new()).is_some() {
+        chart_steps(r, &address, &nodes, &mut summary)?;
+    }
     Ok(summary)
+}
+
+/// The chart through a real helm, on the same cluster and with the workload still in place:
+/// lint, install (the mapping answers again), upgrade (a changed argument: a rolling update;
+/// it still answers), uninstall (every node clean).
+fn chart_steps(
+    r: &mut Run<'_>,
+    address: &str,
+    nodes: &[String],
+    summary: &mut Summary,
+) -> Result<()> {
+    let chart = repo_dir("deploy/chart");
+    r.step("helm lint deploy/chart", |r| {
+        r.helm(&["lint", &chart]).map(|_| ())
+    })?;
+    r.step(
+        "helm install: the DaemonSet ready; the mapping answers again",
+        |r| {
+            // The chart leaves the namespace to the user, labelled for Pod Security first
+            // (values.yaml, README.md).
+            r.kubectl(["create", "namespace", "kuport-system"])?;
+            r.kubectl([
+                "label",
+                "namespace",
+                "kuport-system",
+                "pod-security.kubernetes.io/enforce=privileged",
+            ])?;
+            r.helm(&[
+                "install",
+                "kuport",
+                &chart,
+                "--namespace",
+                "kuport-system",
+                "--wait",
+                "--timeout",
+                "180s",
+            ])?;
+            r.rollout_status("kuport-system", "daemonset/kuport-agent", "180s")?;
+            r.kubectl([
+                "-n",
+                NAMESPACE,
+                "wait",
+                "portmap/echo",
+                "--for=condition=Programmed",
+                "--timeout=180s",
+            ])?;
+            let seen = r.p.probe(r.sh, address)?;
+            summary.probes.extend(seen);
+            Ok(())
+        },
+    )?;
+    r.step(
+        "helm upgrade (logLevel=debug): a rolling update; the mapping answers",
+        |r| {
+            r.helm(&[
+                "upgrade",
+                "kuport",
+                &chart,
+                "--namespace",
+                "kuport-system",
+                "--reuse-values",
+                "--set",
+                "logLevel=debug",
+                "--wait",
+                "--timeout",
+                "300s",
+            ])?;
+            r.rollout_status("kuport-system", "daemonset/kuport-agent", "300s")?;
+            let seen = r.p.probe(r.sh, address)?;
+            summary.probes.extend(seen);
+            Ok(())
+        },
+    )?;
+    r.step(
+        "helm uninstall leaves no kuport table or link on any node",
+        |r| {
+            r.helm(&[
+                "uninstall",
+                "kuport",
+                "--namespace",
+                "kuport-system",
+                "--wait",
+                "--timeout",
+                "180s",
+            ])?;
+            r.kubectl([
+                "delete",
+                "namespace",
+                "kuport-system",
+                "--wait=true",
+                "--timeout=180s",
+            ])?;
+            r.nodes_clean(nodes)
+        },
+    )?;
+    Ok(())
 }
 
 /// A directory of the repository this driver was built from.
@@ -619,8 +746,13 @@ impl Platform for Kind {
         Ok((
             self.kubectl(vec!["apply".into(), "-f".into(), "-".into()])
                 .with_stdin(manifests.clone()),
-            self.kubectl(vec!["delete".into(), "--wait=true".into(), "-f".into(), "-".into()])
-                .with_stdin(manifests),
+            self.kubectl(vec![
+                "delete".into(),
+                "--wait=true".into(),
+                "-f".into(),
+                "-".into(),
+            ])
+            .with_stdin(manifests),
         ))
     }
 

@@ -69,6 +69,8 @@ pub struct LocalOptions {
 pub struct Local {
     o: LocalOptions,
     lab: Option<Child>,
+    /// helm, built by e2e/helm/build.sh.
+    helm: Option<String>,
     desc: Option<Description>,
     loop_pid: Option<String>,
 }
@@ -78,6 +80,7 @@ impl Local {
         Self {
             o,
             lab: None,
+            helm: None,
             desc: None,
             loop_pid: None,
         }
@@ -105,6 +108,22 @@ impl Local {
 
     /// The agent image, the workload and pause images, as docker archives.
     fn build_images(&self, sh: &mut dyn Shell) -> Result<Vec<PathBuf>> {
+        // The lab's own build of its binaries (the same packages, so cargo reuses it).
+        sh.run(&Cmd::new(
+            "cargo",
+            [
+                "build",
+                "--quiet",
+                "--locked",
+                "-p",
+                "kuport",
+                "-p",
+                "kuport-sim",
+                "-p",
+                "kuport-testkit",
+                "--bins",
+            ],
+        ))?;
         let agent = match &self.o.agent_image {
             Some(a) => a.clone(),
             None => {
@@ -112,10 +131,6 @@ impl Local {
                 // unpacks the image, and the symbols are most of a debug build's size.
                 let out = self.o.work.join("kuport-agent.oci.tar");
                 let bin = self.o.work.join("kuport");
-                sh.run(&Cmd::new(
-                    "cargo",
-                    ["build", "--quiet", "--locked", "-p", "kuport", "-p", "kuport-testkit"],
-                ))?;
                 sh.run(&Cmd::new(
                     "objcopy",
                     [
@@ -137,10 +152,6 @@ impl Local {
         };
         let dir = self.o.work.join("images");
         sh.run(&Cmd::new(
-            "cargo",
-            ["build", "--quiet", "--locked", "-p", "kuport-testkit"],
-        ))?;
-        sh.run(&Cmd::new(
             repo_dir("deploy/image/local-images.sh").as_str(),
             [
                 agent.display().to_string(),
@@ -148,7 +159,7 @@ impl Local {
                 repo_dir("target/debug/kuport-echo"),
             ],
         ))?;
-        Ok(["agent.tar", "echo.tar", "pause.tar"]
+        Ok(["pause.tar", "agent.tar", "echo.tar"]
             .iter()
             .map(|f| dir.join(f))
             .collect())
@@ -164,7 +175,15 @@ impl Local {
         let err = log.try_clone().context("reopening the cluster log")?;
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
         let mut cmd = Command::new(cargo);
-        cmd.args(["run", "--quiet", "--locked", "-p", "kuport-lab", "--", "cluster"]);
+        cmd.args([
+            "run",
+            "--quiet",
+            "--locked",
+            "-p",
+            "kuport-lab",
+            "--",
+            "cluster",
+        ]);
         for image in images {
             cmd.arg("--image").arg(image);
         }
@@ -305,6 +324,15 @@ impl Platform for Local {
         std::fs::create_dir_all(&self.o.work)
             .with_context(|| format!("creating {}", self.o.work.display()))?;
         let images = self.build_images(sh)?;
+        let built = sh.run(&Cmd::new("bash", [repo_dir("e2e/helm/build.sh")]))?;
+        self.helm = Some(
+            built
+                .lines()
+                .last()
+                .context("e2e/helm/build.sh printed no path")?
+                .trim()
+                .to_owned(),
+        );
         self.start_lab(&images)
     }
 
@@ -417,14 +445,17 @@ impl Platform for Local {
             .with_context(|| format!("node {ACCEPTING} has no public address"))?;
         let log = self.loop_log();
         let script = format!(
-            "sent=0; answered=0; while [ $sent -lt {LOOP_ASKS} ]; do \
-             if {echo} ask udp {public}:3000 --timeout-ms 1000 | grep -q '^reply '; then answered=$((answered+1)); fi; \
-             sent=$((sent+1)); sleep 0.1; done; echo sent $sent answered $answered",
+            "sent=0; answered=0\nwhile [ $sent -lt {LOOP_ASKS} ]; do\n  \
+             if {echo} ask udp {public}:3000 --timeout-ms 1000 | grep -q '^reply '; then answered=$((answered+1)); fi\n  \
+             sent=$((sent+1)); sleep 0.1\ndone\necho sent $sent answered $answered\n",
             echo = desc.echo.display()
         );
+        let file = self.o.work.join("probe-loop.sh");
+        std::fs::write(&file, script).with_context(|| format!("writing {}", file.display()))?;
         let outer = format!(
-            "ip netns exec {ns} sh -c '{script}' >{log} 2>&1 & echo $!",
+            "ip netns exec {ns} sh {file} >{log} 2>&1 & echo $!",
             ns = desc.internet.netns,
+            file = file.display(),
             log = log.display()
         );
         let pid = sh.run(&Cmd::new("sh", ["-c", &outer]))?;
@@ -443,6 +474,21 @@ impl Platform for Local {
             self.loop_log().display()
         );
         sh.run(&Cmd::new("sh", ["-c", &wait]))
+    }
+
+    fn helm(&self, args: Vec<String>) -> Option<Cmd> {
+        let helm = self.helm.clone()?;
+        let desc = self.desc.as_ref()?;
+        let mut all = vec![
+            "netns".to_owned(),
+            "exec".to_owned(),
+            desc.api_netns.clone(),
+            helm,
+            "--kubeconfig".to_owned(),
+            desc.kubeconfig.display().to_string(),
+        ];
+        all.extend(args);
+        Some(Cmd::new("ip", all))
     }
 
     fn node_state(&mut self, sh: &mut dyn Shell, node: &str) -> Result<(String, String)> {

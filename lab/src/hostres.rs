@@ -117,7 +117,12 @@ pub fn release(state: &LabState) -> Vec<String> {
     for s in &state.sysctls {
         let now = std::fs::read_to_string(&s.path).unwrap_or_default();
         if now.trim() != s.value && std::fs::write(&s.path, &s.value).is_err() {
-            left.push(format!("sysctl {} (still {}, was {})", s.path, now.trim(), s.value));
+            left.push(format!(
+                "sysctl {} (still {}, was {})",
+                s.path,
+                now.trim(),
+                s.value
+            ));
         }
     }
     for dir in state.data_dirs.iter().rev() {
@@ -126,7 +131,10 @@ pub fn release(state: &LabState) -> Vec<String> {
         // one seen here would make the removal reach into someone else's files.
         let mounted = mounts_under(path);
         if !mounted.is_empty() {
-            left.push(format!("data {dir} (mounts still under it: {})", mounted.join(", ")));
+            left.push(format!(
+                "data {dir} (mounts still under it: {})",
+                mounted.join(", ")
+            ));
             continue;
         }
         if path.exists() && std::fs::remove_dir_all(path).is_err() {

@@ -196,8 +196,7 @@ pub fn run(args: ClusterArgs) -> Result<ExitCode> {
 }
 
 async fn stop_signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-    {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("kuport-lab: cannot watch SIGTERM ({e}); stop with Ctrl-C");

@@ -288,7 +288,6 @@ fn join_cgroup_line(name: &str) -> String {
     )
 }
 
-
 /// Prepares the node's directories, cgroups and configuration, and starts containerd.
 pub fn start_containerd(lab: &mut Lab, n: &NodeSpec) -> Result<i32> {
     let dir = n.dir();
@@ -300,7 +299,10 @@ pub fn start_containerd(lab: &mut Lab, n: &NodeSpec) -> Result<i32> {
         lab.create_host_dir(Path::new(host))?;
     }
     write(&dir.join("containerd.toml"), &containerd_config(n))?;
-    write(&dir.join("cni/net.d/10-kuport-lab.conflist"), &cni_config(n))?;
+    write(
+        &dir.join("cni/net.d/10-kuport-lab.conflist"),
+        &cni_config(n),
+    )?;
     make_cgroups(lab, &n.cgroup())?;
     let mut script = vec![join_cgroup_line(&n.cgroup())];
     for (own, host) in PRIVATE_PATHS {

@@ -447,7 +447,11 @@ impl ControlPlane {
             format!("--token-auth-file={}", s("tokens.csv")),
             format!(
                 "--authorization-mode={}",
-                if cluster.is_some() { "Node,RBAC" } else { "RBAC" }
+                if cluster.is_some() {
+                    "Node,RBAC"
+                } else {
+                    "RBAC"
+                }
             ),
             format!("--service-account-key-file={}", s("sa.pub")),
             format!("--service-account-signing-key-file={}", s("sa.key")),
@@ -506,7 +510,11 @@ impl ControlPlane {
 
     /// kube-controller-manager with every default controller (the cluster's root CA published
     /// for the pods' service-account volumes) and kube-scheduler, both as the admin.
-    fn start_cluster_components(&mut self, bin: &Path, cluster: &ClusterOptions) -> Result<(), Error> {
+    fn start_cluster_components(
+        &mut self,
+        bin: &Path,
+        cluster: &ClusterOptions,
+    ) -> Result<(), Error> {
         let root = self.root().to_path_buf();
         let s = |p: &str| root.join(p).display().to_string();
         let kubeconfig = self.kubeconfig.display().to_string();
@@ -996,7 +1004,13 @@ fn sweep_abandoned(tmp: &Path) {
         for &pid in children {
             let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
             let ours = exe.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
-                ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"].contains(&n)
+                [
+                    "etcd",
+                    "kube-apiserver",
+                    "kube-controller-manager",
+                    "kube-scheduler",
+                ]
+                .contains(&n)
             });
             if ours {
                 eprintln!(
@@ -1015,8 +1029,7 @@ fn sweep_abandoned(tmp: &Path) {
 /// Standard base64 (RFC 4648, padded), for the kubeconfig's inline CA: a dozen lines instead of
 /// a dependency.
 mod base64_light {
-    const ALPHABET: &[u8; 64] =
-        b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
     pub(super) fn encode(bytes: &[u8]) -> String {
         let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
