@@ -468,6 +468,23 @@ fn steps(r: &mut Run<'_>) -> Result<Summary> {
             r.sh.run(&crds)?;
             r.sh.run(&install)?;
             r.rollout_status("kuport-system", "daemonset/kuport-agent", "180s")?;
+            // A normal start records no failed probe (the readiness probe waits for the
+            // first pass instead of failing before it).
+            let unhealthy = r.kubectl([
+                "-n",
+                "kuport-system",
+                "get",
+                "events",
+                "--field-selector",
+                "reason=Unhealthy",
+                "-o",
+                "name",
+            ])?;
+            ensure!(
+                unhealthy.trim().is_empty(),
+                "the agents' start recorded failed probes: {}",
+                unhealthy.trim()
+            );
             Ok(())
         },
     )?;

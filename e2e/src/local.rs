@@ -618,24 +618,16 @@ spec:
 pub fn run(sh: &mut dyn Shell, o: LocalOptions, keep: bool) -> Result<crate::driver::Summary> {
     let mut local = Local::new(o);
     let result = crate::driver::run_on(sh, &mut local, keep);
-    if keep && local.lab.is_some() {
-        if let Some(child) = local.lab.take() {
-            eprintln!(
-                "the local cluster stays up (kuport-lab pid {}); KUBECONFIG={} in netns {}; stop it with kill {}",
-                child.id(),
-                local
-                    .desc
-                    .as_ref()
-                    .map(|d| d.kubeconfig.display().to_string())
-                    .unwrap_or_default(),
-                local
-                    .desc
-                    .as_ref()
-                    .map(|d| d.api_netns.clone())
-                    .unwrap_or_default(),
-                child.id()
-            );
-        }
+    if keep && let Some(child) = local.lab.take() {
+        let (kubeconfig, netns) = local
+            .desc
+            .as_ref()
+            .map(|d| (d.kubeconfig.display().to_string(), d.api_netns.clone()))
+            .unwrap_or_default();
+        eprintln!(
+            "the local cluster stays up (kuport-lab pid {pid}); kubectl: ip netns exec {netns} kubectl --kubeconfig {kubeconfig}; stop it with kill {pid}",
+            pid = child.id()
+        );
     }
     result
 }
