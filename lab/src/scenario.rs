@@ -269,7 +269,8 @@ fn default_wait() -> u64 {
 pub struct Probe {
     #[serde(default)]
     pub name: Option<String>,
-    /// `internet`, `vpn:<client>`, or (extension) `pod:<namespace>/<name>`.
+    /// `internet`, `vpn:<client>`, or (extensions) `pod:<namespace>/<name>` and `node:<name>`
+    /// (the node's own namespace, its mesh address as the client's).
     pub from: String,
     pub to: Target,
     pub protocol: Protocol,
@@ -291,6 +292,9 @@ pub struct Probe {
     /// Extension: the pod (`namespace/name`) whose responder must be the one answering.
     #[serde(default)]
     pub answered_by: Option<String>,
+    /// Extension: the client's source port (an ephemeral one when absent).
+    #[serde(default)]
+    pub source_port: Option<u16>,
 }
 
 fn yes() -> bool {
@@ -395,8 +399,9 @@ pub struct HostExec {
     #[serde(default)]
     pub name: Option<String>,
     pub node: String,
-    /// A shell command; `${pod:<namespace>/<name>}` is replaced by that pod's address and
-    /// `${mesh:<node>}` by that node's mesh address.
+    /// A shell command; `${pod:<namespace>/<name>}` is replaced by that pod's address,
+    /// `${mesh:<node>}` by that node's mesh address, `${wg:<member>}` by the command running
+    /// `wg` beside that mesh member's `wireguard-go` and `${wgkey:<member>}` by its public key.
     pub command: String,
 }
 
