@@ -57,7 +57,12 @@ fn source(topo: &Topology, from: &str) -> Result<(String, Ipv4Addr)> {
             .with_context(|| format!("no pod {pod}"))?;
         return Ok((p.ns.clone(), p.ip));
     }
-    bail!("probe from {from}: use internet, vpn:<client> or pod:<namespace>/<name>")
+    if let Some(node) = from.strip_prefix("node:") {
+        // The node's own connection: over the mesh, it leaves from the node's mesh address.
+        let n = topo.node(node)?;
+        return Ok((n.ns.clone(), n.mesh));
+    }
+    bail!("probe from {from}: use internet, vpn:<client>, pod:<namespace>/<name> or node:<name>")
 }
 
 /// `ip` arguments running one `kuport-echo ask` from namespace `ns`.

@@ -403,6 +403,31 @@ impl<N: netlink::Netlink> LinuxHost<N> {
         report.conntrack_error = sweep.error;
     }
 
+    /// After a refused transaction the kernel holds whatever table it held before, or none:
+    /// every link that is up while that table holds no guard for its port is taken down. When
+    /// the table cannot be read (nft cannot run at all), nothing is known to be wrong with it
+    /// and the links are left as they are. Said in the log; the apply's error stands.
+    async fn close_unguarded_links(&self) {
+        let guarded = match self.blocking(|nft| nft.guarded_ports()).await {
+            Ok(ports) => ports,
+            Err(e) => {
+                tracing::warn!("reading the link guard after a refused transaction: {e}");
+                return;
+            }
+        };
+        let mut report = ApplyReport::default();
+        match netlink::take_down_unguarded(&self.netlink, |p| guarded.contains(&p), &mut report)
+            .await
+        {
+            Ok(down) if down.is_empty() => {}
+            Ok(down) => tracing::warn!(
+                links = ?down,
+                "links taken down: the nftables transaction failed and no guard covers their port"
+            ),
+            Err(e) => tracing::warn!("taking unguarded links down: {e}"),
+        }
+    }
+
     async fn blocking<T: Send + 'static>(
         &self,
         f: impl FnOnce(nft::Nft) -> Result<T, HostError> + Send + 'static,
@@ -427,11 +452,15 @@ impl<N: netlink::Netlink> Host for LinuxHost<N> {
             return Ok(ApplyReport::default());
         }
         let mut report = ApplyReport::default();
-        // Links first: a link failure must not leave a DNAT toward a dead link. A link the
-        // kernel refuses takes only its own rules out of this apply; everything else goes on.
-        let failed = netlink::ensure_links(&self.netlink, &desired.links, &mut report).await;
+        // A link port is open only while the kernel holds its guard. A link no longer wanted
+        // goes before the transaction that may remove its port's guard.
+        netlink::remove_unwanted_links(&self.netlink, &desired.links, &mut report).await?;
+        // Links next, created down (a down VXLAN device holds no socket): a link failure must
+        // not leave a DNAT toward a dead link, so links are known before the transaction; a
+        // link the kernel refuses takes only its own rules out of this apply.
+        let ensured = netlink::ensure_links(&self.netlink, &desired.links, &mut report).await;
         let mut applied = desired.clone();
-        for (name, error) in failed {
+        for (name, error) in ensured.failed {
             let cut = applied.without_links(std::slice::from_ref(&name));
             report.refused.push(Refusal::of_link(
                 &name,
@@ -441,7 +470,15 @@ impl<N: netlink::Netlink> Host for LinuxHost<N> {
             applied = cut;
         }
         let table = applied.nft.clone();
-        let nft = self.blocking(move |nft| nft.apply(&table)).await?;
+        let nft = match self.blocking(move |nft| nft.apply(&table)).await {
+            Ok(nft) => nft,
+            Err(e) => {
+                // The new links stay down; links the kernel's remaining table no longer
+                // guards (someone removed it) go down until a transaction succeeds.
+                self.close_unguarded_links().await;
+                return Err(e);
+            }
+        };
         report.nft_changed = nft.changed;
         report.nft_lines = nft.lines;
         report.nft_listed = nft.listed;
@@ -450,8 +487,17 @@ impl<N: netlink::Netlink> Host for LinuxHost<N> {
             applied.nft = applied.nft.without_mappings(&cut);
         }
         report.refused.extend(nft.refused);
+        // Guarded now: the links come up (and get their routes after).
+        netlink::bring_up(
+            &self.netlink,
+            &applied.links,
+            &ensured.readdressed,
+            &mut report,
+        )
+        .await?;
         netlink::reconcile_rules(&self.netlink, &applied.rules, self.marks, &mut report).await?;
         netlink::reconcile_routes(&self.netlink, &applied.routes, &mut report).await?;
+        // What is left of a link the kernel refused halfway.
         netlink::remove_unwanted_links(&self.netlink, &applied.links, &mut report).await?;
         netlink::ensure_valid_mark(&self.netlink, &applied.valid_mark_interfaces, &mut report)
             .await?;
@@ -465,10 +511,11 @@ impl<N: netlink::Netlink> Host for LinuxHost<N> {
 
     async fn teardown(&mut self) -> Result<(), HostError> {
         let mut report = ApplyReport::default();
+        // Links before the table: no link outlives its guard.
+        netlink::remove_unwanted_links(&self.netlink, &[], &mut report).await?;
         self.blocking(|nft| nft.teardown()).await?;
         netlink::reconcile_rules(&self.netlink, &[], self.marks, &mut report).await?;
         netlink::reconcile_routes(&self.netlink, &[], &mut report).await?;
-        netlink::remove_unwanted_links(&self.netlink, &[], &mut report).await?;
         self.applied = None;
         self.applied_in_full = false;
         // With nothing translated any more, every flow still carrying kuport's mark is stale.
