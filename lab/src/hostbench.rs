@@ -51,7 +51,7 @@ pub fn run(bins: &Path) -> anyhow::Result<Vec<Measurement>> {
 }
 
 /// The parts, by the name `__hostbench-part` takes.
-const PARTS: [&str; 3] = ["nft", "flows", "memory"];
+const PARTS: [&str; 4] = ["nft", "flows", "memory", "memory-annotated"];
 
 fn run_parts(bins: &Path, parts: &[&str]) -> anyhow::Result<Vec<Measurement>> {
     use anyhow::Context as _;
@@ -62,6 +62,10 @@ fn run_parts(bins: &Path, parts: &[&str]) -> anyhow::Result<Vec<Measurement>> {
             "nft" => ("nft transactions and plan passes", nft::measure()),
             "flows" => ("UDP flows through a node", flows::measure()),
             "memory" => ("agent memory", memory::measure(bins)),
+            "memory-annotated" => (
+                "agent memory with annotated PortMaps",
+                memory::measure_annotated(bins),
+            ),
             other => anyhow::bail!("no hostbench part {other:?} (parts: {})", PARTS.join(", ")),
         };
         let found = found.with_context(|| format!("measuring {what}"))?;
@@ -75,7 +79,8 @@ fn run_parts(bins: &Path, parts: &[&str]) -> anyhow::Result<Vec<Measurement>> {
 }
 
 /// The hidden subcommands: the children this module re-executes the binary as, and
-/// `__hostbench-part PART [BINS]` to run one part by hand (`nft`, `flows` or `memory`; BINS
+/// `__hostbench-part PART [BINS]` to run one part by hand (`nft`, `flows`, `memory` or
+/// `memory-annotated`; BINS
 /// defaults to the binary's directory). `None` for any other command line.
 pub fn hidden_main(args: &[String]) -> Option<ExitCode> {
     let rest = args.get(2..).unwrap_or_default();
