@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde::{Deserialize, Serialize};
 
@@ -30,6 +30,12 @@ pub struct Snapshot {
     pub nodes: Vec<Node>,
     /// Every Namespace.
     pub namespaces: Vec<Namespace>,
+    /// Every Service: their NodePorts are held on every node. The agent keeps only what the
+    /// plan reads of them (type and ports).
+    pub services: Vec<Service>,
+    /// Pods, for their hostPorts: the agent watches only its own node's, the plan reads only
+    /// those bound to the node it plans for.
+    pub pods: Vec<Pod>,
     /// What `kube-system/cilium-config` says, when it exists.
     pub cni: Option<CniFacts>,
 }
@@ -44,6 +50,11 @@ pub struct CniFacts {
     pub routing_mode: Option<String>,
     /// The CNI's own VXLAN port (`tunnel-port`, 8472 when absent or unparsable).
     pub vxlan_port: u16,
+    /// The pod address pool of Cilium's cluster-pool IPAM (`cluster-pool-ipv4-cidr`, as
+    /// written), when that is the IPAM mode: pods get addresses there that no Node's
+    /// `spec.podCIDRs` lists.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pod_cidrs: Vec<String>,
 }
 
 impl CniFacts {
@@ -65,10 +76,25 @@ impl CniFacts {
             .and_then(|p| p.parse::<u16>().ok())
             .filter(|p| *p != 0)
             .unwrap_or(CILIUM_DEFAULT_VXLAN_PORT);
+        // Cilium's default IPAM is cluster-pool; other modes (kubernetes: the Nodes' podCIDRs,
+        // multi-pool, cloud ENI) do not take addresses from this key.
+        let cluster_pool =
+            get("ipam").is_none_or(|m| m.is_empty() || m.starts_with("cluster-pool"));
+        let mut pod_cidrs: Vec<String> = match get("cluster-pool-ipv4-cidr") {
+            Some(list) if cluster_pool => list
+                .split(|c: char| c == ',' || c.is_whitespace())
+                .filter(|c| !c.is_empty())
+                .map(str::to_owned)
+                .collect(),
+            _ => Vec::new(),
+        };
+        pod_cidrs.sort();
+        pod_cidrs.dedup();
         Self {
             name: "cilium".to_owned(),
             routing_mode,
             vxlan_port,
+            pod_cidrs,
         }
     }
 }
@@ -102,6 +128,10 @@ pub struct HostFacts {
     /// example a forward chain whose policy is drop).
     #[serde(default)]
     pub firewall_warnings: Vec<String>,
+    /// Every IPv4 address on this host, sorted: an endpoint at one of them is never delivered
+    /// to (the CNI's gateway address lies inside the node's pod CIDR).
+    #[serde(default)]
+    pub local_addresses: Vec<Ipv4Addr>,
     /// The ports this node captured as an accepting node in the datapath it last applied, by
     /// mapping. A host socket first seen on one of them yields to that mapping (earliest wins).
     #[serde(default)]
