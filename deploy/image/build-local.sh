@@ -68,5 +68,7 @@ buildah config \
     --os linux --arch "$arch" "$ctr"
 mkdir -p "$(dirname "$out")"
 rm -f "$out"
-buildah commit --quiet --format oci "$ctr" "oci-archive:$out:kuport-agent:v$version" >/dev/null
-echo "wrote $out (kuport-agent:v$version, $arch, $(du -h "$out" | cut -f1))"
+# The name deploy/manifests and the chart pull, so an archive loaded into a node runtime as it
+# is (docker load, kind load image-archive, ctr images import) needs no override.
+buildah commit --quiet --format oci "$ctr" "oci-archive:$out:ghcr.io/walzen-group/kuport-agent:v$version" >/dev/null
+echo "wrote $out (ghcr.io/walzen-group/kuport-agent:v$version, $arch, $(du -h "$out" | cut -f1))"

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Builds the test-time control plane (etcd, kube-apiserver, kube-controller-manager) from the
-# versions pinned in go.mod/go.sum into a cache outside the repository, keyed by those versions,
-# and does nothing when that cache entry is complete. Prints the directory holding the binaries
-# on its last line.
+# Builds the test-time Kubernetes binaries from the versions pinned in go.mod/go.sum into a cache
+# outside the repository, keyed by those versions, and does nothing when that cache entry is
+# complete: the control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler)
+# and the node (kubelet, kube-proxy) that the local cluster (`cargo e2e run --cluster local`)
+# runs inside the lab's node namespaces. Prints the directory holding the binaries on its last
+# line.
 #
 #   KUPORT_CONTROLPLANE_CACHE  cache root (default /var/cache/kuport/controlplane)
 #   KUPORT_CONTROLPLANE_JOBS   go build -p (default: the number of CPUs)
@@ -17,7 +19,7 @@ etcd_version=$(go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3)
 sum=$(cat go.mod go.sum | sha256sum | cut -c1-16)
 root=${KUPORT_CONTROLPLANE_CACHE:-/var/cache/kuport/controlplane}
 dir=$root/$k8s_version
-bins=(etcd kube-apiserver kube-controller-manager)
+bins=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy)
 
 complete() {
     local b
@@ -42,13 +44,16 @@ pkg=k8s.io/component-base/version
 ldflags="-s -w -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
 ldflags="$ldflags -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
 echo "control-plane: building kubernetes $k8s_version and etcd $etcd_version into $dir" >&2
-# One go build for all three so the packages they share compile once; -trimpath and a fixed
+# One go build for all of them so the packages they share compile once; -trimpath and a fixed
 # build date keep the binaries independent of this checkout's path and of the clock.
 GOFLAGS="${GOFLAGS:+$GOFLAGS }-trimpath -mod=readonly" CGO_ENABLED=0 \
     nice -n 10 go build -p "${KUPORT_CONTROLPLANE_JOBS:-$(nproc)}" -ldflags "$ldflags" -o "$tmp/" \
     go.etcd.io/etcd/server/v3 \
     k8s.io/kubernetes/cmd/kube-apiserver \
-    k8s.io/kubernetes/cmd/kube-controller-manager
+    k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler \
+    k8s.io/kubernetes/cmd/kubelet \
+    k8s.io/kubernetes/cmd/kube-proxy
 # go names the etcd server module's binary after its path without the major version: "server".
 mv "$tmp/server" "$tmp/etcd"
 for b in "${bins[@]}"; do

@@ -4,4 +4,5 @@
 
 pub mod chart;
 pub mod driver;
+pub mod local;
 pub mod manifests;

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use kuport_e2e::driver::{self, DryRun, Options, RealShell};
-use kuport_e2e::manifests;
+use kuport_e2e::{local, manifests};
 
 /// kuport's end-to-end driver and release helpers. Without a subcommand, `run`.
 #[derive(Debug, Parser)]
@@ -18,11 +18,13 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Create a kind cluster (kindnet, two workers), load the agent image, install kuport from
-    /// crds/ and deploy/manifests/, and prove the datapath from a container outside the
-    /// cluster: the pod sees the prober's own address, also after the pod moved to another
-    /// node; a rolling restart of the DaemonSet loses no probe; uninstalling leaves every node
-    /// clean. Needs kind, kubectl and docker.
+    /// Create a cluster, install kuport from crds/ and deploy/manifests/, and prove the
+    /// datapath from clients outside the cluster: the pod sees the client's own address, also
+    /// after the pod moved to another node; a rolling restart of the DaemonSet loses no probe;
+    /// uninstalling leaves every node clean. One line per step, then `N passed, N failed`.
+    /// On kind (kindnet, two workers; needs kind, kubectl and docker), or with `--cluster
+    /// local` on the local cluster: real kubelets, containerd and kube-proxy in the lab's
+    /// network namespaces (needs root and the binaries of e2e/controlplane/build.sh).
     Run(RunArgs),
     /// Print `kuport-<version>.yaml`: deploy/manifests/ as one stream, the image pinned to a
     /// digest.
@@ -47,9 +49,14 @@ struct RunArgs {
     /// Print every command the run would execute, in order, and execute none.
     #[arg(long)]
     dry_run: bool,
-    /// The kind cluster's name.
+    /// The kind cluster's name, or `local` for the local cluster of real kubelets in the lab's
+    /// network namespaces.
     #[arg(long, default_value = "kuport-e2e")]
     cluster: String,
+    /// With `--cluster local`: the agent image as an OCI archive (what
+    /// deploy/image/build-local.sh writes); built from the debug binary when absent.
+    #[arg(long, value_name = "FILE")]
+    agent_image: Option<PathBuf>,
     /// The agent image to test (built from the Dockerfile under this name unless
     /// --image-archive is given).
     #[arg(long, default_value = "kuport-agent:e2e")]
@@ -82,6 +89,24 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         image: "kuport-agent:e2e".into(),
         ..RunArgs::default()
     })) {
+        Command::Run(args) if args.cluster == "local" => {
+            anyhow::ensure!(
+                !args.dry_run,
+                "--dry-run prints the kind run; the local run needs its cluster"
+            );
+            let options = local::LocalOptions {
+                agent_image: args.agent_image,
+                work: repo_root().join("target/e2e-local"),
+            };
+            let summary = local::run(&mut RealShell::new()?, options, args.keep)?;
+            eprintln!(
+                "end-to-end passed on the local cluster: the pod saw the clients' own addresses ({}); the rolling restart answered {} of {} probes",
+                summary.probes.join(", "),
+                summary.loop_answered,
+                summary.loop_sent
+            );
+            Ok(())
+        }
         Command::Run(args) => {
             let options = Options {
                 repo: repo_root(),

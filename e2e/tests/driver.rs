@@ -51,6 +51,7 @@ fn the_dry_run_prints_the_whole_sequence_in_order() {
         format!("{k} apply --server-side -f"),
         format!("{k} apply -f -"),
         format!("{k} -n kuport-system rollout status daemonset/kuport-agent --timeout=180s"),
+        format!("{k} -n kuport-system get events --field-selector reason=Unhealthy -o name"),
         format!("{k} get node kt-worker -o"),
         format!("{k} apply -f -"),
         format!("{k} -n kuport-e2e rollout status deployment/echo --timeout=180s"),
@@ -157,6 +158,19 @@ fn fails_with(broken: impl FnMut(&Cmd) -> Option<String>, what: &str) -> Vec<Cmd
         "a failed run still deletes the cluster"
     );
     shell.commands
+}
+
+#[test]
+fn a_failed_probe_at_the_agents_start_fails_the_run() {
+    fails_with(
+        |c| {
+            c.args
+                .iter()
+                .any(|a| a == "reason=Unhealthy")
+                .then(|| "event/kuport-agent-x.1".to_owned())
+        },
+        "the agents' start recorded failed probes",
+    );
 }
 
 #[test]

@@ -5,10 +5,13 @@
 
 mod cluster;
 mod hostbench;
+mod hostres;
 mod image;
 mod labbench;
+mod localcluster;
 mod prereq;
 mod probe;
+mod realnode;
 mod report;
 mod routed;
 mod runner;
@@ -69,6 +72,11 @@ enum Command {
     Run(RunArgs),
     /// Remove everything a lab created (namespaces, processes), by the names and pids recorded.
     Down,
+    /// Start a real Kubernetes cluster in the lab's network: containerd, kubelet and
+    /// kube-proxy in every node namespace, the control plane of e2e/controlplane with the
+    /// scheduler and every controller; import the images given; write the cluster's
+    /// description when every node is Ready; remove everything on SIGINT or SIGTERM.
+    Cluster(localcluster::ClusterArgs),
     /// Measure the datapath and the control plane; print the results as a Markdown table.
     Bench {
         /// Also write the results into this Markdown file, between the lab-bench markers.
@@ -98,6 +106,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }),
         Some(Command::Bench { write, only }) => bench(write, only.as_deref()),
+        Some(Command::Cluster(args)) => localcluster::run(args),
     };
     match result {
         Ok(code) => code,

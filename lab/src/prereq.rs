@@ -15,6 +15,9 @@ const TOOLS: &[(&str, &str)] = &[
     ("wg", "wireguard-tools"),
     ("nsenter", "util-linux"),
     ("ping", "iputils-ping"),
+    // Inspecting and deleting conntrack entries by hand in scenarios' controls (never used by
+    // the agent, which speaks ctnetlink itself).
+    ("conntrack", "conntrack"),
 ];
 
 /// The binaries the lab runs, all from the same build as the lab itself.
@@ -24,7 +27,23 @@ const PACKAGES: &[&str] = &["kuport", "kuport-sim", "kuport-testkit"];
 /// What they are built from, in the workspace.
 const SOURCES: &[&str] = &["agent", "sim", "testkit", "Cargo.lock", "Cargo.toml"];
 
+/// What the local cluster needs on top (`kuport-lab cluster`): a container runtime and the
+/// standard CNI plugins on every node. An absolute path is checked as a file.
+const CLUSTER_TOOLS: &[(&str, &str)] = &[
+    ("containerd", "containerd"),
+    ("containerd-shim-runc-v2", "containerd"),
+    ("ctr", "containerd"),
+    ("runc", "runc"),
+    ("unshare", "util-linux"),
+    ("/usr/lib/cni/bridge", "containernetworking-plugins"),
+    ("/usr/lib/cni/host-local", "containernetworking-plugins"),
+    ("/usr/lib/cni/portmap", "containernetworking-plugins"),
+];
+
 fn on_path(cmd: &str) -> bool {
+    if cmd.starts_with('/') {
+        return Path::new(cmd).is_file();
+    }
     std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).any(|d| d.join(cmd).is_file()))
         .unwrap_or(false)
@@ -32,11 +51,22 @@ fn on_path(cmd: &str) -> bool {
 
 /// Checks the tools and installs the missing ones with apt where that is possible.
 pub fn ensure_tools() -> Result<()> {
-    let mut packages: Vec<&str> = TOOLS
+    ensure(TOOLS)
+}
+
+/// The lab's tools and the local cluster's (see [`CLUSTER_TOOLS`]).
+pub fn ensure_cluster_tools() -> Result<()> {
+    ensure(TOOLS)?;
+    ensure(CLUSTER_TOOLS)
+}
+
+fn ensure(tools: &[(&str, &str)]) -> Result<()> {
+    let mut packages: Vec<&str> = tools
         .iter()
         .filter(|(cmd, _)| !on_path(cmd))
         .map(|(_, pkg)| *pkg)
         .collect();
+    packages.sort_unstable();
     packages.dedup();
     if packages.is_empty() {
         return Ok(());

@@ -57,7 +57,12 @@ fn source(topo: &Topology, from: &str) -> Result<(String, Ipv4Addr)> {
             .with_context(|| format!("no pod {pod}"))?;
         return Ok((p.ns.clone(), p.ip));
     }
-    bail!("probe from {from}: use internet, vpn:<client> or pod:<namespace>/<name>")
+    if let Some(node) = from.strip_prefix("node:") {
+        // The node's own connection: over the mesh, it leaves from the node's mesh address.
+        let n = topo.node(node)?;
+        return Ok((n.ns.clone(), n.mesh));
+    }
+    bail!("probe from {from}: use internet, vpn:<client>, pod:<namespace>/<name> or node:<name>")
 }
 
 /// `ip` arguments running one `kuport-echo ask` from namespace `ns`.
@@ -97,6 +102,9 @@ async fn ask_once(topo: &Topology, ns: &str, p: &Probe, dialed: SocketAddr) -> R
     }
     if let Some(bytes) = p.bytes {
         args.extend(["--bulk".into(), bytes.to_string()]);
+    }
+    if let Some(port) = p.source_port {
+        args.extend(["--source-port".into(), port.to_string()]);
     }
     let out = tokio::process::Command::new("ip")
         .args(&args)
@@ -227,7 +235,10 @@ pub fn prepare_loop(topo: &Topology, p: &Probe, timeout_ms: u64) -> Result<Loope
     let (ns, client_ip) = source(topo, &p.from)?;
     let addr = topo.address_of(&p.to.node, &p.to.interface)?;
     let dialed = SocketAddr::V4(SocketAddrV4::new(addr, p.port));
-    let args = ask_args(topo, &ns, p.protocol, dialed, timeout_ms);
+    let mut args = ask_args(topo, &ns, p.protocol, dialed, timeout_ms);
+    if let Some(port) = p.source_port {
+        args.extend(["--source-port".into(), port.to_string()]);
+    }
     Ok(Looped {
         args,
         dialed,

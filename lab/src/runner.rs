@@ -651,9 +651,12 @@ impl Runner<'_> {
             }
             Step::HostExec(h) => {
                 // Extension: `vpn:<client>` and `internet` run on a client instead of a node
-                // (an attacker building its own VXLAN device, say).
+                // (an attacker building its own VXLAN device, say), `router` on the internet
+                // router, a neighbour on the public segment.
                 let ns = if h.node == "internet" {
                     topology::CLIENT_NS.to_string()
+                } else if h.node == "router" {
+                    topology::INET_NS.to_string()
                 } else if h.node.starts_with("vpn:") {
                     self.topo.mesh_member(&h.node)?.ns.clone()
                 } else {
@@ -854,8 +857,15 @@ impl Runner<'_> {
                     .public
                     .with_context(|| format!("node {node} has no public address"))?
                     .to_string(),
+                // `wg` must run in the mount namespace of the member's wireguard-go, which
+                // holds its private /run/wireguard.
+                Some(("wg", member)) => format!(
+                    "nsenter -t {} -m -n wg",
+                    self.topo.mesh_member(member)?.wg_pid
+                ),
+                Some(("wgkey", member)) => self.topo.mesh_member(member)?.public_key.clone(),
                 _ => bail!(
-                    "unknown placeholder ${{{key}}} (use pod:<ns>/<name>, mesh:<node> or public:<node>)"
+                    "unknown placeholder ${{{key}}} (use pod:<ns>/<name>, mesh:<node>, public:<node>, wg:<member> or wgkey:<member>)"
                 ),
             };
             out.push_str(&value);

@@ -269,7 +269,8 @@ fn default_wait() -> u64 {
 pub struct Probe {
     #[serde(default)]
     pub name: Option<String>,
-    /// `internet`, `vpn:<client>`, or (extension) `pod:<namespace>/<name>`.
+    /// `internet`, `vpn:<client>`, or (extensions) `pod:<namespace>/<name>` and `node:<name>`
+    /// (the node's own namespace, its mesh address as the client's).
     pub from: String,
     pub to: Target,
     pub protocol: Protocol,
@@ -291,6 +292,10 @@ pub struct Probe {
     /// Extension: the pod (`namespace/name`) whose responder must be the one answering.
     #[serde(default)]
     pub answered_by: Option<String>,
+    /// Extension: the client's source port (an ephemeral one when absent). Probes giving the same
+    /// port from the same client are one flow to conntrack, as a client sending from one socket is.
+    #[serde(default)]
+    pub source_port: Option<u16>,
 }
 
 fn yes() -> bool {
@@ -395,8 +400,9 @@ pub struct HostExec {
     #[serde(default)]
     pub name: Option<String>,
     pub node: String,
-    /// A shell command; `${pod:<namespace>/<name>}` is replaced by that pod's address and
-    /// `${mesh:<node>}` by that node's mesh address.
+    /// A shell command; `${pod:<namespace>/<name>}` is replaced by that pod's address,
+    /// `${mesh:<node>}` by that node's mesh address, `${wg:<member>}` by the command running
+    /// `wg` beside that mesh member's `wireguard-go` and `${wgkey:<member>}` by its public key.
     pub command: String,
 }
 
@@ -541,6 +547,18 @@ fn validate(s: &Scenario) -> Result<()> {
             bail!("node {} listed twice", n.name);
         }
     }
+    let mut tcp_source_ports = std::collections::BTreeSet::new();
+    for probe in s.steps.iter().flat_map(probes_of) {
+        let Some(port) = probe.source_port else {
+            continue;
+        };
+        if probe.protocol == Protocol::Tcp && !tcp_source_ports.insert(port) {
+            bail!(
+                "probe to port {}: TCP sourcePort {port} is used twice (a closed TCP connection's port stays taken for a while)",
+                probe.port
+            );
+        }
+    }
     for step in &s.steps {
         if let Step::RollingRestart(r) = step {
             if r.probes.is_empty() || r.rate == 0 || r.rate > 100 {
@@ -560,6 +578,16 @@ fn validate(s: &Scenario) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The probes of a step, those of `parallel` and `rollingRestart` included.
+fn probes_of(step: &Step) -> Vec<&Probe> {
+    match step {
+        Step::Probe(p) => vec![p],
+        Step::Parallel(steps) => steps.iter().flat_map(probes_of).collect(),
+        Step::RollingRestart(r) => r.probes.iter().collect(),
+        _ => Vec::new(),
+    }
 }
 
 /// Every `*.yaml` in a directory, sorted by file name.
@@ -719,6 +747,36 @@ steps:
         )
         .expect("parses");
         assert!(validate(&unknown).is_err());
+    }
+
+    #[test]
+    fn a_tcp_source_port_is_used_once() {
+        let probe = |proto: &str, port: u16| {
+            format!(
+                "      - probe: {{from: internet, to: {{node: a, interface: eth0}}, protocol: {proto}, port: 1, expect: reply, sourcePort: {port}}}\n"
+            )
+        };
+        let base = "name: x\ncni: kindnet\nnodes: [{name: a}]\nsteps:\n  - parallel:\n".to_string();
+        let udp: Scenario =
+            serde_saphyr::from_str(&(base.clone() + &probe("UDP", 40000) + &probe("UDP", 40000)))
+                .expect("parses");
+        validate(&udp).expect("a UDP port repeated is one flow");
+        let Step::Parallel(steps) = &udp.steps[0] else {
+            panic!("not parallel")
+        };
+        let Step::Probe(p) = &steps[0] else {
+            panic!("not a probe")
+        };
+        assert_eq!(p.source_port, Some(40000));
+        let tcp: Scenario =
+            serde_saphyr::from_str(&(base.clone() + &probe("TCP", 40000) + &probe("TCP", 40001)))
+                .expect("parses");
+        validate(&tcp).expect("distinct TCP ports");
+        let twice: Scenario =
+            serde_saphyr::from_str(&(base + &probe("TCP", 40000) + &probe("TCP", 40000)))
+                .expect("parses");
+        let err = validate(&twice).expect_err("TCP port used twice");
+        assert!(format!("{err}").contains("sourcePort 40000"), "{err}");
     }
 
     #[test]

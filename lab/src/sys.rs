@@ -85,6 +85,26 @@ pub struct LabState {
     pub processes: Vec<ProcessRecord>,
     /// The lab created `/run/wireguard` as a mount point (and removes it again).
     pub created_run_wireguard: bool,
+    /// Local cluster: cgroups the lab created, by name under every hierarchy's root (one per
+    /// node, holding its runtime, kubelet and pods); their processes are killed and the
+    /// cgroups removed.
+    pub cgroups: Vec<String>,
+    /// Local cluster: host-wide sysctls as they were before a kubelet changed them, restored.
+    pub sysctls: Vec<SysctlRecord>,
+    /// Local cluster: directories the lab created on the host (mount points for the nodes'
+    /// private bind mounts), removed when empty, deepest first.
+    pub host_dirs: Vec<String>,
+    /// Local cluster: the nodes' data (containerd's images and snapshots, kubelet's root),
+    /// removed whole.
+    pub data_dirs: Vec<String>,
+}
+
+/// A sysctl's value before the lab (or a kubelet it started) changed it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SysctlRecord {
+    /// `/proc/sys/...` path.
+    pub path: String,
+    pub value: String,
 }
 
 /// The lab's record and its live children.
@@ -102,7 +122,11 @@ impl Lab {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {RUN_DIR}"))?;
         let path = dir.join("state.json");
         let state = load_state(&path)?;
-        if !state.namespaces.is_empty() || !state.processes.is_empty() {
+        if !state.namespaces.is_empty()
+            || !state.processes.is_empty()
+            || !state.cgroups.is_empty()
+            || !state.data_dirs.is_empty()
+        {
             bail!(
                 "a lab is still up ({} namespaces, {} processes recorded in {}): run `kuport-lab down` first",
                 state.namespaces.len(),
@@ -196,6 +220,86 @@ impl Lab {
         Ok(pid)
     }
 
+    /// Starts `program args` as given (no `ip netns exec`: the command enters its namespaces
+    /// itself, for example with `nsenter`), recorded as `comm`, output to `<log_dir>/<what>.log`.
+    pub fn spawn_direct(
+        &mut self,
+        what: &str,
+        comm: &str,
+        program: &str,
+        args: &[&str],
+    ) -> Result<i32> {
+        let log_path = self.log_path(what);
+        let log =
+            File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
+        let err = log
+            .try_clone()
+            .with_context(|| format!("opening {}", log_path.display()))?;
+        let child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(err)
+            .spawn()
+            .with_context(|| format!("starting {what}: {program} {}", args.join(" ")))?;
+        let pid = i32::try_from(child.id()).context("pid out of range")?;
+        self.children.insert(pid, child);
+        self.state.processes.push(ProcessRecord {
+            pid,
+            comm: comm.to_string(),
+            what: what.to_string(),
+        });
+        self.save()?;
+        Ok(pid)
+    }
+
+    /// Records a cgroup name before it is created (so a failure half-way still removes it).
+    pub fn note_cgroup(&mut self, name: &str) -> Result<()> {
+        if !self.state.cgroups.iter().any(|c| c == name) {
+            self.state.cgroups.push(name.to_string());
+        }
+        self.save()
+    }
+
+    /// Records a sysctl's current value once (the first record wins: it is the original).
+    pub fn note_sysctl(&mut self, path: &str) -> Result<()> {
+        if self.state.sysctls.iter().any(|s| s.path == path) {
+            return Ok(());
+        }
+        let value = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+        self.state.sysctls.push(SysctlRecord {
+            path: path.to_string(),
+            value: value.trim().to_string(),
+        });
+        self.save()
+    }
+
+    /// Creates `dir` and its missing parents, recording each one created.
+    pub fn create_host_dir(&mut self, dir: &Path) -> Result<()> {
+        let mut missing = Vec::new();
+        let mut at = Some(dir);
+        while let Some(d) = at {
+            if d.exists() {
+                break;
+            }
+            missing.push(d.display().to_string());
+            at = d.parent();
+        }
+        for d in missing.into_iter().rev() {
+            self.state.host_dirs.push(d.clone());
+            self.save()?;
+            std::fs::create_dir(&d).with_context(|| format!("creating {d}"))?;
+        }
+        Ok(())
+    }
+
+    /// Records a data directory (removed whole by teardown) and creates it.
+    pub fn add_data_dir(&mut self, dir: &Path) -> Result<()> {
+        self.state.data_dirs.push(dir.display().to_string());
+        self.save()?;
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))
+    }
+
     /// Logs of the processes started from now on go to `logs/<scenario>/`.
     pub fn set_scenario(&mut self, name: &str) -> Result<()> {
         let dir = Path::new(RUN_DIR).join("logs").join(sanitize(name));
@@ -230,7 +334,11 @@ impl Lab {
         for pid in pids {
             let _ = self.stop(pid, Signal::TERM, Duration::from_secs(3));
         }
-        let mut left = Vec::new();
+        let mut left = crate::hostres::release(&self.state);
+        self.state.cgroups.clear();
+        self.state.sysctls.clear();
+        self.state.host_dirs.clear();
+        self.state.data_dirs.clear();
         for ns in std::mem::take(&mut self.state.namespaces).into_iter().rev() {
             if namespace_exists(&ns) && ip(&["netns", "del", &ns]).is_err() {
                 left.push(format!("namespace {ns}"));
@@ -295,6 +403,10 @@ pub fn down() -> Result<String> {
         {
             let _ = rustix::process::kill_process(pid, Signal::KILL);
         }
+    }
+    let left = crate::hostres::release(&state);
+    if !left.is_empty() {
+        eprintln!("down: could not remove {}", left.join(", "));
     }
     let mut deleted = 0;
     for ns in state.namespaces.iter().rev() {

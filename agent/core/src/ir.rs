@@ -50,16 +50,18 @@ pub const VXLAN_OVERHEAD: u32 = 50;
 /// kuport's chains, in the order they are created (and listed).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum ChainId {
-    /// filter prerouting, `raw`: the link guard (UDP to a link port only from link peers).
+    /// filter prerouting, `raw`: the link guard (UDP to a link port only from link peers, to a
+    /// unicast address of the node).
     Guard,
-    /// filter prerouting, `mangle + 20`: the steering stage (a mapped port on one of the
-    /// node's own addresses is marked and moved to the stand-in, past host firewalls).
+    /// filter prerouting, `mangle + 20`: the steering stage (a new flow to a mapped port on one
+    /// of the node's own addresses is marked and moved to the stand-in, past host firewalls).
     Steer,
     /// nat prerouting, `dstnat - 10`: DNAT rules, each marking its flow.
     Pre,
     /// nat postrouting, `srcnat - 10`: identity SNAT claiming kuport's flows.
     Post,
-    /// filter prerouting, `mangle + 10`: arrival-link save and reply restore.
+    /// filter prerouting, `mangle + 10`: arrival-link save, and the packet mark restored from
+    /// the flow's for replies and later requests.
     Mangle,
     /// filter forward, `mangle`: TCP MSS clamp on kuport's links.
     Fwd,
@@ -200,8 +202,10 @@ impl std::fmt::Display for PortRange {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "camelCase")]
 pub enum Rule {
-    /// kup-guard: link frames from the link peers on the underlay device are let through, and
-    /// left untracked (a host firewall's `ct state new` drop then cannot see them).
+    /// kup-guard: link frames from the link peers on the underlay device, addressed to one of
+    /// the node's own addresses (`fib daddr type local`: unicast, never a broadcast or multicast
+    /// destination), are let through and left untracked (a host firewall's `ct state new` drop
+    /// then cannot see them).
     GuardAllow {
         /// The underlay device.
         device: String,
@@ -210,27 +214,43 @@ pub enum Rule {
         /// The peers' underlay addresses, sorted.
         peers: Vec<Ipv4Addr>,
     },
-    /// kup-guard: anything else addressed to this node on a link port is dropped and counted:
-    /// the kernel's VXLAN socket would accept a frame from anyone.
+    /// kup-guard: anything else the node would receive on a link port is dropped and counted:
+    /// every destination the kernel delivers locally (`fib daddr type` local, broadcast,
+    /// anycast or multicast), on every interface. The kernel's VXLAN socket listens on every
+    /// address and would take a frame from anyone, a broadcast or multicast one included.
+    /// Forwarded traffic on the port (for another address) is not matched.
     GuardDrop {
         /// The link port.
         port: u16,
         /// The named counter of the drops.
         counter: String,
     },
-    /// kup-steer: a request to one of this node's own addresses on a mapped port that no other
-    /// datapath has marked gets kuport's local mark as packet mark, so strict reverse-path
-    /// filtering follows kuport's fwmark rule (with `src_valid_mark`). A packet another
-    /// datapath marked (netbird marks its mesh traffic and checks the exact value later) is
-    /// left as it is.
+    /// kup-steer: the first packet of a new flow (`ct state new`, which conntrack gives only
+    /// to the original direction) to one of this node's own addresses on a mapped port, that
+    /// no other datapath has marked, gets kuport's local mark as packet mark, so strict
+    /// reverse-path filtering follows kuport's fwmark rule (with `src_valid_mark`). A packet
+    /// another datapath marked (netbird marks its mesh traffic and checks the exact value
+    /// later) is left as it is. Later packets of the flow take the mark from
+    /// [`Rule::RestoreRequestMark`].
     MarkRequest(SteerRule),
-    /// kup-steer: a request to one of this node's own addresses on a mapped port records the
-    /// flow's mark and is moved to the stand-in address, out of a host firewall's way.
+    /// kup-steer: the first packet of a new flow to one of this node's own addresses on a
+    /// mapped port records the flow's mark and is moved to the stand-in address, out of a host
+    /// firewall's way. Only new flows: a reply of the node's own connection from a port in a
+    /// mapped range is an established flow's and is never rewritten; later packets of a
+    /// steered flow are translated by conntrack's NAT, which needs no steering.
     Steer(SteerRule),
     /// kup-mangle: a reply of a kuport flow takes its flow's mark as packet mark (kuport's
     /// bits only), so ip rules route it back the way the request came.
     RestoreReplyMark {
         /// The mark value restored.
+        mark: u32,
+    },
+    /// kup-mangle: a later packet of a kuport flow in the original direction (the client's),
+    /// that no other datapath marked, takes its flow's mark as packet mark, as its first
+    /// packet did in kup-steer: strict reverse-path filtering checks every forwarded packet,
+    /// so each one needs the mark that makes the check follow kuport's fwmark rule.
+    RestoreRequestMark {
+        /// The mark value restored (the local mark).
         mark: u32,
     },
     /// kup-mangle: a request arriving over link `iface` records the link's mark in its flow.
@@ -248,6 +268,16 @@ pub enum Rule {
     Dnat(DnatRule),
     /// kup-post: identity source NAT claiming a kuport flow before any CNI masquerade.
     IdentitySnat(SnatRule),
+}
+
+impl Rule {
+    /// The link guard's drop rule for `port`, counting into `guard/<port>`.
+    pub fn guard_drop(port: u16) -> Rule {
+        Rule::GuardDrop {
+            port,
+            counter: format!("guard/{port}"),
+        }
+    }
 }
 
 /// A steering rule.

@@ -6,13 +6,27 @@
 //! lab: a client's request DNATed with its source kept, the reply marked into the right link, a
 //! forwarded packet untouched.
 //!
-//! It traces kuport's rules only: conntrack is the caller's (pass the flow's mark, and whether
-//! the packet is a reply), and other datapaths' rules are not modelled.
+//! It traces kuport's rules only: conntrack is the caller's (pass the flow's state and mark,
+//! and whether the packet is a reply), and other datapaths' rules are not modelled. A packet of
+//! an established flow is not steered and not DNATed by kuport's rules (NAT chains see only a
+//! flow's first packet): conntrack's binding translates it, which the caller knows.
 
 use std::net::Ipv4Addr;
 
 use crate::api::Protocol;
 use crate::ir::{ChainId, HostState, MAIN_TABLE, PortRange, Rule, STAND_IN, SteerRule};
+
+/// What conntrack knows of a packet's flow when it reaches kuport's chains.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CtState {
+    /// The first packet of a flow (`ct state new`; never a reply).
+    #[default]
+    New,
+    /// A packet of a flow conntrack already holds (either direction).
+    Established,
+    /// No conntrack entry (`notrack`): ct expressions match nothing.
+    Untracked,
+}
 
 /// A packet as it reaches a node, with what conntrack knows of its flow.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,8 +47,51 @@ pub struct Packet {
     pub ct_mark: u32,
     /// True for a packet of the reply direction of its flow.
     pub reply: bool,
+    /// Its flow's conntrack state.
+    pub ct_state: CtState,
     /// The node's own addresses (`fib daddr type local`).
     pub local: Vec<Ipv4Addr>,
+    /// The broadcast addresses of the node's subnets (`fib daddr type broadcast`, besides
+    /// 255.255.255.255 and 0.0.0.0/8, which always are).
+    pub broadcast: Vec<Ipv4Addr>,
+    /// Anycast addresses in the node's local table (`fib daddr type anycast`).
+    pub anycast: Vec<Ipv4Addr>,
+}
+
+/// How the node's local routing table types an address, as `fib daddr type` reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AddrType {
+    /// None of the others: not for the node (forwarded, if routed at all).
+    Unicast,
+    /// One of the node's own addresses.
+    Local,
+    /// A broadcast address.
+    Broadcast,
+    /// An anycast address of the node.
+    Anycast,
+    /// A multicast group.
+    Multicast,
+}
+
+impl Packet {
+    /// The type of the packet's destination on this node (the kernel's order: the limited
+    /// broadcast and 0.0.0.0/8 first, then multicast, then the local table).
+    pub fn daddr_type(&self) -> AddrType {
+        let d = self.daddr;
+        if d.is_broadcast() || d.octets()[0] == 0 {
+            AddrType::Broadcast
+        } else if d.is_multicast() {
+            AddrType::Multicast
+        } else if self.local.contains(&d) {
+            AddrType::Local
+        } else if self.broadcast.contains(&d) {
+            AddrType::Broadcast
+        } else if self.anycast.contains(&d) {
+            AddrType::Anycast
+        } else {
+            AddrType::Unicast
+        }
+    }
 }
 
 impl Packet {
@@ -55,7 +112,20 @@ impl Packet {
             meta_mark: 0,
             ct_mark: 0,
             reply: false,
+            ct_state: CtState::New,
             local: Vec::new(),
+            broadcast: Vec::new(),
+            anycast: Vec::new(),
+        }
+    }
+
+    /// A later packet of the same flow in the same direction: conntrack holds the flow and
+    /// its mark (`ct_mark`), and the packet arrives as the first one did, unmarked.
+    pub fn later(&self, ct_mark: u32) -> Self {
+        Self {
+            ct_state: CtState::Established,
+            ct_mark,
+            ..self.clone()
         }
     }
 }
@@ -86,7 +156,7 @@ pub enum RouteDecision {
 pub struct Trace {
     /// Dropped, and by which counter.
     pub dropped: Option<String>,
-    /// Accepted untracked by the link guard.
+    /// Accepted untracked by the link guard (ct expressions then match nothing).
     pub untracked: bool,
     /// Moved to the stand-in address by the steering stage.
     pub steered: bool,
@@ -122,7 +192,7 @@ pub fn trace(state: &HostState, packet: &Packet) -> Trace {
         counters: Vec::new(),
     };
     // Prerouting, in priority order: guard (-300), mangle (-140), steer (-130), DNAT (-110).
-    if !guard(state, &p, &mut t) {
+    if !guard(state, &mut p, &mut t) {
         return t;
     }
     mangle(state, &mut p);
@@ -141,8 +211,10 @@ fn set_bits(state: &HostState, word: u32, value: u32) -> u32 {
     (word & !state.nft.marks.mask) | value
 }
 
-/// kup-guard; false when the packet is dropped.
-fn guard(state: &HostState, p: &Packet, t: &mut Trace) -> bool {
+/// kup-guard; false when the packet is dropped. A link peer's unicast frame to the node goes
+/// on untracked; anything else the node would receive on a link port is dropped.
+fn guard(state: &HostState, p: &mut Packet, t: &mut Trace) -> bool {
+    let kind = p.daddr_type();
     for rule in state.nft.rules(ChainId::Guard) {
         match rule {
             Rule::GuardAllow {
@@ -152,15 +224,15 @@ fn guard(state: &HostState, p: &Packet, t: &mut Trace) -> bool {
             } if p.iif == *device
                 && p.protocol == Protocol::Udp
                 && p.dport == *port
-                && peers.contains(&p.saddr) =>
+                && peers.contains(&p.saddr)
+                && kind == AddrType::Local =>
             {
                 t.untracked = true;
+                p.ct_state = CtState::Untracked;
                 return true;
             }
             Rule::GuardDrop { port, counter }
-                if p.protocol == Protocol::Udp
-                    && p.dport == *port
-                    && p.local.contains(&p.daddr) =>
+                if p.protocol == Protocol::Udp && p.dport == *port && kind != AddrType::Unicast =>
             {
                 t.counters.push(counter.clone());
                 t.dropped = Some(counter.clone());
@@ -172,12 +244,21 @@ fn guard(state: &HostState, p: &Packet, t: &mut Trace) -> bool {
     true
 }
 
-/// kup-mangle: a reply takes its flow's mark; a request over a link records the link's.
+/// kup-mangle: a reply takes its flow's mark, and so does a later request no other datapath
+/// marked; a request over a link records the link's. Untracked packets have no flow.
 fn mangle(state: &HostState, p: &mut Packet) {
     let mask = state.nft.marks.mask;
+    if p.ct_state == CtState::Untracked {
+        return;
+    }
     for rule in state.nft.rules(ChainId::Mangle) {
         match rule {
             Rule::RestoreReplyMark { mark } if p.reply && p.ct_mark & mask == *mark => {
+                p.meta_mark = set_bits(state, p.meta_mark, *mark);
+            }
+            Rule::RestoreRequestMark { mark }
+                if !p.reply && p.ct_mark & mask == *mark && p.meta_mark & !mask == 0 =>
+            {
                 p.meta_mark = set_bits(state, p.meta_mark, *mark);
             }
             Rule::SaveArrivalLink { iface, mark } if !p.reply && p.iif == *iface => {
@@ -188,7 +269,8 @@ fn mangle(state: &HostState, p: &mut Packet) {
     }
 }
 
-/// kup-steer: the packet mark (unless another datapath set one), the flow mark, the stand-in.
+/// kup-steer, for a new flow's first packet only: the packet mark (unless another datapath
+/// set one), the flow mark, the stand-in.
 fn steer(state: &HostState, p: &mut Packet, t: &mut Trace) {
     let mask = state.nft.marks.mask;
     for rule in state.nft.rules(ChainId::Steer) {
@@ -210,8 +292,12 @@ fn steer(state: &HostState, p: &mut Packet, t: &mut Trace) {
 }
 
 /// kup-pre: the first DNAT rule that takes the steered packet (a NAT statement ends the chain).
+/// The kernel runs NAT chains for a flow's first packet only.
 fn dnat(state: &HostState, p: &mut Packet, t: &mut Trace) {
     let mask = state.nft.marks.mask;
+    if p.ct_state != CtState::New {
+        return;
+    }
     for rule in state.nft.rules(ChainId::Pre) {
         if let Rule::Dnat(r) = rule
             && p.iif == r.iif
@@ -229,8 +315,12 @@ fn dnat(state: &HostState, p: &mut Packet, t: &mut Trace) {
     }
 }
 
-/// kup-post: the identity SNAT of a kuport flow, ahead of any masquerade.
+/// kup-post: the identity SNAT of a kuport flow, ahead of any masquerade (a NAT chain: a
+/// flow's first packet only).
 fn identity_snat(state: &HostState, p: &Packet, t: &mut Trace) {
+    if p.ct_state != CtState::New {
+        return;
+    }
     for rule in state.nft.rules(ChainId::Post) {
         if let Rule::IdentitySnat(r) = rule
             && p.ct_mark & state.nft.marks.mask != 0
@@ -246,7 +336,8 @@ fn identity_snat(state: &HostState, p: &Packet, t: &mut Trace) {
 }
 
 fn steer_matches(r: &SteerRule, p: &Packet) -> bool {
-    !p.reply
+    p.ct_state == CtState::New
+        && !p.reply
         && p.iif == r.iif
         && p.daddr == r.daddr
         && p.protocol == r.protocol

@@ -1,12 +1,13 @@
 //! The packet tracer over the plan's datapath: what each node's rules do to a client's request,
-//! its reply, a forwarded packet and an injected link frame. The unprivileged twin of the lab's
-//! probes; each check also shows the tracer noticing a rule taken away.
+//! its later packets and its reply, the node's own connections, a forwarded packet and injected
+//! link frames. The unprivileged twin of the lab's probes; each check also shows the tracer
+//! noticing a rule taken away.
 
 use std::net::Ipv4Addr;
 
 use kuport_core::api::Protocol;
 use kuport_core::ir::{ChainId, HostState, MAIN_TABLE, Rule};
-use kuport_core::trace::{Packet, RouteDecision, trace};
+use kuport_core::trace::{CtState, Packet, RouteDecision, trace};
 use kuport_testkit::cluster::*;
 use serde_json::json;
 
@@ -194,4 +195,157 @@ fn a_packet_another_datapath_marked_keeps_its_mark_and_is_still_delivered() {
     // kuport's rules do not route it (the mesh's own rules do).
     assert_eq!(t.route, Some(RouteDecision::Main));
     assert!(edge.rules.iter().all(|r| r.table == MAIN_TABLE));
+}
+
+/// UDP and TCP over the whole ephemeral range (32768-60999) on both of edge-a's interfaces, as
+/// a tenant whose class allows it may ask; the pod on worker-b.
+fn ephemeral_edge() -> HostState {
+    let c = edge_and_worker()
+        .row("public", "worker-b", json!({}), 1420)
+        .claim("public", "edge-a/worker-b", 0)
+        .endpoint("games", "eph", "eph-0", "worker-b", "10.244.1.6", 32768)
+        .endpoint_full(
+            "games",
+            "eph-tcp",
+            "game",
+            "TCP",
+            "eph-0",
+            "worker-b",
+            "10.244.1.6",
+            32768,
+            Some(true),
+        )
+        .portmap(pm("games", "eph", "public", 32768).end(60999))
+        .portmap(pm("games", "eph-tcp", "public", 32768).end(60999).tcp());
+    let f = facts(
+        &[("enp1s0", "203.0.113.9"), ("wt0", "100.64.0.1")],
+        "wt0",
+        1400,
+    );
+    c.plan_with("edge-a", &f).host
+}
+
+#[test]
+fn the_nodes_own_connections_keep_their_replies_whatever_ports_tenants_map() {
+    let edge = ephemeral_edge();
+    let locals = [EDGE_PUBLIC, EDGE_MESH];
+    for protocol in [Protocol::Udp, Protocol::Tcp] {
+        // A client's new flow to a port of the range is the mapping's.
+        let mut client = Packet::new("enp1s0", CLIENT, EDGE_PUBLIC, protocol, 45000);
+        client.local = locals.to_vec();
+        assert!(trace(&edge, &client).dnat.is_some(), "{protocol:?}");
+        // The reply of the node's own connection from port 40001 to the API server over the
+        // mesh, and of a pod's connection masqueraded behind the public address: each arrives
+        // at the node's address on a mapped port, in an established flow.
+        for (iif, from, to) in [
+            ("wt0", WORKER_MESH, EDGE_MESH),
+            ("enp1s0", ip("192.0.2.80"), EDGE_PUBLIC),
+        ] {
+            let mut reply = Packet::new(iif, from, to, protocol, 40001);
+            reply.local = locals.to_vec();
+            reply.reply = true;
+            reply.ct_state = CtState::Established;
+            let t = trace(&edge, &reply);
+            assert!(!t.steered && t.dnat.is_none(), "{protocol:?} {iif}: {t:?}");
+            assert_eq!((t.daddr, t.meta_mark, t.ct_mark), (to, 0, 0), "untouched");
+            // Control: the same packet as a flow's first one is steered, as the stateless
+            // rules steered every packet (with nothing to undo it for a reply).
+            let mut first = reply.clone();
+            first.reply = false;
+            first.ct_state = CtState::New;
+            assert!(trace(&edge, &first).steered, "{protocol:?} {iif}");
+        }
+    }
+}
+
+#[test]
+fn later_packets_of_a_steered_flow_keep_the_request_mark_but_are_not_steered_again() {
+    let edge = edge();
+    let local = edge.nft.marks.local();
+    let first = request("enp1s0", EDGE_PUBLIC, &[EDGE_PUBLIC, EDGE_MESH]);
+    let t = trace(&edge, &first);
+    assert!(t.steered && t.dnat.is_some());
+    let later = first.later(t.ct_mark);
+    let l = trace(&edge, &later);
+    assert!(!l.steered && l.dnat.is_none() && !l.identity_snat, "{l:?}");
+    assert_eq!(
+        l.daddr, EDGE_PUBLIC,
+        "conntrack's binding translates it, no rule of kuport's"
+    );
+    assert_eq!(l.meta_mark, local, "strict rp_filter checks every packet");
+    assert_eq!(l.ct_mark, local);
+    assert_eq!(l.route, Some(RouteDecision::Main));
+    // Another datapath's mark is left alone on later packets too.
+    let mut netbird = later.clone();
+    netbird.meta_mark = 0x1bd00;
+    assert_eq!(trace(&edge, &netbird).meta_mark, 0x1bd00);
+    // An untracked packet has no flow to take a mark from.
+    let mut untracked = later.clone();
+    untracked.ct_state = CtState::Untracked;
+    assert_eq!(trace(&edge, &untracked).meta_mark, 0);
+    // Control: without the restore, only the first packet carries the mark.
+    let unrestored = without(&edge, ChainId::Mangle, |r| {
+        matches!(r, Rule::RestoreRequestMark { .. })
+    });
+    assert_eq!(trace(&unrestored, &first).meta_mark, local);
+    assert_eq!(trace(&unrestored, &later).meta_mark, 0);
+
+    // The pod's node: a later packet over the link is not steered either, and its flow keeps
+    // the arrival link's mark.
+    let worker = worker();
+    let link = worker.links[0].clone();
+    let mut arrival = request("", link.address.addr(), &[WORKER_MESH, link.address.addr()]);
+    arrival.iif = link.name.clone();
+    let t = trace(&worker, &arrival);
+    assert!(t.steered);
+    let l = trace(&worker, &arrival.later(t.ct_mark));
+    assert!(!l.steered && l.dnat.is_none(), "{l:?}");
+    assert_eq!((l.ct_mark, l.meta_mark), (link.mark, 0));
+}
+
+#[test]
+fn the_link_guard_drops_broadcast_multicast_and_anycast_frames_even_from_a_peer() {
+    let edge = edge();
+    let port = edge.links[0].port;
+    let mesh_broadcast = ip("100.64.255.255");
+    let public_broadcast = ip("203.0.113.255");
+    let anycast = ip("100.64.0.0");
+    let frame = |iif: &str, from: Ipv4Addr, to: Ipv4Addr| {
+        let mut p = Packet::new(iif, from, to, Protocol::Udp, port);
+        p.local = vec![EDGE_PUBLIC, EDGE_MESH];
+        p.broadcast = vec![mesh_broadcast, public_broadcast];
+        p.anycast = vec![anycast];
+        p
+    };
+    let stranger = ip("100.64.1.1");
+    let neighbour = ip("203.0.113.254");
+    for (iif, from, to) in [
+        ("wt0", stranger, mesh_broadcast),
+        ("wt0", stranger, Ipv4Addr::BROADCAST),
+        ("wt0", stranger, ip("224.0.0.1")),
+        ("wt0", stranger, ip("0.0.0.0")),
+        ("wt0", stranger, anycast),
+        ("enp1s0", neighbour, public_broadcast),
+        ("enp1s0", neighbour, ip("239.1.2.3")),
+        // A link peer is let in only with a unicast frame to the node.
+        ("wt0", WORKER_MESH, mesh_broadcast),
+        ("wt0", WORKER_MESH, Ipv4Addr::BROADCAST),
+        ("wt0", WORKER_MESH, ip("224.0.0.1")),
+        ("wt0", WORKER_MESH, anycast),
+    ] {
+        let t = trace(&edge, &frame(iif, from, to));
+        assert_eq!(
+            t.dropped.as_deref(),
+            Some("guard/4790"),
+            "{iif}: {from} -> {to}: {t:?}"
+        );
+    }
+    let peer = trace(&edge, &frame("wt0", WORKER_MESH, EDGE_MESH));
+    assert!(peer.untracked && peer.dropped.is_none(), "{peer:?}");
+    // Traffic on the port for another address is forwarded, untouched: not dropped, and
+    // tracked (a host firewall and the CNI see it as they would without kuport).
+    for from in [stranger, WORKER_MESH] {
+        let t = trace(&edge, &frame("wt0", from, ip("10.244.0.9")));
+        assert!(t.dropped.is_none() && !t.untracked, "{from}: {t:?}");
+    }
 }

@@ -1454,3 +1454,56 @@ async fn a_refused_mapping_is_reported_and_the_others_keep_working() {
     .await;
     c.stop_all().await;
 }
+
+/// A failed sweep of stale conntrack entries does not fail the pass: it is counted, and the
+/// host is asked again soon though no input changes; the retry's cleared entries are counted.
+/// (The memory host scripts what the kernel's table would say.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_conntrack_sweep_is_counted_and_retried_without_an_event() {
+    use kube::api::{Patch, PatchParams};
+    let mut c = Cluster::empty_on(Target::Model, "conntrack")
+        .await
+        .expect("model");
+    c.seed().await;
+    let n1 = MemoryHost::with_facts(facts(1));
+    let hour = Duration::from_secs(3600);
+    c.start_agent_on(1, n1.clone(), hour, None, StopPolicy::Keep);
+    c.start_agent(2, hour);
+    c.start_agent(3, hour);
+    c.eventually("Programmed=True", || programmed_true(&c))
+        .await;
+    settle(&c).await;
+
+    n1.lock().conntrack_sweeps.extend([
+        Err("listing the conntrack table: Operation not permitted".to_owned()),
+        Ok(2),
+    ]);
+    // One change every pass reads and that changes no plan: one pass on each node.
+    Api::<Namespace>::all(c.client.clone())
+        .patch(
+            "games",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"touched": "yes"}}})),
+        )
+        .await
+        .expect("namespace labelled");
+    let metrics = c.agent("n1").metrics.clone();
+    let series = |line: &str| {
+        metrics
+            .encode()
+            .expect("metrics")
+            .lines()
+            .any(|l| l == line)
+    };
+    c.eventually(
+        "the failed sweep is retried and its entries counted",
+        || std::future::ready(metrics.conntrack_entries_cleared() == 2),
+    )
+    .await;
+    assert!(series("kuport_conntrack_sweeps_total{result=\"failed\"} 1"));
+    assert!(series("kuport_conntrack_sweeps_total{result=\"ok\"} 1"));
+    assert!(series("kuport_conntrack_entries_cleared_total 2"));
+    assert_eq!(metrics.passes_failed(), 0, "a failed sweep fails no pass");
+    assert!(n1.lock().conntrack_sweeps.is_empty());
+    c.stop_all().await;
+}

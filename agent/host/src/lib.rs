@@ -7,6 +7,7 @@
 //! `0x6b70xxxx`, and routes in tables numbered in that range; nothing else is read-modified-
 //! written.
 
+pub mod conntrack;
 pub mod memory;
 pub mod netlink;
 pub mod nft;
@@ -18,6 +19,7 @@ pub mod sockets;
 use std::collections::BTreeSet;
 use std::future::Future;
 use std::net::Ipv4Addr;
+use std::sync::Arc;
 
 use kuport_core::ir::{ChainId, HostState, LINK_PREFIX, MarkLayout};
 use kuport_core::snapshot::{HostFacts, HostRefusal};
@@ -133,6 +135,14 @@ pub struct ApplyReport {
     /// What the kernel refused. Everything else was applied: a refusal takes out only the
     /// mappings that depend on the refused part.
     pub refused: Vec<Refusal>,
+    /// Whether the conntrack table was listed for stale entries of kuport's flows: only after
+    /// an apply that changed what the node translates, on a verifying pass, or to retry.
+    pub conntrack_swept: bool,
+    /// Conntrack entries deleted because their flow is no longer translated as the node now
+    /// programs (not a datapath mutation: the next packet of each starts a new flow).
+    pub conntrack_cleared: usize,
+    /// Why the sweep failed; the apply stands and the next apply tries again.
+    pub conntrack_error: Option<String>,
 }
 
 /// A part of the desired state the kernel refused, and the mappings it takes out.
@@ -282,6 +292,11 @@ pub struct LinuxHost<N: netlink::Netlink = netlink::RtNetlink> {
     applied_in_full: bool,
     /// The mark layout whose ip rules this host owns (teardown needs it with no IR at hand).
     marks: MarkLayout,
+    /// The conntrack table swept after applies; none unless given (`LinuxHost::new` gives the
+    /// kernel's), so a host over fake backends never touches the real table.
+    conntrack: Option<Arc<dyn conntrack::ConntrackTable>>,
+    /// When a sweep is due.
+    sweeper: conntrack::Sweeper,
 }
 
 impl LinuxHost {
@@ -289,10 +304,10 @@ impl LinuxHost {
     pub fn new() -> Result<Self, HostError> {
         let (conn, handle, _) = rtnetlink::new_connection().map_err(HostError::Socket)?;
         tokio::spawn(conn);
-        Ok(Self::with_backends(
-            netlink::RtNetlink::new(handle),
-            nft::Nft::new(),
-        ))
+        Ok(
+            Self::with_backends(netlink::RtNetlink::new(handle), nft::Nft::new())
+                .with_conntrack(Arc::new(conntrack::KernelConntrack)),
+        )
     }
 
     /// A stream of link events: any `kup-*` link, and any link named in `watch` (the underlay
@@ -334,7 +349,7 @@ impl LinuxHost {
 }
 
 impl<N: netlink::Netlink> LinuxHost<N> {
-    /// A host over the given backends.
+    /// A host over the given backends, sweeping no conntrack table.
     pub fn with_backends(netlink: N, nft: nft::Nft) -> Self {
         Self {
             netlink,
@@ -342,13 +357,75 @@ impl<N: netlink::Netlink> LinuxHost<N> {
             applied: None,
             applied_in_full: false,
             marks: MarkLayout::default(),
+            conntrack: None,
+            sweeper: conntrack::Sweeper::default(),
         }
+    }
+
+    /// Sweeps `table` for stale entries of kuport's flows after applies (see
+    /// [`conntrack`]).
+    pub fn with_conntrack(mut self, table: Arc<dyn conntrack::ConntrackTable>) -> Self {
+        self.conntrack = Some(table);
+        self
     }
 
     /// Uses `marks` instead of the default mark layout.
     pub fn with_marks(mut self, marks: MarkLayout) -> Self {
         self.marks = marks;
         self
+    }
+
+    /// Deletes the conntrack entries of flows `applied` no longer translates that way, when a
+    /// sweep is due. A failure is reported, never fatal: the sweep is owed to the next apply.
+    async fn clear_stale_flows(
+        &mut self,
+        applied: &HostState,
+        verify: bool,
+        report: &mut ApplyReport,
+    ) {
+        let Some(table) = self.conntrack.clone() else {
+            return;
+        };
+        let now = conntrack::Translations::of(applied, self.marks.mask);
+        if !self.sweeper.due(&now, verify) {
+            return;
+        }
+        let judged = now.clone();
+        let sweep = tokio::task::spawn_blocking(move || conntrack::sweep(&*table, &judged))
+            .await
+            .unwrap_or_else(|e| conntrack::Sweep {
+                error: Some(format!("the conntrack sweep failed: {e}")),
+                ..conntrack::Sweep::default()
+            });
+        self.sweeper.record(now, &sweep);
+        report.conntrack_swept = true;
+        report.conntrack_cleared = sweep.cleared;
+        report.conntrack_error = sweep.error;
+    }
+
+    /// After a refused transaction the kernel holds whatever table it held before, or none:
+    /// every link that is up while that table holds no guard for its port is taken down. When
+    /// the table cannot be read (nft cannot run at all), nothing is known to be wrong with it
+    /// and the links are left as they are. Said in the log; the apply's error stands.
+    async fn close_unguarded_links(&self) {
+        let guarded = match self.blocking(|nft| nft.guarded_ports()).await {
+            Ok(ports) => ports,
+            Err(e) => {
+                tracing::warn!("reading the link guard after a refused transaction: {e}");
+                return;
+            }
+        };
+        let mut report = ApplyReport::default();
+        match netlink::take_down_unguarded(&self.netlink, |p| guarded.contains(&p), &mut report)
+            .await
+        {
+            Ok(down) if down.is_empty() => {}
+            Ok(down) => tracing::warn!(
+                links = ?down,
+                "links taken down: the nftables transaction failed and no guard covers their port"
+            ),
+            Err(e) => tracing::warn!("taking unguarded links down: {e}"),
+        }
     }
 
     async fn blocking<T: Send + 'static>(
@@ -367,15 +444,23 @@ impl<N: netlink::Netlink> LinuxHost<N> {
 
 impl<N: netlink::Netlink> Host for LinuxHost<N> {
     async fn apply(&mut self, desired: &HostState, verify: bool) -> Result<ApplyReport, HostError> {
-        if !verify && self.applied_in_full && self.applied.as_ref() == Some(desired) {
+        if !verify
+            && self.applied_in_full
+            && !self.sweeper.owed()
+            && self.applied.as_ref() == Some(desired)
+        {
             return Ok(ApplyReport::default());
         }
         let mut report = ApplyReport::default();
-        // Links first: a link failure must not leave a DNAT toward a dead link. A link the
-        // kernel refuses takes only its own rules out of this apply; everything else goes on.
-        let failed = netlink::ensure_links(&self.netlink, &desired.links, &mut report).await;
+        // A link port is open only while the kernel holds its guard. A link no longer wanted
+        // goes before the transaction that may remove its port's guard.
+        netlink::remove_unwanted_links(&self.netlink, &desired.links, &mut report).await?;
+        // Links next, created down (a down VXLAN device holds no socket): a link failure must
+        // not leave a DNAT toward a dead link, so links are known before the transaction; a
+        // link the kernel refuses takes only its own rules out of this apply.
+        let ensured = netlink::ensure_links(&self.netlink, &desired.links, &mut report).await;
         let mut applied = desired.clone();
-        for (name, error) in failed {
+        for (name, error) in ensured.failed {
             let cut = applied.without_links(std::slice::from_ref(&name));
             report.refused.push(Refusal::of_link(
                 &name,
@@ -385,7 +470,15 @@ impl<N: netlink::Netlink> Host for LinuxHost<N> {
             applied = cut;
         }
         let table = applied.nft.clone();
-        let nft = self.blocking(move |nft| nft.apply(&table)).await?;
+        let nft = match self.blocking(move |nft| nft.apply(&table)).await {
+            Ok(nft) => nft,
+            Err(e) => {
+                // The new links stay down; links the kernel's remaining table no longer
+                // guards (someone removed it) go down until a transaction succeeds.
+                self.close_unguarded_links().await;
+                return Err(e);
+            }
+        };
         report.nft_changed = nft.changed;
         report.nft_lines = nft.lines;
         report.nft_listed = nft.listed;
@@ -394,25 +487,43 @@ impl<N: netlink::Netlink> Host for LinuxHost<N> {
             applied.nft = applied.nft.without_mappings(&cut);
         }
         report.refused.extend(nft.refused);
+        // Guarded now: the links come up (and get their routes after).
+        netlink::bring_up(
+            &self.netlink,
+            &applied.links,
+            &ensured.readdressed,
+            &mut report,
+        )
+        .await?;
         netlink::reconcile_rules(&self.netlink, &applied.rules, self.marks, &mut report).await?;
         netlink::reconcile_routes(&self.netlink, &applied.routes, &mut report).await?;
+        // What is left of a link the kernel refused halfway.
         netlink::remove_unwanted_links(&self.netlink, &applied.links, &mut report).await?;
         netlink::ensure_valid_mark(&self.netlink, &applied.valid_mark_interfaces, &mut report)
             .await?;
         // A refusal is not remembered as applied: the next pass tries the refused parts again.
         self.applied_in_full = report.refused.is_empty();
+        // Last: a flow's next packet must meet the whole new datapath.
+        self.clear_stale_flows(&applied, verify, &mut report).await;
         self.applied = Some(applied);
         Ok(report)
     }
 
     async fn teardown(&mut self) -> Result<(), HostError> {
         let mut report = ApplyReport::default();
+        // Links before the table: no link outlives its guard.
+        netlink::remove_unwanted_links(&self.netlink, &[], &mut report).await?;
         self.blocking(|nft| nft.teardown()).await?;
         netlink::reconcile_rules(&self.netlink, &[], self.marks, &mut report).await?;
         netlink::reconcile_routes(&self.netlink, &[], &mut report).await?;
-        netlink::remove_unwanted_links(&self.netlink, &[], &mut report).await?;
         self.applied = None;
         self.applied_in_full = false;
+        // With nothing translated any more, every flow still carrying kuport's mark is stale.
+        self.clear_stale_flows(&HostState::default(), true, &mut report)
+            .await;
+        if let Some(error) = report.conntrack_error {
+            tracing::warn!("after removing kuport's datapath: {error}");
+        }
         Ok(())
     }
 

@@ -1,7 +1,7 @@
 //! An in-memory host for the simulator and runtime tests: it records the last applied IR and
 //! every call, and serves scripted facts, counters and failures.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use kuport_core::ir::HostState;
@@ -28,6 +28,9 @@ pub struct MemoryState {
     /// Mappings (`namespace/name`) whose rules the "kernel" refuses, with its words, until
     /// removed: every apply leaves them out and reports them, as the real host does.
     pub refuse: BTreeMap<String, String>,
+    /// How the next conntrack sweeps end, one per apply (entries cleared, or the error): the
+    /// memory host holds no conntrack table, so a test scripts what the real one would say.
+    pub conntrack_sweeps: VecDeque<Result<usize, String>>,
 }
 
 /// The in-memory host.
@@ -79,7 +82,7 @@ fn diff(old: &HostState, new: &HostState) -> ApplyReport {
         rules_deleted: missing(&old.rules, &new.rules),
         routes_added: missing(&new.routes, &old.routes),
         routes_deleted: missing(&old.routes, &new.routes),
-        refused: Vec::new(),
+        ..ApplyReport::default()
     }
 }
 
@@ -119,6 +122,13 @@ impl Host for MemoryHost {
         if report.mutations() > 0 {
             s.applies += 1;
             s.applied = applied;
+        }
+        if let Some(sweep) = s.conntrack_sweeps.pop_front() {
+            report.conntrack_swept = true;
+            match sweep {
+                Ok(cleared) => report.conntrack_cleared = cleared,
+                Err(error) => report.conntrack_error = Some(error),
+            }
         }
         drop(s);
         // As on the real host, a refusal is not remembered: the next pass tries again.

@@ -11,12 +11,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 
-use kuport_core::ir::{ChainId, NftTable, TABLE};
+use kuport_core::ir::{ChainId, MarkLayout, NftTable, Rule, TABLE};
 use kuport_core::render::layout::{
     Planned, chain_header, layout, layout_with_owners, parse_listing,
 };
 use kuport_core::render::transaction::needs_recreate;
-use kuport_core::render::{LineOf, script, transaction_lines};
+use kuport_core::render::{LineOf, rule_text, script, transaction_lines};
 use serde_json::Value;
 
 use crate::{HostError, Refusal};
@@ -371,6 +371,39 @@ impl Nft {
             op: "verify chains",
             detail: "a kuport chain lacks its hook or priority after the transaction".to_owned(),
         })
+    }
+
+    /// The link ports the kernel's table guards: its `kup-guard` chain is hooked where kuport
+    /// puts it and holds, for each port, the drop rule kuport writes. Read after a failed
+    /// transaction, when what the kernel kept is not known, to tell which links may stay up.
+    pub fn guarded_ports(&self) -> Result<BTreeSet<u16>, HostError> {
+        let Some(listing) = self.read_with(&["-t", "list", "table", "ip", TABLE])? else {
+            return Ok(BTreeSet::new());
+        };
+        let guard = ChainId::Guard;
+        let Some(chain) = listing
+            .layout
+            .chains
+            .get(guard.name())
+            .filter(|c| c.header == chain_header(guard))
+        else {
+            return Ok(BTreeSet::new());
+        };
+        // The guard's rules name no mark: any layout renders them alike.
+        let drops = |port: u16| rule_text(&Rule::guard_drop(port), MarkLayout::default());
+        Ok(chain
+            .rules
+            .iter()
+            .filter_map(|rule| {
+                let port: u16 = rule
+                    .strip_prefix("udp dport ")?
+                    .split(' ')
+                    .next()?
+                    .parse()
+                    .ok()?;
+                (*rule == drops(port)).then_some(port)
+            })
+            .collect())
     }
 
     /// Every named counter in kuport's table, sorted by name: one `nft list counters`.

@@ -69,6 +69,8 @@ pub struct FakeState {
     pub no_generation: bool,
     /// A rule or element line containing one of these is refused, with this message.
     pub refuse: Vec<(String, String)>,
+    /// When set, every command fails with this message (nft cannot be run at all).
+    pub unavailable: Option<String>,
 }
 
 /// The fake `nft`.
@@ -90,6 +92,9 @@ impl FakeNft {
 impl NftRunner for FakeNft {
     fn run(&self, args: &[&str], stdin: Option<&str>) -> Result<String, String> {
         let mut state = self.lock();
+        if let Some(message) = &state.unavailable {
+            return Err(message.clone());
+        }
         match args {
             ["list", "table", "ip", name] if *name == TABLE => {
                 state.listed += 1;

@@ -35,6 +35,10 @@ const TESTS: &[netns::Test] = &[
         "link_and_underlay_removal_is_reported_as_events",
         link_events,
     ),
+    (
+        "a_refused_transaction_leaves_new_links_down_and_their_port_closed",
+        links_down_on_refusal,
+    ),
 ];
 
 const CHILDREN: &[netns::Test] = &[
@@ -46,6 +50,7 @@ const CHILDREN: &[netns::Test] = &[
     ("nft_refusal", child_nft_refusal),
     ("facts", child_facts),
     ("events", child_events),
+    ("refused_guard", child_refused_guard),
 ];
 
 fn main() -> ExitCode {
@@ -335,7 +340,9 @@ fn child_update() {
                 report.rules_deleted,
                 report.routes_deleted
             ),
-            (0, 1, 0, 2, 1),
+            // The link goes first (before the transaction that may remove its guard) and
+            // takes its route with it.
+            (0, 1, 0, 2, 0),
             "{report:?}"
         );
         assert_eq!(
@@ -655,4 +662,112 @@ fn child_events() {
         assert_eq!(report.links_created, 1, "{report:?}");
         host.teardown().await.expect("teardown");
     });
+}
+
+// ---- a link port is open only while its guard is in the kernel ----
+
+/// An `nft` that refuses every transaction writing the link guard's drop rule while the flag
+/// file exists, as nft refuses a line the kernel cannot process (a missing `nft_fib` module,
+/// say); everything else goes to the real nft.
+fn nft_shim(dir: &std::path::Path, flag: &std::path::Path) {
+    let real = sh("command -v nft");
+    let real = real.trim();
+    let script = format!(
+        "#!/bin/sh\n\
+         if [ \"$1\" = -f ] && [ -e {flag} ]; then\n\
+           script=$(cat)\n\
+           case \"$script\" in *'fib daddr type {{'*)\n\
+             echo '/dev/stdin:1:1-1: Error: Could not process rule: Operation not supported' >&2; exit 1;;\n\
+           esac\n\
+           printf '%s\\n' \"$script\" | exec {real} \"$@\"\n\
+         fi\n\
+         exec {real} \"$@\"\n",
+        flag = flag.display()
+    );
+    std::fs::create_dir_all(dir).expect("shim dir");
+    let path = dir.join("nft");
+    std::fs::write(&path, script).expect("shim");
+    sh(&format!("chmod 755 {}", path.display()));
+}
+
+fn links_down_on_refusal() {
+    let ns = namespace("refused");
+    let dir = std::env::temp_dir().join(format!("{}-bin", ns.name()));
+    let flag = dir.join("refuse");
+    nft_shim(&dir, &flag);
+    std::fs::write(&flag, "").expect("flag");
+    let path = format!(
+        "{}:{}",
+        dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let flag_env = flag.display().to_string();
+    // The shim's directory goes even when the child fails.
+    struct Cleanup(std::path::PathBuf);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _cleanup = Cleanup(dir);
+    child(
+        &ns,
+        "refused_guard",
+        &[("PATH", &path), ("KUPORT_REFUSE_FLAG", &flag_env)],
+    );
+}
+
+fn link_is_up(name: &str) -> bool {
+    let flags = sh(&format!("cat /sys/class/net/{name}/flags"));
+    let flags = u32::from_str_radix(flags.trim().trim_start_matches("0x"), 16).expect("flags");
+    flags & 1 == 1
+}
+
+/// UDP sockets listening on `port`, as `ss` lists them (none: empty).
+fn udp_listeners(port: u16) -> String {
+    sh(&format!("ss -Hnlu 'sport = :{port}'")).trim().to_owned()
+}
+
+fn child_refused_guard() {
+    let state = golden_ir("pod-node-single");
+    underlay_and_interfaces_for(&state);
+    let link = state.links[0].clone();
+    block_on(async {
+        let mut host = LinuxHost::new().expect("host");
+        let err = host
+            .apply(&state, false)
+            .await
+            .expect_err("the guard's line belongs to no mapping");
+        assert!(err.to_string().contains("Operation not supported"), "{err}");
+        assert!(!link_is_up(&link.name), "{} is built but down", link.name);
+        assert_eq!(
+            udp_listeners(link.port),
+            "",
+            "nothing listens on the link port"
+        );
+        assert!(
+            sh(&format!(
+                "ip route show table {} 2>/dev/null || true",
+                state.routes[0].table
+            ))
+            .trim()
+            .is_empty(),
+            "no route through it"
+        );
+        // Control: the same device up opens the kernel's socket on every address.
+        sh(&format!("ip link set {} up", link.name));
+        assert!(!udp_listeners(link.port).is_empty(), "an up link listens");
+        sh(&format!("ip link set {} down", link.name));
+        // The refusal lifted, the next pass brings it up behind its guard.
+        let flag = std::env::var("KUPORT_REFUSE_FLAG").expect("flag");
+        std::fs::remove_file(flag).expect("lift the refusal");
+        host.apply(&state, false).await.expect("apply");
+        assert!(link_is_up(&link.name));
+        let guard = sh("nft list chain ip kuport kup-guard");
+        assert!(guard.contains("fib daddr type { local, broadcast, anycast, multicast }"));
+        check_links(&state);
+        check_rules_and_routes(&state);
+        host.teardown().await.expect("teardown");
+    });
+    assert_nothing_owned();
 }

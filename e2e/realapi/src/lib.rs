@@ -145,10 +145,31 @@ pub struct Options {
     pub listen: Option<std::net::SocketAddrV4>,
 }
 
+/// The control plane of a whole cluster (the local cluster of real kubelets,
+/// `cargo e2e run --cluster local`), on top of [`Options`]: Node authorization and the
+/// NodeRestriction admission plugin with a token per kubelet, the `kubernetes` Service's
+/// endpoints kept by the apiserver (pods reach it through kube-proxy), every default controller
+/// with the cluster's root CA published, and the kube-scheduler.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterOptions {
+    /// The kubelets' node names: each gets a token as `system:node:<name>` in `system:nodes`.
+    pub nodes: Vec<String>,
+    /// How long the node-lifecycle controller waits for a heartbeat before it marks a node
+    /// NotReady (`--node-monitor-grace-period`, for example `10s`).
+    pub node_monitor_grace_period: String,
+}
+
+/// The Service range of the control plane (`--service-cluster-ip-range`); the first address is
+/// the `kubernetes` Service, which the serving certificate names in cluster mode.
+pub const SERVICE_CIDR: &str = "10.0.0.0/24";
+const KUBERNETES_SERVICE_IP: &str = "10.0.0.1";
+
 /// A running control plane. Dropping it kills every process it started and removes its files.
 pub struct ControlPlane {
     url: String,
     token: String,
+    /// Per kubelet in cluster mode: (node name, its token).
+    node_tokens: Vec<(String, String)>,
     dir: Option<tempfile::TempDir>,
     kubeconfig: PathBuf,
     audit_log: PathBuf,
@@ -191,7 +212,7 @@ struct Pki {
     sa_pub: String,
 }
 
-fn make_pki(also_serve: Option<std::net::Ipv4Addr>) -> Result<Pki, Error> {
+fn make_pki(also_serve: Option<std::net::Ipv4Addr>, cluster: bool) -> Result<Pki, Error> {
     let err = |what: &'static str| move |e: rcgen::Error| Error::Other(format!("{what}: {e}"));
     let ca_key = rcgen::KeyPair::generate().map_err(err("generate the CA key"))?;
     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new())
@@ -209,6 +230,18 @@ fn make_pki(also_serve: Option<std::net::Ipv4Addr>) -> Result<Pki, Error> {
     let serving_key = rcgen::KeyPair::generate().map_err(err("generate the serving key"))?;
     let mut names = vec!["127.0.0.1".to_owned(), "localhost".to_owned()];
     names.extend(also_serve.map(|a| a.to_string()));
+    if cluster {
+        // Pods reach the apiserver as the `kubernetes` Service (in-cluster configuration).
+        names.extend(
+            [
+                KUBERNETES_SERVICE_IP,
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+            ]
+            .map(str::to_owned),
+        );
+    }
     let mut params =
         rcgen::CertificateParams::new(names).map_err(err("serving certificate parameters"))?;
     params
@@ -316,6 +349,25 @@ impl ControlPlane {
     /// Starts etcd and kube-apiserver (and kube-controller-manager when asked) from `bin` and
     /// waits until the apiserver reports ready.
     pub async fn start(bin: &Path, options: Options) -> Result<Self, Error> {
+        Self::start_with(bin, options, None).await
+    }
+
+    /// Starts the control plane of a whole cluster (see [`ClusterOptions`]): etcd,
+    /// kube-apiserver, kube-controller-manager with every default controller, and
+    /// kube-scheduler. `options.controllers` is ignored.
+    pub async fn start_cluster(
+        bin: &Path,
+        options: Options,
+        cluster: &ClusterOptions,
+    ) -> Result<Self, Error> {
+        Self::start_with(bin, options, Some(cluster)).await
+    }
+
+    async fn start_with(
+        bin: &Path,
+        options: Options,
+        cluster: Option<&ClusterOptions>,
+    ) -> Result<Self, Error> {
         let permit = RUNNING
             .acquire()
             .await
@@ -327,17 +379,22 @@ impl ControlPlane {
             .map_err(io("create the control plane's scratch directory"))?;
         let root = tmp.path().to_path_buf();
         let path = |name: &str| root.join(name);
-        let pki = make_pki(options.listen.map(|l| *l.ip()))?;
+        let pki = make_pki(options.listen.map(|l| *l.ip()), cluster.is_some())?;
         write(&path("ca.crt"), &pki.ca)?;
         write(&path("apiserver.crt"), &pki.serving_cert)?;
         write(&path("apiserver.key"), &pki.serving_key)?;
         write(&path("sa.key"), &pki.sa_key)?;
         write(&path("sa.pub"), &pki.sa_pub)?;
         let token = random_token()?;
-        write(
-            &path("tokens.csv"),
-            &format!("{token},{ADMIN_USER},{ADMIN_USER},\"system:masters\"\n"),
-        )?;
+        let mut tokens = format!("{token},{ADMIN_USER},{ADMIN_USER},\"system:masters\"\n");
+        let mut node_tokens = Vec::new();
+        for node in cluster.map(|c| c.nodes.as_slice()).unwrap_or_default() {
+            let node_token = random_token()?;
+            let user = format!("system:node:{node}");
+            let _ = writeln!(tokens, "{node_token},{user},{user},\"system:nodes\"");
+            node_tokens.push((node.clone(), node_token));
+        }
+        write(&path("tokens.csv"), &tokens)?;
         write(
             &path("audit-policy.yaml"),
             "apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n  - level: Metadata\n",
@@ -354,6 +411,7 @@ impl ControlPlane {
         let mut cp = Self {
             url: url.clone(),
             token: token.clone(),
+            node_tokens,
             kubeconfig: path("kubeconfig"),
             audit_log: path("audit.log"),
             dir: Some(tmp),
@@ -378,7 +436,7 @@ impl ControlPlane {
             &etcd_args,
             &path("etcd.log"),
         )?);
-        let api_args = vec![
+        let mut api_args = vec![
             format!("--etcd-servers={etcd_url}"),
             format!("--secure-port={api_port}"),
             format!("--bind-address={api_ip}"),
@@ -387,19 +445,35 @@ impl ControlPlane {
             format!("--tls-cert-file={}", s("apiserver.crt")),
             format!("--tls-private-key-file={}", s("apiserver.key")),
             format!("--token-auth-file={}", s("tokens.csv")),
-            "--authorization-mode=RBAC".to_owned(),
+            format!(
+                "--authorization-mode={}",
+                if cluster.is_some() {
+                    "Node,RBAC"
+                } else {
+                    "RBAC"
+                }
+            ),
             format!("--service-account-key-file={}", s("sa.pub")),
             format!("--service-account-signing-key-file={}", s("sa.key")),
             format!("--service-account-issuer={url}"),
-            "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
+            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
             "--allow-privileged=true".to_owned(),
-            // The kubernetes Service cannot point at a loopback address; envtest turns it off too.
-            "--endpoint-reconciler-type=none".to_owned(),
             format!("--audit-policy-file={}", s("audit-policy.yaml")),
             format!("--audit-log-path={}", s("audit.log")),
             "--audit-log-mode=blocking".to_owned(),
             "--v=1".to_owned(),
         ];
+        if cluster.is_some() {
+            api_args.extend([
+                "--enable-admission-plugins=NodeRestriction".to_owned(),
+                // Logs, exec and port-forward dial the kubelet at the address the node reports.
+                "--kubelet-preferred-address-types=InternalIP,Hostname".to_owned(),
+            ]);
+        } else {
+            // The kubernetes Service cannot point at a loopback address; envtest turns it off
+            // too. A cluster's apiserver listens on the lab's underlay and keeps it.
+            api_args.push("--endpoint-reconciler-type=none".to_owned());
+        }
         cp.children.push(spawn(
             "kube-apiserver",
             &bin.join("kube-apiserver"),
@@ -409,7 +483,9 @@ impl ControlPlane {
         cp.record_pids()?;
         cp.write_kubeconfig()?;
         cp.wait_ready("kube-apiserver.log").await?;
-        if !options.controllers.is_empty() {
+        if let Some(cluster) = cluster {
+            cp.start_cluster_components(bin, cluster)?;
+        } else if !options.controllers.is_empty() {
             let kcm_args = vec![
                 format!("--kubeconfig={}", cp.kubeconfig.display()),
                 format!("--controllers={}", options.controllers.join(",")),
@@ -430,6 +506,84 @@ impl ControlPlane {
             cp.record_pids()?;
         }
         Ok(cp)
+    }
+
+    /// kube-controller-manager with every default controller (the cluster's root CA published
+    /// for the pods' service-account volumes) and kube-scheduler, both as the admin.
+    fn start_cluster_components(
+        &mut self,
+        bin: &Path,
+        cluster: &ClusterOptions,
+    ) -> Result<(), Error> {
+        let root = self.root().to_path_buf();
+        let s = |p: &str| root.join(p).display().to_string();
+        let kubeconfig = self.kubeconfig.display().to_string();
+        let kcm_args = vec![
+            format!("--kubeconfig={kubeconfig}"),
+            "--controllers=*".to_owned(),
+            "--leader-elect=false".to_owned(),
+            "--secure-port=0".to_owned(),
+            "--use-service-account-credentials=false".to_owned(),
+            format!("--root-ca-file={}", s("ca.crt")),
+            format!("--service-account-private-key-file={}", s("sa.key")),
+            format!(
+                "--node-monitor-grace-period={}",
+                cluster.node_monitor_grace_period
+            ),
+            "--node-monitor-period=1s".to_owned(),
+            "--v=1".to_owned(),
+        ];
+        self.children.push(spawn(
+            "kube-controller-manager",
+            &bin.join("kube-controller-manager"),
+            &kcm_args,
+            &root.join("kube-controller-manager.log"),
+        )?);
+        let scheduler_args = vec![
+            format!("--kubeconfig={kubeconfig}"),
+            format!("--authentication-kubeconfig={kubeconfig}"),
+            format!("--authorization-kubeconfig={kubeconfig}"),
+            "--leader-elect=false".to_owned(),
+            "--secure-port=0".to_owned(),
+            "--v=1".to_owned(),
+        ];
+        self.children.push(spawn(
+            "kube-scheduler",
+            &bin.join("kube-scheduler"),
+            &scheduler_args,
+            &root.join("kube-scheduler.log"),
+        )?);
+        self.record_pids()
+    }
+
+    /// The kubeconfig of node `node`'s kubelet (its token, the CA inline), as JSON text.
+    pub fn node_kubeconfig(&self, node: &str) -> Result<String, Error> {
+        let (_, token) = self
+            .node_tokens
+            .iter()
+            .find(|(n, _)| n == node)
+            .ok_or_else(|| Error::Other(format!("no kubelet token for node {node}")))?;
+        self.self_contained_kubeconfig(&format!("system:node:{node}"), token)
+    }
+
+    /// The admin's kubeconfig with the CA inline (readable from any mount namespace), as JSON.
+    pub fn admin_kubeconfig_inline(&self) -> Result<String, Error> {
+        self.self_contained_kubeconfig(ADMIN_USER, &self.token)
+    }
+
+    fn self_contained_kubeconfig(&self, user: &str, token: &str) -> Result<String, Error> {
+        use base64_light as b64;
+        let ca_path = self.root().join("ca.crt");
+        let ca = std::fs::read(&ca_path).map_err(io(format!("read {}", ca_path.display())))?;
+        Ok(json!({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "kuport-local", "cluster": {
+                "server": self.url, "certificate-authority-data": b64::encode(&ca)}}],
+            "users": [{"name": user, "user": {"token": token}}],
+            "contexts": [{"name": "kuport-local", "context": {"cluster": "kuport-local", "user": user}}],
+            "current-context": "kuport-local",
+        })
+        .to_string())
     }
 
     fn root(&self) -> &Path {
@@ -850,7 +1004,13 @@ fn sweep_abandoned(tmp: &Path) {
         for &pid in children {
             let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
             let ours = exe.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
-                ["etcd", "kube-apiserver", "kube-controller-manager"].contains(&n)
+                [
+                    "etcd",
+                    "kube-apiserver",
+                    "kube-controller-manager",
+                    "kube-scheduler",
+                ]
+                .contains(&n)
             });
             if ours {
                 eprintln!(
@@ -863,6 +1023,44 @@ fn sweep_abandoned(tmp: &Path) {
             }
         }
         let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// Standard base64 (RFC 4648, padded), for the kubeconfig's inline CA: a dozen lines instead of
+/// a dependency.
+mod base64_light {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+    pub(super) fn encode(bytes: &[u8]) -> String {
+        let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+        for chunk in bytes.chunks(3) {
+            let b = [
+                chunk[0],
+                chunk.get(1).copied().unwrap_or(0),
+                chunk.get(2).copied().unwrap_or(0),
+            ];
+            let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+            for i in 0..4 {
+                if i <= chunk.len() {
+                    out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
+                } else {
+                    out.push('=');
+                }
+            }
+        }
+        out
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn encodes_as_rfc_4648() {
+            assert_eq!(super::encode(b""), "");
+            assert_eq!(super::encode(b"f"), "Zg==");
+            assert_eq!(super::encode(b"fo"), "Zm8=");
+            assert_eq!(super::encode(b"foo"), "Zm9v");
+            assert_eq!(super::encode(b"foobar"), "Zm9vYmFy");
+        }
     }
 }
 

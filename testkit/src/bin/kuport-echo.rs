@@ -6,14 +6,19 @@
 //! kuport-echo serve <udp|tcp> <first-port>[-<last-port>] [--tag T]
 //!     answer "peer=<ip>:<port> port=<local port>" (plus " tag=T": which responder answered)
 //! kuport-echo ask <udp|tcp> <ip>:<port> [--timeout-ms N] [--bulk N] [--size N] [--df on|off]
+//!                 [--source-port N]
 //!     prints "reply from=<ip:port> <answer> client=<ip:port> rtt_us=N", "refused" (exit 3),
 //!     "timeout" (exit 4) or "fragneeded mtu=N" (exit 5)
 //! ```
+//! `--source-port` binds the asking socket to that port (on every address) instead of an
+//! ephemeral one, so a test can put a connection's replies on a port of its choosing.
 //! `--size` pads a UDP datagram to that many payload bytes; `--df off` lets the kernel fragment it
 //! (IP_PMTUDISC_DONT), `--df on` (the default) sets DF on every datagram (IP_PMTUDISC_DO), so a
 //! router on the path answers "fragmentation needed", reported with the path MTU it named.
 //! A UDP probe uses a connected socket: the kernel delivers a reply only when it comes from the
 //! exact address and port dialed, and reports an ICMP port-unreachable as "refused".
+//! `--source-port` (UDP) sends from that port, so successive asks are one flow to conntrack, as
+//! a client sending from one socket is.
 
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -25,7 +30,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("serve") => serve(&args[1..]),
         Some("ask") => ask(&args[1..]),
-        _ => Err("usage: kuport-echo serve <udp|tcp> <port>[-<last>] | ask <udp|tcp> <ip:port> [--timeout-ms N] [--bulk N]".into()),
+        _ => Err("usage: kuport-echo serve <udp|tcp> <port>[-<last>] | ask <udp|tcp> <ip:port> [--timeout-ms N] [--bulk N] [--source-port N]".into()),
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -163,10 +168,14 @@ fn ask(args: &[String]) -> Result<u8, String> {
         Some(v) if v == "off" => false,
         Some(v) => return Err(format!("--df takes on or off, not {v}")),
     };
+    let source_port = match flag(args, "--source-port") {
+        None => 0,
+        Some(p) => u16::try_from(p).map_err(|_| format!("--source-port {p}: not a port"))?,
+    };
     let started = std::time::Instant::now();
     let outcome = match proto {
-        "udp" => ask_udp(target, timeout, size, df),
-        "tcp" => ask_tcp(target, timeout, bulk),
+        "udp" => ask_udp(target, timeout, size, df, source_port),
+        "tcp" => ask_tcp(target, timeout, bulk, source_port),
         other => return Err(format!("unknown protocol {other}")),
     };
     match outcome {
@@ -246,9 +255,10 @@ fn ask_udp(
     timeout: Duration,
     size: Option<usize>,
     df: bool,
+    source_port: u16,
 ) -> Result<String, Outcome> {
     use rustix::net::sockopt::{Ipv4PathMtuDiscovery, set_ip_mtu_discover};
-    let sock = UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], 0)))?;
+    let sock = UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], source_port)))?;
     let pmtu = if df {
         Ipv4PathMtuDiscovery::DO
     } else {
@@ -295,9 +305,38 @@ fn ask_udp(
     ))
 }
 
-fn ask_tcp(target: SocketAddr, timeout: Duration, bulk: Option<usize>) -> Result<String, Outcome> {
+/// A TCP connection to `target` from `source_port` (0: an ephemeral port), given up after
+/// `timeout`.
+fn connect_tcp(
+    target: SocketAddr,
+    timeout: Duration,
+    source_port: u16,
+) -> std::io::Result<TcpStream> {
+    use rustix::net::{AddressFamily, SocketType, sockopt};
+    if source_port == 0 {
+        return TcpStream::connect_timeout(&target, timeout);
+    }
+    let fd = rustix::net::socket(AddressFamily::INET, SocketType::STREAM, None)?;
+    // A port the last run left in TIME_WAIT can still be bound.
+    sockopt::set_socket_reuseaddr(&fd, true)?;
+    rustix::net::bind(&fd, &SocketAddr::from(([0, 0, 0, 0], source_port)))?;
+    // A blocking connect gives up after the send timeout, with EINPROGRESS.
+    sockopt::set_socket_timeout(&fd, sockopt::Timeout::Send, Some(timeout))?;
+    match rustix::net::connect(&fd, &target) {
+        Ok(()) => Ok(TcpStream::from(fd)),
+        Err(e) if e == rustix::io::Errno::INPROGRESS => Err(ErrorKind::TimedOut.into()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn ask_tcp(
+    target: SocketAddr,
+    timeout: Duration,
+    bulk: Option<usize>,
+    source_port: u16,
+) -> Result<String, Outcome> {
     // A reset is matched to the socket by the whole connection, so it came from the target.
-    let mut stream = match TcpStream::connect_timeout(&target, timeout) {
+    let mut stream = match connect_tcp(target, timeout, source_port) {
         Err(e) if e.kind() == ErrorKind::ConnectionRefused => {
             return Err(Outcome::Refused(match target.ip() {
                 std::net::IpAddr::V4(ip) => Some(ip),

@@ -282,6 +282,8 @@ impl Emitter<'_> {
         }
         self.snat(d, to, snat_ports);
         self.push(ChainId::Mangle, Rule::RestoreReplyMark { mark: local });
+        // Steering marks only a flow's first packet; strict rp_filter checks every one.
+        self.push(ChainId::Mangle, Rule::RestoreRequestMark { mark: local });
         self.state.rules.push(IpRule {
             priority: PREF_REPLY,
             fwmark: local,
@@ -384,8 +386,9 @@ impl Emitter<'_> {
         });
     }
 
-    /// The link guard: per underlay device and link port, frames from the link peers pass and
-    /// everything else addressed to the node on that port is dropped and counted.
+    /// The link guard: per underlay device and link port, the link peers' unicast frames to
+    /// the node pass and everything else the node would receive on that port (broadcast,
+    /// multicast and anycast destinations included, on any interface) is dropped and counted.
     fn guard(&mut self) {
         let mut peers: BTreeMap<(String, u16), Vec<Ipv4Addr>> = BTreeMap::new();
         for link in &self.state.links {
@@ -407,14 +410,16 @@ impl Emitter<'_> {
                     peers: addrs,
                 },
             );
-            let counter = format!("guard/{port}");
-            self.state.nft.counters.push(Counter {
-                name: counter.clone(),
-                chain: ChainId::Guard,
-                namespace: String::new(),
-                mapping: String::new(),
-            });
-            self.push(ChainId::Guard, Rule::GuardDrop { port, counter });
+            let drop = Rule::guard_drop(port);
+            if let Rule::GuardDrop { counter, .. } = &drop {
+                self.state.nft.counters.push(Counter {
+                    name: counter.clone(),
+                    chain: ChainId::Guard,
+                    namespace: String::new(),
+                    mapping: String::new(),
+                });
+            }
+            self.push(ChainId::Guard, drop);
         }
     }
 

@@ -18,7 +18,7 @@ use std::fmt::Write as _;
 
 use crate::ir::{ChainId, MarkLayout, NftTable, PortRange, Rule, STAND_IN, TABLE};
 
-use super::{masked_cmp, masked_eq, masked_set, quote, rule_text, symbolic_priority};
+use super::{NEW_FLOW, masked_cmp, masked_eq, masked_set, quote, rule_text, symbolic_priority};
 
 /// A set or a map of kuport's table.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -292,12 +292,15 @@ impl Builder {
             let set = format!("steer-{}-{}", mark_tag(mark), width.label());
             self.declare(&set, false, STEER_TYPE.to_owned(), width);
             let rules = lookups.entry(ChainId::Steer).or_default();
-            let mut steer = format!("{STEER_KEY} @{set} ");
+            // Only a new flow's first packet: a reply never is one, so the node's own
+            // connections from a port in a mapped range keep their replies; later packets of a
+            // steered flow are translated by conntrack's NAT.
+            let mut steer = format!("{NEW_FLOW} {STEER_KEY} @{set} ");
             if let Some(mark) = mark {
                 // Only a packet no other datapath marked takes kuport's mark (netbird checks
                 // its own exact value later), so strict rp_filter follows kuport's fwmark rule.
                 rules.push(format!(
-                    "{STEER_KEY} @{set} {} {}",
+                    "{NEW_FLOW} {STEER_KEY} @{set} {} {}",
                     masked_cmp("meta mark", !marks.mask, false, 0),
                     masked_set("meta mark", marks, mark)
                 ));

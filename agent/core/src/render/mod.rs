@@ -68,10 +68,19 @@ fn masked_set(key: &str, marks: MarkLayout, value: u32) -> String {
     )
 }
 
+/// What starts a steered flow: only a flow's first packet (`ct state new`; conntrack never
+/// gives that state to a reply), so the node's own connections from a port in a mapped range,
+/// and their replies, are never rewritten.
+pub const NEW_FLOW: &str = "ct state new";
+
+/// The destination types the node delivers locally, as nft lists them: the link guard drops
+/// every one of them on a link port unless the frame is a link peer's unicast.
+pub const RECEIVED_TYPES: &str = "{ local, broadcast, anycast, multicast }";
+
 /// The match part of a steering rule, with a trailing space.
 fn steer_match(r: &SteerRule) -> String {
     format!(
-        "iifname {} ip daddr {} {} dport {} ",
+        "{NEW_FLOW} iifname {} ip daddr {} {} dport {} ",
         quote(&r.iif),
         r.daddr,
         r.protocol.lower(),
@@ -95,12 +104,12 @@ pub fn rule_text(rule: &Rule, marks: MarkLayout) -> String {
                 format!("{{ {} }}", peers.join(", "))
             };
             format!(
-                "iifname {} ip saddr {set} udp dport {port} notrack accept",
+                "iifname {} ip saddr {set} udp dport {port} fib daddr type local notrack accept",
                 quote(device)
             )
         }
         Rule::GuardDrop { port, counter } => format!(
-            "udp dport {port} fib daddr type local counter name {} drop",
+            "udp dport {port} fib daddr type {RECEIVED_TYPES} counter name {} drop",
             quote(counter)
         ),
         Rule::MarkRequest(r) => format!(
@@ -124,6 +133,12 @@ pub fn rule_text(rule: &Rule, marks: MarkLayout) -> String {
         Rule::RestoreReplyMark { mark } => format!(
             "ct direction reply {} counter packets 0 bytes 0 {}",
             masked_eq("ct mark", marks, *mark),
+            masked_set("meta mark", marks, *mark)
+        ),
+        Rule::RestoreRequestMark { mark } => format!(
+            "ct direction original {} {} counter packets 0 bytes 0 {}",
+            masked_eq("ct mark", marks, *mark),
+            masked_cmp("meta mark", !marks.mask, false, 0),
             masked_set("meta mark", marks, *mark)
         ),
         Rule::SaveArrivalLink { iface, mark } => format!(

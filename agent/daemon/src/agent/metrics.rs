@@ -119,6 +119,8 @@ pub struct Metrics {
     last_success: Gauge<f64, AtomicU64>,
     events: Family<Labels, Counter>,
     watch_events: Family<Labels, Counter>,
+    conntrack_sweeps: Family<Labels, Counter>,
+    conntrack_cleared: Counter,
     mapping_counters: Arc<MappingCounters>,
 }
 
@@ -202,6 +204,18 @@ impl Metrics {
             "Watch events, by kind and result (pass: it can change a pass and marks the node dirty; ignored: it changes nothing a pass reads)",
             watch_events.clone(),
         );
+        let conntrack_sweeps = Family::<Labels, Counter>::default();
+        registry.register(
+            "conntrack_sweeps",
+            "Sweeps of the conntrack table for stale entries of kuport's flows (after an apply that changed what the node translates, on a verifying pass, or to retry), by result (ok, failed)",
+            conntrack_sweeps.clone(),
+        );
+        let conntrack_cleared = Counter::default();
+        registry.register(
+            "conntrack_entries_cleared",
+            "Conntrack entries deleted because their flow was no longer translated as the node programs it (mapping deleted, endpoint moved, link gone, or a flow that arrived before its mapping)",
+            conntrack_cleared.clone(),
+        );
         let mapping_counters = Arc::new(MappingCounters::default());
         registry.register_collector(Box::new(mapping_counters.clone()));
         let metrics = Self {
@@ -217,6 +231,8 @@ impl Metrics {
             last_success,
             events,
             watch_events,
+            conntrack_sweeps,
+            conntrack_cleared,
             mapping_counters,
         };
         // Create the labelled series up front, so a scrape shows zeros rather than nothing.
@@ -225,6 +241,11 @@ impl Metrics {
         }
         for result in ["ok", "failed", "superseded"] {
             let _ = metrics.passes.get_or_create(&result_labels(result));
+        }
+        for result in ["ok", "failed"] {
+            let _ = metrics
+                .conntrack_sweeps
+                .get_or_create(&result_labels(result));
         }
         for kind in [WriteKind::PortMap, WriteKind::Class] {
             for result in [
@@ -318,6 +339,21 @@ impl Metrics {
         self.watch_events
             .get_or_create(&watch_labels(kind, passes))
             .inc();
+    }
+
+    /// A sweep of the conntrack table that deleted `cleared` entries, failing or not.
+    pub(crate) fn record_conntrack_sweep(&self, cleared: usize, failed: bool) {
+        let result = if failed { "failed" } else { "ok" };
+        self.conntrack_sweeps
+            .get_or_create(&result_labels(result))
+            .inc();
+        self.conntrack_cleared
+            .inc_by(u64::try_from(cleared).unwrap_or(u64::MAX));
+    }
+
+    /// Conntrack entries of stale kuport flows deleted so far.
+    pub fn conntrack_entries_cleared(&self) -> u64 {
+        self.conntrack_cleared.get()
     }
 
     pub(crate) fn set_mapping_counters(&self, counters: Vec<MappingCounter>) {

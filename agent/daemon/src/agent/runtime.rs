@@ -174,6 +174,9 @@ pub struct Agent<H: Host> {
     refusals: Vec<HostRefusal>,
     /// When the mapping counters were last read from the host.
     counters_read: Option<Instant>,
+    /// The last apply's sweep of stale conntrack entries failed: the pass is retried soon
+    /// (the host sweeps again on the next apply) though nothing else needs it.
+    conntrack_owed: bool,
     /// The last pass's snapshot (less the classes, which went to the status writes): the next
     /// pass takes every object the stores still hold at the same version from it instead of
     /// copying it again.
@@ -447,6 +450,7 @@ impl<H: Host> Agent<H> {
             pass_hook: None,
             refusals: Vec::new(),
             counters_read: None,
+            conntrack_owed: false,
             previous: Snapshot::default(),
         }
     }
@@ -860,7 +864,9 @@ impl<H: Host> Agent<H> {
         let applied = Applied::Ok {
             writes: std::mem::take(&mut plan.writes),
             classes,
-            refused: !self.refusals.is_empty(),
+            // A failed conntrack sweep is retried like a refusal (soon, with backoff), but
+            // reported in no status: the datapath itself is applied.
+            refused: !self.refusals.is_empty() || self.conntrack_owed,
         };
         (applied, underlay)
     }
@@ -882,6 +888,11 @@ impl<H: Host> Agent<H> {
             .await
             .map_err(PassError::Apply)?;
         log_apply(&report, &plan.host, verify);
+        if report.conntrack_swept {
+            self.metrics
+                .record_conntrack_sweep(report.conntrack_cleared, report.conntrack_error.is_some());
+        }
+        self.conntrack_owed = report.conntrack_error.is_some();
         let refused = Refusal::by_mapping(&report.refused);
         self.metrics.set_refusals(refused.len());
         if refused == self.refusals {
@@ -1062,6 +1073,16 @@ fn log_apply(report: &ApplyReport, state: &HostState, verify: bool) {
             "the kernel refused {}; the mappings using it are left out: {}",
             refusal.unit,
             refusal.message
+        );
+    }
+    if let Some(error) = &report.conntrack_error {
+        tracing::warn!("{error}; the next pass tries again");
+    }
+    if report.conntrack_cleared > 0 {
+        tracing::info!(
+            cleared = report.conntrack_cleared,
+            "cleared {} conntrack entries of flows no longer translated this way (their next packet starts a new flow)",
+            report.conntrack_cleared
         );
     }
     if report.mutations() == 0 {

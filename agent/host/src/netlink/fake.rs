@@ -220,6 +220,14 @@ impl Netlink for FakeNetlink {
         Ok(())
     }
 
+    async fn set_down(&self, index: u32) -> Result<(), rtnetlink::Error> {
+        let mut k = self.request("set-down", index)?;
+        k.existing(index)?.up = false;
+        // Going down flushes a device's neighbours, as in the kernel.
+        k.neighbours.retain(|(link, _), _| *link != index);
+        Ok(())
+    }
+
     async fn set_neighbour(
         &self,
         index: u32,

@@ -220,6 +220,11 @@ impl Netlink for RtNetlink {
         self.handle.link().set(msg).execute().await
     }
 
+    async fn set_down(&self, index: u32) -> Result<(), rtnetlink::Error> {
+        let msg = LinkUnspec::new_with_index(index).down().build();
+        self.handle.link().set(msg).execute().await
+    }
+
     async fn set_neighbour(
         &self,
         index: u32,

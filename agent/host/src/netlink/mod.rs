@@ -4,7 +4,7 @@
 //! same objects in memory, so the decisions are tested without root.
 
 #[cfg(test)]
-mod fake;
+pub(crate) mod fake;
 pub mod kernel;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -124,6 +124,7 @@ pub trait Netlink: Send + Sync {
         mtu: u32,
     ) -> impl Future<Output = Result<(), rtnetlink::Error>> + Send;
     fn set_up(&self, index: u32) -> impl Future<Output = Result<(), rtnetlink::Error>> + Send;
+    fn set_down(&self, index: u32) -> impl Future<Output = Result<(), rtnetlink::Error>> + Send;
     /// Adds (or replaces) a permanent neighbour entry: `address` is at `mac` on link `index`.
     fn set_neighbour(
         &self,
@@ -238,49 +239,125 @@ fn link_matches(k: &KernelLink, want: &Link, dev_index: u32) -> bool {
         && v.learning != Some(true)
 }
 
-/// Creates or repairs every desired link (device, address, MTU, up, rp_filter). Unwanted links
-/// are removed separately, last, by [`remove_unwanted_links`]. A link the kernel refuses (its
-/// underlay device missing, its VNI held by a foreign device) is skipped and returned with its
-/// error, so one bad link does not stall the others.
+/// What [`ensure_links`] did, and what is left for [`bring_up`] once the guard is in place.
+#[derive(Debug, Default)]
+pub struct Ensured {
+    /// Links the kernel refused, each with its error.
+    pub failed: Vec<(String, HostError)>,
+    /// Links whose address was (re)written: their peer's neighbour entry is written again.
+    pub readdressed: BTreeSet<String>,
+}
+
+/// Creates or repairs every desired link (device, address, MTU, rp_filter), but never brings
+/// one up: a VXLAN device opens its UDP socket only when it comes up, and it must not before
+/// the nftables transaction that guards its port has been committed ([`bring_up`] does that
+/// after it). Unwanted links are removed separately by [`remove_unwanted_links`]. A link the
+/// kernel refuses (its underlay device missing, its VNI held by a foreign device) is skipped
+/// and returned with its error, so one bad link does not stall the others.
 pub async fn ensure_links(
     net: &impl Netlink,
     desired: &[Link],
     report: &mut ApplyReport,
-) -> Vec<(String, HostError)> {
-    let mut failed = Vec::new();
+) -> Ensured {
+    let mut out = Ensured::default();
     if desired.is_empty() {
-        return failed;
+        return out;
     }
     let mut current = match links(net).await {
         Ok(current) => current,
         Err(e) => {
             // Nothing can be checked: every link counts as refused, the error said once.
-            let mut all: Vec<(String, HostError)> = Vec::new();
             let mut first = Some(e);
             for want in desired {
                 let err = first.take().unwrap_or_else(|| HostError::Missing {
                     stage: HostStage::Links,
                     what: format!("link {}: listing links failed", want.name),
                 });
-                all.push((want.name.clone(), err));
+                out.failed.push((want.name.clone(), err));
             }
-            return all;
+            return out;
         }
     };
     for want in desired {
-        if let Err(e) = ensure_link(net, want, &mut current, report).await {
-            failed.push((want.name.clone(), e));
+        match ensure_link(net, want, &mut current, report).await {
+            Ok(true) => {
+                out.readdressed.insert(want.name.clone());
+            }
+            Ok(false) => {}
+            Err(e) => out.failed.push((want.name.clone(), e)),
         }
     }
-    failed
+    out
 }
 
+/// Brings every link of `desired` up (its port is guarded now) and writes the peer's neighbour
+/// entry on each link that came up (coming up flushes a device's neighbours) or was
+/// readdressed.
+pub async fn bring_up(
+    net: &impl Netlink,
+    desired: &[Link],
+    readdressed: &BTreeSet<String>,
+    report: &mut ApplyReport,
+) -> Result<(), HostError> {
+    if desired.is_empty() {
+        return Ok(());
+    }
+    let stage = HostStage::Links;
+    let current = links(net).await?;
+    for want in desired {
+        let Some(k) = current.iter().find(|l| l.name == want.name) else {
+            continue;
+        };
+        if !k.up {
+            net.set_up(k.index)
+                .await
+                .map_err(nl(stage, "set up", &want.name))?;
+            report.links_updated += 1;
+        }
+        if !k.up || readdressed.contains(&want.name) {
+            // The peer's MAC is known (`link_mac` at its end), so no packet waits on ARP. Both
+            // ends build a link at about the same time; when one end's first ARP request left
+            // before the other end's device existed, the kernel asked again only after its 1 s
+            // retransmit time, and the first answers through a new serving edge took 1.1 s.
+            net.set_neighbour(k.index, want.peer_address, peer_mac(want))
+                .await
+                .map_err(nl(stage, "set the peer's neighbour entry on", &want.name))?;
+        }
+    }
+    Ok(())
+}
+
+/// Takes down every `kup-*` link that is up while `guarded` says the kernel holds no guard
+/// for its port: what is left when a transaction failed after someone removed kuport's table.
+/// Down, a VXLAN device holds no socket, so nothing reaches its port; the next pass whose
+/// transaction succeeds brings it up again. Returns the links taken down.
+pub async fn take_down_unguarded(
+    net: &impl Netlink,
+    guarded: impl Fn(u16) -> bool,
+    report: &mut ApplyReport,
+) -> Result<Vec<String>, HostError> {
+    let mut down = Vec::new();
+    for k in links(net).await? {
+        let port = k.vxlan.as_ref().and_then(|v| v.port).unwrap_or(4789);
+        if !k.name.starts_with(LINK_PREFIX) || !k.up || guarded(port) {
+            continue;
+        }
+        net.set_down(k.index)
+            .await
+            .map_err(nl(HostStage::Links, "set down", &k.name))?;
+        report.links_updated += 1;
+        down.push(k.name);
+    }
+    Ok(down)
+}
+
+/// Creates or repairs one link; true when its address was (re)written.
 async fn ensure_link(
     net: &impl Netlink,
     want: &Link,
     current: &mut Vec<KernelLink>,
     report: &mut ApplyReport,
-) -> Result<(), HostError> {
+) -> Result<bool, HostError> {
     let device = want.device.as_deref().ok_or_else(|| HostError::Missing {
         stage: HostStage::Links,
         what: format!(
@@ -369,19 +446,18 @@ async fn create_vxlan(
     })
 }
 
+/// Address, MTU and rp_filter of one link (not its up flag: [`bring_up`]); true when the
+/// address was (re)written.
 async fn configure_link(
     net: &impl Netlink,
     want: &Link,
     k: &KernelLink,
     report: &mut ApplyReport,
-) -> Result<(), HostError> {
+) -> Result<bool, HostError> {
     let stage = HostStage::Links;
     let addrs = addresses(net, stage).await?;
     let have: Vec<Ipv4Net> = addrs.get(&k.index).cloned().unwrap_or_default();
     let readdress = have != [want.address];
-    // A new address, or a link coming up (which flushes its neighbours), needs the peer's
-    // neighbour entry (below).
-    let fresh = readdress || !k.up;
     if readdress {
         net.delete_addresses(k.index).await.map_err(nl(
             stage,
@@ -408,22 +484,7 @@ async fn configure_link(
             .map_err(nl(stage, "set rp_filter of", &want.name))?;
         report.links_updated += 1;
     }
-    if !k.up {
-        net.set_up(k.index)
-            .await
-            .map_err(nl(stage, "set up", &want.name))?;
-        report.links_updated += 1;
-    }
-    if fresh {
-        // The peer's MAC is known (`link_mac` at its end), so no packet waits on ARP. Both
-        // ends build a link at about the same time; when one end's first ARP request left
-        // before the other end's device existed, the kernel asked again only after its 1 s
-        // retransmit time, and the first answers through a new serving edge took 1.1 s.
-        net.set_neighbour(k.index, want.peer_address, peer_mac(want))
-            .await
-            .map_err(nl(stage, "set the peer's neighbour entry on", &want.name))?;
-    }
-    Ok(())
+    Ok(readdress)
 }
 
 /// Deletes every `kup-*` link not in `desired`.
@@ -622,4 +683,4 @@ pub async fn ensure_valid_mark(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

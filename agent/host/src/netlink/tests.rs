@@ -4,7 +4,7 @@
 
 use std::net::Ipv4Addr;
 
-use kuport_core::ir::HostState;
+use kuport_core::ir::{ChainId, HostState};
 
 use super::fake::{FakeNetlink, errno};
 use super::*;
@@ -19,7 +19,7 @@ const GOLDEN_WITH_LINKS: [&str; 4] = [
     "both-roles-multi",
 ];
 
-fn golden(case: &str) -> HostState {
+pub(crate) fn golden(case: &str) -> HostState {
     let path = format!(
         "{}/../core/testdata/golden/{case}.ir.json",
         env!("CARGO_MANIFEST_DIR")
@@ -30,7 +30,7 @@ fn golden(case: &str) -> HostState {
 
 /// A kernel with the underlay the IR's links bind to (`wt0` holding their local address) and
 /// every accepting interface the IR names.
-fn kernel_for(state: &HostState) -> FakeNetlink {
+pub(crate) fn kernel_for(state: &HostState) -> FakeNetlink {
     let net = FakeNetlink::new();
     let local = state
         .links
@@ -46,7 +46,7 @@ fn kernel_for(state: &HostState) -> FakeNetlink {
     net
 }
 
-fn host(net: &FakeNetlink) -> (std::sync::Arc<FakeNft>, LinuxHost<FakeNetlink>) {
+pub(crate) fn host(net: &FakeNetlink) -> (std::sync::Arc<FakeNft>, LinuxHost<FakeNetlink>) {
     let nft = std::sync::Arc::new(FakeNft::default());
     let host = LinuxHost::with_backends(net.clone(), Nft::with_runner(nft.clone()));
     (nft, host)
@@ -259,7 +259,7 @@ async fn a_held_vni_is_named_and_refuses_only_its_link() {
     };
     net.create_vxlan(&squat, wt0).await.expect("foreign device");
     let mut report = ApplyReport::default();
-    let failed = ensure_links(&net, &state.links, &mut report).await;
+    let failed = ensure_links(&net, &state.links, &mut report).await.failed;
     assert_eq!(failed.len(), 1, "{failed:?}");
     assert_eq!(failed[0].0, held.name);
     let message = failed[0].1.to_string();
@@ -281,7 +281,7 @@ async fn a_missing_underlay_fails_only_the_links_bound_to_it() {
     let mut links = state.links.clone();
     links[0].device = Some("wg9".into());
     let mut report = ApplyReport::default();
-    let failed = ensure_links(&net, &links, &mut report).await;
+    let failed = ensure_links(&net, &links, &mut report).await.failed;
     assert_eq!(failed.len(), 1);
     assert_eq!(failed[0].1.stage(), HostStage::Links);
     assert!(
@@ -382,6 +382,153 @@ async fn facts_name_interfaces_the_underlay_and_the_ids_links_carry() {
         );
     }
     assert_eq!(f.link_ids.len(), state.links.len());
+}
+
+// ---- a link port is open only while its guard is in the kernel ----
+
+/// nft refusing the guard's drop rule: a line of no mapping, so the whole transaction fails.
+fn refuse_the_guard(nft: &FakeNft) {
+    nft.lock().refuse = vec![(
+        "fib daddr type {".into(),
+        "Could not process rule: No such file or directory".into(),
+    )];
+}
+
+fn up_links(net: &FakeNetlink, state: &HostState) -> Vec<bool> {
+    state
+        .links
+        .iter()
+        .map(|l| net.link(&l.name).expect("link").up)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_refused_guard_leaves_the_new_links_down_and_nothing_routed_through_them() {
+    let state = golden("pod-node-multi-two-links");
+    let net = kernel_for(&state);
+    let (nft, mut host) = host(&net);
+    refuse_the_guard(&nft);
+    let err = host
+        .apply(&state, true)
+        .await
+        .expect_err("the guard belongs to no mapping");
+    assert!(
+        err.to_string().contains("No such file or directory"),
+        "{err}"
+    );
+    // Built, but down: a down VXLAN device opens no socket, so nothing reaches the port.
+    assert_eq!(up_links(&net, &state), [false, false]);
+    let (links, rules, routes) = owned(&net).await;
+    assert_eq!(links.len(), 2);
+    assert!(
+        rules.is_empty() && routes.is_empty(),
+        "{rules:?} {routes:?}"
+    );
+    assert!(net.kernel().neighbours.is_empty());
+    // The refusal lifted, the next pass brings them up behind their guard.
+    nft.lock().refuse.clear();
+    let report = host.apply(&state, true).await.expect("apply");
+    assert_eq!(report.links_created, 0, "the links built before are kept");
+    assert_eq!(up_links(&net, &state), [true, true]);
+    let (_, _, routes) = owned(&net).await;
+    assert_eq!(routes, sorted(&state.routes));
+    for want in &state.links {
+        let index = net.link(&want.name).expect("link").index;
+        assert_eq!(
+            net.kernel().neighbours.get(&(index, want.peer_address)),
+            Some(&peer_mac(want)),
+            "{} came up with its peer's entry",
+            want.name
+        );
+    }
+}
+
+#[tokio::test]
+async fn links_go_down_when_their_guard_is_gone_and_the_repair_is_refused() {
+    let state = golden("pod-node-multi-two-links");
+    let net = kernel_for(&state);
+    let (nft, mut host) = host(&net);
+    host.apply(&state, true).await.expect("apply");
+    assert_eq!(up_links(&net, &state), [true, true]);
+    // Control: a refused repair while the kernel still holds the guard leaves the links up.
+    {
+        let mut s = nft.lock();
+        s.generation += 1;
+        if let Some(t) = s.table.as_mut()
+            && let Some(fwd) = t.chains.get_mut(ChainId::Fwd.name())
+        {
+            fwd.rules.clear();
+        }
+        s.refuse = vec![("maxseg".into(), "Could not process rule: Bad".into())];
+    }
+    host.apply(&state, true)
+        .await
+        .expect_err("the MSS clamp belongs to no mapping");
+    assert_eq!(up_links(&net, &state), [true, true], "still guarded");
+    // Another program removed kuport's table (a firewall reload's `flush ruleset`), and the
+    // repair is refused: nothing guards the port any more, so the links go down.
+    {
+        let mut s = nft.lock();
+        s.generation += 1;
+        s.table = None;
+    }
+    refuse_the_guard(&nft);
+    host.apply(&state, true).await.expect_err("refused");
+    assert_eq!(up_links(&net, &state), [false, false]);
+    nft.lock().refuse.clear();
+    host.apply(&state, true).await.expect("repaired");
+    assert_eq!(up_links(&net, &state), [true, true]);
+}
+
+#[tokio::test]
+async fn links_stay_as_they_are_when_nft_cannot_be_run_at_all() {
+    // Nothing is known to be wrong with the kernel's table then: a failed fork must not take
+    // every link down.
+    let state = golden("pod-node-single");
+    let net = kernel_for(&state);
+    let (nft, mut host) = host(&net);
+    host.apply(&state, true).await.expect("apply");
+    {
+        let mut s = nft.lock();
+        s.unavailable = Some("running nft: Resource temporarily unavailable".into());
+        // Another program's commit: the table must be listed, and nft cannot list it.
+        s.generation += 1;
+    }
+    host.apply(&state, true).await.expect_err("no nft");
+    assert_eq!(up_links(&net, &state), [true]);
+}
+
+#[tokio::test]
+async fn a_link_no_longer_wanted_is_deleted_before_the_transaction_that_removes_its_guard() {
+    let state = golden("pod-node-multi-two-links");
+    let net = kernel_for(&state);
+    let (nft, mut host) = host(&net);
+    host.apply(&state, true).await.expect("apply");
+    let (gone, kept) = (&state.links[0], &state.links[1]);
+    let fewer = state.without_links(std::slice::from_ref(&gone.name));
+    // Its arrival-link save goes with it, so kup-mangle is written again; refusing that
+    // transaction shows what came first.
+    nft.lock().refuse = vec![("ct direction".into(), "Could not process rule: Bad".into())];
+    host.apply(&fewer, true).await.expect_err("refused");
+    assert!(
+        net.link(&gone.name).is_none(),
+        "deleted before the transaction"
+    );
+    assert!(net.link(&kept.name).expect("kept").up);
+}
+
+#[tokio::test]
+async fn teardown_removes_the_links_before_their_guard() {
+    let state = golden("pod-node-single");
+    let net = kernel_for(&state);
+    let (nft, mut host) = host(&net);
+    host.apply(&state, true).await.expect("apply");
+    nft.lock().unavailable = Some("running nft: Permission denied".into());
+    host.teardown()
+        .await
+        .expect_err("the table cannot be removed");
+    let (links, _, _) = owned(&net).await;
+    assert!(links.is_empty(), "{links:?}");
 }
 
 #[test]

@@ -225,8 +225,9 @@ pub fn harness(tests: &[Test], children: &[Test]) -> std::process::ExitCode {
     }
 }
 
-/// Runs child body `name` in `ns`, failing with its output when it fails.
-pub fn child(ns: &Netns, name: &str, env: &[(&str, &str)]) {
+/// Runs child body `name` in `ns`, failing with its output when it fails; returns what it
+/// printed.
+pub fn child(ns: &Netns, name: &str, env: &[(&str, &str)]) -> String {
     let exe = std::env::current_exe().expect("test binary");
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", ns.name()])
@@ -244,6 +245,7 @@ pub fn child(ns: &Netns, name: &str, env: &[(&str, &str)]) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Runs a shell command in the current namespace; panics with its error output on failure.

@@ -1,0 +1,642 @@
+//! The kernel's conntrack table over ctnetlink (`NETLINK_NETFILTER`, subsystem
+//! `NFNL_SUBSYS_CTNETLINK`): a dump of the IPv4 table and the delete of one entry by its
+//! original tuple. Hand-written, like the nftables generation request: kuport needs two
+//! requests and five attributes of the answer, parsed without an allocation per attribute (a
+//! busy node's table holds a hundred thousand entries). Needs `CAP_NET_ADMIN` in the node's
+//! network namespace, which the agent already has for everything else.
+//!
+//! Layout: a netlink header (host byte order), `nfgenmsg` (family, version, resource id), then
+//! attributes whose 4-byte headers are in host byte order and whose values are in network
+//! byte order; nested attributes carry `NLA_F_NESTED` in their type.
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+use kuport_core::api::Protocol;
+use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
+
+use super::{ConntrackTable, Deleted, Flow};
+
+const SUBSYS_CTNETLINK: u16 = 1 << 8;
+/// `IPCTNL_MSG_CT_NEW`: what a dump answers with.
+const CT_NEW: u16 = SUBSYS_CTNETLINK;
+/// `IPCTNL_MSG_CT_GET`.
+const CT_GET: u16 = SUBSYS_CTNETLINK | 1;
+/// `IPCTNL_MSG_CT_DELETE`.
+const CT_DELETE: u16 = SUBSYS_CTNETLINK | 2;
+
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+const NLM_F_REQUEST: u16 = 0x1;
+const NLM_F_ACK: u16 = 0x4;
+const NLM_F_DUMP: u16 = 0x300;
+const HEADER: usize = 16;
+const NFGENMSG: usize = 4;
+const AF_INET: u8 = 2;
+
+const NLA_F_NESTED: u16 = 0x8000;
+const NLA_TYPE_MASK: u16 = 0x3fff;
+
+const CTA_TUPLE_ORIG: u16 = 1;
+const CTA_TUPLE_REPLY: u16 = 2;
+const CTA_MARK: u16 = 8;
+const CTA_ID: u16 = 12;
+const CTA_ZONE: u16 = 18;
+const CTA_TUPLE_IP: u16 = 1;
+const CTA_TUPLE_PROTO: u16 = 2;
+const CTA_IP_V4_SRC: u16 = 1;
+const CTA_IP_V4_DST: u16 = 2;
+const CTA_PROTO_NUM: u16 = 1;
+const CTA_PROTO_SRC_PORT: u16 = 2;
+const CTA_PROTO_DST_PORT: u16 = 3;
+
+const IPPROTO_TCP: u8 = 6;
+const IPPROTO_UDP: u8 = 17;
+const ENOENT: i32 = 2;
+
+/// A dump datagram is at most 32 KiB (the kernel sizes them by the reader's buffer, capped
+/// there); twice that leaves room.
+const RECV_BUFFER: usize = 64 * 1024;
+/// `MSG_TRUNC`: recv reports a datagram's real length, so a cut one is noticed.
+const MSG_TRUNC: i32 = 0x20;
+
+/// The conntrack table of the network namespace the agent runs in.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct KernelConntrack;
+
+impl ConntrackTable for KernelConntrack {
+    fn flows(&self) -> Result<Vec<Flow>, String> {
+        let mut socket = Ctnetlink::open()?;
+        let seq = socket.next_seq();
+        socket.send(&dump_request(seq), "asking for the table")?;
+        let mut flows = Vec::new();
+        loop {
+            let datagram = socket.recv("reading the table")?;
+            if parse_dump(datagram, &mut flows)? {
+                return Ok(flows);
+            }
+        }
+    }
+
+    fn delete(&self, flows: &[Flow]) -> Deleted {
+        let mut out = Deleted::default();
+        let mut socket = match Ctnetlink::open() {
+            Ok(s) => s,
+            Err(e) => {
+                out.errors.push(e);
+                return out;
+            }
+        };
+        for flow in flows {
+            let seq = socket.next_seq();
+            let answer = socket
+                .send(&delete_request(seq, flow), "deleting an entry")
+                .and_then(|()| socket.recv("reading a delete's answer"))
+                .map_err(Refused::Failed)
+                .and_then(|datagram| parse_ack(datagram, seq));
+            match answer {
+                Ok(()) => out.deleted += 1,
+                Err(Refused::Errno(ENOENT)) => out.gone += 1,
+                Err(e) => out.errors.push(format!("{}: {e}", describe(flow))),
+            }
+        }
+        out
+    }
+}
+
+/// A flow as the `conntrack` tool would name it.
+pub fn describe(flow: &Flow) -> String {
+    format!(
+        "{} {} -> {} (reply from {}, mark {:#x})",
+        flow.protocol.lower(),
+        flow.source,
+        flow.destination,
+        flow.reply_source,
+        flow.mark
+    )
+}
+
+/// A netfilter netlink socket connected to the kernel.
+struct Ctnetlink {
+    socket: Socket,
+    seq: u32,
+    buffer: Vec<u8>,
+}
+
+impl Ctnetlink {
+    fn open() -> Result<Self, String> {
+        let mut socket =
+            Socket::new(NETLINK_NETFILTER).map_err(|e| format!("netlink socket: {e}"))?;
+        socket
+            .bind_auto()
+            .map_err(|e| format!("binding the netlink socket: {e}"))?;
+        socket
+            .connect(&SocketAddr::new(0, 0))
+            .map_err(|e| format!("connecting the netlink socket: {e}"))?;
+        Ok(Self {
+            socket,
+            seq: 0,
+            buffer: Vec::with_capacity(RECV_BUFFER),
+        })
+    }
+
+    fn next_seq(&mut self) -> u32 {
+        self.seq = self.seq.wrapping_add(1);
+        self.seq
+    }
+
+    fn send(&self, msg: &[u8], what: &str) -> Result<(), String> {
+        self.socket
+            .send(msg, 0)
+            .map(|_| ())
+            .map_err(|e| format!("{what}: {e}"))
+    }
+
+    fn recv(&mut self, what: &str) -> Result<&[u8], String> {
+        self.buffer.clear();
+        let len = self
+            .socket
+            .recv(&mut self.buffer, MSG_TRUNC)
+            .map_err(|e| format!("{what}: {e}"))?;
+        if len > self.buffer.len() {
+            return Err(format!(
+                "{what}: a datagram of {len} bytes, larger than the {RECV_BUFFER}-byte buffer"
+            ));
+        }
+        Ok(&self.buffer)
+    }
+}
+
+// ---- requests ----
+
+fn message(kind: u16, flags: u16, seq: u32, attrs: &[u8]) -> Vec<u8> {
+    let len = (HEADER + NFGENMSG + attrs.len()) as u32;
+    let mut msg = Vec::with_capacity(len as usize);
+    msg.extend_from_slice(&len.to_ne_bytes());
+    msg.extend_from_slice(&kind.to_ne_bytes());
+    msg.extend_from_slice(&flags.to_ne_bytes());
+    msg.extend_from_slice(&seq.to_ne_bytes());
+    msg.extend_from_slice(&0u32.to_ne_bytes()); // port id: the kernel fills it in
+    // nfgenmsg: IPv4, NFNETLINK_V0, resource id 0.
+    msg.extend_from_slice(&[AF_INET, 0, 0, 0]);
+    msg.extend_from_slice(attrs);
+    msg
+}
+
+fn attr(buf: &mut Vec<u8>, kind: u16, value: &[u8]) {
+    let len = (4 + value.len()) as u16;
+    buf.extend_from_slice(&len.to_ne_bytes());
+    buf.extend_from_slice(&kind.to_ne_bytes());
+    buf.extend_from_slice(value);
+    pad(buf);
+}
+
+fn nested(buf: &mut Vec<u8>, kind: u16, fill: impl FnOnce(&mut Vec<u8>)) {
+    let start = buf.len();
+    buf.extend_from_slice(&[0, 0]);
+    buf.extend_from_slice(&(kind | NLA_F_NESTED).to_ne_bytes());
+    fill(buf);
+    let len = (buf.len() - start) as u16;
+    buf[start..start + 2].copy_from_slice(&len.to_ne_bytes());
+}
+
+fn pad(buf: &mut Vec<u8>) {
+    while !buf.len().is_multiple_of(4) {
+        buf.push(0);
+    }
+}
+
+/// A dump of the IPv4 table.
+fn dump_request(seq: u32) -> Vec<u8> {
+    message(CT_GET, NLM_F_REQUEST | NLM_F_DUMP, seq, &[])
+}
+
+/// The delete of `flow`'s entry: its original tuple, its zone when not the default, and its
+/// id, so a newer entry of the same tuple is left alone (the kernel answers ENOENT).
+fn delete_request(seq: u32, flow: &Flow) -> Vec<u8> {
+    let mut attrs = Vec::with_capacity(64);
+    nested(&mut attrs, CTA_TUPLE_ORIG, |t| {
+        nested(t, CTA_TUPLE_IP, |ip| {
+            attr(ip, CTA_IP_V4_SRC, &flow.source.ip().octets());
+            attr(ip, CTA_IP_V4_DST, &flow.destination.ip().octets());
+        });
+        nested(t, CTA_TUPLE_PROTO, |p| {
+            attr(p, CTA_PROTO_NUM, &[protocol_number(flow.protocol)]);
+            attr(p, CTA_PROTO_SRC_PORT, &flow.source.port().to_be_bytes());
+            attr(
+                p,
+                CTA_PROTO_DST_PORT,
+                &flow.destination.port().to_be_bytes(),
+            );
+        });
+    });
+    if flow.zone != 0 {
+        attr(&mut attrs, CTA_ZONE, &flow.zone.to_be_bytes());
+    }
+    if let Some(id) = flow.id {
+        attr(&mut attrs, CTA_ID, &id.to_be_bytes());
+    }
+    message(CT_DELETE, NLM_F_REQUEST | NLM_F_ACK, seq, &attrs)
+}
+
+fn protocol_number(protocol: Protocol) -> u8 {
+    match protocol {
+        Protocol::Tcp => IPPROTO_TCP,
+        Protocol::Udp => IPPROTO_UDP,
+    }
+}
+
+// ---- answers ----
+
+/// Why the kernel did not do what was asked.
+#[derive(Debug, PartialEq, Eq)]
+enum Refused {
+    /// An error answer (a positive errno).
+    Errno(i32),
+    /// The request could not be sent, or the answer not read.
+    Failed(String),
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refused::Errno(code) => write!(f, "{}", std::io::Error::from_raw_os_error(*code)),
+            Refused::Failed(what) => write!(f, "{what}"),
+        }
+    }
+}
+
+impl From<String> for Refused {
+    fn from(what: String) -> Self {
+        Refused::Failed(what)
+    }
+}
+
+/// The netlink messages of one datagram: (type, flags, seq, payload after the header).
+fn messages(buf: &[u8]) -> impl Iterator<Item = Result<(u16, u32, &[u8]), String>> {
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        if at + HEADER > buf.len() {
+            return None;
+        }
+        let len = u32::from_ne_bytes([buf[at], buf[at + 1], buf[at + 2], buf[at + 3]]) as usize;
+        if len < HEADER || at + len > buf.len() {
+            at = buf.len();
+            return Some(Err(format!(
+                "a netlink message of {len} bytes where {} remain",
+                buf.len() - at.min(buf.len())
+            )));
+        }
+        let kind = u16::from_ne_bytes([buf[at + 4], buf[at + 5]]);
+        let seq = u32::from_ne_bytes([buf[at + 8], buf[at + 9], buf[at + 10], buf[at + 11]]);
+        let payload = &buf[at + HEADER..at + len];
+        at += (len + 3) & !3;
+        Some(Ok((kind, seq, payload)))
+    })
+}
+
+/// The errno of an error message's payload (0 for an acknowledgement).
+fn error_code(payload: &[u8]) -> Result<i32, String> {
+    let code = payload
+        .get(..4)
+        .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+        .ok_or("a short netlink error message")?;
+    Ok(-code)
+}
+
+/// Adds the flows of one dump datagram to `out`; true when the dump is complete.
+fn parse_dump(buf: &[u8], out: &mut Vec<Flow>) -> Result<bool, String> {
+    for message in messages(buf) {
+        let (kind, _, payload) = message?;
+        match kind {
+            CT_NEW => out.extend(parse_flow(payload)),
+            NLMSG_DONE => return Ok(true),
+            NLMSG_ERROR => {
+                let code = error_code(payload)?;
+                return Err(format!(
+                    "the kernel refused the dump: {}",
+                    std::io::Error::from_raw_os_error(code)
+                ));
+            }
+            other => return Err(format!("an unexpected netlink message of type {other:#x}")),
+        }
+    }
+    Ok(false)
+}
+
+/// The kernel's answer to request `seq`: Ok for an acknowledgement.
+fn parse_ack(buf: &[u8], seq: u32) -> Result<(), Refused> {
+    for message in messages(buf) {
+        let (kind, got, payload) = message?;
+        if kind != NLMSG_ERROR || got != seq {
+            continue;
+        }
+        return match error_code(payload)? {
+            0 => Ok(()),
+            code => Err(Refused::Errno(code)),
+        };
+    }
+    Err(Refused::Failed(format!("no answer to request {seq}")))
+}
+
+/// The attributes of `buf`: (type without flags, value). Stops at the first malformed one.
+fn attrs(buf: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        let header = buf.get(at..at + 4)?;
+        let len = u16::from_ne_bytes([header[0], header[1]]) as usize;
+        let kind = u16::from_ne_bytes([header[2], header[3]]) & NLA_TYPE_MASK;
+        if len < 4 {
+            return None;
+        }
+        let value = buf.get(at + 4..at + len)?;
+        at += (len + 3) & !3;
+        Some((kind, value))
+    })
+}
+
+fn be16(value: &[u8]) -> Option<u16> {
+    Some(u16::from_be_bytes(value.get(..2)?.try_into().ok()?))
+}
+
+fn be32(value: &[u8]) -> Option<u32> {
+    Some(u32::from_be_bytes(value.get(..4)?.try_into().ok()?))
+}
+
+fn ipv4(value: &[u8]) -> Option<Ipv4Addr> {
+    let b: [u8; 4] = value.get(..4)?.try_into().ok()?;
+    Some(Ipv4Addr::from(b))
+}
+
+/// One direction's tuple: (protocol number, source, destination).
+fn parse_tuple(buf: &[u8]) -> Option<(u8, SocketAddrV4, SocketAddrV4)> {
+    let (mut src, mut dst, mut proto, mut sport, mut dport) = (None, None, None, None, None);
+    for (kind, value) in attrs(buf) {
+        match kind {
+            CTA_TUPLE_IP => {
+                for (kind, value) in attrs(value) {
+                    match kind {
+                        CTA_IP_V4_SRC => src = ipv4(value),
+                        CTA_IP_V4_DST => dst = ipv4(value),
+                        _ => {}
+                    }
+                }
+            }
+            CTA_TUPLE_PROTO => {
+                for (kind, value) in attrs(value) {
+                    match kind {
+                        CTA_PROTO_NUM => proto = value.first().copied(),
+                        CTA_PROTO_SRC_PORT => sport = be16(value),
+                        CTA_PROTO_DST_PORT => dport = be16(value),
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Some((
+        proto?,
+        SocketAddrV4::new(src?, sport?),
+        SocketAddrV4::new(dst?, dport?),
+    ))
+}
+
+/// The flow of one `IPCTNL_MSG_CT_NEW` payload; `None` for anything but an IPv4 TCP or UDP
+/// entry with both tuples.
+fn parse_flow(payload: &[u8]) -> Option<Flow> {
+    if *payload.first()? != AF_INET {
+        return None;
+    }
+    let (mut orig, mut reply, mut mark, mut zone, mut id) = (None, None, 0, 0, None);
+    for (kind, value) in attrs(payload.get(NFGENMSG..)?) {
+        match kind {
+            CTA_TUPLE_ORIG => orig = parse_tuple(value),
+            CTA_TUPLE_REPLY => reply = parse_tuple(value),
+            CTA_MARK => mark = be32(value)?,
+            CTA_ZONE => zone = be16(value)?,
+            CTA_ID => id = be32(value),
+            _ => {}
+        }
+    }
+    let (number, source, destination) = orig?;
+    let (_, reply_source, _) = reply?;
+    let protocol = match number {
+        IPPROTO_TCP => Protocol::Tcp,
+        IPPROTO_UDP => Protocol::Udp,
+        _ => return None,
+    };
+    Some(Flow {
+        protocol,
+        source,
+        destination,
+        reply_source,
+        mark,
+        zone,
+        id,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Attributes as the kernel writes them (nested ones flagged), for answers built by hand.
+    fn tuple(proto: u8, src: [u8; 4], sport: u16, dst: [u8; 4], dport: u16) -> Vec<u8> {
+        let mut t = Vec::new();
+        nested(&mut t, CTA_TUPLE_IP, |ip| {
+            attr(ip, CTA_IP_V4_SRC, &src);
+            attr(ip, CTA_IP_V4_DST, &dst);
+        });
+        nested(&mut t, CTA_TUPLE_PROTO, |p| {
+            attr(p, CTA_PROTO_NUM, &[proto]);
+            attr(p, CTA_PROTO_SRC_PORT, &sport.to_be_bytes());
+            attr(p, CTA_PROTO_DST_PORT, &dport.to_be_bytes());
+        });
+        t
+    }
+
+    fn entry(family: u8, proto: u8, mark: u32, zone: Option<u16>) -> Vec<u8> {
+        let mut attrs = Vec::new();
+        let orig = tuple(proto, [198, 51, 100, 10], 40000, [203, 0, 113, 9], 3000);
+        let reply = tuple(proto, [10, 244, 1, 5], 3000, [198, 51, 100, 10], 40000);
+        nested(&mut attrs, CTA_TUPLE_ORIG, |b| b.extend_from_slice(&orig));
+        nested(&mut attrs, CTA_TUPLE_REPLY, |b| b.extend_from_slice(&reply));
+        attr(&mut attrs, 3, &0x18eu32.to_be_bytes()); // CTA_STATUS, not read
+        attr(&mut attrs, CTA_MARK, &mark.to_be_bytes());
+        attr(&mut attrs, CTA_ID, &0xdead_beefu32.to_be_bytes());
+        if let Some(zone) = zone {
+            attr(&mut attrs, CTA_ZONE, &zone.to_be_bytes());
+        }
+        let mut msg = message(CT_NEW, 2, 7, &attrs);
+        msg[HEADER] = family;
+        msg
+    }
+
+    fn done() -> Vec<u8> {
+        let mut msg = message(NLMSG_DONE, 2, 7, &[]);
+        msg.truncate(HEADER + 4);
+        let len = msg.len() as u32;
+        msg[..4].copy_from_slice(&len.to_ne_bytes());
+        msg
+    }
+
+    fn error(seq: u32, errno: i32) -> Vec<u8> {
+        let mut msg = Vec::new();
+        msg.extend_from_slice(&((HEADER + 20) as u32).to_ne_bytes());
+        msg.extend_from_slice(&NLMSG_ERROR.to_ne_bytes());
+        msg.extend_from_slice(&0u16.to_ne_bytes());
+        msg.extend_from_slice(&seq.to_ne_bytes());
+        msg.extend_from_slice(&0u32.to_ne_bytes());
+        msg.extend_from_slice(&(-errno).to_ne_bytes());
+        msg.extend_from_slice(&[0; 16]); // the request's header, echoed
+        msg
+    }
+
+    #[test]
+    fn a_dump_request_is_a_get_of_the_ipv4_table() {
+        let msg = dump_request(9);
+        let mut want = Vec::new();
+        want.extend_from_slice(&20u32.to_ne_bytes());
+        want.extend_from_slice(&0x0101u16.to_ne_bytes());
+        want.extend_from_slice(&0x0301u16.to_ne_bytes());
+        want.extend_from_slice(&9u32.to_ne_bytes());
+        want.extend_from_slice(&0u32.to_ne_bytes());
+        want.extend_from_slice(&[2, 0, 0, 0]);
+        assert_eq!(msg, want);
+    }
+
+    #[test]
+    fn a_delete_names_the_original_tuple_zone_and_id_in_network_order() {
+        let flow = Flow {
+            protocol: Protocol::Udp,
+            source: "198.51.100.10:40000".parse().expect("addr"),
+            destination: "203.0.113.9:3000".parse().expect("addr"),
+            reply_source: "10.244.1.5:3000".parse().expect("addr"),
+            mark: 1,
+            zone: 5,
+            id: Some(0x0102_0304),
+        };
+        let msg = delete_request(3, &flow);
+        let ne16 = |v: u16| v.to_ne_bytes();
+        let mut want = Vec::new();
+        want.extend_from_slice(&88u32.to_ne_bytes());
+        want.extend_from_slice(&ne16(0x0102));
+        want.extend_from_slice(&ne16(0x0005)); // request, ack
+        want.extend_from_slice(&3u32.to_ne_bytes());
+        want.extend_from_slice(&0u32.to_ne_bytes());
+        want.extend_from_slice(&[2, 0, 0, 0]);
+        // CTA_TUPLE_ORIG (nested), 52 bytes.
+        want.extend_from_slice(&ne16(52));
+        want.extend_from_slice(&ne16(0x8001));
+        //   CTA_TUPLE_IP (nested): source and destination.
+        want.extend_from_slice(&ne16(20));
+        want.extend_from_slice(&ne16(0x8001));
+        want.extend_from_slice(&ne16(8));
+        want.extend_from_slice(&ne16(1));
+        want.extend_from_slice(&[198, 51, 100, 10]);
+        want.extend_from_slice(&ne16(8));
+        want.extend_from_slice(&ne16(2));
+        want.extend_from_slice(&[203, 0, 113, 9]);
+        //   CTA_TUPLE_PROTO (nested): number (padded), ports big-endian (padded).
+        want.extend_from_slice(&ne16(28));
+        want.extend_from_slice(&ne16(0x8002));
+        want.extend_from_slice(&ne16(5));
+        want.extend_from_slice(&ne16(1));
+        want.extend_from_slice(&[17, 0, 0, 0]);
+        want.extend_from_slice(&ne16(6));
+        want.extend_from_slice(&ne16(2));
+        want.extend_from_slice(&[0x9c, 0x40, 0, 0]);
+        want.extend_from_slice(&ne16(6));
+        want.extend_from_slice(&ne16(3));
+        want.extend_from_slice(&[0x0b, 0xb8, 0, 0]);
+        // CTA_ZONE, CTA_ID.
+        want.extend_from_slice(&ne16(6));
+        want.extend_from_slice(&ne16(18));
+        want.extend_from_slice(&[0, 5, 0, 0]);
+        want.extend_from_slice(&ne16(8));
+        want.extend_from_slice(&ne16(12));
+        want.extend_from_slice(&[1, 2, 3, 4]);
+        assert_eq!(msg, want);
+
+        // The default zone and an unknown id are left out.
+        let plain = Flow {
+            zone: 0,
+            id: None,
+            ..flow
+        };
+        assert_eq!(delete_request(3, &plain).len(), 72);
+    }
+
+    #[test]
+    fn a_dump_yields_ipv4_tcp_and_udp_entries_until_done() {
+        let mut buf = entry(AF_INET, IPPROTO_UDP, 0x1bd01, None);
+        buf.extend(entry(AF_INET, IPPROTO_TCP, 0, Some(7)));
+        buf.extend(entry(AF_INET, 1, 0x1, None)); // ICMP: not a flow kuport translates
+        buf.extend(entry(10, IPPROTO_UDP, 0x1, None)); // IPv6 family: left out
+        let mut flows = Vec::new();
+        assert_eq!(parse_dump(&buf, &mut flows), Ok(false), "not done yet");
+        assert_eq!(flows.len(), 2);
+        let udp = &flows[0];
+        assert_eq!(udp.protocol, Protocol::Udp);
+        assert_eq!(udp.source, "198.51.100.10:40000".parse().expect("addr"));
+        assert_eq!(udp.destination, "203.0.113.9:3000".parse().expect("addr"));
+        assert_eq!(udp.reply_source, "10.244.1.5:3000".parse().expect("addr"));
+        assert_eq!(
+            (udp.mark, udp.zone, udp.id),
+            (0x1bd01, 0, Some(0xdead_beef))
+        );
+        assert_eq!((flows[1].protocol, flows[1].zone), (Protocol::Tcp, 7));
+
+        assert_eq!(parse_dump(&done(), &mut flows), Ok(true));
+        assert_eq!(flows.len(), 2);
+        assert!(
+            parse_dump(&error(7, 1), &mut flows)
+                .expect_err("refused")
+                .contains("refused the dump")
+        );
+        // A message claiming more bytes than the datagram holds is an error, not a panic.
+        let mut cut = entry(AF_INET, IPPROTO_UDP, 0, None);
+        cut.truncate(40);
+        assert!(parse_dump(&cut, &mut flows).is_err());
+    }
+
+    #[test]
+    fn an_entry_missing_a_tuple_or_with_short_attributes_is_skipped() {
+        let mut attrs = Vec::new();
+        let orig = tuple(IPPROTO_UDP, [1, 2, 3, 4], 1, [5, 6, 7, 8], 2);
+        nested(&mut attrs, CTA_TUPLE_ORIG, |b| b.extend_from_slice(&orig));
+        let msg = message(CT_NEW, 2, 1, &attrs);
+        assert_eq!(parse_flow(&msg[HEADER..]), None, "no reply tuple");
+        let mut short = Vec::new();
+        attr(&mut short, CTA_MARK, &[1, 2]);
+        let msg = message(CT_NEW, 2, 1, &short);
+        assert_eq!(parse_flow(&msg[HEADER..]), None);
+        // An attribute whose length runs past the buffer ends the walk.
+        assert_eq!(attrs_of_len(&[8, 0, 1, 0, 1, 2]), 0);
+    }
+
+    fn attrs_of_len(buf: &[u8]) -> usize {
+        attrs(buf).count()
+    }
+
+    #[test]
+    fn acknowledgements_and_refusals_are_told_apart_by_sequence() {
+        assert_eq!(parse_ack(&error(4, 0), 4), Ok(()));
+        assert_eq!(parse_ack(&error(4, ENOENT), 4), Err(Refused::Errno(ENOENT)));
+        let mut two = error(3, 1);
+        two.extend(error(4, 0));
+        assert_eq!(
+            parse_ack(&two, 4),
+            Ok(()),
+            "an answer to another request is skipped"
+        );
+        assert!(matches!(
+            parse_ack(&error(3, 0), 4),
+            Err(Refused::Failed(_))
+        ));
+        assert_eq!(
+            Refused::Errno(1).to_string(),
+            std::io::Error::from_raw_os_error(1).to_string()
+        );
+    }
+}

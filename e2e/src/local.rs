@@ -1,0 +1,674 @@
+//! The local cluster as a [`Platform`]: real kubelets, containerd and kube-proxy inside the
+//! lab's node namespaces (`kuport-lab cluster`), the images built here and imported into every
+//! node, probes from the lab's internet client and VPN client.
+//!
+//! The cluster runs as a child process (`cargo run -p kuport-lab -- cluster`), which writes a
+//! description of the cluster once every node is Ready and removes everything it made on
+//! SIGTERM. kubectl runs in the API server's network namespace (the lab's underlay).
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use serde::Deserialize;
+
+use crate::driver::{Cmd, LOOP_ASKS, NAMESPACE, Platform, Shell, repo_dir};
+
+/// The workload image `deploy/image/local-images.sh` builds.
+pub const ECHO_IMAGE: &str = "localhost/kuport-echo:e2e";
+
+/// The accepting node, the node the pod starts on (another node: cross-node), and the node it
+/// is moved to (the accepting node itself: same-node).
+const ACCEPTING: &str = "edge-a";
+const POD_NODE: &str = "worker-b";
+const MOVED_TO: &str = "edge-a";
+/// The UDP range the workload serves and maps (port for port).
+const RANGE: (u16, u16) = (5000, 5005);
+
+/// What `kuport-lab cluster` writes once the cluster is Ready.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Description {
+    pub kubeconfig: PathBuf,
+    pub api_netns: String,
+    pub nodes: Vec<NodeDescription>,
+    pub internet: Client,
+    pub vpn_clients: Vec<Client>,
+    pub echo: PathBuf,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeDescription {
+    pub name: String,
+    pub netns: String,
+    pub mesh: Ipv4Addr,
+    pub public: Option<Ipv4Addr>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct Client {
+    pub name: String,
+    pub netns: String,
+    pub address: Ipv4Addr,
+}
+
+/// Settings of a local run.
+#[derive(Clone, Debug)]
+pub struct LocalOptions {
+    /// The agent image (an OCI archive, as `deploy/image/build-local.sh` writes); built from
+    /// the debug binary when absent.
+    pub agent_image: Option<PathBuf>,
+    /// Where the run keeps its images, logs and the cluster's description.
+    pub work: PathBuf,
+}
+
+/// The local cluster, while it runs.
+pub struct Local {
+    o: LocalOptions,
+    lab: Option<Child>,
+    /// helm, built by e2e/helm/build.sh.
+    helm: Option<String>,
+    desc: Option<Description>,
+    loop_pid: Option<String>,
+}
+
+impl Local {
+    pub fn new(o: LocalOptions) -> Self {
+        Self {
+            o,
+            lab: None,
+            helm: None,
+            desc: None,
+            loop_pid: None,
+        }
+    }
+
+    fn desc(&self) -> Result<&Description> {
+        self.desc.as_ref().context("the local cluster is not up")
+    }
+
+    fn node(&self, name: &str) -> Result<&NodeDescription> {
+        self.desc()?
+            .nodes
+            .iter()
+            .find(|n| n.name == name)
+            .with_context(|| format!("the local cluster has no node {name}"))
+    }
+
+    fn description_path(&self) -> PathBuf {
+        self.o.work.join("cluster.json")
+    }
+
+    fn loop_log(&self) -> PathBuf {
+        self.o.work.join("probe-loop.log")
+    }
+
+    /// The agent image, the workload and pause images, as docker archives.
+    fn build_images(&self, sh: &mut dyn Shell) -> Result<Vec<PathBuf>> {
+        // The lab's own build of its binaries (the same packages, so cargo reuses it).
+        sh.run(&Cmd::new(
+            "cargo",
+            [
+                "build",
+                "--quiet",
+                "--locked",
+                "-p",
+                "kuport",
+                "-p",
+                "kuport-sim",
+                "-p",
+                "kuport-testkit",
+                "--bins",
+            ],
+        ))?;
+        let agent = match &self.o.agent_image {
+            Some(a) => a.clone(),
+            None => {
+                // The debug binary without its debug information: every node imports and
+                // unpacks the image, and the symbols are most of a debug build's size.
+                let out = self.o.work.join("kuport-agent.oci.tar");
+                let bin = self.o.work.join("kuport");
+                sh.run(&Cmd::new(
+                    "objcopy",
+                    [
+                        "--strip-debug".to_owned(),
+                        repo_dir("target/debug/kuport"),
+                        bin.display().to_string(),
+                    ],
+                ))?;
+                sh.run(&Cmd::new(
+                    "env",
+                    [
+                        format!("KUPORT_BIN={}", bin.display()),
+                        repo_dir("deploy/image/build-local.sh"),
+                        out.display().to_string(),
+                    ],
+                ))?;
+                out
+            }
+        };
+        let dir = self.o.work.join("images");
+        sh.run(&Cmd::new(
+            repo_dir("deploy/image/local-images.sh").as_str(),
+            [
+                agent.display().to_string(),
+                dir.display().to_string(),
+                repo_dir("target/debug/kuport-echo"),
+            ],
+        ))?;
+        Ok(["pause.tar", "agent.tar", "echo.tar"]
+            .iter()
+            .map(|f| dir.join(f))
+            .collect())
+    }
+
+    /// Starts `kuport-lab cluster` and waits for its description.
+    fn start_lab(&mut self, images: &[PathBuf]) -> Result<()> {
+        let desc_path = self.description_path();
+        let _ = std::fs::remove_file(&desc_path);
+        let log_path = self.o.work.join("cluster.log");
+        let log = std::fs::File::create(&log_path)
+            .with_context(|| format!("creating {}", log_path.display()))?;
+        let err = log.try_clone().context("reopening the cluster log")?;
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+        let mut cmd = Command::new(cargo);
+        cmd.args([
+            "run",
+            "--quiet",
+            "--locked",
+            "-p",
+            "kuport-lab",
+            "--",
+            "cluster",
+        ]);
+        for image in images {
+            cmd.arg("--image").arg(image);
+        }
+        cmd.arg("--describe").arg(&desc_path);
+        let child = cmd
+            .current_dir(repo_dir(""))
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(err)
+            .spawn()
+            .context("starting kuport-lab cluster")?;
+        self.lab = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(600);
+        loop {
+            if let Ok(text) = std::fs::read_to_string(&desc_path) {
+                self.desc = Some(
+                    serde_json::from_str(&text)
+                        .with_context(|| format!("reading {}", desc_path.display()))?,
+                );
+                return Ok(());
+            }
+            let exited = self
+                .lab
+                .as_mut()
+                .map(|c| c.try_wait())
+                .transpose()
+                .context("watching kuport-lab cluster")?
+                .flatten();
+            if let Some(status) = exited {
+                self.lab = None;
+                bail!(
+                    "kuport-lab cluster exited with {status} before the cluster was Ready; {} ends:\n{}",
+                    log_path.display(),
+                    tail(&log_path, 30)
+                );
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "the local cluster was not Ready within 600 s; {} ends:\n{}",
+                log_path.display(),
+                tail(&log_path, 30)
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn ask(&self, client: &Client, protocol: &str, dialed: SocketAddr) -> Cmd {
+        let echo = self
+            .desc
+            .as_ref()
+            .map(|d| d.echo.display().to_string())
+            .unwrap_or_default();
+        Cmd::new(
+            "ip",
+            [
+                "netns".to_owned(),
+                "exec".to_owned(),
+                client.netns.clone(),
+                echo,
+                "ask".to_owned(),
+                protocol.to_owned(),
+                dialed.to_string(),
+                "--timeout-ms".to_owned(),
+                "2000".to_owned(),
+            ],
+        )
+    }
+
+    /// One probe, tried up to three times for UDP (a first ARP can lose a datagram); returns the
+    /// address the pod saw after checking it is the client's own and that the reply came from
+    /// the address dialed.
+    fn probe_one(
+        &self,
+        sh: &mut dyn Shell,
+        client: &Client,
+        protocol: &str,
+        dialed: SocketAddr,
+    ) -> Result<String> {
+        let tries = if protocol == "udp" { 3 } else { 1 };
+        let mut last = String::new();
+        for _ in 0..tries {
+            let out = match sh.run(&self.ask(client, protocol, dialed)) {
+                Ok(out) => out,
+                Err(e) => format!("{e:#}"),
+            };
+            match check_echo(&out, dialed, client.address) {
+                Ok(saw) => return Ok(saw),
+                Err(e) => last = format!("{e:#}"),
+            }
+        }
+        bail!(
+            "{protocol} from {} ({}) to {dialed}: {last}",
+            client.name,
+            client.address
+        )
+    }
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Checks one `kuport-echo ask` answer (`reply from=<ip:port> peer=<ip:port> ... client=<ip:port>`):
+/// the reply came from the address dialed and the pod saw the client's own address (its own
+/// port too). Returns what the pod saw.
+pub fn check_echo(output: &str, dialed: SocketAddr, client: Ipv4Addr) -> Result<String> {
+    let line = output.lines().next().unwrap_or("").trim();
+    let mut words = line.split_whitespace();
+    let outcome = words.next().unwrap_or("");
+    ensure!(outcome == "reply", "no reply from {dialed}: {line:?}");
+    let field = |name: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(name).and_then(|v| v.strip_prefix('=')))
+            .map(str::to_owned)
+    };
+    let from = field("from").context("the answer names no sender")?;
+    ensure!(
+        from == dialed.to_string(),
+        "the reply came from {from}, not from the address dialed {dialed}"
+    );
+    let peer = field("peer").context("the answer says nothing about what the pod saw")?;
+    let own = field("client").context("the prober did not report its own address")?;
+    let peer_ip = peer
+        .parse::<SocketAddr>()
+        .with_context(|| format!("the pod saw {peer:?}"))?
+        .ip();
+    ensure!(
+        peer_ip == std::net::IpAddr::V4(client) && peer == own,
+        "the pod saw {peer}, not the client's own address {own}: the client address was lost"
+    );
+    Ok(peer)
+}
+
+impl Platform for Local {
+    fn create(&mut self, sh: &mut dyn Shell) -> Result<()> {
+        std::fs::create_dir_all(&self.o.work)
+            .with_context(|| format!("creating {}", self.o.work.display()))?;
+        let images = self.build_images(sh)?;
+        let built = sh.run(&Cmd::new("bash", [repo_dir("e2e/helm/build.sh")]))?;
+        self.helm = Some(
+            built
+                .lines()
+                .last()
+                .context("e2e/helm/build.sh printed no path")?
+                .trim()
+                .to_owned(),
+        );
+        self.start_lab(&images)
+    }
+
+    fn delete(&mut self, _sh: &mut dyn Shell) -> Result<()> {
+        let Some(mut child) = self.lab.take() else {
+            return Ok(());
+        };
+        let pid = child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = Instant::now() + Duration::from_secs(180);
+        let status = loop {
+            if let Some(status) = child.try_wait().context("waiting for kuport-lab cluster")? {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                bail!("kuport-lab cluster did not stop within 180 s of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        let log = self.o.work.join("cluster.log");
+        ensure!(
+            status.success(),
+            "kuport-lab cluster stopped with {status}; {} ends:\n{}",
+            log.display(),
+            tail(&log, 20)
+        );
+        Ok(())
+    }
+
+    fn kubectl(&self, args: Vec<String>) -> Cmd {
+        let (netns, kubeconfig) = self
+            .desc
+            .as_ref()
+            .map(|d| (d.api_netns.clone(), d.kubeconfig.display().to_string()))
+            .unwrap_or_default();
+        let mut all = vec![
+            "netns".to_owned(),
+            "exec".to_owned(),
+            netns,
+            "kubectl".to_owned(),
+            "--kubeconfig".to_owned(),
+            kubeconfig,
+        ];
+        all.extend(args);
+        Cmd::new("ip", all)
+    }
+
+    /// As the README says: `kubectl apply -k deploy/manifests`, the image already under the
+    /// name the manifests use.
+    fn install(&self) -> Result<(Cmd, Cmd)> {
+        let dir = repo_dir("deploy/manifests");
+        Ok((
+            self.kubectl(vec!["apply".into(), "-k".into(), dir.clone()]),
+            self.kubectl(vec![
+                "delete".into(),
+                "--wait=true".into(),
+                "-k".into(),
+                dir,
+            ]),
+        ))
+    }
+
+    fn nodes(&self) -> (String, String, String) {
+        (ACCEPTING.into(), POD_NODE.into(), MOVED_TO.into())
+    }
+
+    fn workload(&self, accepting: &str, pod_node: &str) -> String {
+        workload(accepting, pod_node)
+    }
+
+    /// UDP and TCP from the internet to the node's public address, a port of the range, and
+    /// UDP from the VPN client to its mesh address (the InternalIP).
+    fn probe(&mut self, sh: &mut dyn Shell, internal_ip: &str) -> Result<Vec<String>> {
+        let desc = self.desc()?.clone();
+        let node = self.node(ACCEPTING)?.clone();
+        let public = node
+            .public
+            .with_context(|| format!("node {ACCEPTING} has no public address"))?;
+        let mesh: Ipv4Addr = internal_ip
+            .parse()
+            .with_context(|| format!("InternalIP {internal_ip:?}"))?;
+        ensure!(
+            mesh == node.mesh,
+            "node {ACCEPTING}'s InternalIP is {mesh}, not its mesh address {}",
+            node.mesh
+        );
+        let vpn = desc
+            .vpn_clients
+            .first()
+            .context("the local cluster has no VPN client")?;
+        let mid = RANGE.0 + (RANGE.1 - RANGE.0) / 2;
+        let mut seen = Vec::new();
+        for (client, protocol, dialed) in [
+            (&desc.internet, "udp", SocketAddr::from((public, 3000))),
+            (&desc.internet, "tcp", SocketAddr::from((public, 3000))),
+            (&desc.internet, "udp", SocketAddr::from((public, mid))),
+            (vpn, "udp", SocketAddr::from((mesh, 3000))),
+        ] {
+            seen.push(self.probe_one(sh, client, protocol, dialed)?);
+        }
+        Ok(seen)
+    }
+
+    fn start_loop(&mut self, sh: &mut dyn Shell, _internal_ip: &str) -> Result<()> {
+        let desc = self.desc()?.clone();
+        let public = self
+            .node(ACCEPTING)?
+            .public
+            .with_context(|| format!("node {ACCEPTING} has no public address"))?;
+        let log = self.loop_log();
+        let script = format!(
+            "sent=0; answered=0\nwhile [ $sent -lt {LOOP_ASKS} ]; do\n  \
+             if {echo} ask udp {public}:3000 --timeout-ms 1000 | grep -q '^reply '; then answered=$((answered+1)); fi\n  \
+             sent=$((sent+1)); sleep 0.1\ndone\necho sent $sent answered $answered\n",
+            echo = desc.echo.display()
+        );
+        let file = self.o.work.join("probe-loop.sh");
+        std::fs::write(&file, script).with_context(|| format!("writing {}", file.display()))?;
+        let outer = format!(
+            "ip netns exec {ns} sh {file} >{log} 2>&1 & echo $!",
+            ns = desc.internet.netns,
+            file = file.display(),
+            log = log.display()
+        );
+        let pid = sh.run(&Cmd::new("sh", ["-c", &outer]))?;
+        self.loop_pid = Some(pid.trim().to_owned());
+        Ok(())
+    }
+
+    fn finish_loop(&mut self, sh: &mut dyn Shell) -> Result<String> {
+        let pid = self.loop_pid.take().context("no probe loop running")?;
+        ensure!(
+            pid.chars().all(|c| c.is_ascii_digit()) && !pid.is_empty(),
+            "the probe loop's pid is {pid:?}"
+        );
+        let wait = format!(
+            "while kill -0 {pid} 2>/dev/null; do sleep 0.2; done; cat {}",
+            self.loop_log().display()
+        );
+        sh.run(&Cmd::new("sh", ["-c", &wait]))
+    }
+
+    fn helm(&self, args: Vec<String>) -> Option<Cmd> {
+        let helm = self.helm.clone()?;
+        let desc = self.desc.as_ref()?;
+        let mut all = vec![
+            "netns".to_owned(),
+            "exec".to_owned(),
+            desc.api_netns.clone(),
+            helm,
+            "--kubeconfig".to_owned(),
+            desc.kubeconfig.display().to_string(),
+        ];
+        all.extend(args);
+        Some(Cmd::new("ip", all))
+    }
+
+    fn node_state(&mut self, sh: &mut dyn Shell, node: &str) -> Result<(String, String)> {
+        let netns = self.node(node)?.netns.clone();
+        let nft = sh.run(&Cmd::new(
+            "ip",
+            ["netns", "exec", &netns, "nft", "list", "tables"],
+        ))?;
+        let links = sh.run(&Cmd::new("ip", ["-n", &netns, "-o", "link", "show"]))?;
+        Ok((nft, links))
+    }
+}
+
+/// The local workload: kuport-echo answering UDP and TCP on 3000 and UDP on the range, ready
+/// once its TCP port listens; its Service; a class accepting on the node's public and mesh
+/// interfaces; a PortMap each for UDP, TCP and the range.
+pub fn workload(accepting: &str, pod_node: &str) -> String {
+    let (first, last) = RANGE;
+    format!(
+        r#"apiVersion: v1
+kind: Namespace
+metadata:
+  name: {NAMESPACE}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: echo
+  namespace: {NAMESPACE}
+spec:
+  replicas: 1
+  strategy:
+    type: Recreate
+  selector:
+    matchLabels: {{app: echo}}
+  template:
+    metadata:
+      labels: {{app: echo}}
+    spec:
+      nodeSelector:
+        kubernetes.io/hostname: {pod_node}
+      tolerations:
+        - operator: Exists
+      terminationGracePeriodSeconds: 1
+      containers:
+        - name: udp
+          image: {ECHO_IMAGE}
+          imagePullPolicy: Never
+          args: ["serve", "udp", "3000"]
+          ports:
+            - {{name: echo, containerPort: 3000, protocol: UDP}}
+        - name: tcp
+          image: {ECHO_IMAGE}
+          imagePullPolicy: Never
+          args: ["serve", "tcp", "3000"]
+          ports:
+            - {{name: echo-tcp, containerPort: 3000, protocol: TCP}}
+          readinessProbe:
+            tcpSocket: {{port: 3000}}
+            periodSeconds: 1
+        - name: range
+          image: {ECHO_IMAGE}
+          imagePullPolicy: Never
+          args: ["serve", "udp", "{first}-{last}"]
+          ports:
+            - {{name: range, containerPort: {first}, protocol: UDP}}
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: echo
+  namespace: {NAMESPACE}
+spec:
+  selector: {{app: echo}}
+  ports:
+    - {{name: echo, port: 3000, protocol: UDP}}
+    - {{name: echo-tcp, port: 3000, protocol: TCP}}
+    - {{name: range, port: {first}, protocol: UDP}}
+---
+apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMapClass
+metadata:
+  name: e2e
+spec:
+  nodes:
+    {accepting}: {{interfaces: [enp1s0, wt0]}}
+  returnPath: {{mode: Vxlan}}
+---
+apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMap
+metadata:
+  name: echo
+  namespace: {NAMESPACE}
+spec:
+  className: e2e
+  protocol: UDP
+  port: 3000
+  serviceRef: {{name: echo, port: echo}}
+---
+apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMap
+metadata:
+  name: echo-tcp
+  namespace: {NAMESPACE}
+spec:
+  className: e2e
+  protocol: TCP
+  port: 3000
+  serviceRef: {{name: echo, port: echo-tcp}}
+---
+apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMap
+metadata:
+  name: echo-range
+  namespace: {NAMESPACE}
+spec:
+  className: e2e
+  protocol: UDP
+  port: {first}
+  endPort: {last}
+  serviceRef: {{name: echo, port: range}}
+"#
+    )
+}
+
+/// Runs the end-to-end sequence on the local cluster (see [`crate::driver::run_on`]).
+pub fn run(sh: &mut dyn Shell, o: LocalOptions, keep: bool) -> Result<crate::driver::Summary> {
+    let mut local = Local::new(o);
+    let result = crate::driver::run_on(sh, &mut local, keep);
+    if keep && let Some(child) = local.lab.take() {
+        let (kubeconfig, netns) = local
+            .desc
+            .as_ref()
+            .map(|d| (d.kubeconfig.display().to_string(), d.api_netns.clone()))
+            .unwrap_or_default();
+        eprintln!(
+            "the local cluster stays up (kuport-lab pid {pid}); kubectl: ip netns exec {netns} kubectl --kubeconfig {kubeconfig}; stop it with kill {pid}",
+            pid = child.id()
+        );
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_echo_answer_passes_only_with_the_client_address_and_the_dialed_source() {
+        let dialed: SocketAddr = "203.0.113.1:3000".parse().expect("addr");
+        let client = Ipv4Addr::new(198, 51, 100, 10);
+        let good = "reply from=203.0.113.1:3000 peer=198.51.100.10:40000 port=3000 len=4 client=198.51.100.10:40000 rtt_us=300";
+        assert_eq!(
+            check_echo(good, dialed, client).expect("ok"),
+            "198.51.100.10:40000"
+        );
+        for (bad, why) in [
+            (
+                "reply from=203.0.113.1:3000 peer=169.254.77.2:40000 port=3000 client=198.51.100.10:40000",
+                "the client address was lost",
+            ),
+            (
+                "reply from=10.244.2.5:3000 peer=198.51.100.10:40000 port=3000 client=198.51.100.10:40000",
+                "not from the address dialed",
+            ),
+            ("timeout", "no reply"),
+            ("", "no reply"),
+        ] {
+            let err = check_echo(bad, dialed, client).expect_err(bad);
+            assert!(format!("{err:#}").contains(why), "{bad}: {err:#}");
+        }
+    }
+
+    #[test]
+    fn the_workload_maps_udp_tcp_and_the_range_on_the_accepting_node() {
+        let w = workload("edge-a", "worker-b");
+        assert!(w.contains("edge-a: {interfaces: [enp1s0, wt0]}"));
+        assert!(w.contains("kubernetes.io/hostname: worker-b"));
+        assert_eq!(w.matches("kind: PortMap\n").count(), 3);
+        assert!(w.contains("endPort: 5005"));
+        assert_eq!(w.matches("imagePullPolicy: Never").count(), 3);
+    }
+}
