@@ -5,6 +5,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Container, Namespace, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
@@ -88,6 +91,12 @@ fn every_manifest_parses_into_its_type_without_unknown_fields() {
             "Role" => serde_json::to_value(typed::<Role>(object)),
             "RoleBinding" => serde_json::to_value(typed::<RoleBinding>(object)),
             "DaemonSet" => serde_json::to_value(typed::<DaemonSet>(object)),
+            "ValidatingAdmissionPolicy" => {
+                serde_json::to_value(typed::<ValidatingAdmissionPolicy>(object))
+            }
+            "ValidatingAdmissionPolicyBinding" => {
+                serde_json::to_value(typed::<ValidatingAdmissionPolicyBinding>(object))
+            }
             other => panic!(
                 "{}: unexpected kind {other} in deploy/manifests",
                 key(object)
@@ -110,6 +119,8 @@ fn every_manifest_parses_into_its_type_without_unknown_fields() {
         ("Role", 2),
         ("RoleBinding", 2),
         ("ServiceAccount", 1),
+        ("ValidatingAdmissionPolicy", 1),
+        ("ValidatingAdmissionPolicyBinding", 1),
     ]
     .into_iter()
     .map(|(k, n)| (k.to_owned(), n))
@@ -487,7 +498,12 @@ fn the_agent_roles_grant_no_verb_beyond_the_api() {
     assert_eq!(lifecycle.metadata.namespace.as_deref(), Some(NAMESPACE));
     assert_eq!(
         rule_grants(lifecycle.rules.as_deref().unwrap_or_default()),
-        set(&["/pods:get", "apps/daemonsets:get"])
+        set(&[
+            "/pods:get",
+            "apps/daemonsets:get",
+            "apps/daemonsets[kuport-agent]:list",
+            "apps/daemonsets[kuport-agent]:watch",
+        ])
     );
 
     // Each binding gives its role to the agent's ServiceAccount and nobody else.
@@ -528,6 +544,86 @@ fn the_agent_roles_grant_no_verb_beyond_the_api() {
     }
     let sa: ServiceAccount = the(&objects, "ServiceAccount", "kuport-agent");
     assert_eq!(sa.metadata.namespace.as_deref(), Some(NAMESPACE));
+}
+
+/// The class status policy matches exactly the agents' ServiceAccount writing class status,
+/// denies (and fails closed), and says something about every field of the status: a field added
+/// to the status later must be added to the policy too, or any node could write it.
+#[test]
+fn the_class_status_policy_covers_the_agents_writes_of_every_status_field() {
+    let objects = manifest_objects();
+    let policy: ValidatingAdmissionPolicy = the(
+        &objects,
+        "ValidatingAdmissionPolicy",
+        "kuport-agent-class-status",
+    );
+    let spec = policy.spec.expect("a spec");
+    assert_eq!(spec.failure_policy.as_deref(), Some("Fail"));
+    let rules = spec
+        .match_constraints
+        .and_then(|m| m.resource_rules)
+        .expect("resource rules");
+    assert_eq!(rules.len(), 1);
+    assert_eq!(
+        rules[0].api_groups.as_deref(),
+        Some(&["kuport.wlz.li".to_owned()][..])
+    );
+    assert_eq!(
+        rules[0].resources.as_deref(),
+        Some(&["portmapclasses/status".to_owned()][..])
+    );
+    assert_eq!(
+        rules[0].operations.as_deref(),
+        Some(&["UPDATE".to_owned()][..])
+    );
+    let sa: ServiceAccount = the(&objects, "ServiceAccount", "kuport-agent");
+    let user = format!(
+        "'system:serviceaccount:{}:{}'",
+        sa.metadata.namespace.as_deref().unwrap_or_default(),
+        sa.metadata.name.as_deref().unwrap_or_default()
+    );
+    let conditions = spec.match_conditions.unwrap_or_default();
+    assert_eq!(conditions.len(), 1);
+    assert_eq!(
+        conditions[0].expression,
+        format!("request.userInfo.username == {user}")
+    );
+    let binding: ValidatingAdmissionPolicyBinding = the(
+        &objects,
+        "ValidatingAdmissionPolicyBinding",
+        "kuport-agent-class-status",
+    );
+    let binding = binding.spec;
+    assert_eq!(binding.policy_name, "kuport-agent-class-status");
+    assert_eq!(binding.validation_actions, ["Deny"]);
+    assert!(binding.param_ref.is_none() && binding.match_resources.is_none());
+
+    let text: String = spec
+        .validations
+        .unwrap_or_default()
+        .iter()
+        .map(|v| v.expression.as_str())
+        .chain(
+            spec.variables
+                .iter()
+                .flatten()
+                .map(|v| v.expression.as_str()),
+        )
+        .collect::<Vec<_>>()
+        .join("\n");
+    let path = repo().join("crds/portmapclasses.kuport.wlz.li.yaml");
+    let text_of_crd = std::fs::read_to_string(&path).expect("the class CRD");
+    let crd = manifests::parse_documents(&path, &text_of_crd).expect("the class CRD parses");
+    let fields = crd[0]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+        ["properties"]
+        .as_object()
+        .expect("status properties");
+    for field in fields.keys() {
+        assert!(
+            text.contains(&format!("status.?{field}")),
+            "the policy says nothing about status.{field}"
+        );
+    }
 }
 
 /// The aggregated roles: labelled into the built-in roles, PortMaps only, never PortMapClasses.
@@ -735,6 +831,29 @@ fn the_chart_values_do_what_delivery_md_says() {
         );
     }
     assert_eq!(names(&no_rbac, "ServiceAccount"), set(&["kuport-agent"]));
+
+    // The class status policy names the release's namespace, and can be left out.
+    let elsewhere = chart()
+        .render("kuport", "edge-system", &json!({}))
+        .expect("chart renders");
+    let policy = elsewhere
+        .iter()
+        .find(|r| r.template == "class-status-policy.yaml")
+        .expect("the policy template");
+    assert!(
+        policy
+            .text
+            .contains("'system:serviceaccount:edge-system:kuport-agent'"),
+        "{}",
+        policy.text
+    );
+    let without = render(json!({"admissionPolicy": {"enabled": false}}));
+    for kind in [
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ] {
+        assert!(by_kind(&without, kind).is_empty(), "{kind} still rendered");
+    }
 
     // Classes are created with the release and are valid PortMapClasses.
     let with_classes = render(json!({"classes": {

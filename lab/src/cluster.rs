@@ -304,6 +304,16 @@ impl Cluster {
         Ok(())
     }
 
+    /// One Pod of the agent per node (`kuport-agent-<node>`, no owner) for the agents' tokens
+    /// to be bound to, when the scenario records no DaemonSet.
+    pub async fn install_agent_pods(&self, nodes: &[String]) -> Result<()> {
+        self.ensure_namespace(DAEMON_SET_NAMESPACE).await?;
+        for node in nodes {
+            self.apply(objects::bare_agent_pod(node)).await?;
+        }
+        Ok(())
+    }
+
     pub async fn ensure_namespace(&self, name: &str) -> Result<()> {
         if self.get("Namespace", None, name).await?.is_none() {
             self.apply(

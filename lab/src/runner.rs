@@ -4,10 +4,11 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::fd::AsFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use kuport_testkit::objects;
 use rustix::process::Signal;
 use rustix::thread::{LinkNameSpaceType, move_into_link_name_space};
 use serde_json::{Value, json};
@@ -87,9 +88,12 @@ pub enum ApiServer {
     Real,
 }
 
-/// Where the agents' kubeconfig goes against the real control plane (their ServiceAccount's
-/// token; the lab's own kubeconfig is the admin's).
-const AGENT_KUBECONFIG: &str = "/run/kuport-lab/agent-kubeconfig";
+/// Where each agent's kubeconfig goes against the real control plane:
+/// `agent-kubeconfig-<node>`, a token of the agents' ServiceAccount bound to the agent's Pod on
+/// that node, as the kubelet projects it (the lab's own kubeconfig is the admin's).
+fn agent_kubeconfig(node: &str) -> PathBuf {
+    Path::new(sys::RUN_DIR).join(format!("agent-kubeconfig-{node}"))
+}
 
 /// The controllers the real control plane runs for the lab.
 const REAL_CONTROLLERS: [&str; 2] = ["endpointslice-controller", "node-lifecycle-controller"];
@@ -255,9 +259,15 @@ impl Runner<'_> {
         if !self.topo.scenario.objects.trim().is_empty() {
             cluster.apply_yaml(&self.topo.scenario.objects).await?;
         }
+        let nodes: Vec<String> = self.topo.nodes.iter().map(|n| n.name.clone()).collect();
         if self.topo.scenario.daemon_set {
-            let nodes: Vec<String> = self.topo.nodes.iter().map(|n| n.name.clone()).collect();
             cluster.install_daemon_set(&nodes).await?;
+        } else if real {
+            // Each agent's token is bound to a Pod of the agent on its node.
+            cluster.install_agent_pods(&nodes).await?;
+        }
+        if real {
+            self.issue_agent_tokens(&nodes).await?;
         }
         self.cluster = Some(cluster);
         for pod in self.topo.scenario.pods.clone() {
@@ -320,9 +330,10 @@ impl Runner<'_> {
         Ok(pid)
     }
 
-    /// Against the real control plane: the requests of the agents that their ClusterRole
-    /// refused (from the audit log), as one error; a missing verb fails the scenario even when
-    /// the agent copes (an Event it could not write).
+    /// Against the real control plane: the requests of the agents that the API server refused
+    /// (from the audit log: their ClusterRole, or the class status admission policy), as one
+    /// error; a missing verb or a write the policy refuses fails the scenario even when the
+    /// agent copes (an Event it could not write, a status write it retries).
     fn rbac_refusals(&self) -> Option<String> {
         let cp = self.control_plane.as_ref()?;
         let user = format!(
@@ -332,7 +343,7 @@ impl Runner<'_> {
         match cp.forbidden_requests(&user) {
             Ok(refused) if refused.is_empty() => None,
             Ok(refused) => Some(format!(
-                "the agents' ClusterRole refused {} request(s): {}",
+                "the API server refused {} request(s) of the agents (RBAC or the class status policy): {}",
                 refused.len(),
                 refused.join("; ")
             )),
@@ -372,9 +383,32 @@ impl Runner<'_> {
         Ok(())
     }
 
+    /// For each node, a token of the agents' ServiceAccount bound to the agent's Pod there (the
+    /// kind the kubelet projects into the DaemonSet's Pods, which names the node), in the
+    /// node's agent kubeconfig. The shipped admission policy refuses class status writes made
+    /// with any other token.
+    async fn issue_agent_tokens(&self, nodes: &[String]) -> Result<()> {
+        let cp = self
+            .control_plane
+            .as_ref()
+            .context("the real control plane is not running")?;
+        let (namespace, account) = (crate::cluster::DAEMON_SET_NAMESPACE, objects::AGENT_ACCOUNT);
+        for node in nodes {
+            let pod = format!("{}-{node}", objects::AGENT_DAEMONSET);
+            let token = cp
+                .pod_token(namespace, account, &pod)
+                .await
+                .with_context(|| format!("a token bound to Pod {namespace}/{pod}"))?;
+            cp.service_account_kubeconfig(namespace, account, &token, &agent_kubeconfig(node))
+                .with_context(|| format!("the agent kubeconfig of {node}"))?;
+        }
+        Ok(())
+    }
+
     /// The real control plane in the underlay namespace, serving on the lab's API address:
-    /// the CRDs installed, the admin's kubeconfig as the lab's, and one for the agents'
-    /// ServiceAccount bound to the ClusterRole the DaemonSet ships.
+    /// the CRDs and the shipped class status admission policy installed, the admin's
+    /// kubeconfig as the lab's, and the agents' ServiceAccount bound to the ClusterRole the
+    /// DaemonSet ships (each agent's token comes later, bound to its Pod).
     async fn start_real(&mut self) -> Result<()> {
         let bin = kuport_realapi::binary_dir();
         if !kuport_realapi::is_built() {
@@ -396,14 +430,18 @@ impl Runner<'_> {
         cp.install_crds(Path::new(kuport_realapi::CRD_DIR))
             .await
             .context("installing the CRDs")?;
-        std::fs::copy(cp.kubeconfig(), &self.topo.kubeconfig)
-            .with_context(|| format!("writing {}", self.topo.kubeconfig.display()))?;
+        cp.install_admission_policies(Path::new(kuport_realapi::CLASS_STATUS_POLICY_FILE))
+            .await
+            .context("installing the class status admission policy")?;
+        // The admin's token: for root only.
+        let admin = std::fs::read(cp.kubeconfig())
+            .with_context(|| format!("reading {}", cp.kubeconfig().display()))?;
+        sys::write_private(&self.topo.kubeconfig, &admin)?;
         let role = kuport_realapi::agent_role().context("the shipped agent ClusterRole")?;
-        cp.service_account_kubeconfig(
+        cp.create_service_account(
             crate::cluster::DAEMON_SET_NAMESPACE,
-            "kuport-agent",
+            objects::AGENT_ACCOUNT,
             &role,
-            Path::new(AGENT_KUBECONFIG),
         )
         .await
         .context("the agents' ServiceAccount")?;
@@ -416,7 +454,7 @@ impl Runner<'_> {
         // From the image, the kubeconfig is copied into the agent's own /run.
         let kubeconfig = match (self.image, self.api) {
             (Some(_), _) => image::KUBECONFIG_IN_IMAGE.to_owned(),
-            (None, ApiServer::Real) => AGENT_KUBECONFIG.to_owned(),
+            (None, ApiServer::Real) => agent_kubeconfig(node).display().to_string(),
             (None, ApiServer::Model) => self.topo.kubeconfig.display().to_string(),
         };
         let mut args: Vec<String> = vec![

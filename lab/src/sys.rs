@@ -39,6 +39,60 @@ pub fn run_with_input(program: &str, args: &[&str], input: &str) -> Result<Strin
     stdout_of(program, args, &out)
 }
 
+/// Creates `dir` (and its parents) readable by its owner only (0700), tightening it when it
+/// already exists: it holds secrets such as the mesh's private keys.
+pub fn private_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("making {} private (0700)", dir.display()))
+}
+
+/// Writes a secret (a private key, a kubeconfig holding a token) readable by its owner only
+/// (0600). The file is created with that mode, so no other user can open it between creation
+/// and a later chmod, and an existing file is tightened before it is truncated.
+pub fn write_private(path: &Path, contents: &[u8]) -> Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    if path.exists() {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+            .with_context(|| format!("making {} private (0600)", path.display()))?;
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("opening {} to write it", path.display()))?;
+    file.write_all(contents)
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// Fails when one of `paths` can be read (or, for a directory, entered) by anyone but its
+/// owner: what the lab checks of its key directory and every key it wrote.
+pub fn check_private(paths: &[&Path]) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    for path in paths {
+        let mode = std::fs::metadata(path)
+            .with_context(|| format!("reading the mode of {}", path.display()))?
+            .permissions()
+            .mode();
+        if mode & 0o077 != 0 {
+            bail!(
+                "{} holds secrets but has mode {:o}: other users on this machine can read it",
+                path.display(),
+                mode & 0o777
+            );
+        }
+    }
+    Ok(())
+}
+
 /// `ip <args>`.
 pub fn ip(args: &[&str]) -> Result<String> {
     run("ip", args)
@@ -471,6 +525,50 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(text, "{}");
         assert_eq!(names, vec!["state.json"]);
+    }
+
+    #[test]
+    fn secrets_are_written_for_their_owner_only() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        let root = std::env::temp_dir().join(format!("kuport-lab-private-{}", std::process::id()));
+        let dir = root.join("keys");
+        // An existing, world-readable directory and key (as the lab used to leave them).
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let old = dir.join("old.key");
+        std::fs::write(&old, "old secret").unwrap();
+        std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o644)).unwrap();
+        private_dir(&dir).unwrap();
+        write_private(&old, b"new secret").unwrap();
+        let new = dir.join("new.key");
+        write_private(&new, b"fresh").unwrap();
+        let fresh_dir = root.join("fresh/nested");
+        private_dir(&fresh_dir).unwrap();
+        let got = (
+            mode(&dir),
+            mode(&old),
+            std::fs::read_to_string(&old).unwrap(),
+            mode(&new),
+            mode(&fresh_dir),
+        );
+        let checked = check_private(&[&dir, &old, &new]).map_err(|e| e.to_string());
+        // What the lab wrote before: a key with the default mode fails the check.
+        std::fs::write(dir.join("default.key"), "secret").unwrap();
+        std::fs::set_permissions(
+            dir.join("default.key"),
+            std::fs::Permissions::from_mode(0o644),
+        )
+        .unwrap();
+        let refused = check_private(&[&dir, &dir.join("default.key")]).map_err(|e| e.to_string());
+        std::fs::remove_dir_all(&root).unwrap();
+        assert_eq!(got, (0o700, 0o600, "new secret".to_owned(), 0o600, 0o700));
+        assert_eq!(checked, Ok(()));
+        let refused = refused.expect_err("a key readable by others is refused");
+        assert!(
+            refused.contains("default.key") && refused.contains("644"),
+            "{refused}"
+        );
     }
 
     #[test]

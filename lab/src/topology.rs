@@ -120,7 +120,7 @@ pub fn build(lab: &mut Lab, scenario: &Scenario, bins: &Path) -> Result<Topology
         lab.note_run_wireguard()?;
     }
     let key_dir = Path::new(sys::RUN_DIR).join("keys");
-    std::fs::create_dir_all(&key_dir).context("creating the key directory")?;
+    sys::private_dir(&key_dir).context("creating the key directory")?;
     let mut topo = Topology {
         scenario: scenario.clone(),
         nodes: Vec::new(),
@@ -216,6 +216,10 @@ pub fn build(lab: &mut Lab, scenario: &Scenario, bins: &Path) -> Result<Topology
             is_node: false,
         });
     }
+    // Every member's private key is readable by root only, or the lab refuses to go on.
+    let mut secrets: Vec<&Path> = vec![&topo.key_dir];
+    secrets.extend(topo.mesh.iter().map(|m| m.key.as_path()));
+    sys::check_private(&secrets)?;
     for member in topo.mesh.clone() {
         configure_mesh(&topo, &member)?;
     }
@@ -291,7 +295,9 @@ pub fn start_wireguard(lab: &mut Lab, ns: &str, name: &str) -> Result<i32> {
 fn keypair(dir: &Path, name: &str) -> Result<(PathBuf, String)> {
     let private = sys::run("wg", &["genkey"])?;
     let path = dir.join(format!("{name}.key"));
-    std::fs::write(&path, &private).with_context(|| format!("writing {}", path.display()))?;
+    // A WireGuard private key: for root only, like `wg genkey`'s documentation asks (`umask
+    // 077`); the default mode let every local user read every lab node's key.
+    sys::write_private(&path, private.as_bytes())?;
     let public = sys::run_with_input("wg", &["pubkey"], &private)?;
     Ok((path, public.trim().to_string()))
 }

@@ -17,6 +17,8 @@ pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 pub const DAEMONSET_NAMESPACE: &str = "kuport-system";
 /// The name of the agent's DaemonSet; its Pods are `kuport-agent-<node>`.
 pub const AGENT_DAEMONSET: &str = "kuport-agent";
+/// The ServiceAccount the agent runs as (in [`DAEMONSET_NAMESPACE`]), as the manifests name it.
+pub const AGENT_ACCOUNT: &str = "kuport-agent";
 
 /// `"True"` or `"False"`, as conditions spell a boolean.
 fn condition_status(value: bool) -> &'static str {
@@ -379,18 +381,28 @@ pub fn agent_daemonset() -> Value {
     })
 }
 
-/// The agent's Pod on `node` as the DaemonSet controller makes it: the template's labels, and
-/// owned by the DaemonSet with uid `daemonset_uid`.
+/// The agent's Pod on `node` as the DaemonSet controller makes it: the template's labels and
+/// ServiceAccount, and owned by the DaemonSet with uid `daemonset_uid`.
 pub fn agent_pod(node: &str, daemonset_uid: &str) -> Value {
+    let mut pod = bare_agent_pod(node);
+    pod["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "DaemonSet",
+        "name": AGENT_DAEMONSET, "uid": daemonset_uid, "controller": true}]);
+    pod
+}
+
+/// The agent's Pod on `node` with no owner: what a token for the agent on that node is bound to
+/// when no DaemonSet is recorded. It runs as the agent's ServiceAccount and mounts no token
+/// (no kubelet runs to project one; the caller asks for a token bound to the Pod).
+pub fn bare_agent_pod(node: &str) -> Value {
     json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {
             "name": format!("{AGENT_DAEMONSET}-{node}"), "namespace": DAEMONSET_NAMESPACE,
             "labels": {"app.kubernetes.io/name": "kuport"},
-            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
-                "name": AGENT_DAEMONSET, "uid": daemonset_uid, "controller": true}],
         },
-        "spec": {"nodeName": node, "containers": [{"name": "agent", "image": "kuport"}]},
+        "spec": {"nodeName": node, "serviceAccountName": AGENT_ACCOUNT,
+                 "automountServiceAccountToken": false,
+                 "containers": [{"name": "agent", "image": "kuport"}]},
     })
 }
 

@@ -282,8 +282,11 @@ fn scalar_checks(obj: &Map<String, Value>) -> Vec<String> {
         (None, Some(max)) => checks.push(format!("≤ {max}")),
         (None, None) => {}
     }
-    if let Some(n) = number(obj, "minLength") {
-        checks.push(format!("at least {n} character{}", plural(&n)));
+    match (number(obj, "minLength"), number(obj, "maxLength")) {
+        (Some(min), Some(max)) => checks.push(format!("{min}..{max} characters")),
+        (Some(n), None) => checks.push(format!("at least {n} character{}", plural(&n))),
+        (None, Some(n)) => checks.push(format!("at most {n} character{}", plural(&n))),
+        (None, None) => {}
     }
     if let Some(p) = obj.get("pattern").and_then(Value::as_str) {
         checks.push(format!("matches `{}`", cell(p)));
@@ -296,21 +299,27 @@ fn validation(node: &Value) -> Vec<String> {
         return Vec::new();
     };
     let mut checks = scalar_checks(obj);
-    if let Some(n) = number(obj, "minItems") {
-        checks.push(format!("at least {n} item{}", plural(&n)));
+    match (number(obj, "minItems"), number(obj, "maxItems")) {
+        (Some(min), Some(max)) => checks.push(format!("{min}..{max} items")),
+        (Some(n), None) => checks.push(format!("at least {n} item{}", plural(&n))),
+        (None, Some(n)) => checks.push(format!("at most {n} item{}", plural(&n))),
+        (None, None) => {}
     }
+    let entries = |n: &str| if n == "1" { "y" } else { "ies" };
     if let Some(n) = number(obj, "minProperties") {
-        checks.push(format!(
-            "at least {n} entr{}",
-            if n == "1" { "y" } else { "ies" }
-        ));
+        checks.push(format!("at least {n} entr{}", entries(&n)));
     }
-    if known_type(node).is_none()
-        && let Some(items) = obj.get("items").and_then(Value::as_object)
-    {
-        let each = scalar_checks(items);
-        if !each.is_empty() {
-            checks.push(format!("each: {}", each.join(", ")));
+    if let Some(n) = number(obj, "maxProperties") {
+        checks.push(format!("at most {n} entr{}", entries(&n)));
+    }
+    if known_type(node).is_none() {
+        for (key, what) in [("items", "each"), ("additionalProperties", "each value")] {
+            if let Some(inner) = obj.get(key).and_then(Value::as_object) {
+                let each = scalar_checks(inner);
+                if !each.is_empty() {
+                    checks.push(format!("{what}: {}", each.join(", ")));
+                }
+            }
         }
     }
     if let Some(keys) = obj
@@ -422,9 +431,17 @@ mod tests {
         assert!(protocol.contains("| yes |"), "{protocol}");
         let interfaces = line("spec.nodes.<name>.interfaces");
         assert!(
-            interfaces.contains("at least 1 item") && interfaces.contains("each: matches"),
+            interfaces.contains("1..16 items")
+                && interfaces.contains("each: at most 15 characters, matches"),
             "{interfaces}"
         );
+        let addresses = line("status.nodes[].addresses");
+        assert!(
+            addresses.contains("at most 16 entries")
+                && addresses.contains("each value: at most 15 characters"),
+            "{addresses}"
+        );
+        assert!(line("spec.className").contains("1..253 characters"));
         assert!(line("spec.namespaceSelector").contains("| LabelSelector |"));
     }
 

@@ -13,4 +13,5 @@ pub mod render;
 pub mod report;
 pub mod snapshot;
 pub mod summary;
+pub mod text;
 pub mod trace;

@@ -15,6 +15,23 @@ use crate::ir::MarkLayout;
 pub const CILIUM_DEFAULT_VXLAN_PORT: u16 = 8472;
 /// Namespace and name of the ConfigMap the CNI facts are read from.
 pub const CILIUM_CONFIG: (&str, &str) = ("kube-system", "cilium-config");
+/// The keys of `cilium-config` [`CniFacts::from_cilium_config`] reads (the agent keeps no
+/// other).
+pub const CILIUM_CONFIG_KEYS: [&str; 5] = [
+    "cluster-pool-ipv4-cidr",
+    "ipam",
+    "routing-mode",
+    "tunnel",
+    "tunnel-port",
+];
+
+/// Cilium's annotations naming the address of a node's `cilium_host` device (current and
+/// older spelling); Cilium writes them when it annotates Nodes. The only annotations of a Node
+/// the plan reads.
+pub const CILIUM_HOST_ANNOTATIONS: [&str; 2] = [
+    "network.cilium.io/ipv4-cilium-host",
+    "io.cilium.network.ipv4-cilium-host",
+];
 
 /// Everything the plan reads from the API server. Order of the lists does not matter: the plan
 /// sorts whatever it iterates.
@@ -196,6 +213,9 @@ pub struct HostSocket {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holder: Option<String>,
 }
+
+/// The label an EndpointSlice names its Service by: the only label of a slice the plan reads.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
 /// True when the Node's `Ready` condition is `True`.
 pub fn node_is_ready(node: &Node) -> bool {

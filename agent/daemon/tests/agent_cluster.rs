@@ -847,7 +847,8 @@ async fn an_agent_tears_down_only_when_its_daemonset_is_gone() {
 }
 
 /// An agent that cannot reach the API server at stop keeps the datapath, even when it knows its
-/// Pod: an outage is never a reason to remove anything.
+/// Pod: an outage is never a reason to remove anything. (A removal its watches saw before the
+/// outage is: `lifecycle.rs` tests that.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_api_server_at_stop_keeps_the_datapath() {
     let mut c = Cluster::start().await;
@@ -858,10 +859,6 @@ async fn an_unreachable_api_server_at_stop_keeps_the_datapath() {
         !dnat_targets(&c.agent("n1").host).is_empty()
     })
     .await;
-    Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(c.client.clone(), "kuport-system")
-        .delete("kuport-agent", &Default::default())
-        .await
-        .expect("delete daemonset");
     c.model().faults().pause();
     let host = c.stop("n1").await;
     c.model().faults().resume();

@@ -47,6 +47,12 @@ pub const AGENT_NAMESPACED_RBAC: [&str; 2] = [
         "/../../deploy/manifests/role-lifecycle.yaml"
     ),
 ];
+/// The admission policy that keeps each agent to its own node's part of a class status, and its
+/// binding, as shipped.
+pub const CLASS_STATUS_POLICY_FILE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../deploy/manifests/class-status-policy.yaml"
+);
 /// The name of the agent's ClusterRole in [`AGENT_ROLE_FILE`].
 pub const AGENT_ROLE_NAME: &str = "kuport-agent";
 /// The generated CRDs the product ships.
@@ -189,6 +195,25 @@ fn free_port() -> Result<u16, Error> {
 
 fn write(path: &Path, contents: &str) -> Result<(), Error> {
     std::fs::write(path, contents).map_err(io(format!("write {}", path.display())))
+}
+
+/// Writes a file holding a credential, readable by its owner only (0600, from its creation).
+fn write_private(path: &Path, contents: &str) -> Result<(), Error> {
+    use std::io::Write as _;
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    let what = || format!("write {}", path.display());
+    if path.exists() {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+            .map_err(io(what()))?;
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| f.write_all(contents.as_bytes()))
+        .map_err(io(what()))
 }
 
 fn random_token() -> Result<String, Error> {
@@ -797,26 +822,65 @@ impl ControlPlane {
             .await
     }
 
-    /// Like [`ControlPlane::service_account_client`], but writes a kubeconfig for the account
-    /// to `path` (for a process of its own, such as an agent).
-    pub async fn service_account_kubeconfig(
+    /// Writes a kubeconfig for the ServiceAccount `namespace/name` with `token` to `path`,
+    /// readable by its owner only (for a process of its own, such as an agent).
+    pub fn service_account_kubeconfig(
         &self,
         namespace: &str,
         name: &str,
-        role: &ClusterRole,
+        token: &str,
         path: &Path,
     ) -> Result<(), Error> {
-        let token = self.service_account_token(namespace, name, role).await?;
         let user = format!("system:serviceaccount:{namespace}:{name}");
-        write(path, &self.kubeconfig_for(&user, &token).to_string())
+        write_private(path, &self.kubeconfig_for(&user, token).to_string())
     }
 
-    async fn service_account_token(
+    /// A client authenticated as the ServiceAccount `namespace/name` with `token` (for example
+    /// one from [`ControlPlane::pod_token`]).
+    pub async fn client_with_token(
+        &self,
+        namespace: &str,
+        name: &str,
+        token: &str,
+    ) -> Result<kube::Client, Error> {
+        self.client_for_user(&format!("system:serviceaccount:{namespace}:{name}"), token)
+            .await
+    }
+
+    /// A token of the ServiceAccount `namespace/account` bound to the Pod `namespace/pod`, as
+    /// the kubelet asks for the token it projects into a Pod: the API server names the Pod's
+    /// node in it (`authentication.kubernetes.io/node-name`), and the token stops working when
+    /// the Pod is deleted.
+    pub async fn pod_token(
+        &self,
+        namespace: &str,
+        account: &str,
+        pod: &str,
+    ) -> Result<String, Error> {
+        let admin = self.admin_client().await?;
+        let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(admin.clone(), namespace);
+        let uid = pods
+            .get(pod)
+            .await
+            .map_err(kube_err(format!("read Pod {namespace}/{pod}")))?
+            .metadata
+            .uid
+            .ok_or_else(|| Error::Other(format!("Pod {namespace}/{pod} has no uid")))?;
+        let request: TokenRequest = from_json(json!({"spec": {
+            "expirationSeconds": 3600,
+            "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": uid},
+        }}))?;
+        self.issue_token(&admin, namespace, account, &request).await
+    }
+
+    /// Creates the ServiceAccount `namespace/name` (and its namespace), the ClusterRole `role`
+    /// and a binding of one to the other, and the shipped namespaced Roles bound to it.
+    pub async fn create_service_account(
         &self,
         namespace: &str,
         name: &str,
         role: &ClusterRole,
-    ) -> Result<String, Error> {
+    ) -> Result<(), Error> {
         let admin = self.admin_client().await?;
         let pp = PostParams::default();
         let namespaces: Api<Namespace> = Api::all(admin.clone());
@@ -850,10 +914,39 @@ impl ControlPlane {
             .map_err(kube_err(format!(
                 "bind ClusterRole {role_name} to {namespace}/{name}"
             )))?;
-        self.bind_namespaced_roles(&admin, namespace, name).await?;
+        self.bind_namespaced_roles(&admin, namespace, name).await
+    }
+
+    /// Creates the ServiceAccount as [`ControlPlane::create_service_account`] does and returns
+    /// a token bound to no object: one that names no node.
+    async fn service_account_token(
+        &self,
+        namespace: &str,
+        name: &str,
+        role: &ClusterRole,
+    ) -> Result<String, Error> {
+        self.create_service_account(namespace, name, role).await?;
+        self.unbound_token(namespace, name).await
+    }
+
+    /// A token of the existing ServiceAccount `namespace/name` bound to no object (what
+    /// `kubectl create token` gives): it names no node.
+    pub async fn unbound_token(&self, namespace: &str, name: &str) -> Result<String, Error> {
+        let admin = self.admin_client().await?;
         let request: TokenRequest = from_json(json!({"spec": {"expirationSeconds": 3600}}))?;
+        self.issue_token(&admin, namespace, name, &request).await
+    }
+
+    async fn issue_token(
+        &self,
+        admin: &kube::Client,
+        namespace: &str,
+        name: &str,
+        request: &TokenRequest,
+    ) -> Result<String, Error> {
+        let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), namespace);
         let issued = accounts
-            .create_token_request(name, &pp, &request)
+            .create_token_request(name, &PostParams::default(), request)
             .await
             .map_err(kube_err(format!("request a token for {namespace}/{name}")))?;
         issued.status.and_then(|s| s.token).ok_or_else(|| {
@@ -861,6 +954,48 @@ impl ControlPlane {
                 "token request for {namespace}/{name} returned no token"
             ))
         })
+    }
+
+    /// Creates the ValidatingAdmissionPolicies and their bindings in `file` (for example
+    /// [`CLASS_STATUS_POLICY_FILE`]). The API server enforces a new policy a moment later (its
+    /// admission plugin learns of it through a watch): callers wait for a request it refuses.
+    pub async fn install_admission_policies(&self, file: &Path) -> Result<Vec<String>, Error> {
+        use k8s_openapi::api::admissionregistration::v1::{
+            ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+        };
+        let admin = self.admin_client().await?;
+        let pp = PostParams::default();
+        let text = std::fs::read_to_string(file).map_err(io(format!("read {}", file.display())))?;
+        let docs: Vec<Value> = serde_saphyr::from_multiple(&text)
+            .map_err(|e| Error::Other(format!("parse {}: {e}", file.display())))?;
+        let mut created = Vec::new();
+        for doc in docs.into_iter().filter(|d| !d.is_null()) {
+            let what = format!("{} {}", doc["kind"], doc["metadata"]["name"]);
+            match doc["kind"].as_str() {
+                Some("ValidatingAdmissionPolicy") => {
+                    let policy: ValidatingAdmissionPolicy = from_json(doc)?;
+                    Api::<ValidatingAdmissionPolicy>::all(admin.clone())
+                        .create(&pp, &policy)
+                        .await
+                        .map_err(kube_err(format!("create {what}")))?;
+                }
+                Some("ValidatingAdmissionPolicyBinding") => {
+                    let binding: ValidatingAdmissionPolicyBinding = from_json(doc)?;
+                    Api::<ValidatingAdmissionPolicyBinding>::all(admin.clone())
+                        .create(&pp, &binding)
+                        .await
+                        .map_err(kube_err(format!("create {what}")))?;
+                }
+                _ => {
+                    return Err(Error::Other(format!(
+                        "{}: unexpected {what}",
+                        file.display()
+                    )));
+                }
+            }
+            created.push(what);
+        }
+        Ok(created)
     }
 
     /// Creates the shipped namespaced Roles ([`AGENT_NAMESPACED_RBAC`]) and binds each to the

@@ -89,7 +89,10 @@ pub struct PortMapClassSpec {
     /// never used; set this where the CNI assigns pod addresses Kubernetes does not see (Calico
     /// IPAM, Cilium multi-pool, cloud VPC CNIs).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(inner(pattern(r"^([0-9]{1,3}\.){3}[0-9]{1,3}/[0-9]{1,2}$")))]
+    #[schemars(
+        length(max = 64),
+        inner(length(max = 18), pattern(r"^([0-9]{1,3}\.){3}[0-9]{1,3}/[0-9]{1,2}$"))
+    )]
     pub pod_networks: Vec<String>,
 
     /// How replies from a pod on another node return through the node that accepted the
@@ -105,8 +108,8 @@ pub struct ClassNode {
     /// address and wt0 for the mesh address). Given per node, so nodes with different NIC names
     /// can share a class.
     #[schemars(
-        length(min = 1),
-        inner(pattern(r"^[A-Za-z0-9_@+-][A-Za-z0-9._@+-]{0,14}$"))
+        length(min = 1, max = 16),
+        inner(length(max = 15), pattern(r"^[A-Za-z0-9_@+-][A-Za-z0-9._@+-]{0,14}$"))
     )]
     pub interfaces: Vec<String>,
 }
@@ -140,7 +143,7 @@ pub struct PortWindow {
 
     /// Ports the administrator keeps back: a PortMap whose range contains one is refused.
     #[serde(default)]
-    #[schemars(inner(range(min = 1, max = 65535)))]
+    #[schemars(length(max = 1024), inner(range(min = 1, max = 65535)))]
     pub reserved: Vec<i32>,
 
     /// Ports kept back for the nodes' own services, refused like reserved ones. The default is
@@ -151,6 +154,7 @@ pub struct PortWindow {
     /// A shorter list (or []) opts in to the ports it leaves out; a port a host socket,
     /// NodePort or hostPort holds stays refused.
     #[serde(default = "default_system_reserved")]
+    #[schemars(length(max = 1024))]
     pub system_reserved: Vec<PortSpan>,
 }
 
@@ -282,6 +286,7 @@ pub struct VxlanSettings {
     /// IPv4 CIDR the link addresses come from: one /31 per node pair, so a /24 holds 128 pairs.
     /// Link-local space avoids touching any other route.
     #[serde(default = "default_subnet")]
+    #[schemars(length(max = 18))]
     pub subnet: String,
 }
 
@@ -338,6 +343,7 @@ pub struct PortMapClassStatus {
     /// "2/2 edge-a,edge-b" (at most four names, then "… +N"): what the Nodes column shows.
     /// Derived from readyNodes in the same write.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
     pub nodes_summary: Option<String>,
 
     /// Return-link address claims, one per node pair that has, or recently had, a link.
@@ -357,6 +363,7 @@ pub struct PortMapClassStatus {
 #[serde(rename_all = "camelCase")]
 pub struct ClassNodeStatus {
     /// The node this row describes.
+    #[schemars(length(max = 253))]
     pub name: String,
 
     /// True when every interface the class gives this node resolves to an IPv4 address.
@@ -364,6 +371,7 @@ pub struct ClassNodeStatus {
 
     /// Why the node is not ready, for example "interface wt0 not present".
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
     pub message: Option<String>,
 
     /// MTU of the interface carrying the node's InternalIP.
@@ -380,6 +388,10 @@ pub struct ClassNodeStatus {
 
     /// The IPv4 address each class interface resolved to on this node.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend(
+        "maxProperties" = 16,
+        "additionalProperties" = {"type": "string", "maxLength": 15}
+    ))]
     pub addresses: BTreeMap<String, String>,
 
     /// What the agent read of the CNI's configuration; absent when none was found.
@@ -396,10 +408,12 @@ pub struct ClassNodeStatus {
     /// What this node's own firewall is known to do to mapped traffic, for example a forward
     /// chain whose policy is drop.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), inner(length(max = 1024)))]
     pub warnings: Vec<String>,
 
     /// The kuport version of the agent that wrote this row.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
     pub agent_version: Option<String>,
 
     /// When this node's agent last completed a pass, refreshed at most once a minute (and at
@@ -421,15 +435,18 @@ pub struct HeldPort {
     pub port: i32,
 
     /// The address it is held on: `0.0.0.0` for every address of the node.
+    #[schemars(length(max = 15))]
     pub address: String,
 
     /// What holds it, for example "host TCP listener 0.0.0.0:22", "NodePort of Service
     /// shop/web" or "hostPort of Pod ingress/nginx-0"; the last holder seen while it is absent.
+    #[schemars(length(max = 256))]
     pub holder: String,
 
     /// Mappings (`namespace/name`) this node was already forwarding the port for when it first
     /// saw the holder: they keep the port (earliest wins); any other mapping is refused it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(max = 317)))]
     pub yields_to: Vec<String>,
 
     /// Set while the holder is gone (a restarting daemon, a deleted Pod or Service): the claim
@@ -446,13 +463,16 @@ pub struct HeldPort {
 #[serde(rename_all = "camelCase")]
 pub struct RefusedMapping {
     /// The node whose kernel refused (it owns this entry).
+    #[schemars(length(max = 253))]
     pub node: String,
 
     /// The mapping, `namespace/name`.
+    #[schemars(length(max = 317))]
     pub mapping: String,
 
     /// What was refused (its nftables rules, or the return link it uses) and what the kernel
     /// said.
+    #[schemars(length(max = 1024))]
     pub message: String,
 }
 
@@ -461,10 +481,12 @@ pub struct RefusedMapping {
 #[serde(rename_all = "camelCase")]
 pub struct CniInfo {
     /// The CNI's name, for example cilium.
+    #[schemars(length(max = 63))]
     pub name: String,
 
     /// The CNI's routing mode as configured (tunnel or native), when it says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 63))]
     pub routing_mode: Option<String>,
 
     /// The UDP port of the CNI's own VXLAN overlay; kuport's link port must differ from it.
@@ -477,14 +499,17 @@ pub struct CniInfo {
 #[serde(rename_all = "camelCase")]
 pub struct LinkClaim {
     /// The two node names, sorted and joined by "/".
+    #[schemars(length(max = 507))]
     pub key: String,
 
     /// The two node names, sorted.
     #[serde(default)]
+    #[schemars(length(max = 2), inner(length(max = 253)))]
     pub peers: Vec<String>,
 
     /// The claimed /31, as text.
     #[serde(default)]
+    #[schemars(length(max = 18))]
     pub subnet: String,
 
     /// Zero-based index of the /31 inside the class subnet. Never renumbered while in use.

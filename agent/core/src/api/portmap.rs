@@ -96,7 +96,7 @@ use serde::{Deserialize, Serialize};
 )]
 pub struct PortMapSpec {
     /// Name of the PortMapClass asked for. Immutable.
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = 253))]
     #[x_kube(validation = Rule::new("self == oldSelf").message("className is immutable: delete the PortMap and create another"))]
     pub class_name: String,
 
@@ -118,7 +118,10 @@ pub struct PortMapSpec {
 
     /// Narrows, per node, the interfaces the class gives; empty or absent means all of them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(inner(pattern(r"^[A-Za-z0-9_@+-][A-Za-z0-9._@+-]{0,14}$")))]
+    #[schemars(
+        length(max = 16),
+        inner(length(max = 15), pattern(r"^[A-Za-z0-9_@+-][A-Za-z0-9._@+-]{0,14}$"))
+    )]
     pub interfaces: Vec<String>,
 
     /// The Service (in this PortMap's namespace) and its named port whose endpoints receive the
@@ -163,11 +166,11 @@ impl Protocol {
 #[serde(rename_all = "camelCase")]
 pub struct ServiceRef {
     /// Name of the Service.
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = 63))]
     pub name: String,
 
     /// Name of the Service port; its EndpointSlice entries are the candidate endpoints.
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = 63))]
     pub port: String,
 }
 
@@ -193,6 +196,7 @@ pub struct PortMapStatus {
     /// the rest ("?" for an address not resolved yet): what the Published column shows. Derived
     /// from published by the same writer in the same write; absent when nothing is published.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
     pub published_summary: Option<String>,
 
     /// Accepted (the request is valid and holds its ports) and Programmed (the port answers).
@@ -206,9 +210,11 @@ pub struct PortMapStatus {
 #[serde(rename_all = "camelCase")]
 pub struct EndpointStatus {
     /// The node the pod runs on.
+    #[schemars(length(max = 253))]
     pub node: String,
 
     /// The pod's IPv4 address.
+    #[schemars(length(max = 15))]
     pub address: String,
 
     /// The pod's port: the number the EndpointSlice lists for the named Service port.
@@ -216,6 +222,7 @@ pub struct EndpointStatus {
 
     /// The pod's name, when the EndpointSlice names it (its targetRef).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
     pub pod: Option<String>,
 }
 
@@ -224,12 +231,15 @@ pub struct EndpointStatus {
 #[serde(rename_all = "camelCase")]
 pub struct PublishedAddress {
     /// The programming node.
+    #[schemars(length(max = 253))]
     pub node: String,
 
     /// The interface of that node the mapping binds.
+    #[schemars(length(max = 15))]
     pub interface: String,
 
     /// The interface's IPv4 address; empty until the node's agent has resolved it.
     #[serde(default)]
+    #[schemars(length(max = 15))]
     pub address: String,
 }

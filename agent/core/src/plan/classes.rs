@@ -46,7 +46,8 @@ pub struct ClassState<'a> {
     pub exhausted: BTreeSet<String>,
     /// Standby-only keys without a claim and without a free slot.
     pub standby_exhausted: BTreeSet<String>,
-    /// Needed keys (serving and standby), each with the pod nodes of the mappings needing it.
+    /// Needed keys (serving and standby), each with the nodes that propose it: the pod-side
+    /// node of the pair for each mapping needing it (`pod_side`).
     pub needed: BTreeMap<String, BTreeSet<String>>,
     /// Needed keys some mapping needs as serving (its programming node's link); the rest of
     /// `needed` is standby only.
@@ -265,8 +266,23 @@ fn link_ids_overlap(a: u32, a_len: u32, b: u32, b_len: u32) -> bool {
         || (a + LINK_ID_SPACE - b) % LINK_ID_SPACE < b_len
 }
 
+/// The node of pair `key` that proposes its claim: the pod's side. For a link to the endpoint's
+/// node (serving, or a standby edge's) that is the endpoint's node; for a standby link to the
+/// node of another endpoint, that node (the pair's end that programs nothing). A claim is
+/// always proposed by one of its two nodes: the admission policy refuses a node's write of a
+/// claim between two others (`docs/datapath.md`, "Who may write what").
+fn pod_side<'a>(key: &'a str, endpoint_node: &'a str, programming: &[String]) -> &'a str {
+    match split_key(key) {
+        Some((a, b)) if a != endpoint_node && b != endpoint_node => [a, b]
+            .into_iter()
+            .find(|n| !programming.iter().any(|p| p == n))
+            .unwrap_or(endpoint_node),
+        _ => endpoint_node,
+    }
+}
+
 /// Reads landed claims, collects needed pairs and assigns free slots to unclaimed ones. Every
-/// node computes the same assignment; only a pair's pod node proposes it.
+/// node computes the same assignment; only a pair's pod-side node proposes it (`pod_side`).
 ///
 /// Serving pairs come first: they take free slots before standby pairs do, and a serving pair
 /// left without one takes over the slot of a landed standby-only claim (lowest key first), so
@@ -280,11 +296,12 @@ pub fn assign_slots(classes: &mut BTreeMap<&str, ClassState>, work: &[Working]) 
         let standby = w.decision.standby_links.iter().map(|l| (l, false));
         for (link, serving) in links.chain(standby) {
             if let Some(state) = classes.get_mut(link.class.as_str()) {
+                let proposer = pod_side(&link.key, &ep.node, &w.decision.programming_nodes);
                 state
                     .needed
                     .entry(link.key.clone())
                     .or_default()
-                    .insert(ep.node.clone());
+                    .insert(proposer.to_owned());
                 if serving {
                     state.serving.insert(link.key.clone());
                 }

@@ -4,7 +4,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
-use sha2::{Digest, Sha256};
 
 use super::classes::{ClassState, pair_key};
 use super::index::Index;
@@ -15,22 +14,10 @@ use crate::ir::{
     VXLAN_OVERHEAD,
 };
 use crate::snapshot::HostFacts;
+use crate::text::short_hash;
 
 /// nft comments (and kuport's counter names) hold at most this many bytes.
 pub const NFT_TEXT_MAX: usize = 128;
-
-/// The first 8 hex digits of the text's sha256: identical on every node, short enough for
-/// interface names (15 bytes) and nft names.
-fn short_hash(text: &str) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let digest = Sha256::digest(text.as_bytes());
-    let mut out = String::with_capacity(8);
-    for b in &digest[..4] {
-        out.push(char::from(HEX[usize::from(b >> 4)]));
-        out.push(char::from(HEX[usize::from(b & 0xf)]));
-    }
-    out
-}
 
 /// Device name of the link from this node to `peer` in `class`.
 pub fn link_name(class: &str, peer: &str) -> String {

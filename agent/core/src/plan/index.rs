@@ -9,11 +9,9 @@ use k8s_openapi::jiff::Timestamp;
 use super::holders::{self, Holder};
 use super::pod_network::AddressPolicy;
 use crate::api::{ClassNode, ClassNodeStatus, PortMap, PortMapClass, ReturnPathMode};
-use crate::snapshot::{CniFacts, Snapshot, node_internal_ip, node_is_ready};
+use crate::snapshot::{CniFacts, SERVICE_NAME_LABEL, Snapshot, node_internal_ip, node_is_ready};
 
 static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
-
-const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
 /// A node as the plan needs it.
 #[derive(Clone, Debug)]

@@ -18,6 +18,7 @@ mod pod_network;
 pub mod reasons;
 pub mod selector;
 mod status;
+pub use status::limits;
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;

@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::Node;
 
 use super::MappingDecision;
 use crate::api::{ClassNodeStatus, PortMapClass, ReturnPathMode};
-use crate::snapshot::{CniFacts, HostFacts};
+use crate::snapshot::{CILIUM_HOST_ANNOTATIONS, CniFacts, HostFacts};
 
 /// How many pod networks a refusal message lists before it counts the rest.
 const LISTED_NETWORKS: usize = 4;
@@ -194,13 +194,6 @@ impl<'a> AddressPolicy<'a> {
         Err(format!("outside the cluster's pod networks ({shown})"))
     }
 }
-
-/// Cilium's annotations naming the address of a node's `cilium_host` device (current and
-/// older spelling); Cilium writes them when it annotates Nodes.
-const CILIUM_HOST_ANNOTATIONS: [&str; 2] = [
-    "network.cilium.io/ipv4-cilium-host",
-    "io.cilium.network.ipv4-cilium-host",
-];
 
 /// Addresses of a node's own host inside its pod CIDR, which no Node address lists: the first
 /// address of each of its pod CIDRs (where bridge and point-to-point CNIs put the node's

@@ -20,6 +20,23 @@ use crate::api::{
 };
 use crate::ir::VXLAN_OVERHEAD;
 use crate::snapshot::{HostFacts, Snapshot};
+use crate::text::cut_bytes;
+
+/// The longest strings and lists the CRD schema takes in what this node writes (the API server
+/// refuses a whole status for one string too long, so the writes are cut to fit). A test checks
+/// them against the generated schema.
+pub mod limits {
+    /// A row's message, a warning, a refusal's message.
+    pub const MESSAGE: usize = 1024;
+    /// What holds a port.
+    pub const HOLDER: usize = 256;
+    /// The CNI's name and routing mode as read from its configuration.
+    pub const CNI_WORD: usize = 63;
+    /// Warnings in a row.
+    pub const WARNINGS: usize = 32;
+    /// Mappings a held port yields to.
+    pub const YIELDS_TO: usize = 64;
+}
 
 /// Builds a condition, keeping `lastTransitionTime` from the stored one unless the status flips.
 pub fn condition(
@@ -197,22 +214,22 @@ fn class_row(
         stored_row,
         now,
     );
-    let mut warnings = facts.firewall_warnings.clone();
-    warnings.sort();
-    warnings.dedup();
     let underlay_mtu = facts.underlay_mtu.and_then(|m| i32::try_from(m).ok());
     let row = ClassNodeStatus {
         name: this_node.to_owned(),
         ready: missing.is_none(),
-        message: missing,
+        message: missing.map(|m| cut_bytes(&m, limits::MESSAGE).into_owned()),
         underlay_mtu,
         link_mtu: underlay_mtu.map(|m| m - VXLAN_OVERHEAD as i32),
         addresses,
         held_ports,
-        warnings,
+        warnings: row_warnings(&facts.firewall_warnings),
         cni: snapshot.cni.as_ref().map(|c| CniInfo {
-            name: c.name.clone(),
-            routing_mode: c.routing_mode.clone(),
+            name: cut_bytes(&c.name, limits::CNI_WORD).into_owned(),
+            routing_mode: c
+                .routing_mode
+                .as_deref()
+                .map(|m| cut_bytes(m, limits::CNI_WORD).into_owned()),
             vxlan_port: Some(i32::from(c.vxlan_port)),
         }),
         // The agent stamps these when it writes the row.
@@ -263,7 +280,7 @@ fn refusal_writes(work: &[Working], this_node: &str, facts: &HostFacts) -> Vec<R
             Some(RefusalWrite {
                 class: w.pm.spec.class_name.clone(),
                 mapping: r.mapping.clone(),
-                message: r.message.clone(),
+                message: cut_bytes(&r.message, limits::MESSAGE).into_owned(),
             })
         })
         .collect();
@@ -350,11 +367,13 @@ fn held_ports(
         }
         let mut yields = yields_to(h.protocol, h.port, &key.2, facts, stored_row);
         yields.retain(|m| existing(m));
+        yields.truncate(limits::YIELDS_TO);
         held.push(HeldPort {
             protocol: h.protocol,
             port: key.1,
             address: key.2.clone(),
-            holder: h.holder.clone(),
+            // A Service's or Pod's name may be longer than the schema takes in a holder.
+            holder: cut_bytes(&h.holder, limits::HOLDER).into_owned(),
             yields_to: yields,
             absent_since: None,
         });
@@ -474,6 +493,23 @@ pub(super) fn yields_to(
     mappings
 }
 
+/// The firewall warnings of a row, sorted, each cut to the schema's length and at most
+/// [`limits::WARNINGS`] of them, the last saying how many more there were.
+fn row_warnings(found: &[String]) -> Vec<String> {
+    let mut warnings: Vec<String> = found
+        .iter()
+        .map(|w| cut_bytes(w, limits::MESSAGE).into_owned())
+        .collect();
+    warnings.sort();
+    warnings.dedup();
+    if warnings.len() > limits::WARNINGS {
+        let more = warnings.len() - (limits::WARNINGS - 1);
+        warnings.truncate(limits::WARNINGS - 1);
+        warnings.push(format!("and {more} more warnings"));
+    }
+    warnings
+}
+
 fn gc(state: &ClassState, now: Timestamp) -> Vec<GcAction> {
     let mut actions = Vec::new();
     for (key, claim) in &state.claims {
@@ -496,4 +532,78 @@ fn gc(state: &ClassState, now: Timestamp) -> Vec<GcAction> {
         }
     }
     actions
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::CustomResourceExt as _;
+
+    use super::*;
+    use crate::api::PortMapClass;
+
+    /// The schema's bound at `path` (JSON pointer into the status schema) for `key`.
+    fn bound(path: &str, key: &str) -> usize {
+        let crd = serde_json::to_value(PortMapClass::crd()).expect("json");
+        let status = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+            ["properties"];
+        let node = status
+            .pointer(path)
+            .unwrap_or_else(|| panic!("no {path} in the status schema"));
+        node[key]
+            .as_u64()
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or_else(|| panic!("{path} has no {key}"))
+    }
+
+    #[test]
+    fn the_limits_are_the_schemas() {
+        let row = "/nodes/items/properties";
+        assert_eq!(
+            bound(&format!("{row}/message"), "maxLength"),
+            limits::MESSAGE
+        );
+        assert_eq!(
+            bound(&format!("{row}/warnings"), "maxItems"),
+            limits::WARNINGS
+        );
+        assert_eq!(
+            bound(&format!("{row}/warnings/items"), "maxLength"),
+            limits::MESSAGE
+        );
+        let held = format!("{row}/heldPorts/items/properties");
+        assert_eq!(
+            bound(&format!("{held}/holder"), "maxLength"),
+            limits::HOLDER
+        );
+        assert_eq!(
+            bound(&format!("{held}/yieldsTo"), "maxItems"),
+            limits::YIELDS_TO
+        );
+        let cni = format!("{row}/cni/properties");
+        assert_eq!(bound(&format!("{cni}/name"), "maxLength"), limits::CNI_WORD);
+        assert_eq!(
+            bound(&format!("{cni}/routingMode"), "maxLength"),
+            limits::CNI_WORD
+        );
+        assert_eq!(
+            bound("/refused/items/properties/message", "maxLength"),
+            limits::MESSAGE
+        );
+    }
+
+    #[test]
+    fn warnings_are_cut_and_counted() {
+        let found: Vec<String> = (0..40)
+            .map(|i| format!("{i:02} {}", "w".repeat(2000)))
+            .collect();
+        let warnings = row_warnings(&found);
+        assert_eq!(warnings.len(), limits::WARNINGS);
+        assert!(warnings.iter().all(|w| w.len() <= limits::MESSAGE));
+        assert_eq!(
+            warnings.last().map(String::as_str),
+            Some("and 9 more warnings")
+        );
+        let few = row_warnings(&["b".to_owned(), "a".to_owned(), "a".to_owned()]);
+        assert_eq!(few, ["a", "b"]);
+    }
 }

@@ -3,17 +3,31 @@
 //! A plain stop (a rolling update, a restarted pod, a drained or rebooting node) keeps it: the
 //! next agent adopts the kernel state and reconciles it, so mapped ports keep answering while
 //! the agent is replaced. The datapath is removed only when kuport is being removed from the
-//! node: the DaemonSet that owns the agent's Pod is being deleted or is gone (its namespace is
-//! being deleted, or the agent's own access was revoked with the rest of the install). An API
+//! node: the DaemonSet that owns the agent's Pod is being deleted or is gone, its namespace is
+//! being deleted, or the agent's access was revoked with the rest of the install (403). An API
 //! server that cannot be asked never causes a teardown; `kuport cleanup` removes the datapath by
 //! hand.
+//!
+//! A 401 is not a revocation: it says the agent's own credentials are no longer accepted, and
+//! that happens to an agent whose Pod was force-deleted (its pod-bound token dies with the Pod)
+//! while the DaemonSet's replacement for it is starting on the same node. Tearing down then
+//! would remove what the new agent is adopting. So only a positive sign that kuport is going
+//! removes the datapath: one read at stop, or one the agent saw while it ran, through a watch
+//! of its own DaemonSet and namespace started once it knew them ([`watch_removal`]). An
+//! uninstall usually deletes the ServiceAccount within moments of the DaemonSet, so by the time
+//! the Pod is stopped the reads at stop are often answered 401; the watch saw the deletion
+//! before that.
 
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use futures_util::StreamExt as _;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
+use kube::runtime::{WatchStreamExt as _, watcher};
+use tokio::task::JoinHandle;
 
 /// How the agent decides what to do with the datapath when it stops.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,8 +76,11 @@ pub enum Lookup<T> {
     Found(T),
     /// 404.
     NotFound,
-    /// 401 or 403: the agent may not read it (any more).
+    /// 403: the agent's credentials are accepted, but it may not read this (any more).
     Denied,
+    /// 401: the agent's credentials are not accepted (its token's Pod or ServiceAccount is
+    /// gone, or the token expired): nothing is known about the object.
+    Unauthorized,
     /// Any other error or no answer in time.
     Failed(String),
 }
@@ -89,6 +106,9 @@ pub struct StopFacts {
     pub daemonset: Lookup<Present>,
     /// The Pod's namespace now.
     pub namespace: Lookup<Present>,
+    /// A sign of removal the watches saw while the agent ran (its DaemonSet deleted or being
+    /// deleted, its namespace being deleted), in words; `None` when they saw none.
+    pub seen_removal: Option<String>,
 }
 
 /// The decision for a stop, from what was found out (see the module documentation).
@@ -137,7 +157,16 @@ pub fn decide(facts: &StopFacts) -> StopAction {
         Lookup::Denied if had_access => StopAction::Teardown(format!(
             "the agent may no longer read {ds}: its access is being removed with kuport"
         )),
+        // Nothing read now says anything: what the watches saw decides.
+        _ if facts.seen_removal.is_some() => {
+            StopAction::Teardown(facts.seen_removal.clone().unwrap_or_default())
+        }
         Lookup::Denied => StopAction::Keep(format!("may not read {ds}")),
+        Lookup::Unauthorized => StopAction::Keep(format!(
+            "the API server no longer accepts the agent's credentials (401), so whether {ds} \
+             is still there cannot be read: its Pod may have been force-deleted while its \
+             replacement starts; if kuport is being removed, run `kuport cleanup` on the node"
+        )),
         Lookup::Failed(e) => StopAction::Keep(format!(
             "could not read {ds} ({e}); if kuport is being removed, run `kuport cleanup` on the node"
         )),
@@ -180,7 +209,8 @@ where
     match tokio::time::timeout(timeout, api.get(name)).await {
         Ok(Ok(object)) => Lookup::Found(f(object)),
         Ok(Err(kube::Error::Api(s))) if s.is_not_found() => Lookup::NotFound,
-        Ok(Err(kube::Error::Api(s))) if s.code == 401 || s.code == 403 => Lookup::Denied,
+        Ok(Err(kube::Error::Api(s))) if s.code == 401 => Lookup::Unauthorized,
+        Ok(Err(kube::Error::Api(s))) if s.code == 403 => Lookup::Denied,
         Ok(Err(e)) => Lookup::Failed(e.to_string()),
         Err(_) => Lookup::Failed(format!("no answer within {timeout:?}")),
     }
@@ -197,12 +227,14 @@ pub async fn read_owner(
     lookup(pods, pod, timeout, |p| daemonset_owner(&p)).await
 }
 
-/// Finds out what [`decide`] needs, each read bounded by `timeout`.
+/// Finds out what [`decide`] needs, each read bounded by `timeout`; `seen_removal` is what the
+/// watches saw ([`RemovalWatch::seen`]).
 pub async fn gather(
     client: &kube::Client,
     pod: &str,
     namespace: &str,
     owner_at_start: Option<Owner>,
+    seen_removal: Option<String>,
     timeout: Duration,
 ) -> StopFacts {
     let pod = read_owner(client, pod, namespace, timeout).await;
@@ -230,7 +262,111 @@ pub async fn gather(
         pod,
         daemonset,
         namespace,
+        seen_removal,
     }
+}
+
+/// Watches the agent's own DaemonSet and namespace while it runs, remembering the first sign of
+/// removal: the DaemonSet (of the uid the Pod names) deleted or being deleted, or the namespace
+/// being deleted or gone. Stops watching when dropped.
+#[derive(Debug)]
+pub struct RemovalWatch {
+    seen: Arc<Mutex<Option<String>>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for RemovalWatch {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+impl RemovalWatch {
+    /// The first sign of removal seen, in words.
+    pub fn seen(&self) -> Option<String> {
+        self.seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// Starts the watches of [`RemovalWatch`] for `owner`. Each watches one object by name (a
+/// `metadata.name` field selector), which the agent's Role allows for its DaemonSet.
+pub fn watch_removal(client: &kube::Client, owner: &Owner) -> RemovalWatch {
+    let seen = Arc::new(Mutex::new(None));
+    let ds = format!("DaemonSet {}/{}", owner.namespace, owner.name);
+    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &owner.namespace);
+    let uid = owner.uid.clone();
+    let ds_task = spawn_watch(daemonsets, &owner.name, seen.clone(), move |event| {
+        let (meta, deleted) = match event {
+            watcher::Event::Apply(d) | watcher::Event::InitApply(d) => (&d.metadata, false),
+            watcher::Event::Delete(d) => (&d.metadata, true),
+            _ => return None,
+        };
+        if meta.uid.as_deref() != Some(uid.as_str()) {
+            // Another DaemonSet of the same name (a reinstall) adopts the datapath.
+            return None;
+        }
+        if deleted {
+            Some(format!("{ds} was deleted"))
+        } else {
+            meta.deletion_timestamp
+                .is_some()
+                .then(|| format!("{ds} is being deleted"))
+        }
+    });
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns = owner.namespace.clone();
+    let ns_task = spawn_watch(
+        namespaces,
+        &owner.namespace,
+        seen.clone(),
+        move |event| match event {
+            watcher::Event::Apply(n) | watcher::Event::InitApply(n)
+                if n.metadata.deletion_timestamp.is_some() =>
+            {
+                Some(format!("namespace {ns} is being deleted"))
+            }
+            watcher::Event::Delete(_) => Some(format!("namespace {ns} was deleted")),
+            _ => None,
+        },
+    );
+    RemovalWatch {
+        seen,
+        tasks: vec![ds_task, ns_task],
+    }
+}
+
+/// Watches the object `name` of `api`, recording the first sign `judge` reads in an event.
+/// Errors are retried with kube's default backoff (a 401 keeps failing: the sign seen so far
+/// stays).
+fn spawn_watch<K>(
+    api: Api<K>,
+    name: &str,
+    seen: Arc<Mutex<Option<String>>>,
+    judge: impl Fn(&watcher::Event<K>) -> Option<String> + Send + 'static,
+) -> JoinHandle<()>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+{
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let stream = watcher(api, config).default_backoff();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            let Ok(event) = event else { continue };
+            if let Some(sign) = judge(&event) {
+                let mut seen = seen.lock().unwrap_or_else(PoisonError::into_inner);
+                if seen.is_none() {
+                    tracing::info!("{sign}: this agent will remove the datapath when it stops");
+                    *seen = Some(sign);
+                }
+            }
+        }
+    })
 }
 
 #[cfg(test)]
@@ -266,6 +402,7 @@ mod tests {
             pod: Lookup::Found(Some(owner("u1"))),
             daemonset: live("u1"),
             namespace: live("ns"),
+            seen_removal: None,
         }
     }
 
@@ -352,6 +489,7 @@ mod tests {
                 pod: failed("timeout"),
                 daemonset: Lookup::NotAsked,
                 namespace: Lookup::NotAsked,
+                seen_removal: None,
             },
             StopFacts {
                 daemonset: failed("503"),
@@ -370,12 +508,69 @@ mod tests {
     }
 
     #[test]
+    fn credentials_refused_at_stop_keep_the_datapath() {
+        // A force-deleted agent Pod: its pod-bound token dies with it, every read at stop is
+        // answered 401, and the DaemonSet's next Pod is already starting on this node.
+        let force_deleted = StopFacts {
+            pod: Lookup::Unauthorized,
+            daemonset: Lookup::Unauthorized,
+            namespace: Lookup::Unauthorized,
+            ..update()
+        };
+        let StopAction::Keep(reason) = decide(&force_deleted) else {
+            panic!("a 401 tore the datapath down")
+        };
+        assert!(
+            reason.contains("401") && reason.contains("kuport cleanup"),
+            "{reason}"
+        );
+        // Some reads answered, the DaemonSet's refused: the same.
+        let partly = StopFacts {
+            daemonset: Lookup::Unauthorized,
+            ..update()
+        };
+        assert!(keeps(&partly));
+    }
+
+    #[test]
+    fn a_removal_the_watches_saw_decides_when_the_reads_at_stop_cannot() {
+        // An uninstall deleted the DaemonSet, then the ServiceAccount: the reads at stop are
+        // answered 401, but the watch saw the DaemonSet go.
+        let uninstalled = StopFacts {
+            pod: Lookup::Unauthorized,
+            daemonset: Lookup::Unauthorized,
+            namespace: Lookup::Unauthorized,
+            seen_removal: Some("DaemonSet kuport-system/kuport-agent was deleted".into()),
+            ..update()
+        };
+        assert_eq!(
+            decide(&uninstalled),
+            StopAction::Teardown("DaemonSet kuport-system/kuport-agent was deleted".into())
+        );
+        let unreachable = StopFacts {
+            daemonset: Lookup::Failed("connection refused".into()),
+            ..uninstalled.clone()
+        };
+        assert!(!keeps(&unreachable));
+        // A read at stop that answers wins over what was seen: a DaemonSet recreated under the
+        // same name (a reinstall) adopts the datapath.
+        let reinstalled = StopFacts {
+            pod: Lookup::Found(Some(owner("u1"))),
+            daemonset: live("u2"),
+            namespace: live("ns"),
+            ..uninstalled
+        };
+        assert!(keeps(&reinstalled));
+    }
+
+    #[test]
     fn a_pod_without_a_daemonset_owner_keeps() {
         let bare = StopFacts {
             owner_at_start: None,
             pod: Lookup::Found(None),
             daemonset: Lookup::NotAsked,
             namespace: Lookup::NotAsked,
+            seen_removal: None,
         };
         assert!(keeps(&bare));
     }

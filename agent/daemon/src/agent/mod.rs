@@ -13,6 +13,7 @@ mod relevance;
 mod runtime;
 pub mod status;
 mod status_task;
+mod trim;
 
 pub use health::{Health, health_router, metrics_router};
 pub use lifecycle::{StopAction, StopPolicy};

@@ -16,10 +16,11 @@
 //!   the node writing it, and to it only when the status is not the one it wants: its own write
 //!   coming back runs no pass, someone else's write over it does (to put it back).
 //! - Node: its name, whether it is Ready, its InternalIP (`node_is_ready`, `node_internal_ip`),
-//!   every address it lists and its pod CIDRs (endpoints must be pod addresses): the plan's
-//!   index reads nothing else of a Node, nor does the facts query.
+//!   every IPv4 address it lists, its pod CIDRs and Cilium's `cilium_host` annotation (endpoints
+//!   must be pod addresses): the plan's index reads nothing else of a Node, nor does the facts
+//!   query.
 //! - Service and Pod: stored trimmed to what the plan reads (NodePorts; this node's Pods'
-//!   hostPorts), so any change to what is kept matters.
+//!   hostPorts; `trim.rs`), so any change to what is kept matters.
 //! - Namespace: its name and labels (all the plan's index reads).
 //! - EndpointSlice: everything but `resourceVersion`.
 //! - `kube-system/cilium-config`: what `CniFacts::from_cilium_config` reads of it.
@@ -31,17 +32,13 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, ContainerPort, Namespace, Node, Pod, PodSpec, PodStatus, Service,
-    ServicePort, ServiceSpec,
-};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::watcher;
 use kuport_core::api::{PortMap, PortMapClass, PortMapStatus};
 use kuport_core::plan::Writes;
 use kuport_core::plan::merge::portmap_status_equivalent;
-use kuport_core::snapshot::{CniFacts, node_internal_ip, node_is_ready};
+use kuport_core::snapshot::{CILIUM_HOST_ANNOTATIONS, CniFacts, node_internal_ip, node_is_ready};
 
 /// A watched kind, and which of its changes a pass reads.
 pub(crate) trait PassInput: kube::Resource<DynamicType = ()> + Clone + Sized {
@@ -53,10 +50,6 @@ pub(crate) trait PassInput: kube::Resource<DynamicType = ()> + Clone + Sized {
     fn watch_config(_node: &str) -> watcher::Config {
         watcher::Config::default()
     }
-
-    /// Drops what no pass reads before the object is stored, for kinds whose objects are large
-    /// or many (the agent runs in 128 MiB). Objects are judged by `changes_a_pass` after this.
-    fn trim(&mut self) {}
 }
 
 /// `o` without its `resourceVersion`, which changes with every write whatever it changed.
@@ -106,10 +99,15 @@ impl PassInput for PortMap {
 
 impl PassInput for Node {
     fn changes_a_pass(old: &Self, new: &Self, _: &Wanted) -> bool {
-        // Besides readiness and the InternalIP, every IPv4 address (no endpoint may be one) and
-        // the pod CIDRs (endpoints must be inside one).
+        // Besides readiness and the InternalIP, every IPv4 address (no endpoint may be one), the
+        // pod CIDRs (endpoints must be inside one) and Cilium's cilium_host annotation (nor the
+        // CNI's gateway).
         let read = |n: &Node| {
             let spec = n.spec.as_ref();
+            let gateway: Vec<Option<String>> = CILIUM_HOST_ANNOTATIONS
+                .iter()
+                .map(|k| n.metadata.annotations.as_ref()?.get(*k).cloned())
+                .collect();
             let mut addresses: Vec<std::net::Ipv4Addr> = n
                 .status
                 .iter()
@@ -124,6 +122,7 @@ impl PassInput for Node {
                 addresses,
                 spec.and_then(|s| s.pod_cidr.clone()),
                 spec.and_then(|s| s.pod_cidrs.clone()),
+                gateway,
             )
         };
         read(old) != read(new)
@@ -133,33 +132,6 @@ impl PassInput for Node {
 impl PassInput for Service {
     fn changes_a_pass(old: &Self, new: &Self, _: &Wanted) -> bool {
         unversioned(old) != unversioned(new)
-    }
-
-    /// Only the NodePorts are read: the type, each port's protocol, number and `nodePort`, and
-    /// the health-check NodePort. A cluster may hold thousands of Services.
-    fn trim(&mut self) {
-        trim_metadata(&mut self.metadata);
-        self.status = None;
-        let Some(spec) = self.spec.take() else {
-            return;
-        };
-        let ports = spec.ports.map(|ports| {
-            ports
-                .into_iter()
-                .map(|p| ServicePort {
-                    protocol: p.protocol,
-                    port: p.port,
-                    node_port: p.node_port,
-                    ..ServicePort::default()
-                })
-                .collect()
-        });
-        self.spec = Some(ServiceSpec {
-            type_: spec.type_,
-            ports,
-            health_check_node_port: spec.health_check_node_port,
-            ..ServiceSpec::default()
-        });
     }
 }
 
@@ -172,60 +144,6 @@ impl PassInput for Pod {
     fn watch_config(node: &str) -> watcher::Config {
         watcher::Config::default().fields(&format!("spec.nodeName={node}"))
     }
-
-    /// Only the hostPorts are read (and the node and phase): a Pod spec also holds images,
-    /// commands and environment values, which the agent has no business keeping.
-    fn trim(&mut self) {
-        trim_metadata(&mut self.metadata);
-        let phase = self.status.take().and_then(|s| s.phase);
-        self.status = phase.map(|phase| PodStatus {
-            phase: Some(phase),
-            ..PodStatus::default()
-        });
-        let Some(spec) = self.spec.take() else {
-            return;
-        };
-        let host_ports = |containers: Vec<Container>| -> Vec<Container> {
-            containers
-                .into_iter()
-                .filter_map(|c| {
-                    let ports: Vec<ContainerPort> = c
-                        .ports
-                        .into_iter()
-                        .flatten()
-                        .filter(|p| p.host_port.is_some_and(|h| h != 0))
-                        .collect();
-                    (!ports.is_empty()).then(|| Container {
-                        name: c.name,
-                        ports: Some(ports),
-                        ..Container::default()
-                    })
-                })
-                .collect()
-        };
-        self.spec = Some(PodSpec {
-            node_name: spec.node_name,
-            containers: host_ports(spec.containers),
-            init_containers: spec
-                .init_containers
-                .map(host_ports)
-                .filter(|c| !c.is_empty()),
-            ..PodSpec::default()
-        });
-    }
-}
-
-/// Keeps what identifies the object (name, namespace, uid, resourceVersion, creation time).
-fn trim_metadata(meta: &mut ObjectMeta) {
-    *meta = ObjectMeta {
-        name: meta.name.take(),
-        namespace: meta.namespace.take(),
-        uid: meta.uid.take(),
-        resource_version: meta.resource_version.take(),
-        creation_timestamp: meta.creation_timestamp.take(),
-        deletion_timestamp: meta.deletion_timestamp.take(),
-        ..ObjectMeta::default()
-    };
 }
 
 impl PassInput for Namespace {
@@ -292,7 +210,7 @@ impl Wanted {
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::api::core::v1::{EnvVar, NodeCondition, Taint};
+    use k8s_openapi::api::core::v1::{Container, ContainerPort, EnvVar, NodeCondition, Taint};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
     use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
     use kuport_core::plan::{Plan, plan};
@@ -300,6 +218,7 @@ mod tests {
     use kuport_testkit::cluster::{Cluster, facts, now, pm, vxlan_spec};
     use serde_json::{Value, json};
 
+    use super::super::trim::Trim;
     use super::*;
 
     /// Two accepting edges (edge-a serves) and the pod on worker-b, with the rows, a landed
@@ -464,7 +383,7 @@ mod tests {
         s
     }
 
-    fn trimmed<K: PassInput>(o: &K) -> K {
+    fn trimmed<K: Trim + Clone>(o: &K) -> K {
         let mut o = o.clone();
         o.trim();
         o
@@ -623,6 +542,15 @@ mod tests {
                 address: "198.51.100.9".into(),
             });
         assert!(Node::changes_a_pass(node, &external, &wanted));
+        let mut gateway = node.clone();
+        gateway.metadata.annotations = Some(
+            [(
+                CILIUM_HOST_ANNOTATIONS[0].to_owned(),
+                "10.244.0.77".to_owned(),
+            )]
+            .into(),
+        );
+        assert!(Node::changes_a_pass(node, &gateway, &wanted));
 
         let svc = trimmed(&base.services[0]);
         let mut renumbered = svc.clone();

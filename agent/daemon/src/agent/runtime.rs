@@ -31,11 +31,12 @@ use tokio_util::sync::CancellationToken;
 use super::events::EventSink;
 use super::failure::PassError;
 use super::health::Health;
-use super::lifecycle::{self, Lookup, StopAction, StopPolicy};
+use super::lifecycle::{self, Lookup, RemovalWatch, StopAction, StopPolicy};
 use super::metrics::Metrics;
 use super::relevance::{PassInput, Wanted};
 use super::status::StatusWriter;
 use super::status_task::{StatusDone, StatusJob, StatusTask};
+use super::trim::Trim;
 
 /// Opens a stream of link events for the given underlay devices (besides kuport's own `kup-*`
 /// links). Called again whenever the underlay device the host reports changes.
@@ -504,8 +505,9 @@ impl<H: Host> Agent<H> {
     }
 
     /// Under [`StopPolicy::Owner`], reads the agent's own Pod in the background (retrying until
-    /// it answers) to learn the DaemonSet owning it.
-    fn learn_owner(&self) -> Option<JoinHandle<Option<lifecycle::Owner>>> {
+    /// it answers) to learn the DaemonSet owning it, then watches that DaemonSet and its
+    /// namespace for a sign of removal (the watch lives in the task's result until the stop).
+    fn learn_owner(&self) -> Option<JoinHandle<Option<(lifecycle::Owner, RemovalWatch)>>> {
         let StopPolicy::Owner { pod, namespace } = self.config.stop_policy.clone() else {
             return None;
         };
@@ -527,9 +529,12 @@ impl<H: Host> Agent<H> {
                                 "Pod {namespace}/{pod} has no DaemonSet owner: a stop will keep the datapath"
                             ),
                         }
-                        return owner;
+                        return owner.map(|o| {
+                            let watch = lifecycle::watch_removal(&client, &o);
+                            (o, watch)
+                        });
                     }
-                    Lookup::NotFound | Lookup::Denied => {
+                    Lookup::NotFound | Lookup::Denied | Lookup::Unauthorized => {
                         tracing::warn!(
                             "cannot read the agent's own Pod {namespace}/{pod}: removing kuport \
                              will not clean this node by itself (grant get on pods and \
@@ -550,7 +555,7 @@ impl<H: Host> Agent<H> {
 
     async fn stop_action(
         &self,
-        owner_task: Option<JoinHandle<Option<lifecycle::Owner>>>,
+        owner_task: Option<JoinHandle<Option<(lifecycle::Owner, RemovalWatch)>>>,
     ) -> StopAction {
         match &self.config.stop_policy {
             StopPolicy::Keep => StopAction::Keep("the next agent adopts it".to_owned()),
@@ -558,7 +563,7 @@ impl<H: Host> Agent<H> {
             StopPolicy::Owner { pod, namespace } => {
                 // A lookup still running gets the same bounded time as the stop's own
                 // lookups, rather than being dropped because the stop came early.
-                let owner_at_start = match owner_task {
+                let learnt = match owner_task {
                     Some(mut task) => {
                         let bound = self.config.api_timeout.min(STOP_LOOKUP_TIMEOUT);
                         match tokio::time::timeout(bound, &mut task).await {
@@ -571,11 +576,16 @@ impl<H: Host> Agent<H> {
                     }
                     None => None,
                 };
+                let (owner_at_start, seen_removal) = match learnt {
+                    Some((owner, watch)) => (Some(owner), watch.seen()),
+                    None => (None, None),
+                };
                 let facts = lifecycle::gather(
                     &self.client,
                     pod,
                     namespace,
                     owner_at_start,
+                    seen_removal,
                     self.config.api_timeout.min(STOP_LOOKUP_TIMEOUT),
                 )
                 .await;
@@ -936,6 +946,12 @@ impl<H: Host> Agent<H> {
 /// A reflector for one kind: a store kept up to date by a watch that retries with backoff
 /// (an API outage leaves the store as it was), marking the node dirty on every change that can
 /// change a pass (`relevance`).
+/// Objects per page of a watch's list. A page is held whole, untrimmed, while it is read
+/// (kube's default is 500); objects may carry up to 256 KiB of annotations each, so 500 of them
+/// would be 128 MiB before trimming. 50 keeps a page under about 13 MiB at worst and costs a
+/// relist of 10,000 PortMaps 200 requests instead of 20.
+const LIST_PAGE_SIZE: u32 = 50;
+
 fn reflect<K>(
     api: Api<K>,
     config: watcher::Config,
@@ -943,16 +959,14 @@ fn reflect<K>(
     kind: &'static str,
 ) -> (Store<K>, JoinHandle<()>)
 where
-    K: PassInput + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+    K: PassInput + Trim + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
 {
     let (reader, mut writer) = reflector::store();
-    let stream = watcher(api, config)
+    let stream = watcher(api, config.page_size(LIST_PAGE_SIZE))
         .backoff(watch_backoff(watch.jitter_seed ^ jitter_seed_for(kind)))
-        // Managed fields are never read; not caching them keeps the stores small.
-        .modify(|o| {
-            o.meta_mut().managed_fields = None;
-            o.trim();
-        });
+        // Only what a pass reads is kept (`trim.rs`): annotations, managed fields and the
+        // rest would otherwise stay in memory for as long as the agent runs.
+        .modify(K::trim);
     let store = reader.clone();
     let Watch {
         dirty,

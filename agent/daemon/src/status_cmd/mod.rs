@@ -6,6 +6,7 @@
 //! renderer in [`render`] over that dump, which `--objects` also feeds from recorded files.
 
 pub mod render;
+mod terminal;
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -115,8 +116,11 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// Pretty JSON; the controls JSON leaves raw (DEL, C1, bidirectional overrides) are written as
+/// `\u` escapes, so the document is the same and safe to print on a terminal.
 fn json<T: serde::Serialize>(value: &T) -> anyhow::Result<String> {
-    let mut text = serde_json::to_string_pretty(value).context("serialising the status")?;
+    let text = serde_json::to_string_pretty(value).context("serialising the status")?;
+    let mut text = terminal::escape_json(&text).into_owned();
     text.push('\n');
     Ok(text)
 }

@@ -14,6 +14,7 @@ use kuport_core::plan::{MappingDecision, Plan};
 use kuport_core::snapshot::{HostFacts, Snapshot, node_is_ready};
 use serde::Serialize;
 
+use super::terminal::{Escape, escape_keeping_lines};
 use crate::objects::Dump;
 
 /// The node name the offline plan is computed for: no Node can be named so (a name is a DNS
@@ -137,6 +138,32 @@ pub struct StatusReport {
     pub agents: Vec<AgentView>,
     /// One sentence per thing that is not working, naming it.
     pub problems: Vec<String>,
+}
+
+/// `impl Escape` for a view: every listed field escaped (the rest are numbers and flags).
+macro_rules! escape_fields {
+    ($($ty:ty => $($field:ident),+;)*) => {$(
+        impl Escape for $ty {
+            fn escape_all(&mut self) {
+                $(self.$field.escape_all();)+
+            }
+        }
+    )*};
+}
+
+escape_fields! {
+    ConditionView => status, reason, message;
+    EndpointView => pod, node, address;
+    MappingView => namespace, name, class, protocol, ports, published, endpoint, accepted,
+        programmed;
+    ClassNodeView => name, message, addresses;
+    LinkView => key, subnet, unused_since, used_by;
+    ClassView => name, mode, serving_mode, ready, nodes, links;
+    AgentView => node, version, last_pass_time, classes;
+    StatusReport => mappings, classes, agents, problems;
+    Step => title, details;
+    EventView => time, type_, reason, message;
+    Explanation => mapping, steps, events;
 }
 
 fn ports(pm: &PortMap) -> String {
@@ -464,6 +491,14 @@ fn state_text(m: &MappingView) -> String {
 /// The report as text: mappings, classes, agents, then the problems (or that there are none).
 /// Long because it is the layout, section after section, as it appears on the screen.
 pub fn text(r: &StatusReport, now: Timestamp) -> String {
+    // Everything shown comes from the cluster: escaped before it reaches a terminal.
+    let mut r = r.clone();
+    r.escape_all();
+    let out = report_text(&r, now);
+    escape_keeping_lines(&out).into_owned()
+}
+
+fn report_text(r: &StatusReport, now: Timestamp) -> String {
     let mut out = String::new();
     let programmed = r.mappings.iter().filter(|m| m.ok).count();
     let _ = writeln!(
@@ -881,6 +916,13 @@ pub fn explain(dump: &Dump, namespace: &str, name: &str, now: Timestamp) -> Opti
 
 /// An explanation as text.
 pub fn explain_text(e: &Explanation, now: Timestamp) -> String {
+    let mut e = e.clone();
+    e.escape_all();
+    let out = explanation_text(&e, now);
+    escape_keeping_lines(&out).into_owned()
+}
+
+fn explanation_text(e: &Explanation, now: Timestamp) -> String {
     let m = &e.mapping;
     let mut out = format!(
         "PortMap {}/{}: {}/{} in class {}\n",
@@ -967,6 +1009,104 @@ mod tests {
             "{e:#?}"
         );
         assert_eq!(links.state, "ok", "an unclaimed standby link fails nothing");
+    }
+
+    /// What a hostile writer puts in every free-text field it controls: a colour, a screen
+    /// clear through the C1 CSI, a forged line, a window title, a bidirectional override.
+    const POISON: &str =
+        "\u{1b}[31mRED\r\nFAKE: everything is fine\u{9b}2J\u{1b}]0;t\u{7}\u{7f}\u{202e}";
+
+    /// The standby-links cluster, its statuses and Events written with `text` in every string a
+    /// writer other than the Kubernetes name rules controls.
+    fn dump_saying(text: &str) -> Dump {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        use kuport_core::api::{
+            ClassNodeStatus, PortMapClassStatus, PortMapStatus, RefusedMapping,
+        };
+        let mut c = kuport_testkit::cluster::two_edges_and_worker("169.254.77.0/24");
+        let now = kuport_testkit::cluster::now();
+        let cond = |type_: &str, status: &str| Condition {
+            type_: type_.to_owned(),
+            status: status.to_owned(),
+            reason: format!("Reason{text}"),
+            message: format!("message {text}"),
+            last_transition_time: Time(now),
+            observed_generation: Some(1),
+        };
+        let class = c.class_mut("public");
+        class.status = Some(PortMapClassStatus {
+            conditions: vec![cond("Ready", "False")],
+            nodes: vec![ClassNodeStatus {
+                name: "edge-a".into(),
+                ready: false,
+                message: Some(format!("row {text}")),
+                addresses: [(format!("wt{text}"), format!("1.2.3.4{text}"))].into(),
+                agent_version: Some(format!("v{text}")),
+                last_pass_time: Some(Time(now)),
+                ..Default::default()
+            }],
+            refused: vec![RefusedMapping {
+                node: "edge-a".into(),
+                mapping: "games/gs".into(),
+                message: format!("kernel says {text}"),
+            }],
+            ..Default::default()
+        });
+        for pm in &mut c.snapshot.portmaps {
+            pm.metadata.generation = Some(1);
+            pm.status = Some(PortMapStatus {
+                observed_generation: Some(1),
+                conditions: vec![cond("Accepted", "True"), cond("Programmed", "False")],
+                ..Default::default()
+            });
+        }
+        let event: Event = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "gs.1", "namespace": "games"},
+            "involvedObject": {"apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMap",
+                               "namespace": "games", "name": "gs"},
+            "type": format!("Warning{text}"),
+            "reason": format!("Evil{text}"),
+            "message": format!("event {text}"),
+            "lastTimestamp": "2026-01-01T00:00:00Z",
+            "count": 2,
+        }))
+        .expect("an Event");
+        Dump {
+            snapshot: c.snapshot,
+            events: vec![event],
+        }
+    }
+
+    #[test]
+    fn nothing_the_cluster_says_reaches_the_terminal_raw() {
+        let now = kuport_testkit::cluster::now();
+        let (clean, poisoned) = (dump_saying(""), dump_saying(POISON));
+        let outputs = |d: &Dump| {
+            let explained = explain(d, "games", "gs", now).expect("explained");
+            [text(&report(d, now), now), explain_text(&explained, now)]
+        };
+        for (clean, poisoned) in outputs(&clean).into_iter().zip(outputs(&poisoned)) {
+            let raw: Vec<char> = poisoned
+                .chars()
+                .filter(|c| *c != '\n' && super::super::terminal::is_unsafe(*c))
+                .collect();
+            assert!(raw.is_empty(), "raw {raw:?} in:\n{poisoned}");
+            assert_eq!(
+                poisoned.lines().count(),
+                clean.lines().count(),
+                "a cluster string added lines:\n{poisoned}"
+            );
+            assert!(!poisoned.contains("\nFAKE"), "{poisoned}");
+            assert!(
+                poisoned.contains("\\x1b[31mRED\\x0d\\x0aFAKE"),
+                "{poisoned}"
+            );
+        }
+        let [_, explained] = outputs(&poisoned);
+        assert!(
+            explained.contains("Evil\\x1b[31mRED"),
+            "the Event is shown, escaped:\n{explained}"
+        );
     }
 
     #[test]
