@@ -469,6 +469,11 @@ fn the_agent_roles_grant_no_verb_beyond_the_api() {
         "/namespaces:get",
         "/namespaces:list",
         "/namespaces:watch",
+        "/services:get",
+        "/services:list",
+        "/services:watch",
+        "/pods:list",
+        "/pods:watch",
         "events.k8s.io/events:create",
         "events.k8s.io/events:patch",
     ]);

@@ -221,16 +221,19 @@ impl Cluster {
     }
 
     /// Registers a Node the way kubelet does: InternalIP is the mesh address, Ready as given
-    /// (against the real control plane, its Lease renewed from now on).
+    /// (against the real control plane, its Lease renewed from now on), with the pod CIDR its
+    /// pods' addresses come from (what the node IPAM controller would have assigned).
     pub async fn register_node(
         &self,
         name: &str,
         internal_ip: Ipv4Addr,
+        pod_cidr: &str,
         ready: bool,
     ) -> Result<()> {
         self.apply(json!({
             "apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+            "spec": {"podCIDR": pod_cidr, "podCIDRs": [pod_cidr]},
             "status": node_status(internal_ip, ready, self.real),
         }))
         .await?;

@@ -17,7 +17,7 @@ use crate::cluster::{Cluster, condition};
 use crate::image::{self, AgentImage};
 use crate::probe;
 use crate::report::{ScenarioReport, StepReport};
-use crate::scenario::{self, Scenario, SignalName, Step};
+use crate::scenario::{self, Protocol, Scenario, SignalName, Step};
 use crate::sys::{self, Lab};
 use crate::topology::{self, API_ADDR, Topology, UL_NS};
 
@@ -108,6 +108,8 @@ pub struct Runner<'a> {
     control_plane: Option<kuport_realapi::ControlPlane>,
     cluster: Option<Cluster>,
     snapshots: BTreeMap<(String, String), String>,
+    /// The host listeners started, by (node, protocol, port), with their pids.
+    host_listeners: BTreeMap<(String, Protocol, u16), i32>,
 }
 
 /// Runs a scenario; `keep` leaves its cluster up afterwards.
@@ -144,6 +146,7 @@ pub async fn run_scenario(
             control_plane: None,
             cluster: None,
             snapshots: BTreeMap::new(),
+            host_listeners: BTreeMap::new(),
         };
         match runner.start_cluster().await {
             Ok(()) => {
@@ -211,6 +214,7 @@ impl<'a> Runner<'a> {
             control_plane: None,
             cluster: None,
             snapshots: BTreeMap::new(),
+            host_listeners: BTreeMap::new(),
         };
         runner.start_cluster().await?;
         Ok(runner)
@@ -245,7 +249,9 @@ impl Runner<'_> {
                 .await?;
         }
         for node in &self.topo.nodes {
-            cluster.register_node(&node.name, node.mesh, true).await?;
+            cluster
+                .register_node(&node.name, node.mesh, &node.pod_cidr, true)
+                .await?;
         }
         for listener in self.topo.scenario.host.listeners.clone() {
             self.start_host_listener(&listener)?;
@@ -301,7 +307,27 @@ impl Runner<'_> {
         let ns = self.topo.node(&l.node)?.ns.clone();
         let what = format!("host-listener-{}-{}-{}", l.node, l.protocol.lower(), l.port);
         let port = l.port.to_string();
-        topology::spawn_echo(self.lab, &self.topo, &ns, &what, l.protocol, &port, &what)
+        let pid = topology::spawn_echo(self.lab, &self.topo, &ns, &what, l.protocol, &port, &what)?;
+        self.host_listeners
+            .insert((l.node.clone(), l.protocol, l.port), pid);
+        Ok(pid)
+    }
+
+    /// Stops a host listener the scenario started, as a daemon stopping would.
+    fn stop_host_listener(&mut self, l: &scenario::HostListener) -> Result<i32> {
+        let pid = self
+            .host_listeners
+            .remove(&(l.node.clone(), l.protocol, l.port))
+            .with_context(|| {
+                format!(
+                    "no host listener on {} {} port {} was started",
+                    l.node,
+                    l.protocol.as_str(),
+                    l.port
+                )
+            })?;
+        self.lab.stop(pid, Signal::TERM, Duration::from_secs(2))?;
+        Ok(pid)
     }
 
     /// Against the real control plane: the requests of the agents that the API server refused
@@ -777,6 +803,13 @@ impl Runner<'_> {
                 Ok((
                     true,
                     json!({"node": l.node, "listening": format!("{}/{}", l.port, l.protocol.as_str()), "pid": pid}),
+                ))
+            }
+            Step::StopHostListener(l) => {
+                let pid = self.stop_host_listener(l)?;
+                Ok((
+                    true,
+                    json!({"node": l.node, "stopped": format!("{}/{}", l.port, l.protocol.as_str()), "pid": pid}),
                 ))
             }
             Step::Cleanup(n) => {

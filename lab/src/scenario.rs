@@ -183,6 +183,8 @@ pub enum Step {
     Cleanup(NodeRef),
     /// Extension: starts a host listener in a node's namespace mid-scenario.
     HostListener(HostListener),
+    /// Extension: stops a host listener the scenario started (a daemon stopping or restarting).
+    StopHostListener(HostListener),
     /// Extension: waits until every running agent is idle.
     Settle(Settle),
 }
@@ -218,6 +220,7 @@ impl Step {
             Step::RollingRestart(_) => "rollingRestart",
             Step::Cleanup(_) => "cleanup",
             Step::HostListener(_) => "hostListener",
+            Step::StopHostListener(_) => "stopHostListener",
             Step::Settle(_) => "settle",
         }
     }

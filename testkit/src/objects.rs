@@ -25,13 +25,20 @@ fn condition_status(value: bool) -> &'static str {
     if value { "True" } else { "False" }
 }
 
-/// A Node with one InternalIP (none: no address at all) and a Ready condition.
+/// The pod network every test Node advertises in `spec.podCIDRs`: endpoints of the fixtures
+/// lie in it (an endpoint outside every pod network is never used).
+pub const POD_NETWORK: &str = "10.244.0.0/16";
+
+/// A Node with one InternalIP (none: no address at all), a Ready condition and the pod CIDR
+/// [`POD_NETWORK`].
 pub fn node(name: &str, internal_ip: Option<&str>, ready: bool) -> Value {
     let addresses = internal_ip.map_or_else(
         || json!([]),
         |ip| json!([{"type": "InternalIP", "address": ip}]),
     );
-    json!({"metadata": {"name": name}, "status": {
+    json!({"metadata": {"name": name},
+        "spec": {"podCIDR": POD_NETWORK, "podCIDRs": [POD_NETWORK]},
+        "status": {
         "addresses": addresses,
         "conditions": [{"type": "Ready", "status": condition_status(ready)}]}})
 }

@@ -65,6 +65,7 @@ fn cluster(size: &Size) -> Snapshot {
             name: "cilium".into(),
             routing_mode: Some("tunnel".into()),
             vxlan_port: 8472,
+            pod_cidrs: Vec::new(),
         }),
         ..Snapshot::default()
     };
@@ -181,7 +182,8 @@ fn portmap(
     } else {
         port
     };
-    let address = format!("10.{}.{}.{}", 100 + j / 65536, (j / 256) % 256, j % 256);
+    // Inside the Nodes' pod network (10.244.0.0/16): 65,536 addresses, far more than needed.
+    let address = format!("10.244.{}.{}", (j / 256) % 256, j % 256);
     let pod = endpoint(&address, &node_name(pod_node))
         .ready(true)
         .pod(&namespace, &format!("{name}-0"));

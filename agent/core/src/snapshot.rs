@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde::{Deserialize, Serialize};
 
@@ -17,7 +17,21 @@ pub const CILIUM_DEFAULT_VXLAN_PORT: u16 = 8472;
 pub const CILIUM_CONFIG: (&str, &str) = ("kube-system", "cilium-config");
 /// The keys of `cilium-config` [`CniFacts::from_cilium_config`] reads (the agent keeps no
 /// other).
-pub const CILIUM_CONFIG_KEYS: [&str; 3] = ["routing-mode", "tunnel", "tunnel-port"];
+pub const CILIUM_CONFIG_KEYS: [&str; 5] = [
+    "cluster-pool-ipv4-cidr",
+    "ipam",
+    "routing-mode",
+    "tunnel",
+    "tunnel-port",
+];
+
+/// Cilium's annotations naming the address of a node's `cilium_host` device (current and
+/// older spelling); Cilium writes them when it annotates Nodes. The only annotations of a Node
+/// the plan reads.
+pub const CILIUM_HOST_ANNOTATIONS: [&str; 2] = [
+    "network.cilium.io/ipv4-cilium-host",
+    "io.cilium.network.ipv4-cilium-host",
+];
 
 /// Everything the plan reads from the API server. Order of the lists does not matter: the plan
 /// sorts whatever it iterates.
@@ -33,6 +47,12 @@ pub struct Snapshot {
     pub nodes: Vec<Node>,
     /// Every Namespace.
     pub namespaces: Vec<Namespace>,
+    /// Every Service: their NodePorts are held on every node. The agent keeps only what the
+    /// plan reads of them (type and ports).
+    pub services: Vec<Service>,
+    /// Pods, for their hostPorts: the agent watches only its own node's, the plan reads only
+    /// those bound to the node it plans for.
+    pub pods: Vec<Pod>,
     /// What `kube-system/cilium-config` says, when it exists.
     pub cni: Option<CniFacts>,
 }
@@ -47,6 +67,11 @@ pub struct CniFacts {
     pub routing_mode: Option<String>,
     /// The CNI's own VXLAN port (`tunnel-port`, 8472 when absent or unparsable).
     pub vxlan_port: u16,
+    /// The pod address pool of Cilium's cluster-pool IPAM (`cluster-pool-ipv4-cidr`, as
+    /// written), when that is the IPAM mode: pods get addresses there that no Node's
+    /// `spec.podCIDRs` lists.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pod_cidrs: Vec<String>,
 }
 
 impl CniFacts {
@@ -68,10 +93,25 @@ impl CniFacts {
             .and_then(|p| p.parse::<u16>().ok())
             .filter(|p| *p != 0)
             .unwrap_or(CILIUM_DEFAULT_VXLAN_PORT);
+        // Cilium's default IPAM is cluster-pool; other modes (kubernetes: the Nodes' podCIDRs,
+        // multi-pool, cloud ENI) do not take addresses from this key.
+        let cluster_pool =
+            get("ipam").is_none_or(|m| m.is_empty() || m.starts_with("cluster-pool"));
+        let mut pod_cidrs: Vec<String> = match get("cluster-pool-ipv4-cidr") {
+            Some(list) if cluster_pool => list
+                .split(|c: char| c == ',' || c.is_whitespace())
+                .filter(|c| !c.is_empty())
+                .map(str::to_owned)
+                .collect(),
+            _ => Vec::new(),
+        };
+        pod_cidrs.sort();
+        pod_cidrs.dedup();
         Self {
             name: "cilium".to_owned(),
             routing_mode,
             vxlan_port,
+            pod_cidrs,
         }
     }
 }
@@ -105,6 +145,10 @@ pub struct HostFacts {
     /// example a forward chain whose policy is drop).
     #[serde(default)]
     pub firewall_warnings: Vec<String>,
+    /// Every IPv4 address on this host, sorted: an endpoint at one of them is never delivered
+    /// to (the CNI's gateway address lies inside the node's pod CIDR).
+    #[serde(default)]
+    pub local_addresses: Vec<Ipv4Addr>,
     /// The ports this node captured as an accepting node in the datapath it last applied, by
     /// mapping. A host socket first seen on one of them yields to that mapping (earliest wins).
     #[serde(default)]

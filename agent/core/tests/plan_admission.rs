@@ -286,7 +286,7 @@ fn a_range_conflicts_with_a_port_inside_it() {
     let c = cluster()
         .portmap(pm("games", "single", "public", 3007).created("2026-01-01T00:00:00Z"))
         .portmap(
-            pm("games", "below", "public", 2000)
+            pm("games", "below", "public", 2500)
                 .end(2999)
                 .created("2026-01-02T00:00:00Z"),
         )

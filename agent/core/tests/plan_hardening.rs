@@ -447,8 +447,11 @@ fn with_held_yielding(
     c
 }
 
+/// A mapping on sshd's port 22, in a class whose administrator opted in to the system-reserved
+/// ports (22 is one by default): only the socket can refuse it.
 fn ssh_cluster() -> Cluster {
     edge_and_worker()
+        .without_system_reserved("public")
         .endpoint("games", "gs", "gs-0", "edge-a", "10.244.0.5", 22)
         .portmap(pm("games", "ssh", "public", 22).tcp())
 }
@@ -477,6 +480,7 @@ fn a_port_a_host_socket_holds_on_an_accepting_node_is_refused_naming_the_socket(
     assert_eq!(accepted(&on_wt0, "ssh").0, A::PortInUse);
     let enp_only = with_held(
         edge_and_worker()
+            .without_system_reserved("public")
             .endpoint("games", "gs", "gs-0", "edge-a", "10.244.0.5", 22)
             .portmap(pm("games", "ssh", "public", 22).tcp().ifaces(&["enp1s0"])),
         "TCP",
@@ -855,6 +859,7 @@ fn an_accepting_node_never_captures_a_port_its_own_socket_holds_before_its_row_s
 /// `ssh_cluster` with a ready TCP endpoint, so the mapping is programmed.
 fn ssh_served() -> Cluster {
     edge_and_worker()
+        .without_system_reserved("public")
         .endpoint_full(
             "games",
             "sshd",

@@ -43,7 +43,7 @@ fn no_ready_endpoint_variants() {
                 "UDP",
                 "p",
                 "edge-a",
-                "10.0.0.1",
+                "10.244.9.1",
                 3000,
                 Some(false),
             ),
@@ -51,19 +51,43 @@ fn no_ready_endpoint_variants() {
         (
             "wrong protocol",
             edge_and_worker().endpoint_full(
-                "games", "gs", "game", "TCP", "p", "edge-a", "10.0.0.1", 3000, None,
+                "games",
+                "gs",
+                "game",
+                "TCP",
+                "p",
+                "edge-a",
+                "10.244.9.1",
+                3000,
+                None,
             ),
         ),
         (
             "wrong port name",
             edge_and_worker().endpoint_full(
-                "games", "gs", "rcon", "UDP", "p", "edge-a", "10.0.0.1", 3000, None,
+                "games",
+                "gs",
+                "rcon",
+                "UDP",
+                "p",
+                "edge-a",
+                "10.244.9.1",
+                3000,
+                None,
             ),
         ),
         (
             "other namespace",
             edge_and_worker().endpoint_full(
-                "other", "gs", "game", "UDP", "p", "edge-a", "10.0.0.1", 3000, None,
+                "other",
+                "gs",
+                "game",
+                "UDP",
+                "p",
+                "edge-a",
+                "10.244.9.1",
+                3000,
+                None,
             ),
         ),
     ];
@@ -93,7 +117,15 @@ fn no_ready_endpoint_variants() {
 fn ready_absent_counts_as_ready() {
     let c = edge_and_worker()
         .endpoint_full(
-            "games", "gs", "game", "UDP", "p", "edge-a", "10.0.0.1", 3000, None,
+            "games",
+            "gs",
+            "game",
+            "UDP",
+            "p",
+            "edge-a",
+            "10.244.9.1",
+            3000,
+            None,
         )
         .portmap(pm("games", "gs", "public", 3000));
     assert_eq!(programmed(&c, "games", "gs").0, P::AllNodesReady);
@@ -333,24 +365,24 @@ fn endpoint_tie_breaks() {
     };
     // (a) an accepting node first, by its rank among the sorted accepting nodes.
     let c = base()
-        .endpoint("games", "gs", "p0", "a", "10.0.0.1", 3000)
-        .endpoint("games", "gs", "p9", "c", "10.0.0.3", 3000)
-        .endpoint("games", "gs", "p5", "b", "10.0.0.2", 3000);
-    assert_eq!(chosen(&c), ("b".into(), "10.0.0.2".into()));
+        .endpoint("games", "gs", "p0", "a", "10.244.9.1", 3000)
+        .endpoint("games", "gs", "p9", "c", "10.244.9.3", 3000)
+        .endpoint("games", "gs", "p5", "b", "10.244.9.2", 3000);
+    assert_eq!(chosen(&c), ("b".into(), "10.244.9.2".into()));
     // (b) then the pod name.
     let c = base()
-        .endpoint("games", "gs", "p2", "a", "10.0.0.1", 3000)
-        .endpoint("games", "gs", "p1", "a", "10.0.0.9", 3000);
-    assert_eq!(chosen(&c).1, "10.0.0.9");
+        .endpoint("games", "gs", "p2", "a", "10.244.9.1", 3000)
+        .endpoint("games", "gs", "p1", "a", "10.244.9.9", 3000);
+    assert_eq!(chosen(&c).1, "10.244.9.9");
     // (c) then the node name, (d) then the address.
     let c = base()
-        .endpoint("games", "gs", "p", "z", "10.0.0.1", 3000)
-        .endpoint("games", "gs", "p", "y", "10.0.0.2", 3000);
+        .endpoint("games", "gs", "p", "z", "10.244.9.1", 3000)
+        .endpoint("games", "gs", "p", "y", "10.244.9.2", 3000);
     assert_eq!(chosen(&c).0, "y");
     let c = base()
-        .endpoint("games", "gs", "p", "y", "10.0.0.7", 3000)
-        .endpoint("games", "gs", "p", "y", "10.0.0.3", 3000);
-    assert_eq!(chosen(&c).1, "10.0.0.3");
+        .endpoint("games", "gs", "p", "y", "10.244.9.7", 3000)
+        .endpoint("games", "gs", "p", "y", "10.244.9.3", 3000);
+    assert_eq!(chosen(&c).1, "10.244.9.3");
 }
 
 #[test]
@@ -365,8 +397,8 @@ fn serving_node_is_the_pod_node_when_it_accepts_else_the_first_accepting() {
             vxlan_spec(&[("a", &["wt0"]), ("b", &["wt0"])]),
             Value::Null,
         )
-        .endpoint("games", "on-b", "p", "b", "10.0.0.2", 3000)
-        .endpoint("games", "on-w", "p", "w", "10.0.0.3", 3000)
+        .endpoint("games", "on-b", "p", "b", "10.244.9.2", 3000)
+        .endpoint("games", "on-w", "p", "w", "10.244.9.3", 3000)
         .portmap(pm("games", "on-b", "k", 3000))
         .portmap(pm("games", "on-w", "k", 3001));
     let plan = c.plan("a");

@@ -989,7 +989,10 @@ fn base_snapshot(m: &Model) -> Snapshot {
             name: "cilium".to_owned(),
             routing_mode: Some("tunnel".to_owned()),
             vxlan_port: port,
+            pod_cidrs: Vec::new(),
         }),
+        services: Vec::new(),
+        pods: Vec::new(),
     }
 }
 

@@ -113,7 +113,14 @@ fn schema_defaults_fill_a_minimal_class_like_the_guide_says() {
     assert_eq!(defaulted["spec"]["servingMode"], "Single");
     assert_eq!(
         defaulted["spec"]["ports"],
-        json!({"min": 1, "max": 65535, "reserved": []})
+        json!({"min": 1, "max": 65535, "reserved": [],
+               "systemReserved": kuport_core::api::DEFAULT_SYSTEM_RESERVED})
+    );
+    // The NodePort range is kept back unless the administrator opts in.
+    assert!(
+        defaulted["spec"]["ports"]["systemReserved"]
+            .as_array()
+            .is_some_and(|s| s.contains(&json!({"port": 30000, "endPort": 32767})))
     );
     assert_eq!(
         defaulted["spec"]["returnPath"]["vxlan"],

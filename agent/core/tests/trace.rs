@@ -200,7 +200,10 @@ fn a_packet_another_datapath_marked_keeps_its_mark_and_is_still_delivered() {
 /// UDP and TCP over the whole ephemeral range (32768-60999) on both of edge-a's interfaces, as
 /// a tenant whose class allows it may ask; the pod on worker-b.
 fn ephemeral_edge() -> HostState {
+    // The administrator opted the class in to the whole range (50000-50001 are node service
+    // ports the default keeps back).
     let c = edge_and_worker()
+        .without_system_reserved("public")
         .row("public", "worker-b", json!({}), 1420)
         .claim("public", "edge-a/worker-b", 0)
         .endpoint("games", "eph", "eph-0", "worker-b", "10.244.1.6", 32768)

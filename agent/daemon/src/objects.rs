@@ -8,7 +8,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::Resource as _;
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Node};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kuport_core::api::{GROUP, PortMap, PortMapClass, VERSION};
 use kuport_core::snapshot::{CILIUM_CONFIG, CniFacts, HostFacts, Snapshot};
@@ -401,6 +401,12 @@ fn add_object(
             snapshot
                 .namespaces
                 .push(typed::<Namespace>(doc, &at, path)?);
+        }
+        (v, k) if v == Service::API_VERSION && k == Service::KIND => {
+            snapshot.services.push(typed::<Service>(doc, &at, path)?);
+        }
+        (v, k) if v == Pod::API_VERSION && k == Pod::KIND => {
+            snapshot.pods.push(typed::<Pod>(doc, &at, path)?);
         }
         (v, k) if v == ConfigMap::API_VERSION && k == ConfigMap::KIND => {
             let (cm_namespace, cm_name) = CILIUM_CONFIG;

@@ -118,6 +118,32 @@ fn a_recorded_lab_cluster() {
     );
 }
 
+/// Endpoints that are not pod addresses are named, and a port whose holder is gone stays
+/// refused with the claim's words.
+#[test]
+fn rejected_endpoints_and_held_claims_are_explained() {
+    golden("hardened", &[], "hardened.txt", 1);
+    golden("hardened", &["team-b/evil"], "hardened.team-b-evil.txt", 1);
+    golden(
+        "hardened",
+        &["team-b/mixed"],
+        "hardened.team-b-mixed.txt",
+        0,
+    );
+    let text = String::from_utf8_lossy(&status("hardened", &[]).stdout).into_owned();
+    for expected in [
+        "PortMap team-b/evil is not programmed: EndpointNotAllowed",
+        "100.64.0.1 on node edge-a is an address of node edge-a",
+        "PortMap team-b/steal is not accepted: PortInUse",
+        "keeps its claim while it is gone",
+    ] {
+        assert!(
+            text.contains(expected),
+            "{expected:?} missing from:\n{text}"
+        );
+    }
+}
+
 #[test]
 fn an_empty_cluster_is_fine() {
     golden("empty", &[], "empty.txt", 0);

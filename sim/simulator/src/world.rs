@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{
@@ -380,11 +380,16 @@ impl World {
         })
     }
 
-    /// Creates Node `name` with InternalIP 10.0.0.<index+1>, Ready or not.
+    /// Creates Node `name` with InternalIP 10.0.0.<index+1>, Ready or not, and the pod CIDR
+    /// its pods' addresses come from (10.244.<the digits of its name>.0/24, as
+    /// `scenario::slice` numbers them).
     pub fn create_node(&mut self, name: &str, index: usize, ready: bool) -> Result<(), WorldError> {
+        let digits = name.trim_start_matches(|c: char| !c.is_ascii_digit());
+        let cidr = format!("10.244.{digits}.0/24");
         self.create(&serde_json::json!({
             "apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name},
+            "spec": {"podCIDR": cidr, "podCIDRs": [cidr]},
             "status": {
                 "addresses": [{"type": "InternalIP", "address": format!("10.0.0.{}", index + 1)}],
                 "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}],
@@ -438,6 +443,8 @@ impl World {
             endpoint_slices: list::<EndpointSlice>(self)?,
             nodes: list::<Node>(self)?,
             namespaces: list::<Namespace>(self)?,
+            services: list::<Service>(self)?,
+            pods: list::<Pod>(self)?,
             cni: cni.as_ref().map(CniFacts::from_cilium_config),
         })
     }

@@ -84,6 +84,17 @@ pub struct PortMapClassSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace_selector: Option<LabelSelector>,
 
+    /// IPv4 CIDRs pods of the cluster have addresses in, besides the Nodes' spec.podCIDRs and
+    /// the cluster pool Cilium's ConfigMap names. An endpoint outside every pod network is
+    /// never used; set this where the CNI assigns pod addresses Kubernetes does not see (Calico
+    /// IPAM, Cilium multi-pool, cloud VPC CNIs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = 64),
+        inner(length(max = 18), pattern(r"^([0-9]{1,3}\.){3}[0-9]{1,3}/[0-9]{1,2}$"))
+    )]
+    pub pod_networks: Vec<String>,
+
     /// How replies from a pod on another node return through the node that accepted the
     /// request.
     pub return_path: ReturnPath,
@@ -134,6 +145,17 @@ pub struct PortWindow {
     #[serde(default)]
     #[schemars(length(max = 1024), inner(range(min = 1, max = 65535)))]
     pub reserved: Vec<i32>,
+
+    /// Ports kept back for the nodes' own services, refused like reserved ones. The default is
+    /// the Kubernetes NodePort range 30000-32767 (set the cluster's own if the API server's
+    /// --service-node-port-range differs) and well-known node service ports: 22 ssh, 179 BGP,
+    /// 2379-2380 etcd, 4240 and 4244 Cilium, 5473 Calico Typha, 6443 the API server,
+    /// 10249-10259 kubelet, kube-proxy, controller-manager and scheduler, 50000-50001 Talos.
+    /// A shorter list (or []) opts in to the ports it leaves out; a port a host socket,
+    /// NodePort or hostPort holds stays refused.
+    #[serde(default = "default_system_reserved")]
+    #[schemars(length(max = 1024))]
+    pub system_reserved: Vec<PortSpan>,
 }
 
 impl Default for PortWindow {
@@ -142,8 +164,76 @@ impl Default for PortWindow {
             min: default_min_port(),
             max: default_max_port(),
             reserved: Vec::new(),
+            system_reserved: default_system_reserved(),
         }
     }
+}
+
+/// A port, or an inclusive range of ports.
+#[derive(
+    KubeSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord,
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.endPort) || self.endPort >= self.port").message("endPort must not be lower than port"))]
+pub struct PortSpan {
+    /// The port, or the first port of the range.
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+
+    /// Last port of the range; absent for a single port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub end_port: Option<i32>,
+}
+
+impl PortSpan {
+    /// A single port.
+    pub const fn one(port: i32) -> Self {
+        Self {
+            port,
+            end_port: None,
+        }
+    }
+
+    /// An inclusive range.
+    pub const fn range(port: i32, end_port: i32) -> Self {
+        Self {
+            port,
+            end_port: Some(end_port),
+        }
+    }
+
+    /// The last port (the port itself when no range is given).
+    pub fn last(&self) -> i32 {
+        self.end_port.unwrap_or(self.port)
+    }
+}
+
+impl std::fmt::Display for PortSpan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.end_port {
+            Some(end) if end != self.port => write!(f, "{}-{end}", self.port),
+            _ => write!(f, "{}", self.port),
+        }
+    }
+}
+
+/// The default `ports.systemReserved`: ports the nodes' own services use (see the field).
+pub const DEFAULT_SYSTEM_RESERVED: &[PortSpan] = &[
+    PortSpan::one(22),
+    PortSpan::one(179),
+    PortSpan::range(2379, 2380),
+    PortSpan::one(4240),
+    PortSpan::one(4244),
+    PortSpan::one(5473),
+    PortSpan::one(6443),
+    PortSpan::range(10249, 10259),
+    PortSpan::range(30000, 32767),
+    PortSpan::range(50000, 50001),
+];
+
+fn default_system_reserved() -> Vec<PortSpan> {
+    DEFAULT_SYSTEM_RESERVED.to_vec()
 }
 
 fn default_min_port() -> i32 {
@@ -308,9 +398,10 @@ pub struct ClassNodeStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cni: Option<CniInfo>,
 
-    /// Host sockets on this node that hold a port some PortMap of the class asks for, on an
-    /// address the class binds here. A mapping is refused such a port unless it was accepted
-    /// before the socket appeared.
+    /// What on this node holds a port some PortMap of the class asks for, on an address the
+    /// class binds here: host sockets, NodePorts, hostPorts of its Pods, and the claims of such
+    /// holders that are gone. A mapping is refused such a port unless the node was already
+    /// forwarding it for that mapping when the holder appeared.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub held_ports: Vec<HeldPort>,
 
@@ -331,10 +422,10 @@ pub struct ClassNodeStatus {
     pub last_pass_time: Option<Time>,
 }
 
-/// A port a host socket holds on an accepting node.
-#[derive(
-    KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash,
-)]
+/// A port something on an accepting node holds: a host socket, a NodePort or a hostPort. Once
+/// reported, the claim outlives its holder: it stays (with `absentSince`) until the
+/// administrator releases it.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 #[serde(rename_all = "camelCase")]
 pub struct HeldPort {
     /// TCP or UDP.
@@ -343,19 +434,26 @@ pub struct HeldPort {
     /// The port.
     pub port: i32,
 
-    /// The address the socket is bound to: `0.0.0.0` for every address of the node.
+    /// The address it is held on: `0.0.0.0` for every address of the node.
     #[schemars(length(max = 15))]
     pub address: String,
 
-    /// What holds it, for example "host TCP listener 0.0.0.0:22".
+    /// What holds it, for example "host TCP listener 0.0.0.0:22", "NodePort of Service
+    /// shop/web" or "hostPort of Pod ingress/nginx-0"; the last holder seen while it is absent.
     #[schemars(length(max = 256))]
     pub holder: String,
 
     /// Mappings (`namespace/name`) this node was already forwarding the port for when it first
-    /// saw the socket: they keep the port (earliest wins); any other mapping is refused it.
+    /// saw the holder: they keep the port (earliest wins); any other mapping is refused it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64), inner(length(max = 317)))]
     pub yields_to: Vec<String>,
+
+    /// Set while the holder is gone (a restarting daemon, a deleted Pod or Service): the claim
+    /// stays, so no mapping takes the port meanwhile, until the administrator releases it with
+    /// the class annotation kuport.wlz.li/release-held-ports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub absent_since: Option<Time>,
 }
 
 /// A mapping of the class a node's kernel refused, as that node reported it.

@@ -6,9 +6,9 @@ mod class;
 mod portmap;
 
 pub use class::{
-    ClassNode, ClassNodeStatus, CniInfo, HeldPort, LinkClaim, PortMapClass, PortMapClassSpec,
-    PortMapClassStatus, PortWindow, RefusedMapping, ReturnPath, ReturnPathMode, ServingMode,
-    VxlanSettings,
+    ClassNode, ClassNodeStatus, CniInfo, DEFAULT_SYSTEM_RESERVED, HeldPort, LinkClaim,
+    PortMapClass, PortMapClassSpec, PortMapClassStatus, PortSpan, PortWindow, RefusedMapping,
+    ReturnPath, ReturnPathMode, ServingMode, VxlanSettings,
 };
 pub use portmap::{
     EndpointStatus, PortMap, PortMapSpec, PortMapStatus, Protocol, PublishedAddress, ServiceRef,
@@ -45,6 +45,11 @@ pub fn valid_interface_name(name: &str) -> bool {
     let bytes = name.as_bytes();
     (1..=15).contains(&bytes.len()) && bytes.iter().enumerate().all(|(i, b)| allowed(*b, i == 0))
 }
+
+/// The class annotation that releases held-port claims for good: an RFC 3339 time; each
+/// accepting node drops the claims in its row whose holder has been gone since that time or
+/// earlier. Only whoever may edit the cluster-scoped class (the administrator) can set it.
+pub const RELEASE_HELD_PORTS_ANNOTATION: &str = "kuport.wlz.li/release-held-ports";
 
 /// The condition types kuport writes, and the condition statuses, spelled once.
 pub mod conditions {

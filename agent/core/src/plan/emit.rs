@@ -92,6 +92,8 @@ struct Emitter<'a> {
     /// Names of the links this node builds for serving pairs: when ids run short, their ids on
     /// the host are kept for them, and any other link's id may be taken for one.
     serving_links: BTreeSet<String>,
+    /// What holds ports on this node now (host sockets, NodePorts, its Pods' hostPorts).
+    holders: Vec<super::holders::Holder>,
 }
 
 /// Everything `this_node` must own.
@@ -103,6 +105,7 @@ pub fn emit(
     facts: &HostFacts,
 ) -> HostState {
     let mut e = Emitter {
+        holders: super::holders::on_node(&index.node_ports, &index.host_ports, this_node, facts),
         index,
         facts,
         node: this_node,
@@ -168,6 +171,13 @@ impl Emitter<'_> {
         let (Some(ep), Some(ports)) = (&d.endpoint, d.ports) else {
             return;
         };
+        // The endpoint is an address of its node's own host: that node leaves the mapping out
+        // (and says so), and no accepting node forwards it toward the link.
+        if super::pod_network::local_endpoint(d, self.node, self.facts).is_some()
+            || super::pod_network::refused_as_local(class.class, d)
+        {
+            return;
+        }
         let translated = (!ports.is_range() && ports.first != ep.port).then_some(ep.port);
         let pod_ports = translated.map_or(ports, PortRange::single);
         let binds = |node: &str| d.bindings.get(node).is_some_and(|i| !i.is_empty());
@@ -198,6 +208,9 @@ impl Emitter<'_> {
         let (Some(ep), Some(ports)) = (&d.endpoint, d.ports) else {
             return;
         };
+        if super::pod_network::local_endpoint(d, self.node, self.facts).is_some() {
+            return;
+        }
         let translated = (!ports.is_range() && ports.first != ep.port).then_some(ep.port);
         let pod_ports = translated.map_or(ports, PortRange::single);
         for link in &d.standby_links {
@@ -267,12 +280,13 @@ impl Emitter<'_> {
         });
     }
 
-    /// A socket of this host holds one of the mapping's ports on `addr` (or on every address)
-    /// and has not yielded it to the mapping. Admission refuses such a mapping once this node's
-    /// row reports the socket; this closes the window before that (a class and its mappings
-    /// created together, a node newly named by a class), in which every agent, this one
-    /// included, would otherwise accept and capture the port: sshd's traffic would reach the
-    /// pod, and the capture would then count as "forwarded before the socket was seen".
+    /// A socket of this host, a NodePort or a hostPort of a Pod here holds one of the mapping's
+    /// ports on `addr` (or on every address) and has not yielded it to the mapping. Admission
+    /// refuses such a mapping once this node's row reports the holder; this closes the window
+    /// before that (a class and its mappings created together, a node newly named by a class),
+    /// in which every agent, this one included, would otherwise accept and capture the port:
+    /// sshd's traffic would reach the pod, and the capture would then count as "forwarded
+    /// before the holder was seen".
     fn held_here(
         &self,
         class: &str,
@@ -280,20 +294,30 @@ impl Emitter<'_> {
         addr: Ipv4Addr,
         ports: PortRange,
     ) -> bool {
+        // Holders are sorted by protocol then port: only those in the range are looked at (a
+        // cluster may have thousands of NodePorts).
+        let from = self
+            .holders
+            .partition_point(|h| (h.protocol, h.port) < (d.protocol, ports.first));
+        let mut in_range = self.holders[from..]
+            .iter()
+            .take_while(|h| h.protocol == d.protocol && h.port <= ports.last)
+            .filter(|h| h.address.is_unspecified() || h.address == addr)
+            .peekable();
+        if in_range.peek().is_none() {
+            return false;
+        }
         let mapping = format!("{}/{}", d.namespace, d.name);
         let stored_row = self.index.row(class, self.node);
-        self.facts.sockets.iter().any(|s| {
-            s.protocol == d.protocol
-                && (ports.first..=ports.last).contains(&s.port)
-                && (s.address.is_unspecified() || s.address == addr)
-                && !super::status::yields_to(
-                    s.protocol,
-                    s.port,
-                    &s.address.to_string(),
-                    self.facts,
-                    stored_row,
-                )
-                .contains(&mapping)
+        in_range.any(|s| {
+            !super::status::yields_to(
+                s.protocol,
+                s.port,
+                &s.address.to_string(),
+                self.facts,
+                stored_row,
+            )
+            .contains(&mapping)
         })
     }
 

@@ -2,25 +2,89 @@
 
 use std::net::Ipv4Addr;
 
-use super::ChosenEndpoint;
 use super::index::Index;
+use super::{ChosenEndpoint, RejectedEndpoint};
 use crate::api::PortMap;
 
 /// A ready endpoint as it ranks: (node's rank among the accepting nodes, pod name, node name,
 /// address, pod port). The smallest is chosen.
 type Candidate<'a> = (usize, Option<&'a str>, &'a str, Ipv4Addr, u16);
 
+/// How many rejected endpoints a decision lists (a slice may list thousands); the message
+/// counts them all.
+pub const LISTED_REJECTIONS: usize = 8;
+
+/// The endpoint chosen for a mapping, and the ready endpoints left out because their address is
+/// not a pod address of the cluster.
+#[derive(Debug, Default)]
+pub struct Choice {
+    pub endpoint: Option<ChosenEndpoint>,
+    /// The first [`LISTED_REJECTIONS`], sorted by address, node and pod.
+    pub rejected: Vec<RejectedEndpoint>,
+    /// How many were rejected in all.
+    pub rejected_count: usize,
+}
+
 /// The endpoint of `pm`: among ready IPv4 endpoints listing the named port with the mapping's
-/// protocol, sorted by (a) the node's rank among the accepting nodes (others after them),
-/// (b) the pod name, (c) the node name, (d) the address. `accepting` is sorted by name.
-pub fn choose(index: &Index, pm: &PortMap, accepting: &[&str]) -> Option<ChosenEndpoint> {
-    let (_, pod, node, address, port) = candidates(index, pm, accepting).min()?;
-    Some(ChosenEndpoint {
-        node: node.to_owned(),
-        address,
-        port,
-        pod: pod.map(str::to_owned),
-    })
+/// protocol whose address is a pod address of the cluster, sorted by (a) the node's rank among
+/// the accepting nodes (others after them), (b) the pod name, (c) the node name, (d) the
+/// address. `accepting` is sorted by name.
+pub fn choose(index: &Index, pm: &PortMap, accepting: &[&str]) -> Choice {
+    let mut best: Option<Candidate> = None;
+    let mut rejected = Vec::new();
+    for candidate in candidates(index, pm, accepting) {
+        match candidate {
+            Ok(c) => {
+                if best.is_none_or(|b| c < b) {
+                    best = Some(c);
+                }
+            }
+            Err(r) => rejected.push(r),
+        }
+    }
+    rejected.sort();
+    rejected.dedup();
+    let rejected_count = rejected.len();
+    rejected.truncate(LISTED_REJECTIONS);
+    Choice {
+        endpoint: best.map(|(_, pod, node, address, port)| ChosenEndpoint {
+            node: node.to_owned(),
+            address,
+            port,
+            pod: pod.map(str::to_owned),
+        }),
+        rejected,
+        rejected_count,
+    }
+}
+
+/// Why no endpoint of `choice` is used, when ready ones were all rejected: a sentence naming
+/// the first few and counting the rest.
+pub fn rejection_message(service: &str, choice: &Choice) -> Option<String> {
+    if choice.endpoint.is_some() || choice.rejected.is_empty() {
+        return None;
+    }
+    let listed: Vec<String> = choice
+        .rejected
+        .iter()
+        .map(|r| {
+            let pod = r
+                .pod
+                .as_deref()
+                .map_or(String::new(), |p| format!(" (pod {p})"));
+            format!("{} on node {}{pod} is {}", r.address, r.node, r.reason)
+        })
+        .collect();
+    let more = choice.rejected_count.saturating_sub(choice.rejected.len());
+    let more = if more > 0 {
+        format!("; and {more} more")
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "service {service} lists no endpoint kuport may deliver to, only addresses that are not pod addresses of the cluster: {}{more}",
+        listed.join("; ")
+    ))
 }
 
 /// The nodes the endpoint would move to next, in the order [`choose`] ranks endpoints: the
@@ -32,7 +96,9 @@ pub fn next_nodes<'a>(
     exclude: &[&str],
     limit: usize,
 ) -> Vec<&'a str> {
-    let mut ranked: Vec<Candidate<'a>> = candidates(index, pm, accepting).collect();
+    let mut ranked: Vec<Candidate<'a>> = candidates(index, pm, accepting)
+        .filter_map(Result::ok)
+        .collect();
     ranked.sort_unstable();
     let mut nodes: Vec<&'a str> = Vec::new();
     for (_, _, node, _, _) in ranked {
@@ -47,12 +113,13 @@ pub fn next_nodes<'a>(
 }
 
 /// Every ready IPv4 endpoint of the mapping's Service that lists its named port with its
-/// protocol, ranked.
+/// protocol: ranked when its address is a pod address of the cluster, else rejected.
 fn candidates<'a>(
     index: &Index<'a>,
     pm: &'a PortMap,
     accepting: &[&str],
-) -> impl Iterator<Item = Candidate<'a>> {
+) -> impl Iterator<Item = Result<Candidate<'a>, RejectedEndpoint>> {
+    let class = pm.spec.class_name.as_str();
     let namespace = pm.metadata.namespace.as_deref().unwrap_or_default();
     let service = pm.spec.service_ref.name.as_str();
     let wanted_port = pm.spec.service_ref.port.as_str();
@@ -87,10 +154,18 @@ fn candidates<'a>(
                 if !ready {
                     return None;
                 }
+                let pod = ep.target_ref.as_ref().and_then(|t| t.name.as_deref());
+                if let Err(reason) = index.addresses.verdict(class, address) {
+                    return Some(Err(RejectedEndpoint {
+                        address,
+                        node: node.to_owned(),
+                        pod: pod.map(str::to_owned),
+                        reason,
+                    }));
+                }
                 // `accepting` is sorted by name: a search, not a walk over a large class.
                 let rank = accepting.binary_search(&node).unwrap_or(accepting.len());
-                let pod = ep.target_ref.as_ref().and_then(|t| t.name.as_deref());
-                Some((rank, pod, node, address, pod_port))
+                Some(Ok((rank, pod, node, address, pod_port)))
             })
         })
 }

@@ -6,6 +6,8 @@ use std::net::Ipv4Addr;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::jiff::Timestamp;
 
+use super::holders::{self, Holder};
+use super::pod_network::AddressPolicy;
 use crate::api::{ClassNode, ClassNodeStatus, PortMap, PortMapClass, ReturnPathMode};
 use crate::snapshot::{CniFacts, SERVICE_NAME_LABEL, Snapshot, node_internal_ip, node_is_ready};
 
@@ -38,6 +40,12 @@ pub struct Index<'a> {
     /// UDP ports every node depends on (each Vxlan class's link port, the CNI's overlay port)
     /// with what holds them, sorted.
     pub node_udp_ports: Vec<(u16, String)>,
+    /// Every Service's NodePorts: held on every node.
+    pub node_ports: Vec<Holder>,
+    /// The hostPorts of the Pods in the snapshot, by node.
+    pub host_ports: BTreeMap<&'a str, Vec<Holder>>,
+    /// Which endpoint addresses mappings may deliver to.
+    pub addresses: AddressPolicy<'a>,
 }
 
 /// A class node whose row reports host sockets.
@@ -119,8 +127,12 @@ impl<'a> Index<'a> {
             .filter_map(|(name, class)| Some((*name, first_invalid_class_interface(class)?)))
             .collect();
         let cni = snapshot.cni.as_ref();
+        let addresses = AddressPolicy::build(&snapshot.nodes, &classes, &rows, cni);
         Index {
             node_udp_ports: node_udp_ports(&classes, cni),
+            node_ports: holders::node_ports(&snapshot.services),
+            host_ports: holders::host_ports(&snapshot.pods),
+            addresses,
             nodes,
             namespaces,
             classes,

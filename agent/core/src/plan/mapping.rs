@@ -27,6 +27,8 @@ pub struct Working<'a> {
     /// What decides its programming nodes, bindings and published rows, once resolved: mappings
     /// with the same group share them.
     pub group: Option<Group<'a>>,
+    /// Why no endpoint is used although ready ones exist (none is a pod address).
+    pub endpoint_rejection: Option<String>,
 }
 
 /// Class, binding set, and the serving node of a Single class (a Multi class programs every
@@ -71,6 +73,7 @@ fn admit<'a>(index: &Index<'a>, pm: &'a PortMap, bindings: &mut Bindings) -> Wor
             accepted,
             programmed: None,
             endpoint: None,
+            rejected_endpoints: Vec::new(),
             serving_node: None,
             programming_nodes: Arc::from([]),
             status_writer: None,
@@ -83,6 +86,7 @@ fn admit<'a>(index: &Index<'a>, pm: &'a PortMap, bindings: &mut Bindings) -> Wor
         remote: false,
         set,
         group: None,
+        endpoint_rejection: None,
     }
 }
 
@@ -155,6 +159,22 @@ fn admissible(
             format!("port {first} is reserved by class {class_name}"),
         ));
     }
+    // The lowest system-reserved span the range touches (spans may be listed in any order).
+    let (first, last) = (i32::from(ports.first), i32::from(ports.last));
+    let system = window
+        .system_reserved
+        .iter()
+        .filter(|s| s.port <= last && s.last() >= first)
+        .min_by_key(|s| (s.port.max(first), s.port, s.last()));
+    if let Some(span) = system {
+        return Err(Outcome::new(
+            AcceptedReason::PortReserved,
+            format!(
+                "port {} is kept back by class {class_name} for the nodes' own services (spec.ports.systemReserved {span}: the Kubernetes NodePort range and well-known node service ports by default); the administrator opts in by leaving it out of that list",
+                span.port.max(first)
+            ),
+        ));
+    }
     Ok(ports)
 }
 
@@ -182,21 +202,12 @@ fn check(
         "{namespace}/{}",
         pm.metadata.name.as_deref().unwrap_or_default()
     );
-    let host_clash = held_on_accepting_node(index, class_name, spec, ports);
+    let host_clash = held_on_accepting_node(index, class_name, spec, ports, &holder);
     if let Some(clash) = host_clash
         .as_ref()
         .filter(|c| !c.yields_to.contains(&holder))
     {
-        return Outcome::new(
-            AcceptedReason::PortInUse,
-            format!(
-                "{} on node {} holds {} port {}; a mapping there would take its traffic",
-                clash.holder,
-                clash.node,
-                spec.protocol.as_str(),
-                clash.port
-            ),
-        );
+        return Outcome::new(AcceptedReason::PortInUse, clash.refusal(spec.protocol));
     }
     if let Some(missing) = bindings.first_unoffered(class_name, class, &spec.interfaces) {
         return Outcome::new(
@@ -226,7 +237,7 @@ fn check(
         Some(clash) => Outcome::new(
             AcceptedReason::PortAlsoHeldByHost,
             format!(
-                "{} on node {} now also holds {} port {}; this mapping was accepted first and keeps the port, so traffic for it on the mapped addresses reaches the pod, not that socket",
+                "{} on node {} now also holds {} port {}; this mapping was accepted first and keeps the port, so traffic for it on the mapped addresses reaches the pod, not that holder",
                 clash.holder,
                 clash.node,
                 spec.protocol.as_str(),
@@ -237,23 +248,50 @@ fn check(
     }
 }
 
-/// A host socket on an accepting node that holds one of the mapping's ports, on an address the
-/// mapping would bind there, as that node reported it in its class row.
+/// Something on an accepting node (a host socket, a NodePort, a hostPort) that holds or held
+/// one of the mapping's ports, on an address the mapping would bind there, as that node
+/// reported it in its class row.
 struct HostClash {
     node: String,
     port: i32,
     holder: String,
     yields_to: Vec<String>,
+    /// Set when the holder is gone and only its claim remains.
+    absent_since: Option<String>,
 }
 
+impl HostClash {
+    /// The refusal's message.
+    fn refusal(&self, protocol: Protocol) -> String {
+        let (proto, port) = (protocol.as_str(), self.port);
+        match &self.absent_since {
+            None => format!(
+                "{} on node {} holds {proto} port {port}; a mapping there would take its traffic",
+                self.holder, self.node
+            ),
+            Some(since) => format!(
+                "{} on node {} held {proto} port {port} and keeps its claim while it is gone (since {since}): a mapping there would take its traffic when it returns. The administrator releases the claim with the class annotation {}",
+                self.holder,
+                self.node,
+                crate::api::RELEASE_HELD_PORTS_ANNOTATION
+            ),
+        }
+    }
+}
+
+/// The clash that decides admission: the first (in the class's node order, then port) whose
+/// holder does not yield to `mapping`, else the first present one that does. A mapping keeps a port only
+/// where every node reporting a holder of it was already forwarding it when the holder came.
 fn held_on_accepting_node(
     index: &Index,
     class_name: &str,
     spec: &crate::api::PortMapSpec,
     ports: PortRange,
+    mapping: &str,
 ) -> Option<HostClash> {
     let in_range = |p: i32| (i32::from(ports.first)..=i32::from(ports.last)).contains(&p);
     let held_rows = index.held_rows.get(class_name)?;
+    let mut yielding = None;
     for HeldRow {
         node,
         class_node,
@@ -269,22 +307,30 @@ fn held_on_accepting_node(
         if bound().next().is_none() {
             continue;
         }
-        let found = row.held_ports.iter().find(|h| {
+        let clashes = row.held_ports.iter().filter(|h| {
             h.protocol == spec.protocol
                 && in_range(h.port)
                 && (h.address == "0.0.0.0"
                     || bound().any(|i| row.addresses.get(i) == Some(&h.address)))
         });
-        if let Some(h) = found {
-            return Some(HostClash {
+        for h in clashes {
+            let clash = HostClash {
                 node: (*node).to_owned(),
                 port: h.port,
                 holder: h.holder.clone(),
                 yields_to: h.yields_to.clone(),
-            });
+                absent_since: h.absent_since.as_ref().map(|t| t.0.to_string()),
+            };
+            if !clash.yields_to.iter().any(|m| m == mapping) {
+                return Some(clash);
+            }
+            // A claim yielding to the mapping whose holder is gone takes nothing from it.
+            if clash.absent_since.is_none() {
+                yielding.get_or_insert(clash);
+            }
         }
     }
-    None
+    yielding
 }
 
 /// The first name the mapping would bind that kuport refuses: among its own `interfaces`, or
@@ -367,8 +413,12 @@ pub fn resolve_all<'a>(
         let Some(class) = classes.get(w.decision.class.as_str()) else {
             continue;
         };
+        let choice = endpoint::choose(index, w.pm, &class.accepting);
+        let service = format!("{}/{}", w.decision.namespace, w.pm.spec.service_ref.name);
+        w.endpoint_rejection = endpoint::rejection_message(&service, &choice);
         let d = &mut w.decision;
-        d.endpoint = endpoint::choose(index, w.pm, &class.accepting);
+        d.endpoint = choice.endpoint;
+        d.rejected_endpoints = choice.rejected;
         let Some(ep) = &d.endpoint else { continue };
         // `accepting` is sorted by name.
         let serving = match class.accepting.binary_search(&ep.node.as_str()) {
@@ -564,6 +614,9 @@ pub fn gate_all(
 fn programmed(index: &Index, class: &ClassState, w: &Working) -> Outcome<ProgrammedReason> {
     use ProgrammedReason as R;
     let d = &w.decision;
+    if let (None, Some(rejection)) = (&d.endpoint, &w.endpoint_rejection) {
+        return Outcome::new(R::EndpointNotAllowed, rejection.clone());
+    }
     let Some(ep) = &d.endpoint else {
         return Outcome::new(
             R::NoReadyEndpoint,
@@ -723,8 +776,9 @@ fn host_refusal(
         .as_ref()
         .map(|s| s.refused.as_slice())
         .unwrap_or_default();
+    let local = super::pod_network::local_endpoint(d, this_node, facts);
     // Nearly every pass of a healthy cluster has nothing refused: ask nothing more then.
-    if stored.is_empty() && facts.refusals.is_empty() {
+    if stored.is_empty() && facts.refusals.is_empty() && local.is_none() {
         return None;
     }
     let mapping = format!("{}/{}", d.namespace, d.name);
@@ -736,11 +790,13 @@ fn host_refusal(
         .into_iter()
         .filter_map(|node| {
             let message = if node == this_node {
-                facts
-                    .refusals
-                    .iter()
-                    .find(|r| r.mapping == mapping && !standby_only(d, this_node, r))
-                    .map(|r| &r.message)
+                local.as_ref().or_else(|| {
+                    facts
+                        .refusals
+                        .iter()
+                        .find(|r| r.mapping == mapping && !standby_only(d, this_node, r))
+                        .map(|r| &r.message)
+                })
             } else {
                 stored
                     .iter()

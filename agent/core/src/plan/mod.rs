@@ -9,10 +9,12 @@ mod bindings;
 mod classes;
 mod emit;
 mod endpoint;
+mod holders;
 mod index;
 mod mapping;
 pub use mapping::STANDBY_LINKS;
 pub mod merge;
+mod pod_network;
 pub mod reasons;
 pub mod selector;
 mod status;
@@ -30,7 +32,9 @@ use crate::ir::{HostState, PortRange};
 use crate::snapshot::{HostFacts, Snapshot};
 
 pub use emit::{fit_nft_text, link_name};
+pub use pod_network::local_endpoint_message;
 pub use reasons::{AcceptedReason, ClassReason, Outcome, ProgrammedReason};
+pub use status::MAX_ABSENT_CLAIMS;
 
 /// How long an unused link claim is kept before it is dropped.
 pub const CLAIM_GC_AFTER_SECONDS: i64 = 24 * 60 * 60;
@@ -71,6 +75,11 @@ pub struct MappingDecision {
     pub programmed: Option<Outcome<ProgrammedReason>>,
     /// The chosen endpoint.
     pub endpoint: Option<ChosenEndpoint>,
+    /// Ready endpoints left out because their address is not a pod address of the cluster (a
+    /// node's, loopback, link-local, kuport's, or outside every pod network): the first few,
+    /// sorted by address.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rejected_endpoints: Vec<RejectedEndpoint>,
     /// The serving node (only when an endpoint was chosen and a node accepts).
     pub serving_node: Option<String>,
     /// The nodes that program the mapping (Single: the serving node; Multi: every accepting
@@ -109,6 +118,21 @@ pub struct ChosenEndpoint {
     pub port: u16,
     /// The pod's name (`targetRef.name`), when the slice says.
     pub pod: Option<String>,
+}
+
+/// A ready endpoint the mapping does not use: its address is not a pod address of the cluster.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct RejectedEndpoint {
+    /// Its address.
+    pub address: Ipv4Addr,
+    /// The node the slice names.
+    pub node: String,
+    /// The pod the slice names, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    /// Why, completing "the address is ...": "an address of node edge-a", "a loopback address",
+    /// "outside the cluster's pod networks (10.244.0.0/16)".
+    pub reason: String,
 }
 
 /// A return link a mapping needs.

@@ -20,7 +20,8 @@ pub enum AcceptedReason {
     /// The range contains a reserved port.
     PortReserved,
     /// The range contains a port the node itself depends on: a return-link port, the CNI's
-    /// overlay port, or a port a host socket holds on an accepting node.
+    /// overlay port, or a port a host socket, a NodePort or a hostPort holds (or held) on an
+    /// accepting node.
     PortInUse,
     /// `spec.interfaces` names an interface no node of the class carries.
     InterfaceNotInClass,
@@ -38,6 +39,9 @@ pub enum ProgrammedReason {
     AllNodesReady,
     /// The named port has no ready endpoint.
     NoReadyEndpoint,
+    /// The named port has ready endpoints, but none is a pod address of the cluster (outside
+    /// every pod network, or a node's, loopback, link-local or kuport's own address).
+    EndpointNotAllowed,
     /// A programming node is not ready, or no accepting node is.
     NodeNotReady,
     /// A range whose pod port differs from its first port.
@@ -103,6 +107,7 @@ reason_names!(AcceptedReason {
 reason_names!(ProgrammedReason {
     AllNodesReady,
     NoReadyEndpoint,
+    EndpointNotAllowed,
     NodeNotReady,
     RangeTranslation,
     ReturnPathUnavailable,

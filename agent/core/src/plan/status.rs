@@ -7,6 +7,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
 use super::classes::{ClassState, split_key};
+use super::holders::{self, Holder};
 use super::index::Index;
 use super::mapping::Working;
 use super::{
@@ -14,10 +15,11 @@ use super::{
     RefusalWrite, Writes,
 };
 use crate::api::{
-    ClassNodeStatus, CniInfo, EndpointStatus, HeldPort, PortMapStatus, Protocol, conditions,
+    ClassNodeStatus, CniInfo, EndpointStatus, HeldPort, PortMapClass, PortMapStatus, Protocol,
+    conditions,
 };
 use crate::ir::VXLAN_OVERHEAD;
-use crate::snapshot::{HostFacts, HostSocket, Snapshot};
+use crate::snapshot::{HostFacts, Snapshot};
 use crate::text::cut_bytes;
 
 /// The longest strings and lists the CRD schema takes in what this node writes (the API server
@@ -203,7 +205,15 @@ fn class_row(
         .status
         .as_ref()
         .and_then(|s| s.nodes.iter().find(|r| r.name == this_node));
-    let held_ports = held_ports(index, state.name, &addresses, facts, stored_row);
+    let held_ports = held_ports(
+        index,
+        state.class,
+        &addresses,
+        this_node,
+        facts,
+        stored_row,
+        now,
+    );
     let underlay_mtu = facts.underlay_mtu.and_then(|m| i32::try_from(m).ok());
     let row = ClassNodeStatus {
         name: this_node.to_owned(),
@@ -274,67 +284,189 @@ fn refusal_writes(work: &[Working], this_node: &str, facts: &HostFacts) -> Vec<R
             })
         })
         .collect();
+    // This node translates these mappings to an address of its own: it leaves them out and
+    // says so, as it would a kernel refusal.
+    out.extend(work.iter().filter(|w| w.decision.emits).filter_map(|w| {
+        let message = super::pod_network::local_endpoint(&w.decision, this_node, facts)?;
+        Some(RefusalWrite {
+            class: w.pm.spec.class_name.clone(),
+            mapping: format!("{}/{}", w.decision.namespace, w.decision.name),
+            message,
+        })
+    }));
     out.sort();
     out.dedup();
     out
 }
 
-/// The host sockets that hold a port some PortMap of the class asks for, on an address the
-/// class binds on this node (or on every address). Only those are reported: the row stays
-/// small and does not churn with the host's unrelated sockets.
+/// The most claims a row keeps for holders that are gone. Claims are made only for ports some
+/// PortMap asked for while a holder was present, so this is rarely reached; past it the claims
+/// gone the longest are dropped first, to keep the row bounded.
+pub const MAX_ABSENT_CLAIMS: usize = 64;
+
+/// The ports this node reports as held in its row of a class: every holder (host socket,
+/// NodePort, hostPort) of a port some PortMap of the class asks for, on an address the class
+/// binds on this node (or on every address), and every claim the stored row already records,
+/// whether its holder is still there or not. A claim outlives its holder (a daemon restarting,
+/// a Pod or Service recreated), so no mapping gets a port by waiting for that moment; only the
+/// administrator's release annotation drops it.
 fn held_ports(
     index: &Index,
-    class: &str,
+    class: &PortMapClass,
     addresses: &BTreeMap<String, String>,
+    this_node: &str,
     facts: &HostFacts,
     stored_row: Option<&ClassNodeStatus>,
+    now: Timestamp,
 ) -> Vec<HeldPort> {
-    let asked: Vec<(Protocol, u16, u16)> = index
-        .portmaps
+    let class_name = class.metadata.name.as_deref().unwrap_or_default();
+    let asked = AskedPorts::new(
+        index
+            .portmaps
+            .iter()
+            .filter(|pm| pm.spec.class_name == class_name)
+            .filter_map(|pm| {
+                let first = u16::try_from(pm.spec.port).ok()?;
+                let last = pm
+                    .spec
+                    .end_port
+                    .map_or(Some(first), |e| u16::try_from(e).ok())?;
+                Some((pm.spec.protocol, first, last))
+            }),
+    );
+    let holders = holders::on_node(&index.node_ports, &index.host_ports, this_node, facts);
+    let bound = |h: &Holder| {
+        h.address.is_unspecified() || addresses.values().any(|a| *a == h.address.to_string())
+    };
+    let asked_now = |h: &Holder| asked.contains(h.protocol, h.port);
+    // One entry per (protocol, port, address): the first holder in sorted order names it.
+    let mut present: BTreeMap<(Protocol, i32, String), &Holder> = BTreeMap::new();
+    for h in holders.iter().filter(|h| bound(h)) {
+        present
+            .entry((h.protocol, i32::from(h.port), h.address.to_string()))
+            .or_insert(h);
+    }
+    let stored: &[HeldPort] = stored_row
+        .map(|r| r.held_ports.as_slice())
+        .unwrap_or_default();
+    let existing = |m: &String| {
+        m.split_once('/').is_some_and(|(ns, name)| {
+            index.portmaps.iter().any(|pm| {
+                pm.metadata.namespace.as_deref() == Some(ns)
+                    && pm.metadata.name.as_deref() == Some(name)
+            })
+        })
+    };
+    let mut held: Vec<HeldPort> = Vec::new();
+    for (key, h) in &present {
+        let recorded = stored
+            .iter()
+            .any(|s| (s.protocol, s.port, s.address.as_str()) == (key.0, key.1, key.2.as_str()));
+        if !recorded && !asked_now(h) {
+            continue;
+        }
+        let mut yields = yields_to(h.protocol, h.port, &key.2, facts, stored_row);
+        yields.retain(|m| existing(m));
+        yields.truncate(limits::YIELDS_TO);
+        held.push(HeldPort {
+            protocol: h.protocol,
+            port: key.1,
+            address: key.2.clone(),
+            // A Service's or Pod's name may be longer than the schema takes in a holder.
+            holder: cut_bytes(&h.holder, limits::HOLDER).into_owned(),
+            yields_to: yields,
+            absent_since: None,
+        });
+    }
+    let released = release_time(class);
+    let mut absent: Vec<HeldPort> = stored
         .iter()
-        .filter(|pm| pm.spec.class_name == class)
-        .filter_map(|pm| {
-            let first = u16::try_from(pm.spec.port).ok()?;
-            let last = pm
-                .spec
-                .end_port
-                .map_or(Some(first), |e| u16::try_from(e).ok())?;
-            Some((pm.spec.protocol, first, last))
-        })
-        .collect();
-    let mut held: Vec<HeldPort> = facts
-        .sockets
-        .iter()
-        .filter(|s| {
-            s.address.is_unspecified() || addresses.values().any(|a| *a == s.address.to_string())
-        })
-        .filter(|s| {
-            asked
-                .iter()
-                .any(|(p, first, last)| *p == s.protocol && (*first..=*last).contains(&s.port))
-        })
+        .filter(|s| !present.contains_key(&(s.protocol, s.port, s.address.clone())))
         .map(|s| {
-            let holder = s.holder.clone().unwrap_or_else(|| socket_holder(s));
-            let mut held = HeldPort {
-                protocol: s.protocol,
-                port: i32::from(s.port),
-                address: s.address.to_string(),
-                holder: cut_bytes(&holder, limits::HOLDER).into_owned(),
-                yields_to: Vec::new(),
-            };
-            held.yields_to = yields_to(s.protocol, s.port, &held.address, facts, stored_row);
-            held.yields_to.truncate(limits::YIELDS_TO);
-            held
+            let mut claim = s.clone();
+            claim.absent_since = Some(claim.absent_since.unwrap_or(Time(now)));
+            claim.yields_to.retain(|m| existing(m));
+            claim
+        })
+        .filter(|c| {
+            let since = c.absent_since.as_ref().map(|t| t.0);
+            !matches!((since, released), (Some(since), Some(at)) if since <= at)
         })
         .collect();
+    // Keep the claims gone the shortest time; a tie goes by key.
+    absent.sort_by(|a, b| {
+        (b.absent_since.as_ref(), &a.protocol, a.port, &a.address).cmp(&(
+            a.absent_since.as_ref(),
+            &b.protocol,
+            b.port,
+            &b.address,
+        ))
+    });
+    absent.truncate(MAX_ABSENT_CLAIMS);
+    held.extend(absent);
     held.sort();
-    held.dedup();
+    held.dedup_by(|a, b| (a.protocol, a.port, &a.address) == (b.protocol, b.port, &b.address));
     held
 }
 
-/// Who keeps a held port: as recorded when the socket was first reported (so it survives agent
-/// restarts), or, for a socket seen now for the first time, the mappings the datapath already
-/// captured the port for. A socket present before kuport looked yields to nobody.
+/// The port ranges the PortMaps of a class ask for, per protocol, answering "is this port
+/// asked for" in O(log n): a class may have thousands of mappings and a cluster thousands of
+/// NodePorts.
+struct AskedPorts {
+    /// Per protocol: range starts, sorted, and the highest range end up to each start.
+    by_protocol: BTreeMap<Protocol, (Vec<u16>, Vec<u16>)>,
+}
+
+impl AskedPorts {
+    fn new(ranges: impl Iterator<Item = (Protocol, u16, u16)>) -> Self {
+        let mut sorted: BTreeMap<Protocol, Vec<(u16, u16)>> = BTreeMap::new();
+        for (protocol, first, last) in ranges {
+            sorted.entry(protocol).or_default().push((first, last));
+        }
+        let by_protocol = sorted
+            .into_iter()
+            .map(|(protocol, mut ranges)| {
+                ranges.sort_unstable();
+                let firsts = ranges.iter().map(|r| r.0).collect();
+                let reach = ranges
+                    .iter()
+                    .scan(0u16, |max, r| {
+                        *max = (*max).max(r.1);
+                        Some(*max)
+                    })
+                    .collect();
+                (protocol, (firsts, reach))
+            })
+            .collect();
+        Self { by_protocol }
+    }
+
+    fn contains(&self, protocol: Protocol, port: u16) -> bool {
+        let Some((firsts, reach)) = self.by_protocol.get(&protocol) else {
+            return false;
+        };
+        // Ranges starting at or below the port; the furthest of them must reach it.
+        let n = firsts.partition_point(|f| *f <= port);
+        n > 0 && reach[n - 1] >= port
+    }
+}
+
+/// The time the class's release annotation names: claims whose holder has been gone since then
+/// or earlier are dropped. A value that is not an RFC 3339 time releases nothing.
+fn release_time(class: &PortMapClass) -> Option<Timestamp> {
+    class
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(crate::api::RELEASE_HELD_PORTS_ANNOTATION)?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Who keeps a held port: as recorded when the holder was first reported (so it survives agent
+/// restarts), or, for a holder seen now for the first time, the mappings the datapath already
+/// captured the port for. A holder present before kuport looked yields to nobody.
 pub(super) fn yields_to(
     protocol: Protocol,
     port: u16,
@@ -376,13 +508,6 @@ fn row_warnings(found: &[String]) -> Vec<String> {
         warnings.push(format!("and {more} more warnings"));
     }
     warnings
-}
-
-fn socket_holder(s: &HostSocket) -> String {
-    match s.protocol {
-        Protocol::Tcp => format!("host TCP listener {}:{}", s.address, s.port),
-        Protocol::Udp => format!("host UDP socket {}:{}", s.address, s.port),
-    }
 }
 
 fn gc(state: &ClassState, now: Timestamp) -> Vec<GcAction> {

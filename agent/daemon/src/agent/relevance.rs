@@ -15,8 +15,12 @@
 //!   writes compare it with the status wanted. So a change to the status alone matters only to
 //!   the node writing it, and to it only when the status is not the one it wants: its own write
 //!   coming back runs no pass, someone else's write over it does (to put it back).
-//! - Node: its name, whether it is Ready, its InternalIP (`node_is_ready`, `node_internal_ip`:
-//!   the plan's index reads nothing else of a Node, nor does the facts query).
+//! - Node: its name, whether it is Ready, its InternalIP (`node_is_ready`, `node_internal_ip`),
+//!   every IPv4 address it lists, its pod CIDRs and Cilium's `cilium_host` annotation (endpoints
+//!   must be pod addresses): the plan's index reads nothing else of a Node, nor does the facts
+//!   query.
+//! - Service and Pod: stored trimmed to what the plan reads (NodePorts; this node's Pods'
+//!   hostPorts; `trim.rs`), so any change to what is kept matters.
 //! - Namespace: its name and labels (all the plan's index reads).
 //! - EndpointSlice: everything but `resourceVersion`.
 //! - `kube-system/cilium-config`: what `CniFacts::from_cilium_config` reads of it.
@@ -28,18 +32,24 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::watcher;
 use kuport_core::api::{PortMap, PortMapClass, PortMapStatus};
 use kuport_core::plan::Writes;
 use kuport_core::plan::merge::portmap_status_equivalent;
-use kuport_core::snapshot::{CniFacts, node_internal_ip, node_is_ready};
+use kuport_core::snapshot::{CILIUM_HOST_ANNOTATIONS, CniFacts, node_internal_ip, node_is_ready};
 
 /// A watched kind, and which of its changes a pass reads.
 pub(crate) trait PassInput: kube::Resource<DynamicType = ()> + Clone + Sized {
     /// Whether the store replacing `old` with `new` can change what a pass of this node plans,
     /// applies or writes, given the statuses it wants to write.
     fn changes_a_pass(old: &Self, new: &Self, wanted: &Wanted) -> bool;
+
+    /// Which objects of the kind the agent on `node` watches: all of them unless said here.
+    fn watch_config(_node: &str) -> watcher::Config {
+        watcher::Config::default()
+    }
 }
 
 /// `o` without its `resourceVersion`, which changes with every write whatever it changed.
@@ -89,14 +99,50 @@ impl PassInput for PortMap {
 
 impl PassInput for Node {
     fn changes_a_pass(old: &Self, new: &Self, _: &Wanted) -> bool {
+        // Besides readiness and the InternalIP, every IPv4 address (no endpoint may be one), the
+        // pod CIDRs (endpoints must be inside one) and Cilium's cilium_host annotation (nor the
+        // CNI's gateway).
         let read = |n: &Node| {
+            let spec = n.spec.as_ref();
+            let gateway: Vec<Option<String>> = CILIUM_HOST_ANNOTATIONS
+                .iter()
+                .map(|k| n.metadata.annotations.as_ref()?.get(*k).cloned())
+                .collect();
+            let mut addresses: Vec<std::net::Ipv4Addr> = n
+                .status
+                .iter()
+                .flat_map(|s| s.addresses.iter().flatten())
+                .filter_map(|a| a.address.trim().parse().ok())
+                .collect();
+            addresses.sort_unstable();
             (
                 n.metadata.name.clone(),
                 node_is_ready(n),
                 node_internal_ip(n),
+                addresses,
+                spec.and_then(|s| s.pod_cidr.clone()),
+                spec.and_then(|s| s.pod_cidrs.clone()),
+                gateway,
             )
         };
         read(old) != read(new)
+    }
+}
+
+impl PassInput for Service {
+    fn changes_a_pass(old: &Self, new: &Self, _: &Wanted) -> bool {
+        unversioned(old) != unversioned(new)
+    }
+}
+
+impl PassInput for Pod {
+    fn changes_a_pass(old: &Self, new: &Self, _: &Wanted) -> bool {
+        unversioned(old) != unversioned(new)
+    }
+
+    /// Only this node's Pods hold hostPorts here.
+    fn watch_config(node: &str) -> watcher::Config {
+        watcher::Config::default().fields(&format!("spec.nodeName={node}"))
     }
 }
 
@@ -164,13 +210,15 @@ impl Wanted {
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::api::core::v1::{NodeCondition, Taint};
+    use k8s_openapi::api::core::v1::{Container, ContainerPort, EnvVar, NodeCondition, Taint};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
     use kuport_core::plan::{Plan, plan};
     use kuport_core::snapshot::{HostFacts, Snapshot};
     use kuport_testkit::cluster::{Cluster, facts, now, pm, vxlan_spec};
     use serde_json::{Value, json};
 
+    use super::super::trim::Trim;
     use super::*;
 
     /// Two accepting edges (edge-a serves) and the pod on worker-b, with the rows, a landed
@@ -191,6 +239,10 @@ mod tests {
             .claim("public", "edge-a/worker-b", 0)
             .endpoint("games", "gs", "gs-0", "worker-b", "10.244.1.5", 3000)
             .portmap(pm("games", "gs", "public", 3000))
+            .portmap(pm("games", "np", "public", 31000).tcp())
+            .node_port_service("shop", "web", "TCP", 31000)
+            .host_port_pod("ingress", "nginx-0", "edge-a", "TCP", 8443, None)
+            .portmap(pm("games", "hp", "public", 8443).tcp())
             .cni_port(8472)
     }
 
@@ -278,6 +330,40 @@ mod tests {
         for slice in &mut s.endpoint_slices {
             slice.metadata.resource_version = Some("904".into());
         }
+        // What trimming drops from Services and Pods (a pass sees them trimmed).
+        for svc in &mut s.services {
+            svc.metadata.resource_version = Some("906".into());
+            svc.metadata.labels = Some([("app".to_owned(), "web".to_owned())].into());
+            let spec = svc.spec.get_or_insert_with(Default::default);
+            spec.selector = Some([("app".to_owned(), "web".to_owned())].into());
+            spec.cluster_ip = Some("10.96.0.9".into());
+            for p in spec.ports.iter_mut().flatten() {
+                p.name = Some("renamed".into());
+                p.target_port = Some(IntOrString::Int(9090));
+            }
+        }
+        for pod in &mut s.pods {
+            pod.metadata.resource_version = Some("907".into());
+            pod.metadata.labels = Some([("app".to_owned(), "nginx".to_owned())].into());
+            let spec = pod.spec.get_or_insert_with(Default::default);
+            for c in &mut spec.containers {
+                c.image = Some("nginx:2".into());
+                c.env = Some(vec![EnvVar {
+                    name: "TOKEN".into(),
+                    value: Some("secret".into()),
+                    ..EnvVar::default()
+                }]);
+            }
+            spec.containers.push(Container {
+                name: "sidecar".into(),
+                ports: Some(vec![ContainerPort {
+                    container_port: 9000,
+                    ..ContainerPort::default()
+                }]),
+                ..Container::default()
+            });
+            pod.status.get_or_insert_with(Default::default).pod_ip = Some("10.244.0.9".into());
+        }
         for p in &mut s.portmaps {
             p.metadata.resource_version = Some("905".into());
             if writer != Some(node) {
@@ -297,6 +383,12 @@ mod tests {
         s
     }
 
+    fn trimmed<K: Trim + Clone>(o: &K) -> K {
+        let mut o = o.clone();
+        o.trim();
+        o
+    }
+
     fn pairs<'a, K>(a: &'a [K], b: &'a [K]) -> impl Iterator<Item = (&'a K, &'a K)> {
         assert_eq!(a.len(), b.len());
         a.iter().zip(b)
@@ -313,6 +405,31 @@ mod tests {
             "the cluster exercises links, PortMap and class writes: {:?}",
             serving.host.links
         );
+        // The stores keep Services and Pods trimmed: the plan must not tell the difference.
+        let mut stored = base.clone();
+        stored.services = stored.services.iter().map(trimmed).collect();
+        stored.pods = stored.pods.iter().map(trimmed).collect();
+        let held: Vec<String> = serving
+            .writes
+            .class_rows
+            .iter()
+            .flat_map(|r| r.row.held_ports.iter().map(|h| h.holder.clone()))
+            .collect();
+        assert_eq!(
+            held,
+            [
+                "hostPort of Pod ingress/nginx-0",
+                "NodePort of Service shop/web"
+            ],
+            "the cluster exercises held NodePorts and hostPorts"
+        );
+        for node in NODES {
+            assert_eq!(
+                plan_of(&stored, node),
+                plan_of(&base, node),
+                "{node}: trimmed"
+            );
+        }
         for node in NODES {
             let before = plan_of(&base, node);
             let writer = before.portmaps[0].status_writer.clone();
@@ -346,6 +463,18 @@ mod tests {
             }
             for (a, b) in pairs(&base.portmaps, &touched.portmaps) {
                 unchanged("PortMap", PortMap::changes_a_pass(a, b, &wanted));
+            }
+            for (a, b) in pairs(&base.services, &touched.services) {
+                unchanged(
+                    "Service",
+                    Service::changes_a_pass(&trimmed(a), &trimmed(b), &wanted),
+                );
+            }
+            for (a, b) in pairs(&base.pods, &touched.pods) {
+                unchanged(
+                    "Pod",
+                    Pod::changes_a_pass(&trimmed(a), &trimmed(b), &wanted),
+                );
             }
         }
     }
@@ -397,6 +526,50 @@ mod tests {
             e.conditions.get_or_insert_with(Default::default).ready = Some(false);
         }
         assert!(EndpointSlice::changes_a_pass(slice, &unready, &wanted));
+
+        let mut recidr = node.clone();
+        recidr.spec.get_or_insert_with(Default::default).pod_cidrs =
+            Some(vec!["10.9.0.0/24".into()]);
+        assert!(Node::changes_a_pass(node, &recidr, &wanted));
+        let mut external = node.clone();
+        external
+            .status
+            .get_or_insert_with(Default::default)
+            .addresses
+            .get_or_insert_with(Vec::new)
+            .push(k8s_openapi::api::core::v1::NodeAddress {
+                type_: "ExternalIP".into(),
+                address: "198.51.100.9".into(),
+            });
+        assert!(Node::changes_a_pass(node, &external, &wanted));
+        let mut gateway = node.clone();
+        gateway.metadata.annotations = Some(
+            [(
+                CILIUM_HOST_ANNOTATIONS[0].to_owned(),
+                "10.244.0.77".to_owned(),
+            )]
+            .into(),
+        );
+        assert!(Node::changes_a_pass(node, &gateway, &wanted));
+
+        let svc = trimmed(&base.services[0]);
+        let mut renumbered = svc.clone();
+        for p in renumbered
+            .spec
+            .iter_mut()
+            .flat_map(|s| s.ports.iter_mut().flatten())
+        {
+            p.node_port = Some(31001);
+        }
+        assert!(Service::changes_a_pass(
+            &svc,
+            &trimmed(&renumbered),
+            &wanted
+        ));
+        let pod = trimmed(&base.pods[0]);
+        let mut finished = pod.clone();
+        finished.status.get_or_insert_with(Default::default).phase = Some("Succeeded".into());
+        assert!(Pod::changes_a_pass(&pod, &trimmed(&finished), &wanted));
 
         let cm = |data: Value| -> ConfigMap {
             serde_json::from_value(json!({"metadata": {"name": "cilium-config"}, "data": data}))

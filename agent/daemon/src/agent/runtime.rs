@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
@@ -213,7 +213,7 @@ macro_rules! watched_kinds {
             $(
                 let ($field, task) = reflect::<$kind>(
                     Api::all(client.clone()),
-                    watcher::Config::default(),
+                    <$kind as PassInput>::watch_config(&watch.node),
                     watch,
                     stringify!($kind),
                 );
@@ -267,6 +267,8 @@ watched_kinds! {
     slices: EndpointSlice => endpoint_slices;
     nodes: Node => nodes;
     namespaces: Namespace => namespaces;
+    services: Service => services;
+    pods: Pod => pods;
 }
 
 /// A store's objects sorted by namespace and name (a store lists in hash order, which must not
@@ -603,6 +605,7 @@ impl<H: Host> Agent<H> {
         let (dirty_tx, mut dirty_rx) = mpsc::channel::<()>(1);
         let wanted = Wanted::default();
         let watch = Watch {
+            node: self.config.node_name.clone(),
             dirty: dirty_tx,
             wanted: wanted.clone(),
             metrics: self.metrics.clone(),
@@ -1003,6 +1006,8 @@ where
 /// judge which events can change a pass), the metrics, the seed of its retry jitter.
 #[derive(Clone)]
 struct Watch {
+    /// This node's name: some kinds are watched only for it.
+    node: String,
     dirty: mpsc::Sender<()>,
     wanted: Wanted,
     metrics: Arc<Metrics>,

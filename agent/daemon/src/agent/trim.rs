@@ -12,11 +12,14 @@
 //! and the snapshot key on: name, namespace, uid, `resourceVersion`, generation, creation and
 //! deletion times). A test plans a cluster before and after trimming and gets the same plans.
 
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, NodeStatus};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Container, ContainerPort, Namespace, Node, NodeSpec, NodeStatus, Pod, PodSpec,
+    PodStatus, Service, ServicePort, ServiceSpec,
+};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kuport_core::api::{PortMap, PortMapClass, conditions};
-use kuport_core::snapshot::{CILIUM_CONFIG_KEYS, SERVICE_NAME_LABEL};
+use kuport_core::api::{PortMap, PortMapClass, RELEASE_HELD_PORTS_ANNOTATION, conditions};
+use kuport_core::snapshot::{CILIUM_CONFIG_KEYS, CILIUM_HOST_ANNOTATIONS, SERVICE_NAME_LABEL};
 
 /// A watched kind, trimmed to what a pass reads before its store keeps it.
 pub(crate) trait Trim {
@@ -39,9 +42,31 @@ fn trim_meta(meta: &mut ObjectMeta, keep_label: impl Fn(&str) -> bool) {
     }
 }
 
+/// Keeps only the annotations `keep` names (after [`trim_meta`] dropped them all, so called
+/// with the object's original annotations).
+fn keep_annotations(
+    meta: &mut ObjectMeta,
+    annotations: Option<std::collections::BTreeMap<String, String>>,
+    keep: &[&str],
+) {
+    let kept: std::collections::BTreeMap<String, String> = annotations
+        .into_iter()
+        .flatten()
+        .filter(|(k, _)| keep.contains(&k.as_str()))
+        .collect();
+    meta.annotations = (!kept.is_empty()).then_some(kept);
+}
+
 impl Trim for PortMapClass {
+    /// A class keeps the administrator's release of held-port claims, which the plan reads.
     fn trim(&mut self) {
+        let annotations = self.metadata.annotations.take();
         trim_meta(&mut self.metadata, |_| false);
+        keep_annotations(
+            &mut self.metadata,
+            annotations,
+            &[RELEASE_HELD_PORTS_ANNOTATION],
+        );
     }
 }
 
@@ -59,10 +84,18 @@ impl Trim for EndpointSlice {
 
 impl Trim for Node {
     /// A Node keeps its Ready condition and its addresses (`node_is_ready`,
-    /// `node_internal_ip`); its spec, images, capacity and system info go.
+    /// `node_internal_ip`, and no endpoint may be one), its pod CIDRs and Cilium's
+    /// `cilium_host` annotation (endpoints must be pod addresses, never the CNI's gateway); the
+    /// rest of its spec, images, capacity and system info go.
     fn trim(&mut self) {
+        let annotations = self.metadata.annotations.take();
         trim_meta(&mut self.metadata, |_| false);
-        self.spec = None;
+        keep_annotations(&mut self.metadata, annotations, &CILIUM_HOST_ANNOTATIONS);
+        self.spec = self.spec.take().map(|s| NodeSpec {
+            pod_cidr: s.pod_cidr,
+            pod_cidrs: s.pod_cidrs,
+            ..NodeSpec::default()
+        });
         self.status = self.status.take().map(|s| NodeStatus {
             addresses: s.addresses,
             conditions: s.conditions.map(|mut c| {
@@ -74,6 +107,78 @@ impl Trim for Node {
                 c
             }),
             ..NodeStatus::default()
+        });
+    }
+}
+
+impl Trim for Service {
+    /// Only the NodePorts are read: the type, each port's protocol, number and `nodePort`, and
+    /// the health-check NodePort. A cluster may hold thousands of Services.
+    fn trim(&mut self) {
+        trim_meta(&mut self.metadata, |_| false);
+        self.status = None;
+        let Some(spec) = self.spec.take() else {
+            return;
+        };
+        let ports = spec.ports.map(|ports| {
+            ports
+                .into_iter()
+                .map(|p| ServicePort {
+                    protocol: p.protocol,
+                    port: p.port,
+                    node_port: p.node_port,
+                    ..ServicePort::default()
+                })
+                .collect()
+        });
+        self.spec = Some(ServiceSpec {
+            type_: spec.type_,
+            ports,
+            health_check_node_port: spec.health_check_node_port,
+            ..ServiceSpec::default()
+        });
+    }
+}
+
+impl Trim for Pod {
+    /// Only the hostPorts are read (and the node and phase): a Pod spec also holds images,
+    /// commands and environment values, which the agent has no business keeping.
+    fn trim(&mut self) {
+        trim_meta(&mut self.metadata, |_| false);
+        let phase = self.status.take().and_then(|s| s.phase);
+        self.status = phase.map(|phase| PodStatus {
+            phase: Some(phase),
+            ..PodStatus::default()
+        });
+        let Some(spec) = self.spec.take() else {
+            return;
+        };
+        let host_ports = |containers: Vec<Container>| -> Vec<Container> {
+            containers
+                .into_iter()
+                .filter_map(|c| {
+                    let ports: Vec<ContainerPort> = c
+                        .ports
+                        .into_iter()
+                        .flatten()
+                        .filter(|p| p.host_port.is_some_and(|h| h != 0))
+                        .collect();
+                    (!ports.is_empty()).then(|| Container {
+                        name: c.name,
+                        ports: Some(ports),
+                        ..Container::default()
+                    })
+                })
+                .collect()
+        };
+        self.spec = Some(PodSpec {
+            node_name: spec.node_name,
+            containers: host_ports(spec.containers),
+            init_containers: spec
+                .init_containers
+                .map(host_ports)
+                .filter(|c| !c.is_empty()),
+            ..PodSpec::default()
         });
     }
 }
@@ -125,6 +230,13 @@ mod tests {
             .claim("public", "edge-a/worker-b", 0)
             .endpoint("games", "gs", "gs-0", "worker-b", "10.244.1.5", 3000)
             .portmap(pm("games", "gs", "public", 3000))
+            .endpoint("games", "gw", "gw-0", "worker-b", "10.244.1.77", 3001)
+            .portmap(pm("games", "gw", "public", 3001))
+            .node_port_service("shop", "web", "TCP", 31000)
+            .portmap(pm("games", "np", "public", 31000).tcp())
+            .host_port_pod("ingress", "nginx-0", "edge-a", "TCP", 8443, None)
+            .portmap(pm("games", "hp", "public", 8443).tcp())
+            .without_system_reserved("public")
             .cni_port(8472);
         let heavy = |meta: &mut ObjectMeta| {
             let big = "x".repeat(100 * 1024);
@@ -143,6 +255,36 @@ mod tests {
         };
         let s = &mut c.snapshot;
         s.classes.iter_mut().for_each(|o| heavy(&mut o.metadata));
+        s.services.iter_mut().for_each(|o| heavy(&mut o.metadata));
+        s.pods.iter_mut().for_each(|o| heavy(&mut o.metadata));
+        for pod in &mut s.pods {
+            let spec = pod.spec.get_or_insert_default();
+            spec.containers[0].image = Some("registry.example.com/big/image:1".into());
+            spec.containers[0].env = Some(vec![
+                serde_json::from_value(json!({"name": "TOKEN", "value": "x".repeat(10_000)}))
+                    .expect("an env var"),
+            ]);
+        }
+        // What the plan reads of annotations: a class's release of held-port claims (a claim
+        // on 3005 whose holder left before it, which edge-a's row would otherwise keep), and
+        // Cilium's cilium_host address of a Node (gw's endpoint).
+        let class = &mut s.classes[0];
+        class.metadata.annotations.get_or_insert_default().insert(
+            RELEASE_HELD_PORTS_ANNOTATION.into(),
+            "2026-05-01T00:00:00Z".into(),
+        );
+        let row = class
+            .status
+            .iter_mut()
+            .flat_map(|st| st.nodes.iter_mut())
+            .find(|r| r.name == "edge-a")
+            .expect("edge-a's row");
+        row.held_ports.push(
+            serde_json::from_value(json!({"protocol": "UDP", "port": 3005,
+                "address": "0.0.0.0", "holder": "host UDP socket 0.0.0.0:3005",
+                "absentSince": "2026-04-01T00:00:00Z"}))
+            .expect("a held port"),
+        );
         s.portmaps.iter_mut().for_each(|o| heavy(&mut o.metadata));
         s.endpoint_slices
             .iter_mut()
@@ -160,7 +302,18 @@ mod tests {
                 serde_json::from_value(json!({"type": "MemoryPressure", "status": "False"}))
                     .expect("a condition"),
             );
+            node.spec.get_or_insert_default().provider_id = Some("cloud://x".repeat(100));
         }
+        let worker = s
+            .nodes
+            .iter_mut()
+            .find(|n| n.metadata.name.as_deref() == Some("worker-b"))
+            .expect("worker-b");
+        worker
+            .metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(CILIUM_HOST_ANNOTATIONS[0].into(), "10.244.1.77".into());
         c
     }
 
@@ -171,6 +324,8 @@ mod tests {
         s.endpoint_slices.iter_mut().for_each(Trim::trim);
         s.nodes.iter_mut().for_each(Trim::trim);
         s.namespaces.iter_mut().for_each(Trim::trim);
+        s.services.iter_mut().for_each(Trim::trim);
+        s.pods.iter_mut().for_each(Trim::trim);
         s
     }
 
@@ -198,13 +353,58 @@ mod tests {
                 &s.endpoint_slices,
                 &s.nodes,
                 &s.namespaces,
+                &s.services,
+                &s.pods,
             ))
             .expect("json")
             .len()
         };
-        // Seven objects, each with its 100 KiB annotation.
-        assert!(size(&before) > 7 * 100 * 1024, "{}", size(&before));
+        // Thirteen objects, each with its 100 KiB annotation.
+        assert!(size(&before) > 13 * 100 * 1024, "{}", size(&before));
         assert!(size(&after) < 20_000, "{} bytes left", size(&after));
+        // The annotations kept are read: without them edge-a's plan differs (its row would keep
+        // the released claim, and gw's endpoint at cilium_host would be used).
+        let mut bare = after.clone();
+        bare.classes
+            .iter_mut()
+            .for_each(|c| c.metadata.annotations = None);
+        let f = facts(&[("wt0", "100.64.0.1")], "wt0", 1400);
+        assert_ne!(
+            plan(&bare, "edge-a", &f, now()),
+            plan(&after, "edge-a", &f, now()),
+            "the release annotation is read"
+        );
+        let mut bare = after.clone();
+        bare.nodes
+            .iter_mut()
+            .for_each(|n| n.metadata.annotations = None);
+        assert_ne!(
+            plan(&bare, "edge-a", &f, now()),
+            plan(&after, "edge-a", &f, now()),
+            "the cilium_host annotation is read"
+        );
+        // And so are the pod CIDRs.
+        let mut bare = after.clone();
+        bare.nodes.iter_mut().for_each(|n| n.spec = None);
+        assert_ne!(
+            plan(&bare, "edge-a", &f, now()),
+            plan(&after, "edge-a", &f, now()),
+            "the pod CIDRs are read"
+        );
+        // The NodePort and the hostPort are held on edge-a after trimming.
+        let held: Vec<String> = plan(&after, "edge-a", &f, now())
+            .writes
+            .class_rows
+            .iter()
+            .flat_map(|r| r.row.held_ports.iter().map(|h| h.holder.clone()))
+            .collect();
+        assert_eq!(
+            held,
+            [
+                "hostPort of Pod ingress/nginx-0",
+                "NodePort of Service shop/web"
+            ]
+        );
         // What the stores key on stays.
         let pm = &after.portmaps[0].metadata;
         assert!(pm.name.is_some() && pm.namespace.is_some() && pm.creation_timestamp.is_some());

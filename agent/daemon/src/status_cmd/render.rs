@@ -452,6 +452,20 @@ fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
+/// One line per endpoint the plan left out, saying why.
+fn rejected_lines(d: &MappingDecision) -> Vec<String> {
+    d.rejected_endpoints
+        .iter()
+        .map(|r| {
+            let pod = r
+                .pod
+                .as_deref()
+                .map_or(String::new(), |p| format!(" (pod {p})"));
+            format!("  {} on {}{pod}: {}", r.address, r.node, r.reason)
+        })
+        .collect()
+}
+
 fn endpoint_text(e: Option<&EndpointView>) -> String {
     e.map_or_else(
         || "-".to_owned(),
@@ -778,8 +792,20 @@ pub fn explain(dump: &Dump, namespace: &str, name: &str, now: Timestamp) -> Opti
             e.address,
             e.port
         )],
+        None if !d.rejected_endpoints.is_empty() => {
+            let mut lines = vec![format!(
+                "{service} has ready endpoints, but none is a pod address of the cluster:"
+            )];
+            lines.extend(rejected_lines(d));
+            lines
+        }
         None => vec![format!("{service} has no ready IPv4 endpoint")],
     };
+    let mut endpoint_details = endpoint_details;
+    if d.endpoint.is_some() && !d.rejected_endpoints.is_empty() {
+        endpoint_details.push("skipped, not pod addresses of the cluster:".to_owned());
+        endpoint_details.extend(rejected_lines(d));
+    }
     steps.push(step("endpoint", d.endpoint.is_some(), endpoint_details));
 
     // 4. Nodes that program it.

@@ -211,6 +211,10 @@ pub async fn facts(
             facts.interfaces.insert(name.clone(), net.addr());
         }
     }
+    let mut local: Vec<Ipv4Addr> = addrs.values().flatten().map(|n| n.addr()).collect();
+    local.sort();
+    local.dedup();
+    facts.local_addresses = local;
     if let Some(ip) = internal_ip {
         let holder = addrs
             .iter()

@@ -1,0 +1,272 @@
+//! Which endpoint addresses kuport delivers to: pod addresses of the cluster, and never an
+//! address of a node or of kuport itself.
+//!
+//! An EndpointSlice is written by whoever may write EndpointSlices in the namespace, not only by
+//! the EndpointSlice controller, so its addresses are claims, not facts. Delivering to a node's
+//! own address would hand the internet to a host service (steering moves the packet past the
+//! host firewall by design), so an endpoint is used only when its address lies in a pod network
+//! of the cluster and is none of the addresses below.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+use k8s_openapi::api::core::v1::Node;
+
+use super::MappingDecision;
+use crate::api::{ClassNodeStatus, PortMapClass, ReturnPathMode};
+use crate::snapshot::{CILIUM_HOST_ANNOTATIONS, CniFacts, HostFacts};
+
+/// How many pod networks a refusal message lists before it counts the rest.
+const LISTED_NETWORKS: usize = 4;
+
+/// The addresses endpoints may and may not have, built once per pass.
+#[derive(Debug, Default)]
+pub struct AddressPolicy<'a> {
+    /// The cluster's pod networks: every Node's `spec.podCIDRs` and the CNI's cluster pool,
+    /// sorted and deduplicated.
+    pod_networks: Vec<Ipv4Net>,
+    /// Per class, the extra pod networks its `spec.podNetworks` names.
+    class_networks: BTreeMap<&'a str, Vec<Ipv4Net>>,
+    /// Every address a Node lists and every interface address an accepting node reported in a
+    /// class row, with the node (the first by name when two list one address).
+    node_addresses: BTreeMap<Ipv4Addr, &'a str>,
+    /// The addresses of a node's own host inside its pod CIDR ([`gateway_addresses`]), with
+    /// the node.
+    gateways: BTreeMap<Ipv4Addr, &'a str>,
+    /// Every Vxlan class's link subnet, with its class, sorted.
+    link_subnets: Vec<(Ipv4Net, &'a str)>,
+}
+
+impl<'a> AddressPolicy<'a> {
+    /// The policy over the cluster's Nodes, classes (spec and rows) and CNI facts.
+    pub fn build(
+        nodes: &'a [Node],
+        classes: &BTreeMap<&'a str, &'a PortMapClass>,
+        rows: &BTreeMap<(&'a str, &'a str), &'a ClassNodeStatus>,
+        cni: Option<&CniFacts>,
+    ) -> Self {
+        let mut pod_networks: Vec<Ipv4Net> = nodes
+            .iter()
+            .filter_map(|n| n.spec.as_ref())
+            .flat_map(|spec| {
+                spec.pod_cidrs
+                    .iter()
+                    .flatten()
+                    .chain(spec.pod_cidr.iter())
+                    .filter_map(|c| parse_net(c))
+            })
+            .chain(
+                cni.iter()
+                    .flat_map(|c| c.pod_cidrs.iter())
+                    .filter_map(|c| parse_net(c)),
+            )
+            .collect();
+        pod_networks.sort();
+        pod_networks.dedup();
+        let class_networks = classes
+            .iter()
+            .map(|(name, class)| {
+                let mut nets: Vec<Ipv4Net> = class
+                    .spec
+                    .pod_networks
+                    .iter()
+                    .filter_map(|c| parse_net(c))
+                    .collect();
+                nets.sort();
+                nets.dedup();
+                (*name, nets)
+            })
+            .filter(|(_, nets)| !nets.is_empty())
+            .collect();
+        let mut node_addresses = BTreeMap::new();
+        let mut gateways: Vec<(Ipv4Addr, &str)> = nodes
+            .iter()
+            .flat_map(|n| {
+                let name = n.metadata.name.as_deref().unwrap_or_default();
+                gateway_addresses(n).into_iter().map(move |a| (a, name))
+            })
+            .collect();
+        gateways.sort();
+        let mut gateway_of = BTreeMap::new();
+        for (address, node) in gateways {
+            gateway_of.entry(address).or_insert(node);
+        }
+        let mut listed: Vec<(Ipv4Addr, &str)> = nodes
+            .iter()
+            .filter_map(|n| Some((n.metadata.name.as_deref()?, n.status.as_ref()?)))
+            .flat_map(|(name, status)| {
+                status
+                    .addresses
+                    .iter()
+                    .flatten()
+                    .filter_map(move |a| Some((a.address.trim().parse().ok()?, name)))
+            })
+            .chain(rows.iter().flat_map(|((_, node), row)| {
+                row.addresses
+                    .values()
+                    .filter_map(move |a| Some((a.trim().parse().ok()?, *node)))
+            }))
+            .collect();
+        listed.sort();
+        for (address, node) in listed {
+            node_addresses.entry(address).or_insert(node);
+        }
+        let mut link_subnets: Vec<(Ipv4Net, &str)> = classes
+            .iter()
+            .filter(|(_, c)| c.spec.return_path.mode == ReturnPathMode::Vxlan)
+            .filter_map(|(name, c)| Some((parse_net(&c.spec.return_path.vxlan.subnet)?, *name)))
+            .collect();
+        link_subnets.sort();
+        Self {
+            pod_networks,
+            class_networks,
+            node_addresses,
+            gateways: gateway_of,
+            link_subnets,
+        }
+    }
+
+    /// Whether a mapping of `class` may deliver to `address`; the refusal says why, as a
+    /// phrase completing "the endpoint address 10.0.0.1 is ...".
+    pub fn verdict(&self, class: &str, address: Ipv4Addr) -> Result<(), String> {
+        if address.is_loopback() {
+            return Err("a loopback address".to_owned());
+        }
+        if address.is_unspecified()
+            || address.is_broadcast()
+            || address.is_multicast()
+            || address.octets()[0] >= 240
+        {
+            return Err("not a unicast address".to_owned());
+        }
+        if crate::ir::in_stand_in_block(address) {
+            let (block, len) = crate::ir::STAND_IN_BLOCK;
+            return Err(format!("inside {block}/{len}, kuport's stand-in block"));
+        }
+        if let Some((net, owner)) = self.link_subnets.iter().find(|(n, _)| n.contains(&address)) {
+            return Err(format!(
+                "inside {net}, the return-link subnet of class {owner}"
+            ));
+        }
+        if address.is_link_local() {
+            return Err("a link-local address".to_owned());
+        }
+        if let Some(node) = self.node_addresses.get(&address) {
+            return Err(format!("an address of node {node}"));
+        }
+        if let Some(node) = self.gateways.get(&address) {
+            return Err(format!(
+                "an address of node {node}'s own host in its pod CIDR (the CNI's gateway)"
+            ));
+        }
+        let extra = self
+            .class_networks
+            .get(class)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let mut networks = self.pod_networks.iter().chain(extra);
+        if networks.clone().any(|n| n.contains(&address)) {
+            return Ok(());
+        }
+        if networks.next().is_none() {
+            return Err(format!(
+                "not in a known pod network: no Node lists spec.podCIDRs, the CNI names no cluster pool and class {class} sets no spec.podNetworks"
+            ));
+        }
+        let mut all: Vec<String> = self
+            .pod_networks
+            .iter()
+            .chain(extra)
+            .map(ToString::to_string)
+            .collect();
+        all.sort();
+        all.dedup();
+        let shown = if all.len() > LISTED_NETWORKS {
+            format!(
+                "{} … +{}",
+                all[..LISTED_NETWORKS].join(", "),
+                all.len() - LISTED_NETWORKS
+            )
+        } else {
+            all.join(", ")
+        };
+        Err(format!("outside the cluster's pod networks ({shown})"))
+    }
+}
+
+/// Addresses of a node's own host inside its pod CIDR, which no Node address lists: the first
+/// address of each of its pod CIDRs (where bridge and point-to-point CNIs put the node's
+/// gateway) and the `cilium_host` address Cilium's annotation names. The node that translates
+/// to an endpoint also refuses any address of its own host (`local_endpoint`); these are known
+/// to every agent at once, so no node forwards toward them at all.
+fn gateway_addresses(node: &Node) -> Vec<Ipv4Addr> {
+    let spec = node.spec.as_ref();
+    let cidrs = spec
+        .into_iter()
+        .flat_map(|s| s.pod_cidrs.iter().flatten().chain(s.pod_cidr.iter()));
+    let first = cidrs
+        .filter_map(|c| parse_net(c))
+        .filter(|n| n.prefix_len() < 31)
+        .map(|n| Ipv4Addr::from(u32::from(n.network()) + 1));
+    let annotated = node
+        .metadata
+        .annotations
+        .iter()
+        .flat_map(|a| {
+            CILIUM_HOST_ANNOTATIONS
+                .iter()
+                .filter_map(move |k| a.get(*k))
+        })
+        .filter_map(|v| v.trim().parse().ok());
+    first.chain(annotated).collect()
+}
+
+/// An IPv4 CIDR as written (host bits allowed, as in `podCIDR` values); `None` otherwise.
+fn parse_net(text: &str) -> Option<Ipv4Net> {
+    text.trim().parse::<Ipv4Net>().ok().map(|n| n.trunc())
+}
+
+/// On the node that translates a mapping to its endpoint (the endpoint's node), why it must not:
+/// the endpoint's address is one of this host's own. The plan's checks see only the addresses
+/// Nodes and rows list; a host also holds addresses inside its pod CIDR (the CNI's gateway on
+/// `cilium_host` or a bridge), and delivering there would hand the port to a host service past
+/// the host firewall. The node leaves the mapping out and reports why in the class status.
+pub fn local_endpoint(d: &MappingDecision, this_node: &str, facts: &HostFacts) -> Option<String> {
+    let ep = d.endpoint.as_ref().filter(|ep| ep.node == this_node)?;
+    facts
+        .local_addresses
+        .contains(&ep.address)
+        .then(|| local_endpoint_message(ep.address))
+}
+
+/// What the endpoint's node reports when it refuses an endpoint at its own address. The
+/// accepting nodes compare the class's `status.refused` entries with it exactly (both sides run
+/// this function on the same endpoint), and stop forwarding such a mapping into the link: the
+/// pod node leaves out the half that would take the traffic off the link, so it would
+/// otherwise be delivered to the pod node's own link address.
+pub fn local_endpoint_message(address: Ipv4Addr) -> String {
+    format!(
+        "the endpoint address {address} is an address of this host, not a pod's: kuport delivers only to pods"
+    )
+}
+
+/// True when the endpoint's node reported (in the class status) that the endpoint is an
+/// address of its own host: no accepting node forwards the mapping then.
+pub fn refused_as_local(class: &PortMapClass, d: &MappingDecision) -> bool {
+    let Some(ep) = &d.endpoint else {
+        return false;
+    };
+    let Some(status) = &class.status else {
+        return false;
+    };
+    if status.refused.is_empty() {
+        return false;
+    }
+    let mapping = format!("{}/{}", d.namespace, d.name);
+    let message = local_endpoint_message(ep.address);
+    status
+        .refused
+        .iter()
+        .any(|r| r.node == ep.node && r.mapping == mapping && r.message == message)
+}
