@@ -444,12 +444,13 @@ impl<N: netlink::Netlink> LinuxHost<N> {
 
 impl<N: netlink::Netlink> Host for LinuxHost<N> {
     async fn apply(&mut self, desired: &HostState, verify: bool) -> Result<ApplyReport, HostError> {
-        if !verify
-            && self.applied_in_full
-            && !self.sweeper.owed()
-            && self.applied.as_ref() == Some(desired)
-        {
-            return Ok(ApplyReport::default());
+        if !verify && self.applied_in_full && self.applied.as_ref() == Some(desired) {
+            // Nothing to send; only a sweep that failed before is owed.
+            let mut report = ApplyReport::default();
+            if self.sweeper.owed() {
+                self.clear_stale_flows(desired, false, &mut report).await;
+            }
+            return Ok(report);
         }
         let mut report = ApplyReport::default();
         // A link port is open only while the kernel holds its guard. A link no longer wanted
