@@ -359,7 +359,11 @@ async fn defaults_from_the_crd_are_applied_on_create(target: Target) {
     assert_eq!(spec["servingMode"], "Single");
     assert_eq!(
         spec["ports"],
-        json!({"min": 1, "max": 65535, "reserved": []})
+        json!({"min": 1, "max": 65535, "reserved": [], "systemReserved": [
+            {"port": 22}, {"port": 179}, {"port": 2379, "endPort": 2380}, {"port": 4240},
+            {"port": 4244}, {"port": 5473}, {"port": 6443}, {"port": 10249, "endPort": 10259},
+            {"port": 30000, "endPort": 32767}, {"port": 50000, "endPort": 50001}
+        ]})
     );
     assert_eq!(
         spec["returnPath"]["vxlan"],
