@@ -22,6 +22,9 @@ pub const SOCAT_IMAGE: &str = "docker.io/alpine/socat:1.8.0.3";
 /// How many asks the rolling-restart probe loop sends (10 a second).
 pub const LOOP_ASKS: u32 = 900;
 
+/// How many asks the probe loop sends while the accepting node is drained (10 a second).
+pub const DRAIN_ASKS: u32 = 200;
+
 /// One command: a program, its arguments and what it reads on standard input.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Cmd {
@@ -137,10 +140,25 @@ pub fn healthy_output(cmd: &Cmd) -> String {
     let joined = cmd.args.join(" ");
     if cmd.program == "kubectl" && joined.contains("InternalIP") {
         "172.18.0.3".to_owned()
+    } else if cmd.program == "docker" && joined.contains("refusal-check") {
+        "refusal-check".to_owned()
     } else if cmd.program == "docker" && joined.contains("prober-address") {
         "prober-address 172.18.0.9\nsaw 172.18.0.9:41234".to_owned()
+    } else if cmd.program == "kubectl" && joined.contains(CONDITIONS_JSONPATH) {
+        // Every state a step waits for, so each wait ends at its first look.
+        "Accepted=False/PortInUse\nProgrammed=False/NoReadyEndpoint\nProgrammed=True/Programmed\n"
+            .to_owned()
+    } else if cmd.program == "kubectl" && joined.contains(".message}") {
+        "NodePort of Service kuport-e2e/echo-np; hostPort of Pod kuport-e2e/hostport".to_owned()
     } else if cmd.program == "docker" && cmd.args.first().is_some_and(|a| a == "logs") {
-        format!("sent {LOOP_ASKS} answered {LOOP_ASKS}")
+        // The prober is named after the number of asks it sends (`<cluster>-prober-<asks>`).
+        let asks = cmd
+            .args
+            .last()
+            .and_then(|name| name.rsplit('-').next())
+            .and_then(|n| n.parse::<u32>().ok())
+            .unwrap_or(LOOP_ASKS);
+        format!("sent {asks} answered {asks}")
     } else {
         String::new()
     }
@@ -170,6 +188,14 @@ pub struct Summary {
     pub loop_sent: u32,
     /// Asks answered.
     pub loop_answered: u32,
+    /// Asks sent and answered by the loop while the accepting node was drained.
+    pub drain_sent: u32,
+    /// Asks answered during the drain.
+    pub drain_answered: u32,
+    /// Per sample, from the serving node's kubelet stopped to the other edge answering.
+    pub failover_ms: Vec<u64>,
+    /// Per sample, from the kubelet resumed to the first edge answering again.
+    pub failback_ms: Vec<u64>,
 }
 
 /// The workload's namespace.
@@ -180,9 +206,10 @@ fn kind_config() -> String {
 }
 
 /// The workload: an echo responder (socat answering each datagram with the address it came
-/// from) pinned to `pod_node`, its Service, a class accepting on `accepting_node`, and the
-/// mapping.
-pub fn workload(accepting_node: &str, pod_node: &str) -> String {
+/// from) allowed on `pod_node` and `moved_to` only (the run cordons the one it should not
+/// start on), ready while `/tmp/unready` does not exist, its Service, a class accepting on
+/// `accepting_node`, and the mapping.
+pub fn workload(accepting_node: &str, pod_node: &str, moved_to: &str) -> String {
     format!(
         r#"apiVersion: v1
 kind: Namespace
@@ -204,16 +231,25 @@ spec:
     metadata:
       labels: {{app: echo}}
     spec:
-      nodeSelector:
-        kubernetes.io/hostname: {pod_node}
+      affinity:
+        nodeAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+            nodeSelectorTerms:
+              - matchExpressions:
+                  - {{key: kubernetes.io/hostname, operator: In, values: [{pod_node}, {moved_to}]}}
       tolerations:
-        - operator: Exists
+        - {{key: node-role.kubernetes.io/control-plane, operator: Exists, effect: NoSchedule}}
+      terminationGracePeriodSeconds: 1
       containers:
         - name: echo
           image: {SOCAT_IMAGE}
           args: ["-T5", "UDP4-RECVFROM:3000,fork", "SYSTEM:echo saw $SOCAT_PEERADDR:$SOCAT_PEERPORT"]
           ports:
             - {{name: echo, containerPort: 3000, protocol: UDP}}
+          readinessProbe:
+            exec: {{command: ["sh", "-c", "test ! -e /tmp/unready"]}}
+            periodSeconds: 1
+            failureThreshold: 1
 ---
 apiVersion: v1
 kind: Service
@@ -262,13 +298,59 @@ pub trait Platform {
     /// (the accepting node, the node the pod starts on, the node it is moved to).
     fn nodes(&self) -> (String, String, String);
     /// The workload: Namespace [`NAMESPACE`], Deployment and Service `echo` answering on UDP
-    /// 3000 (pinned to `pod_node`), a class accepting on `accepting`, PortMap `echo`.
-    fn workload(&self, accepting: &str, pod_node: &str) -> String;
+    /// 3000 (allowed on `pod_node` and `moved_to` only, ready while its container
+    /// [`Platform::probed_container`] has no `/tmp/unready`), a class accepting on `accepting`,
+    /// PortMap `echo`.
+    fn workload(&self, accepting: &str, pod_node: &str, moved_to: &str) -> String;
+    /// The workload's container whose readiness probe the run fails on purpose.
+    fn probed_container(&self) -> &'static str {
+        "echo"
+    }
+    /// Checks that the mapping refuses now that its only pod is unready (no answer, or an
+    /// explicit refusal where the platform's prober can see one).
+    fn expect_refused(&mut self, sh: &mut dyn Shell, internal_ip: &str) -> Result<()>;
+    /// A NodePort Service and a `hostPort` Pod on `accepting` with PortMaps `np` and `hp` for
+    /// their ports, when this platform can probe them ([`Platform::ask_tcp`]).
+    fn held_ports_workload(&self, accepting: &str) -> Option<String> {
+        let _ = accepting;
+        None
+    }
+    /// A TCP ask from outside the cluster to `port` on the accepting node: its InternalIP from
+    /// a VPN client when `internal` (kube-proxy's nftables mode serves NodePorts on a node's
+    /// primary address only, by default), else its public address from the internet; succeeds
+    /// only on an answer.
+    fn ask_tcp(&mut self, sh: &mut dyn Shell, port: u16, internal: bool) -> Result<String> {
+        let _ = (sh, port, internal);
+        bail!("this platform has no TCP prober")
+    }
     /// Probes the mapping on the accepting node (`internal_ip` is its InternalIP) and returns
     /// the client addresses the pod saw, after checking each is the client's own.
     fn probe(&mut self, sh: &mut dyn Shell, internal_ip: &str) -> Result<Vec<String>>;
-    /// Starts a loop of [`LOOP_ASKS`] probes, 10 a second, in the background.
-    fn start_loop(&mut self, sh: &mut dyn Shell, internal_ip: &str) -> Result<()>;
+    /// A Single class over two public edges for the failover step, when this platform can stop
+    /// a node's kubelet ([`Platform::pause_kubelet`]).
+    fn failover(&self) -> Option<Failover> {
+        None
+    }
+    /// Stops (`paused`) or resumes a node's kubelet: the node-lifecycle controller marks a node
+    /// whose kubelet stopped reporting NotReady after its grace period.
+    fn pause_kubelet(&mut self, sh: &mut dyn Shell, node: &str, paused: bool) -> Result<()> {
+        let _ = (sh, node, paused);
+        bail!("this platform cannot stop a kubelet")
+    }
+    /// One UDP ask from outside the cluster to `port` on `node`'s public address, waiting at
+    /// most `timeout_ms`; its first line, whatever it was.
+    fn ask_node(
+        &mut self,
+        sh: &mut dyn Shell,
+        node: &str,
+        port: u16,
+        timeout_ms: u32,
+    ) -> Result<String> {
+        let _ = (sh, node, port, timeout_ms);
+        bail!("this platform has no per-node prober")
+    }
+    /// Starts a loop of `asks` probes, 10 a second, in the background.
+    fn start_loop(&mut self, sh: &mut dyn Shell, internal_ip: &str, asks: u32) -> Result<()>;
     /// Waits for the loop and returns its `sent N answered M`.
     fn finish_loop(&mut self, sh: &mut dyn Shell) -> Result<String>;
     /// `nft list tables` and `ip -o link show` on `node`.
@@ -360,6 +442,75 @@ impl Run<'_> {
         self.sh.run(&cmd)
     }
 
+    fn cordon(&mut self, node: &str, on: bool) -> Result<String> {
+        self.kubectl([if on { "cordon" } else { "uncordon" }, node])
+    }
+
+    /// Polls PortMap `name` until it has the condition `wanted` (see [`has_condition`]); fails
+    /// after `timeout` with the conditions it last saw. Returns how long it took.
+    fn wait_condition(
+        &mut self,
+        name: &str,
+        wanted: &str,
+        timeout: std::time::Duration,
+    ) -> Result<std::time::Duration> {
+        let started = std::time::Instant::now();
+        loop {
+            let seen = self.kubectl([
+                "-n",
+                NAMESPACE,
+                "get",
+                &format!("portmap/{name}"),
+                "-o",
+                &format!("jsonpath={CONDITIONS_JSONPATH}"),
+            ])?;
+            if has_condition(&seen, wanted) {
+                return Ok(started.elapsed());
+            }
+            ensure!(
+                started.elapsed() < timeout,
+                "PortMap {NAMESPACE}/{name} did not reach {wanted} within {timeout:?}; its conditions: {}",
+                seen.trim().replace('\n', ", ")
+            );
+            std::thread::sleep(std::time::Duration::from_millis(250));
+        }
+    }
+
+    /// The message of PortMap `name`'s condition `kind`.
+    fn condition_message(&mut self, name: &str, kind: &str) -> Result<String> {
+        self.kubectl([
+            "-n",
+            NAMESPACE,
+            "get",
+            &format!("portmap/{name}"),
+            "-o",
+            &format!("jsonpath={{.status.conditions[?(@.type==\"{kind}\")].message}}"),
+        ])
+    }
+
+    /// Creates or removes `/tmp/unready` in the workload's probed container (its readiness
+    /// probe fails while the file exists).
+    fn set_unready(&mut self, unready: bool) -> Result<String> {
+        let container = self.p.probed_container();
+        let script = if unready {
+            "touch /tmp/unready"
+        } else {
+            "rm -f /tmp/unready"
+        };
+        self.kubectl([
+            "-n",
+            NAMESPACE,
+            "exec",
+            "deployment/echo",
+            "-c",
+            container,
+            "--",
+            "sh",
+            "-c",
+            script,
+        ])
+    }
+
     /// Waits until the mapping is programmed with its endpoint on `node`.
     fn wait_programmed(&mut self, node: &str) -> Result<()> {
         self.kubectl([
@@ -380,6 +531,22 @@ impl Run<'_> {
         ])?;
         Ok(())
     }
+}
+
+/// The JSONPath printing a PortMap's conditions one per line as `Type=Status/Reason`.
+pub const CONDITIONS_JSONPATH: &str =
+    "{range .status.conditions[*]}{.type}={.status}/{.reason}{\"\\n\"}{end}";
+
+/// Whether `conditions` (as [`CONDITIONS_JSONPATH`] prints them) has `wanted`
+/// (`Type=Status/Reason`, or `Type=Status` for any reason).
+pub fn has_condition(conditions: &str, wanted: &str) -> bool {
+    conditions.lines().map(str::trim).any(|line| {
+        line == wanted
+            || (!wanted.contains('/')
+                && line
+                    .split_once('/')
+                    .is_some_and(|(state, _)| state == wanted))
+    })
 }
 
 /// Checks a probe's output: the pod must have seen the prober's own address.
@@ -506,9 +673,13 @@ fn steps(r: &mut Run<'_>) -> Result<Summary> {
     r.step(
         "workload and mapping: the pod on another node, Programmed",
         |r| {
-            let workload = r.p.workload(&accepting, &pod_node);
+            // The workload may run on pod_node or moved_to; moved_to is cordoned while it
+            // starts so that the scheduler puts it on pod_node.
+            r.cordon(&moved_to, true)?;
+            let workload = r.p.workload(&accepting, &pod_node, &moved_to);
             r.kubectl_stdin(&["apply", "-f", "-"], workload)?;
             r.rollout_status(NAMESPACE, "deployment/echo", "180s")?;
+            r.cordon(&moved_to, false)?;
             r.wait_programmed(&pod_node)
         },
     )?;
@@ -518,35 +689,94 @@ fn steps(r: &mut Run<'_>) -> Result<Summary> {
     )?;
     summary.probes.extend(seen);
 
-    // The pod moves to another node; the mapping follows.
-    r.step("the pod moves to another node; the mapping follows", |r| {
-        let patch = format!(
-            r#"{{"spec":{{"template":{{"spec":{{"nodeSelector":{{"kubernetes.io/hostname":"{moved_to}"}}}}}}}}}}"#
-        );
-        r.kubectl([
-            "-n",
-            NAMESPACE,
-            "patch",
-            "deployment/echo",
-            "--type",
-            "merge",
-            "-p",
-            &patch,
-        ])?;
-        r.rollout_status(NAMESPACE, "deployment/echo", "180s")?;
-        r.wait_programmed(&moved_to)
-    })?;
+    // The kubelet's readiness probe fails: the endpoint goes, the mapping refuses and says why.
+    r.step(
+        "the pod turns unready (its readiness probe fails): NoReadyEndpoint, the port refuses; ready again, it answers",
+        |r| {
+            r.set_unready(true)?;
+            r.wait_condition(
+                "echo",
+                "Programmed=False/NoReadyEndpoint",
+                std::time::Duration::from_secs(60),
+            )?;
+            r.p.expect_refused(r.sh, &address)?;
+            r.set_unready(false)?;
+            r.wait_condition("echo", "Programmed=True", std::time::Duration::from_secs(60))?;
+            let seen = r.p.probe(r.sh, &address)?;
+            summary.probes.extend(seen);
+            Ok(())
+        },
+    )?;
+
+    // A drain of the accepting node evicts nothing of kuport's (the agent is a DaemonSet pod)
+    // and must not stop it accepting: a cordoned node still forwards.
+    let (sent, answered) = r.step(
+        "kubectl drain of the accepting node under a probe loop: no probe lost",
+        |r| {
+            r.p.start_loop(r.sh, &address, DRAIN_ASKS)?;
+            let drained = r.kubectl([
+                "drain",
+                &accepting,
+                "--ignore-daemonsets",
+                "--delete-emptydir-data",
+                "--timeout=120s",
+            ]);
+            let logs = r.p.finish_loop(r.sh);
+            r.cordon(&accepting, false)?;
+            drained?;
+            let (sent, answered) = parse_loop(&logs?)?;
+            ensure!(
+                sent == DRAIN_ASKS && answered == sent,
+                "the drain lost {} of {sent} probes",
+                sent.saturating_sub(answered)
+            );
+            Ok((sent, answered))
+        },
+    )?;
+    summary.drain_sent = sent;
+    summary.drain_answered = answered;
+
+    // The pod is still on pod_node (the failover must not take the pod's node with it).
+    if let Some(f) = r.p.failover() {
+        failover_steps(r, f, &mut summary)?;
+    }
+
+    // The scheduler moves the pod: its node cordoned, the pod deleted.
+    r.step(
+        "the scheduler moves the pod (its node cordoned, the pod deleted); the mapping follows",
+        |r| {
+            r.cordon(&pod_node, true)?;
+            let moved = r
+                .kubectl([
+                    "-n",
+                    NAMESPACE,
+                    "delete",
+                    "pod",
+                    "-l",
+                    "app=echo",
+                    "--wait=true",
+                ])
+                .and_then(|_| r.rollout_status(NAMESPACE, "deployment/echo", "180s"));
+            r.cordon(&pod_node, false)?;
+            moved?;
+            r.wait_programmed(&moved_to)
+        },
+    )?;
     let seen = r.step(
         "probe after the move: the pod sees the client's own address",
         |r| r.p.probe(r.sh, &address),
     )?;
     summary.probes.extend(seen);
 
+    if let Some(held) = r.p.held_ports_workload(&accepting) {
+        held_port_steps(r, &address, held, &mut summary)?;
+    }
+
     // A rolling restart of the DaemonSet while a loop asks 10 times a second.
     let (sent, answered) = r.step(
         "rolling restart of the DaemonSet under a probe loop: no probe lost",
         |r| {
-            r.p.start_loop(r.sh, &address)?;
+            r.p.start_loop(r.sh, &address, LOOP_ASKS)?;
             r.kubectl([
                 "-n",
                 "kuport-system",
@@ -582,6 +812,161 @@ fn steps(r: &mut Run<'_>) -> Result<Summary> {
     }
     Ok(summary)
 }
+
+/// A NodePort Service and a hostPort Pod on the accepting node beside kuport's mappings: a
+/// PortMap for either port is refused `PortInUse` naming the holder, and both keep answering,
+/// as does the mapping; then they go again.
+fn held_port_steps(
+    r: &mut Run<'_>,
+    address: &str,
+    held: String,
+    summary: &mut Summary,
+) -> Result<()> {
+    r.step(
+        "a NodePort and a hostPort on the accepting node: PortMaps for them refused PortInUse; both and the mapping answer",
+        |r| {
+            r.kubectl_stdin(&["apply", "-f", "-"], held.clone())?;
+            r.kubectl([
+                "-n",
+                NAMESPACE,
+                "wait",
+                "pod/hostport",
+                "--for=condition=Ready",
+                "--timeout=120s",
+            ])?;
+            for (name, holder) in [
+                ("np", format!("NodePort of Service {NAMESPACE}/echo-np")),
+                ("hp", format!("hostPort of Pod {NAMESPACE}/hostport")),
+            ] {
+                r.wait_condition(
+                    name,
+                    "Accepted=False/PortInUse",
+                    std::time::Duration::from_secs(60),
+                )?;
+                let message = r.condition_message(name, "Accepted")?;
+                ensure!(
+                    message.contains(&holder),
+                    "PortMap {NAMESPACE}/{name} is refused, but its message does not name {holder}: {message}"
+                );
+            }
+            // kube-proxy and the portmap plugin program their rules after the objects exist,
+            // kube-proxy on its own sync period: each port gets 30 s to start answering.
+            for (port, internal) in [(HELD_NODE_PORT, true), (HELD_HOST_PORT, false)] {
+                let started = std::time::Instant::now();
+                while let Err(e) = r.p.ask_tcp(r.sh, port, internal) {
+                    if started.elapsed() > std::time::Duration::from_secs(30) {
+                        return Err(e.context(format!("port {port} does not answer beside kuport")));
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(250));
+                }
+            }
+            let seen = r.p.probe(r.sh, address)?;
+            summary.probes.extend(seen);
+            r.kubectl_stdin(
+                &["delete", "--wait=true", "--timeout=120s", "-f", "-"],
+                held,
+            )?;
+            Ok(())
+        },
+    )
+}
+
+/// The failover step's setting: a Single class accepting on `primary` (which serves while it
+/// is ready) and `standby`, its PortMap `failover` for UDP `port`.
+#[derive(Clone, Debug)]
+pub struct Failover {
+    pub primary: String,
+    pub standby: String,
+    pub port: u16,
+    /// The class and the PortMap (the workload's Service and pod already exist).
+    pub workload: String,
+}
+
+/// How many times the failover step stops the serving node's kubelet.
+pub const FAILOVER_SAMPLES: usize = 10;
+
+/// The `q` quantile (0..=1) of `samples` by the nearest-rank method.
+pub fn quantile(samples: &[u64], q: f64) -> u64 {
+    let mut sorted = samples.to_vec();
+    sorted.sort_unstable();
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// Asks `node` until it answers, for at most `limit`; returns how long it took.
+fn until_answered(
+    r: &mut Run<'_>,
+    node: &str,
+    port: u16,
+    limit: std::time::Duration,
+) -> Result<std::time::Duration> {
+    let started = std::time::Instant::now();
+    loop {
+        let out = r.p.ask_node(r.sh, node, port, 300)?;
+        if out.starts_with("reply ") {
+            return Ok(started.elapsed());
+        }
+        ensure!(
+            started.elapsed() < limit,
+            "{node} did not answer on port {port} within {limit:?} (last: {out:?})"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// The serving node's kubelet stopped [`FAILOVER_SAMPLES`] times: each time the real
+/// node-lifecycle controller marks it NotReady after its grace period and the other edge
+/// answers; resumed, the first edge serves again.
+fn failover_steps(r: &mut Run<'_>, f: Failover, summary: &mut Summary) -> Result<()> {
+    r.step(
+        &format!(
+            "a stopped kubelet, {FAILOVER_SAMPLES} times: the node turns NotReady, the other edge answers; resumed, the first edge again"
+        ),
+        |r| {
+            r.kubectl_stdin(&["apply", "-f", "-"], f.workload.clone())?;
+            r.wait_condition(
+                "failover",
+                "Programmed=True",
+                std::time::Duration::from_secs(120),
+            )?;
+            let limit = std::time::Duration::from_secs(90);
+            until_answered(r, &f.primary, f.port, limit)?;
+            for _ in 0..FAILOVER_SAMPLES {
+                r.p.pause_kubelet(r.sh, &f.primary, true)?;
+                let over = until_answered(r, &f.standby, f.port, limit);
+                r.p.pause_kubelet(r.sh, &f.primary, false)?;
+                summary.failover_ms.push(over?.as_millis() as u64);
+                let back = until_answered(r, &f.primary, f.port, limit)?;
+                summary.failback_ms.push(back.as_millis() as u64);
+            }
+            println!(
+                "     failover (kubelet stopped -> other edge answers): p50 {} ms, p99 {} ms, samples {:?}",
+                quantile(&summary.failover_ms, 0.5),
+                quantile(&summary.failover_ms, 0.99),
+                summary.failover_ms
+            );
+            println!(
+                "     failback (kubelet resumed -> first edge answers): p50 {} ms, p99 {} ms, samples {:?}",
+                quantile(&summary.failback_ms, 0.5),
+                quantile(&summary.failback_ms, 0.99),
+                summary.failback_ms
+            );
+            r.kubectl_stdin(
+                &["delete", "--wait=true", "--timeout=120s", "-f", "-"],
+                f.workload.clone(),
+            )?;
+            Ok(())
+        },
+    )
+}
+
+/// The NodePort [`Platform::held_ports_workload`] asks for.
+pub const HELD_NODE_PORT: u16 = 31080;
+/// The hostPort [`Platform::held_ports_workload`] asks for.
+pub const HELD_HOST_PORT: u16 = 8443;
 
 /// The chart through a real helm, on the same cluster and with the workload still in place:
 /// lint, install (the mapping answers again), upgrade (a changed argument: a rolling update;
@@ -693,11 +1078,16 @@ pub fn repo_dir(rel: &str) -> String {
 /// network.
 pub struct Kind {
     o: Options,
+    /// How many asks the running probe loop sends.
+    loop_asks: u32,
 }
 
 impl Kind {
     pub fn new(o: Options) -> Self {
-        Self { o }
+        Self {
+            o,
+            loop_asks: LOOP_ASKS,
+        }
     }
 
     fn node(&self, suffix: &str) -> String {
@@ -709,8 +1099,9 @@ impl Kind {
             .context("rendering deploy/manifests with the image under test")
     }
 
+    /// The loop's container, named after the number of asks it sends.
     fn prober(&self) -> String {
-        format!("{}-prober", self.o.cluster)
+        format!("{}-prober-{}", self.o.cluster, self.loop_asks)
     }
 }
 
@@ -781,8 +1172,33 @@ impl Platform for Kind {
         )
     }
 
-    fn workload(&self, accepting: &str, pod_node: &str) -> String {
-        workload(accepting, pod_node)
+    fn workload(&self, accepting: &str, pod_node: &str, moved_to: &str) -> String {
+        workload(accepting, pod_node, moved_to)
+    }
+
+    /// socat's UDP probe cannot tell a refusal from a loss: the probe must get no answer.
+    fn expect_refused(&mut self, sh: &mut dyn Shell, internal_ip: &str) -> Result<()> {
+        let script =
+            format!("echo refusal-check; echo ping | socat -T3 - UDP4:{internal_ip}:3000 || true");
+        let out = sh.run(&Cmd::new(
+            "docker",
+            [
+                "run",
+                "--rm",
+                "--network",
+                "kind",
+                "--entrypoint",
+                "sh",
+                SOCAT_IMAGE,
+                "-c",
+                &script,
+            ],
+        ))?;
+        ensure!(
+            !out.lines().any(|l| l.starts_with("saw ")),
+            "the mapping answered with its only pod unready: {out:?}"
+        );
+        Ok(())
     }
 
     /// One UDP probe from a container on kind's network (outside the cluster).
@@ -807,9 +1223,10 @@ impl Platform for Kind {
         Ok(vec![check_probe(&out)?])
     }
 
-    fn start_loop(&mut self, sh: &mut dyn Shell, internal_ip: &str) -> Result<()> {
+    fn start_loop(&mut self, sh: &mut dyn Shell, internal_ip: &str, asks: u32) -> Result<()> {
+        self.loop_asks = asks;
         let script = format!(
-            "sent=0; answered=0; while [ $sent -lt {LOOP_ASKS} ]; do \
+            "sent=0; answered=0; while [ $sent -lt {asks} ]; do \
              if echo ping | socat -T1 - UDP4:{internal_ip}:3000 | grep -q '^saw '; then answered=$((answered+1)); fi; \
              sent=$((sent+1)); sleep 0.1; done; echo sent $sent answered $answered"
         );
@@ -907,6 +1324,25 @@ mod tests {
         ] {
             assert!(check_probe(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn quantiles_take_the_nearest_rank() {
+        let samples = [900, 100, 500, 300, 700, 200, 400, 600, 800, 1000];
+        assert_eq!(quantile(&samples, 0.5), 500);
+        assert_eq!(quantile(&samples, 0.99), 1000);
+        assert_eq!(quantile(&samples, 0.0), 100);
+        assert_eq!(quantile(&[], 0.5), 0);
+    }
+
+    #[test]
+    fn a_condition_matches_on_type_status_and_reason() {
+        let seen = "Accepted=True/Accepted\nProgrammed=False/NoReadyEndpoint\n";
+        assert!(has_condition(seen, "Programmed=False/NoReadyEndpoint"));
+        assert!(has_condition(seen, "Programmed=False"));
+        assert!(!has_condition(seen, "Programmed=True"));
+        assert!(!has_condition(seen, "Programmed=False/HostRefused"));
+        assert!(!has_condition("", "Accepted=True"));
     }
 
     #[test]

@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use serde::Deserialize;
 
-use crate::driver::{Cmd, LOOP_ASKS, NAMESPACE, Platform, Shell, repo_dir};
+use crate::driver::{
+    Cmd, Failover, HELD_HOST_PORT, HELD_NODE_PORT, NAMESPACE, Platform, Shell, repo_dir,
+};
 
 /// The workload image `deploy/image/local-images.sh` builds.
 pub const ECHO_IMAGE: &str = "localhost/kuport-echo:e2e";
@@ -24,6 +26,10 @@ pub const ECHO_IMAGE: &str = "localhost/kuport-echo:e2e";
 const ACCEPTING: &str = "edge-a";
 const POD_NODE: &str = "worker-b";
 const MOVED_TO: &str = "edge-a";
+/// The other public edge, which takes over a Single mapping when the accepting node fails.
+const STANDBY: &str = "edge-c";
+/// The failover class's port (delivered to the echo pod's UDP 3000).
+const FAILOVER_PORT: u16 = 3100;
 /// The UDP range the workload serves and maps (port for port).
 const RANGE: (u16, u16) = (5000, 5005);
 
@@ -230,6 +236,34 @@ impl Local {
         }
     }
 
+    /// One ask from the internet client to `port` on the accepting node's public address; its
+    /// first line whatever it was (a refusal or a timeout is not an error here).
+    fn ask_public(&self, sh: &mut dyn Shell, protocol: &str, port: u16) -> Result<String> {
+        self.ask_node_public(sh, ACCEPTING, protocol, port, 2000)
+    }
+
+    fn ask_node_public(
+        &self,
+        sh: &mut dyn Shell,
+        node: &str,
+        protocol: &str,
+        port: u16,
+        timeout_ms: u32,
+    ) -> Result<String> {
+        let desc = self.desc()?;
+        let public = self
+            .node(node)?
+            .public
+            .with_context(|| format!("node {node} has no public address"))?;
+        let mut ask = self.ask(&desc.internet, protocol, SocketAddr::from((public, port)));
+        if let Some(t) = ask.args.iter().position(|a| a == "--timeout-ms") {
+            ask.args[t + 1] = timeout_ms.to_string();
+        }
+        let line = format!("{ask} || true");
+        let out = sh.run(&Cmd::new("sh", ["-c", &line]))?;
+        Ok(out.lines().next().unwrap_or("").trim().to_owned())
+    }
+
     fn ask(&self, client: &Client, protocol: &str, dialed: SocketAddr) -> Cmd {
         let echo = self
             .desc
@@ -400,8 +434,79 @@ impl Platform for Local {
         (ACCEPTING.into(), POD_NODE.into(), MOVED_TO.into())
     }
 
-    fn workload(&self, accepting: &str, pod_node: &str) -> String {
-        workload(accepting, pod_node)
+    fn workload(&self, accepting: &str, pod_node: &str, moved_to: &str) -> String {
+        workload(accepting, pod_node, moved_to)
+    }
+
+    fn probed_container(&self) -> &'static str {
+        "udp"
+    }
+
+    /// A TCP ask to the mapped port on the public address must be refused (a RST from the
+    /// address dialed), not time out and not answer.
+    fn expect_refused(&mut self, sh: &mut dyn Shell, _internal_ip: &str) -> Result<()> {
+        let out = self.ask_public(sh, "tcp", 3000)?;
+        ensure!(
+            out.starts_with("refused"),
+            "with its only pod unready the mapped TCP port gave {out:?}, not a refusal"
+        );
+        Ok(())
+    }
+
+    fn failover(&self) -> Option<Failover> {
+        Some(Failover {
+            primary: ACCEPTING.into(),
+            standby: STANDBY.into(),
+            port: FAILOVER_PORT,
+            workload: failover_workload(ACCEPTING, STANDBY),
+        })
+    }
+
+    /// SIGSTOP or SIGCONT to the kubelet running in the node's network namespace: stopped, it
+    /// renews no Lease and reports no status, as a hung or partitioned kubelet would.
+    fn pause_kubelet(&mut self, sh: &mut dyn Shell, node: &str, paused: bool) -> Result<()> {
+        let netns = self.node(node)?.netns.clone();
+        let signal = if paused { "STOP" } else { "CONT" };
+        let script = format!(
+            "found=0; for p in $(ip netns pids {netns}); do \
+             if [ \"$(cat /proc/$p/comm 2>/dev/null)\" = kubelet ]; then kill -{signal} $p && found=1; fi; \
+             done; [ $found = 1 ] || {{ echo 'no kubelet in {netns}' >&2; exit 1; }}"
+        );
+        sh.run(&Cmd::new("sh", ["-c", &script])).map(|_| ())
+    }
+
+    fn ask_node(
+        &mut self,
+        sh: &mut dyn Shell,
+        node: &str,
+        port: u16,
+        timeout_ms: u32,
+    ) -> Result<String> {
+        self.ask_node_public(sh, node, "udp", port, timeout_ms)
+    }
+
+    fn held_ports_workload(&self, accepting: &str) -> Option<String> {
+        Some(held_ports_workload(accepting))
+    }
+
+    /// Any answer counts: a NodePort's traffic is masqueraded by kube-proxy, so the pod sees a
+    /// node address, not the client's.
+    fn ask_tcp(&mut self, sh: &mut dyn Shell, port: u16, internal: bool) -> Result<String> {
+        let out = if internal {
+            let desc = self.desc()?;
+            let vpn = desc
+                .vpn_clients
+                .first()
+                .context("the local cluster has no VPN client")?;
+            let mesh = self.node(ACCEPTING)?.mesh;
+            let ask = self.ask(vpn, "tcp", SocketAddr::from((mesh, port)));
+            let out = sh.run(&Cmd::new("sh", ["-c", &format!("{ask} || true")]))?;
+            out.lines().next().unwrap_or("").trim().to_owned()
+        } else {
+            self.ask_public(sh, "tcp", port)?
+        };
+        ensure!(out.starts_with("reply "), "TCP to port {port}: {out:?}");
+        Ok(out)
     }
 
     /// UDP and TCP from the internet to the node's public address, a port of the range, and
@@ -437,7 +542,7 @@ impl Platform for Local {
         Ok(seen)
     }
 
-    fn start_loop(&mut self, sh: &mut dyn Shell, _internal_ip: &str) -> Result<()> {
+    fn start_loop(&mut self, sh: &mut dyn Shell, _internal_ip: &str, asks: u32) -> Result<()> {
         let desc = self.desc()?.clone();
         let public = self
             .node(ACCEPTING)?
@@ -445,7 +550,7 @@ impl Platform for Local {
             .with_context(|| format!("node {ACCEPTING} has no public address"))?;
         let log = self.loop_log();
         let script = format!(
-            "sent=0; answered=0\nwhile [ $sent -lt {LOOP_ASKS} ]; do\n  \
+            "sent=0; answered=0\nwhile [ $sent -lt {asks} ]; do\n  \
              if {echo} ask udp {public}:3000 --timeout-ms 1000 | grep -q '^reply '; then answered=$((answered+1)); fi\n  \
              sent=$((sent+1)); sleep 0.1\ndone\necho sent $sent answered $answered\n",
             echo = desc.echo.display()
@@ -502,10 +607,12 @@ impl Platform for Local {
     }
 }
 
-/// The local workload: kuport-echo answering UDP and TCP on 3000 and UDP on the range, ready
-/// once its TCP port listens; its Service; a class accepting on the node's public and mesh
-/// interfaces; a PortMap each for UDP, TCP and the range.
-pub fn workload(accepting: &str, pod_node: &str) -> String {
+/// The local workload: kuport-echo answering UDP and TCP on 3000 and UDP on the range, allowed
+/// on `pod_node` and `moved_to` only, ready once its TCP port listens and while its `udp`
+/// container has no `/tmp/unready`; its Service; a class accepting on the node's public and
+/// mesh interfaces (opting in to the NodePort range, so that a PortMap there meets the NodePort
+/// itself); a PortMap each for UDP, TCP and the range.
+pub fn workload(accepting: &str, pod_node: &str, moved_to: &str) -> String {
     let (first, last) = RANGE;
     format!(
         r#"apiVersion: v1
@@ -528,10 +635,12 @@ spec:
     metadata:
       labels: {{app: echo}}
     spec:
-      nodeSelector:
-        kubernetes.io/hostname: {pod_node}
-      tolerations:
-        - operator: Exists
+      affinity:
+        nodeAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+            nodeSelectorTerms:
+              - matchExpressions:
+                  - {{key: kubernetes.io/hostname, operator: In, values: [{pod_node}, {moved_to}]}}
       terminationGracePeriodSeconds: 1
       containers:
         - name: udp
@@ -540,6 +649,10 @@ spec:
           args: ["serve", "udp", "3000"]
           ports:
             - {{name: echo, containerPort: 3000, protocol: UDP}}
+          readinessProbe:
+            exec: {{command: ["sh", "-c", "test ! -e /tmp/unready"]}}
+            periodSeconds: 1
+            failureThreshold: 1
         - name: tcp
           image: {ECHO_IMAGE}
           imagePullPolicy: Never
@@ -576,6 +689,7 @@ spec:
   nodes:
     {accepting}: {{interfaces: [enp1s0, wt0]}}
   returnPath: {{mode: Vxlan}}
+  ports: {{systemReserved: []}}
 ---
 apiVersion: kuport.wlz.li/v1alpha1
 kind: PortMap
@@ -610,6 +724,94 @@ spec:
   port: {first}
   endPort: {last}
   serviceRef: {{name: echo, port: range}}
+"#
+    )
+}
+
+/// A NodePort Service (TCP [`HELD_NODE_PORT`] to the echo pods) and a Pod on `accepting`
+/// answering TCP on hostPort [`HELD_HOST_PORT`], with PortMaps `np` and `hp` asking for those
+/// ports in the workload's class.
+pub fn held_ports_workload(accepting: &str) -> String {
+    let portmap = |name: &str, port: u16| {
+        format!(
+            r#"apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMap
+metadata:
+  name: {name}
+  namespace: {NAMESPACE}
+spec:
+  className: e2e
+  protocol: TCP
+  port: {port}
+  serviceRef: {{name: echo, port: echo-tcp}}
+"#
+        )
+    };
+    format!(
+        r#"apiVersion: v1
+kind: Service
+metadata:
+  name: echo-np
+  namespace: {NAMESPACE}
+spec:
+  type: NodePort
+  selector: {{app: echo}}
+  ports:
+    - {{name: echo-tcp, port: 3000, targetPort: 3000, protocol: TCP, nodePort: {HELD_NODE_PORT}}}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: hostport
+  namespace: {NAMESPACE}
+spec:
+  nodeSelector:
+    kubernetes.io/hostname: {accepting}
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: tcp
+      image: {ECHO_IMAGE}
+      imagePullPolicy: Never
+      args: ["serve", "tcp", "{HELD_HOST_PORT}"]
+      ports:
+        - {{containerPort: {HELD_HOST_PORT}, hostPort: {HELD_HOST_PORT}, protocol: TCP}}
+      readinessProbe:
+        tcpSocket: {{port: {HELD_HOST_PORT}}}
+        periodSeconds: 1
+---
+{np}---
+{hp}"#,
+        np = portmap("np", HELD_NODE_PORT),
+        hp = portmap("hp", HELD_HOST_PORT),
+    )
+}
+
+/// A Single class accepting on `primary` and `standby` (the first ready one serves), and
+/// PortMap `failover` for UDP [`FAILOVER_PORT`] to the echo pods.
+pub fn failover_workload(primary: &str, standby: &str) -> String {
+    format!(
+        r#"apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMapClass
+metadata:
+  name: e2e-failover
+spec:
+  servingMode: Single
+  nodes:
+    {primary}: {{interfaces: [enp1s0]}}
+    {standby}: {{interfaces: [enp1s0]}}
+  # Its own VNIs and link addresses beside the e2e class's links between the same nodes.
+  returnPath: {{mode: Vxlan, vxlan: {{vni: 6242, subnet: 169.254.78.0/24}}}}
+---
+apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMap
+metadata:
+  name: failover
+  namespace: {NAMESPACE}
+spec:
+  className: e2e-failover
+  protocol: UDP
+  port: {FAILOVER_PORT}
+  serviceRef: {{name: echo, port: echo}}
 "#
     )
 }
@@ -664,11 +866,41 @@ mod tests {
 
     #[test]
     fn the_workload_maps_udp_tcp_and_the_range_on_the_accepting_node() {
-        let w = workload("edge-a", "worker-b");
+        let w = workload("edge-a", "worker-b", "edge-a");
         assert!(w.contains("edge-a: {interfaces: [enp1s0, wt0]}"));
-        assert!(w.contains("kubernetes.io/hostname: worker-b"));
+        assert!(w.contains("operator: In, values: [worker-b, edge-a]"));
+        assert!(w.contains("test ! -e /tmp/unready"));
         assert_eq!(w.matches("kind: PortMap\n").count(), 3);
         assert!(w.contains("endPort: 5005"));
         assert_eq!(w.matches("imagePullPolicy: Never").count(), 3);
+    }
+
+    #[test]
+    fn the_held_ports_sit_on_the_accepting_node_with_a_portmap_each() {
+        let w = held_ports_workload("edge-a");
+        assert!(w.contains("nodePort: 31080"));
+        assert!(w.contains("hostPort: 8443"));
+        assert!(w.contains("kubernetes.io/hostname: edge-a"));
+        assert_eq!(w.matches("kind: PortMap\n").count(), 2);
+        for doc in w.split("---\n") {
+            let v: serde_json::Value = serde_saphyr::from_str(doc).expect("each document parses");
+            assert!(v["kind"].is_string(), "{doc}");
+        }
+    }
+
+    #[test]
+    fn the_failover_class_serves_single_from_two_edges_on_its_own_vnis() {
+        let w = failover_workload("edge-a", "edge-c");
+        let docs: Vec<serde_json::Value> = w
+            .split("---\n")
+            .map(|d| serde_saphyr::from_str(d).expect("each document parses"))
+            .collect();
+        let class = &docs[0]["spec"];
+        assert_eq!(class["servingMode"], "Single");
+        assert!(class["nodes"]["edge-a"].is_object() && class["nodes"]["edge-c"].is_object());
+        assert_eq!(class["returnPath"]["vxlan"]["vni"], 6242);
+        assert_eq!(class["returnPath"]["vxlan"]["subnet"], "169.254.78.0/24");
+        assert_eq!(docs[1]["spec"]["port"], 3100);
+        assert_eq!(docs[1]["spec"]["className"], "e2e-failover");
     }
 }

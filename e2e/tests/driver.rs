@@ -5,7 +5,9 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
-use kuport_e2e::driver::{self, Cmd, DryRun, LOOP_ASKS, Options, Shell, healthy_output};
+use kuport_e2e::driver::{
+    self, Cmd, DRAIN_ASKS, DryRun, LOOP_ASKS, Options, Shell, healthy_output,
+};
 
 fn options() -> Options {
     Options {
@@ -37,7 +39,11 @@ fn outline(c: &Cmd) -> String {
 fn the_dry_run_prints_the_whole_sequence_in_order() {
     let mut shell = DryRun::default();
     let summary = driver::run(&mut shell, &options()).expect("a healthy dry run passes");
-    assert_eq!(summary.probes, vec!["172.18.0.9", "172.18.0.9"]);
+    assert_eq!(summary.probes, vec!["172.18.0.9"; 3]);
+    assert_eq!(
+        (summary.drain_sent, summary.drain_answered),
+        (DRAIN_ASKS, DRAIN_ASKS)
+    );
     assert_eq!(
         (summary.loop_sent, summary.loop_answered),
         (LOOP_ASKS, LOOP_ASKS)
@@ -53,22 +59,41 @@ fn the_dry_run_prints_the_whole_sequence_in_order() {
         format!("{k} -n kuport-system rollout status daemonset/kuport-agent --timeout=180s"),
         format!("{k} -n kuport-system get events --field-selector reason=Unhealthy -o name"),
         format!("{k} get node kt-worker -o"),
+        format!("{k} cordon kt-control-plane"),
         format!("{k} apply -f -"),
         format!("{k} -n kuport-e2e rollout status deployment/echo --timeout=180s"),
+        format!("{k} uncordon kt-control-plane"),
         format!("{k} -n kuport-e2e wait portmap/echo --for=jsonpath={{.status.endpoint.node}}=kt-worker2 --timeout=180s"),
         format!("{k} -n kuport-e2e wait portmap/echo --for=condition=Programmed --timeout=180s"),
         "docker run --rm --network kind --entrypoint sh docker.io/alpine/socat:1.8.0.3 -c".to_owned(),
-        format!("{k} -n kuport-e2e patch deployment/echo --type merge -p"),
+        // The readiness probe made to fail, the refusal, ready again.
+        format!("{k} -n kuport-e2e exec deployment/echo -c echo -- sh -c"),
+        format!("{k} -n kuport-e2e get portmap/echo -o"),
+        "docker run --rm --network kind --entrypoint sh docker.io/alpine/socat:1.8.0.3 -c".to_owned(),
+        format!("{k} -n kuport-e2e exec deployment/echo -c echo -- sh -c"),
+        format!("{k} -n kuport-e2e get portmap/echo -o"),
+        "docker run --rm --network kind --entrypoint sh docker.io/alpine/socat:1.8.0.3 -c".to_owned(),
+        // The accepting node drained under a probe loop.
+        "docker run --detach --name kt-prober-200 --network kind --entrypoint sh docker.io/alpine/socat:1.8.0.3 -c".to_owned(),
+        format!("{k} drain kt-worker --ignore-daemonsets --delete-emptydir-data --timeout=120s"),
+        "docker wait kt-prober-200".to_owned(),
+        "docker logs kt-prober-200".to_owned(),
+        "docker rm kt-prober-200".to_owned(),
+        format!("{k} uncordon kt-worker"),
+        // The scheduler moves the pod.
+        format!("{k} cordon kt-worker2"),
+        format!("{k} -n kuport-e2e delete pod -l app=echo --wait=true"),
         format!("{k} -n kuport-e2e rollout status deployment/echo --timeout=180s"),
+        format!("{k} uncordon kt-worker2"),
         format!("{k} -n kuport-e2e wait portmap/echo --for=jsonpath={{.status.endpoint.node}}=kt-control-plane --timeout=180s"),
         format!("{k} -n kuport-e2e wait portmap/echo --for=condition=Programmed --timeout=180s"),
         "docker run --rm --network kind --entrypoint sh docker.io/alpine/socat:1.8.0.3 -c".to_owned(),
-        "docker run --detach --name kt-prober --network kind --entrypoint sh docker.io/alpine/socat:1.8.0.3 -c".to_owned(),
+        "docker run --detach --name kt-prober-900 --network kind --entrypoint sh docker.io/alpine/socat:1.8.0.3 -c".to_owned(),
         format!("{k} -n kuport-system rollout restart daemonset/kuport-agent"),
         format!("{k} -n kuport-system rollout status daemonset/kuport-agent --timeout=300s"),
-        "docker wait kt-prober".to_owned(),
-        "docker logs kt-prober".to_owned(),
-        "docker rm kt-prober".to_owned(),
+        "docker wait kt-prober-900".to_owned(),
+        "docker logs kt-prober-900".to_owned(),
+        "docker rm kt-prober-900".to_owned(),
         format!("{k} delete --wait=true -f -"),
         "docker run --rm --network container:kt-control-plane --cap-add NET_ADMIN --entrypoint nft kuport-agent:e2e list tables".to_owned(),
         "docker exec kt-control-plane ip -o link show".to_owned(),
@@ -96,7 +121,7 @@ fn the_dry_run_prints_the_whole_sequence_in_order() {
     );
     assert_eq!(stdin[1], stdin[3], "uninstall deletes what was installed");
     assert!(stdin[2].contains("kt-worker: {interfaces: [eth0]}"));
-    assert!(stdin[2].contains("kubernetes.io/hostname: kt-worker2"));
+    assert!(stdin[2].contains("values: [kt-worker2, kt-control-plane]"));
     // The CRDs come from the repository's crds/.
     assert!(
         shell.commands[3]
@@ -200,5 +225,24 @@ fn a_lost_client_address_a_lost_probe_or_a_dirty_node_fails_the_run() {
         commands
             .iter()
             .any(|c| c.args.first().is_some_and(|a| a == "logs"))
+    );
+}
+
+#[test]
+fn an_answer_from_an_unready_pod_or_a_drain_that_loses_probes_fails_the_run() {
+    fails_with(
+        |c| {
+            (c.args.join(" ").contains("refusal-check"))
+                .then(|| "refusal-check\nsaw 172.18.0.9:4000".to_owned())
+        },
+        "the mapping answered with its only pod unready",
+    );
+    fails_with(
+        |c| {
+            (c.args.first().is_some_and(|a| a == "logs")
+                && c.args.last().is_some_and(|a| a.ends_with("-200")))
+            .then(|| "sent 200 answered 190".to_owned())
+        },
+        "the drain lost 10 of 200 probes",
     );
 }
