@@ -205,11 +205,10 @@ fn kind_config() -> String {
     "kind: Cluster\napiVersion: kind.x-k8s.io/v1alpha4\nnodes:\n  - role: control-plane\n  - role: worker\n  - role: worker\n".to_owned()
 }
 
-/// The workload: an echo responder (socat answering each datagram with the address it came
-/// from) allowed on `pod_node` and `moved_to` only (the run cordons the one it should not
-/// start on), ready while `/tmp/unready` does not exist, its Service, a class accepting on
-/// `accepting_node`, and the mapping.
-pub fn workload(accepting_node: &str, pod_node: &str, moved_to: &str) -> String {
+/// Namespace [`NAMESPACE`] and the start of Deployment `echo` (one replica, recreated, allowed
+/// on `pod_node` and `moved_to` only, `extra_spec` lines added to its pod spec), up to its
+/// `containers:` line: the part the workloads of every platform share.
+pub fn echo_deployment_head(pod_node: &str, moved_to: &str, extra_spec: &str) -> String {
     format!(
         r#"apiVersion: v1
 kind: Namespace
@@ -237,11 +236,24 @@ spec:
             nodeSelectorTerms:
               - matchExpressions:
                   - {{key: kubernetes.io/hostname, operator: In, values: [{pod_node}, {moved_to}]}}
-      tolerations:
-        - {{key: node-role.kubernetes.io/control-plane, operator: Exists, effect: NoSchedule}}
-      terminationGracePeriodSeconds: 1
+{extra_spec}      terminationGracePeriodSeconds: 1
       containers:
-        - name: echo
+"#
+    )
+}
+
+/// The workload: an echo responder (socat answering each datagram with the address it came
+/// from) allowed on `pod_node` and `moved_to` only (the run cordons the one it should not
+/// start on), ready while `/tmp/unready` does not exist, its Service, a class accepting on
+/// `accepting_node`, and the mapping.
+pub fn workload(accepting_node: &str, pod_node: &str, moved_to: &str) -> String {
+    let head = echo_deployment_head(
+        pod_node,
+        moved_to,
+        "      tolerations:\n        - {key: node-role.kubernetes.io/control-plane, operator: Exists, effect: NoSchedule}\n",
+    );
+    format!(
+        r#"{head}        - name: echo
           image: {SOCAT_IMAGE}
           args: ["-T5", "UDP4-RECVFROM:3000,fork", "SYSTEM:echo saw $SOCAT_PEERADDR:$SOCAT_PEERPORT"]
           ports:
@@ -1180,20 +1192,7 @@ impl Platform for Kind {
     fn expect_refused(&mut self, sh: &mut dyn Shell, internal_ip: &str) -> Result<()> {
         let script =
             format!("echo refusal-check; echo ping | socat -T3 - UDP4:{internal_ip}:3000 || true");
-        let out = sh.run(&Cmd::new(
-            "docker",
-            [
-                "run",
-                "--rm",
-                "--network",
-                "kind",
-                "--entrypoint",
-                "sh",
-                SOCAT_IMAGE,
-                "-c",
-                &script,
-            ],
-        ))?;
+        let out = sh.run(&socat_once(&script))?;
         ensure!(
             !out.lines().any(|l| l.starts_with("saw ")),
             "the mapping answered with its only pod unready: {out:?}"
@@ -1206,20 +1205,7 @@ impl Platform for Kind {
         let script = format!(
             "echo prober-address $(hostname -i); echo ping | socat -T3 - UDP4:{internal_ip}:3000"
         );
-        let out = sh.run(&Cmd::new(
-            "docker",
-            [
-                "run",
-                "--rm",
-                "--network",
-                "kind",
-                "--entrypoint",
-                "sh",
-                SOCAT_IMAGE,
-                "-c",
-                &script,
-            ],
-        ))?;
+        let out = sh.run(&socat_once(&script))?;
         Ok(vec![check_probe(&out)?])
     }
 
@@ -1283,6 +1269,24 @@ impl Platform for Kind {
     }
 }
 
+/// `script` run once in a socat container on kind's network (outside the cluster).
+fn socat_once(script: &str) -> Cmd {
+    Cmd::new(
+        "docker",
+        [
+            "run",
+            "--rm",
+            "--network",
+            "kind",
+            "--entrypoint",
+            "sh",
+            SOCAT_IMAGE,
+            "-c",
+            script,
+        ],
+    )
+}
+
 /// kuport's objects in `nft list tables` and `ip -o link show` output.
 pub fn leftovers(nft_tables: &str, links: &str) -> Vec<String> {
     let mut left: Vec<String> = nft_tables
@@ -1324,6 +1328,22 @@ mod tests {
         ] {
             assert!(check_probe(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn the_kind_workload_parses_and_tolerates_only_the_control_plane() {
+        let w = workload("kt-worker", "kt-worker2", "kt-control-plane");
+        let docs: Vec<serde_json::Value> = w
+            .split("---\n")
+            .map(|d| serde_saphyr::from_str(d).expect("each document parses"))
+            .collect();
+        let pod = &docs[1]["spec"]["template"]["spec"];
+        assert_eq!(
+            pod["tolerations"][0]["key"],
+            "node-role.kubernetes.io/control-plane"
+        );
+        assert_eq!(pod["containers"][0]["name"], "echo");
+        assert_eq!(docs.len(), 5);
     }
 
     #[test]

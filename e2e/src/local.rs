@@ -614,36 +614,9 @@ impl Platform for Local {
 /// itself); a PortMap each for UDP, TCP and the range.
 pub fn workload(accepting: &str, pod_node: &str, moved_to: &str) -> String {
     let (first, last) = RANGE;
+    let head = crate::driver::echo_deployment_head(pod_node, moved_to, "");
     format!(
-        r#"apiVersion: v1
-kind: Namespace
-metadata:
-  name: {NAMESPACE}
----
-apiVersion: apps/v1
-kind: Deployment
-metadata:
-  name: echo
-  namespace: {NAMESPACE}
-spec:
-  replicas: 1
-  strategy:
-    type: Recreate
-  selector:
-    matchLabels: {{app: echo}}
-  template:
-    metadata:
-      labels: {{app: echo}}
-    spec:
-      affinity:
-        nodeAffinity:
-          requiredDuringSchedulingIgnoredDuringExecution:
-            nodeSelectorTerms:
-              - matchExpressions:
-                  - {{key: kubernetes.io/hostname, operator: In, values: [{pod_node}, {moved_to}]}}
-      terminationGracePeriodSeconds: 1
-      containers:
-        - name: udp
+        r#"{head}        - name: udp
           image: {ECHO_IMAGE}
           imagePullPolicy: Never
           args: ["serve", "udp", "3000"]
@@ -873,6 +846,10 @@ mod tests {
         assert_eq!(w.matches("kind: PortMap\n").count(), 3);
         assert!(w.contains("endPort: 5005"));
         assert_eq!(w.matches("imagePullPolicy: Never").count(), 3);
+        for doc in w.split("---\n") {
+            let v: serde_json::Value = serde_saphyr::from_str(doc).expect("each document parses");
+            assert!(v["kind"].is_string(), "{doc}");
+        }
     }
 
     #[test]
