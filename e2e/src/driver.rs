@@ -635,6 +635,70 @@ fn steps(r: &mut Run<'_>) -> Result<Summary> {
         r.p.create(r.sh)
     })?;
     let (install, uninstall) = r.p.install()?;
+    install_step(r, install)?;
+
+    // The mapping: accepted on one node, the pod on another.
+    let (accepting, pod_node, moved_to) = r.p.nodes();
+    let address = r.step("read the accepting node's InternalIP", |r| {
+        internal_ip(r, &accepting)
+    })?;
+    r.step(
+        "workload and mapping: the pod on another node, Programmed",
+        |r| start_workload(r, &accepting, &pod_node, &moved_to),
+    )?;
+    let seen = r.step(
+        "probe across nodes: the pod sees the client's own address",
+        |r| r.p.probe(r.sh, &address),
+    )?;
+    summary.probes.extend(seen);
+    r.step(
+        "the pod turns unready (its readiness probe fails): NoReadyEndpoint, the port refuses; ready again, it answers",
+        |r| unready_and_back(r, &address, &mut summary),
+    )?;
+    (summary.drain_sent, summary.drain_answered) = r.step(
+        "kubectl drain of the accepting node under a probe loop: no probe lost",
+        |r| drain_under_loop(r, &address, &accepting),
+    )?;
+    // The pod is still on pod_node (the failover must not take the pod's node with it).
+    if let Some(f) = r.p.failover() {
+        failover_steps(r, f, &mut summary)?;
+    }
+    r.step(
+        "the scheduler moves the pod (its node cordoned, the pod deleted); the mapping follows",
+        |r| reschedule(r, &pod_node, &moved_to),
+    )?;
+    let seen = r.step(
+        "probe after the move: the pod sees the client's own address",
+        |r| r.p.probe(r.sh, &address),
+    )?;
+    summary.probes.extend(seen);
+    if let Some(held) = r.p.held_ports_workload(&accepting) {
+        held_port_steps(r, &address, held, &mut summary)?;
+    }
+    (summary.loop_sent, summary.loop_answered) = r.step(
+        "rolling restart of the DaemonSet under a probe loop: no probe lost",
+        |r| restart_under_loop(r, &address),
+    )?;
+
+    // Uninstall: the agents see their DaemonSet go and clean their nodes.
+    let nodes = vec![accepting, pod_node, moved_to];
+    r.step(
+        "uninstall leaves no kuport table or link on any node",
+        |r| {
+            r.sh.run(&uninstall)?;
+            r.nodes_clean(&nodes)
+        },
+    )?;
+    if r.p.helm(Vec::new()).is_some() {
+        chart_steps(r, &address, &nodes, &mut summary)?;
+    }
+    Ok(summary)
+}
+
+/// CRDs, then the manifests; waits for the DaemonSet on every node and checks that the agents'
+/// start recorded no failed probe (the readiness probe waits for the first pass instead of
+/// failing before it).
+fn install_step(r: &mut Run<'_>, install: Cmd) -> Result<()> {
     let crds = r.p.kubectl(vec![
         "apply".into(),
         "--server-side".into(),
@@ -647,8 +711,6 @@ fn steps(r: &mut Run<'_>) -> Result<Summary> {
             r.sh.run(&crds)?;
             r.sh.run(&install)?;
             r.rollout_status("kuport-system", "daemonset/kuport-agent", "180s")?;
-            // A normal start records no failed probe (the readiness probe waits for the
-            // first pass instead of failing before it).
             let unhealthy = r.kubectl([
                 "-n",
                 "kuport-system",
@@ -666,163 +728,109 @@ fn steps(r: &mut Run<'_>) -> Result<Summary> {
             );
             Ok(())
         },
-    )?;
+    )
+}
 
-    // The mapping: accepted on one node, the pod on another.
-    let (accepting, pod_node, moved_to) = r.p.nodes();
-    let address = r.step("read the accepting node's InternalIP", |r| {
-        let address = r.kubectl([
-            "get",
-            "node",
-            &accepting,
-            "-o",
-            "jsonpath={.status.addresses[?(@.type==\"InternalIP\")].address}",
-        ])?;
-        let address = address.trim().to_owned();
-        ensure!(!address.is_empty(), "node {accepting} has no InternalIP");
-        Ok(address)
-    })?;
-    r.step(
-        "workload and mapping: the pod on another node, Programmed",
-        |r| {
-            // The workload may run on pod_node or moved_to; moved_to is cordoned while it
-            // starts so that the scheduler puts it on pod_node.
-            r.cordon(&moved_to, true)?;
-            let workload = r.p.workload(&accepting, &pod_node, &moved_to);
-            r.kubectl_stdin(&["apply", "-f", "-"], workload)?;
-            r.rollout_status(NAMESPACE, "deployment/echo", "180s")?;
-            r.cordon(&moved_to, false)?;
-            r.wait_programmed(&pod_node)
-        },
-    )?;
-    let seen = r.step(
-        "probe across nodes: the pod sees the client's own address",
-        |r| r.p.probe(r.sh, &address),
-    )?;
+fn internal_ip(r: &mut Run<'_>, node: &str) -> Result<String> {
+    let address = r.kubectl([
+        "get",
+        "node",
+        node,
+        "-o",
+        "jsonpath={.status.addresses[?(@.type==\"InternalIP\")].address}",
+    ])?;
+    let address = address.trim().to_owned();
+    ensure!(!address.is_empty(), "node {node} has no InternalIP");
+    Ok(address)
+}
+
+/// The workload may run on `pod_node` or `moved_to`; `moved_to` is cordoned while it starts so
+/// that the scheduler puts it on `pod_node`.
+fn start_workload(r: &mut Run<'_>, accepting: &str, pod_node: &str, moved_to: &str) -> Result<()> {
+    r.cordon(moved_to, true)?;
+    let workload = r.p.workload(accepting, pod_node, moved_to);
+    let started = r
+        .kubectl_stdin(&["apply", "-f", "-"], workload)
+        .and_then(|_| r.rollout_status(NAMESPACE, "deployment/echo", "180s"));
+    r.cordon(moved_to, false)?;
+    started?;
+    r.wait_programmed(pod_node)
+}
+
+/// The kubelet's readiness probe fails: the endpoint goes, the mapping refuses and says why;
+/// ready again, it answers.
+fn unready_and_back(r: &mut Run<'_>, address: &str, summary: &mut Summary) -> Result<()> {
+    let minute = std::time::Duration::from_secs(60);
+    r.set_unready(true)?;
+    r.wait_condition("echo", "Programmed=False/NoReadyEndpoint", minute)?;
+    r.p.expect_refused(r.sh, address)?;
+    r.set_unready(false)?;
+    r.wait_condition("echo", "Programmed=True", minute)?;
+    let seen = r.p.probe(r.sh, address)?;
     summary.probes.extend(seen);
+    Ok(())
+}
 
-    // The kubelet's readiness probe fails: the endpoint goes, the mapping refuses and says why.
-    r.step(
-        "the pod turns unready (its readiness probe fails): NoReadyEndpoint, the port refuses; ready again, it answers",
-        |r| {
-            r.set_unready(true)?;
-            r.wait_condition(
-                "echo",
-                "Programmed=False/NoReadyEndpoint",
-                std::time::Duration::from_secs(60),
-            )?;
-            r.p.expect_refused(r.sh, &address)?;
-            r.set_unready(false)?;
-            r.wait_condition("echo", "Programmed=True", std::time::Duration::from_secs(60))?;
-            let seen = r.p.probe(r.sh, &address)?;
-            summary.probes.extend(seen);
-            Ok(())
-        },
-    )?;
+/// A drain of the accepting node evicts nothing of kuport's (the agent is a DaemonSet pod) and
+/// must not stop it accepting: a cordoned node still forwards.
+fn drain_under_loop(r: &mut Run<'_>, address: &str, accepting: &str) -> Result<(u32, u32)> {
+    r.p.start_loop(r.sh, address, DRAIN_ASKS)?;
+    let drained = r.kubectl([
+        "drain",
+        accepting,
+        "--ignore-daemonsets",
+        "--delete-emptydir-data",
+        "--timeout=120s",
+    ]);
+    let logs = r.p.finish_loop(r.sh);
+    r.cordon(accepting, false)?;
+    drained?;
+    none_lost(&logs?, DRAIN_ASKS, "the drain")
+}
 
-    // A drain of the accepting node evicts nothing of kuport's (the agent is a DaemonSet pod)
-    // and must not stop it accepting: a cordoned node still forwards.
-    let (sent, answered) = r.step(
-        "kubectl drain of the accepting node under a probe loop: no probe lost",
-        |r| {
-            r.p.start_loop(r.sh, &address, DRAIN_ASKS)?;
-            let drained = r.kubectl([
-                "drain",
-                &accepting,
-                "--ignore-daemonsets",
-                "--delete-emptydir-data",
-                "--timeout=120s",
-            ]);
-            let logs = r.p.finish_loop(r.sh);
-            r.cordon(&accepting, false)?;
-            drained?;
-            let (sent, answered) = parse_loop(&logs?)?;
-            ensure!(
-                sent == DRAIN_ASKS && answered == sent,
-                "the drain lost {} of {sent} probes",
-                sent.saturating_sub(answered)
-            );
-            Ok((sent, answered))
-        },
-    )?;
-    summary.drain_sent = sent;
-    summary.drain_answered = answered;
+/// The scheduler moves the pod: its node cordoned, the pod deleted.
+fn reschedule(r: &mut Run<'_>, pod_node: &str, moved_to: &str) -> Result<()> {
+    r.cordon(pod_node, true)?;
+    let moved = r
+        .kubectl([
+            "-n",
+            NAMESPACE,
+            "delete",
+            "pod",
+            "-l",
+            "app=echo",
+            "--wait=true",
+        ])
+        .and_then(|_| r.rollout_status(NAMESPACE, "deployment/echo", "180s"));
+    r.cordon(pod_node, false)?;
+    moved?;
+    r.wait_programmed(moved_to)
+}
 
-    // The pod is still on pod_node (the failover must not take the pod's node with it).
-    if let Some(f) = r.p.failover() {
-        failover_steps(r, f, &mut summary)?;
-    }
+/// A rolling restart of the DaemonSet while a loop asks 10 times a second.
+fn restart_under_loop(r: &mut Run<'_>, address: &str) -> Result<(u32, u32)> {
+    r.p.start_loop(r.sh, address, LOOP_ASKS)?;
+    r.kubectl([
+        "-n",
+        "kuport-system",
+        "rollout",
+        "restart",
+        "daemonset/kuport-agent",
+    ])?;
+    r.rollout_status("kuport-system", "daemonset/kuport-agent", "300s")?;
+    let logs = r.p.finish_loop(r.sh)?;
+    none_lost(&logs, LOOP_ASKS, "the rolling restart")
+}
 
-    // The scheduler moves the pod: its node cordoned, the pod deleted.
-    r.step(
-        "the scheduler moves the pod (its node cordoned, the pod deleted); the mapping follows",
-        |r| {
-            r.cordon(&pod_node, true)?;
-            let moved = r
-                .kubectl([
-                    "-n",
-                    NAMESPACE,
-                    "delete",
-                    "pod",
-                    "-l",
-                    "app=echo",
-                    "--wait=true",
-                ])
-                .and_then(|_| r.rollout_status(NAMESPACE, "deployment/echo", "180s"));
-            r.cordon(&pod_node, false)?;
-            moved?;
-            r.wait_programmed(&moved_to)
-        },
-    )?;
-    let seen = r.step(
-        "probe after the move: the pod sees the client's own address",
-        |r| r.p.probe(r.sh, &address),
-    )?;
-    summary.probes.extend(seen);
-
-    if let Some(held) = r.p.held_ports_workload(&accepting) {
-        held_port_steps(r, &address, held, &mut summary)?;
-    }
-
-    // A rolling restart of the DaemonSet while a loop asks 10 times a second.
-    let (sent, answered) = r.step(
-        "rolling restart of the DaemonSet under a probe loop: no probe lost",
-        |r| {
-            r.p.start_loop(r.sh, &address, LOOP_ASKS)?;
-            r.kubectl([
-                "-n",
-                "kuport-system",
-                "rollout",
-                "restart",
-                "daemonset/kuport-agent",
-            ])?;
-            r.rollout_status("kuport-system", "daemonset/kuport-agent", "300s")?;
-            let logs = r.p.finish_loop(r.sh)?;
-            let (sent, answered) = parse_loop(&logs)?;
-            ensure!(
-                sent == LOOP_ASKS && answered == sent,
-                "the rolling restart lost {} of {sent} probes",
-                sent.saturating_sub(answered)
-            );
-            Ok((sent, answered))
-        },
-    )?;
-    summary.loop_sent = sent;
-    summary.loop_answered = answered;
-
-    // Uninstall: the agents see their DaemonSet go and clean their nodes.
-    let nodes = vec![accepting, pod_node, moved_to];
-    r.step(
-        "uninstall leaves no kuport table or link on any node",
-        |r| {
-            r.sh.run(&uninstall)?;
-            r.nodes_clean(&nodes)
-        },
-    )?;
-    if r.p.helm(Vec::new()).is_some() {
-        chart_steps(r, &address, &nodes, &mut summary)?;
-    }
-    Ok(summary)
+/// The loop's `(sent, answered)`, when it sent all `asks` and every one was answered.
+fn none_lost(logs: &str, asks: u32, during: &str) -> Result<(u32, u32)> {
+    let (sent, answered) = parse_loop(logs)?;
+    ensure!(
+        sent == asks && answered == sent,
+        "{during} lost {} of {sent} probes",
+        sent.saturating_sub(answered)
+    );
+    Ok((sent, answered))
 }
 
 /// A NodePort Service and a hostPort Pod on the accepting node beside kuport's mappings: a
@@ -884,13 +892,15 @@ fn held_port_steps(
 }
 
 /// The failover step's setting: a Single class accepting on `primary` (which serves while it
-/// is ready) and `standby`, its PortMap `failover` for UDP `port`.
+/// is ready) and `standby`, its PortMap `failover` for UDP `port`; a Multi class on the same
+/// two nodes, its PortMap `failover-multi` for UDP `multi_port` (both edges serve).
 #[derive(Clone, Debug)]
 pub struct Failover {
     pub primary: String,
     pub standby: String,
     pub port: u16,
-    /// The class and the PortMap (the workload's Service and pod already exist).
+    pub multi_port: u16,
+    /// The classes and the PortMaps (the workload's Service and pod already exist).
     pub workload: String,
 }
 
@@ -935,20 +945,32 @@ fn until_answered(
 fn failover_steps(r: &mut Run<'_>, f: Failover, summary: &mut Summary) -> Result<()> {
     r.step(
         &format!(
-            "a stopped kubelet, {FAILOVER_SAMPLES} times: the node turns NotReady, the other edge answers; resumed, the first edge again"
+            "a stopped kubelet, {FAILOVER_SAMPLES} times: the node turns NotReady, the other edge takes over (Single) and keeps answering (Multi); resumed, the first edge again"
         ),
         |r| {
             r.kubectl_stdin(&["apply", "-f", "-"], f.workload.clone())?;
-            r.wait_condition(
-                "failover",
-                "Programmed=True",
-                std::time::Duration::from_secs(120),
-            )?;
+            for name in ["failover", "failover-multi"] {
+                r.wait_condition(name, "Programmed=True", std::time::Duration::from_secs(120))?;
+            }
             let limit = std::time::Duration::from_secs(90);
             until_answered(r, &f.primary, f.port, limit)?;
+            for node in [&f.primary, &f.standby] {
+                until_answered(r, node, f.multi_port, limit)?;
+            }
             for _ in 0..FAILOVER_SAMPLES {
                 r.p.pause_kubelet(r.sh, &f.primary, true)?;
-                let over = until_answered(r, &f.standby, f.port, limit);
+                let over = until_answered(r, &f.standby, f.port, limit).and_then(|over| {
+                    // The node is NotReady now: the Multi mapping's other edge still answers,
+                    // at its first ask.
+                    let multi = r.p.ask_node(r.sh, &f.standby, f.multi_port, 1000)?;
+                    ensure!(
+                        multi.starts_with("reply "),
+                        "the Multi mapping's other edge {} stopped answering while {} was NotReady: {multi:?}",
+                        f.standby,
+                        f.primary
+                    );
+                    Ok(over)
+                });
                 r.p.pause_kubelet(r.sh, &f.primary, false)?;
                 summary.failover_ms.push(over?.as_millis() as u64);
                 let back = until_answered(r, &f.primary, f.port, limit)?;
@@ -995,39 +1017,7 @@ fn chart_steps(
     })?;
     r.step(
         "helm install: the DaemonSet ready; the mapping answers again",
-        |r| {
-            // The chart leaves the namespace to the user, labelled for Pod Security first
-            // (values.yaml, README.md).
-            r.kubectl(["create", "namespace", "kuport-system"])?;
-            r.kubectl([
-                "label",
-                "namespace",
-                "kuport-system",
-                "pod-security.kubernetes.io/enforce=privileged",
-            ])?;
-            r.helm(&[
-                "install",
-                "kuport",
-                &chart,
-                "--namespace",
-                "kuport-system",
-                "--wait",
-                "--timeout",
-                "180s",
-            ])?;
-            r.rollout_status("kuport-system", "daemonset/kuport-agent", "180s")?;
-            r.kubectl([
-                "-n",
-                NAMESPACE,
-                "wait",
-                "portmap/echo",
-                "--for=condition=Programmed",
-                "--timeout=180s",
-            ])?;
-            let seen = r.p.probe(r.sh, address)?;
-            summary.probes.extend(seen);
-            Ok(())
-        },
+        |r| helm_install(r, &chart, address, summary),
     )?;
     r.step(
         "helm upgrade (logLevel=debug): a rolling update; the mapping answers",
@@ -1073,6 +1063,40 @@ fn chart_steps(
             r.nodes_clean(nodes)
         },
     )?;
+    Ok(())
+}
+
+/// The chart leaves the namespace to the user, labelled for Pod Security first (values.yaml,
+/// README.md); installed, every agent ready and the mapping programmed again, it answers.
+fn helm_install(r: &mut Run<'_>, chart: &str, address: &str, summary: &mut Summary) -> Result<()> {
+    r.kubectl(["create", "namespace", "kuport-system"])?;
+    r.kubectl([
+        "label",
+        "namespace",
+        "kuport-system",
+        "pod-security.kubernetes.io/enforce=privileged",
+    ])?;
+    r.helm(&[
+        "install",
+        "kuport",
+        chart,
+        "--namespace",
+        "kuport-system",
+        "--wait",
+        "--timeout",
+        "180s",
+    ])?;
+    r.rollout_status("kuport-system", "daemonset/kuport-agent", "180s")?;
+    r.kubectl([
+        "-n",
+        NAMESPACE,
+        "wait",
+        "portmap/echo",
+        "--for=condition=Programmed",
+        "--timeout=180s",
+    ])?;
+    let seen = r.p.probe(r.sh, address)?;
+    summary.probes.extend(seen);
     Ok(())
 }
 

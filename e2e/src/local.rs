@@ -30,6 +30,8 @@ const MOVED_TO: &str = "edge-a";
 const STANDBY: &str = "edge-c";
 /// The failover class's port (delivered to the echo pod's UDP 3000).
 const FAILOVER_PORT: u16 = 3100;
+/// The Multi class's port, on the same two edges.
+const MULTI_PORT: u16 = 3200;
 /// The UDP range the workload serves and maps (port for port).
 const RANGE: (u16, u16) = (5000, 5005);
 
@@ -458,6 +460,7 @@ impl Platform for Local {
             primary: ACCEPTING.into(),
             standby: STANDBY.into(),
             port: FAILOVER_PORT,
+            multi_port: MULTI_PORT,
             workload: failover_workload(ACCEPTING, STANDBY),
         })
     }
@@ -759,8 +762,9 @@ spec:
     )
 }
 
-/// A Single class accepting on `primary` and `standby` (the first ready one serves), and
-/// PortMap `failover` for UDP [`FAILOVER_PORT`] to the echo pods.
+/// A Single class accepting on `primary` and `standby` (the first ready one serves) with
+/// PortMap `failover` for UDP [`FAILOVER_PORT`], and a Multi class on both with PortMap
+/// `failover-multi` for UDP [`MULTI_PORT`], both to the echo pods.
 pub fn failover_workload(primary: &str, standby: &str) -> String {
     format!(
         r#"apiVersion: kuport.wlz.li/v1alpha1
@@ -784,6 +788,28 @@ spec:
   className: e2e-failover
   protocol: UDP
   port: {FAILOVER_PORT}
+  serviceRef: {{name: echo, port: echo}}
+---
+apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMapClass
+metadata:
+  name: e2e-multi
+spec:
+  servingMode: Multi
+  nodes:
+    {primary}: {{interfaces: [enp1s0]}}
+    {standby}: {{interfaces: [enp1s0]}}
+  returnPath: {{mode: Vxlan, vxlan: {{vni: 8242, subnet: 169.254.79.0/24}}}}
+---
+apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMap
+metadata:
+  name: failover-multi
+  namespace: {NAMESPACE}
+spec:
+  className: e2e-multi
+  protocol: UDP
+  port: {MULTI_PORT}
   serviceRef: {{name: echo, port: echo}}
 "#
     )
@@ -879,5 +905,12 @@ mod tests {
         assert_eq!(class["returnPath"]["vxlan"]["subnet"], "169.254.78.0/24");
         assert_eq!(docs[1]["spec"]["port"], 3100);
         assert_eq!(docs[1]["spec"]["className"], "e2e-failover");
+        assert_eq!(docs[2]["spec"]["servingMode"], "Multi");
+        assert_eq!(
+            docs[2]["spec"]["returnPath"]["vxlan"]["subnet"],
+            "169.254.79.0/24"
+        );
+        assert_eq!(docs[3]["spec"]["port"], 3200);
+        assert_eq!(docs[3]["spec"]["className"], "e2e-multi");
     }
 }
