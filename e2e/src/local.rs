@@ -116,22 +116,23 @@ impl Local {
 
     /// The agent image, the workload and pause images, as docker archives.
     fn build_images(&self, sh: &mut dyn Shell) -> Result<Vec<PathBuf>> {
-        // The lab's own build of its binaries (the same packages, so cargo reuses it).
-        sh.run(&Cmd::new(
+        // The lab's binaries, built only when missing or older than the sources: after `cargo
+        // test --workspace` (as in CI) they are used as they are, instead of rebuilding their
+        // dependencies with the feature set of a build of these packages alone.
+        let dir = sh.run(&Cmd::new(
             "cargo",
             [
-                "build",
+                "run",
                 "--quiet",
                 "--locked",
                 "-p",
-                "kuport",
-                "-p",
-                "kuport-sim",
-                "-p",
-                "kuport-testkit",
-                "--bins",
+                "kuport-lab",
+                "--",
+                "bins",
             ],
         ))?;
+        ensure!(!dir.trim().is_empty(), "kuport-lab bins named no directory");
+        let bins = PathBuf::from(dir.trim());
         let agent = match &self.o.agent_image {
             Some(a) => a.clone(),
             None => {
@@ -143,7 +144,7 @@ impl Local {
                     "objcopy",
                     [
                         "--strip-debug".to_owned(),
-                        repo_dir("target/debug/kuport"),
+                        bins.join("kuport").display().to_string(),
                         bin.display().to_string(),
                     ],
                 ))?;
@@ -164,7 +165,7 @@ impl Local {
             [
                 agent.display().to_string(),
                 dir.display().to_string(),
-                repo_dir("target/debug/kuport-echo"),
+                bins.join("kuport-echo").display().to_string(),
             ],
         ))?;
         Ok(["pause.tar", "agent.tar", "echo.tar"]

@@ -77,6 +77,11 @@ enum Command {
     /// scheduler and every controller; import the images given; write the cluster's
     /// description when every node is Ready; remove everything on SIGINT or SIGTERM.
     Cluster(localcluster::ClusterArgs),
+    /// Print the directory holding kuport's binaries of this build (kuport, kuport-sim,
+    /// kuport-echo), building them first only when missing or older than the sources, as
+    /// every other command does: binaries a `cargo test --workspace` just built are used as
+    /// they are.
+    Bins,
     /// Measure the datapath and the control plane; print the results as a Markdown table.
     Bench {
         /// Also write the results into this Markdown file, between the lab-bench markers.
@@ -107,6 +112,10 @@ fn main() -> ExitCode {
         }),
         Some(Command::Bench { write, only }) => bench(write, only.as_deref()),
         Some(Command::Cluster(args)) => localcluster::run(args),
+        Some(Command::Bins) => prereq::binaries().map(|dir| {
+            println!("{}", dir.display());
+            ExitCode::SUCCESS
+        }),
     };
     match result {
         Ok(code) => code,
