@@ -242,6 +242,34 @@ spec:
     )
 }
 
+/// PortMap `name` in [`NAMESPACE`] of class `class` for `protocol` on `port` (through `end_port`
+/// for a range) to the `echo` Service's port named `service_port`, as one YAML document.
+pub fn portmap_doc(
+    name: &str,
+    class: &str,
+    protocol: &str,
+    port: u16,
+    end_port: Option<u16>,
+    service_port: &str,
+) -> String {
+    let end = end_port
+        .map(|e| format!("  endPort: {e}\n"))
+        .unwrap_or_default();
+    format!(
+        r#"apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMap
+metadata:
+  name: {name}
+  namespace: {NAMESPACE}
+spec:
+  className: {class}
+  protocol: {protocol}
+  port: {port}
+{end}  serviceRef: {{name: echo, port: {service_port}}}
+"#
+    )
+}
+
 /// The workload: an echo responder (socat answering each datagram with the address it came
 /// from) allowed on `pod_node` and `moved_to` only (the run cordons the one it should not
 /// start on), ready while `/tmp/unready` does not exist, its Service, a class accepting on
@@ -282,17 +310,8 @@ spec:
     {accepting_node}: {{interfaces: [eth0]}}
   returnPath: {{mode: Vxlan}}
 ---
-apiVersion: kuport.wlz.li/v1alpha1
-kind: PortMap
-metadata:
-  name: echo
-  namespace: {NAMESPACE}
-spec:
-  className: e2e
-  protocol: UDP
-  port: 3000
-  serviceRef: {{name: echo, port: echo}}
-"#
+{portmap}"#,
+        portmap = portmap_doc("echo", "e2e", "UDP", 3000, None, "echo"),
     )
 }
 
@@ -533,6 +552,11 @@ impl Run<'_> {
             &format!("--for=jsonpath={{.status.endpoint.node}}={node}"),
             "--timeout=180s",
         ])?;
+        self.wait_echo_programmed()
+    }
+
+    /// Waits until PortMap `echo` is `Programmed`.
+    fn wait_echo_programmed(&mut self) -> Result<()> {
         self.kubectl([
             "-n",
             NAMESPACE,
@@ -540,8 +564,8 @@ impl Run<'_> {
             "portmap/echo",
             "--for=condition=Programmed",
             "--timeout=180s",
-        ])?;
-        Ok(())
+        ])
+        .map(|_| ())
     }
 }
 
@@ -1087,14 +1111,7 @@ fn helm_install(r: &mut Run<'_>, chart: &str, address: &str, summary: &mut Summa
         "180s",
     ])?;
     r.rollout_status("kuport-system", "daemonset/kuport-agent", "180s")?;
-    r.kubectl([
-        "-n",
-        NAMESPACE,
-        "wait",
-        "portmap/echo",
-        "--for=condition=Programmed",
-        "--timeout=180s",
-    ])?;
+    r.wait_echo_programmed()?;
     let seen = r.p.probe(r.sh, address)?;
     summary.probes.extend(seen);
     Ok(())
@@ -1368,6 +1385,23 @@ mod tests {
         );
         assert_eq!(pod["containers"][0]["name"], "echo");
         assert_eq!(docs.len(), 5);
+    }
+
+    #[test]
+    fn a_portmap_document_has_an_end_port_only_for_a_range() {
+        let single = portmap_doc("a", "c", "TCP", 3000, None, "web");
+        let range = portmap_doc("b", "c", "UDP", 5000, Some(5005), "range");
+        assert!(!single.contains("endPort"));
+        assert!(
+            range.contains(
+                "  port: 5000\n  endPort: 5005\n  serviceRef: {name: echo, port: range}\n"
+            )
+        );
+        for doc in [single, range] {
+            let v: serde_json::Value = serde_saphyr::from_str(&doc).expect("parses");
+            assert_eq!(v["kind"], "PortMap");
+            assert_eq!(v["metadata"]["namespace"], NAMESPACE);
+        }
     }
 
     #[test]

@@ -15,7 +15,8 @@ use anyhow::{Context, Result, bail, ensure};
 use serde::Deserialize;
 
 use crate::driver::{
-    Cmd, Failover, HELD_HOST_PORT, HELD_NODE_PORT, NAMESPACE, Platform, Shell, repo_dir,
+    Cmd, Failover, HELD_HOST_PORT, HELD_NODE_PORT, NAMESPACE, Platform, Shell, portmap_doc,
+    repo_dir,
 };
 
 /// The workload image `deploy/image/local-images.sh` builds.
@@ -668,40 +669,12 @@ spec:
   returnPath: {{mode: Vxlan}}
   ports: {{systemReserved: []}}
 ---
-apiVersion: kuport.wlz.li/v1alpha1
-kind: PortMap
-metadata:
-  name: echo
-  namespace: {NAMESPACE}
-spec:
-  className: e2e
-  protocol: UDP
-  port: 3000
-  serviceRef: {{name: echo, port: echo}}
----
-apiVersion: kuport.wlz.li/v1alpha1
-kind: PortMap
-metadata:
-  name: echo-tcp
-  namespace: {NAMESPACE}
-spec:
-  className: e2e
-  protocol: TCP
-  port: 3000
-  serviceRef: {{name: echo, port: echo-tcp}}
----
-apiVersion: kuport.wlz.li/v1alpha1
-kind: PortMap
-metadata:
-  name: echo-range
-  namespace: {NAMESPACE}
-spec:
-  className: e2e
-  protocol: UDP
-  port: {first}
-  endPort: {last}
-  serviceRef: {{name: echo, port: range}}
-"#
+{udp}---
+{tcp}---
+{range}"#,
+        udp = portmap_doc("echo", "e2e", "UDP", 3000, None, "echo"),
+        tcp = portmap_doc("echo-tcp", "e2e", "TCP", 3000, None, "echo-tcp"),
+        range = portmap_doc("echo-range", "e2e", "UDP", first, Some(last), "range"),
     )
 }
 
@@ -709,21 +682,7 @@ spec:
 /// answering TCP on hostPort [`HELD_HOST_PORT`], with PortMaps `np` and `hp` asking for those
 /// ports in the workload's class.
 pub fn held_ports_workload(accepting: &str) -> String {
-    let portmap = |name: &str, port: u16| {
-        format!(
-            r#"apiVersion: kuport.wlz.li/v1alpha1
-kind: PortMap
-metadata:
-  name: {name}
-  namespace: {NAMESPACE}
-spec:
-  className: e2e
-  protocol: TCP
-  port: {port}
-  serviceRef: {{name: echo, port: echo-tcp}}
-"#
-        )
-    };
+    let portmap = |name: &str, port: u16| portmap_doc(name, "e2e", "TCP", port, None, "echo-tcp");
     format!(
         r#"apiVersion: v1
 kind: Service
@@ -780,17 +739,7 @@ spec:
   # Its own VNIs and link addresses beside the e2e class's links between the same nodes.
   returnPath: {{mode: Vxlan, vxlan: {{vni: 6242, subnet: 169.254.78.0/24}}}}
 ---
-apiVersion: kuport.wlz.li/v1alpha1
-kind: PortMap
-metadata:
-  name: failover
-  namespace: {NAMESPACE}
-spec:
-  className: e2e-failover
-  protocol: UDP
-  port: {FAILOVER_PORT}
-  serviceRef: {{name: echo, port: echo}}
----
+{single}---
 apiVersion: kuport.wlz.li/v1alpha1
 kind: PortMapClass
 metadata:
@@ -802,17 +751,23 @@ spec:
     {standby}: {{interfaces: [enp1s0]}}
   returnPath: {{mode: Vxlan, vxlan: {{vni: 8242, subnet: 169.254.79.0/24}}}}
 ---
-apiVersion: kuport.wlz.li/v1alpha1
-kind: PortMap
-metadata:
-  name: failover-multi
-  namespace: {NAMESPACE}
-spec:
-  className: e2e-multi
-  protocol: UDP
-  port: {MULTI_PORT}
-  serviceRef: {{name: echo, port: echo}}
-"#
+{multi}"#,
+        single = portmap_doc(
+            "failover",
+            "e2e-failover",
+            "UDP",
+            FAILOVER_PORT,
+            None,
+            "echo"
+        ),
+        multi = portmap_doc(
+            "failover-multi",
+            "e2e-multi",
+            "UDP",
+            MULTI_PORT,
+            None,
+            "echo"
+        ),
     )
 }
 
