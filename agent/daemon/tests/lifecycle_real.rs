@@ -75,6 +75,7 @@ async fn start_agent(
     CancellationToken,
     tokio::task::JoinHandle<Result<(), kuport::agent::AgentError>>,
     kube::Client,
+    kuport::agent::Health,
 ) {
     let pod = format!("{AGENT_DAEMONSET}-n1");
     Api::<Pod>::namespaced(admin.clone(), DAEMONSET_NAMESPACE)
@@ -104,8 +105,11 @@ async fn start_agent(
     let task = tokio::spawn(agent.run(shutdown.clone()));
     eventually("the agent is ready", || async { health.is_ready() }).await;
     // The agent reads its Pod and starts watching its DaemonSet in the background.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    (host, shutdown, task, client)
+    eventually("the agent watches its DaemonSet and namespace", || async {
+        health.is_watching_removal()
+    })
+    .await;
+    (host, shutdown, task, client, health)
 }
 
 /// Waits until the agent's credentials are refused (401).
@@ -123,7 +127,7 @@ async fn a_force_deleted_agent_pod_keeps_the_datapath_though_its_token_is_refuse
     let Some((cp, admin, uid)) = cluster(test).await else {
         return;
     };
-    let (host, shutdown, task, client) = start_agent(&cp, &admin, &uid).await;
+    let (host, shutdown, task, client, _health) = start_agent(&cp, &admin, &uid).await;
     Api::<Pod>::namespaced(admin.clone(), DAEMONSET_NAMESPACE)
         .delete(
             &format!("{AGENT_DAEMONSET}-n1"),
@@ -147,12 +151,15 @@ async fn an_uninstall_removes_the_datapath_though_the_token_died_before_the_stop
     let Some((cp, admin, uid)) = cluster(test).await else {
         return;
     };
-    let (host, shutdown, task, client) = start_agent(&cp, &admin, &uid).await;
+    let (host, shutdown, task, client, health) = start_agent(&cp, &admin, &uid).await;
     Api::<DaemonSet>::namespaced(admin.clone(), DAEMONSET_NAMESPACE)
         .delete(AGENT_DAEMONSET, &DeleteParams::default())
         .await
         .expect("delete the DaemonSet");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    eventually("the agent saw its DaemonSet deleted", || async {
+        health.has_seen_removal()
+    })
+    .await;
     Api::<ServiceAccount>::namespaced(admin.clone(), DAEMONSET_NAMESPACE)
         .delete(AGENT_ACCOUNT, &DeleteParams::default())
         .await

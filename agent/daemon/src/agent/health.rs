@@ -16,6 +16,11 @@ use super::metrics::Metrics;
 pub struct Health {
     alive: Arc<AtomicBool>,
     ready: Arc<AtomicBool>,
+    /// The watches of the agent's own DaemonSet and namespace have listed once (a removal from
+    /// now on is seen).
+    watching_removal: Arc<AtomicBool>,
+    /// One of those watches saw a sign of removal.
+    removal_seen: Arc<AtomicBool>,
 }
 
 impl Health {
@@ -28,6 +33,25 @@ impl Health {
     /// failure keeps the last applied state serving, which is still ready).
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::SeqCst)
+    }
+
+    /// True once the agent watches its own DaemonSet and namespace (both listed once), so that
+    /// their removal from now on decides what a stop does.
+    pub fn is_watching_removal(&self) -> bool {
+        self.watching_removal.load(Ordering::SeqCst)
+    }
+
+    /// True once those watches saw the DaemonSet or the namespace removed.
+    pub fn has_seen_removal(&self) -> bool {
+        self.removal_seen.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn set_watching_removal(&self) {
+        self.watching_removal.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn set_removal_seen(&self) {
+        self.removal_seen.store(true, Ordering::SeqCst);
     }
 
     pub(crate) fn set_alive(&self, alive: bool) {

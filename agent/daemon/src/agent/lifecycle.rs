@@ -18,6 +18,7 @@
 //! the Pod is stopped the reads at stop are often answered 401; the watch saw the deletion
 //! before that.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -28,6 +29,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt as _, watcher};
 use tokio::task::JoinHandle;
+
+use super::health::Health;
 
 /// How the agent decides what to do with the datapath when it stops.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -295,12 +298,19 @@ impl RemovalWatch {
 
 /// Starts the watches of [`RemovalWatch`] for `owner`. Each watches one object by name (a
 /// `metadata.name` field selector), which the agent's Role allows for its DaemonSet.
-pub fn watch_removal(client: &kube::Client, owner: &Owner) -> RemovalWatch {
+pub fn watch_removal(client: &kube::Client, owner: &Owner, health: &Health) -> RemovalWatch {
     let seen = Arc::new(Mutex::new(None));
+    // Both watches must have listed once before a removal is sure to be seen.
+    let listing = Arc::new(AtomicUsize::new(2));
+    let progress = WatchProgress {
+        seen: seen.clone(),
+        listing,
+        health: health.clone(),
+    };
     let ds = format!("DaemonSet {}/{}", owner.namespace, owner.name);
     let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &owner.namespace);
     let uid = owner.uid.clone();
-    let ds_task = spawn_watch(daemonsets, &owner.name, seen.clone(), move |event| {
+    let ds_task = spawn_watch(daemonsets, &owner.name, progress.clone(), move |event| {
         let (meta, deleted) = match event {
             watcher::Event::Apply(d) | watcher::Event::InitApply(d) => (&d.metadata, false),
             watcher::Event::Delete(d) => (&d.metadata, true),
@@ -323,7 +333,7 @@ pub fn watch_removal(client: &kube::Client, owner: &Owner) -> RemovalWatch {
     let ns_task = spawn_watch(
         namespaces,
         &owner.namespace,
-        seen.clone(),
+        progress,
         move |event| match event {
             watcher::Event::Apply(n) | watcher::Event::InitApply(n)
                 if n.metadata.deletion_timestamp.is_some() =>
@@ -346,7 +356,7 @@ pub fn watch_removal(client: &kube::Client, owner: &Owner) -> RemovalWatch {
 fn spawn_watch<K>(
     api: Api<K>,
     name: &str,
-    seen: Arc<Mutex<Option<String>>>,
+    progress: WatchProgress,
     judge: impl Fn(&watcher::Event<K>) -> Option<String> + Send + 'static,
 ) -> JoinHandle<()>
 where
@@ -356,17 +366,44 @@ where
     let stream = watcher(api, config).default_backoff();
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
+        let mut listed = false;
         while let Some(event) = stream.next().await {
             let Ok(event) = event else { continue };
             if let Some(sign) = judge(&event) {
-                let mut seen = seen.lock().unwrap_or_else(PoisonError::into_inner);
-                if seen.is_none() {
-                    tracing::info!("{sign}: this agent will remove the datapath when it stops");
-                    *seen = Some(sign);
-                }
+                progress.saw(sign);
+            }
+            if matches!(event, watcher::Event::InitDone) && !listed {
+                listed = true;
+                progress.listed();
             }
         }
     })
+}
+
+/// What the removal watches share: the first sign seen, how many have yet to list once, and the
+/// agent's health, which reports both.
+#[derive(Clone)]
+struct WatchProgress {
+    seen: Arc<Mutex<Option<String>>>,
+    listing: Arc<AtomicUsize>,
+    health: Health,
+}
+
+impl WatchProgress {
+    fn saw(&self, sign: String) {
+        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        if seen.is_none() {
+            tracing::info!("{sign}: this agent will remove the datapath when it stops");
+            *seen = Some(sign);
+            self.health.set_removal_seen();
+        }
+    }
+
+    fn listed(&self) {
+        if self.listing.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.health.set_watching_removal();
+        }
+    }
 }
 
 #[cfg(test)]

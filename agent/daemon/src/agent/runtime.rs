@@ -512,6 +512,7 @@ impl<H: Host> Agent<H> {
             return None;
         };
         let client = self.client.clone();
+        let health = self.health.clone();
         let timeout = self.config.api_timeout;
         let (retry_min, retry_max) = (self.config.retry_min, self.config.retry_max);
         Some(tokio::spawn(async move {
@@ -530,7 +531,7 @@ impl<H: Host> Agent<H> {
                             ),
                         }
                         return owner.map(|o| {
-                            let watch = lifecycle::watch_removal(&client, &o);
+                            let watch = lifecycle::watch_removal(&client, &o, &health);
                             (o, watch)
                         });
                     }
