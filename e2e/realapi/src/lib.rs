@@ -184,13 +184,49 @@ pub struct ControlPlane {
     _permit: SemaphorePermit<'static>,
 }
 
+/// Ports this process has handed out, so two control planes of one test binary never pick the
+/// same one between the check and the server's own bind.
+static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+/// The lowest port of the kernel's ephemeral range (32768 when it cannot be read).
+fn ephemeral_low() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768)
+}
+
+/// A loopback port that is free now, chosen below the kernel's ephemeral range: a port taken
+/// from that range (what binding port 0 gives) can be taken again by any outgoing connection
+/// before the server binds it, which once failed a CI run with `address already in use`.
 fn free_port() -> Result<u16, Error> {
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(io("bind a free loopback port"))?;
-    let port = listener
-        .local_addr()
-        .map_err(io("read the free port's address"))?
-        .port();
-    Ok(port)
+    let high = ephemeral_low().clamp(12_000, 65_535);
+    let low = 10_000u16;
+    let span = u32::from(high - low);
+    for _ in 0..256 {
+        let mut seed = [0u8; 4];
+        read_urandom(&mut seed)?;
+        let port = low + u16::try_from(u32::from_le_bytes(seed) % span).unwrap_or(0);
+        let mut handed = HANDED_OUT
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if handed.contains(&port) || TcpListener::bind(("127.0.0.1", port)).is_err() {
+            continue;
+        }
+        handed.insert(port);
+        return Ok(port);
+    }
+    Err(Error::Other(format!(
+        "no free loopback port found in {low}-{high} after 256 tries"
+    )))
+}
+
+fn read_urandom(bytes: &mut [u8]) -> Result<(), Error> {
+    use std::io::Read as _;
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(bytes))
+        .map_err(io("read /dev/urandom"))
 }
 
 fn write(path: &Path, contents: &str) -> Result<(), Error> {
@@ -217,11 +253,8 @@ fn write_private(path: &Path, contents: &str) -> Result<(), Error> {
 }
 
 fn random_token() -> Result<String, Error> {
-    use std::io::Read as _;
     let mut bytes = [0u8; 24];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .map_err(io("read /dev/urandom for the admin token"))?;
+    read_urandom(&mut bytes)?;
     let mut token = String::new();
     for b in bytes {
         let _ = write!(token, "{b:02x}");
@@ -388,7 +421,28 @@ impl ControlPlane {
         Self::start_with(bin, options, Some(cluster)).await
     }
 
+    /// Starts, and starts again on fresh ports (at most three times) when a server lost its
+    /// port to another process between the choice and its bind.
     async fn start_with(
+        bin: &Path,
+        options: Options,
+        cluster: Option<&ClusterOptions>,
+    ) -> Result<Self, Error> {
+        let mut attempt = 1;
+        loop {
+            match Self::start_once(bin, options.clone(), cluster).await {
+                Err(e) if attempt < 3 && e.to_string().contains("address already in use") => {
+                    eprintln!(
+                        "kuport-realapi: a port was taken before its server bound it; starting again"
+                    );
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn start_once(
         bin: &Path,
         options: Options,
         cluster: Option<&ClusterOptions>,
@@ -1249,6 +1303,22 @@ impl Drop for ControlPlane {
                     tail(&self.root().join("kube-apiserver.log"), 10)
                 );
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod port_tests {
+    use super::{ephemeral_low, free_port};
+
+    #[test]
+    fn free_ports_are_below_the_ephemeral_range_and_never_handed_out_twice() {
+        let low = ephemeral_low();
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..200 {
+            let port = free_port().expect("a free port");
+            assert!(port >= 10_000 && port < low.max(12_000), "port {port}");
+            assert!(seen.insert(port), "port {port} handed out twice");
         }
     }
 }
