@@ -2,7 +2,7 @@
 //! lab's node namespaces (`kuport-lab cluster`), the images built here and imported into every
 //! node, probes from the lab's internet client and VPN client.
 //!
-//! The cluster runs as a child process (`cargo run -p kuport-lab -- cluster`), which writes a
+//! The cluster runs as a child process (`kuport-lab cluster`, see [`lab_command`]), which writes a
 //! description of the cluster once every node is Ready and removes everything it made on
 //! SIGTERM. kubectl runs in the API server's network namespace (the lab's underlay).
 
@@ -35,6 +35,22 @@ const FAILOVER_PORT: u16 = 3100;
 const MULTI_PORT: u16 = 3200;
 /// The UDP range the workload serves and maps (port for port).
 const RANGE: (u16, u16) = (5000, 5005);
+
+/// How to run `kuport-lab`: the binary `KUPORT_LAB_BIN` names (CI passes the one `cargo test
+/// --workspace` built, whose dependencies carry the workspace's features), or else `cargo run
+/// -p kuport-lab`, which builds it first (rebuilding shared dependencies with the features of
+/// that package alone).
+fn lab_command() -> (String, Vec<String>) {
+    match std::env::var("KUPORT_LAB_BIN") {
+        Ok(bin) if !bin.is_empty() => (bin, Vec::new()),
+        _ => (
+            std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()),
+            ["run", "--quiet", "--locked", "-p", "kuport-lab", "--"]
+                .map(str::to_owned)
+                .to_vec(),
+        ),
+    }
+}
 
 /// What `kuport-lab cluster` writes once the cluster is Ready.
 #[derive(Clone, Debug, Deserialize)]
@@ -120,18 +136,9 @@ impl Local {
         // The lab's binaries, built only when missing or older than the sources: after `cargo
         // test --workspace` (as in CI) they are used as they are, instead of rebuilding their
         // dependencies with the feature set of a build of these packages alone.
-        let dir = sh.run(&Cmd::new(
-            "cargo",
-            [
-                "run",
-                "--quiet",
-                "--locked",
-                "-p",
-                "kuport-lab",
-                "--",
-                "bins",
-            ],
-        ))?;
+        let (program, mut args) = lab_command();
+        args.push("bins".to_owned());
+        let dir = sh.run(&Cmd::new(&program, args))?;
         ensure!(!dir.trim().is_empty(), "kuport-lab bins named no directory");
         let bins = PathBuf::from(dir.trim());
         let agent = match &self.o.agent_image {
@@ -183,17 +190,9 @@ impl Local {
         let log = std::fs::File::create(&log_path)
             .with_context(|| format!("creating {}", log_path.display()))?;
         let err = log.try_clone().context("reopening the cluster log")?;
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-        let mut cmd = Command::new(cargo);
-        cmd.args([
-            "run",
-            "--quiet",
-            "--locked",
-            "-p",
-            "kuport-lab",
-            "--",
-            "cluster",
-        ]);
+        let (program, args) = lab_command();
+        let mut cmd = Command::new(program);
+        cmd.args(args).arg("cluster");
         for image in images {
             cmd.arg("--image").arg(image);
         }
