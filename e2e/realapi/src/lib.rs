@@ -457,107 +457,37 @@ impl ControlPlane {
             .tempdir()
             .map_err(io("create the control plane's scratch directory"))?;
         let root = tmp.path().to_path_buf();
-        let path = |name: &str| root.join(name);
-        let pki = make_pki(options.listen.map(|l| *l.ip()), cluster.is_some())?;
-        write(&path("ca.crt"), &pki.ca)?;
-        write(&path("apiserver.crt"), &pki.serving_cert)?;
-        write(&path("apiserver.key"), &pki.serving_key)?;
-        write(&path("sa.key"), &pki.sa_key)?;
-        write(&path("sa.pub"), &pki.sa_pub)?;
-        let token = random_token()?;
-        let mut tokens = format!("{token},{ADMIN_USER},{ADMIN_USER},\"system:masters\"\n");
-        let mut node_tokens = Vec::new();
-        for node in cluster.map(|c| c.nodes.as_slice()).unwrap_or_default() {
-            let node_token = random_token()?;
-            let user = format!("system:node:{node}");
-            let _ = writeln!(tokens, "{node_token},{user},{user},\"system:nodes\"");
-            node_tokens.push((node.clone(), node_token));
-        }
-        write(&path("tokens.csv"), &tokens)?;
-        write(
-            &path("audit-policy.yaml"),
-            "apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n  - level: Metadata\n",
-        )?;
-
-        let (etcd_port, peer_port) = (free_port()?, free_port()?);
+        let nodes = cluster.map(|c| c.nodes.as_slice()).unwrap_or_default();
+        let (token, node_tokens) = write_credentials(&root, &options, cluster.is_some(), nodes)?;
+        let etcd_port = free_port()?;
         let (api_ip, api_port) = match options.listen {
             Some(l) => (l.ip().to_string(), l.port()),
             None => ("127.0.0.1".to_owned(), free_port()?),
         };
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
-        let peer_url = format!("http://127.0.0.1:{peer_port}");
         let url = format!("https://{api_ip}:{api_port}");
         let mut cp = Self {
             url: url.clone(),
-            token: token.clone(),
+            token,
             node_tokens,
-            kubeconfig: path("kubeconfig"),
-            audit_log: path("audit.log"),
+            kubeconfig: root.join("kubeconfig"),
+            audit_log: root.join("audit.log"),
             dir: Some(tmp),
             children: Vec::new(),
             _permit: permit,
         };
-        let s = |p: &str| path(p).display().to_string();
-        let etcd_args = vec![
-            "--name=default".to_owned(),
-            format!("--data-dir={}", s("etcd")),
-            format!("--listen-client-urls={etcd_url}"),
-            format!("--advertise-client-urls={etcd_url}"),
-            format!("--listen-peer-urls={peer_url}"),
-            format!("--initial-advertise-peer-urls={peer_url}"),
-            format!("--initial-cluster=default={peer_url}"),
-            "--unsafe-no-fsync=true".to_owned(),
-            "--log-level=warn".to_owned(),
-        ];
         cp.children.push(spawn(
             "etcd",
             &bin.join("etcd"),
-            &etcd_args,
-            &path("etcd.log"),
+            &etcd_args(&root, &etcd_url, free_port()?),
+            &root.join("etcd.log"),
         )?);
-        let mut api_args = vec![
-            format!("--etcd-servers={etcd_url}"),
-            format!("--secure-port={api_port}"),
-            format!("--bind-address={api_ip}"),
-            format!("--advertise-address={api_ip}"),
-            format!("--cert-dir={}", s("certs")),
-            format!("--tls-cert-file={}", s("apiserver.crt")),
-            format!("--tls-private-key-file={}", s("apiserver.key")),
-            format!("--token-auth-file={}", s("tokens.csv")),
-            format!(
-                "--authorization-mode={}",
-                if cluster.is_some() {
-                    "Node,RBAC"
-                } else {
-                    "RBAC"
-                }
-            ),
-            format!("--service-account-key-file={}", s("sa.pub")),
-            format!("--service-account-signing-key-file={}", s("sa.key")),
-            format!("--service-account-issuer={url}"),
-            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
-            "--allow-privileged=true".to_owned(),
-            format!("--audit-policy-file={}", s("audit-policy.yaml")),
-            format!("--audit-log-path={}", s("audit.log")),
-            "--audit-log-mode=blocking".to_owned(),
-            "--v=1".to_owned(),
-        ];
-        if cluster.is_some() {
-            api_args.extend([
-                "--enable-admission-plugins=NodeRestriction".to_owned(),
-                // Logs, exec and port-forward dial the kubelet at the address the node reports.
-                "--kubelet-preferred-address-types=InternalIP,Hostname".to_owned(),
-            ]);
-        } else {
-            // The kubernetes Service cannot point at a loopback address; envtest turns it off
-            // too. A cluster's apiserver listens on the lab's underlay and keeps it.
-            api_args.push("--endpoint-reconciler-type=none".to_owned());
-        }
+        let api_args = apiserver_args(&root, &etcd_url, &api_ip, api_port, cluster.is_some());
         cp.children.push(spawn(
             "kube-apiserver",
             &bin.join("kube-apiserver"),
             &api_args,
-            &path("kube-apiserver.log"),
+            &root.join("kube-apiserver.log"),
         )?);
         cp.record_pids()?;
         cp.write_kubeconfig()?;
@@ -565,26 +495,32 @@ impl ControlPlane {
         if let Some(cluster) = cluster {
             cp.start_cluster_components(bin, cluster)?;
         } else if !options.controllers.is_empty() {
-            let kcm_args = vec![
-                format!("--kubeconfig={}", cp.kubeconfig.display()),
-                format!("--controllers={}", options.controllers.join(",")),
-                "--leader-elect=false".to_owned(),
-                "--secure-port=0".to_owned(),
-                "--use-service-account-credentials=false".to_owned(),
-                // Node-lifecycle: mark a node NotReady 10s after its last heartbeat.
-                "--node-monitor-grace-period=10s".to_owned(),
-                "--node-monitor-period=1s".to_owned(),
-                "--v=1".to_owned(),
-            ];
-            cp.children.push(spawn(
-                "kube-controller-manager",
-                &bin.join("kube-controller-manager"),
-                &kcm_args,
-                &path("kube-controller-manager.log"),
-            )?);
-            cp.record_pids()?;
+            cp.start_controllers(bin, &options.controllers)?;
         }
         Ok(cp)
+    }
+
+    /// kube-controller-manager running only `controllers`.
+    fn start_controllers(&mut self, bin: &Path, controllers: &[String]) -> Result<(), Error> {
+        let kcm_args = vec![
+            format!("--kubeconfig={}", self.kubeconfig.display()),
+            format!("--controllers={}", controllers.join(",")),
+            "--leader-elect=false".to_owned(),
+            "--secure-port=0".to_owned(),
+            "--use-service-account-credentials=false".to_owned(),
+            // Node-lifecycle: mark a node NotReady 10s after its last heartbeat.
+            "--node-monitor-grace-period=10s".to_owned(),
+            "--node-monitor-period=1s".to_owned(),
+            "--v=1".to_owned(),
+        ];
+        let log = self.root().join("kube-controller-manager.log");
+        self.children.push(spawn(
+            "kube-controller-manager",
+            &bin.join("kube-controller-manager"),
+            &kcm_args,
+            &log,
+        )?);
+        self.record_pids()
     }
 
     /// kube-controller-manager with every default controller (the cluster's root CA published
@@ -783,16 +719,10 @@ impl ControlPlane {
     pub async fn install_crds(&self, dir: &Path) -> Result<Vec<String>, Error> {
         let client = self.admin_client().await?;
         let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-            .map_err(io(format!("list {}", dir.display())))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
-            .collect();
-        files.sort();
-        let mut names = Vec::new();
-        for file in &files {
+        let mut created = Vec::new();
+        for file in yaml_files(dir)? {
             let text =
-                std::fs::read_to_string(file).map_err(io(format!("read {}", file.display())))?;
+                std::fs::read_to_string(&file).map_err(io(format!("read {}", file.display())))?;
             let crd: CustomResourceDefinition = serde_saphyr::from_str(&text)
                 .map_err(|e| Error::Other(format!("parse {}: {e}", file.display())))?;
             let name = crd.metadata.name.clone().unwrap_or_default();
@@ -802,65 +732,14 @@ impl ControlPlane {
                     "create CRD {name} from {}",
                     file.display()
                 )))?;
-            names.push((name, crd));
+            created.push((name, crd));
         }
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        for (name, crd) in &names {
-            loop {
-                let got = api
-                    .get(name)
-                    .await
-                    .map_err(kube_err(format!("get CRD {name}")))?;
-                let established = got
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.conditions.as_ref())
-                    .is_some_and(|cs| {
-                        cs.iter()
-                            .any(|c| c.type_ == "Established" && c.status == "True")
-                    });
-                if established {
-                    break;
-                }
-                if tokio::time::Instant::now() > deadline {
-                    return Err(Error::Other(format!(
-                        "CRD {name} not Established after 60s: {:?}",
-                        got.status
-                    )));
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            // Established is set before every apiserver handler serves the resource: list
-            // until it answers.
-            let version = crd
-                .spec
-                .versions
-                .iter()
-                .find(|v| v.storage)
-                .map(|v| v.name.clone())
-                .unwrap_or_default();
-            let resource = ApiResource {
-                group: crd.spec.group.clone(),
-                version: version.clone(),
-                api_version: format!("{}/{version}", crd.spec.group),
-                kind: crd.spec.names.kind.clone(),
-                plural: crd.spec.names.plural.clone(),
-            };
-            let dynamic: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
-            loop {
-                match dynamic.list(&ListParams::default().limit(1)).await {
-                    Ok(_) => break,
-                    Err(e) if tokio::time::Instant::now() > deadline => {
-                        return Err(Error::Kube {
-                            what: format!("list {name} after it was Established"),
-                            source: e,
-                        });
-                    }
-                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-                }
-            }
+        for (name, crd) in &created {
+            wait_established(&api, name, deadline).await?;
+            wait_served(&client, name, crd, deadline).await?;
         }
-        Ok(names.into_iter().map(|(n, _)| n).collect())
+        Ok(created.into_iter().map(|(n, _)| n).collect())
     }
 
     /// Creates the ServiceAccount `namespace/name`, the ClusterRole `role` and a binding of one
@@ -1279,6 +1158,182 @@ pub fn cluster_role_from(file: &Path, name: &str) -> Result<ClusterRole, Error> 
 /// The agent's ClusterRole as shipped (see [`AGENT_ROLE_FILE`]).
 pub fn agent_role() -> Result<ClusterRole, Error> {
     cluster_role_from(Path::new(AGENT_ROLE_FILE), AGENT_ROLE_NAME)
+}
+
+/// Writes the certificates, keys, token file and audit policy into `root`; returns the admin's
+/// token and each node's.
+fn write_credentials(
+    root: &Path,
+    options: &Options,
+    cluster: bool,
+    nodes: &[String],
+) -> Result<(String, Vec<(String, String)>), Error> {
+    let path = |name: &str| root.join(name);
+    let pki = make_pki(options.listen.map(|l| *l.ip()), cluster)?;
+    write(&path("ca.crt"), &pki.ca)?;
+    write(&path("apiserver.crt"), &pki.serving_cert)?;
+    write(&path("apiserver.key"), &pki.serving_key)?;
+    write(&path("sa.key"), &pki.sa_key)?;
+    write(&path("sa.pub"), &pki.sa_pub)?;
+    let token = random_token()?;
+    let mut tokens = format!("{token},{ADMIN_USER},{ADMIN_USER},\"system:masters\"\n");
+    let mut node_tokens = Vec::new();
+    for node in nodes {
+        let node_token = random_token()?;
+        let user = format!("system:node:{node}");
+        let _ = writeln!(tokens, "{node_token},{user},{user},\"system:nodes\"");
+        node_tokens.push((node.clone(), node_token));
+    }
+    write(&path("tokens.csv"), &tokens)?;
+    write(
+        &path("audit-policy.yaml"),
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n  - level: Metadata\n",
+    )?;
+    Ok((token, node_tokens))
+}
+
+/// etcd on loopback, its data in `root`, without fsync (nothing of a test's store is kept).
+fn etcd_args(root: &Path, etcd_url: &str, peer_port: u16) -> Vec<String> {
+    let peer_url = format!("http://127.0.0.1:{peer_port}");
+    vec![
+        "--name=default".to_owned(),
+        format!("--data-dir={}", root.join("etcd").display()),
+        format!("--listen-client-urls={etcd_url}"),
+        format!("--advertise-client-urls={etcd_url}"),
+        format!("--listen-peer-urls={peer_url}"),
+        format!("--initial-advertise-peer-urls={peer_url}"),
+        format!("--initial-cluster=default={peer_url}"),
+        "--unsafe-no-fsync=true".to_owned(),
+        "--log-level=warn".to_owned(),
+    ]
+}
+
+/// kube-apiserver's flags: token authentication, RBAC (and Node authorization with
+/// NodeRestriction for a cluster), a blocking audit log.
+fn apiserver_args(
+    root: &Path,
+    etcd_url: &str,
+    api_ip: &str,
+    api_port: u16,
+    cluster: bool,
+) -> Vec<String> {
+    let s = |p: &str| root.join(p).display().to_string();
+    let url = format!("https://{api_ip}:{api_port}");
+    let mut args = vec![
+        format!("--etcd-servers={etcd_url}"),
+        format!("--secure-port={api_port}"),
+        format!("--bind-address={api_ip}"),
+        format!("--advertise-address={api_ip}"),
+        format!("--cert-dir={}", s("certs")),
+        format!("--tls-cert-file={}", s("apiserver.crt")),
+        format!("--tls-private-key-file={}", s("apiserver.key")),
+        format!("--token-auth-file={}", s("tokens.csv")),
+        format!(
+            "--authorization-mode={}",
+            if cluster { "Node,RBAC" } else { "RBAC" }
+        ),
+        format!("--service-account-key-file={}", s("sa.pub")),
+        format!("--service-account-signing-key-file={}", s("sa.key")),
+        format!("--service-account-issuer={url}"),
+        format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+        "--allow-privileged=true".to_owned(),
+        format!("--audit-policy-file={}", s("audit-policy.yaml")),
+        format!("--audit-log-path={}", s("audit.log")),
+        "--audit-log-mode=blocking".to_owned(),
+        "--v=1".to_owned(),
+    ];
+    if cluster {
+        args.extend([
+            "--enable-admission-plugins=NodeRestriction".to_owned(),
+            // Logs, exec and port-forward dial the kubelet at the address the node reports.
+            "--kubelet-preferred-address-types=InternalIP,Hostname".to_owned(),
+        ]);
+    } else {
+        // The kubernetes Service cannot point at a loopback address; envtest turns it off
+        // too. A cluster's apiserver listens on the lab's underlay and keeps it.
+        args.push("--endpoint-reconciler-type=none".to_owned());
+    }
+    args
+}
+
+/// The `*.yaml` files of `dir`, sorted.
+fn yaml_files(dir: &Path) -> Result<Vec<PathBuf>, Error> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(io(format!("list {}", dir.display())))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// Waits until the CRD `name` reports `Established=True`.
+async fn wait_established(
+    api: &Api<CustomResourceDefinition>,
+    name: &str,
+    deadline: tokio::time::Instant,
+) -> Result<(), Error> {
+    loop {
+        let got = api
+            .get(name)
+            .await
+            .map_err(kube_err(format!("get CRD {name}")))?;
+        let established = got
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+            });
+        if established {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(Error::Other(format!(
+                "CRD {name} not Established after 60s: {:?}",
+                got.status
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until the CRD's resource answers a list: Established is set before every apiserver
+/// handler serves the resource.
+async fn wait_served(
+    client: &kube::Client,
+    name: &str,
+    crd: &CustomResourceDefinition,
+    deadline: tokio::time::Instant,
+) -> Result<(), Error> {
+    let version = crd
+        .spec
+        .versions
+        .iter()
+        .find(|v| v.storage)
+        .map(|v| v.name.clone())
+        .unwrap_or_default();
+    let resource = ApiResource {
+        group: crd.spec.group.clone(),
+        version: version.clone(),
+        api_version: format!("{}/{version}", crd.spec.group),
+        kind: crd.spec.names.kind.clone(),
+        plural: crd.spec.names.plural.clone(),
+    };
+    let dynamic: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    loop {
+        match dynamic.list(&ListParams::default().limit(1)).await {
+            Ok(_) => return Ok(()),
+            Err(e) if tokio::time::Instant::now() > deadline => {
+                return Err(Error::Kube {
+                    what: format!("list {name} after it was Established"),
+                    source: e,
+                });
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
 }
 
 impl Drop for ControlPlane {
