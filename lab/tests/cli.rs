@@ -60,7 +60,11 @@ fn a_missing_scenario_file_is_refused_naming_it() {
         return;
     }
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(stderr(&out).contains(&format!("reading {path}")), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!("reading {path}")),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]
@@ -75,11 +79,7 @@ fn a_kept_lab_on_the_real_api_server_is_refused() {
         return;
     }
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("cannot be kept"),
-        "{}",
-        stderr(&out)
-    );
+    assert!(stderr(&out).contains("cannot be kept"), "{}", stderr(&out));
 }
 
 /// A refused run creates nothing: no namespace named as the lab names its own. (Another lab
@@ -89,7 +89,9 @@ fn assert_no_lab_namespace() {
     if let Ok(list) = list {
         let names = String::from_utf8_lossy(&list.stdout);
         assert!(
-            !names.lines().any(|l| l.split_whitespace().next() == Some("kl-a")),
+            !names
+                .lines()
+                .any(|l| l.split_whitespace().next() == Some("kl-a")),
             "a refused scenario created its node's namespace: {names}"
         );
     }
