@@ -561,3 +561,82 @@ fn the_name_checks_see_what_they_should() {
     assert_eq!(spans[2].line, 4);
     assert_eq!(spans[4].line, 7);
 }
+
+/// The row of `docs/architecture.md`'s plan table whose step is `step`.
+fn plan_step_row(step: &str) -> String {
+    let doc = read("docs/architecture.md");
+    let prefix = format!("| {step} |");
+    doc.lines()
+        .find(|l| l.starts_with(&prefix))
+        .unwrap_or_else(|| panic!("docs/architecture.md has no plan step row {step:?}"))
+        .to_owned()
+}
+
+/// The names of `reasons` that `text` mentions as whole words, in the order of their first
+/// mention.
+fn named_in_order<'a>(text: &str, reasons: &[&'a str]) -> Vec<&'a str> {
+    let words: Vec<&str> = text
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .collect();
+    let mut named: Vec<(usize, &str)> = reasons
+        .iter()
+        .filter_map(|r| words.iter().position(|w| w == r).map(|at| (at, *r)))
+        .collect();
+    named.sort();
+    named.into_iter().map(|(_, r)| r).collect()
+}
+
+#[test]
+fn the_plan_table_names_the_admission_reasons_in_the_order_they_are_checked() {
+    // The enum declares the refusals in the order `plan/mapping.rs` checks them, then the one
+    // accepted-with-a-warning outcome.
+    let all: Vec<&str> = AcceptedReason::ALL
+        .iter()
+        .filter(|r| **r != AcceptedReason::Valid)
+        .map(|r| r.as_str())
+        .collect();
+    assert_eq!(named_in_order(&plan_step_row("admission"), &all), all);
+}
+
+#[test]
+fn the_plan_table_names_every_programmed_and_class_reason() {
+    let programmed: Vec<&str> = ProgrammedReason::ALL
+        .iter()
+        .filter(|r| **r != ProgrammedReason::AllNodesReady)
+        .map(|r| r.as_str())
+        .collect();
+    let gates = named_in_order(&plan_step_row("gates"), &programmed);
+    let missing: Vec<_> = programmed.iter().filter(|r| !gates.contains(r)).collect();
+    assert!(missing.is_empty(), "the gates row omits {missing:?}");
+    assert_eq!(
+        gates.last(),
+        Some(&"HostRefused"),
+        "HostRefused is decided last"
+    );
+    let class: Vec<&str> = ClassReason::ALL
+        .iter()
+        .filter(|r| **r != ClassReason::Valid)
+        .map(|r| r.as_str())
+        .collect();
+    let rows = plan_step_row("class settings") + &plan_step_row("slots");
+    let named = named_in_order(&rows, &class);
+    let missing: Vec<_> = class.iter().filter(|r| !named.contains(r)).collect();
+    assert!(
+        missing.is_empty(),
+        "the class settings and slots rows omit {missing:?}"
+    );
+}
+
+#[test]
+fn the_order_check_sees_a_reason_out_of_place() {
+    let all = ["ClassNotFound", "InvalidPortRange", "PortConflict"];
+    assert_eq!(
+        named_in_order("PortConflict, then ClassNotFound; InvalidPortRange", &all),
+        ["PortConflict", "ClassNotFound", "InvalidPortRange"]
+    );
+    assert_eq!(
+        named_in_order("ClassNotFoundX InvalidPortRange", &all),
+        ["InvalidPortRange"]
+    );
+}
