@@ -640,3 +640,51 @@ fn the_order_check_sees_a_reason_out_of_place() {
         ["InvalidPortRange"]
     );
 }
+
+/// The words the plan, status messages and these docs lean on: each is defined once in
+/// `docs/architecture.md`'s glossary, so a reader of a status message can look it up.
+const GLOSSARY: &[&str] = &[
+    "IR, datapath",
+    "accepting node",
+    "serving node",
+    "programming node",
+    "status writer",
+    "link",
+    "standby link",
+    "pair",
+    "slot",
+    "claim",
+    "landed",
+    "node row",
+    "refusal",
+    "facts",
+    "stand-in",
+];
+
+/// The terms of the glossary table under "Words used here".
+fn glossary_terms(doc: &str) -> Vec<String> {
+    doc.lines()
+        .skip_while(|l| !l.starts_with("## Words used here"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("## "))
+        .filter_map(|l| l.strip_prefix("| "))
+        .filter_map(|l| l.split(" |").next())
+        .filter(|t| *t != "Word" && !t.starts_with("---"))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn the_glossary_defines_every_word_the_plan_and_status_lean_on() {
+    let terms = glossary_terms(&read("docs/architecture.md"));
+    let missing: Vec<_> = GLOSSARY
+        .iter()
+        .filter(|w| !terms.iter().any(|t| t == *w))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the glossary lacks {missing:?} (has {terms:?})"
+    );
+    let sample = "## Words used here\n\n| Word | Means |\n| --- | --- |\n| slot | a number |\n\n## Next\n| pair | not here |\n";
+    assert_eq!(glossary_terms(sample), ["slot"]);
+}
