@@ -302,9 +302,6 @@ fn describe(value: &Value) -> &'static str {
 /// Adds one object (a document, or an item of a `List`) to the snapshot. `list_type` is the
 /// `(apiVersion, kind)` an item of a typed list (`PortMapList`, ...) inherits when it carries
 /// none, as the API server prints them.
-///
-/// Long because it is one dispatch over every kind a dump may hold, each arm a few lines;
-/// split per kind it would scatter the one place that says which kinds `kuport plan` reads.
 fn add_object(
     dump: &mut Dump,
     path: &Path,
@@ -312,13 +309,9 @@ fn add_object(
     doc: Value,
     list_type: Option<(&str, &str)>,
 ) -> Result<(), InputError> {
-    let fail = |at: &DocumentAt, problem: String| InputError::Document {
-        path: path.to_owned(),
-        at: Box::new(at.clone()),
-        problem,
-    };
     let Value::Object(mut object) = doc else {
-        return Err(fail(
+        return Err(document_error(
+            path,
             &at,
             format!("expected a Kubernetes object, found {}", describe(&doc)),
         ));
@@ -333,19 +326,16 @@ fn add_object(
     }
     let field = |name: &str| object.get(name).and_then(Value::as_str).map(str::to_owned);
     let (Some(api_version), Some(kind)) = (field("apiVersion"), field("kind")) else {
-        return Err(fail(
+        return Err(document_error(
+            path,
             &at,
             "not a Kubernetes object: `apiVersion` and `kind` must both be strings".to_owned(),
         ));
     };
-    let metadata = object.get("metadata");
-    let meta = |name: &str| {
-        metadata
-            .and_then(|m| m.get(name))
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-    };
-    let (namespace, name) = (meta("namespace"), meta("name"));
+    let (namespace, name) = (
+        metadata_field(&object, "namespace"),
+        metadata_field(&object, "name"),
+    );
     at.kind = Some(kind.clone());
     at.name = name.as_ref().map(|n| match &namespace {
         Some(ns) => format!("{ns}/{n}"),
@@ -356,67 +346,97 @@ fn add_object(
     if let Some(item_kind) = kind.strip_suffix("List")
         && let Some(items) = object.get_mut("items")
     {
-        let items = match items.take() {
-            Value::Array(items) => items,
-            Value::Null => Vec::new(),
-            other => {
-                return Err(fail(
-                    &at,
-                    format!("`items` must be a list, found {}", describe(&other)),
-                ));
-            }
-        };
         let inherit = (!item_kind.is_empty()).then_some((api_version.as_str(), item_kind));
-        for (index, item) in items.into_iter().enumerate() {
-            let mut item_at = at.clone();
-            item_at.items.push(index + 1);
-            item_at.kind = None;
-            item_at.name = None;
-            add_object(dump, path, item_at, item, inherit)?;
-        }
-        return Ok(());
+        return add_items(dump, path, &at, items.take(), inherit);
     }
+    add_kind(
+        dump,
+        path,
+        &at,
+        Value::Object(object),
+        (&api_version, &kind),
+    )
+}
 
-    let doc = Value::Object(object);
+/// Adds the items of a list at `at`, each with `inherit` as its type when it carries none.
+fn add_items(
+    dump: &mut Dump,
+    path: &Path,
+    at: &DocumentAt,
+    items: Value,
+    inherit: Option<(&str, &str)>,
+) -> Result<(), InputError> {
+    let items = match items {
+        Value::Array(items) => items,
+        Value::Null => Vec::new(),
+        other => {
+            return Err(document_error(
+                path,
+                at,
+                format!("`items` must be a list, found {}", describe(&other)),
+            ));
+        }
+    };
+    for (index, item) in items.into_iter().enumerate() {
+        let mut item_at = at.clone();
+        item_at.items.push(index + 1);
+        item_at.kind = None;
+        item_at.name = None;
+        add_object(dump, path, item_at, item, inherit)?;
+    }
+    Ok(())
+}
+
+/// Adds one object of type `(apiVersion, kind)` to where its kind goes; a kind `kuport plan`
+/// does not read is skipped, and kuport's own kinds of another version with a warning. The
+/// one place that says which kinds it reads: one arm per kind.
+fn add_kind(
+    dump: &mut Dump,
+    path: &Path,
+    at: &DocumentAt,
+    doc: Value,
+    (api_version, kind): (&str, &str),
+) -> Result<(), InputError> {
     let ours = format!("{GROUP}/{VERSION}");
     let snapshot = &mut dump.snapshot;
-    match (api_version.as_str(), kind.as_str()) {
+    match (api_version, kind) {
         (v, "PortMapClass") if v == ours => {
-            snapshot
-                .classes
-                .push(typed::<PortMapClass>(doc, &at, path)?);
+            snapshot.classes.push(typed::<PortMapClass>(doc, at, path)?);
         }
         (v, "PortMap") if v == ours => {
-            snapshot.portmaps.push(typed::<PortMap>(doc, &at, path)?);
+            snapshot.portmaps.push(typed::<PortMap>(doc, at, path)?);
         }
         (v, k) if v == EndpointSlice::API_VERSION && k == EndpointSlice::KIND => {
             snapshot
                 .endpoint_slices
-                .push(typed::<EndpointSlice>(doc, &at, path)?);
+                .push(typed::<EndpointSlice>(doc, at, path)?);
         }
         (v, k) if v == Node::API_VERSION && k == Node::KIND => {
-            snapshot.nodes.push(typed::<Node>(doc, &at, path)?);
+            snapshot.nodes.push(typed::<Node>(doc, at, path)?);
         }
         (v, k) if v == Namespace::API_VERSION && k == Namespace::KIND => {
-            snapshot
-                .namespaces
-                .push(typed::<Namespace>(doc, &at, path)?);
+            snapshot.namespaces.push(typed::<Namespace>(doc, at, path)?);
         }
         (v, k) if v == Service::API_VERSION && k == Service::KIND => {
-            snapshot.services.push(typed::<Service>(doc, &at, path)?);
+            snapshot.services.push(typed::<Service>(doc, at, path)?);
         }
         (v, k) if v == Pod::API_VERSION && k == Pod::KIND => {
-            snapshot.pods.push(typed::<Pod>(doc, &at, path)?);
+            snapshot.pods.push(typed::<Pod>(doc, at, path)?);
         }
         (v, k) if v == ConfigMap::API_VERSION && k == ConfigMap::KIND => {
+            // Only cilium-config is read; another ConfigMap is not even parsed.
             let (cm_namespace, cm_name) = CILIUM_CONFIG;
-            if namespace.as_deref() == Some(cm_namespace) && name.as_deref() == Some(cm_name) {
-                let config = typed::<ConfigMap>(doc, &at, path)?;
+            let object = doc.as_object();
+            let field = |name| object.and_then(|o| metadata_field(o, name));
+            if field("namespace").as_deref() == Some(cm_namespace)
+                && field("name").as_deref() == Some(cm_name)
+            {
+                let config = typed::<ConfigMap>(doc, at, path)?;
                 snapshot.cni = Some(CniFacts::from_cilium_config(&config));
             }
         }
         (v, k) if v == Event::API_VERSION && k == Event::KIND => {
-            dump.events.push(typed::<Event>(doc, &at, path)?);
+            dump.events.push(typed::<Event>(doc, at, path)?);
         }
         (v, "PortMapClass" | "PortMap") if v.starts_with(&format!("{GROUP}/")) => {
             eprintln!(
@@ -427,6 +447,24 @@ fn add_object(
         _ => {}
     }
     Ok(())
+}
+
+/// A string field of an object's metadata.
+fn metadata_field(object: &serde_json::Map<String, Value>, name: &str) -> Option<String> {
+    object
+        .get("metadata")
+        .and_then(|m| m.get(name))
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+}
+
+/// The error of the document at `at` in `path`.
+fn document_error(path: &Path, at: &DocumentAt, problem: String) -> InputError {
+    InputError::Document {
+        path: path.to_owned(),
+        at: Box::new(at.clone()),
+        problem,
+    }
 }
 
 fn typed<T: DeserializeOwned>(doc: Value, at: &DocumentAt, path: &Path) -> Result<T, InputError> {

@@ -131,8 +131,10 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// A fresh registry with every series registered. Long because it is the list of series,
-    /// each registered with its help text in the order `/metrics` shows them.
+    /// A fresh registry with every series registered, each with its help text, in the order
+    /// `/metrics` shows them.
+    // Long: the list of series, one registration each; split, the order `/metrics` shows and
+    // the help texts side by side would scatter.
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("kuport");
         // 1 ms .. ~16 s: a pass is a plan plus a few API calls.
@@ -235,17 +237,20 @@ impl Metrics {
             conntrack_cleared,
             mapping_counters,
         };
-        // Create the labelled series up front, so a scrape shows zeros rather than nothing.
+        metrics.create_labelled_series();
+        metrics
+    }
+
+    /// Creates the labelled series up front, so a scrape shows zeros rather than nothing.
+    fn create_labelled_series(&self) {
         for stage in Stage::ALL {
-            let _ = metrics.failures.get_or_create(&stage_labels(stage));
+            let _ = self.failures.get_or_create(&stage_labels(stage));
         }
         for result in ["ok", "failed", "superseded"] {
-            let _ = metrics.passes.get_or_create(&result_labels(result));
+            let _ = self.passes.get_or_create(&result_labels(result));
         }
         for result in ["ok", "failed"] {
-            let _ = metrics
-                .conntrack_sweeps
-                .get_or_create(&result_labels(result));
+            let _ = self.conntrack_sweeps.get_or_create(&result_labels(result));
         }
         for kind in [WriteKind::PortMap, WriteKind::Class] {
             for result in [
@@ -253,13 +258,12 @@ impl Metrics {
                 WriteResult::Conflict,
                 WriteResult::Failed,
             ] {
-                let _ = metrics
+                let _ = self
                     .status_writes
                     .get_or_create(&write_labels(kind, result));
             }
-            let _ = metrics.conflicts.get_or_create(&kind_labels(kind));
+            let _ = self.conflicts.get_or_create(&kind_labels(kind));
         }
-        metrics
     }
 
     /// The OpenMetrics text of every series.

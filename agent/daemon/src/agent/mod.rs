@@ -3,6 +3,7 @@
 //! [`Agent`] is the runtime (watches, the pass loop, status writes); [`cmd`] is the command
 //! around it (flags, logging, the real host, signals, HTTP endpoints).
 
+mod clock;
 pub mod cmd;
 mod events;
 mod failure;
@@ -15,8 +16,9 @@ pub mod status;
 mod status_task;
 mod trim;
 
+pub use clock::Clock;
 pub use health::{Health, health_router, metrics_router};
 pub use lifecycle::{StopAction, StopPolicy};
 pub use metrics::{Metrics, Stage, WriteKind, WriteResult};
-pub use runtime::{Agent, AgentConfig, AgentError, Clock, LinkWatch, PassHook};
+pub use runtime::{Agent, AgentConfig, AgentError, LinkWatch, PassHook};
 pub use tokio_util::sync::CancellationToken;

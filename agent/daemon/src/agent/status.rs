@@ -254,29 +254,7 @@ impl StatusWriter {
                     .record_write(WriteKind::PortMap, WriteResult::Written);
                 outcome.written += 1;
                 tracing::debug!("wrote the status of {what}");
-                if let Some(replaced) = current.metadata.resource_version.clone() {
-                    self.echoes
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .insert(
-                            (w.namespace.clone(), w.name.clone()),
-                            Echo {
-                                replaced,
-                                status: w.status.clone(),
-                            },
-                        );
-                }
-                for type_ in [conditions::ACCEPTED, conditions::PROGRAMMED] {
-                    if let Some(c) = to_report(&stored.conditions, &w.status.conditions, type_) {
-                        self.events.emit(PendingEvent {
-                            regarding: current.object_ref(&()),
-                            warning: is_warning(c),
-                            reason: c.reason.clone(),
-                            note: note(type_, c),
-                            action: "UpdateStatus",
-                        });
-                    }
-                }
+                self.portmap_written(w, &current, &stored);
             }
             Ok(Err(kube::Error::Api(s))) if s.is_conflict() => {
                 self.metrics
@@ -288,28 +266,45 @@ impl StatusWriter {
                 outcome.unchanged += 1;
             }
             Ok(Err(e)) => {
-                self.metrics
-                    .record_write(WriteKind::PortMap, WriteResult::Failed);
-                outcome
-                    .errors
-                    .push(format!("writing the status of {what}: {e}"));
+                self.write_failed(WriteKind::PortMap, &what, Some(e), &mut outcome);
             }
             Err(_) => {
-                self.metrics
-                    .record_write(WriteKind::PortMap, WriteResult::Failed);
-                outcome.errors.push(format!(
-                    "writing the status of {what}: no answer within {:?}",
-                    self.api_timeout
-                ));
+                self.write_failed(WriteKind::PortMap, &what, None, &mut outcome);
             }
         }
         outcome
     }
 
+    /// After `w` replaced the status `stored` of `current`: remembers the write, to know its
+    /// echo when the watch brings it back, and announces the conditions that flipped.
+    fn portmap_written(&self, w: &PortMapWrite, current: &PortMap, stored: &PortMapStatus) {
+        if let Some(replaced) = current.metadata.resource_version.clone() {
+            self.echoes
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(
+                    (w.namespace.clone(), w.name.clone()),
+                    Echo {
+                        replaced,
+                        status: w.status.clone(),
+                    },
+                );
+        }
+        for type_ in [conditions::ACCEPTED, conditions::PROGRAMMED] {
+            if let Some(c) = to_report(&stored.conditions, &w.status.conditions, type_) {
+                self.events.emit(PendingEvent {
+                    regarding: current.object_ref(&()),
+                    warning: is_warning(c),
+                    reason: c.reason.clone(),
+                    note: note(type_, c),
+                    action: "UpdateStatus",
+                });
+            }
+        }
+    }
+
     /// Reads the class fresh, merges this node's part, writes with compare-and-swap, and on a
     /// 409 re-reads and re-merges (up to 5 times, and only while no newer pass's writes wait).
-    /// Long because the retry loop, its timeouts and the outcome accounting of each attempt
-    /// belong together.
     async fn write_class(
         &self,
         class: &str,
@@ -325,23 +320,8 @@ impl StatusWriter {
                 outcome.superseded = true;
                 return;
             }
-            let fresh = match tokio::time::timeout(self.api_timeout, api.get_opt(class)).await {
-                Ok(Ok(Some(fresh))) => fresh,
-                Ok(Ok(None)) => {
-                    outcome.unchanged += 1;
-                    return;
-                }
-                Ok(Err(e)) => {
-                    outcome.errors.push(format!("reading {what}: {e}"));
-                    return;
-                }
-                Err(_) => {
-                    outcome.errors.push(format!(
-                        "reading {what}: no answer within {:?}",
-                        self.api_timeout
-                    ));
-                    return;
-                }
+            let Some(fresh) = self.read_class(&api, class, outcome).await else {
+                return;
             };
             let stored = fresh.status.clone().unwrap_or_default();
             let merged = merge_class_status(&fresh, &self.node, AGENT_VERSION, part, now);
@@ -370,33 +350,12 @@ impl StatusWriter {
                         .record_write(WriteKind::Class, WriteResult::Written);
                     outcome.written += 1;
                     tracing::debug!("wrote this node's part of the status of {what}");
-                    if let Some(c) = merged.ready_flipped {
-                        self.events.emit(PendingEvent {
-                            regarding: fresh.object_ref(&()),
-                            warning: c.status != conditions::TRUE,
-                            reason: c.reason.clone(),
-                            note: note(conditions::READY, &c),
-                            action: "UpdateStatus",
-                        });
-                    }
-                    for (node, why) in &merged.nodes_left {
-                        self.events.emit(PendingEvent {
-                            regarding: fresh.object_ref(&()),
-                            warning: true,
-                            reason: NODE_LEFT_REASON.to_owned(),
-                            note: format!("node {node} no longer accepts for the class: {why}"),
-                            action: "UpdateStatus",
-                        });
-                    }
-                    for node in &merged.nodes_joined {
-                        self.events.emit(PendingEvent {
-                            regarding: fresh.object_ref(&()),
-                            warning: false,
-                            reason: NODE_JOINED_REASON.to_owned(),
-                            note: format!("node {node} accepts for the class"),
-                            action: "UpdateStatus",
-                        });
-                    }
+                    self.announce_class_flips(
+                        &fresh,
+                        merged.ready_flipped,
+                        &merged.nodes_left,
+                        &merged.nodes_joined,
+                    );
                     return;
                 }
                 Ok(Err(kube::Error::Api(s))) if s.is_conflict() => {
@@ -410,26 +369,103 @@ impl StatusWriter {
                     return;
                 }
                 Ok(Err(e)) => {
-                    self.metrics
-                        .record_write(WriteKind::Class, WriteResult::Failed);
-                    outcome
-                        .errors
-                        .push(format!("writing the status of {what}: {e}"));
+                    self.write_failed(WriteKind::Class, &what, Some(e), outcome);
                     return;
                 }
                 Err(_) => {
-                    self.metrics
-                        .record_write(WriteKind::Class, WriteResult::Failed);
-                    outcome.errors.push(format!(
-                        "writing the status of {what}: no answer within {:?}",
-                        self.api_timeout
-                    ));
+                    self.write_failed(WriteKind::Class, &what, None, outcome);
                     return;
                 }
             }
         }
         // Still conflicting after several fresh reads: let the next pass try again.
         outcome.recompute += 1;
+    }
+
+    /// A status write of `what` that failed (`error`, or no answer in time), counted and
+    /// reported.
+    fn write_failed(
+        &self,
+        kind: WriteKind,
+        what: &str,
+        error: Option<kube::Error>,
+        outcome: &mut StatusOutcome,
+    ) {
+        self.metrics.record_write(kind, WriteResult::Failed);
+        let why = match error {
+            Some(e) => e.to_string(),
+            None => format!("no answer within {:?}", self.api_timeout),
+        };
+        outcome
+            .errors
+            .push(format!("writing the status of {what}: {why}"));
+    }
+
+    /// The class as stored now; `None`, with the outcome accounted, when it is gone or the read
+    /// failed.
+    async fn read_class(
+        &self,
+        api: &Api<PortMapClass>,
+        class: &str,
+        outcome: &mut StatusOutcome,
+    ) -> Option<PortMapClass> {
+        let what = format!("PortMapClass {class}");
+        match tokio::time::timeout(self.api_timeout, api.get_opt(class)).await {
+            Ok(Ok(Some(fresh))) => Some(fresh),
+            Ok(Ok(None)) => {
+                outcome.unchanged += 1;
+                None
+            }
+            Ok(Err(e)) => {
+                outcome.errors.push(format!("reading {what}: {e}"));
+                None
+            }
+            Err(_) => {
+                outcome.errors.push(format!(
+                    "reading {what}: no answer within {:?}",
+                    self.api_timeout
+                ));
+                None
+            }
+        }
+    }
+
+    /// Events on the class for what this node's write changed: its Ready condition flipped,
+    /// nodes that left or joined its ready nodes.
+    fn announce_class_flips(
+        &self,
+        class: &PortMapClass,
+        ready_flipped: Option<Condition>,
+        nodes_left: &[(String, String)],
+        nodes_joined: &[String],
+    ) {
+        if let Some(c) = ready_flipped {
+            self.events.emit(PendingEvent {
+                regarding: class.object_ref(&()),
+                warning: c.status != conditions::TRUE,
+                reason: c.reason.clone(),
+                note: note(conditions::READY, &c),
+                action: "UpdateStatus",
+            });
+        }
+        for (node, why) in nodes_left {
+            self.events.emit(PendingEvent {
+                regarding: class.object_ref(&()),
+                warning: true,
+                reason: NODE_LEFT_REASON.to_owned(),
+                note: format!("node {node} no longer accepts for the class: {why}"),
+                action: "UpdateStatus",
+            });
+        }
+        for node in nodes_joined {
+            self.events.emit(PendingEvent {
+                regarding: class.object_ref(&()),
+                warning: false,
+                reason: NODE_JOINED_REASON.to_owned(),
+                note: format!("node {node} accepts for the class"),
+                action: "UpdateStatus",
+            });
+        }
     }
 }
 

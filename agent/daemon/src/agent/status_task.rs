@@ -16,7 +16,7 @@ use kuport_core::plan::Writes;
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 
-use super::runtime::Clock;
+use super::clock::Clock;
 use super::status::{StatusOutcome, StatusWriter};
 
 /// One pass's writes.

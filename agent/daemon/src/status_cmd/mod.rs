@@ -5,6 +5,7 @@
 //! Two layers: a thin fetch (the lists below, nothing else) into a [`Dump`], and the pure
 //! renderer in [`render`] over that dump, which `--objects` also feeds from recorded files.
 
+mod explain;
 pub mod render;
 mod terminal;
 
@@ -93,12 +94,12 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
             (text, report.ok)
         }
         Some((ns, name)) => {
-            let Some(explained) = render::explain(&dump, ns, name, now) else {
+            let Some(explained) = explain::explain(&dump, ns, name, now) else {
                 eprintln!("kuport: PortMap {ns}/{name} not found");
                 return Ok(ExitCode::from(EXIT_NOT_FOUND));
             };
             let text = match args.output {
-                StatusOutput::Text => render::explain_text(&explained, now),
+                StatusOutput::Text => explain::explain_text(&explained, now),
                 StatusOutput::Json => json(&explained)?,
             };
             (text, explained.ok)

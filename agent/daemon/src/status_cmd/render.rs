@@ -6,11 +6,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
-use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use kuport_core::api::{PortMap, PortMapClass, ReturnPathMode, ServingMode, conditions};
-use kuport_core::plan::{MappingDecision, Plan};
+use kuport_core::plan::Plan;
 use kuport_core::snapshot::{HostFacts, Snapshot, node_is_ready};
 use serde::Serialize;
 
@@ -161,10 +160,9 @@ escape_fields! {
     ClassView => name, mode, serving_mode, ready, nodes, links;
     AgentView => node, version, last_pass_time, classes;
     StatusReport => mappings, classes, agents, problems;
-    Step => title, details;
-    EventView => time, type_, reason, message;
-    Explanation => mapping, steps, events;
 }
+
+pub(super) use escape_fields;
 
 fn ports(pm: &PortMap) -> String {
     match pm.spec.end_port {
@@ -173,7 +171,7 @@ fn ports(pm: &PortMap) -> String {
     }
 }
 
-fn ns_name(pm: &PortMap) -> (String, String) {
+pub(super) fn ns_name(pm: &PortMap) -> (String, String) {
     (
         pm.metadata.namespace.clone().unwrap_or_default(),
         pm.metadata.name.clone().unwrap_or_default(),
@@ -184,7 +182,7 @@ fn condition<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Conditi
     conditions.iter().find(|c| c.type_ == type_)
 }
 
-fn mapping_view(pm: &PortMap) -> MappingView {
+pub(super) fn mapping_view(pm: &PortMap) -> MappingView {
     let (namespace, name) = ns_name(pm);
     let status = pm.status.clone().unwrap_or_default();
     let current = status.observed_generation.is_some()
@@ -242,14 +240,14 @@ fn mapping_problem(m: &MappingView) -> Option<String> {
     })
 }
 
-fn mode(c: &PortMapClass) -> &'static str {
+pub(super) fn mode(c: &PortMapClass) -> &'static str {
     match c.spec.return_path.mode {
         ReturnPathMode::Vxlan => "Vxlan",
         ReturnPathMode::None => "None",
     }
 }
 
-fn serving(c: &PortMapClass) -> &'static str {
+pub(super) fn serving(c: &PortMapClass) -> &'static str {
     match c.spec.serving_mode {
         ServingMode::Single => "Single",
         ServingMode::Multi => "Multi",
@@ -375,7 +373,7 @@ fn agents(snapshot: &Snapshot) -> Vec<AgentView> {
 }
 
 /// The offline plan over the dump: the global decisions every agent computes alike.
-fn global_plan(snapshot: &Snapshot, now: Timestamp) -> Plan {
+pub(super) fn global_plan(snapshot: &Snapshot, now: Timestamp) -> Plan {
     kuport_core::plan::plan(snapshot, NO_NODE, &HostFacts::default(), now)
 }
 
@@ -406,7 +404,7 @@ pub fn report(dump: &Dump, now: Timestamp) -> StatusReport {
 }
 
 /// How long ago `then` was, in the short form kubectl uses (`45s`, `3m`, `2h`, `4d`).
-fn ago(then: &str, now: Timestamp) -> String {
+pub(super) fn ago(then: &str, now: Timestamp) -> String {
     let Ok(t) = then.parse::<Timestamp>() else {
         return then.to_owned();
     };
@@ -452,20 +450,6 @@ fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
-/// One line per endpoint the plan left out, saying why.
-fn rejected_lines(d: &MappingDecision) -> Vec<String> {
-    d.rejected_endpoints
-        .iter()
-        .map(|r| {
-            let pod = r
-                .pod
-                .as_deref()
-                .map_or(String::new(), |p| format!(" (pod {p})"));
-            format!("  {} on {}{pod}: {}", r.address, r.node, r.reason)
-        })
-        .collect()
-}
-
 fn endpoint_text(e: Option<&EndpointView>) -> String {
     e.map_or_else(
         || "-".to_owned(),
@@ -489,7 +473,6 @@ fn state_text(m: &MappingView) -> String {
 }
 
 /// The report as text: mappings, classes, agents, then the problems (or that there are none).
-/// Long because it is the layout, section after section, as it appears on the screen.
 pub fn text(r: &StatusReport, now: Timestamp) -> String {
     // Everything shown comes from the cluster: escaped before it reaches a terminal.
     let mut r = r.clone();
@@ -500,112 +483,13 @@ pub fn text(r: &StatusReport, now: Timestamp) -> String {
 
 fn report_text(r: &StatusReport, now: Timestamp) -> String {
     let mut out = String::new();
-    let programmed = r.mappings.iter().filter(|m| m.ok).count();
-    let _ = writeln!(
-        out,
-        "PortMaps: {programmed}/{} programmed",
-        r.mappings.len()
-    );
-    if !r.mappings.is_empty() {
-        let rows: Vec<Vec<String>> = r
-            .mappings
-            .iter()
-            .map(|m| {
-                vec![
-                    format!("{}/{}", m.namespace, m.name),
-                    m.class.clone(),
-                    format!("{}/{}", m.protocol, m.ports),
-                    if m.published.is_empty() {
-                        "-".to_owned()
-                    } else {
-                        m.published.join(",")
-                    },
-                    endpoint_text(m.endpoint.as_ref()),
-                    state_text(m),
-                ]
-            })
-            .collect();
-        out.push_str(&table(
-            &[
-                "NAMESPACE/NAME",
-                "CLASS",
-                "PORTS",
-                "PUBLISHED",
-                "ENDPOINT",
-                "PROGRAMMED",
-            ],
-            &rows,
-        ));
-    }
+    mappings_text(&mut out, &r.mappings);
     let ready = r.classes.iter().filter(|c| c.ok).count();
     let _ = writeln!(out, "\nPortMapClasses: {ready}/{} ready", r.classes.len());
     for c in &r.classes {
-        let state = c.ready.as_ref().map_or_else(
-            || "Ready unknown (no status yet)".to_owned(),
-            |r| format!("Ready={} {}", r.status, r.reason),
-        );
-        let accepting = c.nodes.iter().filter(|n| n.accepting).count();
-        let _ = writeln!(
-            out,
-            "{}: {} {}, {state}, {accepting}/{} nodes accepting",
-            c.name,
-            c.mode,
-            c.serving_mode,
-            c.nodes.len()
-        );
-        for n in &c.nodes {
-            let what = if n.accepting {
-                let addrs: Vec<String> = n
-                    .addresses
-                    .iter()
-                    .map(|(i, a)| format!("{i}={a}"))
-                    .collect();
-                format!("accepting ({})", addrs.join(", "))
-            } else if !n.node_ready {
-                "not accepting: its Node is not Ready or does not exist".to_owned()
-            } else {
-                match (n.row_ready, &n.message) {
-                    (None, _) => "not accepting: no row from its agent".to_owned(),
-                    (Some(false), Some(m)) => format!("not accepting: {m}"),
-                    _ => "not accepting: its row is not ready".to_owned(),
-                }
-            };
-            let _ = writeln!(out, "  node {}: {what}", n.name);
-        }
-        for l in &c.links {
-            let use_ = if l.used_by.is_empty() {
-                match &l.unused_since {
-                    Some(t) => format!("unused since {t}"),
-                    None => "not needed by any mapping".to_owned(),
-                }
-            } else {
-                format!("used by {}", l.used_by.join(", "))
-            };
-            let _ = writeln!(
-                out,
-                "  link {}: slot {} {}, {use_}",
-                l.key, l.slot, l.subnet
-            );
-        }
+        class_text(&mut out, c);
     }
-    let _ = writeln!(out, "\nAgents: {}", r.agents.len());
-    if !r.agents.is_empty() {
-        let rows: Vec<Vec<String>> = r
-            .agents
-            .iter()
-            .map(|a| {
-                vec![
-                    a.node.clone(),
-                    a.version.clone().unwrap_or_else(|| "-".to_owned()),
-                    a.last_pass_time
-                        .as_deref()
-                        .map_or_else(|| "-".to_owned(), |t| format!("{t} ({})", ago(t, now))),
-                    a.classes.join(","),
-                ]
-            })
-            .collect();
-        out.push_str(&table(&["NODE", "VERSION", "LAST PASS", "CLASSES"], &rows));
-    }
+    agents_text(&mut out, &r.agents, now);
     if r.problems.is_empty() {
         out.push_str("\nEverything is programmed.\n");
     } else {
@@ -617,359 +501,121 @@ fn report_text(r: &StatusReport, now: Timestamp) -> String {
     out
 }
 
-/// One step of an explanation.
-#[derive(Clone, Debug, Serialize)]
-pub struct Step {
-    pub title: String,
-    /// `ok`, `failed`, or `skipped` (an earlier step failed).
-    pub state: &'static str,
-    pub details: Vec<String>,
-}
-
-/// An Event about a mapping, as `-o json` prints it.
-#[derive(Clone, Debug, Serialize)]
-pub struct EventView {
-    pub time: Option<String>,
-    #[serde(rename = "type")]
-    pub type_: String,
-    pub reason: String,
-    pub message: String,
-    pub count: i32,
-}
-
-/// The explanation of one mapping: what `kuport status <ns>/<name>` prints.
-#[derive(Clone, Debug, Serialize)]
-pub struct Explanation {
-    pub ok: bool,
-    pub mapping: MappingView,
-    pub steps: Vec<Step>,
-    pub events: Vec<EventView>,
-}
-
-fn step(title: impl Into<String>, ok: bool, details: Vec<String>) -> Step {
-    Step {
-        title: title.into(),
-        state: if ok { "ok" } else { "failed" },
-        details,
+/// The PortMaps section: a count, then a table of them.
+fn mappings_text(out: &mut String, mappings: &[MappingView]) {
+    let programmed = mappings.iter().filter(|m| m.ok).count();
+    let _ = writeln!(out, "PortMaps: {programmed}/{} programmed", mappings.len());
+    if mappings.is_empty() {
+        return;
     }
-}
-
-fn event_time(e: &Event) -> Option<Timestamp> {
-    e.series
-        .as_ref()
-        .and_then(|s| s.last_observed_time.as_ref().map(|t| t.0))
-        .or_else(|| e.last_timestamp.as_ref().map(|t| t.0))
-        .or_else(|| e.event_time.as_ref().map(|t| t.0))
-        .or_else(|| e.metadata.creation_timestamp.as_ref().map(|t| t.0))
-}
-
-fn events_of(events: &[Event], pm: &PortMap) -> Vec<EventView> {
-    let (namespace, name) = ns_name(pm);
-    let mut found: Vec<(Option<Timestamp>, String, EventView)> = events
+    let rows: Vec<Vec<String>> = mappings
         .iter()
-        .filter(|e| {
-            let o = &e.involved_object;
-            o.kind.as_deref() == Some("PortMap")
-                && o.namespace.as_deref() == Some(namespace.as_str())
-                && o.name.as_deref() == Some(name.as_str())
-                && (o.uid.is_none() || pm.metadata.uid.is_none() || o.uid == pm.metadata.uid)
-        })
-        .map(|e| {
-            let t = event_time(e);
-            let view = EventView {
-                time: t.map(|t| t.to_string()),
-                type_: e.type_.clone().unwrap_or_default(),
-                reason: e.reason.clone().unwrap_or_default(),
-                message: e.message.clone().unwrap_or_default(),
-                count: e
-                    .series
-                    .as_ref()
-                    .and_then(|s| s.count)
-                    .or(e.count)
-                    .unwrap_or(1),
-            };
-            (t, e.metadata.name.clone().unwrap_or_default(), view)
+        .map(|m| {
+            vec![
+                format!("{}/{}", m.namespace, m.name),
+                m.class.clone(),
+                format!("{}/{}", m.protocol, m.ports),
+                if m.published.is_empty() {
+                    "-".to_owned()
+                } else {
+                    m.published.join(",")
+                },
+                endpoint_text(m.endpoint.as_ref()),
+                state_text(m),
+            ]
         })
         .collect();
-    found.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
-    found.into_iter().map(|(_, _, v)| v).collect()
-}
-
-fn outcome_line(c: &Option<ConditionView>) -> String {
-    c.as_ref().map_or_else(
-        || "(not written)".to_owned(),
-        |c| {
-            if c.message.is_empty() {
-                format!("{} {}", c.status, c.reason)
-            } else {
-                format!("{} {}: {}", c.status, c.reason, c.message)
-            }
-        },
-    )
-}
-
-fn plan_line<R>(o: &kuport_core::plan::Outcome<R>, ok: bool, name: &str) -> String
-where
-    R: Copy + Into<&'static str>,
-{
-    let reason: &'static str = o.reason.into();
-    let status = conditions::status(ok);
-    if o.message.is_empty() {
-        format!("{name} {status} {reason}")
-    } else {
-        format!("{name} {status} {reason}: {}", o.message)
-    }
-}
-
-/// Explains one mapping step by step from the dump: the plan every agent computes for it
-/// (class, acceptance, endpoint, nodes, return links, Programmed, published addresses), then
-/// what its status says and whether that agrees, then its Events. `None` when the dump holds
-/// no such PortMap.
-///
-/// Long because it is the explanation itself, one step after another in the order a reader
-/// follows them; each step is a few lines.
-pub fn explain(dump: &Dump, namespace: &str, name: &str, now: Timestamp) -> Option<Explanation> {
-    let snapshot = &dump.snapshot;
-    let pm = snapshot.portmaps.iter().find(|pm| {
-        pm.metadata.namespace.as_deref() == Some(namespace)
-            && pm.metadata.name.as_deref() == Some(name)
-    })?;
-    let plan = global_plan(snapshot, now);
-    let d: &MappingDecision = plan
-        .portmaps
-        .iter()
-        .find(|d| d.namespace == namespace && d.name == name)?;
-    let mapping = mapping_view(pm);
-    let class = snapshot
-        .classes
-        .iter()
-        .find(|c| c.metadata.name.as_deref() == Some(d.class.as_str()));
-    let mut steps = Vec::new();
-
-    // 1. The class.
-    match class {
-        None => steps.push(step(
-            format!("class {}", d.class),
-            false,
-            vec![format!("no PortMapClass named {} exists", d.class)],
-        )),
-        Some(c) => {
-            let ready = plan.classes.iter().find(|x| x.name == d.class);
-            let mut details = vec![format!(
-                "return path {}, serving {}, nodes {}",
-                mode(c),
-                serving(c),
-                c.spec.nodes.keys().cloned().collect::<Vec<_>>().join(", ")
-            )];
-            if let Some(r) = ready {
-                details.push(plan_line(&r.ready, r.ready.is_true(), conditions::READY));
-            }
-            steps.push(step(format!("class {}", d.class), true, details));
-        }
-    }
-
-    // 2. Acceptance.
-    let accepted = d.accepted.is_true();
-    steps.push(step(
-        "accepted",
-        accepted,
-        vec![plan_line(&d.accepted, accepted, conditions::ACCEPTED)],
+    out.push_str(&table(
+        &[
+            "NAMESPACE/NAME",
+            "CLASS",
+            "PORTS",
+            "PUBLISHED",
+            "ENDPOINT",
+            "PROGRAMMED",
+        ],
+        &rows,
     ));
+}
 
-    // 3. Endpoint.
-    let service = format!(
-        "Service {}/{} port {:?}",
-        namespace, pm.spec.service_ref.name, pm.spec.service_ref.port
+/// One class: its mode and readiness, then a line per node and per link.
+fn class_text(out: &mut String, c: &ClassView) {
+    let state = c.ready.as_ref().map_or_else(
+        || "Ready unknown (no status yet)".to_owned(),
+        |r| format!("Ready={} {}", r.status, r.reason),
     );
-    let endpoint_details = match &d.endpoint {
-        None if !accepted => vec![format!(
-            "{service}: not chosen, the mapping is not accepted"
-        )],
-        Some(e) => vec![format!(
-            "{service}: pod {} on {}, {}:{}",
-            e.pod.as_deref().unwrap_or("(unnamed)"),
-            e.node,
-            e.address,
-            e.port
-        )],
-        None if !d.rejected_endpoints.is_empty() => {
-            let mut lines = vec![format!(
-                "{service} has ready endpoints, but none is a pod address of the cluster:"
-            )];
-            lines.extend(rejected_lines(d));
-            lines
-        }
-        None => vec![format!("{service} has no ready IPv4 endpoint")],
-    };
-    let mut endpoint_details = endpoint_details;
-    if d.endpoint.is_some() && !d.rejected_endpoints.is_empty() {
-        endpoint_details.push("skipped, not pod addresses of the cluster:".to_owned());
-        endpoint_details.extend(rejected_lines(d));
-    }
-    steps.push(step("endpoint", d.endpoint.is_some(), endpoint_details));
-
-    // 4. Nodes that program it.
-    let mut node_details = Vec::new();
-    if let Some(s) = &d.serving_node {
-        node_details.push(format!("serving node {s}"));
-    }
-    if !d.programming_nodes.is_empty() {
-        node_details.push(format!("programmed on {}", d.programming_nodes.join(", ")));
-    }
-    for (node, ifaces) in d.bindings.iter() {
-        let row = class
-            .and_then(|c| c.status.as_ref())
-            .and_then(|s| s.nodes.iter().find(|r| &r.name == node));
-        let row_text = match row {
-            None => "no row from its agent".to_owned(),
-            Some(r) if r.ready => "row ready".to_owned(),
-            Some(r) => format!(
-                "row not ready: {}",
-                r.message.as_deref().unwrap_or("no message")
-            ),
+    let accepting = c.nodes.iter().filter(|n| n.accepting).count();
+    let _ = writeln!(
+        out,
+        "{}: {} {}, {state}, {accepting}/{} nodes accepting",
+        c.name,
+        c.mode,
+        c.serving_mode,
+        c.nodes.len()
+    );
+    for n in &c.nodes {
+        let what = if n.accepting {
+            let addrs: Vec<String> = n
+                .addresses
+                .iter()
+                .map(|(i, a)| format!("{i}={a}"))
+                .collect();
+            format!("accepting ({})", addrs.join(", "))
+        } else if !n.node_ready {
+            "not accepting: its Node is not Ready or does not exist".to_owned()
+        } else {
+            match (n.row_ready, &n.message) {
+                (None, _) => "not accepting: no row from its agent".to_owned(),
+                (Some(false), Some(m)) => format!("not accepting: {m}"),
+                _ => "not accepting: its row is not ready".to_owned(),
+            }
         };
-        node_details.push(format!("{node}: binds {} ({row_text})", ifaces.join(", ")));
+        let _ = writeln!(out, "  node {}: {what}", n.name);
     }
-    if let Some(w) = &d.status_writer {
-        node_details.push(format!("status writer {w}"));
+    for l in &c.links {
+        let use_ = if l.used_by.is_empty() {
+            match &l.unused_since {
+                Some(t) => format!("unused since {t}"),
+                None => "not needed by any mapping".to_owned(),
+            }
+        } else {
+            format!("used by {}", l.used_by.join(", "))
+        };
+        let _ = writeln!(
+            out,
+            "  link {}: slot {} {}, {use_}",
+            l.key, l.slot, l.subnet
+        );
     }
-    steps.push(step("nodes", !d.programming_nodes.is_empty(), node_details));
+}
 
-    // 5. Return links.
-    let links_ok = d.links.iter().all(|l| l.landed);
-    let link_line = |l: &kuport_core::plan::NeededLink, role: &str| match (l.slot, l.landed) {
-        (Some(s), true) => format!("{}{role}: slot {s}, claimed", l.key),
-        (Some(s), false) => format!("{}{role}: slot {s} proposed, not claimed yet", l.key),
-        (None, _) => format!("{}{role}: no free slot", l.key),
-    };
-    let mut link_details: Vec<String> = if d.endpoint.is_none() {
-        vec!["none: no endpoint is chosen".to_owned()]
-    } else if d.links.is_empty() {
-        vec!["none needed: the pod runs on every node that programs the mapping".to_owned()]
-    } else {
-        d.links.iter().map(|l| link_line(l, "")).collect()
-    };
-    // Standby links only make a failover fast; the mapping works without them, so they are
-    // listed but take no part in this step's verdict.
-    link_details.extend(d.standby_links.iter().map(|l| link_line(l, " (standby)")));
-    steps.push(step("return links", links_ok, link_details));
-
-    // 6. Programmed.
-    let programmed_ok = d.programmed.as_ref().is_some_and(|p| p.is_true());
-    let programmed = d.programmed.as_ref().map_or_else(
-        || "no Programmed condition: the mapping is not accepted".to_owned(),
-        |p| plan_line(p, p.is_true(), conditions::PROGRAMMED),
-    );
-    let mut published: Vec<String> = d
-        .published
+/// The Agents section: a count, then a table of them.
+fn agents_text(out: &mut String, agents: &[AgentView], now: Timestamp) {
+    let _ = writeln!(out, "\nAgents: {}", agents.len());
+    if agents.is_empty() {
+        return;
+    }
+    let rows: Vec<Vec<String>> = agents
         .iter()
-        .map(|p| {
-            let a = if p.address.is_empty() {
-                "(address not reported yet)"
-            } else {
-                p.address.as_str()
-            };
-            format!("published {a} on {} {}", p.node, p.interface)
+        .map(|a| {
+            vec![
+                a.node.clone(),
+                a.version.clone().unwrap_or_else(|| "-".to_owned()),
+                a.last_pass_time
+                    .as_deref()
+                    .map_or_else(|| "-".to_owned(), |t| format!("{t} ({})", ago(t, now))),
+                a.classes.join(","),
+            ]
         })
         .collect();
-    published.insert(0, programmed);
-    steps.push(step("programmed", programmed_ok, published));
-
-    // The first failing step is the cause; the steps after it are context, not verdicts.
-    if let Some(first) = steps.iter().position(|s| s.state == "failed") {
-        for s in steps.iter_mut().skip(first + 1) {
-            s.state = "skipped";
-        }
-    }
-
-    // 7. The written status against the plan.
-    let mut status_details = vec![
-        format!("Accepted {}", outcome_line(&mapping.accepted)),
-        format!("Programmed {}", outcome_line(&mapping.programmed)),
-    ];
-    let planned_reason = d.programmed.as_ref().map(|p| p.reason.as_str());
-    let written_reason = mapping.programmed.as_ref().map(|p| p.reason.as_str());
-    let agrees = mapping.current
-        && mapping.accepted.as_ref().map(|a| a.reason.as_str()) == Some(d.accepted.reason.as_str())
-        && written_reason == planned_reason;
-    if !mapping.current {
-        status_details.push(
-            "the status was not computed from the current spec: the status writer has not caught up"
-                .to_owned(),
-        );
-    } else if !agrees {
-        status_details.push(format!(
-            "the status differs from what the agents compute now: {} has not written it yet (is its agent running?)",
-            d.status_writer.as_deref().unwrap_or("the status writer")
-        ));
-    }
-    steps.push(step("status as written", agrees, status_details));
-
-    let ok = mapping.ok && programmed_ok && agrees;
-    Some(Explanation {
-        ok,
-        mapping,
-        steps,
-        events: events_of(&dump.events, pm),
-    })
-}
-
-/// An explanation as text.
-pub fn explain_text(e: &Explanation, now: Timestamp) -> String {
-    let mut e = e.clone();
-    e.escape_all();
-    let out = explanation_text(&e, now);
-    escape_keeping_lines(&out).into_owned()
-}
-
-fn explanation_text(e: &Explanation, now: Timestamp) -> String {
-    let m = &e.mapping;
-    let mut out = format!(
-        "PortMap {}/{}: {}/{} in class {}\n",
-        m.namespace, m.name, m.protocol, m.ports, m.class
-    );
-    for (i, s) in e.steps.iter().enumerate() {
-        let mark = match s.state {
-            "ok" => "ok",
-            "failed" => "FAILED",
-            _ => "--",
-        };
-        let _ = writeln!(out, "{}. [{mark}] {}", i + 1, s.title);
-        for d in &s.details {
-            let _ = writeln!(out, "     {d}");
-        }
-    }
-    if e.events.is_empty() {
-        out.push_str("Events: none\n");
-    } else {
-        out.push_str("Events:\n");
-        for ev in &e.events {
-            let when = ev
-                .time
-                .as_deref()
-                .map_or_else(|| "-".to_owned(), |t| ago(t, now));
-            let count = if ev.count > 1 {
-                format!(" (x{})", ev.count)
-            } else {
-                String::new()
-            };
-            let _ = writeln!(
-                out,
-                "  {when}  {} {}{count}: {}",
-                ev.type_, ev.reason, ev.message
-            );
-        }
-    }
-    out.push_str(if e.ok {
-        "The mapping is programmed.\n"
-    } else {
-        "The mapping is not programmed.\n"
-    });
-    out
+    out.push_str(&table(&["NODE", "VERSION", "LAST PASS", "CLASSES"], &rows));
 }
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::api::core::v1::Event;
+
+    use super::super::explain::{explain, explain_text};
     use super::*;
 
     #[test]
@@ -980,35 +626,6 @@ mod tests {
         assert_eq!(ago("2025-12-31T01:00:00Z", now), "24h ago");
         assert_eq!(ago("2025-12-20T01:00:00Z", now), "12d ago");
         assert_eq!(ago("2026-01-01T02:00:00Z", now), "in the future");
-    }
-
-    #[test]
-    fn standby_links_are_listed_without_deciding_the_links_step() {
-        let c = kuport_testkit::cluster::two_edges_and_worker("169.254.77.0/24").claim(
-            "public",
-            "edge-a/worker-b",
-            0,
-        );
-        let dump = Dump {
-            snapshot: c.snapshot,
-            events: Vec::new(),
-        };
-        let now = kuport_testkit::cluster::now();
-        let e = explain(&dump, "games", "gs", now).expect("the mapping is explained");
-        let links = e
-            .steps
-            .iter()
-            .find(|s| s.title == "return links")
-            .expect("a return links step");
-        assert_eq!(
-            links.details,
-            [
-                "edge-a/worker-b: slot 0, claimed",
-                "edge-c/worker-b (standby): slot 1 proposed, not claimed yet"
-            ],
-            "{e:#?}"
-        );
-        assert_eq!(links.state, "ok", "an unclaimed standby link fails nothing");
     }
 
     /// What a hostile writer puts in every free-text field it controls: a colour, a screen

@@ -1,0 +1,301 @@
+//! The pass's inputs: one watch (a kube reflector) per kind a pass reads, each keeping a store
+//! and marking the node dirty on a change a pass reads (`relevance.rs`); and the snapshot a pass
+//! takes of the stores.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::Api;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kuport_core::api::{PortMap, PortMapClass};
+use kuport_core::snapshot::{CILIUM_CONFIG, CniFacts, Snapshot};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::AgentError;
+use super::config::jitter_seed_for;
+use crate::agent::metrics::Metrics;
+use crate::agent::relevance::{PassInput, Wanted};
+use crate::agent::trim::Trim;
+
+/// The watched kinds, declared once: each becomes a store in `Inputs`, a reflector started by
+/// `start_inputs`, a wait in `wait_synced` and a list in the pass's [`Snapshot`] (the field
+/// named after `=>`). Adding a kind is one line here, one field in `Snapshot` and a `PassInput`
+/// impl saying which of its changes a pass reads.
+macro_rules! watched_kinds {
+    ($($field:ident: $kind:ty => $snapshot:ident;)*) => {
+        /// The watched objects.
+        pub(super) struct Inputs {
+            $(pub(super) $field: Store<$kind>,)*
+            /// `kube-system/cilium-config`, watched by name: at most one object.
+            cni: Store<ConfigMap>,
+            tasks: Vec<JoinHandle<()>>,
+        }
+
+        pub(super) fn start_inputs(client: &kube::Client, watch: &Watch) -> Inputs {
+            let mut tasks = Vec::new();
+            $(
+                let ($field, task) = reflect::<$kind>(
+                    Api::all(client.clone()),
+                    <$kind as PassInput>::watch_config(&watch.node),
+                    watch,
+                    stringify!($kind),
+                );
+                tasks.push(task);
+            )*
+            let (ns, name) = CILIUM_CONFIG;
+            let (cni, task) = reflect::<ConfigMap>(
+                Api::namespaced(client.clone(), ns),
+                watcher::Config::default().fields(&format!("metadata.name={name}")),
+                watch,
+                "ConfigMap",
+            );
+            tasks.push(task);
+            Inputs { $($field,)* cni, tasks }
+        }
+
+        /// Waits until every watch has listed once.
+        pub(super) async fn wait_synced(inputs: &Inputs) -> Result<(), AgentError> {
+            $(
+                inputs
+                    .$field
+                    .wait_until_ready()
+                    .await
+                    .map_err(|_| AgentError::WatchEnded(stringify!($kind)))?;
+            )*
+            inputs
+                .cni
+                .wait_until_ready()
+                .await
+                .map_err(|_| AgentError::WatchEnded("ConfigMap"))?;
+            Ok(())
+        }
+
+        impl Inputs {
+            /// Every watched object, each kind sorted by namespace and name; objects `previous`
+            /// (the last snapshot) holds at the version the store holds are moved from it, the
+            /// others copied from the store.
+            pub(super) fn snapshot(&self, previous: Snapshot) -> Snapshot {
+                Snapshot {
+                    $($snapshot: refresh(&self.$field, previous.$snapshot),)*
+                    cni: self.cni.state().first().map(|cm| CniFacts::from_cilium_config(cm)),
+                }
+            }
+        }
+    };
+}
+
+watched_kinds! {
+    classes: PortMapClass => classes;
+    portmaps: PortMap => portmaps;
+    slices: EndpointSlice => endpoint_slices;
+    nodes: Node => nodes;
+    namespaces: Namespace => namespaces;
+    services: Service => services;
+    pods: Pod => pods;
+}
+
+/// A store's objects sorted by namespace and name (a store lists in hash order, which must not
+/// reach the plan, nor make a simulated run differ), taking each from `previous` (sorted the
+/// same way) when it holds the object at the same `resourceVersion` (the API server gives every
+/// change a new one), and copying it from the store otherwise. A pass after one event then
+/// copies one object instead of every object of every store.
+fn refresh<K>(store: &Store<K>, previous: Vec<K>) -> Vec<K>
+where
+    K: Clone + kube::Resource<DynamicType = ()> + 'static,
+{
+    fn key<K: kube::Resource>(o: &K) -> (Option<&str>, Option<&str>) {
+        (o.meta().namespace.as_deref(), o.meta().name.as_deref())
+    }
+    let mut current = store.state();
+    current.sort_by(|a, b| key(a.as_ref()).cmp(&key(b.as_ref())));
+    let mut previous = previous.into_iter().peekable();
+    current
+        .iter()
+        .map(|o| {
+            let o = o.as_ref();
+            while previous.next_if(|p| key(p) < key(o)).is_some() {}
+            let version = o.meta().resource_version.as_deref();
+            previous
+                .next_if(|p| {
+                    key(p) == key(o)
+                        && version.is_some()
+                        && p.meta().resource_version.as_deref() == version
+                })
+                .unwrap_or_else(|| o.clone())
+        })
+        .collect()
+}
+
+impl Drop for Inputs {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// Objects per page of a watch's list. A page is held whole, untrimmed, while it is read
+/// (kube's default is 500); objects may carry up to 256 KiB of annotations each, so 500 of them
+/// would be 128 MiB before trimming. 50 keeps a page under about 13 MiB at worst and costs a
+/// relist of 10,000 PortMaps 200 requests instead of 20.
+const LIST_PAGE_SIZE: u32 = 50;
+
+/// A reflector for one kind: a store kept up to date by a watch that retries with backoff
+/// (an API outage leaves the store as it was), marking the node dirty on every change that can
+/// change a pass (`relevance`).
+fn reflect<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    watch: &Watch,
+    kind: &'static str,
+) -> (Store<K>, JoinHandle<()>)
+where
+    K: PassInput + Trim + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+{
+    let (reader, mut writer) = reflector::store();
+    let stream = watcher(api, config.page_size(LIST_PAGE_SIZE))
+        .backoff(watch_backoff(watch.jitter_seed ^ jitter_seed_for(kind)))
+        // Only what a pass reads is kept (`trim.rs`): annotations, managed fields and the
+        // rest would otherwise stay in memory for as long as the agent runs.
+        .modify(K::trim);
+    let store = reader.clone();
+    let Watch {
+        dirty,
+        wanted,
+        metrics,
+        ..
+    } = watch.clone();
+    let task = tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            let event = match event {
+                Ok(event) => event,
+                Err(e) => {
+                    tracing::warn!("watching {kind}: {e}");
+                    continue;
+                }
+            };
+            // Judged against the object the store holds before the event is applied.
+            let passes = match &event {
+                watcher::Event::Apply(new) => store
+                    .get(&ObjectRef::from_obj(new))
+                    .is_none_or(|old| K::changes_a_pass(&old, new, &wanted)),
+                _ => true,
+            };
+            writer.apply_watcher_event(&event);
+            metrics.record_watch_event(kind, passes);
+            if passes {
+                // Full means a pass is already due.
+                let _ = dirty.try_send(());
+            }
+        }
+    });
+    (reader, task)
+}
+
+/// What every watch shares: where to mark the node dirty, what its status writes want (to
+/// judge which events can change a pass), the metrics, the seed of its retry jitter.
+#[derive(Clone)]
+pub(super) struct Watch {
+    /// This node's name: some kinds are watched only for it.
+    pub node: String,
+    pub dirty: mpsc::Sender<()>,
+    pub wanted: Wanted,
+    pub metrics: Arc<Metrics>,
+    pub jitter_seed: u64,
+}
+
+/// The watches' retry delays: kube-runtime's default policy (0.8 s doubling to 30 s, reset
+/// after 2 min without errors, jittered), with the jitter drawn from `seed`.
+fn watch_backoff(seed: u64) -> impl kube::runtime::utils::Backoff {
+    let policy = backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(800))
+        .with_max_delay(Duration::from_secs(30))
+        .with_factor(2.0)
+        .without_max_times()
+        .with_jitter()
+        .with_jitter_seed(seed);
+    kube::runtime::utils::ResetTimerBackoff::new(
+        kube::runtime::watcher::ExponentialBackoff::from(policy),
+        Duration::from_secs(120),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config_map(namespace: &str, name: &str, version: &str, marker: &str) -> ConfigMap {
+        let mut cm = ConfigMap::default();
+        cm.metadata.namespace = Some(namespace.to_owned());
+        cm.metadata.name = Some(name.to_owned());
+        cm.metadata.resource_version = Some(version.to_owned());
+        cm.data = Some([("from".to_owned(), marker.to_owned())].into());
+        cm
+    }
+
+    fn marker(cm: &ConfigMap) -> (&str, &str, &str) {
+        (
+            cm.metadata.name.as_deref().unwrap_or_default(),
+            cm.metadata.resource_version.as_deref().unwrap_or_default(),
+            cm.data
+                .as_ref()
+                .and_then(|d| d.get("from"))
+                .map_or("", String::as_str),
+        )
+    }
+
+    #[test]
+    fn unchanged_objects_are_taken_from_the_previous_snapshot_and_the_rest_copied() {
+        let (store, mut writer) = reflector::store::<ConfigMap>();
+        for cm in [
+            config_map("a", "same", "1", "store"),
+            config_map("a", "changed", "5", "store"),
+            config_map("a", "new", "7", "store"),
+            config_map("b", "same", "2", "store"),
+        ] {
+            writer.apply_watcher_event(&watcher::Event::Apply(cm));
+        }
+        // The marker tells where each object came from: at one version the API server's
+        // objects are the same, so only the test can tell them apart.
+        let previous = vec![
+            config_map("a", "changed", "4", "previous"),
+            config_map("a", "gone", "3", "previous"),
+            config_map("a", "same", "1", "previous"),
+            config_map("b", "same", "2", "previous"),
+        ];
+        let refreshed = refresh(&store, previous);
+        let got: Vec<_> = refreshed.iter().map(marker).collect();
+        assert_eq!(
+            got,
+            [
+                ("changed", "5", "store"),
+                ("new", "7", "store"),
+                ("same", "1", "previous"),
+                ("same", "2", "previous"),
+            ]
+        );
+        assert_eq!(
+            refreshed[3].metadata.namespace.as_deref(),
+            Some("b"),
+            "sorted by namespace, then name"
+        );
+    }
+
+    #[test]
+    fn an_object_without_a_version_is_always_copied() {
+        let (store, mut writer) = reflector::store::<ConfigMap>();
+        let mut cm = config_map("a", "x", "1", "store");
+        cm.metadata.resource_version = None;
+        writer.apply_watcher_event(&watcher::Event::Apply(cm.clone()));
+        let mut old = cm;
+        old.data = Some([("from".to_owned(), "previous".to_owned())].into());
+        let refreshed = refresh(&store, vec![old]);
+        assert_eq!(marker(&refreshed[0]).2, "store");
+    }
+}

@@ -1,0 +1,220 @@
+//! What starts a pass, with three agents in one process (`common`): a link event rebuilds the
+//! datapath at once (on both servers), watch events changing nothing a pass reads run none, and
+//! cilium-config is watched rather than read per pass.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, PostParams};
+use kuport::agent::LinkWatch;
+use kuport_core::api::{PortMap, PortMapClass};
+use kuport_host::LinkEvent;
+use serde_json::json;
+
+use common::{
+    Cluster, Target, dnat_targets, from, on_both_servers, passes, programmed_true, settle,
+};
+
+async fn a_link_event_rebuilds_the_datapath_at_once(target: Target) {
+    let Some(mut c) = Cluster::empty_on(target, "a_link_event_rebuilds_the_datapath_at_once").await
+    else {
+        return;
+    };
+    c.seed().await;
+    // The pod node's link events come from the test; the agent asks for the underlay device.
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let asked = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut rx = Some(rx);
+    let seen = asked.clone();
+    let watch: LinkWatch = Box::new(move |devices| {
+        seen.lock().expect("lock").push(devices);
+        rx.take().ok_or(kuport_host::HostError::Missing {
+            stage: kuport_host::HostStage::Links,
+            what: "a second link event stream".into(),
+        })
+    });
+    c.start_agent(1, Duration::from_secs(3600));
+    c.start_agent_with(2, Duration::from_secs(3600), Some(watch));
+    c.start_agent(3, Duration::from_secs(3600));
+    c.eventually("the pod node programs its half", || async {
+        c.agent("n2").host.applied().links.len() == 1
+    })
+    .await;
+    assert_eq!(
+        asked.lock().expect("lock").first(),
+        Some(&vec!["wg0".to_owned()])
+    );
+    let programmed = c.agent("n2").host.applied();
+    // A restarted mesh daemon deletes every link bound to its device.
+    c.agent("n2").host.lock().applied = Default::default();
+    let link = programmed.links[0].name.clone();
+    tx.send(LinkEvent {
+        name: link,
+        removed: true,
+    })
+    .await
+    .expect("event sent");
+    // No watch event and no resync is due: only the link event can cause this pass.
+    c.eventually("the link and rules are rebuilt", || async {
+        c.agent("n2").host.applied() == programmed
+    })
+    .await;
+    c.stop_all().await;
+}
+
+on_both_servers!(a_link_event_rebuilds_the_datapath_at_once);
+
+/// A watch event changing nothing a pass reads runs no pass: a row's pass time refreshed, a
+/// kubelet's heartbeat, and on the nodes that do not write it a PortMap's status written over.
+/// The node that writes that status puts its own back, and its own write coming back runs no
+/// pass either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_changing_nothing_a_pass_reads_run_no_pass() {
+    let mut c = Cluster::start().await;
+    c.eventually("Programmed=True", || programmed_true(&c))
+        .await;
+    c.eventually("the pod node delivers to the pod", || async {
+        dnat_targets(&c.agent("n2").host).contains(&"10.244.2.5".to_owned())
+    })
+    .await;
+    settle(&c).await;
+    let before: Vec<u64> = c.agents.iter().map(passes).collect();
+    let ignored = |kind: &str| -> Vec<u64> {
+        c.agents
+            .iter()
+            .map(|a| a.metrics.watch_events(kind, false))
+            .collect()
+    };
+    let ignored_before: Vec<Vec<u64>> = ["PortMapClass", "Node", "PortMap"]
+        .into_iter()
+        .map(ignored)
+        .collect();
+    let pp = PostParams::default();
+
+    // Every row's pass time moved, as each agent refreshes it once a minute (half a minute
+    // ago: another time than the one stored, and recent enough for n1 to keep it).
+    let classes: Api<PortMapClass> = Api::all(c.client.clone());
+    let mut class = c.class().await;
+    let recently = k8s_openapi::jiff::Timestamp::now()
+        .checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(30))
+        .expect("a time");
+    for row in class.status.iter_mut().flat_map(|s| s.nodes.iter_mut()) {
+        row.last_pass_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            recently,
+        ));
+    }
+    classes
+        .replace_status("public", &pp, &class)
+        .await
+        .expect("class status written");
+    // A kubelet's heartbeat on n3.
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    let mut n3 = nodes.get_status("n3").await.expect("node n3");
+    for cond in n3
+        .status
+        .iter_mut()
+        .flat_map(|s| s.conditions.iter_mut().flatten())
+    {
+        cond.last_heartbeat_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::now(),
+        ));
+    }
+    nodes
+        .replace_status("n3", &pp, &n3)
+        .await
+        .expect("node status written");
+    // The PortMap's status written over by someone other than its writer, n1.
+    let portmaps: Api<PortMap> = Api::namespaced(c.client.clone(), "games");
+    let mut game = c.portmap().await;
+    let message = |pm: &PortMap| -> Option<String> {
+        pm.status
+            .as_ref()?
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Programmed")
+            .map(|c| c.message.clone())
+    };
+    let programmed = message(&game);
+    for cond in game.status.iter_mut().flat_map(|s| s.conditions.iter_mut()) {
+        cond.message = "written by hand".into();
+    }
+    portmaps
+        .replace_status("game", &pp, &game)
+        .await
+        .expect("portmap status written");
+
+    c.eventually("n1 puts its status back", || async {
+        message(&c.portmap().await) == programmed
+    })
+    .await;
+    // Every agent has seen every one of those events (and n2 and n3 the status put back).
+    c.eventually("every agent ignored the events", || async {
+        let now: Vec<Vec<u64>> = ["PortMapClass", "Node", "PortMap"]
+            .into_iter()
+            .map(ignored)
+            .collect();
+        (0..c.agents.len()).all(|i| {
+            let portmap_events = if c.agents[i].name == "n1" { 1 } else { 2 };
+            now[0][i] > ignored_before[0][i]
+                && now[1][i] > ignored_before[1][i]
+                && now[2][i] >= ignored_before[2][i] + portmap_events
+        })
+    })
+    .await;
+    for (a, before) in c.agents.iter().zip(&before) {
+        if a.name == "n1" {
+            assert!(passes(a) > *before, "n1 ran a pass to put its status back");
+        } else {
+            assert_eq!(passes(a), *before, "{} ran a pass", a.name);
+        }
+    }
+    c.stop_all().await;
+}
+
+/// cilium-config is watched, not read per pass: creating it after the agents started refuses a
+/// mapping on the CNI's overlay port, and deleting it takes the refusal back, with no other
+/// object changing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cni_config_is_watched() {
+    let mut c = Cluster::empty_on(Target::Model, "cni-watch")
+        .await
+        .expect("model");
+    c.seed().await;
+    c.start_agents_until_programmed().await;
+    let configs: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(c.client.clone(), "kube-system");
+    configs
+        .create(
+            &PostParams::default(),
+            &from(json!({"metadata": {"name": "cilium-config"},
+                         "data": {"routing-mode": "tunnel", "tunnel-port": "3000"}})),
+        )
+        .await
+        .expect("cilium-config");
+    let portmaps: Api<PortMap> = Api::namespaced(c.client.clone(), "games");
+    let accepted = || async {
+        portmaps.get("game").await.ok().and_then(|pm| {
+            pm.status?
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == "Accepted")
+                .map(|c| (c.status, c.reason))
+        })
+    };
+    c.eventually("the overlay port is refused", || async {
+        accepted().await == Some(("False".into(), "PortInUse".into()))
+    })
+    .await;
+    configs
+        .delete("cilium-config", &Default::default())
+        .await
+        .expect("delete");
+    c.eventually("accepted again once the CNI config is gone", || async {
+        accepted().await.is_some_and(|(s, _)| s == "True")
+    })
+    .await;
+    c.stop_all().await;
+}
