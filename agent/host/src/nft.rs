@@ -6,7 +6,7 @@
 //! which lines it refused and asks the transaction to leave their mappings out.
 //!
 //! What the kernel holds is known without listing it while the ruleset generation
-//! ([`crate::nft_generation`]) is the one kuport last saw: then nobody has committed anything
+//! (`nft_generation.rs`) is the one kuport last saw: then nobody has committed anything
 //! since. Otherwise the table is listed once and parsed.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -18,7 +18,8 @@ use kuport_core::render::layout::{Planned, chain_header, layout, parse_listing};
 use kuport_core::render::{Transaction, rule_text};
 use serde_json::Value;
 
-use crate::{HostError, Refusal};
+use crate::error::HostError;
+use crate::report::Refusal;
 
 /// How many transactions one apply may send while leaving refused mappings out.
 const MAX_ISOLATION_ROUNDS: usize = 4;
