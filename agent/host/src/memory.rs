@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use kuport_core::ir::HostState;
 use kuport_core::snapshot::HostFacts;
 
-use crate::{ApplyReport, FactsQuery, Host, HostError, MappingCounter, Refusal};
+use crate::error::HostError;
+use crate::host::{FactsQuery, Host, MappingCounter};
+use crate::report::{ApplyReport, Refusal};
 
 /// What the memory host holds; shared between clones, so a test keeps a handle while the agent
 /// owns another.

@@ -1,10 +1,12 @@
 //! kuport's nftables table, applied by the `nft` program in text transactions. The table the
 //! plan wants is laid out as a few lookup rules over sets and maps (`kuport_core::render::layout`);
 //! an apply diffs it against what the kernel holds and sends only the difference, in one
-//! atomic transaction, so a refused batch leaves the previous table in place.
+//! atomic transaction, so a refused batch leaves the previous table in place. The transaction
+//! (`kuport_core::render::Transaction`) is written by `kuport-core`: this module runs nft, reads
+//! which lines it refused and asks the transaction to leave their mappings out.
 //!
 //! What the kernel holds is known without listing it while the ruleset generation
-//! ([`crate::nft_generation`]) is the one kuport last saw: then nobody has committed anything
+//! (`nft_generation.rs`) is the one kuport last saw: then nobody has committed anything
 //! since. Otherwise the table is listed once and parsed.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -12,14 +14,12 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use kuport_core::ir::{ChainId, MarkLayout, NftTable, Rule, TABLE};
-use kuport_core::render::layout::{
-    Planned, chain_header, layout, layout_with_owners, parse_listing,
-};
-use kuport_core::render::transaction::needs_recreate;
-use kuport_core::render::{LineOf, rule_text, script, transaction_lines};
+use kuport_core::render::layout::{Planned, chain_header, layout, parse_listing};
+use kuport_core::render::{Transaction, rule_text};
 use serde_json::Value;
 
-use crate::{HostError, Refusal};
+use crate::error::HostError;
+use crate::report::Refusal;
 
 /// How many transactions one apply may send while leaving refused mappings out.
 const MAX_ISOLATION_ROUNDS: usize = 4;
@@ -37,25 +37,30 @@ pub struct NftApplied {
     pub listed: bool,
 }
 
-/// The mappings behind the lines nft refused, one refusal per mapping with nft's words, or
-/// `None` when a refused line belongs to no mapping (or nft's answer names no line).
-pub fn refused_mappings(detail: &str, lines: &[(String, LineOf<'_>)]) -> Option<Vec<Refusal>> {
-    let mut by_mapping: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+/// The lines nft refused, by number, each with what nft said of it; `None` when its answer
+/// names no line (or one it cannot be read from).
+fn refused_lines(detail: &str) -> Option<Vec<(usize, String)>> {
+    let mut refused = Vec::new();
     for error in detail.lines().filter(|l| l.contains(": Error: ")) {
         // `/dev/stdin:12:30-38: Error: Could not process rule: No such file or directory`
         let (location, message) = error.split_once(": Error: ")?;
         let number: usize = location.split(':').nth(1)?.parse().ok()?;
-        let (_, of) = lines.get(number.checked_sub(1)?)?;
-        let LineOf::Mapping(owner) = of else {
-            return None;
-        };
-        by_mapping
-            .entry((*owner).to_owned())
-            .or_default()
-            .insert(message.trim().to_owned());
+        refused.push((number, message.trim().to_owned()));
     }
-    if by_mapping.is_empty() {
-        return None;
+    (!refused.is_empty()).then_some(refused)
+}
+
+/// Leaves out of `transaction` the mappings behind the lines nft refused (its answer
+/// `detail`), and returns one refusal per mapping with nft's words; `None`, leaving the
+/// transaction as it was, when a refused line belongs to no mapping (or the answer names no
+/// line).
+fn leave_out_refused(detail: &str, transaction: &mut Transaction<'_>) -> Option<Vec<Refusal>> {
+    let refused = refused_lines(detail)?;
+    let numbers: Vec<usize> = refused.iter().map(|(number, _)| *number).collect();
+    let owners = transaction.leave_out_owners_of(&numbers)?;
+    let mut by_mapping: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (owner, (_, message)) in owners.into_iter().zip(refused) {
+        by_mapping.entry(owner).or_default().insert(message);
     }
     Some(
         by_mapping
@@ -252,50 +257,17 @@ impl Nft {
     pub fn apply(&self, desired: &NftTable) -> Result<NftApplied, HostError> {
         let before = self.runner.generation();
         let (current, listed) = self.current(before)?;
-        let mut planned = self.planned(desired);
-        let wanted = (!planned.layout.is_empty()).then_some(&planned.layout);
-        if current.as_deref().map(|c| &c.layout) == wanted {
-            self.remember(before, current);
+        let held = current.as_deref().map(|c| &c.layout);
+        let Some(mut transaction) = Transaction::between(held, desired, self.planned(desired))
+        else {
+            self.remember(before, current.clone());
             return Ok(NftApplied {
                 listed,
                 ..NftApplied::default()
             });
-        }
-        let held = current.as_deref().map(|c| &c.layout);
-        let creates = held.is_none_or(|c| {
-            needs_recreate(c, &planned.layout)
-                || ChainId::ALL
-                    .iter()
-                    .any(|ch| !c.chains.contains_key(ch.name()))
-        });
-        let mut table = std::borrow::Cow::Borrowed(desired);
-        let mut refused = Vec::new();
-        let mut sent = 0;
-        for round in 1..=MAX_ISOLATION_ROUNDS {
-            let lines = transaction_lines(held, &planned);
-            sent = lines.len();
-            let detail = match self.send(&script(&lines)) {
-                Ok(()) => break,
-                Err(HostError::Nft { detail, .. }) if round < MAX_ISOLATION_ROUNDS => detail,
-                Err(e) => return Err(self.forget(e)),
-            };
-            // The lines again, each with the mapping it belongs to (the same lines: owners
-            // are only recorded beside them).
-            let traced = layout_with_owners(&table);
-            let traced = transaction_lines(held, &traced);
-            let Some(these) = refused_mappings(&detail, &traced) else {
-                return Err(self.forget(HostError::Nft {
-                    op: "apply transaction",
-                    detail,
-                }));
-            };
-            let cut = Refusal::mappings_of(&these);
-            drop((lines, traced));
-            table = std::borrow::Cow::Owned(table.without_mappings(&cut));
-            planned = Arc::new(layout(&table));
-            refused.extend(these);
-        }
-        if creates && !planned.layout.is_empty() {
+        };
+        let refused = self.send(&mut transaction)?;
+        if transaction.creates_chains() {
             self.check_hooks().map_err(|e| self.forget(e))?;
         }
         let after = self.runner.generation();
@@ -303,14 +275,44 @@ impl Nft {
         // change); more means someone else committed too, and only a listing can tell what.
         let ours =
             matches!((before, after), (Some(b), Some(a)) if a == b || a == b.wrapping_add(1));
-        let now = (!planned.layout.is_empty()).then_some(planned);
-        self.remember(if ours { after } else { None }, now);
+        let lines = transaction.line_count();
+        self.remember(
+            if ours { after } else { None },
+            transaction.into_committed(),
+        );
         Ok(NftApplied {
             changed: true,
             refused,
-            lines: sent,
+            lines,
             listed,
         })
+    }
+
+    /// Sends `transaction`. While nft refuses only lines of mappings, those mappings are left
+    /// out and the rest is sent again, at most [`MAX_ISOLATION_ROUNDS`] times in all; returns
+    /// what was left out. On an error the kernel keeps its previous table.
+    fn send(&self, transaction: &mut Transaction<'_>) -> Result<Vec<Refusal>, HostError> {
+        let mut refused = Vec::new();
+        let mut round = 1;
+        loop {
+            let detail = match self.run(
+                "apply transaction",
+                &["-f", "-"],
+                Some(transaction.script()),
+            ) {
+                Ok(_) => return Ok(refused),
+                Err(HostError::Nft { detail, .. }) if round < MAX_ISOLATION_ROUNDS => detail,
+                Err(e) => return Err(self.forget(e)),
+            };
+            let Some(these) = leave_out_refused(&detail, transaction) else {
+                return Err(self.forget(HostError::Nft {
+                    op: "apply transaction",
+                    detail,
+                }));
+            };
+            refused.extend(these);
+            round += 1;
+        }
     }
 
     /// The layout of `desired`, reused when it is the table the last apply wanted.
@@ -328,11 +330,6 @@ impl Nft {
     fn forget(&self, error: HostError) -> HostError {
         self.remember(None, None);
         error
-    }
-
-    fn send(&self, script: &str) -> Result<(), HostError> {
-        self.run("apply transaction", &["-f", "-"], Some(script))
-            .map(|_| ())
     }
 
     /// Removes kuport's table, if present.
@@ -781,49 +778,53 @@ mod tests {
 
     #[test]
     fn refused_lines_are_traced_to_their_mappings() {
-        let planned = layout_with_owners(&table());
-        let lines = transaction_lines(None, &planned);
-        // Owners are recorded beside the layout, never in it: the lines are the same.
-        let plain = layout(&table());
-        assert_eq!(plain.layout, planned.layout);
-        assert_eq!(script(&transaction_lines(None, &plain)), script(&lines));
-        let line_of = |wanted: &dyn Fn(&str, &LineOf<'_>) -> bool| {
-            lines
-                .iter()
-                .position(|(l, of)| wanted(l, of))
-                .expect("line")
-                + 1
-        };
-        let element_b =
-            line_of(&|l, of| l.contains("10.244.1.6") && *of == LineOf::Mapping("games/b"));
-        let counter_b = line_of(&|l, _| l == "add counter ip kuport pre/games/b");
+        let table = table();
+        let fresh = || Transaction::between(None, &table, Arc::new(layout(&table))).expect("sent");
+        let script = fresh().script().to_owned();
+        let line_of =
+            |wanted: &dyn Fn(&str) -> bool| script.lines().position(wanted).expect("line") + 1;
+        let element_b = line_of(&|l| l.contains("10.244.1.6"));
+        let counter_b = line_of(&|l| l == "add counter ip kuport pre/games/b");
         let detail = format!(
             "/dev/stdin:{counter_b}:18-40: Error: name too long, 256 characters maximum allowed\n\
              add counter ip kuport pre/games/b\n                 ^^^^\n\
              /dev/stdin:{element_b}:42-44: Error: Could not process rule: No such file or directory\n\
              add element ...\n"
         );
-        let refused = refused_mappings(&detail, &lines).expect("traced");
+        let mut transaction = fresh();
+        let refused = leave_out_refused(&detail, &mut transaction).expect("traced");
         assert_eq!(refused.len(), 1, "{refused:?}");
         assert_eq!(refused[0].mappings, BTreeSet::from(["games/b".to_owned()]));
         assert_eq!(
             refused[0].message,
             "Could not process rule: No such file or directory; name too long, 256 characters maximum allowed"
         );
+        // What is sent again is the table without the refused mapping.
+        let rest = only(&table, "b");
+        let again = Transaction::between(None, &rest, Arc::new(layout(&rest))).expect("sent");
+        assert_eq!(transaction.script(), again.script());
 
         // A refused line of no mapping (the MSS clamp, a chain) fails the whole apply.
-        let clamp = line_of(&|l, _| l.contains("maxseg"));
+        let untraced = |detail: &str| {
+            let mut transaction = fresh();
+            let refused = leave_out_refused(detail, &mut transaction);
+            assert_eq!(transaction.script(), script, "nothing left out");
+            refused
+        };
+        let clamp = line_of(&|l| l.contains("maxseg"));
         let detail = format!("/dev/stdin:{clamp}:1-5: Error: Could not process rule: Bad");
-        assert_eq!(refused_mappings(&detail, &lines), None);
-        let detail = "/dev/stdin:3:1-5: Error: Could not process rule: Bad";
-        assert_eq!(refused_mappings(detail, &lines), None);
-        // An answer that names no line cannot be traced either.
+        assert_eq!(untraced(&detail), None);
         assert_eq!(
-            refused_mappings("netlink: Error: cache initialization failed", &lines),
+            untraced("/dev/stdin:3:1-5: Error: Could not process rule: Bad"),
             None
         );
-        let far = format!("/dev/stdin:{}:1-5: Error: x", lines.len() + 5);
-        assert_eq!(refused_mappings(&far, &lines), None);
+        // An answer that names no line cannot be traced either.
+        assert_eq!(
+            untraced("netlink: Error: cache initialization failed"),
+            None
+        );
+        let far = format!("/dev/stdin:{}:1-5: Error: x", script.lines().count() + 5);
+        assert_eq!(untraced(&far), None);
     }
 
     #[test]

@@ -270,6 +270,7 @@ fn stores_named(rule: &str) -> impl Iterator<Item = &str> {
         .filter_map(|r| r.split([' ', ';']).next())
 }
 
+/// Applies one transaction line to `table`, or says why nft would refuse it.
 fn command(
     table: &mut Option<FakeTable>,
     refuse: &[(String, String)],
@@ -297,19 +298,7 @@ fn command(
         return Ok(());
     }
     if let Some(name) = rest("delete counter") {
-        let name = name.trim();
-        let quoted = format!("\"{name}\"");
-        if t.stores
-            .values()
-            .any(|s| s.elements.values().any(|v| *v == quoted))
-        {
-            return Err(EBUSY.to_owned());
-        }
-        return t
-            .counters
-            .remove(name)
-            .map(|_| ())
-            .ok_or_else(|| ENOENT.to_owned());
+        return delete_counter(t, name.trim());
     }
     if let Some(name) = rest("add counter") {
         t.counters.entry(name.trim().to_owned()).or_insert((0, 0));
@@ -322,18 +311,7 @@ fn command(
     }
     for verb in ["delete set", "delete map"] {
         if let Some(name) = rest(verb) {
-            let name = name.trim();
-            if t.chains
-                .values()
-                .any(|c| c.rules.iter().any(|r| stores_named(r).any(|s| s == name)))
-            {
-                return Err(EBUSY.to_owned());
-            }
-            return t
-                .stores
-                .remove(name)
-                .map(|_| ())
-                .ok_or_else(|| ENOENT.to_owned());
+            return delete_store(t, name.trim());
         }
     }
     if let Some(spec) = rest("add element") {
@@ -343,34 +321,73 @@ fn command(
         return add_element(t, spec);
     }
     if let Some(spec) = rest("delete element") {
-        let (name, key) = element_spec(spec)?;
-        let store = t.stores.get_mut(name).ok_or_else(|| ENOENT.to_owned())?;
-        return store
-            .elements
-            .remove(key.trim())
-            .map(|_| ())
-            .ok_or_else(|| ENOENT.to_owned());
+        return delete_element(t, spec);
     }
     if let Some(rule) = rest("add rule") {
-        let (chain, text) = rule.trim().split_once(' ').ok_or("a rule without chain")?;
-        if let Some((_, message)) = refuse.iter().find(|(needle, _)| text.contains(needle)) {
-            return Err(message.clone());
-        }
-        let named = text
-            .split("counter name \"")
-            .nth(1)
-            .and_then(|r| r.split('"').next());
-        if named.is_some_and(|n| !t.counters.contains_key(n)) {
-            return Err(ENOENT.to_owned());
-        }
-        if stores_named(text).any(|s| !t.stores.contains_key(s)) {
-            return Err(ENOENT.to_owned());
-        }
-        let chain = t.chains.get_mut(chain).ok_or_else(|| ENOENT.to_owned())?;
-        chain.rules.push(text.to_owned());
-        return Ok(());
+        return add_rule(t, refuse, rule);
     }
     Err(format!("syntax error, the fake does not know {line:?}"))
+}
+
+/// A counter a map element still names is busy, as in the kernel.
+fn delete_counter(t: &mut FakeTable, name: &str) -> Result<(), String> {
+    let quoted = format!("\"{name}\"");
+    if t.stores
+        .values()
+        .any(|s| s.elements.values().any(|v| *v == quoted))
+    {
+        return Err(EBUSY.to_owned());
+    }
+    t.counters
+        .remove(name)
+        .map(|_| ())
+        .ok_or_else(|| ENOENT.to_owned())
+}
+
+/// A store a rule still looks up is busy, as in the kernel.
+fn delete_store(t: &mut FakeTable, name: &str) -> Result<(), String> {
+    if t.chains
+        .values()
+        .any(|c| c.rules.iter().any(|r| stores_named(r).any(|s| s == name)))
+    {
+        return Err(EBUSY.to_owned());
+    }
+    t.stores
+        .remove(name)
+        .map(|_| ())
+        .ok_or_else(|| ENOENT.to_owned())
+}
+
+/// `NAME { KEY }`.
+fn delete_element(t: &mut FakeTable, spec: &str) -> Result<(), String> {
+    let (name, key) = element_spec(spec)?;
+    let store = t.stores.get_mut(name).ok_or_else(|| ENOENT.to_owned())?;
+    store
+        .elements
+        .remove(key.trim())
+        .map(|_| ())
+        .ok_or_else(|| ENOENT.to_owned())
+}
+
+/// `CHAIN RULE`: refused when it names a counter or store the table lacks, or by `refuse`.
+fn add_rule(t: &mut FakeTable, refuse: &[(String, String)], rule: &str) -> Result<(), String> {
+    let (chain, text) = rule.trim().split_once(' ').ok_or("a rule without chain")?;
+    if let Some((_, message)) = refuse.iter().find(|(needle, _)| text.contains(needle)) {
+        return Err(message.clone());
+    }
+    let named = text
+        .split("counter name \"")
+        .nth(1)
+        .and_then(|r| r.split('"').next());
+    if named.is_some_and(|n| !t.counters.contains_key(n)) {
+        return Err(ENOENT.to_owned());
+    }
+    if stores_named(text).any(|s| !t.stores.contains_key(s)) {
+        return Err(ENOENT.to_owned());
+    }
+    let chain = t.chains.get_mut(chain).ok_or_else(|| ENOENT.to_owned())?;
+    chain.rules.push(text.to_owned());
+    Ok(())
 }
 
 /// `NAME { type T; [flags interval;] }`.

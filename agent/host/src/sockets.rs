@@ -8,7 +8,7 @@ use std::path::Path;
 use kuport_core::api::Protocol;
 use kuport_core::snapshot::HostSocket;
 
-use crate::HostError;
+use crate::error::HostError;
 
 /// `st` of a listening TCP socket in `/proc/net/tcp`.
 const TCP_LISTEN: &str = "0A";

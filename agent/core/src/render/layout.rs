@@ -286,12 +286,32 @@ impl Builder {
 
     /// Declares the stores and writes the lookup rules, in a fixed order per chain.
     fn finish(mut self, mut plain: BTreeMap<ChainId, Vec<String>>) -> Planned {
+        let mut lookups = BTreeMap::from([
+            (ChainId::Steer, self.steer_lookups()),
+            (ChainId::Pre, self.pre_lookups()),
+            (ChainId::Post, self.post_lookups()),
+        ]);
+        for chain in ChainId::ALL {
+            let mut rules = lookups.remove(&chain).unwrap_or_default();
+            rules.extend(plain.remove(&chain).unwrap_or_default());
+            self.planned.layout.chains.insert(
+                chain.name().to_owned(),
+                Chain {
+                    header: chain_header(chain),
+                    rules,
+                },
+            );
+        }
+        self.planned
+    }
+
+    /// kup-steer's lookups, one set per (mark, width): the mark request and the steering rule.
+    fn steer_lookups(&mut self) -> Vec<String> {
         let marks = self.marks;
-        let mut lookups: BTreeMap<ChainId, Vec<String>> = BTreeMap::new();
+        let mut rules = Vec::new();
         for (mark, width) in std::mem::take(&mut self.steer) {
             let set = format!("steer-{}-{}", mark_tag(mark), width.label());
             self.declare(&set, false, STEER_TYPE.to_owned(), width);
-            let rules = lookups.entry(ChainId::Steer).or_default();
             // Only a new flow's first packet: a reply never is one, so the node's own
             // connections from a port in a mapped range keep their replies; later packets of a
             // steered flow are translated by conntrack's NAT.
@@ -309,6 +329,13 @@ impl Builder {
             let _ = write!(steer, "ip daddr set {STAND_IN}");
             rules.push(steer);
         }
+        rules
+    }
+
+    /// kup-pre's lookups, one per (mark, width): the counter map and the DNAT target map.
+    fn pre_lookups(&mut self) -> Vec<String> {
+        let marks = self.marks;
+        let mut rules = Vec::new();
         for (mark, width) in std::mem::take(&mut self.pre) {
             let group = format!("pre-{}-{}", mark_tag(mark), width.label());
             let to_type = match width {
@@ -344,28 +371,24 @@ impl Builder {
                 rule,
                 "counter name {PRE_KEY} map @{group}-count {dnat} {PRE_KEY} map @{group}-to"
             );
-            lookups.entry(ChainId::Pre).or_default().push(rule);
+            rules.push(rule);
         }
+        rules
+    }
+
+    /// kup-post's lookups, one counter map per width: the identity SNAT.
+    fn post_lookups(&mut self) -> Vec<String> {
+        let marks = self.marks;
+        let mut rules = Vec::new();
         for width in std::mem::take(&mut self.post) {
             let map = format!("post-{}-count", width.label());
             self.declare(&map, true, format!("{POST_TYPE} : counter"), width);
-            lookups.entry(ChainId::Post).or_default().push(format!(
+            rules.push(format!(
                 "{} counter name {POST_KEY} map @{map} snat to ip saddr",
                 masked_cmp("ct mark", marks.mask, true, 0),
             ));
         }
-        for chain in ChainId::ALL {
-            let mut rules = lookups.remove(&chain).unwrap_or_default();
-            rules.extend(plain.remove(&chain).unwrap_or_default());
-            self.planned.layout.chains.insert(
-                chain.name().to_owned(),
-                Chain {
-                    header: chain_header(chain),
-                    rules,
-                },
-            );
-        }
-        self.planned
+        rules
     }
 
     fn declare(&mut self, name: &str, map: bool, type_text: String, width: Width) {

@@ -1,12 +1,13 @@
 //! nft text of kuport's table. [`rule_text`] writes one IR rule in nft's grammar (the chains'
 //! own rules: the guard, the marks, the MSS clamps); [`layout`] turns the per-mapping rules into
 //! set and map elements behind a few lookup rules, which is what the kernel holds;
-//! [`transaction`] diffs two layouts into one atomic `nft -f -` script; [`nft_text`] is the
-//! listing `kuport plan --output nft` shows.
+//! [`transaction`] diffs two layouts into one atomic `nft -f -` script, and a [`Transaction`]
+//! is that script as the host sends it, able to leave out the mappings nft refused; [`nft_text`]
+//! is the listing `kuport plan --output nft` shows.
 
 use std::fmt::Write as _;
 
-use crate::ir::{ChainId, LINK_PREFIX, MarkLayout, NftTable, Rule, STAND_IN, SteerRule};
+use crate::ir::{ChainId, DnatRule, LINK_PREFIX, MarkLayout, NftTable, Rule, STAND_IN, SteerRule};
 
 pub mod layout;
 pub mod transaction;
@@ -14,7 +15,7 @@ pub mod transaction;
 pub use layout::{
     Layout, Listing, Planned, layout, layout_with_owners, listing_text, parse_listing,
 };
-pub use transaction::{LineOf, script, transaction, transaction_lines};
+pub use transaction::{LineOf, Transaction, script, transaction, transaction_lines};
 
 /// The table as nft lists it (elements sorted), counters at zero; empty when the node needs no
 /// table.
@@ -88,26 +89,16 @@ fn steer_match(r: &SteerRule) -> String {
     )
 }
 
-/// One rule as nft lists it (and as a transaction adds it: nft reads its own listing back).
-/// Long because it is one arm per rule kind: the whole grammar kuport writes, in one place.
+/// One rule as nft lists it (and as a transaction adds it: nft reads its own listing back):
+/// one arm per rule kind, the whole grammar kuport writes in one place (the longer rules in
+/// functions of their own below).
 pub fn rule_text(rule: &Rule, marks: MarkLayout) -> String {
     match rule {
         Rule::GuardAllow {
             device,
             port,
             peers,
-        } => {
-            let peers: Vec<String> = peers.iter().map(ToString::to_string).collect();
-            let set = if peers.len() == 1 {
-                peers[0].clone()
-            } else {
-                format!("{{ {} }}", peers.join(", "))
-            };
-            format!(
-                "iifname {} ip saddr {set} udp dport {port} fib daddr type local notrack accept",
-                quote(device)
-            )
-        }
+        } => guard_allow_text(device, *port, peers),
         Rule::GuardDrop { port, counter } => format!(
             "udp dport {port} fib daddr type {RECEIVED_TYPES} counter name {} drop",
             quote(counter)
@@ -118,18 +109,7 @@ pub fn rule_text(rule: &Rule, marks: MarkLayout) -> String {
             masked_cmp("meta mark", !marks.mask, false, 0),
             masked_set("meta mark", marks, r.mark.unwrap_or(marks.local()))
         ),
-        Rule::Steer(r) => {
-            let mut text = steer_match(r);
-            if let Some(mark) = r.mark {
-                let _ = write!(text, "{} ", masked_set("ct mark", marks, mark));
-            }
-            let _ = write!(
-                text,
-                "ip daddr set {STAND_IN} comment {}",
-                quote(&r.comment)
-            );
-            text
-        }
+        Rule::Steer(r) => steer_text(r, marks),
         Rule::RestoreReplyMark { mark } => format!(
             "ct direction reply {} counter packets 0 bytes 0 {}",
             masked_eq("ct mark", marks, *mark),
@@ -152,29 +132,7 @@ pub fn rule_text(rule: &Rule, marks: MarkLayout) -> String {
         Rule::ClampMssIn => {
             format!("iifname \"{LINK_PREFIX}*\" tcp flags syn tcp option maxseg size set rt mtu")
         }
-        Rule::Dnat(r) => {
-            let mut text = format!("iifname {} ip daddr {STAND_IN} ", quote(&r.iif));
-            if let Some(mark) = r.mark {
-                let _ = write!(text, "{} ", masked_eq("ct mark", marks, mark));
-            }
-            let _ = write!(
-                text,
-                "{} dport {} counter name {} ",
-                r.protocol.lower(),
-                r.ports,
-                quote(&r.counter)
-            );
-            match r.to_port {
-                Some(port) => {
-                    let _ = write!(text, "dnat to {}:{port}", r.to);
-                }
-                None => {
-                    let _ = write!(text, "dnat to {}", r.to);
-                }
-            }
-            let _ = write!(text, " comment {}", quote(&r.comment));
-            text
-        }
+        Rule::Dnat(r) => dnat_text(r, marks),
         Rule::IdentitySnat(r) => format!(
             "{} ip daddr {} {} dport {} counter name {} snat to ip saddr comment {}",
             masked_cmp("ct mark", marks.mask, true, 0),
@@ -185,6 +143,61 @@ pub fn rule_text(rule: &Rule, marks: MarkLayout) -> String {
             quote(&r.comment)
         ),
     }
+}
+
+/// The link guard's rule letting the link's peers reach its port.
+fn guard_allow_text(device: &str, port: u16, peers: &[std::net::Ipv4Addr]) -> String {
+    let peers: Vec<String> = peers.iter().map(ToString::to_string).collect();
+    let set = if peers.len() == 1 {
+        peers[0].clone()
+    } else {
+        format!("{{ {} }}", peers.join(", "))
+    };
+    format!(
+        "iifname {} ip saddr {set} udp dport {port} fib daddr type local notrack accept",
+        quote(device)
+    )
+}
+
+/// A steering rule: marks the new flow (when the mapping has a link) and points it at the
+/// stand-in address the DNAT rules match.
+fn steer_text(r: &SteerRule, marks: MarkLayout) -> String {
+    let mut text = steer_match(r);
+    if let Some(mark) = r.mark {
+        let _ = write!(text, "{} ", masked_set("ct mark", marks, mark));
+    }
+    let _ = write!(
+        text,
+        "ip daddr set {STAND_IN} comment {}",
+        quote(&r.comment)
+    );
+    text
+}
+
+/// A DNAT rule: the stand-in address (and the link's mark) on the mapped ports, counted, to
+/// the pod.
+fn dnat_text(r: &DnatRule, marks: MarkLayout) -> String {
+    let mut text = format!("iifname {} ip daddr {STAND_IN} ", quote(&r.iif));
+    if let Some(mark) = r.mark {
+        let _ = write!(text, "{} ", masked_eq("ct mark", marks, mark));
+    }
+    let _ = write!(
+        text,
+        "{} dport {} counter name {} ",
+        r.protocol.lower(),
+        r.ports,
+        quote(&r.counter)
+    );
+    match r.to_port {
+        Some(port) => {
+            let _ = write!(text, "dnat to {}:{port}", r.to);
+        }
+        None => {
+            let _ = write!(text, "dnat to {}", r.to);
+        }
+    }
+    let _ = write!(text, " comment {}", quote(&r.comment));
+    text
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! Which entries are stale, and when the host sweeps, over the golden states and the fake
-//! table. `tests/traffic.rs` proves with real packets that the kernel agrees.
+//! table. `tests/stale_flows.rs` proves with real packets that the kernel agrees.
 
 use std::sync::Arc;
 

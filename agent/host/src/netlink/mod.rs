@@ -17,7 +17,8 @@ use kuport_core::ir::{
 };
 use kuport_core::snapshot::HostFacts;
 
-use crate::{ApplyReport, HostError, HostStage};
+use crate::error::{HostError, HostStage};
+use crate::report::ApplyReport;
 
 pub use kernel::RtNetlink;
 

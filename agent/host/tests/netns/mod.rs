@@ -1,8 +1,11 @@
 //! The kernel tests' harness and helpers: throwaway network namespaces (the guards of
 //! `kuport_testkit::netns`, deleted by name when dropped, even when the test fails; processes
-//! started in one are killed by pid the same way), bodies run inside them, the golden states.
+//! started in one are killed by pid the same way), bodies run inside them, the golden states;
+//! and the node, pod and client shapes the traffic suites share ([`topology`]).
 
 #![allow(dead_code)]
+
+pub mod topology;
 
 use std::future::Future;
 use std::process::Command;
