@@ -544,16 +544,32 @@ pub struct HostState {
     pub valid_mark_interfaces: Vec<String>,
 }
 
+/// A port range one mapping captures as an accepting node: what [`HostState::accepting_ports`]
+/// reads from an applied state, and what the agent reports back among its host facts (a host
+/// socket seen later yields to the mapping).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ProgrammedPort {
+    /// The mapping, `namespace/name`.
+    pub mapping: String,
+    /// Its protocol.
+    pub protocol: Protocol,
+    /// First port.
+    pub first: u16,
+    /// Last port.
+    pub last: u16,
+}
+
 impl HostState {
     /// The ports this state captures as an accepting node (steered DNAT), by mapping: what a
     /// host socket that appears later must yield to (earliest wins).
-    pub fn accepting_ports(&self) -> Vec<crate::snapshot::ProgrammedPort> {
-        let mut out: Vec<crate::snapshot::ProgrammedPort> = self
+    pub fn accepting_ports(&self) -> Vec<ProgrammedPort> {
+        let mut out: Vec<ProgrammedPort> = self
             .nft
             .rules(ChainId::Pre)
             .iter()
             .filter_map(|r| match r {
-                Rule::Dnat(d) if d.mark.is_some() => Some(crate::snapshot::ProgrammedPort {
+                Rule::Dnat(d) if d.mark.is_some() => Some(ProgrammedPort {
                     mapping: d.comment.clone(),
                     protocol: d.protocol,
                     first: d.ports.first,

@@ -510,7 +510,7 @@ fn a_mapping_the_node_forwarded_before_the_socket_appeared_keeps_its_port_and_sa
 #[test]
 fn a_socket_yields_to_what_the_node_already_forwarded_when_first_seen_and_remembers_it() {
     use kuport_core::api::Protocol;
-    use kuport_core::snapshot::ProgrammedPort;
+    use kuport_core::ir::ProgrammedPort;
     let mut f = facts_with_sshd();
     let yields = |c: &Cluster, f: &kuport_core::snapshot::HostFacts| {
         let plan = c.plan_with("edge-a", f);
@@ -806,7 +806,7 @@ fn a_refusal_is_reported_under_its_class_and_turns_programmed_false() {
 #[test]
 fn an_accepting_node_never_captures_a_port_its_own_socket_holds_before_its_row_says_so() {
     use kuport_core::api::Protocol;
-    use kuport_core::snapshot::ProgrammedPort;
+    use kuport_core::ir::ProgrammedPort;
     let dnat_ports = |plan: &kuport_core::plan::Plan| -> Vec<u16> {
         plan.host
             .nft

@@ -5,9 +5,10 @@
 use kuport_core::api::{
     DEFAULT_SYSTEM_RESERVED, PortSpan, Protocol, RELEASE_HELD_PORTS_ANNOTATION,
 };
+use kuport_core::ir::ProgrammedPort;
 use kuport_core::ir::{ChainId, Rule};
 use kuport_core::plan::{AcceptedReason as A, Plan};
-use kuport_core::snapshot::{HostFacts, HostSocket, ProgrammedPort};
+use kuport_core::snapshot::{HostFacts, HostSocket};
 use kuport_testkit::cluster::*;
 use serde_json::json;
 
