@@ -202,7 +202,7 @@ fn land_half_of_the_needed_claims(snap: &mut Snapshot) {
         .portmaps
         .iter()
         .flat_map(|d| d.links.iter())
-        .filter_map(|l| Some((l.class.clone(), l.key.clone(), l.slot?)))
+        .filter_map(|l| Some((l.class.clone(), l.key.to_string(), l.slot?)))
         .collect();
     keys.sort();
     keys.dedup();
@@ -242,7 +242,7 @@ struct Counts {
 }
 
 fn counts(snap: &Snapshot, p: &Plan) -> Counts {
-    let rules = p.host.nft.chains.iter().map(|(_, r)| r.len()).sum();
+    let rules = p.host_state.nft.chains.iter().map(|(_, r)| r.len()).sum();
     Counts {
         accepted: p.portmaps.iter().filter(|d| d.accepted.is_true()).count(),
         conflicts: p
@@ -261,8 +261,8 @@ fn counts(snap: &Snapshot, p: &Plan) -> Counts {
             .count(),
         with_endpoint: p.portmaps.iter().filter(|d| d.endpoint.is_some()).count(),
         rules,
-        links: p.host.links.len(),
-        ip_rules: p.host.rules.len(),
+        links: p.host_state.links.len(),
+        ip_rules: p.host_state.rules.len(),
         status_writes: p.writes.portmaps.len(),
         proposals: p.writes.claims.len(),
         claims_landed: snap
@@ -286,7 +286,7 @@ fn measure(label: &str, size: &Size, node: usize) -> f64 {
     let first = plan(&snap, &name, &facts, now());
     let c = counts(&snap, &first);
     let dnat = first
-        .host
+        .host_state
         .nft
         .chains
         .iter()

@@ -157,13 +157,14 @@ pub struct HostFacts {
     /// the kernel's words. Reported in the node's class rows, so whoever writes the mapping's
     /// status says why it is not programmed.
     #[serde(default)]
-    pub refusals: Vec<HostRefusal>,
+    pub refusals: Vec<KernelRefusal>,
 }
 
-/// One mapping the kernel refused on this node.
+/// One mapping the kernel refused on this node, as a host fact of the next plan (the second of
+/// the stages `crate::plan` lists under "Kernel refusals, stage by stage").
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct HostRefusal {
+pub struct KernelRefusal {
     /// The mapping, `namespace/name`.
     pub mapping: String,
     /// What was refused and what the kernel said.

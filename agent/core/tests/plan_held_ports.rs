@@ -49,7 +49,7 @@ fn accepted(c: &Cluster, namespace: &str, name: &str) -> (A, String) {
 
 /// The ports edge-a's plan steers (captures).
 fn captured(plan: &Plan) -> Vec<u16> {
-    plan.host
+    plan.host_state
         .nft
         .rules(ChainId::Steer)
         .iter()

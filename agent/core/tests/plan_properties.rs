@@ -1343,14 +1343,14 @@ proptest! {
         let snap = snapshot(&m);
         for node in plan_nodes(&m) {
             let p = plan_of(&m, &snap, node);
-            let text = kuport_core::render::nft_text(&p.host.nft);
+            let text = kuport_core::render::nft_text(&p.host_state.nft);
             for name in HOSTILE_IFACES.iter().filter(|n| !n.is_empty()) {
                 prop_assert!(
                     !text.contains(&format!("\"{name}\"")),
                     "node {}: {:?} in the table:\n{}", node, name, text
                 );
             }
-            for iface in p.host.valid_mark_interfaces.iter().chain(p.host.links.iter().filter_map(|l| l.device.as_ref())) {
+            for iface in p.host_state.valid_mark_interfaces.iter().chain(p.host_state.links.iter().filter_map(|l| l.device.as_ref())) {
                 prop_assert!(!HOSTILE_IFACES.contains(&iface.as_str()), "node {}: {:?}", node, iface);
             }
         }
@@ -1434,7 +1434,7 @@ proptest! {
         let snap = snapshot(&m);
         for node in plan_nodes(&m) {
             let p = plan_of(&m, &snap, node);
-            for link in &p.host.links {
+            for link in &p.host_state.links {
                 let class = class_of(&snap, &link.class);
                 let claims = claims_of(&snap, &link.class);
                 let key = pair_key(node, &link.peer);

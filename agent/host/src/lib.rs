@@ -22,7 +22,7 @@ use std::net::Ipv4Addr;
 use std::sync::Arc;
 
 use kuport_core::ir::{ChainId, HostState, LINK_PREFIX, MarkLayout};
-use kuport_core::snapshot::{HostFacts, HostRefusal};
+use kuport_core::snapshot::{HostFacts, KernelRefusal};
 use tokio::sync::mpsc;
 
 pub use memory::MemoryHost;
@@ -188,11 +188,11 @@ impl Refusal {
     }
 
     /// The refusal as each mapping it takes out reports it (in its node's class row).
-    pub fn by_mapping(refusals: &[Refusal]) -> Vec<HostRefusal> {
-        let mut out: Vec<HostRefusal> = refusals
+    pub fn by_mapping(refusals: &[Refusal]) -> Vec<KernelRefusal> {
+        let mut out: Vec<KernelRefusal> = refusals
             .iter()
             .flat_map(|r| {
-                r.mappings.iter().map(|m| HostRefusal {
+                r.mappings.iter().map(|m| KernelRefusal {
                     mapping: m.clone(),
                     message: format!("the kernel refused its {}: {}", r.unit, r.message),
                     link: r.link.clone(),

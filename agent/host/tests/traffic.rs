@@ -306,8 +306,8 @@ fn same_node_cluster() -> Cluster {
 
 fn same_node_state(c: &Cluster) -> HostState {
     let plan = c.plan_with("edge-a", &facts(&[("enp1s0", DIALED)], "enp1s0", 1500));
-    assert!(!plan.host.nft.is_empty());
-    plan.host
+    assert!(!plan.host_state.nft.is_empty());
+    plan.host_state
 }
 
 struct SameNode {
@@ -504,8 +504,8 @@ fn cross_states(snat: bool) -> (HostState, HostState) {
     let c = cross_cluster();
     let edge = c
         .plan_with("edge-a", &facts(&[("enp1s0", DIALED)], "wt0", 1500))
-        .host;
-    let worker = c.plan_with("worker-b", &facts(&[], "wt0", 1500)).host;
+        .host_state;
+    let worker = c.plan_with("worker-b", &facts(&[], "wt0", 1500)).host_state;
     assert_eq!((edge.links.len(), worker.links.len()), (1, 1));
     if snat {
         (edge, worker)
@@ -773,8 +773,10 @@ fn stale_flows_cross_node() {
     let moved = cross_cluster_with_gs_at("10.244.3.5");
     let edge_moved = moved
         .plan_with("edge-a", &facts(&[("enp1s0", DIALED)], "wt0", 1500))
-        .host;
-    let worker_moved = moved.plan_with("worker-b", &facts(&[], "wt0", 1500)).host;
+        .host_state;
+    let worker_moved = moved
+        .plan_with("worker-b", &facts(&[], "wt0", 1500))
+        .host_state;
     assert_eq!(edge_moved, edge, "the edge sends the mapping the same way");
     assert_ne!(worker_moved, worker);
     apply(&t.edge, &edge_moved);
@@ -876,8 +878,8 @@ fn ephemeral_state() -> HostState {
         .portmap(pm("games", "eph-tcp", "public", 32768).end(60999).tcp());
     let f = facts(&[("enp1s0", DIALED), ("wt0", "100.64.0.1")], "wt0", 1500);
     let plan = c.plan_with("edge-a", &f);
-    assert!(!plan.host.nft.is_empty());
-    plan.host
+    assert!(!plan.host_state.nft.is_empty());
+    plan.host_state
 }
 
 /// The stateless steering rule kuport wrote before: every packet to a mapped port, replies of

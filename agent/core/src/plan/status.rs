@@ -6,19 +6,20 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
-use super::classes::{ClassState, split_key};
 use super::holders::{self, Holder};
 use super::index::Index;
-use super::mapping::Working;
+use super::pod_network;
+use super::state::{ClassState, Working, standby_only, yields_to};
 use super::{
-    CLAIM_GC_AFTER_SECONDS, ClaimProposal, ClassRowWrite, GcAction, GcKind, PortMapWrite,
-    RefusalWrite, Writes,
+    CLAIM_GC_AFTER_SECONDS, ClaimProposal, ClassRowWrite, GcAction, GcKind, KernelRefusalWrite,
+    PortMapWrite, Writes,
 };
 use crate::api::{
     ClassNodeStatus, CniInfo, EndpointStatus, HeldPort, PortMapClass, PortMapStatus, Protocol,
     conditions,
 };
 use crate::ir::VXLAN_OVERHEAD;
+use crate::keys::MappingKey;
 use crate::snapshot::{HostFacts, Snapshot};
 use crate::text::cut_bytes;
 
@@ -96,16 +97,15 @@ pub fn writes(
                 .needed
                 .get(key)
                 .is_some_and(|pods| pods.contains(this_node));
-            if let (true, Some((a, b)), Some((net, _, _))) =
-                (proposes, split_key(key), state.slot_net(*slot))
-            {
+            if let (true, Some((net, _, _))) = (proposes, state.slot_net(*slot)) {
+                let (a, b) = key.nodes();
                 writes.claims.push(ClaimProposal {
                     class: state.name.to_owned(),
-                    key: key.clone(),
+                    key: key.to_string(),
                     peers: [a.to_owned(), b.to_owned()],
                     slot: *slot,
                     subnet: net.to_string(),
-                    replaces: state.replacing.get(key).cloned(),
+                    replaces: state.replacing.get(key).map(ToString::to_string),
                 });
             }
         }
@@ -113,7 +113,7 @@ pub fn writes(
             writes.gc.extend(gc(state, now));
         }
     }
-    writes.refusals = refusal_writes(work, this_node, facts);
+    writes.refusals = kernel_refusal_writes(work, this_node, facts);
     writes
 }
 
@@ -265,19 +265,22 @@ fn class_row(
 /// The refusals of this node's last apply, each under the class of its mapping (a refusal of a
 /// mapping that no longer exists is dropped, and so is a refused link the mapping only keeps as a
 /// standby: its traffic does not use it), sorted.
-fn refusal_writes(work: &[Working], this_node: &str, facts: &HostFacts) -> Vec<RefusalWrite> {
-    let mut out: Vec<RefusalWrite> = facts
+fn kernel_refusal_writes(
+    work: &[Working],
+    this_node: &str,
+    facts: &HostFacts,
+) -> Vec<KernelRefusalWrite> {
+    let mut out: Vec<KernelRefusalWrite> = facts
         .refusals
         .iter()
         .filter_map(|r| {
-            let (namespace, name) = r.mapping.split_once('/')?;
             let w = work
                 .iter()
-                .find(|w| w.decision.namespace == namespace && w.decision.name == name)?;
-            if super::mapping::standby_only(&w.decision, this_node, r) {
+                .find(|w| MappingKey::names(&r.mapping, &w.decision.namespace, &w.decision.name))?;
+            if standby_only(&w.decision, this_node, r) {
                 return None;
             }
-            Some(RefusalWrite {
+            Some(KernelRefusalWrite {
                 class: w.pm.spec.class_name.clone(),
                 mapping: r.mapping.clone(),
                 message: cut_bytes(&r.message, limits::MESSAGE).into_owned(),
@@ -287,10 +290,10 @@ fn refusal_writes(work: &[Working], this_node: &str, facts: &HostFacts) -> Vec<R
     // This node translates these mappings to an address of its own: it leaves them out and
     // says so, as it would a kernel refusal.
     out.extend(work.iter().filter(|w| w.decision.emits).filter_map(|w| {
-        let message = super::pod_network::local_endpoint(&w.decision, this_node, facts)?;
-        Some(RefusalWrite {
+        let message = pod_network::local_endpoint(&w.decision, this_node, facts)?;
+        Some(KernelRefusalWrite {
             class: w.pm.spec.class_name.clone(),
-            mapping: format!("{}/{}", w.decision.namespace, w.decision.name),
+            mapping: MappingKey::new(&w.decision.namespace, &w.decision.name).into_string(),
             message,
         })
     }));
@@ -464,35 +467,6 @@ fn release_time(class: &PortMapClass) -> Option<Timestamp> {
         .ok()
 }
 
-/// Who keeps a held port: as recorded when the holder was first reported (so it survives agent
-/// restarts), or, for a holder seen now for the first time, the mappings the datapath already
-/// captured the port for. A holder present before kuport looked yields to nobody.
-pub(super) fn yields_to(
-    protocol: Protocol,
-    port: u16,
-    address: &str,
-    facts: &HostFacts,
-    stored_row: Option<&ClassNodeStatus>,
-) -> Vec<String> {
-    let known = stored_row.and_then(|r| {
-        r.held_ports
-            .iter()
-            .find(|h| h.protocol == protocol && h.port == i32::from(port) && h.address == address)
-    });
-    if let Some(known) = known {
-        return known.yields_to.clone();
-    }
-    let mut mappings: Vec<String> = facts
-        .programmed_ports
-        .iter()
-        .filter(|p| p.protocol == protocol && (p.first..=p.last).contains(&port))
-        .map(|p| p.mapping.clone())
-        .collect();
-    mappings.sort();
-    mappings.dedup();
-    mappings
-}
-
 /// The firewall warnings of a row, sorted, each cut to the schema's length and at most
 /// [`limits::WARNINGS`] of them, the last saying how many more there were.
 fn row_warnings(found: &[String]) -> Vec<String> {
@@ -526,7 +500,7 @@ fn gc(state: &ClassState, now: Timestamp) -> Vec<GcAction> {
         if let Some(action) = action {
             actions.push(GcAction {
                 class: state.name.to_owned(),
-                key: key.clone(),
+                key: key.to_string(),
                 action,
             });
         }

@@ -20,7 +20,7 @@ use kuport_core::api::{PortMap, PortMapClass};
 use kuport_core::ir::{HostState, MarkLayout, Rule};
 use kuport_core::plan::{Plan, Writes, plan};
 use kuport_core::snapshot::{
-    CILIUM_CONFIG, CniFacts, HostFacts, HostRefusal, Snapshot, node_internal_ip,
+    CILIUM_CONFIG, CniFacts, HostFacts, KernelRefusal, Snapshot, node_internal_ip,
 };
 use kuport_host::{ApplyReport, FactsQuery, Host, HostError, LinkEvent, Refusal};
 use tokio::sync::mpsc;
@@ -172,7 +172,7 @@ pub struct Agent<H: Host> {
     pass_hook: Option<PassHook>,
     /// What the kernel refused in the last apply, by mapping: planned into this node's class
     /// rows until an apply succeeds in full.
-    refusals: Vec<HostRefusal>,
+    refusals: Vec<KernelRefusal>,
     /// When the mapping counters were last read from the host.
     counters_read: Option<Instant>,
     /// The last apply's sweep of stale conntrack entries failed: the pass is retried soon
@@ -895,10 +895,10 @@ impl<H: Host> Agent<H> {
         self.run_hook(snapshot, &mut plan);
         let report = self
             .host
-            .apply(&plan.host, verify)
+            .apply(&plan.host_state, verify)
             .await
             .map_err(PassError::Apply)?;
-        log_apply(&report, &plan.host, verify);
+        log_apply(&report, &plan.host_state, verify);
         if report.conntrack_swept {
             self.metrics
                 .record_conntrack_sweep(report.conntrack_cleared, report.conntrack_error.is_some());
