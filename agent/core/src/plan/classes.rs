@@ -207,6 +207,22 @@ fn pod_side<'a>(pair: &'a NodePair, endpoint_node: &'a str, programming: &[Strin
 /// left without one takes over the slot of a landed standby-only claim (lowest key first), so
 /// standby claims made ahead of need never starve a pair that carries traffic.
 pub fn assign_slots(classes: &mut BTreeMap<&str, ClassState>, work: &[Working]) {
+    collect_needed(classes, work);
+    for state in classes
+        .values_mut()
+        .filter(|s| s.mode == ReturnPathMode::Vxlan && s.subnet.is_some())
+    {
+        state.claims = landed_claims(state);
+    }
+    for state in classes.values_mut().filter(|s| s.builds_links()) {
+        let starved = propose_free_slots(state);
+        take_over_standby_slots(state, starved);
+        say_what_is_exhausted(state);
+    }
+}
+
+/// Every pair some mapping needs, with the node that proposes it, and which are serving.
+fn collect_needed(classes: &mut BTreeMap<&str, ClassState>, work: &[Working]) {
     for w in work {
         let Some(ep) = &w.decision.endpoint else {
             continue;
@@ -227,83 +243,90 @@ pub fn assign_slots(classes: &mut BTreeMap<&str, ClassState>, work: &[Working]) 
             }
         }
     }
-    for state in classes
-        .values_mut()
-        .filter(|s| s.mode == ReturnPathMode::Vxlan && s.subnet.is_some())
+}
+
+/// Gives each unclaimed needed pair, serving ones first, the lowest free slot. Returns the
+/// serving pairs left without one; standby pairs left without one are recorded as such.
+fn propose_free_slots(state: &mut ClassState) -> Vec<NodePair> {
+    let taken: BTreeSet<u32> = state.claims.values().map(|c| c.slot).collect();
+    let mut next = 0u32;
+    let unclaimed = |serving: bool| -> Vec<NodePair> {
+        state
+            .needed
+            .keys()
+            .filter(|k| !state.claims.contains_key(*k))
+            .filter(|k| state.serving.contains(*k) == serving)
+            .cloned()
+            .collect()
+    };
+    let (serving, standby) = (unclaimed(true), unclaimed(false));
+    let mut starved = Vec::new();
+    for (key, is_serving) in serving
+        .into_iter()
+        .map(|k| (k, true))
+        .chain(standby.into_iter().map(|k| (k, false)))
     {
-        state.claims = landed_claims(state);
+        while next < state.usable_slots && taken.contains(&next) {
+            next += 1;
+        }
+        if next < state.usable_slots {
+            state.proposals.insert(key, next);
+            next += 1;
+        } else if is_serving {
+            starved.push(key);
+        } else {
+            state.standby_exhausted.insert(key);
+        }
     }
-    for state in classes.values_mut().filter(|s| s.builds_links()) {
-        let taken: BTreeSet<u32> = state.claims.values().map(|c| c.slot).collect();
-        let mut next = 0u32;
-        let unclaimed = |serving: bool| -> Vec<NodePair> {
-            state
-                .needed
-                .keys()
-                .filter(|k| !state.claims.contains_key(*k))
-                .filter(|k| state.serving.contains(*k) == serving)
-                .cloned()
-                .collect()
-        };
-        let (serving, standby) = (unclaimed(true), unclaimed(false));
-        let mut starved = Vec::new();
-        for (key, is_serving) in serving
-            .into_iter()
-            .map(|k| (k, true))
-            .chain(standby.into_iter().map(|k| (k, false)))
-        {
-            while next < state.usable_slots && taken.contains(&next) {
-                next += 1;
+    starved
+}
+
+/// Lands each starved serving pair on the slot of a landed standby-only claim (lowest key
+/// first); the pairs left over are exhausted.
+fn take_over_standby_slots(state: &mut ClassState, starved: Vec<NodePair>) {
+    // Landed claims needed only as standby, which a starved serving pair may take over.
+    let mut victims = state
+        .claims
+        .iter()
+        .filter(|(k, _)| state.needed.contains_key(*k) && !state.serving.contains(*k))
+        .map(|(k, c)| (k.clone(), c.slot));
+    for key in starved {
+        match victims.next() {
+            Some((victim, slot)) => {
+                state.proposals.insert(key.clone(), slot);
+                state.replacing.insert(key, victim.clone());
+                state.evicted.insert(victim);
             }
-            if next < state.usable_slots {
-                state.proposals.insert(key, next);
-                next += 1;
-            } else if is_serving {
-                starved.push(key);
-            } else {
-                state.standby_exhausted.insert(key);
+            None => {
+                state.exhausted.insert(key);
             }
         }
-        // Landed claims needed only as standby, which a starved serving pair may take over.
-        let mut victims = state
-            .claims
-            .iter()
-            .filter(|(k, _)| state.needed.contains_key(*k) && !state.serving.contains(*k))
-            .map(|(k, c)| (k.clone(), c.slot));
-        for key in starved {
-            match victims.next() {
-                Some((victim, slot)) => {
-                    state.proposals.insert(key.clone(), slot);
-                    state.replacing.insert(key, victim.clone());
-                    state.evicted.insert(victim);
-                }
-                None => {
-                    state.exhausted.insert(key);
-                }
-            }
-        }
-        if let Some(first) = state.exhausted.first() {
-            state.ready = Outcome::new(
-                ClassReason::SubnetExhausted,
-                format!(
-                    "no /31 is free in {} for node pair {first}{}",
-                    state.subnet.map(|s| s.to_string()).unwrap_or_default(),
-                    and_more(state.exhausted.len())
-                ),
-            );
-        } else if let (true, Some(first)) = (state.ready.is_true(), state.standby_exhausted.first())
-        {
-            // Every pair that carries traffic has its link; say that failover to some nodes
-            // will wait for a slot, without calling the class broken.
-            state.ready = Outcome::new(
-                ClassReason::Valid,
-                format!(
-                    "no /31 is free in {} for standby link {first}{}: a failover over that pair waits for a slot",
-                    state.subnet.map(|s| s.to_string()).unwrap_or_default(),
-                    and_more(state.standby_exhausted.len())
-                ),
-            );
-        }
+    }
+}
+
+/// `SubnetExhausted` when a serving pair has no slot; a note in a Valid Ready when only standby
+/// pairs lack one.
+fn say_what_is_exhausted(state: &mut ClassState) {
+    if let Some(first) = state.exhausted.first() {
+        state.ready = Outcome::new(
+            ClassReason::SubnetExhausted,
+            format!(
+                "no /31 is free in {} for node pair {first}{}",
+                state.subnet.map(|s| s.to_string()).unwrap_or_default(),
+                and_more(state.exhausted.len())
+            ),
+        );
+    } else if let (true, Some(first)) = (state.ready.is_true(), state.standby_exhausted.first()) {
+        // Every pair that carries traffic has its link; say that failover to some nodes
+        // will wait for a slot, without calling the class broken.
+        state.ready = Outcome::new(
+            ClassReason::Valid,
+            format!(
+                "no /31 is free in {} for standby link {first}{}: a failover over that pair waits for a slot",
+                state.subnet.map(|s| s.to_string()).unwrap_or_default(),
+                and_more(state.standby_exhausted.len())
+            ),
+        );
     }
 }
 

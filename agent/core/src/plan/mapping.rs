@@ -428,37 +428,51 @@ pub fn resolve_all<'a>(
             .clone();
         d.programming_nodes = nodes;
         d.bindings = bound;
-        let all = &bindings.set(set).by_node;
         w.remote = d.programming_nodes.iter().any(|n| *n != ep.node);
-        let range_translation = d.ports.is_some_and(|p| p.is_range() && p.first != ep.port);
-        let refused = w.remote && class.mode == ReturnPathMode::None;
-        d.emits = !range_translation && !refused;
-        if d.emits && w.remote && class.builds_links() {
-            d.links = d
-                .programming_nodes
-                .iter()
-                // A node binding nothing emits nothing, so it needs no link.
-                .filter(|p| **p != ep.node && d.bindings.get(*p).is_some_and(|i| !i.is_empty()))
-                .filter_map(|p| NodePair::new(p, &ep.node))
-                .map(|key| NeededLink {
-                    class: d.class.clone(),
-                    key,
-                    slot: None,
-                    landed: false,
-                })
-                .collect();
-            d.links.sort();
-            d.links.dedup();
-            if single && serving != ep.node {
-                d.standby_links = standby_links(d, &class.accepting, all, &ep.node);
-            }
+        let all = &bindings.set(set).by_node;
+        needed_links(index, class, w, serving, all);
+    }
+}
+
+/// Whether the mapping emits rules at all, and the serving and standby links it needs.
+fn needed_links(
+    index: &Index,
+    class: &ClassState,
+    w: &mut Working,
+    serving: &str,
+    all: &BTreeMap<String, Vec<String>>,
+) {
+    let d = &mut w.decision;
+    let Some(ep) = &d.endpoint else { return };
+    let range_translation = d.ports.is_some_and(|p| p.is_range() && p.first != ep.port);
+    let refused = w.remote && class.mode == ReturnPathMode::None;
+    d.emits = !range_translation && !refused;
+    if d.emits && w.remote && class.builds_links() {
+        d.links = d
+            .programming_nodes
+            .iter()
+            // A node binding nothing emits nothing, so it needs no link.
+            .filter(|p| **p != ep.node && d.bindings.get(*p).is_some_and(|i| !i.is_empty()))
+            .filter_map(|p| NodePair::new(p, &ep.node))
+            .map(|key| NeededLink {
+                class: d.class.clone(),
+                key,
+                slot: None,
+                landed: false,
+            })
+            .collect();
+        d.links.sort();
+        d.links.dedup();
+        let single = class.class.spec.serving_mode == ServingMode::Single;
+        if single && serving != ep.node {
+            d.standby_links = standby_links(d, &class.accepting, all, &ep.node);
         }
-        if d.emits && class.builds_links() {
-            let alternates = endpoint_standby_links(index, w.pm, class, d);
-            d.standby_links.extend(alternates);
-            d.standby_links.sort();
-            d.standby_links.dedup();
-        }
+    }
+    if d.emits && class.builds_links() {
+        let alternates = endpoint_standby_links(index, w.pm, class, d);
+        d.standby_links.extend(alternates);
+        d.standby_links.sort();
+        d.standby_links.dedup();
     }
 }
 

@@ -20,7 +20,7 @@ use crate::api::{
 };
 use crate::ir::VXLAN_OVERHEAD;
 use crate::keys::MappingKey;
-use crate::snapshot::{HostFacts, Snapshot};
+use crate::snapshot::{CniFacts, HostFacts, Snapshot};
 use crate::text::cut_bytes;
 
 /// The longest strings and lists the CRD schema takes in what this node writes (the API server
@@ -163,8 +163,7 @@ fn portmap_write(w: &Working, now: Timestamp) -> PortMapWrite {
     }
 }
 
-/// This node's row in a class and the class's Ready condition as this node computes it. Long
-/// because the row has that many fields, each read from the facts or the stored row.
+/// This node's row in a class and the class's Ready condition as this node computes it.
 fn class_row(
     index: &Index,
     state: &ClassState,
@@ -180,26 +179,7 @@ fn class_row(
         .get(this_node)
         .map(|n| n.interfaces.as_slice())
         .unwrap_or_default();
-    let mut addresses = BTreeMap::new();
-    let mut missing = None;
-    for iface in interfaces {
-        match facts.interfaces.get(iface) {
-            Some(addr) if crate::ir::in_stand_in_block(*addr) => {
-                let (block, len) = crate::ir::STAND_IN_BLOCK;
-                missing.get_or_insert_with(|| {
-                    format!(
-                        "interface {iface} has address {addr}, inside {block}/{len}, which kuport reserves for its stand-in address"
-                    )
-                });
-            }
-            Some(addr) => {
-                addresses.insert(iface.clone(), addr.to_string());
-            }
-            None => {
-                missing.get_or_insert_with(|| format!("interface {iface} not present"));
-            }
-        }
-    }
+    let (addresses, missing) = interface_addresses(interfaces, facts);
     let stored_row = state
         .class
         .status
@@ -224,14 +204,7 @@ fn class_row(
         addresses,
         held_ports,
         warnings: row_warnings(&facts.firewall_warnings),
-        cni: snapshot.cni.as_ref().map(|c| CniInfo {
-            name: cut_bytes(&c.name, limits::CNI_WORD).into_owned(),
-            routing_mode: c
-                .routing_mode
-                .as_deref()
-                .map(|m| cut_bytes(m, limits::CNI_WORD).into_owned()),
-            vxlan_port: Some(i32::from(c.vxlan_port)),
-        }),
+        cni: snapshot.cni.as_ref().map(cni_info),
         // The agent stamps these when it writes the row.
         agent_version: None,
         last_pass_time: None,
@@ -259,6 +232,47 @@ fn class_row(
         ready,
         accepting,
         named: state.class.spec.nodes.len(),
+    }
+}
+
+/// The address of each of the class's interfaces on this node, and why the row is not ready
+/// when one has none (or one kuport reserves): the first such interface.
+fn interface_addresses(
+    interfaces: &[String],
+    facts: &HostFacts,
+) -> (BTreeMap<String, String>, Option<String>) {
+    let mut addresses = BTreeMap::new();
+    let mut missing = None;
+    for iface in interfaces {
+        match facts.interfaces.get(iface) {
+            Some(addr) if crate::ir::in_stand_in_block(*addr) => {
+                let (block, len) = crate::ir::STAND_IN_BLOCK;
+                missing.get_or_insert_with(|| {
+                    format!(
+                        "interface {iface} has address {addr}, inside {block}/{len}, which kuport reserves for its stand-in address"
+                    )
+                });
+            }
+            Some(addr) => {
+                addresses.insert(iface.clone(), addr.to_string());
+            }
+            None => {
+                missing.get_or_insert_with(|| format!("interface {iface} not present"));
+            }
+        }
+    }
+    (addresses, missing)
+}
+
+/// The CNI facts as a row reports them, cut to the schema's lengths.
+fn cni_info(c: &CniFacts) -> CniInfo {
+    CniInfo {
+        name: cut_bytes(&c.name, limits::CNI_WORD).into_owned(),
+        routing_mode: c
+            .routing_mode
+            .as_deref()
+            .map(|m| cut_bytes(m, limits::CNI_WORD).into_owned()),
+        vxlan_port: Some(i32::from(c.vxlan_port)),
     }
 }
 
@@ -323,20 +337,7 @@ fn held_ports(
     now: Timestamp,
 ) -> Vec<HeldPort> {
     let class_name = class.metadata.name.as_deref().unwrap_or_default();
-    let asked = AskedPorts::new(
-        index
-            .portmaps
-            .iter()
-            .filter(|pm| pm.spec.class_name == class_name)
-            .filter_map(|pm| {
-                let first = u16::try_from(pm.spec.port).ok()?;
-                let last = pm
-                    .spec
-                    .end_port
-                    .map_or(Some(first), |e| u16::try_from(e).ok())?;
-                Some((pm.spec.protocol, first, last))
-            }),
-    );
+    let asked = AskedPorts::of_class(index, class_name);
     let holders = holders::on_node(&index.node_ports, &index.host_ports, this_node, facts);
     let bound = |h: &Holder| {
         h.address.is_unspecified() || addresses.values().any(|a| *a == h.address.to_string())
@@ -353,11 +354,10 @@ fn held_ports(
         .map(|r| r.held_ports.as_slice())
         .unwrap_or_default();
     let existing = |m: &String| {
-        m.split_once('/').is_some_and(|(ns, name)| {
-            index.portmaps.iter().any(|pm| {
-                pm.metadata.namespace.as_deref() == Some(ns)
-                    && pm.metadata.name.as_deref() == Some(name)
-            })
+        index.portmaps.iter().any(|pm| {
+            let meta = &pm.metadata;
+            (meta.namespace.as_deref().zip(meta.name.as_deref()))
+                .is_some_and(|(ns, name)| MappingKey::names(m, ns, name))
         })
     };
     let mut held: Vec<HeldPort> = Vec::new();
@@ -381,6 +381,22 @@ fn held_ports(
             absent_since: None,
         });
     }
+    held.extend(absent_claims(class, stored, &present, existing, now));
+    held.sort();
+    held.dedup_by(|a, b| (a.protocol, a.port, &a.address) == (b.protocol, b.port, &b.address));
+    held
+}
+
+/// The stored claims whose holder is gone: kept (stamped with when it went) until the release
+/// annotation names a later time, at most [`MAX_ABSENT_CLAIMS`] of them, those gone the shortest
+/// time first. Their `yieldsTo` keeps only mappings that still exist.
+fn absent_claims(
+    class: &PortMapClass,
+    stored: &[HeldPort],
+    present: &BTreeMap<(Protocol, i32, String), &Holder>,
+    existing: impl Fn(&String) -> bool,
+    now: Timestamp,
+) -> Vec<HeldPort> {
     let released = release_time(class);
     let mut absent: Vec<HeldPort> = stored
         .iter()
@@ -406,10 +422,7 @@ fn held_ports(
         ))
     });
     absent.truncate(MAX_ABSENT_CLAIMS);
-    held.extend(absent);
-    held.sort();
-    held.dedup_by(|a, b| (a.protocol, a.port, &a.address) == (b.protocol, b.port, &b.address));
-    held
+    absent
 }
 
 /// The port ranges the PortMaps of a class ask for, per protocol, answering "is this port
@@ -421,6 +434,24 @@ struct AskedPorts {
 }
 
 impl AskedPorts {
+    /// The ranges the PortMaps of `class_name` ask for.
+    fn of_class(index: &Index, class_name: &str) -> Self {
+        Self::new(
+            index
+                .portmaps
+                .iter()
+                .filter(|pm| pm.spec.class_name == class_name)
+                .filter_map(|pm| {
+                    let first = u16::try_from(pm.spec.port).ok()?;
+                    let last = pm
+                        .spec
+                        .end_port
+                        .map_or(Some(first), |e| u16::try_from(e).ok())?;
+                    Some((pm.spec.protocol, first, last))
+                }),
+        )
+    }
+
     fn new(ranges: impl Iterator<Item = (Protocol, u16, u16)>) -> Self {
         let mut sorted: BTreeMap<Protocol, Vec<(u16, u16)>> = BTreeMap::new();
         for (protocol, first, last) in ranges {
