@@ -358,26 +358,13 @@ pub fn portmap_status_equivalent(a: &PortMapStatus, b: &PortMapStatus) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use kuport_testkit::cluster::{ready_condition as cond, timestamp as ts};
+
     use super::*;
     use crate::api::ClassNodeStatus;
 
     /// The version a test agent stamps into its rows.
     const VERSION: &str = "1.2.3";
-
-    fn ts(s: &str) -> Timestamp {
-        s.parse().expect("timestamp")
-    }
-
-    fn cond(status: &str, reason: &str, at: &str) -> Condition {
-        Condition {
-            type_: "Ready".into(),
-            status: status.into(),
-            reason: reason.into(),
-            message: format!("{reason}."),
-            last_transition_time: Time(ts(at)),
-            observed_generation: Some(1),
-        }
-    }
 
     fn row(node: &str) -> ClassNodeStatus {
         ClassNodeStatus {
