@@ -12,6 +12,7 @@ use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
 
 use crate::api::Protocol;
+use crate::keys::MappingKey;
 
 /// nftables table kuport owns (family `ip`).
 pub const TABLE: &str = "kuport";
@@ -386,7 +387,10 @@ impl NftTable {
         let by_counter: BTreeMap<&str, String> = self
             .counters
             .iter()
-            .map(|c| (c.name.as_str(), format!("{}/{}", c.namespace, c.mapping)))
+            .map(|c| {
+                let owner = MappingKey::new(&c.namespace, &c.mapping).into_string();
+                (c.name.as_str(), owner)
+            })
             .collect();
         let mut by_comment = BTreeMap::new();
         for (_, rules) in &self.chains {
@@ -417,7 +421,7 @@ impl NftTable {
         let owners = self.owners();
         let mut out = self.clone();
         out.counters
-            .retain(|c| !mappings.contains(&format!("{}/{}", c.namespace, c.mapping)));
+            .retain(|c| !mappings.contains(MappingKey::new(&c.namespace, &c.mapping).as_str()));
         for (_, rules) in &mut out.chains {
             rules.retain(|r| owners.of_rule(r).is_none_or(|o| !mappings.contains(o)));
         }

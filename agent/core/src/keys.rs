@@ -74,7 +74,7 @@ impl NodePair {
 }
 
 /// A namespaced object's key, `namespace/name`: how the plan names a mapping in host facts, held
-/// ports, refusals and nft comments.
+/// ports, refusals, nft comments and counters (and a Service in messages).
 #[derive(Clone, Debug)]
 pub struct MappingKey {
     /// `namespace/name`.

@@ -9,6 +9,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::ir::{IpRule, Link, Route};
+use crate::keys::MappingKey;
 use crate::plan::{ClassDecision, GcKind, MappingDecision, NeededLink, Outcome, Plan};
 use crate::render::nft_text;
 
@@ -205,7 +206,7 @@ impl PlanReport {
                     .writes
                     .portmaps
                     .iter()
-                    .map(|w| format!("{}/{}", w.namespace, w.name))
+                    .map(|w| MappingKey::new(&w.namespace, &w.name).into_string())
                     .collect(),
                 class_rows: plan
                     .writes

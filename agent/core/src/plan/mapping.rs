@@ -394,8 +394,8 @@ pub fn resolve_all<'a>(
             continue;
         };
         let choice = endpoint::choose(index, w.pm, &class.accepting);
-        let service = format!("{}/{}", w.decision.namespace, w.pm.spec.service_ref.name);
-        w.endpoint_rejection = endpoint::rejection_message(&service, &choice);
+        let service = MappingKey::new(&w.decision.namespace, &w.pm.spec.service_ref.name);
+        w.endpoint_rejection = endpoint::rejection_message(service.as_str(), &choice);
         let d = &mut w.decision;
         d.endpoint = choice.endpoint;
         d.rejected_endpoints = choice.rejected;

@@ -15,6 +15,7 @@ use k8s_openapi::api::core::v1::Node;
 
 use super::MappingDecision;
 use crate::api::{ClassNodeStatus, PortMapClass, ReturnPathMode};
+use crate::keys::MappingKey;
 use crate::snapshot::{CILIUM_HOST_ANNOTATIONS, CniFacts, HostFacts};
 
 /// How many pod networks a refusal message lists before it counts the rest.
@@ -273,10 +274,10 @@ pub fn refused_as_local(class: &PortMapClass, d: &MappingDecision) -> bool {
     if status.refused.is_empty() {
         return false;
     }
-    let mapping = format!("{}/{}", d.namespace, d.name);
+    let mapping = MappingKey::new(&d.namespace, &d.name);
     let message = local_endpoint_message(ep.address);
     status
         .refused
         .iter()
-        .any(|r| r.node == ep.node && r.mapping == mapping && r.message == message)
+        .any(|r| r.node == ep.node && mapping == r.mapping && r.message == message)
 }
