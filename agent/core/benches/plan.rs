@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use kuport_core::api::{LinkClaim, PortMapClass};
 use kuport_core::ir::Rule;
 use kuport_core::plan::{AcceptedReason, Plan, ProgrammedReason, plan};
-use kuport_core::snapshot::{CniFacts, HostFacts, Snapshot};
-use kuport_testkit::cluster::now;
+use kuport_core::snapshot::{HostFacts, Snapshot};
+use kuport_testkit::cluster::{CREATED, cilium, now, typed};
 use kuport_testkit::objects::{self, endpoint, link_claim, node_row, pm, slice};
 use serde_json::{Value, json};
 
@@ -61,23 +61,17 @@ struct Size {
 /// The synthetic cluster, with link claims landed for every other pair the mappings need.
 fn cluster(size: &Size) -> Snapshot {
     let mut snap = Snapshot {
-        cni: Some(CniFacts {
-            name: "cilium".into(),
-            routing_mode: Some("tunnel".into()),
-            vxlan_port: 8472,
-            pod_cidrs: Vec::new(),
-        }),
+        cni: Some(cilium(8472)),
         ..Snapshot::default()
     };
     for i in 0..size.nodes {
         let ip = format!("100.64.{}.{}", i / 250, 1 + i % 250);
         let node = objects::node(&node_name(i), Some(&ip), true);
-        snap.nodes.push(serde_json::from_value(node).expect("node"));
+        snap.nodes.push(typed(node, "node"));
     }
     for n in 0..NAMESPACES {
         let ns = objects::namespace(&format!("ns-{n:02}"), json!({"tier": "public"}));
-        snap.namespaces
-            .push(serde_json::from_value(ns).expect("namespace"));
+        snap.namespaces.push(typed(ns, "namespace"));
     }
     let mut members: Vec<Vec<usize>> = vec![Vec::new(); CLASSES];
     for i in 0..size.nodes {
@@ -117,10 +111,10 @@ fn class(k: usize, nodes: &[usize]) -> PortMapClass {
         "returnPath": {"mode": mode, "vxlan": {
             "vni": 10_000 + 4096 * k, "port": 4790, "subnet": format!("169.254.{}.0/20", 16 * k)}}});
     let class = objects::class(&class_name(k), spec)
-        .created(kuport_testkit::cluster::CREATED)
+        .created(CREATED)
         .generation(1)
         .status(json!({"nodes": rows}));
-    serde_json::from_value(class.object()).expect("class")
+    typed(class.object(), "class")
 }
 
 /// PortMap `j` and its Service's EndpointSlice (one ready pod).
@@ -167,7 +161,7 @@ fn portmap(
     if j % 5 == 1 {
         p = p.ifaces(&["eth0"]);
     }
-    let pm = serde_json::from_value(p.object()).expect("portmap");
+    let pm = typed(p.object(), "portmap");
     // Half of the pods run on an accepting node of the class, half elsewhere (remote).
     let nodes = &members[k];
     let all: usize = members.iter().map(Vec::len).sum();
@@ -190,7 +184,7 @@ fn portmap(
     let slice = slice(&namespace, &format!("{name}-abcde"), &name)
         .port("game", protocol, pod_port)
         .endpoint(pod);
-    let slice = serde_json::from_value(slice.object()).expect("slice");
+    let slice = typed(slice.object(), "slice");
     (pm, slice)
 }
 
@@ -202,7 +196,7 @@ fn land_half_of_the_needed_claims(snap: &mut Snapshot) {
         .portmaps
         .iter()
         .flat_map(|d| d.links.iter())
-        .filter_map(|l| Some((l.class.clone(), l.key.clone(), l.slot?)))
+        .filter_map(|l| Some((l.class.clone(), l.key.to_string(), l.slot?)))
         .collect();
     keys.sort();
     keys.dedup();
@@ -212,7 +206,7 @@ fn land_half_of_the_needed_claims(snap: &mut Snapshot) {
             .iter_mut()
             .find(|c| c.metadata.name.as_deref() == Some(class.as_str()))
             .expect("class of a link");
-        let claim: LinkClaim = serde_json::from_value(link_claim(&key, slot, "")).expect("claim");
+        let claim: LinkClaim = typed(link_claim(&key, slot, ""), "claim");
         c.status
             .get_or_insert_with(Default::default)
             .links
@@ -220,12 +214,11 @@ fn land_half_of_the_needed_claims(snap: &mut Snapshot) {
     }
 }
 
-fn facts(node: usize) -> HostFacts {
-    serde_json::from_value(json!({
-        "interfaces": {"eth0": format!("203.0.{}.{}", node / 250, 1 + node % 250),
-                       "wt0": format!("100.64.{}.{}", node / 250, 1 + node % 250)},
-        "underlayDevice": "eth0", "underlayMTU": 1450}))
-    .expect("facts")
+/// The host facts of node `i`: the addresses its class row reports.
+fn facts(i: usize) -> HostFacts {
+    let eth0 = format!("203.0.{}.{}", i / 250, 1 + i % 250);
+    let wt0 = format!("100.64.{}.{}", i / 250, 1 + i % 250);
+    kuport_testkit::cluster::facts(&[("eth0", &eth0), ("wt0", &wt0)], "eth0", 1450)
 }
 
 struct Counts {
@@ -242,7 +235,7 @@ struct Counts {
 }
 
 fn counts(snap: &Snapshot, p: &Plan) -> Counts {
-    let rules = p.host.nft.chains.iter().map(|(_, r)| r.len()).sum();
+    let rules = p.host_state.nft.chains.iter().map(|(_, r)| r.len()).sum();
     Counts {
         accepted: p.portmaps.iter().filter(|d| d.accepted.is_true()).count(),
         conflicts: p
@@ -261,8 +254,8 @@ fn counts(snap: &Snapshot, p: &Plan) -> Counts {
             .count(),
         with_endpoint: p.portmaps.iter().filter(|d| d.endpoint.is_some()).count(),
         rules,
-        links: p.host.links.len(),
-        ip_rules: p.host.rules.len(),
+        links: p.host_state.links.len(),
+        ip_rules: p.host_state.rules.len(),
         status_writes: p.writes.portmaps.len(),
         proposals: p.writes.claims.len(),
         claims_landed: snap
@@ -286,7 +279,7 @@ fn measure(label: &str, size: &Size, node: usize) -> f64 {
     let first = plan(&snap, &name, &facts, now());
     let c = counts(&snap, &first);
     let dnat = first
-        .host
+        .host_state
         .nft
         .chains
         .iter()

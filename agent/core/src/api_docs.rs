@@ -5,6 +5,7 @@
 //! the committed section differs from what the types generate now, so the reference cannot drift
 //! from the schema the API server enforces.
 
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceColumnDefinition;
 use serde_json::{Map, Value};
 
 use crate::crd::{self, CrdFile};
@@ -74,8 +75,8 @@ fn section_bounds(text: &str) -> Option<(usize, usize)> {
     Some((start, end))
 }
 
-/// One kind's section of docs/api.md. Long because it is the section's layout, written in the
-/// order the page reads.
+/// One kind's section of docs/api.md, in the order the page reads: heading, facts, field table,
+/// printer columns.
 fn kind_section(file: &CrdFile, out: &mut String) -> Result<(), ApiDocsError> {
     let name = file.crd.metadata.name.clone().unwrap_or_default();
     let spec = &file.crd.spec;
@@ -134,29 +135,33 @@ fn kind_section(file: &CrdFile, out: &mut String) -> Result<(), ApiDocsError> {
         }
     }
     if let Some(columns) = version.additional_printer_columns.as_ref() {
-        out.push_str(&format!(
-            "\n`kubectl get {}` columns (`-o wide` adds those marked wide):\n\n",
-            names.plural
-        ));
-        out.push_str("| Column | From | Meaning |\n| --- | --- | --- |\n");
-        for c in columns {
-            let wide = if c.priority.unwrap_or(0) > 0 {
-                " (wide)"
-            } else {
-                ""
-            };
-            out.push_str(&format!(
-                "| `{}`{wide} | `{}` | {} |\n",
-                c.name.to_uppercase(),
-                cell(&c.json_path),
-                cell(&one_line(
-                    c.description.as_deref().unwrap_or("the object's age")
-                ))
-            ));
-        }
+        printer_columns(&names.plural, columns, out);
     }
     out.push('\n');
     Ok(())
+}
+
+/// The table of the columns `kubectl get <plural>` prints.
+fn printer_columns(plural: &str, columns: &[CustomResourceColumnDefinition], out: &mut String) {
+    out.push_str(&format!(
+        "\n`kubectl get {plural}` columns (`-o wide` adds those marked wide):\n\n"
+    ));
+    out.push_str("| Column | From | Meaning |\n| --- | --- | --- |\n");
+    for c in columns {
+        let wide = if c.priority.unwrap_or(0) > 0 {
+            " (wide)"
+        } else {
+            ""
+        };
+        out.push_str(&format!(
+            "| `{}`{wide} | `{}` | {} |\n",
+            c.name.to_uppercase(),
+            cell(&c.json_path),
+            cell(&one_line(
+                c.description.as_deref().unwrap_or("the object's age")
+            ))
+        ));
+    }
 }
 
 /// Emits the rows of `node`'s children; `path` is the dotted path of `node` itself.

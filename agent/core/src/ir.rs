@@ -12,6 +12,7 @@ use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
 
 use crate::api::Protocol;
+use crate::keys::MappingKey;
 
 /// nftables table kuport owns (family `ip`).
 pub const TABLE: &str = "kuport";
@@ -386,7 +387,10 @@ impl NftTable {
         let by_counter: BTreeMap<&str, String> = self
             .counters
             .iter()
-            .map(|c| (c.name.as_str(), format!("{}/{}", c.namespace, c.mapping)))
+            .map(|c| {
+                let owner = MappingKey::new(&c.namespace, &c.mapping).into_string();
+                (c.name.as_str(), owner)
+            })
             .collect();
         let mut by_comment = BTreeMap::new();
         for (_, rules) in &self.chains {
@@ -417,7 +421,7 @@ impl NftTable {
         let owners = self.owners();
         let mut out = self.clone();
         out.counters
-            .retain(|c| !mappings.contains(&format!("{}/{}", c.namespace, c.mapping)));
+            .retain(|c| !mappings.contains(MappingKey::new(&c.namespace, &c.mapping).as_str()));
         for (_, rules) in &mut out.chains {
             rules.retain(|r| owners.of_rule(r).is_none_or(|o| !mappings.contains(o)));
         }
@@ -544,16 +548,32 @@ pub struct HostState {
     pub valid_mark_interfaces: Vec<String>,
 }
 
+/// A port range one mapping captures as an accepting node: what [`HostState::accepting_ports`]
+/// reads from an applied state, and what the agent reports back among its host facts (a host
+/// socket seen later yields to the mapping).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ProgrammedPort {
+    /// The mapping, `namespace/name`.
+    pub mapping: String,
+    /// Its protocol.
+    pub protocol: Protocol,
+    /// First port.
+    pub first: u16,
+    /// Last port.
+    pub last: u16,
+}
+
 impl HostState {
     /// The ports this state captures as an accepting node (steered DNAT), by mapping: what a
     /// host socket that appears later must yield to (earliest wins).
-    pub fn accepting_ports(&self) -> Vec<crate::snapshot::ProgrammedPort> {
-        let mut out: Vec<crate::snapshot::ProgrammedPort> = self
+    pub fn accepting_ports(&self) -> Vec<ProgrammedPort> {
+        let mut out: Vec<ProgrammedPort> = self
             .nft
             .rules(ChainId::Pre)
             .iter()
             .filter_map(|r| match r {
-                Rule::Dnat(d) if d.mark.is_some() => Some(crate::snapshot::ProgrammedPort {
+                Rule::Dnat(d) if d.mark.is_some() => Some(ProgrammedPort {
                     mapping: d.comment.clone(),
                     protocol: d.protocol,
                     first: d.ports.first,

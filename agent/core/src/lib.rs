@@ -8,6 +8,7 @@ pub mod api;
 pub mod api_docs;
 pub mod crd;
 pub mod ir;
+pub mod keys;
 pub mod plan;
 pub mod render;
 pub mod report;

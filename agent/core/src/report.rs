@@ -9,6 +9,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::ir::{IpRule, Link, Route};
+use crate::keys::MappingKey;
 use crate::plan::{ClassDecision, GcKind, MappingDecision, NeededLink, Outcome, Plan};
 use crate::render::nft_text;
 
@@ -195,17 +196,17 @@ impl PlanReport {
             portmaps: plan.portmaps.iter().map(portmap).collect(),
             classes: plan.classes.iter().map(class).collect(),
             host: HostReport {
-                nftables: nft_text(&plan.host.nft),
-                links: plan.host.links.iter().map(link).collect(),
-                rules: plan.host.rules.iter().map(rule).collect(),
-                routes: plan.host.routes.iter().map(route).collect(),
+                nftables: nft_text(&plan.host_state.nft),
+                links: plan.host_state.links.iter().map(link).collect(),
+                rules: plan.host_state.rules.iter().map(rule).collect(),
+                routes: plan.host_state.routes.iter().map(route).collect(),
             },
             writes: WritesReport {
                 portmaps: plan
                     .writes
                     .portmaps
                     .iter()
-                    .map(|w| format!("{}/{}", w.namespace, w.name))
+                    .map(|w| MappingKey::new(&w.namespace, &w.name).into_string())
                     .collect(),
                 class_rows: plan
                     .writes
@@ -270,7 +271,7 @@ fn portmap(d: &MappingDecision) -> PortMapReport {
 fn mapping_link(l: &NeededLink) -> MappingLinkReport {
     MappingLinkReport {
         class: l.class.clone(),
-        key: l.key.clone(),
+        key: l.key.to_string(),
         slot: l.slot,
         landed: l.landed,
     }
@@ -370,15 +371,15 @@ pub fn text_summary(plan: &Plan) -> String {
     let _ = writeln!(
         out,
         "  host: {} nft rule(s), {} link(s), {} ip rule(s), {} route(s)",
-        plan.host
+        plan.host_state
             .nft
             .chains
             .iter()
             .map(|(_, r)| r.len())
             .sum::<usize>(),
-        plan.host.links.len(),
-        plan.host.rules.len(),
-        plan.host.routes.len()
+        plan.host_state.links.len(),
+        plan.host_state.rules.len(),
+        plan.host_state.routes.len()
     );
     out
 }

@@ -9,7 +9,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde::{Deserialize, Serialize};
 
 use crate::api::{PortMap, PortMapClass, Protocol, conditions};
-use crate::ir::MarkLayout;
+use crate::ir::{MarkLayout, ProgrammedPort};
 
 /// The CNI's VXLAN port when `cilium-config` exists without a `tunnel-port` key.
 pub const CILIUM_DEFAULT_VXLAN_PORT: u16 = 8472;
@@ -157,13 +157,14 @@ pub struct HostFacts {
     /// the kernel's words. Reported in the node's class rows, so whoever writes the mapping's
     /// status says why it is not programmed.
     #[serde(default)]
-    pub refusals: Vec<HostRefusal>,
+    pub refusals: Vec<KernelRefusal>,
 }
 
-/// One mapping the kernel refused on this node.
+/// One mapping the kernel refused on this node, as a host fact of the next plan (the second of
+/// the stages `crate::plan` lists under "Kernel refusals, stage by stage").
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct HostRefusal {
+pub struct KernelRefusal {
     /// The mapping, `namespace/name`.
     pub mapping: String,
     /// What was refused and what the kernel said.
@@ -173,20 +174,6 @@ pub struct HostRefusal {
     /// standby.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link: Option<String>,
-}
-
-/// A port range one mapping captures on this node.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct ProgrammedPort {
-    /// The mapping, `namespace/name`.
-    pub mapping: String,
-    /// Its protocol.
-    pub protocol: Protocol,
-    /// First port.
-    pub first: u16,
-    /// Last port.
-    pub last: u16,
 }
 
 impl HostFacts {

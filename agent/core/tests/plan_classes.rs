@@ -251,7 +251,7 @@ fn exhausted_subnet_stops_new_pairs_only() {
     );
     // The landed pair keeps working.
     let edge = c.plan("edge-a");
-    assert_eq!(edge.host.links.len(), 1);
+    assert_eq!(edge.host_state.links.len(), 1);
     assert_eq!(
         decision(&edge, "games", "gs1")
             .programmed
@@ -347,7 +347,7 @@ fn both_ends_derive_the_same_link() {
     let c = three_pairs("169.254.77.0/24").claim("public", "edge-a/w2", 3);
     let edge = c.plan_with("edge-a", &facts(&[("wt0", "100.64.0.1")], "wt0", 1400));
     let worker = c.plan_with("w2", &facts(&[], "eth0", 1500));
-    let (e, w) = (&edge.host.links[0], &worker.host.links[0]);
+    let (e, w) = (&edge.host_state.links[0], &worker.host_state.links[0]);
     assert_eq!((e.vni, w.vni), (4245, 4245), "VNI = class vni + slot");
     assert_eq!((e.port, w.port), (4790, 4790));
     assert_eq!(
@@ -386,8 +386,8 @@ fn both_ends_derive_the_same_link() {
     let no_facts = c.plan("edge-a");
     assert_eq!(
         (
-            no_facts.host.links[0].mtu,
-            no_facts.host.links[0].device.clone()
+            no_facts.host_state.links[0].mtu,
+            no_facts.host_state.links[0].device.clone()
         ),
         (None, None)
     );
@@ -543,10 +543,10 @@ fn a_serving_pair_takes_over_a_standby_claims_slot_when_none_is_free() {
     );
     assert_eq!(ready(&c.plan("edge-a"), "public").0, C::Valid);
     // Both ends of the standby link tear it down at once, so the new link's VNI is free.
-    assert!(c.plan("edge-c").host.links.is_empty());
+    assert!(c.plan("edge-c").host_state.links.is_empty());
     let peers: Vec<String> = c
         .plan("a-worker")
-        .host
+        .host_state
         .links
         .into_iter()
         .map(|l| l.peer)
@@ -574,9 +574,13 @@ fn a_serving_pair_takes_over_a_standby_claims_slot_when_none_is_free() {
     );
     class.status = Some(merged.status);
     let edge = c.plan("edge-a");
-    assert_eq!(edge.host.links.len(), 1, "before: only a-worker's link");
+    assert_eq!(
+        edge.host_state.links.len(),
+        1,
+        "before: only a-worker's link"
+    );
     let edge = after.plan("edge-a");
-    assert_eq!(edge.host.links.len(), 2, "after: both serving links");
+    assert_eq!(edge.host_state.links.len(), 2, "after: both serving links");
     for name in ["gs", "early"] {
         assert_eq!(
             decision(&edge, "games", name)
@@ -628,7 +632,7 @@ fn serving_links_take_link_marks_before_standby_links() {
     let peers = |f: &kuport_core::snapshot::HostFacts| -> Vec<(String, u32)> {
         let mut peers: Vec<(String, u32)> = c
             .plan_with("worker-b", f)
-            .host
+            .host_state
             .links
             .into_iter()
             .map(|l| (l.peer, l.mark))

@@ -37,7 +37,7 @@ fn programmed(plan: &Plan) -> (P, String) {
 
 /// Every DNAT target in `plan`.
 fn dnat_targets(plan: &Plan) -> Vec<String> {
-    plan.host
+    plan.host_state
         .nft
         .rules(ChainId::Pre)
         .iter()
@@ -62,7 +62,7 @@ fn an_endpoint_at_the_accepting_nodes_own_address_is_never_used() {
     assert!(d.endpoint.is_none());
     assert_eq!(d.rejected_endpoints.len(), 1);
     assert!(
-        plan.host.nft.rules(ChainId::Pre).is_empty(),
+        plan.host_state.nft.rules(ChainId::Pre).is_empty(),
         "nothing is programmed"
     );
     // Every agent says the same.
@@ -98,7 +98,10 @@ fn every_kind_of_non_pod_address_is_refused_with_its_own_words() {
         let (reason, message) = programmed(&plan);
         assert_eq!(reason, P::EndpointNotAllowed, "{address}: {message}");
         assert!(message.contains(words), "{address}: {message}");
-        assert!(plan.host.nft.rules(ChainId::Pre).is_empty(), "{address}");
+        assert!(
+            plan.host_state.nft.rules(ChainId::Pre).is_empty(),
+            "{address}"
+        );
     }
 }
 
@@ -313,7 +316,7 @@ fn the_endpoints_node_refuses_an_address_of_its_own_host_and_no_node_forwards_it
     assert_eq!(pod.writes.refusals.len(), 1, "{:?}", pod.writes.refusals);
     assert_eq!(pod.writes.refusals[0].message, message);
     assert!(
-        pod.host.nft.rules(ChainId::Pre).is_empty(),
+        pod.host_state.nft.rules(ChainId::Pre).is_empty(),
         "worker-b translates nothing to its own address"
     );
     let (reason, text) = programmed(&pod);
@@ -325,7 +328,7 @@ fn the_endpoints_node_refuses_an_address_of_its_own_host_and_no_node_forwards_it
     // Control: without the address on the host, worker-b builds its half.
     assert!(
         !c.plan_with("worker-b", &facts(&[], "wt0", 1400))
-            .host
+            .host_state
             .nft
             .rules(ChainId::Pre)
             .is_empty()
@@ -356,7 +359,7 @@ fn the_endpoints_node_refuses_an_address_of_its_own_host_and_no_node_forwards_it
         .refused[0]
         .message = "the kernel refused its nftables rules: no".into();
     assert_eq!(
-        reported.plan_with("edge-a", &edge_facts()).host,
-        forwarding.host
+        reported.plan_with("edge-a", &edge_facts()).host_state,
+        forwarding.host_state
     );
 }

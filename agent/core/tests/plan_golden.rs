@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 fn golden(case: &str, plan: &Plan) {
     let dir = format!("{}/testdata/golden", env!("CARGO_MANIFEST_DIR"));
-    let nft = nft_text(&plan.host.nft);
+    let nft = nft_text(&plan.host_state.nft);
     let report = PlanReport::new(plan);
     let host = serde_json::to_string_pretty(&json!({
         "links": report.host.links, "rules": report.host.rules, "routes": report.host.routes
@@ -18,7 +18,7 @@ fn golden(case: &str, plan: &Plan) {
     .expect("json")
         + "\n";
     // The IR itself, so the host layer's kernel tests apply exactly these states.
-    let ir = serde_json::to_string_pretty(&plan.host).expect("json") + "\n";
+    let ir = serde_json::to_string_pretty(&plan.host_state).expect("json") + "\n";
     for (file, actual) in [
         (format!("{case}.nft"), nft),
         (format!("{case}.host.json"), host),
@@ -49,7 +49,11 @@ fn host_facts() -> kuport_core::snapshot::HostFacts {
 #[test]
 fn empty() {
     let plan = edge_and_worker().plan_with("edge-a", &host_facts());
-    assert!(plan.host.nft.is_empty() && plan.host.links.is_empty() && plan.host.rules.is_empty());
+    assert!(
+        plan.host_state.nft.is_empty()
+            && plan.host_state.links.is_empty()
+            && plan.host_state.rules.is_empty()
+    );
     golden("empty", &plan);
 }
 
@@ -71,15 +75,15 @@ fn same_node_single_port() {
         .portmap(pm("games", "gs", "public", 3000))
         .portmap(pm("games", "rcon", "public", 4000).ifaces(&["wt0"]));
     let plan = c.plan_with("edge-a", &host_facts());
-    let pre = plan.host.nft.rules(ChainId::Pre);
+    let pre = plan.host_state.nft.rules(ChainId::Pre);
     assert_eq!(pre.len(), 3, "two interfaces for gs, one for rcon");
     assert!(
         pre.iter()
             .all(|r| matches!(r, Rule::Dnat(d) if d.mark == Some(MarkLayout::default().local())))
     );
-    assert!(plan.host.links.is_empty() && plan.host.routes.is_empty());
+    assert!(plan.host_state.links.is_empty() && plan.host_state.routes.is_empty());
     assert_eq!(
-        plan.host.rules.len(),
+        plan.host_state.rules.len(),
         1,
         "one local-mark rule however many mappings"
     );
@@ -117,14 +121,14 @@ fn remote_single() -> Cluster {
 #[test]
 fn accepting_node_with_remote_pod() {
     let plan = remote_single().plan_with("edge-a", &host_facts());
-    let link = &plan.host.links[0];
-    let pre = plan.host.nft.rules(ChainId::Pre);
+    let link = &plan.host_state.links[0];
+    let pre = plan.host_state.nft.rules(ChainId::Pre);
     assert!(
         pre.iter()
             .all(|r| matches!(r, Rule::Dnat(d) if d.to == link.peer_address && d.mark.is_some()))
     );
     assert!(
-        plan.host.routes.is_empty(),
+        plan.host_state.routes.is_empty(),
         "the accepting node replies by the main table"
     );
     golden("accepting-remote-pod", &plan);
@@ -134,13 +138,13 @@ fn accepting_node_with_remote_pod() {
 fn pod_node_single() {
     let plan = remote_single().plan_with("worker-b", &facts(&[], "wt0", 1420));
     assert_eq!(
-        plan.host.rules.len(),
+        plan.host_state.rules.len(),
         2,
         "loop guard and reply rule of the one link"
     );
-    assert_eq!(plan.host.routes.len(), 1);
+    assert_eq!(plan.host_state.routes.len(), 1);
     assert!(
-        plan.host
+        plan.host_state
             .nft
             .rules(ChainId::Mangle)
             .iter()
@@ -174,10 +178,10 @@ fn pod_node_multi_two_links() {
         .endpoint("games", "gs", "gs-0", "worker-b", "10.244.1.5", 3000)
         .portmap(pm("games", "gs", "vip", 3000));
     let plan = c.plan_with("worker-b", &facts(&[], "wt0", 1400));
-    assert_eq!(plan.host.links.len(), 2);
-    assert_eq!(plan.host.rules.len(), 4);
-    assert_eq!(plan.host.routes.len(), 2);
-    let mangle = plan.host.nft.rules(ChainId::Mangle);
+    assert_eq!(plan.host_state.links.len(), 2);
+    assert_eq!(plan.host_state.rules.len(), 4);
+    assert_eq!(plan.host_state.routes.len(), 2);
+    let mangle = plan.host_state.nft.rules(ChainId::Mangle);
     assert_eq!(mangle.len(), 4, "one save and one restore per link");
     golden("pod-node-multi-two-links", &plan);
 }
@@ -191,10 +195,10 @@ fn node_both_accepting_and_holding_the_pod_multi() {
     let d = decision(&plan, "games", "gs");
     assert_eq!(d.serving_node.as_deref(), Some("worker-b"));
     assert_eq!(*d.programming_nodes, ["edge-a", "edge-c", "worker-b"]);
-    let pre = plan.host.nft.rules(ChainId::Pre);
+    let pre = plan.host_state.nft.rules(ChainId::Pre);
     assert_eq!(pre.len(), 3, "its own wt0 plus one per link");
     assert!(
-        plan.host
+        plan.host_state
             .rules
             .iter()
             .any(|r| r.fwmark == MarkLayout::default().local() && r.table == 254)
@@ -213,14 +217,17 @@ fn filter_chains_hold_constant_rules_plus_one_per_link() {
     }
     for node in ["edge-a", "worker-b"] {
         let plan = c.plan_with(node, &host_facts());
-        let links = plan.host.links.len();
-        assert_eq!(plan.host.nft.rules(ChainId::Fwd).len(), 2, "{node}");
-        let mangle = plan.host.nft.rules(ChainId::Mangle).len();
+        let links = plan.host_state.links.len();
+        assert_eq!(plan.host_state.nft.rules(ChainId::Fwd).len(), 2, "{node}");
+        let mangle = plan.host_state.nft.rules(ChainId::Mangle).len();
         assert!(
             mangle == 1 || mangle == 2 * links,
             "{node}: mangle has {mangle} rules for {links} links"
         );
-        assert!(plan.host.nft.rules(ChainId::Pre).len() >= 51, "{node}");
+        assert!(
+            plan.host_state.nft.rules(ChainId::Pre).len() >= 51,
+            "{node}"
+        );
     }
 }
 
@@ -249,7 +256,7 @@ fn rendering_is_identical_for_shuffled_inputs() {
             shuffled.plan_with(node, &host_facts()),
         );
         assert_eq!(a, b, "{node}");
-        assert_eq!(nft_text(&a.host.nft), nft_text(&b.host.nft));
+        assert_eq!(nft_text(&a.host_state.nft), nft_text(&b.host_state.nft));
     }
 }
 

@@ -34,7 +34,7 @@ fn accepted(c: &Cluster, name: &str) -> (A, String) {
 #[test]
 fn accepting_nodes_steer_only_their_own_addresses_and_dnat_only_steered_packets() {
     let plan = remote().plan_with("edge-a", &edge_facts());
-    let steer = plan.host.nft.rules(ChainId::Steer);
+    let steer = plan.host_state.nft.rules(ChainId::Steer);
     let own: Vec<(String, String)> = steer
         .iter()
         .filter_map(|r| match r {
@@ -51,7 +51,7 @@ fn accepting_nodes_steer_only_their_own_addresses_and_dnat_only_steered_packets(
         "each bound interface is matched on its own address only"
     );
     let local = MarkLayout::default().local();
-    for rule in plan.host.nft.rules(ChainId::Pre) {
+    for rule in plan.host_state.nft.rules(ChainId::Pre) {
         let Rule::Dnat(d) = rule else {
             panic!("kup-pre holds DNAT only: {rule:?}")
         };
@@ -61,7 +61,7 @@ fn accepting_nodes_steer_only_their_own_addresses_and_dnat_only_steered_packets(
             "an accepting DNAT needs the steering mark"
         );
     }
-    let text = kuport_core::render::nft_text(&plan.host.nft);
+    let text = kuport_core::render::nft_text(&plan.host_state.nft);
     assert!(
         text.contains(&format!(
             "ip daddr {STAND_IN} ct mark & 0x000000ff == 0x00000001"
@@ -69,7 +69,7 @@ fn accepting_nodes_steer_only_their_own_addresses_and_dnat_only_steered_packets(
         "{text}"
     );
     assert_eq!(
-        plan.host.valid_mark_interfaces,
+        plan.host_state.valid_mark_interfaces,
         ["enp1s0", "wt0"],
         "src_valid_mark on the accepting interfaces"
     );
@@ -80,7 +80,7 @@ fn an_interface_without_a_known_address_captures_nothing() {
     let only_wt0 = facts(&[("wt0", "100.64.0.1")], "wt0", 1400);
     let plan = remote().plan_with("edge-a", &only_wt0);
     let ifaces: Vec<&str> = plan
-        .host
+        .host_state
         .nft
         .rules(ChainId::Pre)
         .iter()
@@ -95,22 +95,22 @@ fn an_interface_without_a_known_address_captures_nothing() {
 #[test]
 fn the_pod_node_steers_its_link_end_without_touching_the_packet_mark() {
     let plan = remote().plan_with("worker-b", &facts(&[], "wt0", 1400));
-    let link = &plan.host.links[0];
-    let steer = plan.host.nft.rules(ChainId::Steer);
+    let link = &plan.host_state.links[0];
+    let steer = plan.host_state.nft.rules(ChainId::Steer);
     assert!(
         steer.iter().all(|r| matches!(r, Rule::Steer(s)
             if s.iif == link.name && s.daddr == link.address.addr() && s.mark.is_none())),
         "{steer:?}"
     );
-    assert!(plan.host.valid_mark_interfaces.is_empty());
+    assert!(plan.host_state.valid_mark_interfaces.is_empty());
 }
 
 #[test]
 fn the_link_guard_admits_only_link_peers_on_the_underlay() {
     for node in ["edge-a", "worker-b"] {
         let plan = remote().plan_with(node, &edge_facts());
-        let guard = plan.host.nft.rules(ChainId::Guard);
-        let peer = plan.host.links[0].remote;
+        let guard = plan.host_state.nft.rules(ChainId::Guard);
+        let peer = plan.host_state.links[0].remote;
         assert_eq!(
             guard,
             [
@@ -132,7 +132,7 @@ fn the_link_guard_admits_only_link_peers_on_the_underlay() {
         .portmap(pm("games", "gs", "public", 3000))
         .plan_with("edge-a", &edge_facts());
     assert!(
-        local_only.host.nft.rules(ChainId::Guard).is_empty(),
+        local_only.host_state.nft.rules(ChainId::Guard).is_empty(),
         "no link, no guard"
     );
 }
@@ -141,25 +141,31 @@ fn the_link_guard_admits_only_link_peers_on_the_underlay() {
 fn link_ids_are_kept_from_the_host_and_new_links_take_a_free_one() {
     let c = remote();
     let fresh = c.plan_with("worker-b", &facts(&[], "wt0", 1400));
-    let name = fresh.host.links[0].name.clone();
+    let name = fresh.host_state.links[0].name.clone();
     let marks = MarkLayout::default();
-    assert_eq!(fresh.host.links[0].mark, marks.link_mark(1).expect("id 1"));
+    assert_eq!(
+        fresh.host_state.links[0].mark,
+        marks.link_mark(1).expect("id 1")
+    );
 
     // The host already carries this link as id 7, and another (stale) link as id 1.
     let mut f = facts(&[], "wt0", 1400);
     f.link_ids.insert(name.clone(), 7);
     f.link_ids.insert("kup-00000000".into(), 1);
     let kept = c.plan_with("worker-b", &f);
-    let link = &kept.host.links[0];
+    let link = &kept.host_state.links[0];
     assert_eq!(link.mark, marks.link_mark(7).expect("id 7"), "kept");
-    let tables: Vec<u32> = kept.host.routes.iter().map(|r| r.table).collect();
+    let tables: Vec<u32> = kept.host_state.routes.iter().map(|r| r.table).collect();
     assert_eq!(tables, [marks.table(link.mark)]);
 
     // An id taken by another link on the host is not handed out.
     let mut f = facts(&[], "wt0", 1400);
     f.link_ids.insert("kup-00000000".into(), 1);
     let other = c.plan_with("worker-b", &f);
-    assert_eq!(other.host.links[0].mark, marks.link_mark(2).expect("id 2"));
+    assert_eq!(
+        other.host_state.links[0].mark,
+        marks.link_mark(2).expect("id 2")
+    );
 }
 
 #[test]
@@ -228,13 +234,13 @@ fn a_non_default_layout_reaches_every_rule() {
     let mut f = edge_facts();
     f.marks = marks;
     let edge = remote().plan_with("edge-a", &f);
-    let text = kuport_core::render::nft_text(&edge.host.nft);
+    let text = kuport_core::render::nft_text(&edge.host_state.nft);
     assert!(
         text.contains("ct mark & 0x000000f0 == 0x00000010"),
         "{text}"
     );
     assert!(
-        edge.host
+        edge.host_state
             .rules
             .iter()
             .all(|r| r.fwmask == 0xf0 && r.fwmark == 0x10)
@@ -242,7 +248,7 @@ fn a_non_default_layout_reaches_every_rule() {
     let mut f = facts(&[], "wt0", 1400);
     f.marks = marks;
     let pod = remote().plan_with("worker-b", &f);
-    assert_eq!(pod.host.links[0].mark, 0x20);
+    assert_eq!(pod.host_state.links[0].mark, 0x20);
 }
 
 #[test]
@@ -332,23 +338,26 @@ fn a_class_subnet_over_the_stand_in_block_is_refused() {
 #[test]
 fn a_refused_link_takes_out_only_what_leads_into_it() {
     let pod = remote().plan_with("worker-b", &facts(&[], "wt0", 1400));
-    let name = pod.host.links[0].name.clone();
-    let cut = pod.host.without_links(std::slice::from_ref(&name));
+    let name = pod.host_state.links[0].name.clone();
+    let cut = pod.host_state.without_links(std::slice::from_ref(&name));
     assert!(cut.links.is_empty() && cut.routes.is_empty() && cut.rules.is_empty());
     assert!(cut.nft.rules(ChainId::Pre).is_empty());
     assert!(
         cut.nft.rules(ChainId::Steer).is_empty(),
         "no steer without its DNAT"
     );
-    assert_eq!(pod.host.without_links(&["kup-other".into()]), pod.host);
+    assert_eq!(
+        pod.host_state.without_links(&["kup-other".into()]),
+        pod.host_state
+    );
 
     // On the accepting node: the local mapping stays, the remote one goes.
     let c = remote()
         .endpoint("games", "local", "l-0", "edge-a", "10.244.0.7", 5000)
         .portmap(pm("games", "local", "public", 5000));
     let edge = c.plan_with("edge-a", &edge_facts());
-    let link = edge.host.links[0].name.clone();
-    let cut = edge.host.without_links(&[link]);
+    let link = edge.host_state.links[0].name.clone();
+    let cut = edge.host_state.without_links(&[link]);
     let comments: Vec<&str> = cut
         .nft
         .rules(ChainId::Steer)
@@ -368,7 +377,7 @@ fn a_refused_link_takes_out_only_what_leads_into_it() {
 fn the_transaction_sends_what_differs_and_recreates_what_cannot_change_in_place() {
     use kuport_core::render::{layout, transaction};
     let plan = remote().plan_with("edge-a", &edge_facts());
-    let planned = layout(&plan.host.nft);
+    let planned = layout(&plan.host_state.nft);
     let first = transaction(None, &planned);
     assert!(first.starts_with("add table ip kuport\n"), "{first}");
     assert!(first.contains("add counter ip kuport pre/games/gs\n"));
@@ -510,7 +519,7 @@ fn a_mapping_the_node_forwarded_before_the_socket_appeared_keeps_its_port_and_sa
 #[test]
 fn a_socket_yields_to_what_the_node_already_forwarded_when_first_seen_and_remembers_it() {
     use kuport_core::api::Protocol;
-    use kuport_core::snapshot::ProgrammedPort;
+    use kuport_core::ir::ProgrammedPort;
     let mut f = facts_with_sshd();
     let yields = |c: &Cluster, f: &kuport_core::snapshot::HostFacts| {
         let plan = c.plan_with("edge-a", f);
@@ -618,7 +627,7 @@ fn stand_in_addresses_are_refused_as_interface_and_node_addresses() {
         row.message
     );
     assert!(
-        plan.host
+        plan.host_state
             .nft
             .rules(ChainId::Steer)
             .iter()
@@ -641,14 +650,18 @@ fn stand_in_addresses_are_refused_as_interface_and_node_addresses() {
         .endpoint("games", "gs", "gs-0", "worker-b", "10.244.1.5", 3000)
         .portmap(pm("games", "gs", "public", 3000));
     let plan = c.plan("edge-a");
-    assert!(plan.host.links.is_empty(), "{:?}", plan.host.links);
+    assert!(
+        plan.host_state.links.is_empty(),
+        "{:?}",
+        plan.host_state.links
+    );
 }
 
 #[test]
 fn the_applied_state_names_the_ports_it_captures_as_an_accepting_node() {
     use kuport_core::api::Protocol;
     let edge = remote().plan_with("edge-a", &edge_facts());
-    let ports = edge.host.accepting_ports();
+    let ports = edge.host_state.accepting_ports();
     assert_eq!(
         ports.len(),
         1,
@@ -665,7 +678,7 @@ fn the_applied_state_names_the_ports_it_captures_as_an_accepting_node() {
     );
     // The pod's node forwards link traffic but captures nothing of its own.
     let pod = remote().plan_with("worker-b", &facts(&[], "wt0", 1400));
-    assert!(pod.host.accepting_ports().is_empty());
+    assert!(pod.host_state.accepting_ports().is_empty());
 }
 
 #[test]
@@ -674,22 +687,22 @@ fn a_refused_mapping_is_cut_alone_and_named_by_its_rules() {
         .endpoint("games", "local", "l-0", "edge-a", "10.244.0.7", 5000)
         .portmap(pm("games", "local", "public", 5000));
     let edge = c.plan_with("edge-a", &edge_facts());
-    let owners = edge.host.nft.owners();
+    let owners = edge.host_state.nft.owners();
     assert_eq!(
         owners
-            .mappings_in(&edge.host.nft)
+            .mappings_in(&edge.host_state.nft)
             .into_iter()
             .collect::<Vec<_>>(),
         ["games/gs", "games/local"]
     );
-    for rule in edge.host.nft.rules(ChainId::Steer) {
+    for rule in edge.host_state.nft.rules(ChainId::Steer) {
         assert!(
             owners.of_rule(rule).is_some(),
             "steering has an owner: {rule:?}"
         );
     }
     let cut = edge
-        .host
+        .host_state
         .nft
         .without_mappings(&["games/local".to_owned()].into_iter().collect());
     assert_eq!(
@@ -700,23 +713,23 @@ fn a_refused_mapping_is_cut_alone_and_named_by_its_rules() {
     // The guard and the marks belong to no mapping and stay.
     assert_eq!(
         cut.rules(ChainId::Guard),
-        edge.host.nft.rules(ChainId::Guard)
+        edge.host_state.nft.rules(ChainId::Guard)
     );
     assert_eq!(
         cut.rules(ChainId::Mangle),
-        edge.host.nft.rules(ChainId::Mangle)
+        edge.host_state.nft.rules(ChainId::Mangle)
     );
-    let mut reduced = edge.host.clone();
+    let mut reduced = edge.host_state.clone();
     reduced.nft = cut;
     assert_eq!(
-        edge.host
+        edge.host_state
             .mappings_cut_by(&reduced)
             .into_iter()
             .collect::<Vec<_>>(),
         ["games/local"]
     );
     // Every line of the transaction says what it adds, in the order it is written.
-    let planned = kuport_core::render::layout(&edge.host.nft);
+    let planned = kuport_core::render::layout(&edge.host_state.nft);
     let lines = kuport_core::render::transaction_lines(None, &planned);
     let script = kuport_core::render::transaction(None, &planned);
     assert_eq!(script.lines().count(), lines.len());
@@ -725,8 +738,8 @@ fn a_refused_mapping_is_cut_alone_and_named_by_its_rules() {
     }
 }
 
-fn refusal(mapping: &str, message: &str) -> kuport_core::snapshot::HostRefusal {
-    kuport_core::snapshot::HostRefusal {
+fn refusal(mapping: &str, message: &str) -> kuport_core::snapshot::KernelRefusal {
+    kuport_core::snapshot::KernelRefusal {
         mapping: mapping.into(),
         message: message.into(),
         link: None,
@@ -770,7 +783,10 @@ fn a_refusal_is_reported_under_its_class_and_turns_programmed_false() {
         "on node worker-b, the kernel refused its return link kup-x: VNI held"
     );
     // Its datapath is still asked for: the refused part is retried, nothing flaps.
-    assert_eq!(plan.host, remote().plan_with("edge-a", &edge_facts()).host);
+    assert_eq!(
+        plan.host_state,
+        remote().plan_with("edge-a", &edge_facts()).host_state
+    );
 
     // An entry of a node that no longer programs the mapping is ignored.
     c.class_mut("public")
@@ -806,13 +822,13 @@ fn a_refusal_is_reported_under_its_class_and_turns_programmed_false() {
 #[test]
 fn an_accepting_node_never_captures_a_port_its_own_socket_holds_before_its_row_says_so() {
     use kuport_core::api::Protocol;
-    use kuport_core::snapshot::ProgrammedPort;
+    use kuport_core::ir::ProgrammedPort;
     let dnat_ports = |plan: &kuport_core::plan::Plan| -> Vec<u16> {
-        plan.host
+        plan.host_state
             .nft
             .rules(ChainId::Pre)
             .iter()
-            .chain(plan.host.nft.rules(ChainId::Steer))
+            .chain(plan.host_state.nft.rules(ChainId::Steer))
             .filter_map(|r| match r {
                 Rule::Dnat(d) => Some(d.ports.first),
                 Rule::Steer(s) | Rule::MarkRequest(s) => Some(s.ports.first),

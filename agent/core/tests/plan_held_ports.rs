@@ -5,9 +5,10 @@
 use kuport_core::api::{
     DEFAULT_SYSTEM_RESERVED, PortSpan, Protocol, RELEASE_HELD_PORTS_ANNOTATION,
 };
+use kuport_core::ir::ProgrammedPort;
 use kuport_core::ir::{ChainId, Rule};
 use kuport_core::plan::{AcceptedReason as A, Plan};
-use kuport_core::snapshot::{HostFacts, HostSocket, ProgrammedPort};
+use kuport_core::snapshot::{HostFacts, HostSocket};
 use kuport_testkit::cluster::*;
 use serde_json::json;
 
@@ -48,7 +49,7 @@ fn accepted(c: &Cluster, namespace: &str, name: &str) -> (A, String) {
 
 /// The ports edge-a's plan steers (captures).
 fn captured(plan: &Plan) -> Vec<u16> {
-    plan.host
+    plan.host_state
         .nft
         .rules(ChainId::Steer)
         .iter()

@@ -102,7 +102,7 @@ fn no_ready_endpoint_variants() {
         let plan = c.plan("edge-a");
         let d = decision(&plan, "games", "gs");
         assert!(
-            d.published.is_empty() && d.endpoint.is_none() && plan.host.nft.is_empty(),
+            d.published.is_empty() && d.endpoint.is_none() && plan.host_state.nft.is_empty(),
             "{what}"
         );
         assert_eq!(
@@ -163,7 +163,7 @@ fn range_with_a_different_pod_port_is_not_programmed() {
         "{msg}"
     );
     let plan = c.plan("edge-a");
-    assert!(plan.host.nft.is_empty() && decision(&plan, "games", "gs").published.is_empty());
+    assert!(plan.host_state.nft.is_empty() && decision(&plan, "games", "gs").published.is_empty());
 }
 
 #[test]
@@ -202,7 +202,10 @@ fn none_mode_refuses_a_remote_pod() {
         p.message
     );
     assert!(d.published.is_empty() && d.links.is_empty());
-    assert!(plan.host.nft.is_empty(), "refused mappings program nothing");
+    assert!(
+        plan.host_state.nft.is_empty(),
+        "refused mappings program nothing"
+    );
 }
 
 #[test]
@@ -247,9 +250,9 @@ fn missing_or_unready_rows_quote_the_row() {
     );
     // The gate changes the condition, not the emission.
     let own = facts(&[("wt0", "100.64.0.1")], "wt0", 1400);
-    assert!(!c.plan_with("edge-a", &own).host.nft.is_empty());
+    assert!(!c.plan_with("edge-a", &own).host_state.nft.is_empty());
     // Without the interface's own address nothing can be steered, so nothing is captured.
-    assert!(c.plan("edge-a").host.nft.is_empty());
+    assert!(c.plan("edge-a").host_state.nft.is_empty());
 }
 
 #[test]
@@ -293,7 +296,10 @@ fn remote_pod_waits_for_its_claim_then_programs() {
     assert_eq!(reason, P::ReturnPathUnavailable);
     assert_eq!(msg, "return link for edge-a/worker-b is not claimed yet");
     let edge = c.plan("edge-a");
-    assert!(edge.host.nft.is_empty(), "no DNAT before the path exists");
+    assert!(
+        edge.host_state.nft.is_empty(),
+        "no DNAT before the path exists"
+    );
     assert!(
         edge.writes.claims.is_empty(),
         "only the pod's node proposes"
@@ -308,7 +314,7 @@ fn remote_pod_waits_for_its_claim_then_programs() {
         ("edge-a/worker-b", 0)
     );
     assert!(
-        worker.host.links.is_empty(),
+        worker.host_state.links.is_empty(),
         "a proposal is not a landed claim"
     );
 
@@ -337,7 +343,7 @@ fn a_link_end_without_internal_ip_is_reported() {
         msg.contains("node worker-b has no IPv4 InternalIP"),
         "{msg}"
     );
-    assert!(c.plan("edge-a").host.nft.is_empty());
+    assert!(c.plan("edge-a").host_state.nft.is_empty());
 }
 
 #[test]
@@ -513,7 +519,7 @@ fn a_standby_link_does_not_hold_up_programmed() {
     let d = decision(&c.plan("edge-a"), "games", "gs").clone();
     assert_eq!(d.serving_node.as_deref(), Some("edge-a"));
     let keys = |l: &[kuport_core::plan::NeededLink]| -> Vec<String> {
-        l.iter().map(|l| l.key.clone()).collect()
+        l.iter().map(|l| l.key.to_string()).collect()
     };
     assert_eq!(keys(&d.links), ["edge-a/worker-b"]);
     assert_eq!(keys(&d.standby_links), ["edge-c/worker-b"]);
@@ -532,17 +538,22 @@ fn both_ends_of_a_standby_link_are_programmed_once_claimed() {
         .claim("public", "edge-a/worker-b", 0)
         .claim("public", "edge-c/worker-b", 1);
     let worker = c.plan_with("worker-b", &facts(&[], "wt0", 1400));
-    let mut peers: Vec<&str> = worker.host.links.iter().map(|l| l.peer.as_str()).collect();
+    let mut peers: Vec<&str> = worker
+        .host_state
+        .links
+        .iter()
+        .map(|l| l.peer.as_str())
+        .collect();
     peers.sort_unstable();
     assert_eq!(peers, ["edge-a", "edge-c"], "the pod node holds both links");
     assert_eq!(
-        worker.host.rules.len(),
+        worker.host_state.rules.len(),
         4,
         "loop guard and reply rule per link"
     );
-    assert_eq!(worker.host.routes.len(), 2);
+    assert_eq!(worker.host_state.routes.len(), 2);
     let dnat_links: Vec<String> = worker
-        .host
+        .host_state
         .nft
         .rules(ChainId::Pre)
         .iter()
@@ -551,23 +562,28 @@ fn both_ends_of_a_standby_link_are_programmed_once_claimed() {
             _ => None,
         })
         .collect();
-    let names: Vec<String> = worker.host.links.iter().map(|l| l.name.clone()).collect();
+    let names: Vec<String> = worker
+        .host_state
+        .links
+        .iter()
+        .map(|l| l.name.clone())
+        .collect();
     assert_eq!(
         dnat_links, names,
         "arrival DNAT on both links, each matching only its own link"
     );
     // The standby edge builds the link and nothing that captures traffic.
     let standby = c.plan_with("edge-c", &edge_facts("100.64.0.3"));
-    assert_eq!(standby.host.links.len(), 1);
-    assert_eq!(standby.host.links[0].peer, "worker-b");
-    assert!(standby.host.nft.rules(ChainId::Pre).is_empty());
-    assert!(standby.host.nft.rules(ChainId::Steer).is_empty());
-    assert!(standby.host.rules.is_empty() && standby.host.routes.is_empty());
+    assert_eq!(standby.host_state.links.len(), 1);
+    assert_eq!(standby.host_state.links[0].peer, "worker-b");
+    assert!(standby.host_state.nft.rules(ChainId::Pre).is_empty());
+    assert!(standby.host_state.nft.rules(ChainId::Steer).is_empty());
+    assert!(standby.host_state.rules.is_empty() && standby.host_state.routes.is_empty());
     assert!(standby.writes.claims.is_empty() && standby.writes.gc.is_empty());
     // The serving edge forwards over its own link.
     let serving = c.plan_with("edge-a", &edge_facts("100.64.0.1"));
-    assert_eq!(serving.host.links.len(), 1);
-    assert!(!serving.host.nft.rules(ChainId::Pre).is_empty());
+    assert_eq!(serving.host_state.links.len(), 1);
+    assert!(!serving.host_state.nft.rules(ChainId::Pre).is_empty());
 }
 
 #[test]
@@ -598,7 +614,7 @@ fn moving_the_serving_edge_waits_for_no_claim_and_changes_only_the_new_edges_cap
     // The host keeps the ids its links were built with (read back from their tables).
     let mut worker_facts_after = worker_facts.clone();
     let base = worker_facts.marks.base;
-    for l in &worker_before.host.links {
+    for l in &worker_before.host_state.links {
         worker_facts_after
             .link_ids
             .insert(l.name.clone(), l.mark - base);
@@ -620,29 +636,29 @@ fn moving_the_serving_edge_waits_for_no_claim_and_changes_only_the_new_edges_cap
     }
     // The new serving edge keeps its link as it was and adds its capture.
     let (old, new) = (edge_c(&before), edge_c(&after));
-    assert_eq!(old.host.links, new.host.links);
-    assert!(old.host.nft.rules(ChainId::Pre).is_empty());
-    assert!(!new.host.nft.rules(ChainId::Pre).is_empty());
+    assert_eq!(old.host_state.links, new.host_state.links);
+    assert!(old.host_state.nft.rules(ChainId::Pre).is_empty());
+    assert!(!new.host_state.nft.rules(ChainId::Pre).is_empty());
     // The pod node's link to edge-c, its rules and route stay exactly as they were; only the
     // link to the edge that left goes.
     let (old, new) = (worker_before, worker_after);
     let kept = |p: &kuport_core::plan::Plan| {
         let link = p
-            .host
+            .host_state
             .links
             .iter()
             .find(|l| l.peer == "edge-c")
             .cloned()
             .expect("link to edge-c");
         let rules: Vec<_> = p
-            .host
+            .host_state
             .rules
             .iter()
             .filter(|r| r.fwmark == link.mark)
             .cloned()
             .collect();
         let routes: Vec<_> = p
-            .host
+            .host_state
             .routes
             .iter()
             .filter(|r| r.dev == link.name)
@@ -651,20 +667,20 @@ fn moving_the_serving_edge_waits_for_no_claim_and_changes_only_the_new_edges_cap
         (link, rules, routes)
     };
     assert_eq!(kept(&old), kept(&new));
-    assert_eq!(new.host.links.len(), 1);
+    assert_eq!(new.host_state.links.len(), 1);
 }
 
 #[test]
 fn a_refused_standby_link_is_not_reported_against_the_mapping() {
     use kuport_core::plan::link_name;
-    use kuport_core::snapshot::HostRefusal;
+    use kuport_core::snapshot::KernelRefusal;
     let c = two_edges()
         .claim("public", "edge-a/worker-b", 0)
         .claim("public", "edge-c/worker-b", 1);
     let refused = |peer: &str| {
         let mut f = facts(&[("wt0", "100.64.0.2")], "wt0", 1400);
         let link = link_name("public", peer);
-        f.refusals = vec![HostRefusal {
+        f.refusals = vec![KernelRefusal {
             mapping: "games/gs".into(),
             message: format!("the kernel refused its return link {link}: File exists"),
             link: Some(link),
@@ -716,7 +732,7 @@ fn two_pods(b_ready: bool) -> Cluster {
 fn the_next_endpoints_node_keeps_a_standby_link_so_an_endpoint_change_waits_for_no_claim() {
     use kuport_core::ir::ChainId;
     let keys = |l: &[kuport_core::plan::NeededLink]| -> Vec<String> {
-        l.iter().map(|l| l.key.clone()).collect()
+        l.iter().map(|l| l.key.to_string()).collect()
     };
     let before = two_pods(true);
     let d = decision(&before.plan("edge-a"), "games", "gs").clone();
@@ -748,12 +764,12 @@ fn the_next_endpoints_node_keeps_a_standby_link_so_an_endpoint_change_waits_for_
     // Once claimed, both ends build the device and nothing that captures traffic.
     let claimed = before.clone().claim("public", "edge-a/worker-c", 1);
     let standby_end = claimed.plan_with("worker-c", &facts(&[("wt0", "100.64.0.4")], "wt0", 1400));
-    assert_eq!(standby_end.host.links.len(), 1);
-    assert_eq!(standby_end.host.links[0].peer, "edge-a");
-    assert!(standby_end.host.nft.rules(ChainId::Pre).is_empty());
+    assert_eq!(standby_end.host_state.links.len(), 1);
+    assert_eq!(standby_end.host_state.links[0].peer, "edge-a");
+    assert!(standby_end.host_state.nft.rules(ChainId::Pre).is_empty());
     let edge = claimed.plan_with("edge-a", &facts(&[("wt0", "100.64.0.1")], "wt0", 1400));
     assert_eq!(
-        edge.host.links.len(),
+        edge.host_state.links.len(),
         2,
         "the serving link and the standby one"
     );

@@ -36,13 +36,13 @@ fn edge() -> HostState {
         "wt0",
         1400,
     );
-    cluster().plan_with("edge-a", &f).host
+    cluster().plan_with("edge-a", &f).host_state
 }
 
 fn worker() -> HostState {
     cluster()
         .plan_with("worker-b", &facts(&[], "wt0", 1400))
-        .host
+        .host_state
 }
 
 fn request(iif: &str, daddr: Ipv4Addr, local: &[Ipv4Addr]) -> Packet {
@@ -225,7 +225,7 @@ fn ephemeral_edge() -> HostState {
         "wt0",
         1400,
     );
-    c.plan_with("edge-a", &f).host
+    c.plan_with("edge-a", &f).host_state
 }
 
 #[test]

@@ -69,7 +69,7 @@ pub fn run(args: &PlanArgs<'_>) -> anyhow::Result<()> {
             json.push('\n');
             json
         }
-        Output::Nft => kuport_core::render::nft_text(&plan.host.nft),
+        Output::Nft => kuport_core::render::nft_text(&plan.host_state.nft),
         Output::Text => text_summary(&plan),
     };
     let mut stdout = std::io::stdout().lock();

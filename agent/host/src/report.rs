@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use kuport_core::snapshot::HostRefusal;
+use kuport_core::snapshot::KernelRefusal;
 
 /// What one apply changed. A second apply of the same IR reports zero mutations.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -99,11 +99,11 @@ impl Refusal {
     }
 
     /// The refusal as each mapping it takes out reports it (in its node's class row).
-    pub fn by_mapping(refusals: &[Refusal]) -> Vec<HostRefusal> {
-        let mut out: Vec<HostRefusal> = refusals
+    pub fn by_mapping(refusals: &[Refusal]) -> Vec<KernelRefusal> {
+        let mut out: Vec<KernelRefusal> = refusals
             .iter()
             .flat_map(|r| {
-                r.mappings.iter().map(|m| HostRefusal {
+                r.mappings.iter().map(|m| KernelRefusal {
                     mapping: m.clone(),
                     message: format!("the kernel refused its {}: {}", r.unit, r.message),
                     link: r.link.clone(),

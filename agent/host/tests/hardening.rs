@@ -124,8 +124,8 @@ fn ephemeral_state() -> HostState {
         .portmap(pm("games", "eph-tcp", "public", 32768).end(60999).tcp());
     let f = facts(&[("enp1s0", DIALED), ("wt0", "100.64.0.1")], "wt0", 1500);
     let plan = c.plan_with("edge-a", &f);
-    assert!(!plan.host.nft.is_empty());
-    plan.host
+    assert!(!plan.host_state.nft.is_empty());
+    plan.host_state
 }
 
 /// The stateless steering rule kuport wrote before: every packet to a mapped port, replies of

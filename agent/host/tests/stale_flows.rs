@@ -297,8 +297,10 @@ fn stale_flows_cross_node() {
     let moved = cross_cluster_with_gs_at("10.244.3.5");
     let edge_moved = moved
         .plan_with("edge-a", &facts(&[("enp1s0", DIALED)], "wt0", 1500))
-        .host;
-    let worker_moved = moved.plan_with("worker-b", &facts(&[], "wt0", 1500)).host;
+        .host_state;
+    let worker_moved = moved
+        .plan_with("worker-b", &facts(&[], "wt0", 1500))
+        .host_state;
     assert_eq!(edge_moved, edge, "the edge sends the mapping the same way");
     assert_ne!(worker_moved, worker);
     apply(&t.edge, &edge_moved);

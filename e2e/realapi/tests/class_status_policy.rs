@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, PostParams};
 use kuport_core::api::PortMapClass;
 use kuport_core::plan::merge::{ClassPart, merge_class_status};
-use kuport_core::plan::{ClaimProposal, ClassRowWrite, GcAction, GcKind, RefusalWrite};
+use kuport_core::plan::{ClaimProposal, ClassRowWrite, GcAction, GcKind, KernelRefusalWrite};
 use kuport_realapi::ControlPlane;
 use kuport_testkit::objects::{self, AGENT_ACCOUNT, DAEMONSET_NAMESPACE, bare_agent_pod};
 use serde_json::{Value, json};
@@ -434,7 +434,7 @@ async fn each_agent_changes_only_its_own_part_of_a_class_status() {
         key: "n2/n3".into(),
         action: GcKind::MarkUnused,
     };
-    let refusal = RefusalWrite {
+    let refusal = KernelRefusalWrite {
         class: CLASS.into(),
         mapping: "games/y".into(),
         message: "refused on n1".into(),

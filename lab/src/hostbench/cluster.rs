@@ -122,7 +122,7 @@ pub fn snapshot(n: usize, moved: bool) -> Result<Snapshot> {
 pub fn host_state(snap: &Snapshot, target_last: bool) -> Result<HostState> {
     let p = plan(snap, NODE, &facts(), now()?);
     let dnat: Vec<_> = p
-        .host
+        .host_state
         .nft
         .rules(ChainId::Pre)
         .iter()
@@ -141,7 +141,7 @@ pub fn host_state(snap: &Snapshot, target_last: bool) -> Result<HostState> {
     }
     let last_pre = dnat.last().map(|d| (d.ports.first, d.to));
     let last_post = p
-        .host
+        .host_state
         .nft
         .rules(ChainId::Post)
         .last()
@@ -156,7 +156,7 @@ pub fn host_state(snap: &Snapshot, target_last: bool) -> Result<HostState> {
              kup-post with {last_post:?})"
         );
     }
-    Ok(p.host)
+    Ok(p.host_state)
 }
 
 /// Number of rules in the IR's table (one per mapping and chain).

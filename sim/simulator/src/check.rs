@@ -254,7 +254,7 @@ pub fn differences(world: &World) -> Result<Vec<String>, WorldError> {
         let facts = world.host_facts(name).unwrap_or_else(|| slot.facts.clone());
         let want = plan(&snapshot, name, &facts, world.node_now(name));
         let have = slot.host.applied();
-        if have != want.host {
+        if have != want.host_state {
             out.push(format!("node {name}: the host differs from the plan"));
         }
         reference.get_or_insert(want);

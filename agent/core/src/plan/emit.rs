@@ -5,28 +5,21 @@ use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 
-use super::classes::{ClassState, pair_key};
+use super::MappingDecision;
+use super::holders::{self, Holder};
 use super::index::Index;
-use super::mapping::Working;
+use super::pod_network;
+use super::state::{ClassState, Working, link_name, yields_to};
 use crate::ir::{
-    ChainId, Counter, DnatRule, HostState, IpRule, LINK_PREFIX, LINK_TTL, Link, MAIN_TABLE,
-    PREF_LOOP_GUARD, PREF_REPLY, PortRange, RP_FILTER_LOOSE, Route, Rule, SnatRule, SteerRule,
-    VXLAN_OVERHEAD,
+    ChainId, Counter, DnatRule, HostState, IpRule, LINK_TTL, Link, MAIN_TABLE, PREF_LOOP_GUARD,
+    PREF_REPLY, PortRange, RP_FILTER_LOOSE, Route, Rule, SnatRule, SteerRule, VXLAN_OVERHEAD,
 };
+use crate::keys::{MappingKey, NodePair};
 use crate::snapshot::HostFacts;
 use crate::text::short_hash;
 
 /// nft comments (and kuport's counter names) hold at most this many bytes.
 pub const NFT_TEXT_MAX: usize = 128;
-
-/// Device name of the link from this node to `peer` in `class`.
-pub fn link_name(class: &str, peer: &str) -> String {
-    let mut key = String::with_capacity(class.len() + 1 + peer.len());
-    key.push_str(class);
-    key.push('/');
-    key.push_str(peer);
-    format!("{LINK_PREFIX}{}", short_hash(&key))
-}
 
 /// `text` if it fits nft's limit, else its head plus `_` and 8 hex digits of its sha256 (`_`
 /// never occurs in a Kubernetes name, and nft reads it unquoted in an object name).
@@ -58,7 +51,7 @@ fn usable_link(index: &Index, class: &ClassState, this_node: &str, peer: &str) -
     if !class.builds_links() {
         return None;
     }
-    let key = pair_key(this_node, peer);
+    let key = NodePair::new(this_node, peer)?;
     if class.evicted.contains(&key) {
         // A serving pair takes this slot over: the link goes before the new one (same VNI)
         // is built.
@@ -93,7 +86,7 @@ struct Emitter<'a> {
     /// the host are kept for them, and any other link's id may be taken for one.
     serving_links: BTreeSet<String>,
     /// What holds ports on this node now (host sockets, NodePorts, its Pods' hostPorts).
-    holders: Vec<super::holders::Holder>,
+    holders: Vec<Holder>,
 }
 
 /// Everything `this_node` must own.
@@ -105,7 +98,7 @@ pub fn emit(
     facts: &HostFacts,
 ) -> HostState {
     let mut e = Emitter {
-        holders: super::holders::on_node(&index.node_ports, &index.host_ports, this_node, facts),
+        holders: holders::on_node(&index.node_ports, &index.host_ports, this_node, facts),
         index,
         facts,
         node: this_node,
@@ -155,7 +148,7 @@ impl Emitter<'_> {
     }
 
     fn counter(&mut self, chain: ChainId, namespace: &str, name: &str) -> (String, String) {
-        let comment = fit_nft_text(&format!("{namespace}/{name}"));
+        let comment = fit_nft_text(MappingKey::new(namespace, name).as_str());
         let counter = fit_nft_text(&format!("{}/{namespace}/{name}", chain.label()));
         self.state.nft.counters.push(Counter {
             name: counter.clone(),
@@ -173,8 +166,8 @@ impl Emitter<'_> {
         };
         // The endpoint is an address of its node's own host: that node leaves the mapping out
         // (and says so), and no accepting node forwards it toward the link.
-        if super::pod_network::local_endpoint(d, self.node, self.facts).is_some()
-            || super::pod_network::refused_as_local(class.class, d)
+        if pod_network::local_endpoint(d, self.node, self.facts).is_some()
+            || pod_network::refused_as_local(class.class, d)
         {
             return;
         }
@@ -208,7 +201,7 @@ impl Emitter<'_> {
         let (Some(ep), Some(ports)) = (&d.endpoint, d.ports) else {
             return;
         };
-        if super::pod_network::local_endpoint(d, self.node, self.facts).is_some() {
+        if pod_network::local_endpoint(d, self.node, self.facts).is_some() {
             return;
         }
         let translated = (!ports.is_range() && ports.first != ep.port).then_some(ep.port);
@@ -230,7 +223,7 @@ impl Emitter<'_> {
     fn accepting(
         &mut self,
         class: &ClassState,
-        d: &super::MappingDecision,
+        d: &MappingDecision,
         translated: Option<u16>,
         pod_ports: PortRange,
         ports: PortRange,
@@ -290,7 +283,7 @@ impl Emitter<'_> {
     fn held_here(
         &self,
         class: &str,
-        d: &super::MappingDecision,
+        d: &MappingDecision,
         addr: Ipv4Addr,
         ports: PortRange,
     ) -> bool {
@@ -307,17 +300,18 @@ impl Emitter<'_> {
         if in_range.peek().is_none() {
             return false;
         }
-        let mapping = format!("{}/{}", d.namespace, d.name);
+        let mapping = MappingKey::new(&d.namespace, &d.name);
         let stored_row = self.index.row(class, self.node);
         in_range.any(|s| {
-            !super::status::yields_to(
+            !yields_to(
                 s.protocol,
                 s.port,
                 &s.address.to_string(),
                 self.facts,
                 stored_row,
             )
-            .contains(&mapping)
+            .iter()
+            .any(|m| mapping == *m)
         })
     }
 
@@ -325,7 +319,7 @@ impl Emitter<'_> {
     fn pod_half(
         &mut self,
         class: &ClassState,
-        d: &super::MappingDecision,
+        d: &MappingDecision,
         p: &str,
         translated: Option<u16>,
         pod_ports: PortRange,
@@ -412,13 +406,13 @@ impl Emitter<'_> {
 
     fn steer(
         &mut self,
-        d: &super::MappingDecision,
+        d: &MappingDecision,
         iif: String,
         daddr: Ipv4Addr,
         mark: Option<u32>,
         ports: PortRange,
     ) {
-        let comment = fit_nft_text(&format!("{}/{}", d.namespace, d.name));
+        let comment = fit_nft_text(MappingKey::new(&d.namespace, &d.name).as_str());
         let rule = SteerRule {
             iif,
             daddr,
@@ -435,7 +429,7 @@ impl Emitter<'_> {
 
     fn dnat(
         &mut self,
-        d: &super::MappingDecision,
+        d: &MappingDecision,
         iif: String,
         mark: Option<u32>,
         to: Ipv4Addr,
@@ -456,7 +450,7 @@ impl Emitter<'_> {
         self.push(ChainId::Pre, Rule::Dnat(rule));
     }
 
-    fn snat(&mut self, d: &super::MappingDecision, daddr: Ipv4Addr, ports: PortRange) {
+    fn snat(&mut self, d: &MappingDecision, daddr: Ipv4Addr, ports: PortRange) {
         let (counter, comment) = self.counter(ChainId::Post, &d.namespace, &d.name);
         let rule = SnatRule {
             daddr,

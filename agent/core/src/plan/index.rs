@@ -57,25 +57,7 @@ pub struct HeldRow<'a> {
 
 impl<'a> Index<'a> {
     pub fn build(snapshot: &'a Snapshot) -> Self {
-        let mut nodes = BTreeMap::new();
-        for node in &snapshot.nodes {
-            if let Some(name) = node.metadata.name.as_deref() {
-                let info = NodeInfo {
-                    ready: node_is_ready(node),
-                    internal_ip: node_internal_ip(node),
-                };
-                // Duplicate names cannot come from an API server; keep the first deterministically
-                // by preferring the entry that sorts first on (ready, ip).
-                nodes
-                    .entry(name)
-                    .and_modify(|old: &mut NodeInfo| {
-                        if (info.ready, info.internal_ip) > (old.ready, old.internal_ip) {
-                            *old = info.clone();
-                        }
-                    })
-                    .or_insert(info);
-            }
-        }
+        let nodes = nodes_by_name(snapshot);
         let namespaces = snapshot
             .namespaces
             .iter()
@@ -98,19 +80,7 @@ impl<'a> Index<'a> {
                 rows.entry((*name, row.name.as_str())).or_insert(row);
             }
         }
-        let mut slices: BTreeMap<(&str, &str), Vec<&EndpointSlice>> = BTreeMap::new();
-        for slice in &snapshot.endpoint_slices {
-            let ns = slice.metadata.namespace.as_deref().unwrap_or_default();
-            let Some(svc) = slice
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(SERVICE_NAME_LABEL))
-            else {
-                continue;
-            };
-            slices.entry((ns, svc.as_str())).or_default().push(slice);
-        }
+        let slices = slices_by_service(snapshot);
         let mut portmaps: Vec<&PortMap> = snapshot.portmaps.iter().collect();
         portmaps.sort_by(|a, b| conflict_key(a).cmp(&conflict_key(b)));
         // The API server cannot hold two objects with one name; an offline dump can. Keep the
@@ -169,6 +139,48 @@ impl<'a> Index<'a> {
     pub fn row(&self, class: &str, node: &str) -> Option<&'a ClassNodeStatus> {
         self.rows.get(&(class, node)).copied()
     }
+}
+
+/// Each Node's readiness and InternalIP, by name.
+fn nodes_by_name(snapshot: &Snapshot) -> BTreeMap<&str, NodeInfo> {
+    let mut nodes = BTreeMap::new();
+    for node in &snapshot.nodes {
+        if let Some(name) = node.metadata.name.as_deref() {
+            let info = NodeInfo {
+                ready: node_is_ready(node),
+                internal_ip: node_internal_ip(node),
+            };
+            // Duplicate names cannot come from an API server; keep the first deterministically
+            // by preferring the entry that sorts first on (ready, ip).
+            nodes
+                .entry(name)
+                .and_modify(|old: &mut NodeInfo| {
+                    if (info.ready, info.internal_ip) > (old.ready, old.internal_ip) {
+                        *old = info.clone();
+                    }
+                })
+                .or_insert(info);
+        }
+    }
+    nodes
+}
+
+/// The EndpointSlices of each Service, by (namespace, Service name).
+fn slices_by_service(snapshot: &Snapshot) -> BTreeMap<(&str, &str), Vec<&EndpointSlice>> {
+    let mut slices: BTreeMap<(&str, &str), Vec<&EndpointSlice>> = BTreeMap::new();
+    for slice in &snapshot.endpoint_slices {
+        let ns = slice.metadata.namespace.as_deref().unwrap_or_default();
+        let Some(svc) = slice
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(SERVICE_NAME_LABEL))
+        else {
+            continue;
+        };
+        slices.entry((ns, svc.as_str())).or_default().push(slice);
+    }
+    slices
 }
 
 fn held_rows_of<'a>(

@@ -5,35 +5,17 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::bindings::{Bindings, SetId};
-use super::classes::{ClassState, pair_key};
 use super::index::{HeldRow, Index};
 use super::reasons::{AcceptedReason, Outcome, ProgrammedReason};
+use super::state::{ClassState, Group, Working, standby_only};
 use super::{MappingDecision, NeededLink, endpoint, selector};
 use crate::api::{
     MAX_PORT, MIN_PORT, PortMap, PortMapClass, Protocol, PublishedAddress, ReturnPathMode,
     ServingMode,
 };
 use crate::ir::PortRange;
-use crate::snapshot::{HostFacts, HostRefusal};
-
-/// A mapping being resolved.
-pub struct Working<'a> {
-    pub pm: &'a PortMap,
-    pub decision: MappingDecision,
-    /// True when some programming node is not the pod's node.
-    pub remote: bool,
-    /// The mapping's binding set (when its class exists).
-    pub set: Option<SetId>,
-    /// What decides its programming nodes, bindings and published rows, once resolved: mappings
-    /// with the same group share them.
-    pub group: Option<Group<'a>>,
-    /// Why no endpoint is used although ready ones exist (none is a pod address).
-    pub endpoint_rejection: Option<String>,
-}
-
-/// Class, binding set, and the serving node of a Single class (a Multi class programs every
-/// accepting node, whichever serves).
-pub type Group<'a> = (&'a str, SetId, Option<&'a str>);
+use crate::keys::{MappingKey, NodePair};
+use crate::snapshot::HostFacts;
 
 /// Admission of every PortMap, walking them in conflict order. Also returns the interned
 /// binding sets, which resolution reuses.
@@ -198,10 +180,8 @@ fn check(
     }
     // Earliest wins: a mapping accepted before a host socket took its port keeps it, and says
     // so; a new or changed one is refused the port.
-    let holder = format!(
-        "{namespace}/{}",
-        pm.metadata.name.as_deref().unwrap_or_default()
-    );
+    let holder =
+        MappingKey::new(namespace, pm.metadata.name.as_deref().unwrap_or_default()).into_string();
     let host_clash = held_on_accepting_node(index, class_name, spec, ports, &holder);
     if let Some(clash) = host_clash
         .as_ref()
@@ -414,8 +394,8 @@ pub fn resolve_all<'a>(
             continue;
         };
         let choice = endpoint::choose(index, w.pm, &class.accepting);
-        let service = format!("{}/{}", w.decision.namespace, w.pm.spec.service_ref.name);
-        w.endpoint_rejection = endpoint::rejection_message(&service, &choice);
+        let service = MappingKey::new(&w.decision.namespace, &w.pm.spec.service_ref.name);
+        w.endpoint_rejection = endpoint::rejection_message(service.as_str(), &choice);
         let d = &mut w.decision;
         d.endpoint = choice.endpoint;
         d.rejected_endpoints = choice.rejected;
@@ -448,36 +428,51 @@ pub fn resolve_all<'a>(
             .clone();
         d.programming_nodes = nodes;
         d.bindings = bound;
-        let all = &bindings.set(set).by_node;
         w.remote = d.programming_nodes.iter().any(|n| *n != ep.node);
-        let range_translation = d.ports.is_some_and(|p| p.is_range() && p.first != ep.port);
-        let refused = w.remote && class.mode == ReturnPathMode::None;
-        d.emits = !range_translation && !refused;
-        if d.emits && w.remote && class.builds_links() {
-            d.links = d
-                .programming_nodes
-                .iter()
-                // A node binding nothing emits nothing, so it needs no link.
-                .filter(|p| **p != ep.node && d.bindings.get(*p).is_some_and(|i| !i.is_empty()))
-                .map(|p| NeededLink {
-                    class: d.class.clone(),
-                    key: pair_key(p, &ep.node),
-                    slot: None,
-                    landed: false,
-                })
-                .collect();
-            d.links.sort();
-            d.links.dedup();
-            if single && serving != ep.node {
-                d.standby_links = standby_links(d, &class.accepting, all, &ep.node);
-            }
+        let all = &bindings.set(set).by_node;
+        needed_links(index, class, w, serving, all);
+    }
+}
+
+/// Whether the mapping emits rules at all, and the serving and standby links it needs.
+fn needed_links(
+    index: &Index,
+    class: &ClassState,
+    w: &mut Working,
+    serving: &str,
+    all: &BTreeMap<String, Vec<String>>,
+) {
+    let d = &mut w.decision;
+    let Some(ep) = &d.endpoint else { return };
+    let range_translation = d.ports.is_some_and(|p| p.is_range() && p.first != ep.port);
+    let refused = w.remote && class.mode == ReturnPathMode::None;
+    d.emits = !range_translation && !refused;
+    if d.emits && w.remote && class.builds_links() {
+        d.links = d
+            .programming_nodes
+            .iter()
+            // A node binding nothing emits nothing, so it needs no link.
+            .filter(|p| **p != ep.node && d.bindings.get(*p).is_some_and(|i| !i.is_empty()))
+            .filter_map(|p| NodePair::new(p, &ep.node))
+            .map(|key| NeededLink {
+                class: d.class.clone(),
+                key,
+                slot: None,
+                landed: false,
+            })
+            .collect();
+        d.links.sort();
+        d.links.dedup();
+        let single = class.class.spec.serving_mode == ServingMode::Single;
+        if single && serving != ep.node {
+            d.standby_links = standby_links(d, &class.accepting, all, &ep.node);
         }
-        if d.emits && class.builds_links() {
-            let alternates = endpoint_standby_links(index, w.pm, class, d);
-            d.standby_links.extend(alternates);
-            d.standby_links.sort();
-            d.standby_links.dedup();
-        }
+    }
+    if d.emits && class.builds_links() {
+        let alternates = endpoint_standby_links(index, w.pm, class, d);
+        d.standby_links.extend(alternates);
+        d.standby_links.sort();
+        d.standby_links.dedup();
     }
 }
 
@@ -506,7 +501,7 @@ fn endpoint_standby_links(
         .filter(|p| d.bindings.get(*p).is_some_and(|i| !i.is_empty()))
         .collect();
     next.iter()
-        .flat_map(|node| serving.iter().map(move |p| pair_key(p, node)))
+        .flat_map(|node| serving.iter().filter_map(move |p| NodePair::new(p, node)))
         .filter(|key| !d.links.iter().any(|l| l.key == *key))
         .map(|key| NeededLink {
             class: d.class.clone(),
@@ -553,9 +548,10 @@ fn standby_links(
         .filter(|n| **n != pod_node && !d.programming_nodes.iter().any(|p| p == *n))
         .filter(|n| bound.get(**n).is_some_and(|i| !i.is_empty()))
         .take(STANDBY_LINKS)
-        .map(|n| NeededLink {
+        .filter_map(|n| NodePair::new(n, pod_node))
+        .map(|key| NeededLink {
             class: d.class.clone(),
-            key: pair_key(n, pod_node),
+            key,
             slot: None,
             landed: false,
         })
@@ -590,7 +586,7 @@ pub fn gate_all(
         if let (true, Some(class)) = (w.decision.accepted.is_true(), class) {
             let mut outcome = programmed(index, class, w);
             if outcome.is_true()
-                && let Some(message) = host_refusal(class, &w.decision, this_node, facts)
+                && let Some(message) = kernel_refusal(class, &w.decision, this_node, facts)
             {
                 outcome = Outcome::new(ProgrammedReason::HostRefused, message);
             }
@@ -654,12 +650,12 @@ fn programmed(index: &Index, class: &ClassState, w: &Working) -> Outcome<Program
             ),
         );
     }
-    if let (true, Some(refusal)) = (w.remote, &class.refusal) {
+    if let (true, Some(invalid)) = (w.remote, &class.invalid) {
         return Outcome::new(
             R::ReturnPathUnavailable,
             format!(
                 "class {} builds no return links ({}): {}",
-                class.name, refusal.reason, refusal.message
+                class.name, invalid.reason, invalid.message
             ),
         );
     }
@@ -746,7 +742,8 @@ fn link_gates(index: &Index, class: &ClassState, w: &Working) -> Option<Outcome<
             };
             return Some(Outcome::new(R::ReturnPathUnavailable, message));
         }
-        if let Some(node) = link.key.split('/').find(|n| index.internal_ip(n).is_none()) {
+        let (a, b) = link.key.nodes();
+        if let Some(node) = [a, b].into_iter().find(|n| index.internal_ip(n).is_none()) {
             return Some(Outcome::new(
                 R::ReturnPathUnavailable,
                 format!(
@@ -763,7 +760,7 @@ fn link_gates(index: &Index, class: &ClassState, w: &Working) -> Option<Outcome<
 /// of a return link) reported its kernel refused of it: this node from its own last apply,
 /// the others from their entries in the class status. Only asked once every other gate
 /// passed would let the mapping be programmed.
-fn host_refusal(
+fn kernel_refusal(
     class: &ClassState,
     d: &MappingDecision,
     this_node: &str,
@@ -781,7 +778,7 @@ fn host_refusal(
     if stored.is_empty() && facts.refusals.is_empty() && local.is_none() {
         return None;
     }
-    let mapping = format!("{}/{}", d.namespace, d.name);
+    let mapping = MappingKey::new(&d.namespace, &d.name);
     let mut nodes: Vec<&str> = d.programming_nodes.iter().map(String::as_str).collect();
     nodes.push(ep.node.as_str());
     nodes.sort_unstable();
@@ -794,33 +791,19 @@ fn host_refusal(
                     facts
                         .refusals
                         .iter()
-                        .find(|r| r.mapping == mapping && !standby_only(d, this_node, r))
+                        .find(|r| mapping == r.mapping && !standby_only(d, this_node, r))
                         .map(|r| &r.message)
                 })
             } else {
                 stored
                     .iter()
-                    .find(|r| r.node == node && r.mapping == mapping)
+                    .find(|r| r.node == node && mapping == r.mapping)
                     .map(|r| &r.message)
             }?;
             Some(format!("on node {node}, {message}"))
         })
         .collect();
     (!found.is_empty()).then(|| found.join("; "))
-}
-
-/// True when `refusal` is of a return link that, on `this_node`, `d` keeps only as a standby
-/// link: the mapping's traffic does not use it, so losing it does not stop the mapping (the
-/// agent logs the refusal; a failover to that edge would wait for the link).
-pub fn standby_only(d: &MappingDecision, this_node: &str, refusal: &HostRefusal) -> bool {
-    let Some(link) = refusal.link.as_deref() else {
-        return false;
-    };
-    let is = |l: &NeededLink| {
-        l.peer_of(this_node)
-            .is_some_and(|peer| super::emit::link_name(&l.class, peer) == link)
-    };
-    !d.links.iter().any(is) && d.standby_links.iter().any(is)
 }
 
 /// Programmed, but a programming node reported that its own firewall is known to drop mapped

@@ -13,9 +13,11 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
-use super::classes::{usable_slots, valid_claims};
+use super::classes::usable_slots;
+use super::state::valid_claims;
 use super::{
-    CLAIM_GC_AFTER_SECONDS, ClaimProposal, ClassRowWrite, GcAction, GcKind, RefusalWrite, Writes,
+    CLAIM_GC_AFTER_SECONDS, ClaimProposal, ClassRowWrite, GcAction, GcKind, KernelRefusalWrite,
+    Writes,
 };
 use crate::api::{
     LinkClaim, PortMapClass, PortMapClassStatus, PortMapStatus, RefusedMapping, conditions,
@@ -31,7 +33,7 @@ pub struct ClassPart<'a> {
     /// Its GC actions.
     pub gc: Vec<&'a GcAction>,
     /// What its kernel refused of the class's mappings (replacing its earlier entries).
-    pub refused: Vec<&'a RefusalWrite>,
+    pub refused: Vec<&'a KernelRefusalWrite>,
 }
 
 /// The result of merging one node's part into a class status.
@@ -220,7 +222,7 @@ fn land_claims(
     for claim in claims {
         // Read afresh for each proposal: the ones landed before it hold their slots too.
         let held = valid_claims(&status.links, usable_slots);
-        if held.contains_key(&claim.key) {
+        if held.contains_key(claim.key.as_str()) {
             // Another writer landed the pair already; its slot is the one that counts.
             continue;
         }
@@ -230,8 +232,8 @@ fn land_claims(
             .iter()
             .find(|(_, c)| c.slot == claim.slot)
             .map(|(k, _)| k);
-        let free =
-            claim.slot < usable_slots && holder.is_none_or(|k| claim.replaces.as_ref() == Some(k));
+        let free = claim.slot < usable_slots
+            && holder.is_none_or(|k| claim.replaces.as_deref() == Some(k.as_str()));
         let slot = match (free, i32::try_from(claim.slot)) {
             (true, Ok(slot)) => slot,
             _ => {
@@ -356,26 +358,13 @@ pub fn portmap_status_equivalent(a: &PortMapStatus, b: &PortMapStatus) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use kuport_testkit::cluster::{ready_condition as cond, timestamp as ts};
+
     use super::*;
     use crate::api::ClassNodeStatus;
 
     /// The version a test agent stamps into its rows.
     const VERSION: &str = "1.2.3";
-
-    fn ts(s: &str) -> Timestamp {
-        s.parse().expect("timestamp")
-    }
-
-    fn cond(status: &str, reason: &str, at: &str) -> Condition {
-        Condition {
-            type_: "Ready".into(),
-            status: status.into(),
-            reason: reason.into(),
-            message: format!("{reason}."),
-            last_transition_time: Time(ts(at)),
-            observed_generation: Some(1),
-        }
-    }
 
     fn row(node: &str) -> ClassNodeStatus {
         ClassNodeStatus {
@@ -476,7 +465,7 @@ mod tests {
             refused: vec![entry("a", "games/x"), entry("b", "games/old")],
             ..Default::default()
         };
-        let write = RefusalWrite {
+        let write = KernelRefusalWrite {
             class: "public".into(),
             mapping: "games/new".into(),
             message: "refused on b".into(),
@@ -682,7 +671,7 @@ mod tests {
                 named: 1,
             }],
             claims: vec![proposal("n1/n2", 0)],
-            refusals: vec![RefusalWrite {
+            refusals: vec![KernelRefusalWrite {
                 class: "lan".into(),
                 mapping: "games/gs".into(),
                 message: "refused".into(),

@@ -4,6 +4,23 @@
 //! The global part of the result (every mapping and class decision, except the addresses inside
 //! `published`) depends neither on which node computes it, nor on host facts, nor on the order of
 //! any input list: that is what lets agents agree without a leader.
+//!
+//! The stages of a pass share their working state through [`state`] and depend on nothing of
+//! each other (`state`'s documentation gives their order).
+//!
+//! # Kernel refusals, stage by stage
+//!
+//! When this node's kernel refuses part of what the plan asked for, the refusal travels through
+//! four types, each named for the stage it is at:
+//!
+//! 1. `kuport_host::Refusal`: what the kernel refused in an apply (a link, or a batch of rules),
+//!    with the mappings it takes out.
+//! 2. [`crate::snapshot::KernelRefusal`]: one refused mapping, fed back into the next plan as a
+//!    host fact.
+//! 3. [`KernelRefusalWrite`]: the same mapping under its class, as this node writes it.
+//! 4. [`crate::api::RefusedMapping`]: the entry stored in the class's `status.refused`, with the
+//!    node that wrote it, which every node reads (and which makes the mapping's `Programmed`
+//!    say `HostRefused`).
 
 mod bindings;
 mod classes;
@@ -17,6 +34,7 @@ pub mod merge;
 mod pod_network;
 pub mod reasons;
 pub mod selector;
+mod state;
 mod status;
 pub use status::limits;
 
@@ -29,11 +47,13 @@ use serde::Serialize;
 
 use crate::api::{ClassNodeStatus, PortMapStatus, Protocol, PublishedAddress};
 use crate::ir::{HostState, PortRange};
+use crate::keys::NodePair;
 use crate::snapshot::{HostFacts, Snapshot};
 
-pub use emit::{fit_nft_text, link_name};
+pub use emit::fit_nft_text;
 pub use pod_network::local_endpoint_message;
 pub use reasons::{AcceptedReason, ClassReason, Outcome, ProgrammedReason};
+pub use state::link_name;
 pub use status::MAX_ABSENT_CLAIMS;
 
 /// How long an unused link claim is kept before it is dropped.
@@ -48,8 +68,9 @@ pub struct Plan {
     pub portmaps: Vec<MappingDecision>,
     /// Per class decisions, sorted by name.
     pub classes: Vec<ClassDecision>,
-    /// What this node must program.
-    pub host: HostState,
+    /// The host state this node must program (serialised as `host`).
+    #[serde(rename = "host")]
+    pub host_state: HostState,
     /// The status this node owns and should write.
     pub writes: Writes,
 }
@@ -140,8 +161,8 @@ pub struct RejectedEndpoint {
 pub struct NeededLink {
     /// The class the link belongs to.
     pub class: String,
-    /// The node pair, sorted and joined by `/`.
-    pub key: String,
+    /// The node pair (sorted and joined by `/` when printed).
+    pub key: NodePair,
     /// The slot, when claimed (landed or proposed in this plan).
     pub slot: Option<u32>,
     /// True when the claim is recorded in the class status as read from the API.
@@ -150,16 +171,9 @@ pub struct NeededLink {
 
 impl NeededLink {
     /// The link's other end as seen from `node`, when `node` is one of its ends (the device on
-    /// `node` is then `emit::link_name(class, peer)`).
+    /// `node` is then [`link_name`]`(class, peer)`).
     pub fn peer_of(&self, node: &str) -> Option<&str> {
-        let (a, b) = classes::split_key(&self.key)?;
-        if a == node {
-            Some(b)
-        } else if b == node {
-            Some(a)
-        } else {
-            None
-        }
+        self.key.other(node)
     }
 }
 
@@ -204,12 +218,13 @@ pub struct Writes {
     /// What this node's kernel refused, by class and mapping, sorted: it replaces this node's
     /// entries in each class's `status.refused` (none left clears them).
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub refusals: Vec<RefusalWrite>,
+    pub refusals: Vec<KernelRefusalWrite>,
 }
 
-/// A mapping this node's kernel refused, under the class it belongs to.
+/// A mapping this node's kernel refused, under the class it belongs to: what this node writes
+/// into the class's `status.refused` (see "Kernel refusals, stage by stage" above).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-pub struct RefusalWrite {
+pub struct KernelRefusalWrite {
     /// The mapping's class.
     pub class: String,
     /// The mapping, `namespace/name`.
@@ -298,7 +313,7 @@ pub fn plan(snapshot: &Snapshot, this_node: &str, facts: &HostFacts, now: Timest
     classes::assign_slots(&mut classes, &decisions);
     mapping::gate_all(&index, &classes, &mut decisions, this_node, facts);
 
-    let host = emit::emit(&index, &classes, &decisions, this_node, facts);
+    let host_state = emit::emit(&index, &classes, &decisions, this_node, facts);
     let writes = status::writes(
         &index, &classes, &decisions, snapshot, this_node, facts, now,
     );
@@ -309,7 +324,7 @@ pub fn plan(snapshot: &Snapshot, this_node: &str, facts: &HostFacts, now: Timest
         node: this_node.to_owned(),
         portmaps,
         classes: class_decisions,
-        host,
+        host_state,
         writes,
     }
 }

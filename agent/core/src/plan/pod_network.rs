@@ -15,6 +15,7 @@ use k8s_openapi::api::core::v1::Node;
 
 use super::MappingDecision;
 use crate::api::{ClassNodeStatus, PortMapClass, ReturnPathMode};
+use crate::keys::MappingKey;
 use crate::snapshot::{CILIUM_HOST_ANNOTATIONS, CniFacts, HostFacts};
 
 /// How many pod networks a refusal message lists before it counts the rest.
@@ -38,6 +39,46 @@ pub struct AddressPolicy<'a> {
     link_subnets: Vec<(Ipv4Net, &'a str)>,
 }
 
+/// The cluster's pod networks: every Node's pod CIDRs and the CNI's own pool, sorted.
+fn pod_networks(nodes: &[Node], cni: Option<&CniFacts>) -> Vec<Ipv4Net> {
+    let mut pod_networks: Vec<Ipv4Net> = nodes
+        .iter()
+        .filter_map(|n| n.spec.as_ref())
+        .flat_map(|spec| {
+            spec.pod_cidrs
+                .iter()
+                .flatten()
+                .chain(spec.pod_cidr.iter())
+                .filter_map(|c| parse_net(c))
+        })
+        .chain(
+            cni.iter()
+                .flat_map(|c| c.pod_cidrs.iter())
+                .filter_map(|c| parse_net(c)),
+        )
+        .collect();
+    pod_networks.sort();
+    pod_networks.dedup();
+    pod_networks
+}
+
+/// Each node's CNI gateway addresses, to the node (the first by name when two claim one).
+fn gateways(nodes: &[Node]) -> BTreeMap<Ipv4Addr, &str> {
+    let mut gateways: Vec<(Ipv4Addr, &str)> = nodes
+        .iter()
+        .flat_map(|n| {
+            let name = n.metadata.name.as_deref().unwrap_or_default();
+            gateway_addresses(n).into_iter().map(move |a| (a, name))
+        })
+        .collect();
+    gateways.sort();
+    let mut gateway_of = BTreeMap::new();
+    for (address, node) in gateways {
+        gateway_of.entry(address).or_insert(node);
+    }
+    gateway_of
+}
+
 impl<'a> AddressPolicy<'a> {
     /// The policy over the cluster's Nodes, classes (spec and rows) and CNI facts.
     pub fn build(
@@ -46,24 +87,6 @@ impl<'a> AddressPolicy<'a> {
         rows: &BTreeMap<(&'a str, &'a str), &'a ClassNodeStatus>,
         cni: Option<&CniFacts>,
     ) -> Self {
-        let mut pod_networks: Vec<Ipv4Net> = nodes
-            .iter()
-            .filter_map(|n| n.spec.as_ref())
-            .flat_map(|spec| {
-                spec.pod_cidrs
-                    .iter()
-                    .flatten()
-                    .chain(spec.pod_cidr.iter())
-                    .filter_map(|c| parse_net(c))
-            })
-            .chain(
-                cni.iter()
-                    .flat_map(|c| c.pod_cidrs.iter())
-                    .filter_map(|c| parse_net(c)),
-            )
-            .collect();
-        pod_networks.sort();
-        pod_networks.dedup();
         let class_networks = classes
             .iter()
             .map(|(name, class)| {
@@ -80,18 +103,6 @@ impl<'a> AddressPolicy<'a> {
             .filter(|(_, nets)| !nets.is_empty())
             .collect();
         let mut node_addresses = BTreeMap::new();
-        let mut gateways: Vec<(Ipv4Addr, &str)> = nodes
-            .iter()
-            .flat_map(|n| {
-                let name = n.metadata.name.as_deref().unwrap_or_default();
-                gateway_addresses(n).into_iter().map(move |a| (a, name))
-            })
-            .collect();
-        gateways.sort();
-        let mut gateway_of = BTreeMap::new();
-        for (address, node) in gateways {
-            gateway_of.entry(address).or_insert(node);
-        }
         let mut listed: Vec<(Ipv4Addr, &str)> = nodes
             .iter()
             .filter_map(|n| Some((n.metadata.name.as_deref()?, n.status.as_ref()?)))
@@ -119,10 +130,10 @@ impl<'a> AddressPolicy<'a> {
             .collect();
         link_subnets.sort();
         Self {
-            pod_networks,
+            pod_networks: pod_networks(nodes, cni),
             class_networks,
             node_addresses,
-            gateways: gateway_of,
+            gateways: gateways(nodes),
             link_subnets,
         }
     }
@@ -263,10 +274,10 @@ pub fn refused_as_local(class: &PortMapClass, d: &MappingDecision) -> bool {
     if status.refused.is_empty() {
         return false;
     }
-    let mapping = format!("{}/{}", d.namespace, d.name);
+    let mapping = MappingKey::new(&d.namespace, &d.name);
     let message = local_endpoint_message(ep.address);
     status
         .refused
         .iter()
-        .any(|r| r.node == ep.node && r.mapping == mapping && r.message == message)
+        .any(|r| r.node == ep.node && mapping == r.mapping && r.message == message)
 }

@@ -6,20 +6,21 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
-use super::classes::{ClassState, split_key};
 use super::holders::{self, Holder};
 use super::index::Index;
-use super::mapping::Working;
+use super::pod_network;
+use super::state::{ClassState, Working, standby_only, yields_to};
 use super::{
-    CLAIM_GC_AFTER_SECONDS, ClaimProposal, ClassRowWrite, GcAction, GcKind, PortMapWrite,
-    RefusalWrite, Writes,
+    CLAIM_GC_AFTER_SECONDS, ClaimProposal, ClassRowWrite, GcAction, GcKind, KernelRefusalWrite,
+    PortMapWrite, Writes,
 };
 use crate::api::{
     ClassNodeStatus, CniInfo, EndpointStatus, HeldPort, PortMapClass, PortMapStatus, Protocol,
     conditions,
 };
 use crate::ir::VXLAN_OVERHEAD;
-use crate::snapshot::{HostFacts, Snapshot};
+use crate::keys::MappingKey;
+use crate::snapshot::{CniFacts, HostFacts, Snapshot};
 use crate::text::cut_bytes;
 
 /// The longest strings and lists the CRD schema takes in what this node writes (the API server
@@ -96,16 +97,15 @@ pub fn writes(
                 .needed
                 .get(key)
                 .is_some_and(|pods| pods.contains(this_node));
-            if let (true, Some((a, b)), Some((net, _, _))) =
-                (proposes, split_key(key), state.slot_net(*slot))
-            {
+            if let (true, Some((net, _, _))) = (proposes, state.slot_net(*slot)) {
+                let (a, b) = key.nodes();
                 writes.claims.push(ClaimProposal {
                     class: state.name.to_owned(),
-                    key: key.clone(),
+                    key: key.to_string(),
                     peers: [a.to_owned(), b.to_owned()],
                     slot: *slot,
                     subnet: net.to_string(),
-                    replaces: state.replacing.get(key).cloned(),
+                    replaces: state.replacing.get(key).map(ToString::to_string),
                 });
             }
         }
@@ -113,7 +113,7 @@ pub fn writes(
             writes.gc.extend(gc(state, now));
         }
     }
-    writes.refusals = refusal_writes(work, this_node, facts);
+    writes.refusals = kernel_refusal_writes(work, this_node, facts);
     writes
 }
 
@@ -163,8 +163,7 @@ fn portmap_write(w: &Working, now: Timestamp) -> PortMapWrite {
     }
 }
 
-/// This node's row in a class and the class's Ready condition as this node computes it. Long
-/// because the row has that many fields, each read from the facts or the stored row.
+/// This node's row in a class and the class's Ready condition as this node computes it.
 fn class_row(
     index: &Index,
     state: &ClassState,
@@ -180,26 +179,7 @@ fn class_row(
         .get(this_node)
         .map(|n| n.interfaces.as_slice())
         .unwrap_or_default();
-    let mut addresses = BTreeMap::new();
-    let mut missing = None;
-    for iface in interfaces {
-        match facts.interfaces.get(iface) {
-            Some(addr) if crate::ir::in_stand_in_block(*addr) => {
-                let (block, len) = crate::ir::STAND_IN_BLOCK;
-                missing.get_or_insert_with(|| {
-                    format!(
-                        "interface {iface} has address {addr}, inside {block}/{len}, which kuport reserves for its stand-in address"
-                    )
-                });
-            }
-            Some(addr) => {
-                addresses.insert(iface.clone(), addr.to_string());
-            }
-            None => {
-                missing.get_or_insert_with(|| format!("interface {iface} not present"));
-            }
-        }
-    }
+    let (addresses, missing) = interface_addresses(interfaces, facts);
     let stored_row = state
         .class
         .status
@@ -224,14 +204,7 @@ fn class_row(
         addresses,
         held_ports,
         warnings: row_warnings(&facts.firewall_warnings),
-        cni: snapshot.cni.as_ref().map(|c| CniInfo {
-            name: cut_bytes(&c.name, limits::CNI_WORD).into_owned(),
-            routing_mode: c
-                .routing_mode
-                .as_deref()
-                .map(|m| cut_bytes(m, limits::CNI_WORD).into_owned()),
-            vxlan_port: Some(i32::from(c.vxlan_port)),
-        }),
+        cni: snapshot.cni.as_ref().map(cni_info),
         // The agent stamps these when it writes the row.
         agent_version: None,
         last_pass_time: None,
@@ -262,22 +235,66 @@ fn class_row(
     }
 }
 
+/// The address of each of the class's interfaces on this node, and why the row is not ready
+/// when one has none (or one kuport reserves): the first such interface.
+fn interface_addresses(
+    interfaces: &[String],
+    facts: &HostFacts,
+) -> (BTreeMap<String, String>, Option<String>) {
+    let mut addresses = BTreeMap::new();
+    let mut missing = None;
+    for iface in interfaces {
+        match facts.interfaces.get(iface) {
+            Some(addr) if crate::ir::in_stand_in_block(*addr) => {
+                let (block, len) = crate::ir::STAND_IN_BLOCK;
+                missing.get_or_insert_with(|| {
+                    format!(
+                        "interface {iface} has address {addr}, inside {block}/{len}, which kuport reserves for its stand-in address"
+                    )
+                });
+            }
+            Some(addr) => {
+                addresses.insert(iface.clone(), addr.to_string());
+            }
+            None => {
+                missing.get_or_insert_with(|| format!("interface {iface} not present"));
+            }
+        }
+    }
+    (addresses, missing)
+}
+
+/// The CNI facts as a row reports them, cut to the schema's lengths.
+fn cni_info(c: &CniFacts) -> CniInfo {
+    CniInfo {
+        name: cut_bytes(&c.name, limits::CNI_WORD).into_owned(),
+        routing_mode: c
+            .routing_mode
+            .as_deref()
+            .map(|m| cut_bytes(m, limits::CNI_WORD).into_owned()),
+        vxlan_port: Some(i32::from(c.vxlan_port)),
+    }
+}
+
 /// The refusals of this node's last apply, each under the class of its mapping (a refusal of a
 /// mapping that no longer exists is dropped, and so is a refused link the mapping only keeps as a
 /// standby: its traffic does not use it), sorted.
-fn refusal_writes(work: &[Working], this_node: &str, facts: &HostFacts) -> Vec<RefusalWrite> {
-    let mut out: Vec<RefusalWrite> = facts
+fn kernel_refusal_writes(
+    work: &[Working],
+    this_node: &str,
+    facts: &HostFacts,
+) -> Vec<KernelRefusalWrite> {
+    let mut out: Vec<KernelRefusalWrite> = facts
         .refusals
         .iter()
         .filter_map(|r| {
-            let (namespace, name) = r.mapping.split_once('/')?;
             let w = work
                 .iter()
-                .find(|w| w.decision.namespace == namespace && w.decision.name == name)?;
-            if super::mapping::standby_only(&w.decision, this_node, r) {
+                .find(|w| MappingKey::names(&r.mapping, &w.decision.namespace, &w.decision.name))?;
+            if standby_only(&w.decision, this_node, r) {
                 return None;
             }
-            Some(RefusalWrite {
+            Some(KernelRefusalWrite {
                 class: w.pm.spec.class_name.clone(),
                 mapping: r.mapping.clone(),
                 message: cut_bytes(&r.message, limits::MESSAGE).into_owned(),
@@ -287,10 +304,10 @@ fn refusal_writes(work: &[Working], this_node: &str, facts: &HostFacts) -> Vec<R
     // This node translates these mappings to an address of its own: it leaves them out and
     // says so, as it would a kernel refusal.
     out.extend(work.iter().filter(|w| w.decision.emits).filter_map(|w| {
-        let message = super::pod_network::local_endpoint(&w.decision, this_node, facts)?;
-        Some(RefusalWrite {
+        let message = pod_network::local_endpoint(&w.decision, this_node, facts)?;
+        Some(KernelRefusalWrite {
             class: w.pm.spec.class_name.clone(),
-            mapping: format!("{}/{}", w.decision.namespace, w.decision.name),
+            mapping: MappingKey::new(&w.decision.namespace, &w.decision.name).into_string(),
             message,
         })
     }));
@@ -320,20 +337,7 @@ fn held_ports(
     now: Timestamp,
 ) -> Vec<HeldPort> {
     let class_name = class.metadata.name.as_deref().unwrap_or_default();
-    let asked = AskedPorts::new(
-        index
-            .portmaps
-            .iter()
-            .filter(|pm| pm.spec.class_name == class_name)
-            .filter_map(|pm| {
-                let first = u16::try_from(pm.spec.port).ok()?;
-                let last = pm
-                    .spec
-                    .end_port
-                    .map_or(Some(first), |e| u16::try_from(e).ok())?;
-                Some((pm.spec.protocol, first, last))
-            }),
-    );
+    let asked = AskedPorts::of_class(index, class_name);
     let holders = holders::on_node(&index.node_ports, &index.host_ports, this_node, facts);
     let bound = |h: &Holder| {
         h.address.is_unspecified() || addresses.values().any(|a| *a == h.address.to_string())
@@ -350,11 +354,10 @@ fn held_ports(
         .map(|r| r.held_ports.as_slice())
         .unwrap_or_default();
     let existing = |m: &String| {
-        m.split_once('/').is_some_and(|(ns, name)| {
-            index.portmaps.iter().any(|pm| {
-                pm.metadata.namespace.as_deref() == Some(ns)
-                    && pm.metadata.name.as_deref() == Some(name)
-            })
+        index.portmaps.iter().any(|pm| {
+            let meta = &pm.metadata;
+            (meta.namespace.as_deref().zip(meta.name.as_deref()))
+                .is_some_and(|(ns, name)| MappingKey::names(m, ns, name))
         })
     };
     let mut held: Vec<HeldPort> = Vec::new();
@@ -378,6 +381,22 @@ fn held_ports(
             absent_since: None,
         });
     }
+    held.extend(absent_claims(class, stored, &present, existing, now));
+    held.sort();
+    held.dedup_by(|a, b| (a.protocol, a.port, &a.address) == (b.protocol, b.port, &b.address));
+    held
+}
+
+/// The stored claims whose holder is gone: kept (stamped with when it went) until the release
+/// annotation names a later time, at most [`MAX_ABSENT_CLAIMS`] of them, those gone the shortest
+/// time first. Their `yieldsTo` keeps only mappings that still exist.
+fn absent_claims(
+    class: &PortMapClass,
+    stored: &[HeldPort],
+    present: &BTreeMap<(Protocol, i32, String), &Holder>,
+    existing: impl Fn(&String) -> bool,
+    now: Timestamp,
+) -> Vec<HeldPort> {
     let released = release_time(class);
     let mut absent: Vec<HeldPort> = stored
         .iter()
@@ -403,10 +422,7 @@ fn held_ports(
         ))
     });
     absent.truncate(MAX_ABSENT_CLAIMS);
-    held.extend(absent);
-    held.sort();
-    held.dedup_by(|a, b| (a.protocol, a.port, &a.address) == (b.protocol, b.port, &b.address));
-    held
+    absent
 }
 
 /// The port ranges the PortMaps of a class ask for, per protocol, answering "is this port
@@ -418,6 +434,24 @@ struct AskedPorts {
 }
 
 impl AskedPorts {
+    /// The ranges the PortMaps of `class_name` ask for.
+    fn of_class(index: &Index, class_name: &str) -> Self {
+        Self::new(
+            index
+                .portmaps
+                .iter()
+                .filter(|pm| pm.spec.class_name == class_name)
+                .filter_map(|pm| {
+                    let first = u16::try_from(pm.spec.port).ok()?;
+                    let last = pm
+                        .spec
+                        .end_port
+                        .map_or(Some(first), |e| u16::try_from(e).ok())?;
+                    Some((pm.spec.protocol, first, last))
+                }),
+        )
+    }
+
     fn new(ranges: impl Iterator<Item = (Protocol, u16, u16)>) -> Self {
         let mut sorted: BTreeMap<Protocol, Vec<(u16, u16)>> = BTreeMap::new();
         for (protocol, first, last) in ranges {
@@ -464,35 +498,6 @@ fn release_time(class: &PortMapClass) -> Option<Timestamp> {
         .ok()
 }
 
-/// Who keeps a held port: as recorded when the holder was first reported (so it survives agent
-/// restarts), or, for a holder seen now for the first time, the mappings the datapath already
-/// captured the port for. A holder present before kuport looked yields to nobody.
-pub(super) fn yields_to(
-    protocol: Protocol,
-    port: u16,
-    address: &str,
-    facts: &HostFacts,
-    stored_row: Option<&ClassNodeStatus>,
-) -> Vec<String> {
-    let known = stored_row.and_then(|r| {
-        r.held_ports
-            .iter()
-            .find(|h| h.protocol == protocol && h.port == i32::from(port) && h.address == address)
-    });
-    if let Some(known) = known {
-        return known.yields_to.clone();
-    }
-    let mut mappings: Vec<String> = facts
-        .programmed_ports
-        .iter()
-        .filter(|p| p.protocol == protocol && (p.first..=p.last).contains(&port))
-        .map(|p| p.mapping.clone())
-        .collect();
-    mappings.sort();
-    mappings.dedup();
-    mappings
-}
-
 /// The firewall warnings of a row, sorted, each cut to the schema's length and at most
 /// [`limits::WARNINGS`] of them, the last saying how many more there were.
 fn row_warnings(found: &[String]) -> Vec<String> {
@@ -526,7 +531,7 @@ fn gc(state: &ClassState, now: Timestamp) -> Vec<GcAction> {
         if let Some(action) = action {
             actions.push(GcAction {
                 class: state.name.to_owned(),
-                key: key.clone(),
+                key: key.to_string(),
                 action,
             });
         }

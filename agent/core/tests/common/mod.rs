@@ -1,6 +1,11 @@
-//! Helpers shared by the API tests.
+//! Helpers shared by the API tests, and the cluster model the plan's property tests
+//! (`plan_prop_*.rs`) draw from.
 
 #![allow(dead_code)]
+
+pub mod inputs;
+pub mod model;
+pub mod oracles;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use serde_json::Value;

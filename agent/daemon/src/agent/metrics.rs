@@ -317,7 +317,7 @@ impl Metrics {
             }
         }
         self.links
-            .set(i64::try_from(plan.host.links.len()).unwrap_or(i64::MAX));
+            .set(i64::try_from(plan.host_state.links.len()).unwrap_or(i64::MAX));
     }
 
     pub(crate) fn set_refusals(&self, count: usize) {

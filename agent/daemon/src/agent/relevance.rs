@@ -399,11 +399,11 @@ mod tests {
         let base = cluster().snapshot;
         let serving = plan_of(&base, "edge-a");
         assert!(
-            !serving.host.links.is_empty()
+            !serving.host_state.links.is_empty()
                 && !serving.writes.portmaps.is_empty()
                 && !serving.writes.class_rows.is_empty(),
             "the cluster exercises links, PortMap and class writes: {:?}",
-            serving.host.links
+            serving.host_state.links
         );
         // The stores keep Services and Pods trimmed: the plan must not tell the difference.
         let mut stored = base.clone();

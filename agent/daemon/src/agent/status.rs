@@ -499,24 +499,9 @@ fn to_report<'a>(stored: &[Condition], new: &'a [Condition], type_: &str) -> Opt
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use kuport_testkit::cluster::ready_condition as cond;
 
     use super::*;
-
-    fn ts(s: &str) -> Timestamp {
-        s.parse().expect("timestamp")
-    }
-
-    fn cond(status: &str, reason: &str, at: &str) -> Condition {
-        Condition {
-            type_: "Ready".into(),
-            status: status.into(),
-            reason: reason.into(),
-            message: format!("{reason}."),
-            last_transition_time: Time(ts(at)),
-            observed_generation: Some(1),
-        }
-    }
 
     const NOW: &str = "2026-01-02T00:00:00Z";
 

@@ -180,8 +180,8 @@ pub fn assert_client_seen(client: &Netns, proto: &str, port: u16, extra: &[&str]
 
 pub fn same_node_state(c: &Cluster) -> HostState {
     let plan = c.plan_with("edge-a", &facts(&[("enp1s0", DIALED)], "enp1s0", 1500));
-    assert!(!plan.host.nft.is_empty());
-    plan.host
+    assert!(!plan.host_state.nft.is_empty());
+    plan.host_state
 }
 
 pub fn cross_cluster() -> Cluster {
@@ -276,8 +276,8 @@ pub fn cross_states(snat: bool) -> (HostState, HostState) {
     let c = cross_cluster();
     let edge = c
         .plan_with("edge-a", &facts(&[("enp1s0", DIALED)], "wt0", 1500))
-        .host;
-    let worker = c.plan_with("worker-b", &facts(&[], "wt0", 1500)).host;
+        .host_state;
+    let worker = c.plan_with("worker-b", &facts(&[], "wt0", 1500)).host_state;
     assert_eq!((edge.links.len(), worker.links.len()), (1, 1));
     if snat {
         (edge, worker)

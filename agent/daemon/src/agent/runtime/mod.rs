@@ -22,7 +22,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use kuport_core::plan::Plan;
-use kuport_core::snapshot::{HostRefusal, Snapshot};
+use kuport_core::snapshot::{KernelRefusal, Snapshot};
 use kuport_host::{Host, HostError, LinkEvent};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -78,7 +78,7 @@ pub struct Agent<H: Host> {
     pass_hook: Option<PassHook>,
     /// What the kernel refused in the last apply, by mapping: planned into this node's class
     /// rows until an apply succeeds in full.
-    refusals: Vec<HostRefusal>,
+    refusals: Vec<KernelRefusal>,
     /// When the mapping counters were last read from the host.
     counters_read: Option<Instant>,
     /// The last apply's sweep of stale conntrack entries failed: the pass is retried soon

@@ -122,10 +122,10 @@ impl<H: Host> Agent<H> {
         self.run_hook(snapshot, &mut plan);
         let report = self
             .host
-            .apply(&plan.host, verify)
+            .apply(&plan.host_state, verify)
             .await
             .map_err(PassError::Apply)?;
-        log_apply(&report, &plan.host, verify);
+        log_apply(&report, &plan.host_state, verify);
         if report.conntrack_swept {
             self.metrics
                 .record_conntrack_sweep(report.conntrack_cleared, report.conntrack_error.is_some());

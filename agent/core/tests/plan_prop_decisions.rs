@@ -1,0 +1,162 @@
+//! Property tests of the per-PortMap decisions: a reason for every PortMap, no hostile interface
+//! name on any host, one status writer per PortMap, and port conflicts as the spec defines them.
+//!
+//! The cluster model is in `common/model.rs`, its objects in `common/inputs.rs`, the
+//! oracles in `common/oracles.rs`; cases per property:
+//! `KUPORT_PROPTEST_CASES` (default 1000).
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::jiff::Timestamp;
+use kuport_core::plan::AcceptedReason;
+use proptest::prelude::*;
+
+use common::inputs::*;
+use common::model::*;
+use common::oracles::*;
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// (d) Every PortMap gets an Accepted reason; invalid specs are never accepted; Programmed is
+    /// present exactly when Accepted is Valid.
+    #[test]
+    fn every_portmap_gets_a_reason(m in model()) {
+        let snap = snapshot(&m);
+        let wanted: BTreeSet<(String, String)> = m
+            .portmaps
+            .iter()
+            .map(|p| (p.namespace.to_owned(), p.name.to_owned()))
+            .collect();
+        for node in plan_nodes(&m) {
+            let p = plan_of(&m, &snap, node);
+            let got: BTreeSet<(String, String)> = p
+                .portmaps
+                .iter()
+                .map(|d| (d.namespace.clone(), d.name.clone()))
+                .collect();
+            prop_assert_eq!(p.portmaps.len(), m.portmaps.len());
+            prop_assert_eq!(&got, &wanted);
+            for d in &p.portmaps {
+                let spec = m
+                    .portmaps
+                    .iter()
+                    .find(|s| s.namespace == d.namespace && s.name == d.name)
+                    .expect("decision of a known PortMap");
+                if let Some(why) = spec_is_invalid(&m, spec) {
+                    prop_assert_ne!(
+                        d.accepted.reason, AcceptedReason::Valid,
+                        "{}/{} accepted although {}", d.namespace, d.name, why
+                    );
+                }
+                if !d.accepted.is_true() {
+                    prop_assert!(!d.accepted.message.is_empty(), "{}/{}: empty message", d.namespace, d.name);
+                }
+                prop_assert_eq!(
+                    d.programmed.is_some(), d.accepted.is_true(),
+                    "{}/{}: programmed {:?} with accepted {:?}",
+                    d.namespace, d.name, d.programmed, d.accepted
+                );
+            }
+        }
+    }
+
+    /// (d') No hostile interface name reaches any node's datapath: not the nft text, not a
+    /// link, not a sysctl; the mappings that would bind one are refused with a reason.
+    #[test]
+    fn hostile_interface_names_never_reach_the_host(m in model()) {
+        let snap = snapshot(&m);
+        for node in plan_nodes(&m) {
+            let p = plan_of(&m, &snap, node);
+            let text = kuport_core::render::nft_text(&p.host_state.nft);
+            for name in HOSTILE_IFACES.iter().filter(|n| !n.is_empty()) {
+                prop_assert!(
+                    !text.contains(&format!("\"{name}\"")),
+                    "node {}: {:?} in the table:\n{}", node, name, text
+                );
+            }
+            for iface in p.host_state.valid_mark_interfaces.iter().chain(p.host_state.links.iter().filter_map(|l| l.device.as_ref())) {
+                prop_assert!(!HOSTILE_IFACES.contains(&iface.as_str()), "node {}: {:?}", node, iface);
+            }
+        }
+    }
+
+    /// (e) At most one node writes each PortMap's status, and it is the decision's status writer.
+    #[test]
+    fn one_status_writer_per_portmap(m in model()) {
+        let snap = snapshot(&m);
+        let mut writers: BTreeMap<(String, String), Vec<&str>> = BTreeMap::new();
+        let mut decided: BTreeMap<(String, String), Option<String>> = BTreeMap::new();
+        for node in plan_nodes(&m) {
+            let p = plan_of(&m, &snap, node);
+            for w in &p.writes.portmaps {
+                writers.entry((w.namespace.clone(), w.name.clone())).or_default().push(node);
+            }
+            for d in &p.portmaps {
+                decided.insert((d.namespace.clone(), d.name.clone()), d.status_writer.clone());
+            }
+        }
+        for (key, nodes) in &writers {
+            prop_assert_eq!(nodes.len(), 1, "{:?} written by {:?}", key, nodes);
+            let writer = decided.get(key).cloned().flatten();
+            prop_assert_eq!(writer.as_deref(), Some(nodes[0]), "{:?}", key);
+        }
+    }
+
+    /// (node, interface) both could bind, and each `PortConflict` names an earlier accepted
+    /// mapping that does.
+    #[test]
+    fn conflicts_follow_the_spec(m in model()) {
+        let snap = snapshot(&m);
+        let p = plan_of(&m, &snap, GHOST);
+        let spec = |d: &kuport_core::plan::MappingDecision| {
+            m.portmaps
+                .iter()
+                .find(|s| s.namespace == d.namespace && s.name == d.name)
+                .expect("decision of a known PortMap")
+        };
+        let order = |s: &PmM| {
+            (
+                s.created.map(|t| t.parse::<Timestamp>().expect("time")),
+                s.namespace,
+                s.name,
+            )
+        };
+        let bind = |s: &PmM| -> BTreeSet<(String, String)> {
+            let class = class_of(&snap, s.class);
+            class
+                .spec
+                .nodes
+                .iter()
+                .flat_map(|(n, c)| c.interfaces.iter().map(move |i| (n.clone(), i.clone())))
+                .filter(|(_, i)| s.interfaces.is_empty() || s.interfaces.contains(&i.as_str()))
+                .collect()
+        };
+        let clash = |a: &kuport_core::plan::MappingDecision, b: &kuport_core::plan::MappingDecision| {
+            let (Some(pa), Some(pb)) = (a.ports, b.ports) else {
+                return false;
+            };
+            a.protocol == b.protocol
+                && pa.overlaps(&pb)
+                && !bind(spec(a)).is_disjoint(&bind(spec(b)))
+        };
+        let accepted: Vec<_> = p.portmaps.iter().filter(|d| d.accepted.is_true()).collect();
+        for (i, a) in accepted.iter().enumerate() {
+            for b in &accepted[i + 1..] {
+                prop_assert!(
+                    !clash(a, b),
+                    "{}/{} and {}/{} are both accepted but clash", a.namespace, a.name, b.namespace, b.name
+                );
+            }
+        }
+        for d in p.portmaps.iter().filter(|d| d.accepted.reason == AcceptedReason::PortConflict) {
+            prop_assert!(
+                accepted.iter().any(|a| order(spec(a)) < order(spec(d)) && clash(a, d)),
+                "{}/{} refused with {:?} but no earlier accepted mapping clashes",
+                d.namespace, d.name, d.accepted.message
+            );
+        }
+    }
+}
