@@ -8,8 +8,9 @@ use std::time::Duration;
 use kuport::agent::PassHook;
 use serde_json::{Value, json};
 
-use crate::check::{Violation, quiesce};
+use crate::check::quiesce;
 use crate::net::Tamper;
+use crate::record::Violation;
 use crate::world::{World, WorldConfig, WorldError};
 
 /// A scenario's script: changes the cluster (through `World`), with faults, over simulated
