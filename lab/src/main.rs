@@ -12,6 +12,7 @@ mod localcluster;
 mod prereq;
 mod probe;
 mod realnode;
+mod record;
 mod report;
 mod routed;
 mod runner;
@@ -259,7 +260,7 @@ fn leftovers() -> Vec<String> {
         .unwrap_or_default();
     let state =
         std::fs::read_to_string(Path::new(sys::RUN_DIR).join("state.json")).unwrap_or_default();
-    if let Ok(s) = serde_json::from_str::<sys::LabState>(&state) {
+    if let Ok(s) = serde_json::from_str::<record::LabState>(&state) {
         for p in s.processes {
             if Path::new(&format!("/proc/{}", p.pid)).exists() {
                 left.push(format!("process {} ({})", p.pid, p.what));
