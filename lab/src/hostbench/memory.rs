@@ -26,7 +26,9 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kuport_core::api::{PortMap, PortMapClass};
 use kuport_testkit::netns::{Netns, owned_name};
-use kuport_testkit::objects::{self, endpoint, link_claim, nodes_json, pm, slice};
+use kuport_testkit::objects::{
+    self, endpoint, link_claim, nodes_json, pm, slice, vxlan_return_path,
+};
 use kuport_testkit::process::Proc;
 use serde_json::json;
 
@@ -258,8 +260,7 @@ async fn create_class(client: &kube::Client) -> Result<usize> {
     let spec = json!({"nodes": nodes_json(&[(AGENT_NODE, &["eth0"])]),
                       "ports": {"min": 1024, "max": 65535},
                       "namespaceSelector": {"matchLabels": {"tier": "public"}},
-                      "returnPath": {"mode": "Vxlan", "vxlan": {"vni": 10000, "port": 4790,
-                                                                "subnet": "169.254.0.0/20"}}});
+                      "returnPath": vxlan_return_path(10000, 4790, "169.254.0.0/20")});
     let class: PortMapClass = serde_json::from_value(objects::class("public", spec).object())
         .context("building the PortMapClass")?;
     let count = create_all(&Api::all(client.clone()), vec![class], |_| None).await?;
