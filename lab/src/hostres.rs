@@ -7,7 +7,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::sys::{LabState, wait_until};
+use kuport_testkit::wait::wait_until;
+
+use crate::record::LabState;
 
 /// Where every cgroup hierarchy is mounted (v1 hybrid: one directory per controller, plus the
 /// cgroup2 tree under `unified`).

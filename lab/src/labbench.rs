@@ -216,12 +216,14 @@ async fn bulk(runner: &Runner<'_>, ns: &str, target: &str) -> Result<f64> {
     Ok(2.0 * BULK_BYTES as f64 * 8.0 / t)
 }
 
-async fn throughput_samples(
+/// Bulk transfers in turn, `THROUGHPUT_SAMPLES` of each: through the mapping, over the routed
+/// path, and over the raw mesh; each in Mbit/s.
+async fn alternating_bulk(
     runner: &Runner<'_>,
     client: &str,
     edge: &str,
     path: &routed::RoutedPath,
-) -> Result<Vec<Measurement>> {
+) -> Result<(Vec<f64>, Vec<f64>, Vec<f64>)> {
     let bytes = BULK_BYTES as u64;
     let (mut through, mut routed, mut raw) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..THROUGHPUT_SAMPLES {
@@ -235,6 +237,17 @@ async fn throughput_samples(
         path.counters()?.check_since(&mid, bytes, false)?;
         raw.push(bulk(runner, edge, "100.64.0.2:7000").await?);
     }
+    Ok((through, routed, raw))
+}
+
+async fn throughput_samples(
+    runner: &Runner<'_>,
+    client: &str,
+    edge: &str,
+    path: &routed::RoutedPath,
+) -> Result<Vec<Measurement>> {
+    let bytes = BULK_BYTES as u64;
+    let (through, routed, raw) = alternating_bulk(runner, client, edge, path).await?;
     // Then the same hops at the link's MTU, alternating with the mapping again: what is left
     // between the two is not the link's smaller packets. Last, because the ends remember the
     // lower path MTU.

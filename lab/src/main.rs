@@ -12,6 +12,7 @@ mod localcluster;
 mod prereq;
 mod probe;
 mod realnode;
+mod record;
 mod report;
 mod routed;
 mod runner;
@@ -161,15 +162,7 @@ fn run(args: RunArgs) -> Result<ExitCode> {
             "--apiserver real runs the control plane inside this process: it cannot be kept, and an agent in the image cannot read its certificate authority"
         );
     }
-    let files = if files.is_empty() {
-        scenario::files_in(&scenarios_dir())?
-    } else {
-        files
-    };
-    let mut scenarios = Vec::new();
-    for f in &files {
-        scenarios.push(scenario::load(f)?);
-    }
+    let scenarios = load_scenarios(files)?;
     prereq::ensure_tools()?;
     let bins = prereq::binaries()?;
     let image = match &agent_image {
@@ -211,9 +204,29 @@ fn run(args: RunArgs) -> Result<ExitCode> {
     if let (true, Some(image)) = (keep, image) {
         image.keep();
     }
-    print!("{}", report::table(&report));
+    finish(&report, report_path, keep)
+}
+
+/// The scenarios of `files`, or of every file in the scenarios directory when none is named.
+fn load_scenarios(files: Vec<PathBuf>) -> Result<Vec<scenario::Scenario>> {
+    let files = if files.is_empty() {
+        scenario::files_in(&scenarios_dir())?
+    } else {
+        files
+    };
+    let mut scenarios = Vec::new();
+    for f in &files {
+        scenarios.push(scenario::load(f)?);
+    }
+    Ok(scenarios)
+}
+
+/// Prints the report's table, writes it to `report_path` when given, and counts a host left
+/// unclean (without `keep`) as one more failure.
+fn finish(report: &report::Report, report_path: Option<PathBuf>, keep: bool) -> Result<ExitCode> {
+    print!("{}", report::table(report));
     if let Some(path) = report_path {
-        let text = serde_json::to_string_pretty(&report).context("encoding the report")?;
+        let text = serde_json::to_string_pretty(report).context("encoding the report")?;
         std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
         println!("report: {}", path.display());
     }
@@ -259,7 +272,7 @@ fn leftovers() -> Vec<String> {
         .unwrap_or_default();
     let state =
         std::fs::read_to_string(Path::new(sys::RUN_DIR).join("state.json")).unwrap_or_default();
-    if let Ok(s) = serde_json::from_str::<sys::LabState>(&state) {
+    if let Ok(s) = serde_json::from_str::<record::LabState>(&state) {
         for p in s.processes {
             if Path::new(&format!("/proc/{}", p.pid)).exists() {
                 left.push(format!("process {} ({})", p.pid, p.what));

@@ -157,12 +157,43 @@ async fn run_inner(topo: &Topology, p: &Probe) -> Result<(bool, Value)> {
             continue;
         }
     }
+    let ok = judge(p, &answer, dialed, addr, client_ip);
+    let mut detail = json!({
+        "dialed": dialed.to_string(),
+        "replyFrom": answer.from,
+        "clientAddr": answer.client,
+        "podSaw": answer.peer,
+        "rttMicros": answer.rtt_us,
+        "outcome": answer.outcome,
+        "expected": format!("{:?}", p.expect).to_lowercase(),
+        "attempts": attempts,
+        "answeredBy": answer.tag,
+    });
+    if p.pod_sees == PodSees::Other {
+        detail["podSees"] = json!("other");
+    }
+    if let Some(mtu) = answer.mtu {
+        detail["mtu"] = json!(mtu);
+    }
+    Ok((ok, detail))
+}
+
+/// Whether `answer` is what the probe expects: a reply from the address dialed that saw the
+/// client (or not) as the probe says, a refusal from the address dialed, silence, or
+/// fragmentation needed at the expected MTU.
+fn judge(
+    p: &Probe,
+    answer: &Answer,
+    dialed: SocketAddr,
+    addr: Ipv4Addr,
+    client_ip: Ipv4Addr,
+) -> bool {
     let client_own = answer
         .client
         .as_deref()
         .and_then(|c| c.parse::<SocketAddr>().ok())
         .is_some_and(|c| c.ip() == std::net::IpAddr::V4(client_ip));
-    let ok = match p.expect {
+    match p.expect {
         Expect::Reply => {
             let from_dialed = answer.from.as_deref() == Some(dialed.to_string().as_str());
             let saw_client = answer.peer.is_some() && answer.peer == answer.client;
@@ -191,25 +222,7 @@ async fn run_inner(topo: &Topology, p: &Probe) -> Result<(bool, Value)> {
         Expect::FragmentationNeeded => {
             answer.outcome == "fragneeded" && p.mtu.is_none_or(|m| answer.mtu == Some(m))
         }
-    };
-    let mut detail = json!({
-        "dialed": dialed.to_string(),
-        "replyFrom": answer.from,
-        "clientAddr": answer.client,
-        "podSaw": answer.peer,
-        "rttMicros": answer.rtt_us,
-        "outcome": answer.outcome,
-        "expected": format!("{:?}", p.expect).to_lowercase(),
-        "attempts": attempts,
-        "answeredBy": answer.tag,
-    });
-    if p.pod_sees == PodSees::Other {
-        detail["podSees"] = json!("other");
     }
-    if let Some(mtu) = answer.mtu {
-        detail["mtu"] = json!(mtu);
-    }
-    Ok((ok, detail))
 }
 
 /// Waits a little between retries elsewhere; kept here so probes and waits agree on pacing.

@@ -147,51 +147,7 @@ impl RoutedPath {
             &edge_member.public_key,
             &format!("{CLIENT_IP}/32"),
         )?;
-        // Both directions, hop by hop: the client's default, the router's new route, the
-        // edge into the mesh, the node to the pod (the bench's CNI is Cilium's shape, pods
-        // behind cilium_host), and the answer back the same way.
-        let (edge_ns, edge_if) = (edge.ns.as_str(), "enp1s0");
-        let expect: [(&str, String, String); 6] = [
-            (
-                CLIENT_NS,
-                format!("{pod_ip}"),
-                "via 198.51.100.1 dev c0".into(),
-            ),
-            (
-                INET_NS,
-                format!("{pod_ip} from {CLIENT_IP} iif cli0"),
-                format!("via {edge_public} dev pub0"),
-            ),
-            (
-                edge_ns,
-                format!("{pod_ip} from {CLIENT_IP} iif {}", edge_if),
-                "dev wt0".into(),
-            ),
-            (
-                &worker.ns,
-                format!("{pod_ip} from {CLIENT_IP} iif wt0"),
-                "dev cilium_host".into(),
-            ),
-            (
-                &worker.ns,
-                format!("{CLIENT_IP} from {pod_ip} iif cilium_host"),
-                "dev wt0".into(),
-            ),
-            (
-                edge_ns,
-                format!("{CLIENT_IP} from {pod_ip} iif wt0"),
-                format!("dev {}", edge_if),
-            ),
-        ];
-        for (ns, query, want) in expect {
-            let got = ip_in(ns, &format!("route get {query}"))?;
-            if !got.contains(&want) {
-                bail!(
-                    "routed baseline: in {ns}, `ip route get {query}` gives {got:?}, not {want:?}"
-                );
-            }
-        }
-        Ok(())
+        check_routes(pod_ip, edge_public, edge, worker)
     }
 
     fn route(&mut self, ns: &str, spec: &str) -> Result<()> {
@@ -372,4 +328,56 @@ pub fn edge_link_mtu(path: &RoutedPath) -> Result<u32> {
         .find_map(|l| l.get("mtu").and_then(Value::as_u64))
         .and_then(|m| u32::try_from(m).ok())
         .with_context(|| format!("no kuport link with an MTU in {}", path.edge_ns))
+}
+
+/// Both directions of the routed path, hop by hop, as `ip route get` resolves them.
+fn check_routes(
+    pod_ip: Ipv4Addr,
+    edge_public: Ipv4Addr,
+    edge: &topology::NodeInfo,
+    worker: &topology::NodeInfo,
+) -> Result<()> {
+    // Both directions, hop by hop: the client's default, the router's new route, the
+    // edge into the mesh, the node to the pod (the bench's CNI is Cilium's shape, pods
+    // behind cilium_host), and the answer back the same way.
+    let (edge_ns, edge_if) = (edge.ns.as_str(), "enp1s0");
+    let expect: [(&str, String, String); 6] = [
+        (
+            CLIENT_NS,
+            format!("{pod_ip}"),
+            "via 198.51.100.1 dev c0".into(),
+        ),
+        (
+            INET_NS,
+            format!("{pod_ip} from {CLIENT_IP} iif cli0"),
+            format!("via {edge_public} dev pub0"),
+        ),
+        (
+            edge_ns,
+            format!("{pod_ip} from {CLIENT_IP} iif {}", edge_if),
+            "dev wt0".into(),
+        ),
+        (
+            &worker.ns,
+            format!("{pod_ip} from {CLIENT_IP} iif wt0"),
+            "dev cilium_host".into(),
+        ),
+        (
+            &worker.ns,
+            format!("{CLIENT_IP} from {pod_ip} iif cilium_host"),
+            "dev wt0".into(),
+        ),
+        (
+            edge_ns,
+            format!("{CLIENT_IP} from {pod_ip} iif wt0"),
+            format!("dev {}", edge_if),
+        ),
+    ];
+    for (ns, query, want) in expect {
+        let got = ip_in(ns, &format!("route get {query}"))?;
+        if !got.contains(&want) {
+            bail!("routed baseline: in {ns}, `ip route get {query}` gives {got:?}, not {want:?}");
+        }
+    }
+    Ok(())
 }

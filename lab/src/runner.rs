@@ -157,10 +157,7 @@ pub async fn run_scenario(
             Err(e) => error = Some(format!("starting the cluster: {e:#}")),
         }
         if let Some(refused) = runner.rbac_refusals() {
-            error = Some(match error {
-                Some(e) => format!("{e}; {refused}"),
-                None => refused,
-            });
+            add_error(&mut error, refused);
         }
         if error.is_some() {
             runner.dump_logs(&mut error);
@@ -179,11 +176,7 @@ pub async fn run_scenario(
     if !keep {
         let left = lab.teardown();
         if !left.is_empty() {
-            let text = format!("teardown left: {}", left.join(", "));
-            error = Some(match error {
-                Some(e) => format!("{e}; {text}"),
-                None => text,
-            });
+            add_error(&mut error, format!("teardown left: {}", left.join(", ")));
         }
     }
     let ok =
@@ -198,6 +191,14 @@ pub async fn run_scenario(
         },
         kept,
     )
+}
+
+/// Adds `text` to a scenario's error (after what it already says).
+fn add_error(error: &mut Option<String>, text: String) {
+    *error = Some(match error.take() {
+        Some(e) => format!("{e}; {text}"),
+        None => text,
+    });
 }
 
 impl<'a> Runner<'a> {
@@ -565,10 +566,7 @@ impl Runner<'_> {
             let path = self.lab.log_path(&format!("agent-{}", node.name));
             text.push_str(&format!("{} ", path.display()));
         }
-        *error = Some(match error.take() {
-            Some(e) => format!("{e}; {text}"),
-            None => text,
-        });
+        add_error(error, text);
     }
 
     pub async fn step(&mut self, step: &Step, index: usize) -> StepReport {
@@ -588,6 +586,7 @@ impl Runner<'_> {
         }
     }
 
+    /// Runs one step: one arm per step kind, each a call or a line or two.
     async fn exec(&mut self, step: &Step) -> Result<(bool, Value)> {
         match step {
             Step::Probe(p) => Ok(probe::run(&self.topo, p).await),
@@ -599,41 +598,9 @@ impl Runner<'_> {
                 tokio::time::sleep(Duration::from_secs_f64(s.seconds.max(0.0))).await;
                 Ok((true, json!({"seconds": s.seconds})))
             }
-            Step::MovePod(m) => {
-                let pod = topology::remove_pod(self.lab, &mut self.topo, &m.pod)?;
-                topology::start_pod(self.lab, &mut self.topo, &pod.spec, &m.to)?;
-                if let Some(p) = self.topo.pods.get_mut(&m.pod) {
-                    p.ready = pod.ready;
-                }
-                if let Some(svc) = &pod.spec.service {
-                    self.sync_service(&pod.spec.namespace, svc).await?;
-                }
-                let ip = self.topo.pods.get(&m.pod).map(|p| p.ip.to_string());
-                Ok((
-                    true,
-                    json!({"pod": m.pod, "from": pod.node, "to": m.to, "address": ip}),
-                ))
-            }
-            Step::SetReady(r) => {
-                let pod = self
-                    .topo
-                    .pods
-                    .get_mut(&r.pod)
-                    .with_context(|| format!("no pod {}", r.pod))?;
-                pod.ready = r.ready;
-                let (ns, svc) = (pod.spec.namespace.clone(), pod.spec.service.clone());
-                if let Some(svc) = svc {
-                    self.sync_service(&ns, &svc).await?;
-                }
-                Ok((true, json!({"pod": r.pod, "ready": r.ready})))
-            }
-            Step::SetNodeReady(n) => {
-                let mesh = self.topo.node(&n.node)?.mesh;
-                self.cluster()?
-                    .set_node_ready(&n.node, mesh, n.ready)
-                    .await?;
-                Ok((true, json!({"node": n.node, "ready": n.ready})))
-            }
+            Step::MovePod(m) => self.move_pod(m).await,
+            Step::SetReady(r) => self.set_ready(r).await,
+            Step::SetNodeReady(n) => self.set_node_ready(n).await,
             Step::Apply(yaml) => {
                 let applied = self.cluster()?.apply_yaml(yaml).await?;
                 Ok((true, json!({"applied": applied})))
@@ -647,17 +614,11 @@ impl Runner<'_> {
             Step::RestartAgent(a) => {
                 self.stop_agent(&a.node, a.signal)?;
                 self.start_agent(&a.node)?;
-                Ok((
-                    true,
-                    json!({"node": a.node, "signal": format!("{:?}", a.signal).to_uppercase()}),
-                ))
+                Ok((true, signalled(a)))
             }
             Step::StopAgent(a) => {
                 self.stop_agent(&a.node, a.signal)?;
-                Ok((
-                    true,
-                    json!({"node": a.node, "signal": format!("{:?}", a.signal).to_uppercase()}),
-                ))
+                Ok((true, signalled(a)))
             }
             Step::StartAgent(a) => {
                 self.start_agent(&a.node)?;
@@ -675,128 +636,15 @@ impl Runner<'_> {
                 topology::restart_mesh(self.lab, &mut self.topo, &r.node)?;
                 Ok((true, json!({"node": r.node})))
             }
-            Step::StopResponder(r) => {
-                let pod = self
-                    .topo
-                    .pods
-                    .get_mut(&r.pod)
-                    .with_context(|| format!("no pod {}", r.pod))?;
-                let pid = pod
-                    .responders
-                    .remove(&(r.protocol, r.port))
-                    .with_context(|| {
-                        format!(
-                            "no {} responder on {} in {}",
-                            r.protocol.as_str(),
-                            r.port,
-                            r.pod
-                        )
-                    })?;
-                self.lab.stop(pid, Signal::TERM, Duration::from_secs(2))?;
-                Ok((
-                    true,
-                    json!({"pod": r.pod, "stopped": format!("{}/{}", r.port, r.protocol.as_str())}),
-                ))
-            }
-            Step::StartResponder(r) => {
-                let mut pod = self
-                    .topo
-                    .pods
-                    .remove(&r.pod)
-                    .with_context(|| format!("no pod {}", r.pod))?;
-                let started =
-                    topology::start_responder(self.lab, &self.topo, &mut pod, r.protocol, r.port);
-                self.topo.pods.insert(r.pod.clone(), pod);
-                started?;
-                Ok((
-                    true,
-                    json!({"pod": r.pod, "started": format!("{}/{}", r.port, r.protocol.as_str())}),
-                ))
-            }
-            Step::HostExec(h) => {
-                // Extension: `vpn:<client>` and `internet` run on a client instead of a node
-                // (an attacker building its own VXLAN device, say), `router` on the internet
-                // router, a neighbour on the public segment.
-                let ns = if h.node == "internet" {
-                    topology::CLIENT_NS.to_string()
-                } else if h.node == "router" {
-                    topology::INET_NS.to_string()
-                } else if h.node.starts_with("vpn:") {
-                    self.topo.mesh_member(&h.node)?.ns.clone()
-                } else {
-                    self.topo.node(&h.node)?.ns.clone()
-                };
-                let command = self.expand(&h.command)?;
-                let out = std::process::Command::new("ip")
-                    .args(["netns", "exec", &ns, "sh", "-c", &command])
-                    .output()
-                    .context("running the host command")?;
-                Ok((
-                    out.status.success(),
-                    json!({"node": h.node, "command": command, "exit": out.status.code(),
-                           "output": String::from_utf8_lossy(&out.stdout).trim(),
-                           "stderr": String::from_utf8_lossy(&out.stderr).trim()}),
-                ))
-            }
-            Step::SnapshotHost(s) => {
-                let listing = topology::foreign_listing(&self.topo.node(&s.node)?.ns)?;
-                let lines = listing.lines().count();
-                self.snapshots
-                    .insert((s.node.clone(), s.name.clone()), listing);
-                Ok((
-                    true,
-                    json!({"node": s.node, "snapshot": s.name, "lines": lines}),
-                ))
-            }
-            Step::CompareHost(s) => {
-                let before = self
-                    .snapshots
-                    .get(&(s.node.clone(), s.name.clone()))
-                    .with_context(|| format!("no snapshot {} of {}", s.name, s.node))?;
-                let now = topology::foreign_listing(&self.topo.node(&s.node)?.ns)?;
-                let diff = diff_lines(before, &now);
-                Ok((
-                    diff.is_empty(),
-                    json!({"node": s.node, "snapshot": s.name, "lines": now.lines().count(), "differences": diff}),
-                ))
-            }
-            Step::ExpectHostClean(n) => {
-                let left = topology::kuport_leftovers(&self.topo.node(&n.node)?.ns)?;
-                Ok((
-                    left.is_empty(),
-                    json!({"node": n.node, "expected": [], "got": left}),
-                ))
-            }
+            Step::StopResponder(r) => self.stop_responder(r),
+            Step::StartResponder(r) => self.start_responder(r),
+            Step::HostExec(h) => self.host_exec(h),
+            Step::SnapshotHost(s) => self.snapshot_host(s),
+            Step::CompareHost(s) => self.compare_host(s),
+            Step::ExpectHostClean(n) => self.expect_host_clean(n),
             Step::ExpectHost(h) => self.expect_host(h),
-            Step::Kubectl(c) => {
-                let kubectl =
-                    std::env::var("KUPORT_KUBECTL").unwrap_or_else(|_| "kubectl".to_owned());
-                let kubeconfig = self.topo.kubeconfig.display().to_string();
-                let mut command = vec![kubectl, "--kubeconfig".to_owned(), kubeconfig];
-                command.extend(
-                    c.args
-                        .iter()
-                        .map(|a| self.expand(a))
-                        .collect::<Result<Vec<_>>>()?,
-                );
-                self.command_check(c, command).await
-            }
-            Step::KuportStatus(c) => {
-                let kubeconfig = self.topo.kubeconfig.display().to_string();
-                let mut command = vec![
-                    self.topo.bin("kuport"),
-                    "status".to_owned(),
-                    "--kubeconfig".to_owned(),
-                    kubeconfig,
-                ];
-                command.extend(
-                    c.args
-                        .iter()
-                        .map(|a| self.expand(a))
-                        .collect::<Result<Vec<_>>>()?,
-                );
-                self.command_check(c, command).await
-            }
+            Step::Kubectl(c) => self.kubectl(c).await,
+            Step::KuportStatus(c) => self.kuport_status(c).await,
             Step::RollingRestart(r) => self.rolling_restart(r),
             Step::HostListener(l) => {
                 let pid = self.start_host_listener(l)?;
@@ -812,19 +660,200 @@ impl Runner<'_> {
                     json!({"node": l.node, "stopped": format!("{}/{}", l.port, l.protocol.as_str()), "pid": pid}),
                 ))
             }
-            Step::Cleanup(n) => {
-                let ns = self.topo.node(&n.node)?.ns.clone();
-                let out = std::process::Command::new("ip")
-                    .args(["netns", "exec", &ns, &self.topo.bin("kuport"), "cleanup"])
-                    .output()
-                    .context("running kuport cleanup")?;
-                Ok((
-                    out.status.success(),
-                    json!({"node": n.node, "exit": out.status.code(),
-                           "stderr": String::from_utf8_lossy(&out.stderr).trim()}),
-                ))
-            }
+            Step::Cleanup(n) => self.cleanup(n),
         }
+    }
+
+    /// Moves a pod to another node (a new address there) and updates its Service's endpoints.
+    async fn move_pod(&mut self, m: &scenario::MovePod) -> Result<(bool, Value)> {
+        let pod = topology::remove_pod(self.lab, &mut self.topo, &m.pod)?;
+        topology::start_pod(self.lab, &mut self.topo, &pod.spec, &m.to)?;
+        if let Some(p) = self.topo.pods.get_mut(&m.pod) {
+            p.ready = pod.ready;
+        }
+        if let Some(svc) = &pod.spec.service {
+            self.sync_service(&pod.spec.namespace, svc).await?;
+        }
+        let ip = self.topo.pods.get(&m.pod).map(|p| p.ip.to_string());
+        Ok((
+            true,
+            json!({"pod": m.pod, "from": pod.node, "to": m.to, "address": ip}),
+        ))
+    }
+
+    /// Marks a pod ready or not and updates its Service's endpoints.
+    async fn set_ready(&mut self, r: &scenario::SetReady) -> Result<(bool, Value)> {
+        let pod = self
+            .topo
+            .pods
+            .get_mut(&r.pod)
+            .with_context(|| format!("no pod {}", r.pod))?;
+        pod.ready = r.ready;
+        let (ns, svc) = (pod.spec.namespace.clone(), pod.spec.service.clone());
+        if let Some(svc) = svc {
+            self.sync_service(&ns, &svc).await?;
+        }
+        Ok((true, json!({"pod": r.pod, "ready": r.ready})))
+    }
+
+    /// Sets a node's Ready condition as its kubelet would.
+    async fn set_node_ready(&self, n: &scenario::SetNodeReady) -> Result<(bool, Value)> {
+        let mesh = self.topo.node(&n.node)?.mesh;
+        self.cluster()?
+            .set_node_ready(&n.node, mesh, n.ready)
+            .await?;
+        Ok((true, json!({"node": n.node, "ready": n.ready})))
+    }
+
+    /// Stops one of a pod's responders (the pod stays, its port refuses).
+    fn stop_responder(&mut self, r: &scenario::Responder) -> Result<(bool, Value)> {
+        let pod = self
+            .topo
+            .pods
+            .get_mut(&r.pod)
+            .with_context(|| format!("no pod {}", r.pod))?;
+        let pid = pod
+            .responders
+            .remove(&(r.protocol, r.port))
+            .with_context(|| {
+                format!(
+                    "no {} responder on {} in {}",
+                    r.protocol.as_str(),
+                    r.port,
+                    r.pod
+                )
+            })?;
+        self.lab.stop(pid, Signal::TERM, Duration::from_secs(2))?;
+        Ok((
+            true,
+            json!({"pod": r.pod, "stopped": format!("{}/{}", r.port, r.protocol.as_str())}),
+        ))
+    }
+
+    /// Starts a responder in a pod again.
+    fn start_responder(&mut self, r: &scenario::Responder) -> Result<(bool, Value)> {
+        let mut pod = self
+            .topo
+            .pods
+            .remove(&r.pod)
+            .with_context(|| format!("no pod {}", r.pod))?;
+        let started = topology::start_responder(self.lab, &self.topo, &mut pod, r.protocol, r.port);
+        self.topo.pods.insert(r.pod.clone(), pod);
+        started?;
+        Ok((
+            true,
+            json!({"pod": r.pod, "started": format!("{}/{}", r.port, r.protocol.as_str())}),
+        ))
+    }
+
+    /// Runs a shell command on a node (or a client, the router, a mesh member); the step passes
+    /// when it exits 0.
+    fn host_exec(&self, h: &scenario::HostExec) -> Result<(bool, Value)> {
+        // Extension: `vpn:<client>` and `internet` run on a client instead of a node
+        // (an attacker building its own VXLAN device, say), `router` on the internet
+        // router, a neighbour on the public segment.
+        let ns = if h.node == "internet" {
+            topology::CLIENT_NS.to_string()
+        } else if h.node == "router" {
+            topology::INET_NS.to_string()
+        } else if h.node.starts_with("vpn:") {
+            self.topo.mesh_member(&h.node)?.ns.clone()
+        } else {
+            self.topo.node(&h.node)?.ns.clone()
+        };
+        let command = self.expand(&h.command)?;
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", &ns, "sh", "-c", &command])
+            .output()
+            .context("running the host command")?;
+        Ok((
+            out.status.success(),
+            json!({"node": h.node, "command": command, "exit": out.status.code(),
+                   "output": String::from_utf8_lossy(&out.stdout).trim(),
+                   "stderr": String::from_utf8_lossy(&out.stderr).trim()}),
+        ))
+    }
+
+    /// Records what a node holds outside kuport, to compare after the agent has come and gone.
+    fn snapshot_host(&mut self, s: &scenario::Snapshot) -> Result<(bool, Value)> {
+        let listing = topology::foreign_listing(&self.topo.node(&s.node)?.ns)?;
+        let lines = listing.lines().count();
+        self.snapshots
+            .insert((s.node.clone(), s.name.clone()), listing);
+        Ok((
+            true,
+            json!({"node": s.node, "snapshot": s.name, "lines": lines}),
+        ))
+    }
+
+    /// Compares what a node holds outside kuport with a snapshot: the step passes when nothing
+    /// differs.
+    fn compare_host(&self, s: &scenario::Snapshot) -> Result<(bool, Value)> {
+        let before = self
+            .snapshots
+            .get(&(s.node.clone(), s.name.clone()))
+            .with_context(|| format!("no snapshot {} of {}", s.name, s.node))?;
+        let now = topology::foreign_listing(&self.topo.node(&s.node)?.ns)?;
+        let diff = diff_lines(before, &now);
+        Ok((
+            diff.is_empty(),
+            json!({"node": s.node, "snapshot": s.name, "lines": now.lines().count(), "differences": diff}),
+        ))
+    }
+
+    /// Checks that a node holds nothing of kuport's (table, links, rules, routes).
+    fn expect_host_clean(&self, n: &scenario::NodeRef) -> Result<(bool, Value)> {
+        let left = topology::kuport_leftovers(&self.topo.node(&n.node)?.ns)?;
+        Ok((
+            left.is_empty(),
+            json!({"node": n.node, "expected": [], "got": left}),
+        ))
+    }
+
+    /// Runs kubectl against the lab's API server and checks its exit and output.
+    async fn kubectl(&self, c: &scenario::CommandCheck) -> Result<(bool, Value)> {
+        let kubectl = std::env::var("KUPORT_KUBECTL").unwrap_or_else(|_| "kubectl".to_owned());
+        let kubeconfig = self.topo.kubeconfig.display().to_string();
+        let mut command = vec![kubectl, "--kubeconfig".to_owned(), kubeconfig];
+        command.extend(
+            c.args
+                .iter()
+                .map(|a| self.expand(a))
+                .collect::<Result<Vec<_>>>()?,
+        );
+        self.command_check(c, command).await
+    }
+
+    /// Runs `kuport status` against the lab's API server and checks its exit and output.
+    async fn kuport_status(&self, c: &scenario::CommandCheck) -> Result<(bool, Value)> {
+        let kubeconfig = self.topo.kubeconfig.display().to_string();
+        let mut command = vec![
+            self.topo.bin("kuport"),
+            "status".to_owned(),
+            "--kubeconfig".to_owned(),
+            kubeconfig,
+        ];
+        command.extend(
+            c.args
+                .iter()
+                .map(|a| self.expand(a))
+                .collect::<Result<Vec<_>>>()?,
+        );
+        self.command_check(c, command).await
+    }
+
+    /// Runs `kuport cleanup` in a node's namespace; the step passes when it exits 0.
+    fn cleanup(&self, n: &scenario::NodeRef) -> Result<(bool, Value)> {
+        let ns = self.topo.node(&n.node)?.ns.clone();
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", &ns, &self.topo.bin("kuport"), "cleanup"])
+            .output()
+            .context("running kuport cleanup")?;
+        Ok((
+            out.status.success(),
+            json!({"node": n.node, "exit": out.status.code(),
+                   "stderr": String::from_utf8_lossy(&out.stderr).trim()}),
+        ))
     }
 
     /// Restarts the agents one node at a time while probe loops run on their own thread (the
@@ -1191,6 +1220,11 @@ fn diff_lines(before: &str, now: &str) -> Vec<String> {
     out.extend(b.iter().filter(|l| !a.contains(l)).map(|l| format!("+{l}")));
     out.truncate(20);
     out
+}
+
+/// The detail of a step that signalled an agent: the node and the signal's name.
+fn signalled(a: &scenario::AgentSignal) -> Value {
+    json!({"node": a.node, "signal": format!("{:?}", a.signal).to_uppercase()})
 }
 
 /// The outage: the API server's namespace resets every connection to its port, so agents see

@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use rustix::process::{Pid, Signal};
-use serde::{Deserialize, Serialize};
 
 /// Where the record and the logs live: on tmpfs, root-only, gone after a reboot like the
 /// namespaces it describes.
@@ -17,6 +16,9 @@ pub const RUN_DIR: &str = "/run/kuport-lab";
 
 pub use kuport_testkit::process::run;
 use kuport_testkit::process::{stdout_of, stop_child};
+pub use kuport_testkit::wait::wait_until;
+
+use crate::record::{LabState, ProcessRecord, SysctlRecord};
 
 /// Runs a command feeding `input` on stdin.
 pub fn run_with_input(program: &str, args: &[&str], input: &str) -> Result<String> {
@@ -119,46 +121,6 @@ pub fn exec(ns: &str, program: &str, args: &[&str]) -> Result<String> {
     let mut all = vec!["netns", "exec", ns, program];
     all.extend_from_slice(args);
     run("ip", &all)
-}
-
-/// One long-lived process the lab started.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct ProcessRecord {
-    pub pid: i32,
-    /// `/proc/<pid>/comm` when it was started: `down` kills a pid only while it still names the
-    /// same program, so a recycled pid is never hit.
-    pub comm: String,
-    pub what: String,
-}
-
-/// Everything a lab run created, saved after every change.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-#[serde(default)]
-pub struct LabState {
-    pub namespaces: Vec<String>,
-    pub processes: Vec<ProcessRecord>,
-    /// The lab created `/run/wireguard` as a mount point (and removes it again).
-    pub created_run_wireguard: bool,
-    /// Local cluster: cgroups the lab created, by name under every hierarchy's root (one per
-    /// node, holding its runtime, kubelet and pods); their processes are killed and the
-    /// cgroups removed.
-    pub cgroups: Vec<String>,
-    /// Local cluster: host-wide sysctls as they were before a kubelet changed them, restored.
-    pub sysctls: Vec<SysctlRecord>,
-    /// Local cluster: directories the lab created on the host (mount points for the nodes'
-    /// private bind mounts), removed when empty, deepest first.
-    pub host_dirs: Vec<String>,
-    /// Local cluster: the nodes' data (containerd's images and snapshots, kubelet's root),
-    /// removed whole.
-    pub data_dirs: Vec<String>,
-}
-
-/// A sysctl's value before the lab (or a kubelet it started) changed it.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct SysctlRecord {
-    /// `/proc/sys/...` path.
-    pub path: String,
-    pub value: String,
 }
 
 /// The lab's record and its live children.
@@ -490,20 +452,6 @@ fn comm_of(pid: i32) -> Option<String> {
     std::fs::read_to_string(format!("/proc/{pid}/comm"))
         .ok()
         .map(|s| s.trim().to_string())
-}
-
-/// Polls `check` every 50 ms until it returns true or `timeout` passes.
-pub fn wait_until(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if check() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 #[cfg(test)]

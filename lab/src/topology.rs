@@ -18,7 +18,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use kuport_core::ir::{LINK_PREFIX, PREF_LOOP_GUARD, PREF_REPLY, TABLE};
 
-use crate::scenario::{Cni, Firewall, PodSpec, Protocol, RpFilter, Scenario};
+use crate::scenario::{Cni, Firewall, NodeSpec, PodSpec, Protocol, RpFilter, Scenario};
 use crate::sys::{self, Lab, exec, ip, ip_in, ip_line, sh};
 
 pub const UL_NS: &str = "kl-ul";
@@ -141,80 +141,11 @@ pub fn build(lab: &mut Lab, scenario: &Scenario, bins: &Path) -> Result<Topology
     };
     for (i, spec) in scenario.nodes.iter().enumerate() {
         let index = u8::try_from(i + 1).context("too many nodes")?;
-        let ns = format!("kl-{}", spec.name);
-        lab.add_namespace(&ns)?;
-        exec(
-            &ns,
-            "sysctl",
-            &[
-                "-qw",
-                "net.ipv4.ip_forward=1",
-                &format!("net.ipv4.conf.all.rp_filter={rp}"),
-                &format!("net.ipv4.conf.default.rp_filter={rp}"),
-            ],
-        )?;
-        let underlay_ip = Ipv4Addr::new(192, 0, 2, index);
-        attach_underlay(&ns, &format!("u{index}"), underlay_ip)?;
-        let public = if spec.public {
-            let addr = Ipv4Addr::new(203, 0, 113, index);
-            ip_line(&format!(
-                "link add enp1s0 netns {ns} type veth peer name p{index} netns {INET_NS}"
-            ))?;
-            ip_in(INET_NS, &format!("link set p{index} master pub0 up"))?;
-            ip_in(&ns, &format!("addr add {addr}/24 dev enp1s0"))?;
-            ip_in(&ns, "link set enp1s0 up")?;
-            ip_in(&ns, "route add default via 203.0.113.254 dev enp1s0")?;
-            Some(addr)
-        } else {
-            // A worker's own egress: an underlay gateway that does not forward, so a reply
-            // taking the wrong route is lost as on a real site.
-            ip_in(&ns, "route add default via 192.0.2.254 dev ul0")?;
-            None
-        };
-        let mesh = Ipv4Addr::new(100, 64, 0, index);
-        let pod_cidr = format!("10.244.{index}.0/24");
-        let wg_pid = start_wireguard(lab, &ns, &spec.name)?;
-        let (key, public_key) = keypair(&topo.key_dir, &spec.name)?;
-        topo.mesh.push(MeshMember {
-            name: spec.name.clone(),
-            ns: ns.clone(),
-            underlay: underlay_ip,
-            mesh,
-            pod_cidr: (scenario.cni != Cni::CiliumTunnel).then(|| pod_cidr.clone()),
-            wg_pid,
-            key,
-            public_key,
-            is_node: true,
-        });
-        topo.nodes.push(NodeInfo {
-            name: spec.name.clone(),
-            ns,
-            index,
-            public,
-            mesh,
-            pod_cidr,
-            pod_gateway: Ipv4Addr::new(10, 244, index, 1),
-        });
+        add_node(lab, &mut topo, index, spec, rp, scenario.cni)?;
     }
     for (j, name) in scenario.vpn_clients.iter().enumerate() {
         let index = u8::try_from(j + 1).context("too many VPN clients")?;
-        let ns = format!("kl-vpn-{name}");
-        lab.add_namespace(&ns)?;
-        let underlay_ip = Ipv4Addr::new(192, 0, 2, 100 + index);
-        attach_underlay(&ns, &format!("v{index}"), underlay_ip)?;
-        let wg_pid = start_wireguard(lab, &ns, name)?;
-        let (key, public_key) = keypair(&topo.key_dir, &format!("vpn-{name}"))?;
-        topo.mesh.push(MeshMember {
-            name: format!("vpn:{name}"),
-            ns,
-            underlay: underlay_ip,
-            mesh: Ipv4Addr::new(100, 64, 1, index),
-            pod_cidr: None,
-            wg_pid,
-            key,
-            public_key,
-            is_node: false,
-        });
+        add_vpn_client(lab, &mut topo, index, name)?;
     }
     // Every member's private key is readable by root only, or the lab refuses to go on.
     let mut secrets: Vec<&Path> = vec![&topo.key_dir];
@@ -229,6 +160,98 @@ pub fn build(lab: &mut Lab, scenario: &Scenario, bins: &Path) -> Result<Topology
     }
     check_mesh(&topo)?;
     Ok(topo)
+}
+
+/// Node `index` (from 1): its namespace with forwarding and the scenario's `rp_filter`, its
+/// underlay port, its public port on the internet segment (or, for a worker, a default route
+/// into the underlay), its WireGuard mesh member and its pod network.
+fn add_node(
+    lab: &mut Lab,
+    topo: &mut Topology,
+    index: u8,
+    spec: &NodeSpec,
+    rp: &str,
+    cni_mode: Cni,
+) -> Result<()> {
+    let ns = format!("kl-{}", spec.name);
+    lab.add_namespace(&ns)?;
+    exec(
+        &ns,
+        "sysctl",
+        &[
+            "-qw",
+            "net.ipv4.ip_forward=1",
+            &format!("net.ipv4.conf.all.rp_filter={rp}"),
+            &format!("net.ipv4.conf.default.rp_filter={rp}"),
+        ],
+    )?;
+    let underlay_ip = Ipv4Addr::new(192, 0, 2, index);
+    attach_underlay(&ns, &format!("u{index}"), underlay_ip)?;
+    let public = if spec.public {
+        let addr = Ipv4Addr::new(203, 0, 113, index);
+        ip_line(&format!(
+            "link add enp1s0 netns {ns} type veth peer name p{index} netns {INET_NS}"
+        ))?;
+        ip_in(INET_NS, &format!("link set p{index} master pub0 up"))?;
+        ip_in(&ns, &format!("addr add {addr}/24 dev enp1s0"))?;
+        ip_in(&ns, "link set enp1s0 up")?;
+        ip_in(&ns, "route add default via 203.0.113.254 dev enp1s0")?;
+        Some(addr)
+    } else {
+        // A worker's own egress: an underlay gateway that does not forward, so a reply
+        // taking the wrong route is lost as on a real site.
+        ip_in(&ns, "route add default via 192.0.2.254 dev ul0")?;
+        None
+    };
+    let mesh = Ipv4Addr::new(100, 64, 0, index);
+    let pod_cidr = format!("10.244.{index}.0/24");
+    let wg_pid = start_wireguard(lab, &ns, &spec.name)?;
+    let (key, public_key) = keypair(&topo.key_dir, &spec.name)?;
+    topo.mesh.push(MeshMember {
+        name: spec.name.clone(),
+        ns: ns.clone(),
+        underlay: underlay_ip,
+        mesh,
+        pod_cidr: (cni_mode != Cni::CiliumTunnel).then(|| pod_cidr.clone()),
+        wg_pid,
+        key,
+        public_key,
+        is_node: true,
+    });
+    topo.nodes.push(NodeInfo {
+        name: spec.name.clone(),
+        ns,
+        index,
+        public,
+        mesh,
+        pod_cidr,
+        pod_gateway: Ipv4Addr::new(10, 244, index, 1),
+    });
+
+    Ok(())
+}
+
+/// VPN client `index` (from 1): a namespace on the underlay that is only a mesh member.
+fn add_vpn_client(lab: &mut Lab, topo: &mut Topology, index: u8, name: &str) -> Result<()> {
+    let ns = format!("kl-vpn-{name}");
+    lab.add_namespace(&ns)?;
+    let underlay_ip = Ipv4Addr::new(192, 0, 2, 100 + index);
+    attach_underlay(&ns, &format!("v{index}"), underlay_ip)?;
+    let wg_pid = start_wireguard(lab, &ns, name)?;
+    let (key, public_key) = keypair(&topo.key_dir, &format!("vpn-{name}"))?;
+    topo.mesh.push(MeshMember {
+        name: format!("vpn:{name}"),
+        ns,
+        underlay: underlay_ip,
+        mesh: Ipv4Addr::new(100, 64, 1, index),
+        pod_cidr: None,
+        wg_pid,
+        key,
+        public_key,
+        is_node: false,
+    });
+
+    Ok(())
 }
 
 fn underlay(lab: &mut Lab) -> Result<()> {

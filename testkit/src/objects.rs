@@ -247,6 +247,12 @@ pub fn vxlan_spec(nodes: &[(&str, &[&str])]) -> Value {
     json!({"nodes": nodes_json(nodes), "returnPath": {"mode": "Vxlan"}})
 }
 
+/// A class's `returnPath` in Vxlan mode with its link settings: VNI, UDP port and the subnet
+/// its links' /31s come from.
+pub fn vxlan_return_path(vni: u32, port: u16, subnet: &str) -> Value {
+    json!({"mode": "Vxlan", "vxlan": {"vni": vni, "port": port, "subnet": subnet}})
+}
+
 /// A None-mode class spec.
 pub fn none_spec(nodes: &[(&str, &[&str])]) -> Value {
     json!({"nodes": nodes_json(nodes), "returnPath": {"mode": "None"}})
@@ -470,6 +476,14 @@ mod tests {
                  "targetRef": {"kind": "Pod", "name": "gs-0", "namespace": "games"}},
                 {"addresses": ["10.244.0.6"], "nodeName": "n2", "conditions": {}},
             ])
+        );
+    }
+
+    #[test]
+    fn a_vxlan_return_path_carries_its_link_settings() {
+        assert_eq!(
+            vxlan_return_path(7000, 4790, "169.254.0.0/20"),
+            json!({"mode": "Vxlan", "vxlan": {"vni": 7000, "port": 4790, "subnet": "169.254.0.0/20"}})
         );
     }
 

@@ -41,6 +41,21 @@ pub async fn eventually_checking<F, Fut>(
     }
 }
 
+/// Polls `check` every 50 ms until it returns true or `timeout` passes; says which. Blocking,
+/// for code outside an async runtime (the lab's setup and teardown).
+pub fn wait_until(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if check() {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::cell::Cell;
@@ -64,6 +79,16 @@ mod tests {
         )
         .await;
         assert_eq!((rounds.get(), also.get()), (3, 3));
+    }
+
+    #[test]
+    fn wait_until_says_whether_the_check_held_in_time() {
+        let mut rounds = 0;
+        assert!(wait_until(Duration::from_secs(10), || {
+            rounds += 1;
+            rounds == 2
+        }));
+        assert!(!wait_until(Duration::ZERO, || false));
     }
 
     #[tokio::test]

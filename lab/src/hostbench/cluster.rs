@@ -12,8 +12,8 @@ use k8s_openapi::jiff::Timestamp;
 use kuport_core::ir::{ChainId, HostState, Rule};
 use kuport_core::plan::plan;
 use kuport_core::snapshot::{HostFacts, Snapshot};
-use kuport_testkit::cluster::CREATED;
-use kuport_testkit::objects::{self, endpoint, node_row, nodes_json, pm, slice};
+use kuport_testkit::cluster::{CREATED, NOW, facts_v4};
+use kuport_testkit::objects::{self, endpoint, node_row, nodes_json, pm, slice, vxlan_return_path};
 use serde_json::{Value, json};
 
 /// The node every mapping lands on.
@@ -33,21 +33,14 @@ const FIRST_PORT: u16 = 20_000;
 const NAMESPACE: &str = "bench";
 const CLASS: &str = "bench";
 
-/// The instant every plan is computed at.
+/// The instant every plan is computed at: the tests' (testkit's).
 pub fn now() -> Result<Timestamp> {
-    "2026-06-01T12:00:00Z"
-        .parse()
-        .context("parsing the bench's fixed timestamp")
+    NOW.parse().context("parsing the bench's fixed timestamp")
 }
 
 /// What the node reads from its own host.
 pub fn facts() -> HostFacts {
-    HostFacts {
-        interfaces: [(PUBLIC_IF.to_owned(), PUBLIC_ADDR)].into_iter().collect(),
-        underlay_device: Some(PUBLIC_IF.to_owned()),
-        underlay_mtu: Some(1500),
-        ..HostFacts::default()
-    }
+    facts_v4(&[(PUBLIC_IF, PUBLIC_ADDR)], PUBLIC_IF, 1500)
 }
 
 /// Mapping `j` of `n`: (port, pod address). The last one is the target.
@@ -81,7 +74,7 @@ pub fn snapshot(n: usize, moved: bool) -> Result<Snapshot> {
     let spec = json!({
         "nodes": nodes_json(&[(NODE, &[PUBLIC_IF])]),
         "ports": {"min": 1024, "max": 65535},
-        "returnPath": {"mode": "Vxlan", "vxlan": {"vni": 7000, "port": 4790, "subnet": "169.254.0.0/20"}}});
+        "returnPath": vxlan_return_path(7000, 4790, "169.254.0.0/20")});
     let row = node_row(NODE, json!({PUBLIC_IF: PUBLIC_ADDR.to_string()}), 1500);
     let class = objects::class(CLASS, spec)
         .created(CREATED)

@@ -216,64 +216,8 @@ impl Topology {
         let client = Netns::create(PREFIX, &format!("f{index}-client"))?;
         let node = Netns::create(PREFIX, &format!("f{index}-node"))?;
         let pod = Netns::create(PREFIX, &format!("f{index}-pod"))?;
-        let public = format!("{PUBLIC_ADDR}/24");
-        let gateway = format!("{POD_GATEWAY}/24");
-        let pod_addr = format!("{TARGET_POD}/24");
-        let internal = format!("{INTERNAL_IP}/32");
-        client.ip(&[
-            "link",
-            "add",
-            "eth0",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            PUBLIC_IF,
-            "netns",
-            node.name(),
-        ])?;
-        node.ip(&[
-            "link",
-            "add",
-            "pod0",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            pod.name(),
-        ])?;
-        client.ip(&["addr", "add", &format!("{CLIENT_ADDR}/24"), "dev", "eth0"])?;
-        for i in 0..SOURCES {
-            let a = source(i);
-            client.ip(&["addr", "add", &format!("{a}/24"), "dev", "eth0"])?;
-        }
-        client.ip(&["link", "set", "eth0", "up"])?;
-        node.ip(&["addr", "add", &public, "dev", PUBLIC_IF])?;
-        node.ip(&["addr", "add", &gateway, "dev", "pod0"])?;
-        node.ip(&["addr", "add", &internal, "dev", "lo"])?;
-        node.ip(&["link", "set", PUBLIC_IF, "up"])?;
-        node.ip(&["link", "set", "pod0", "up"])?;
-        pod.ip(&["addr", "add", &pod_addr, "dev", "eth0"])?;
-        pod.ip(&["link", "set", "eth0", "up"])?;
-        pod.ip(&["route", "add", "default", "via", POD_GATEWAY])?;
-        node.exec("sysctl", &["-qw", "net.ipv4.ip_forward=1"])?;
-        node.exec(
-            "sysctl",
-            &["-qw", "net.netfilter.nf_conntrack_udp_timeout=1"],
-        )?;
-
-        let exe = std::env::current_exe().context("finding the current executable")?;
-        let mut cmd = node.command(&exe);
-        cmd.args([PROGRAM, &mappings.to_string()])
-            .stdout(Stdio::piped());
-        let text =
-            Proc::spawn(cmd, &format!("{PROGRAM} {mappings}"))?.finish(Duration::from_secs(60))?;
-        let rules = text.trim().to_owned();
-        if rules.is_empty() {
-            anyhow::bail!("{PROGRAM} {mappings} printed no table size");
-        }
+        wire(&client, &node, &pod)?;
+        let rules = load_table(&node, mappings)?;
 
         let pod_dev = pod.run("pod counters", || {
             File::open("/proc/thread-self/net/dev").context("opening the pod's /proc/net/dev")
@@ -370,6 +314,75 @@ impl Topology {
             first_error: flooded.first_error,
         })
     }
+}
+
+/// The client's port to the node's public interface and the node's to the pod, with their
+/// addresses and routes; the node forwards and forgets UDP flows after a second.
+fn wire(client: &Netns, node: &Netns, pod: &Netns) -> Result<()> {
+    let public = format!("{PUBLIC_ADDR}/24");
+    let gateway = format!("{POD_GATEWAY}/24");
+    let pod_addr = format!("{TARGET_POD}/24");
+    let internal = format!("{INTERNAL_IP}/32");
+    client.ip(&[
+        "link",
+        "add",
+        "eth0",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        PUBLIC_IF,
+        "netns",
+        node.name(),
+    ])?;
+    node.ip(&[
+        "link",
+        "add",
+        "pod0",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "eth0",
+        "netns",
+        pod.name(),
+    ])?;
+    client.ip(&["addr", "add", &format!("{CLIENT_ADDR}/24"), "dev", "eth0"])?;
+    for i in 0..SOURCES {
+        let a = source(i);
+        client.ip(&["addr", "add", &format!("{a}/24"), "dev", "eth0"])?;
+    }
+    client.ip(&["link", "set", "eth0", "up"])?;
+    node.ip(&["addr", "add", &public, "dev", PUBLIC_IF])?;
+    node.ip(&["addr", "add", &gateway, "dev", "pod0"])?;
+    node.ip(&["addr", "add", &internal, "dev", "lo"])?;
+    node.ip(&["link", "set", PUBLIC_IF, "up"])?;
+    node.ip(&["link", "set", "pod0", "up"])?;
+    pod.ip(&["addr", "add", &pod_addr, "dev", "eth0"])?;
+    pod.ip(&["link", "set", "eth0", "up"])?;
+    pod.ip(&["route", "add", "default", "via", POD_GATEWAY])?;
+    node.exec("sysctl", &["-qw", "net.ipv4.ip_forward=1"])?;
+    node.exec(
+        "sysctl",
+        &["-qw", "net.netfilter.nf_conntrack_udp_timeout=1"],
+    )?;
+    Ok(())
+}
+
+/// Loads the table for `mappings` mappings in the node's namespace (a child process of this
+/// program, which plans and applies it); returns the table size it prints.
+fn load_table(node: &Netns, mappings: usize) -> Result<String> {
+    let exe = std::env::current_exe().context("finding the current executable")?;
+    let mut cmd = node.command(&exe);
+    cmd.args([PROGRAM, &mappings.to_string()])
+        .stdout(Stdio::piped());
+    let text =
+        Proc::spawn(cmd, &format!("{PROGRAM} {mappings}"))?.finish(Duration::from_secs(60))?;
+    let rules = text.trim().to_owned();
+    if rules.is_empty() {
+        anyhow::bail!("{PROGRAM} {mappings} printed no table size");
+    }
+    Ok(rules)
 }
 
 fn source(i: u64) -> Ipv4Addr {

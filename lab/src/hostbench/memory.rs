@@ -26,7 +26,9 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kuport_core::api::{PortMap, PortMapClass};
 use kuport_testkit::netns::{Netns, owned_name};
-use kuport_testkit::objects::{self, endpoint, link_claim, nodes_json, pm, slice};
+use kuport_testkit::objects::{
+    self, endpoint, link_claim, nodes_json, pm, slice, vxlan_return_path,
+};
 use kuport_testkit::process::Proc;
 use serde_json::json;
 
@@ -234,6 +236,54 @@ fn internal_ip(i: usize) -> String {
     format!("100.64.{}.{}", i / 250, 1 + i % 250)
 }
 
+/// A client of the model at [`API`], once it listens (within 20 s).
+async fn api_client() -> Result<kube::Client> {
+    let addr: SocketAddr = API.parse().context("parsing the API address")?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while tokio::net::TcpStream::connect(addr).await.is_err() {
+        if Instant::now() > deadline {
+            bail!("kuport-sim did not listen on {API} within 20 s");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let url = format!("http://{API}")
+        .parse()
+        .context("parsing the API URL")?;
+    let client =
+        kube::Client::try_from(kube::Config::new(url)).context("building the Kubernetes client")?;
+    Ok(client)
+}
+
+/// Creates the class `public` on the agent's node and lands every pod node's link claim in its
+/// status; returns how many objects it created.
+async fn create_class(client: &kube::Client) -> Result<usize> {
+    let spec = json!({"nodes": nodes_json(&[(AGENT_NODE, &["eth0"])]),
+                      "ports": {"min": 1024, "max": 65535},
+                      "namespaceSelector": {"matchLabels": {"tier": "public"}},
+                      "returnPath": vxlan_return_path(10000, 4790, "169.254.0.0/20")});
+    let class: PortMapClass = serde_json::from_value(objects::class("public", spec).object())
+        .context("building the PortMapClass")?;
+    let count = create_all(&Api::all(client.clone()), vec![class], |_| None).await?;
+    // Every pod node's agent would have claimed its pair with the agent's node; only this
+    // one agent runs, so the claims are written as landed.
+    let links: Vec<serde_json::Value> = (1..NODES)
+        .map(|i| {
+            let base = 2 * i as u32;
+            let subnet = format!("169.254.{}.{}/31", base / 256, base % 256);
+            link_claim(&format!("{AGENT_NODE}/{}", node_name(i)), i, &subnet)
+        })
+        .collect();
+    Api::<PortMapClass>::all(client.clone())
+        .patch_status(
+            "public",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"links": links}})),
+        )
+        .await
+        .context("landing the link claims in the class status")?;
+    Ok(count)
+}
+
 /// Creates every object; returns how many. Runs inside the namespace.
 fn populate(annotation: usize) -> Result<usize> {
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -241,19 +291,7 @@ fn populate(annotation: usize) -> Result<usize> {
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(async {
-        let addr: SocketAddr = API.parse().context("parsing the API address")?;
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while tokio::net::TcpStream::connect(addr).await.is_err() {
-            if Instant::now() > deadline {
-                bail!("kuport-sim did not listen on {API} within 20 s");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let url = format!("http://{API}")
-            .parse()
-            .context("parsing the API URL")?;
-        let client = kube::Client::try_from(kube::Config::new(url))
-            .context("building the Kubernetes client")?;
+        let client = api_client().await?;
         let mut count = 0;
 
         let namespaces: Vec<Namespace> = (0..NAMESPACES)
@@ -273,31 +311,7 @@ fn populate(annotation: usize) -> Result<usize> {
             .context("building Nodes")?;
         count += create_all(&Api::all(client.clone()), nodes, |_| None).await?;
 
-        let spec = json!({"nodes": nodes_json(&[(AGENT_NODE, &["eth0"])]),
-                          "ports": {"min": 1024, "max": 65535},
-                          "namespaceSelector": {"matchLabels": {"tier": "public"}},
-                          "returnPath": {"mode": "Vxlan", "vxlan": {"vni": 10000, "port": 4790,
-                                                                    "subnet": "169.254.0.0/20"}}});
-        let class: PortMapClass = serde_json::from_value(objects::class("public", spec).object())
-            .context("building the PortMapClass")?;
-        count += create_all(&Api::all(client.clone()), vec![class], |_| None).await?;
-        // Every pod node's agent would have claimed its pair with the agent's node; only this
-        // one agent runs, so the claims are written as landed.
-        let links: Vec<serde_json::Value> = (1..NODES)
-            .map(|i| {
-                let base = 2 * i as u32;
-                let subnet = format!("169.254.{}.{}/31", base / 256, base % 256);
-                link_claim(&format!("{AGENT_NODE}/{}", node_name(i)), i, &subnet)
-            })
-            .collect();
-        Api::<PortMapClass>::all(client.clone())
-            .patch_status(
-                "public",
-                &PatchParams::default(),
-                &Patch::Merge(json!({"status": {"links": links}})),
-            )
-            .await
-            .context("landing the link claims in the class status")?;
+        count += create_class(&client).await?;
 
         let mut portmaps = Vec::new();
         let mut slices = Vec::new();

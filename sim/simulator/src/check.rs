@@ -1,140 +1,46 @@
 //! The invariants: those that must hold on every step and every pass, and those that must hold
-//! once the cluster has quiesced.
+//! once the cluster has quiesced; and the stepping of the world ([`World::run_for`]), which runs
+//! the per-step checks and measures convergence.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::hash::{Hash, Hasher};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use kuport_core::plan::{Plan, plan};
 use kuport_core::snapshot::Snapshot;
 
-use crate::world::{World, WorldError, lock};
+use crate::sync::lock;
+use crate::world::{World, WorldError};
 
-/// One broken invariant.
-#[derive(Clone, Debug)]
-pub struct Violation {
-    /// Simulated time it was seen.
-    pub at: Duration,
-    /// Which invariant.
-    pub invariant: &'static str,
-    /// What was seen, naming the objects.
-    pub detail: String,
-}
-
-/// Every violation of one run.
-#[derive(Debug, Default)]
-pub struct Violations {
-    /// In the order seen.
-    pub found: Vec<Violation>,
-    /// Class rows per class on the previous step (to see one vanish).
-    rows: BTreeMap<String, BTreeSet<String>>,
-}
-
-impl Violations {
-    fn push(&mut self, at: Duration, invariant: &'static str, detail: String) {
-        // One of each kind per object is enough to read; a broken run would otherwise print
-        // the same line on every step.
-        if self
-            .found
-            .iter()
-            .any(|v| v.invariant == invariant && v.detail == detail)
-        {
-            return;
+impl World {
+    /// Runs the simulation for `span` of simulated time, checking the per-step invariants.
+    pub fn run_for(&mut self, span: Duration) -> Result<(), WorldError> {
+        let until = self.sim.elapsed() + span;
+        while self.sim.elapsed() < until {
+            self.sim.step()?;
+            self.now_ms
+                .store(self.sim.elapsed().as_millis() as u64, Ordering::Relaxed);
+            each_step(self);
+            self.measure_convergence()?;
         }
-        self.found.push(Violation {
-            at,
-            invariant,
-            detail,
-        });
+        Ok(())
     }
-}
 
-/// The global decisions of one mapping, as agents must agree on them.
-type Decision = (String, Option<String>, Option<String>, Option<String>);
-
-/// What the agents decided, recorded by each pass.
-#[derive(Debug, Default)]
-pub struct Observations {
-    /// The first node's decisions for each snapshot seen (by the snapshot's fingerprint).
-    by_snapshot: BTreeMap<u64, (String, Vec<Decision>)>,
-    /// Passes recorded.
-    pub passes: u64,
-    /// Broken invariants seen in passes: (invariant, detail).
-    pub found: Vec<(&'static str, String)>,
-}
-
-/// A fingerprint of the objects a snapshot holds (kind, namespace, name, resourceVersion) and
-/// the CNI facts: two agents with the same fingerprint saw the same cluster.
-fn fingerprint(snapshot: &Snapshot) -> u64 {
-    fn meta<K: kube::Resource>(kind: &str, items: &[K], h: &mut impl Hasher) {
-        for o in items {
-            let m = o.meta();
-            (kind, &m.namespace, &m.name, &m.resource_version).hash(h);
+    /// Every 100 ms of simulated time while a change is pending: has every agent converged?
+    fn measure_convergence(&mut self) -> Result<(), WorldError> {
+        let now = self.elapsed();
+        let Some(since) = self.pending_change.filter(|_| !self.api_paused) else {
+            return Ok(());
+        };
+        if now < self.last_check + Duration::from_millis(100) {
+            return Ok(());
         }
-    }
-    // Fixed keys: the fingerprint is the same in every process.
-    let mut h = std::hash::DefaultHasher::new();
-    meta("class", &snapshot.classes, &mut h);
-    meta("portmap", &snapshot.portmaps, &mut h);
-    meta("slice", &snapshot.endpoint_slices, &mut h);
-    meta("node", &snapshot.nodes, &mut h);
-    meta("namespace", &snapshot.namespaces, &mut h);
-    format!("{:?}", snapshot.cni).hash(&mut h);
-    h.finish()
-}
-
-fn decisions(plan: &Plan) -> Vec<Decision> {
-    plan.portmaps
-        .iter()
-        .map(|d| {
-            (
-                format!("{}/{}", d.namespace, d.name),
-                d.endpoint.as_ref().map(|e| format!("{e:?}")),
-                d.serving_node.clone(),
-                d.status_writer.clone(),
-            )
-        })
-        .collect()
-}
-
-impl Observations {
-    /// Records one pass of `node`, checking agreement with any other node that saw the same
-    /// snapshot, and that the node writes only the statuses its own plan makes it the writer of.
-    pub fn record(&mut self, node: &str, snapshot: &Snapshot, plan: &Plan) {
-        self.passes += 1;
-        let mine = decisions(plan);
-        match self.by_snapshot.get(&fingerprint(snapshot)) {
-            Some((other, theirs)) if other != node && *theirs != mine => {
-                let differ = mine
-                    .iter()
-                    .zip(theirs)
-                    .find(|(a, b)| a != b)
-                    .map(|(a, b)| format!("{node} decided {a:?}, {other} decided {b:?}"))
-                    .unwrap_or_else(|| format!("{node} and {other} decided different mappings"));
-                self.found.push(("agreement", differ));
-            }
-            Some(_) => {}
-            None => {
-                self.by_snapshot
-                    .insert(fingerprint(snapshot), (node.to_owned(), mine));
-            }
+        self.last_check = now;
+        if differences(self)?.is_empty() {
+            self.convergence.push(now - since);
+            self.pending_change = None;
         }
-        for write in &plan.writes.portmaps {
-            let writer = plan
-                .portmaps
-                .iter()
-                .find(|d| d.namespace == write.namespace && d.name == write.name)
-                .and_then(|d| d.status_writer.as_deref());
-            if writer != Some(node) {
-                self.found.push((
-                    "single writer",
-                    format!(
-                        "{node} writes the status of PortMap {}/{} whose writer is {writer:?}",
-                        write.namespace, write.name
-                    ),
-                ));
-            }
-        }
+        Ok(())
     }
 }
 

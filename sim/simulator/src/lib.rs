@@ -5,5 +5,7 @@
 
 pub mod check;
 pub mod net;
+pub mod record;
 pub mod scenario;
+mod sync;
 pub mod world;

@@ -119,7 +119,7 @@ pub fn client(node: &str, count: Arc<RequestCount>, tamper: Option<Tamper>) -> k
                 count.writes.fetch_add(1, Ordering::Relaxed);
                 let path = req.uri().path();
                 if path.ends_with("/status") {
-                    crate::world::lock(&count.status_writes).push(path.to_owned());
+                    crate::sync::lock(&count.status_writes).push(path.to_owned());
                 }
             }
             let req = match tamper {

@@ -6,10 +6,12 @@
 use std::time::Duration;
 
 use kuport::agent::PassHook;
+use kuport_testkit::objects::{self, endpoint, nodes_json, vxlan_return_path};
 use serde_json::{Value, json};
 
-use crate::check::{Violation, quiesce};
+use crate::check::quiesce;
 use crate::net::Tamper;
+use crate::record::Violation;
 use crate::world::{World, WorldConfig, WorldError};
 
 /// A scenario's script: changes the cluster (through `World`), with faults, over simulated
@@ -170,51 +172,40 @@ pub fn run(scenario: &Scenario, seeds: &[u64], variant: &Variant) -> Summary {
 /// A class accepting on `nodes` (interface `eth0`), Single or Multi; `index` keeps classes'
 /// return-link settings (VNI, port, subnet) apart.
 pub fn class(name: &str, index: u8, nodes: &[&str], multi: bool) -> Value {
-    let nodes: serde_json::Map<String, Value> = nodes
-        .iter()
-        .map(|n| ((*n).to_owned(), json!({"interfaces": ["eth0"]})))
-        .collect();
-    json!({
-        "apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMapClass",
-        "metadata": {"name": name},
-        "spec": {"nodes": nodes, "servingMode": if multi { "Multi" } else { "Single" },
-                 "returnPath": {"mode": "Vxlan", "vxlan": {
-                     "vni": 5000 + 1000 * i32::from(index),
-                     "port": 4790 + i32::from(index),
-                     "subnet": format!("169.254.{}.0/24", 77 + index)}}},
-    })
+    let nodes: Vec<(&str, &[&str])> = nodes.iter().map(|n| (*n, &["eth0"][..])).collect();
+    let spec = json!({
+        "nodes": nodes_json(&nodes),
+        "servingMode": if multi { "Multi" } else { "Single" },
+        "returnPath": vxlan_return_path(
+            5000 + 1000 * u32::from(index),
+            4790 + u16::from(index),
+            &format!("169.254.{}.0/24", 77 + index),
+        ),
+    });
+    objects::class(name, spec).object()
 }
 
 /// A UDP PortMap `games/<name>` of `class` on `port`, aimed at Service `<service>` port `game`.
 pub fn portmap(name: &str, class: &str, port: u16, service: &str) -> Value {
-    json!({
-        "apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMap",
-        "metadata": {"name": name, "namespace": "games"},
-        "spec": {"className": class, "protocol": "UDP", "port": port,
-                 "serviceRef": {"name": service, "port": "game"}},
-    })
+    objects::pm("games", name, class, i32::from(port))
+        .service(service, "game")
+        .object()
 }
 
 /// The EndpointSlice of Service `<service>` with its one pod on `node` (none when `None`),
 /// ready or not.
 pub fn slice(service: &str, node: Option<&str>, ready: bool) -> Value {
-    let endpoints: Vec<Value> = node
-        .map(|n| {
-            let host = n.trim_start_matches(|c: char| !c.is_ascii_digit());
-            json!({"addresses": [format!("10.244.{host}.5")], "conditions": {"ready": ready},
-                   "nodeName": n,
-                   "targetRef": {"kind": "Pod", "name": format!("{service}-0"), "namespace": "games"}})
-        })
-        .into_iter()
-        .collect();
-    json!({
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": format!("{service}-x"), "namespace": "games",
-                     "labels": {"kubernetes.io/service-name": service}},
-        "addressType": "IPv4",
-        "ports": [{"name": "game", "protocol": "UDP", "port": 3000}],
-        "endpoints": endpoints,
-    })
+    let mut slice =
+        objects::slice("games", &format!("{service}-x"), service).port("game", "UDP", 3000);
+    if let Some(n) = node {
+        // The pod's address is in the node's pod CIDR (`World::create_node` numbers it).
+        let host = n.trim_start_matches(|c: char| !c.is_ascii_digit());
+        let pod = endpoint(&format!("10.244.{host}.5"), n)
+            .ready(ready)
+            .pod("games", &format!("{service}-0"));
+        slice = slice.endpoint(pod);
+    }
+    slice.object()
 }
 
 impl World {
@@ -249,5 +240,60 @@ impl World {
     /// Picks one of `items` with the scenario's generator.
     pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
         &items[self.rng.below(items.len())]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The objects as the scenarios wrote them by hand before they came from testkit: a
+    // scenario's results and digests depend on every byte the model stores.
+
+    #[test]
+    fn a_class_is_the_object_the_scenarios_always_created() {
+        for (index, multi) in [(0, false), (1, true)] {
+            let expected = json!({
+                "apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMapClass",
+                "metadata": {"name": "public"},
+                "spec": {"nodes": {"n1": {"interfaces": ["eth0"]}, "n2": {"interfaces": ["eth0"]}},
+                         "servingMode": if multi { "Multi" } else { "Single" },
+                         "returnPath": {"mode": "Vxlan", "vxlan": {
+                             "vni": 5000 + 1000 * i32::from(index),
+                             "port": 4790 + i32::from(index),
+                             "subnet": format!("169.254.{}.0/24", 77 + index)}}},
+            });
+            assert_eq!(class("public", index, &["n1", "n2"], multi), expected);
+        }
+    }
+
+    #[test]
+    fn a_portmap_is_the_object_the_scenarios_always_created() {
+        let expected = json!({
+            "apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMap",
+            "metadata": {"name": "alpha-vip", "namespace": "games"},
+            "spec": {"className": "vip", "protocol": "UDP", "port": 4000,
+                     "serviceRef": {"name": "alpha", "port": "game"}},
+        });
+        assert_eq!(portmap("alpha-vip", "vip", 4000, "alpha"), expected);
+    }
+
+    #[test]
+    fn a_slice_is_the_object_the_scenarios_always_created() {
+        let with_pod = |endpoints: Value| {
+            json!({
+                "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"name": "alpha-x", "namespace": "games",
+                             "labels": {"kubernetes.io/service-name": "alpha"}},
+                "addressType": "IPv4",
+                "ports": [{"name": "game", "protocol": "UDP", "port": 3000}],
+                "endpoints": endpoints,
+            })
+        };
+        let on_n2 = json!([{"addresses": ["10.244.2.5"], "conditions": {"ready": false},
+            "nodeName": "n2",
+            "targetRef": {"kind": "Pod", "name": "alpha-0", "namespace": "games"}}]);
+        assert_eq!(slice("alpha", Some("n2"), false), with_pod(on_n2));
+        assert_eq!(slice("alpha", None, true), with_pod(json!([])));
     }
 }

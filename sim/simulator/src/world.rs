@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Service};
@@ -20,8 +20,9 @@ use kuport_host::MemoryHost;
 use kuport_sim::apiserver::{ApiServer, SplitMix64};
 use serde_json::Value;
 
-use crate::check::{Observations, Violations};
 use crate::net::{self, API_HOST, API_PORT, RequestCount, Tamper};
+use crate::record::{Observations, Violations};
+use crate::sync::lock;
 
 /// The simulated wall clock starts here (any fixed instant: runs must not depend on the day).
 const EPOCH_SECONDS: i64 = 1_800_000_000;
@@ -81,11 +82,11 @@ pub struct World {
     /// Input changes the script made.
     pub changes: u64,
     /// The model is paused (every request waits): the checks, which read it, wait too.
-    api_paused: bool,
+    pub(crate) api_paused: bool,
     /// When the last input change was made, while the agents have not converged on it.
-    pending_change: Option<Duration>,
+    pub(crate) pending_change: Option<Duration>,
     /// When convergence was last checked.
-    last_check: Duration,
+    pub(crate) last_check: Duration,
     /// From each change (or burst of changes) to every agent's convergence on it.
     pub convergence: Vec<Duration>,
     driver_rt: tokio::runtime::Runtime,
@@ -256,35 +257,7 @@ impl World {
         Duration::from_millis(self.now_ms.load(Ordering::Relaxed))
     }
 
-    /// Runs the simulation for `span` of simulated time, checking the per-step invariants.
-    pub fn run_for(&mut self, span: Duration) -> Result<(), WorldError> {
-        let until = self.sim.elapsed() + span;
-        while self.sim.elapsed() < until {
-            self.sim.step()?;
-            self.now_ms
-                .store(self.sim.elapsed().as_millis() as u64, Ordering::Relaxed);
-            crate::check::each_step(self);
-            self.measure_convergence()?;
-        }
-        Ok(())
-    }
-
-    /// Every 100 ms of simulated time while a change is pending: has every agent converged?
-    fn measure_convergence(&mut self) -> Result<(), WorldError> {
-        let now = self.elapsed();
-        let Some(since) = self.pending_change.filter(|_| !self.api_paused) else {
-            return Ok(());
-        };
-        if now < self.last_check + Duration::from_millis(100) {
-            return Ok(());
-        }
-        self.last_check = now;
-        if crate::check::differences(self)?.is_empty() {
-            self.convergence.push(now - since);
-            self.pending_change = None;
-        }
-        Ok(())
-    }
+    // Stepping the simulation (`run_for`) lives in `check`, beside the per-step checks it runs.
 
     /// The driver's client (in-process, outside the simulated network: it never fails by
     /// partition, only by the faults the model injects).
@@ -578,11 +551,6 @@ impl World {
             .map(|s| s.requests.all.load(Ordering::Relaxed))
             .sum()
     }
-}
-
-/// A lock that a panicked holder does not poison for the checks.
-pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn type_of(object: &Value) -> (&str, &str) {

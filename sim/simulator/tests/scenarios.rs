@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use kuport_sim::apiserver::{Failure, RequestFilter};
-use kuport_simulator::check::Violation;
+use kuport_simulator::record::Violation;
 use kuport_simulator::scenario::{self, Scenario, Variant, class, portmap, run_seed, seeds};
 use kuport_simulator::world::{World, WorldError};
 

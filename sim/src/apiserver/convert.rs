@@ -10,14 +10,7 @@
 
 use serde_json::{Map, Value};
 
-use super::resources::Resource;
-
-/// How a view's fields map to its storage resource's fields.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Conversion {
-    /// `events.k8s.io/v1` Event over core `v1` Event.
-    EventsV1,
-}
+use super::resource::{Conversion, Resource};
 
 /// (`events.k8s.io/v1` field, core `v1` field): the fields whose names differ. Every other
 /// field (`metadata`, `eventTime`, `series`, `reason`, `type`, `action`, `related`,
@@ -82,7 +75,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::apiserver::resources::all_resources;
+    use crate::apiserver::catalog::all_resources;
 
     fn find<'a>(all: &'a [Resource], group: &str) -> &'a Resource {
         all.iter()

@@ -7,8 +7,8 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
 use super::Inner;
-use super::http::json_response;
-use super::resources::Resource;
+use super::resource::Resource;
+use super::response::json_response;
 
 const AGGREGATED: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
 const VERBS: [&str; 8] = [
@@ -307,72 +307,8 @@ fn openapi_document(inner: &Inner, group: &str, version: &str) -> Value {
     ]);
     let prefix = format!("/{}", gv_path(group, version));
     for r in in_gv(inner, group, version) {
-        let name = schema_name(r);
-        let reference = json!({"$ref": format!("#/components/schemas/{name}")});
-        let gvk = json!({"group": r.group, "version": r.version, "kind": r.kind});
-        let ok = json!({"200": {"description": "OK", "content": {"application/json": {"schema": reference}}}});
-        let body = json!({"content": {"application/json": {"schema": reference}}});
-        let mut patch_types = vec![
-            "application/json-patch+json",
-            "application/merge-patch+json",
-        ];
-        if r.custom.is_none() {
-            patch_types.push("application/strategic-merge-patch+json");
-        }
-        let patch_body: Map<String, Value> = patch_types
-            .iter()
-            .map(|t| ((*t).to_owned(), json!({"schema": {"type": "object"}})))
-            .collect();
-        let op = |action: &str, id: &str, extra: Value| {
-            let mut o = json!({
-                "operationId": format!("{id}{}", r.kind),
-                "x-kubernetes-action": action,
-                "x-kubernetes-group-version-kind": gvk,
-                "responses": ok,
-            });
-            if let (Some(o), Some(extra)) = (o.as_object_mut(), extra.as_object()) {
-                o.extend(extra.clone());
-            }
-            o
-        };
-        let collection = if r.namespaced {
-            format!("{prefix}/namespaces/{{namespace}}/{}", r.plural)
-        } else {
-            format!("{prefix}/{}", r.plural)
-        };
-        paths.insert(
-            collection.clone(),
-            json!({
-                "get": op("list", "list", json!({})),
-                "post": op("post", "create", json!({"requestBody": body, "parameters": write_params})),
-                "delete": op("deletecollection", "deleteCollection", json!({})),
-            }),
-        );
-        if r.namespaced {
-            paths.insert(
-                format!("{prefix}/{}", r.plural),
-                json!({"get": op("list", "listAllNamespaces", json!({}))}),
-            );
-        }
-        let item_ops = json!({
-            "get": op("get", "read", json!({})),
-            "put": op("put", "replace", json!({"requestBody": body, "parameters": write_params})),
-            "patch": op("patch", "patch", json!({"requestBody": {"content": patch_body}, "parameters": write_params})),
-            "delete": op("delete", "delete", json!({})),
-            "parameters": [{"name": "name", "in": "path", "required": true, "schema": {"type": "string"}}],
-        });
-        paths.insert(format!("{collection}/{{name}}"), item_ops);
-        if r.status_subresource {
-            paths.insert(
-                format!("{collection}/{{name}}/status"),
-                json!({
-                    "get": op("get", "readStatus", json!({})),
-                    "put": op("put", "replaceStatus", json!({"requestBody": body, "parameters": write_params})),
-                    "patch": op("patch", "patchStatus", json!({"requestBody": {"content": patch_body}, "parameters": write_params})),
-                }),
-            );
-        }
-        schemas.insert(name, kind_schema(r));
+        resource_paths(r, &prefix, &write_params, &mut paths);
+        schemas.insert(schema_name(r), kind_schema(r));
     }
     json!({
         "openapi": "3.0.0",
@@ -380,6 +316,80 @@ fn openapi_document(inner: &Inner, group: &str, version: &str) -> Value {
         "paths": paths,
         "components": {"schemas": schemas},
     })
+}
+
+/// The paths of resource `r` under `prefix` (its group version's), each with its operations:
+/// the collection, the all-namespaces list of a namespaced kind, the object and its status.
+fn resource_paths(
+    r: &Resource,
+    prefix: &str,
+    write_params: &Value,
+    paths: &mut Map<String, Value>,
+) {
+    let reference = json!({"$ref": format!("#/components/schemas/{}", schema_name(r))});
+    let gvk = json!({"group": r.group, "version": r.version, "kind": r.kind});
+    let ok = json!({"200": {"description": "OK", "content": {"application/json": {"schema": reference}}}});
+    let body = json!({"content": {"application/json": {"schema": reference}}});
+    let mut patch_types = vec![
+        "application/json-patch+json",
+        "application/merge-patch+json",
+    ];
+    if r.custom.is_none() {
+        patch_types.push("application/strategic-merge-patch+json");
+    }
+    let patch_body: Map<String, Value> = patch_types
+        .iter()
+        .map(|t| ((*t).to_owned(), json!({"schema": {"type": "object"}})))
+        .collect();
+    let op = |action: &str, id: &str, extra: Value| {
+        let mut o = json!({
+            "operationId": format!("{id}{}", r.kind),
+            "x-kubernetes-action": action,
+            "x-kubernetes-group-version-kind": gvk,
+            "responses": ok,
+        });
+        if let (Some(o), Some(extra)) = (o.as_object_mut(), extra.as_object()) {
+            o.extend(extra.clone());
+        }
+        o
+    };
+    let collection = if r.namespaced {
+        format!("{prefix}/namespaces/{{namespace}}/{}", r.plural)
+    } else {
+        format!("{prefix}/{}", r.plural)
+    };
+    paths.insert(
+        collection.clone(),
+        json!({
+            "get": op("list", "list", json!({})),
+            "post": op("post", "create", json!({"requestBody": body, "parameters": write_params})),
+            "delete": op("deletecollection", "deleteCollection", json!({})),
+        }),
+    );
+    if r.namespaced {
+        paths.insert(
+            format!("{prefix}/{}", r.plural),
+            json!({"get": op("list", "listAllNamespaces", json!({}))}),
+        );
+    }
+    let item_ops = json!({
+        "get": op("get", "read", json!({})),
+        "put": op("put", "replace", json!({"requestBody": body, "parameters": write_params})),
+        "patch": op("patch", "patch", json!({"requestBody": {"content": patch_body}, "parameters": write_params})),
+        "delete": op("delete", "delete", json!({})),
+        "parameters": [{"name": "name", "in": "path", "required": true, "schema": {"type": "string"}}],
+    });
+    paths.insert(format!("{collection}/{{name}}"), item_ops);
+    if r.status_subresource {
+        paths.insert(
+            format!("{collection}/{{name}}/status"),
+            json!({
+                "get": op("get", "readStatus", json!({})),
+                "put": op("put", "replaceStatus", json!({"requestBody": body, "parameters": write_params})),
+                "patch": op("patch", "patchStatus", json!({"requestBody": {"content": patch_body}, "parameters": write_params})),
+            }),
+        );
+    }
 }
 
 /// FNV-1a: a stable content hash for the OpenAPI index, so kubectl's cache key changes exactly

@@ -2,7 +2,7 @@
 
 use serde_json::{Value, json};
 
-use super::resources::Resource;
+use super::resource::Resource;
 
 /// A failed API request, rendered as a `meta/v1` `Status` object with the same `reason`, `code`
 /// and message wording as kube-apiserver, because clients (kube-rs, kubectl) branch on them.

@@ -1,51 +1,25 @@
-//! HTTP: routing Kubernetes paths to the store, query parsing, Tables, and watch streams.
+//! HTTP: routing Kubernetes paths to discovery and the store. A request is resolved into a
+//! [`Call`] (its target, verb and body), admitted past the fault hooks, then dispatched on its
+//! verb; watches stream from `watches`, query parsing is in `query`.
 
-use std::collections::{BTreeMap, VecDeque};
-use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
-use tokio::sync::watch;
-use tokio::time::Instant;
 
 use super::error::ApiError;
 use super::faults::RequestInfo;
-use super::selector::{FieldSelector, LabelSelector};
-use super::store::{ChangeKind, ListQuery, PatchKind, WriteOpts, too_large};
+use super::query::{Query, flag, list_query, parse_query};
+use super::response::{error_response, json_response};
+use super::store::{PatchKind, WriteOpts};
 use super::table::{IncludeObject, to_table};
-use super::{ApiServer, Inner, discovery};
+use super::{ApiServer, Inner, discovery, watches};
 
 /// The largest request body accepted (the real server's limit is about 3 MiB).
 const MAX_BODY: usize = 3 * 1024 * 1024;
-
-/// A watch without `timeoutSeconds` ends after this long, like the real server's
-/// `--min-request-timeout`.
-const DEFAULT_WATCH_TIMEOUT: Duration = Duration::from_secs(1800);
-
-pub(crate) fn json_response(code: u16, body: &Value) -> Response {
-    let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (
-        status,
-        [(header::CONTENT_TYPE, "application/json")],
-        body.to_string(),
-    )
-        .into_response()
-}
-
-fn error_response(e: &ApiError) -> Response {
-    let mut response = json_response(e.code, &e.to_status());
-    if e.code == 429 {
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
-    }
-    response
-}
 
 /// The single entry point: every path is routed here.
 pub(crate) async fn handle(State(server): State<ApiServer>, req: Request) -> Response {
@@ -56,17 +30,23 @@ pub(crate) async fn handle(State(server): State<ApiServer>, req: Request) -> Res
     }
 }
 
-type Query = BTreeMap<String, String>;
-
-fn parse_query(raw: Option<&str>) -> Query {
-    raw.map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
-        .unwrap_or_default()
+/// One request to a resource, resolved: what it acts on and everything its verb reads.
+struct Call {
+    target: Target,
+    verb: &'static str,
+    /// The object or collection as messages name it: `portmaps.kuport.wlz.li "gs"`.
+    what: String,
+    query: Query,
+    headers: HeaderMap,
+    bytes: Bytes,
+    opts: WriteOpts,
+    /// The client asked for a `Table` (`Accept: ...;as=Table`).
+    table: bool,
+    include: IncludeObject,
 }
 
-fn flag(q: &Query, key: &str) -> bool {
-    matches!(q.get(key).map(String::as_str), Some("true" | "1"))
-}
-
+/// Discovery and health paths answer directly; a resource path is resolved, admitted past the
+/// fault hooks, its body read, then dispatched on its verb.
 async fn route(server: &ApiServer, req: Request) -> Result<Response, ApiError> {
     let (parts, body) = req.into_parts();
     let path = parts.uri.path().to_owned();
@@ -99,15 +79,48 @@ async fn route(server: &ApiServer, req: Request) -> Result<Response, ApiError> {
         Some(name) => format!("{} \"{name}\"", r.qualified()),
         None => r.qualified(),
     };
+    admit(inner, &target, verb, &what).await?;
+    let bytes = read_body(body, &parts.headers, &what).await?;
+    let opts = WriteOpts {
+        dry_run: query.get("dryRun").is_some_and(|v| v == "All"),
+        strict: query.get("fieldValidation").is_some_and(|v| v == "Strict"),
+        patch: parts.method == Method::PATCH,
+    };
+    let call = Call {
+        table: accept.contains("as=Table"),
+        include: IncludeObject::parse(query.get("includeObject").map(String::as_str)),
+        target,
+        verb,
+        what,
+        query,
+        headers: parts.headers,
+        bytes,
+        opts,
+    };
+    dispatch(server, &call)
+}
+
+/// The fault hooks: an injected failure answers instead of the model, an injected delay waits.
+async fn admit(
+    inner: &Inner,
+    target: &Target,
+    verb: &'static str,
+    what: &str,
+) -> Result<(), ApiError> {
     let info = RequestInfo {
         verb,
-        resource: &r.plural,
+        resource: &inner.resource(target.res).plural,
         status: target.status,
     };
-    if let Some(e) = inner.faults.check(info, &what) {
+    if let Some(e) = inner.faults.check(info, what) {
         return Err(e);
     }
     inner.faults.slow(info).await;
+    Ok(())
+}
+
+/// The request body, refused when too large or (when there is one) not JSON-encoded.
+async fn read_body(body: Body, headers: &HeaderMap, what: &str) -> Result<Bytes, ApiError> {
     let bytes = axum::body::to_bytes(body, MAX_BODY).await.map_err(|e| {
         ApiError::new(
             413,
@@ -116,112 +129,108 @@ async fn route(server: &ApiServer, req: Request) -> Result<Response, ApiError> {
         )
     })?;
     if !bytes.is_empty() {
-        check_content_type(&parts.headers, &what)?;
+        check_content_type(headers, what)?;
     }
-    let opts = WriteOpts {
-        dry_run: query.get("dryRun").is_some_and(|v| v == "All"),
-        strict: query.get("fieldValidation").is_some_and(|v| v == "Strict"),
-        patch: parts.method == Method::PATCH,
-    };
-    let table = accept.contains("as=Table");
-    let include = IncludeObject::parse(query.get("includeObject").map(String::as_str));
-    let ns = target.namespace.as_deref();
-    let name = target.name.as_deref().unwrap_or_default();
-    let res = target.res;
-    match verb {
-        "get" => {
-            let object = inner.get(res, ns, name)?;
-            if table {
-                let meta = json!({"resourceVersion": object["metadata"]["resourceVersion"]});
-                return Ok(json_response(
-                    200,
-                    &to_table(r, &[object.as_ref()], meta, include, inner.now()),
-                ));
-            }
-            Ok(json_response(200, &object))
-        }
-        "list" => {
-            let q = list_query(inner, res, &query)?;
-            let (items, meta) = inner.list(res, ns, &q)?;
-            if table {
-                let refs: Vec<&Value> = items.iter().map(Arc::as_ref).collect();
-                return Ok(json_response(
-                    200,
-                    &to_table(r, &refs, meta, include, inner.now()),
-                ));
-            }
-            let body = json!({
-                "kind": format!("{}List", r.kind),
-                "apiVersion": r.api_version(),
-                "metadata": meta,
-                "items": items.iter().map(|o| o.as_ref().clone()).collect::<Vec<_>>(),
-            });
-            Ok(json_response(200, &body))
-        }
-        "watch" => watch(server, res, ns, &query),
+    Ok(bytes)
+}
+
+fn dispatch(server: &ApiServer, call: &Call) -> Result<Response, ApiError> {
+    let inner = &server.inner;
+    let res = call.target.res;
+    let ns = call.target.namespace.as_deref();
+    let name = call.target.name.as_deref().unwrap_or_default();
+    let what = call.what.as_str();
+    match call.verb {
+        "get" => get(inner, call),
+        "list" => list(inner, call),
+        "watch" => watches::watch(server, res, ns, &call.query),
         "create" => {
-            let object = inner.create(res, ns, parse_body(&bytes, &what)?, opts)?;
+            let object = inner.create(res, ns, parse_body(&call.bytes, what)?, call.opts)?;
             Ok(json_response(201, &object))
         }
         "update" => {
-            let object = inner.update(
-                res,
-                ns,
-                name,
-                parse_body(&bytes, &what)?,
-                target.status,
-                opts,
-            )?;
+            let body = parse_body(&call.bytes, what)?;
+            let object = inner.update(res, ns, name, body, call.target.status, call.opts)?;
             Ok(json_response(200, &object))
         }
         "patch" => {
-            let kind = patch_kind(&parts.headers, r.custom.is_some(), &what)?;
-            let object = inner.patch(
-                res,
-                ns,
-                name,
-                (kind, parse_body(&bytes, &what)?),
-                target.status,
-                opts,
-            )?;
+            let custom = inner.resource(res).custom.is_some();
+            let kind = patch_kind(&call.headers, custom, what)?;
+            let patch = (kind, parse_body(&call.bytes, what)?);
+            let object = inner.patch(res, ns, name, patch, call.target.status, call.opts)?;
             Ok(json_response(200, &object))
         }
         "delete" => {
-            let options = if bytes.is_empty() {
+            let options = if call.bytes.is_empty() {
                 Value::Null
             } else {
-                parse_body(&bytes, &what)?
+                parse_body(&call.bytes, what)?
             };
-            let object = inner.delete(res, ns, name, &options, opts)?;
+            let object = inner.delete(res, ns, name, &options, call.opts)?;
             Ok(json_response(200, &object))
         }
-        "deletecollection" => {
-            let q = list_query(inner, res, &query)?;
-            let (items, meta) = inner.list(res, ns, &q)?;
-            let mut deleted = Vec::new();
-            for item in items {
-                let item_ns = item["metadata"]["namespace"].as_str().map(str::to_owned);
-                let item_name = item["metadata"]["name"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned();
-                match inner.delete(res, item_ns.as_deref(), &item_name, &Value::Null, opts) {
-                    Ok(o) => deleted.push(o.as_ref().clone()),
-                    // Deleted concurrently: the collection delete still succeeds.
-                    Err(e) if e.code == 404 => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            let body = json!({
-                "kind": format!("{}List", r.kind),
-                "apiVersion": r.api_version(),
-                "metadata": meta,
-                "items": deleted,
-            });
-            Ok(json_response(200, &body))
-        }
-        other => Err(ApiError::method_not_allowed(other, &what)),
+        "deletecollection" => delete_collection(inner, call),
+        other => Err(ApiError::method_not_allowed(other, what)),
     }
+}
+
+fn get(inner: &Inner, call: &Call) -> Result<Response, ApiError> {
+    let name = call.target.name.as_deref().unwrap_or_default();
+    let object = inner.get(call.target.res, call.target.namespace.as_deref(), name)?;
+    if call.table {
+        let meta = json!({"resourceVersion": object["metadata"]["resourceVersion"]});
+        let r = inner.resource(call.target.res);
+        let table = to_table(r, &[object.as_ref()], meta, call.include, inner.now());
+        return Ok(json_response(200, &table));
+    }
+    Ok(json_response(200, &object))
+}
+
+fn list(inner: &Inner, call: &Call) -> Result<Response, ApiError> {
+    let res = call.target.res;
+    let q = list_query(inner, res, &call.query)?;
+    let (items, meta) = inner.list(res, call.target.namespace.as_deref(), &q)?;
+    let r = inner.resource(res);
+    if call.table {
+        let refs: Vec<&Value> = items.iter().map(Arc::as_ref).collect();
+        let table = to_table(r, &refs, meta, call.include, inner.now());
+        return Ok(json_response(200, &table));
+    }
+    let body = json!({
+        "kind": format!("{}List", r.kind),
+        "apiVersion": r.api_version(),
+        "metadata": meta,
+        "items": items.iter().map(|o| o.as_ref().clone()).collect::<Vec<_>>(),
+    });
+    Ok(json_response(200, &body))
+}
+
+fn delete_collection(inner: &Inner, call: &Call) -> Result<Response, ApiError> {
+    let res = call.target.res;
+    let q = list_query(inner, res, &call.query)?;
+    let (items, meta) = inner.list(res, call.target.namespace.as_deref(), &q)?;
+    let mut deleted = Vec::new();
+    for item in items {
+        let item_ns = item["metadata"]["namespace"].as_str().map(str::to_owned);
+        let item_name = item["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        match inner.delete(res, item_ns.as_deref(), &item_name, &Value::Null, call.opts) {
+            Ok(o) => deleted.push(o.as_ref().clone()),
+            // Deleted concurrently: the collection delete still succeeds.
+            Err(e) if e.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let r = inner.resource(res);
+    let body = json!({
+        "kind": format!("{}List", r.kind),
+        "apiVersion": r.api_version(),
+        "metadata": meta,
+        "items": deleted,
+    });
+    Ok(json_response(200, &body))
 }
 
 fn parse_body(bytes: &Bytes, what: &str) -> Result<Value, ApiError> {
@@ -350,235 +359,4 @@ fn verb_of(method: &Method, target: &Target, q: &Query) -> Result<&'static str, 
         }
     };
     Ok(verb)
-}
-
-fn parse_rv(q: &Query) -> Result<Option<u64>, ApiError> {
-    match q.get("resourceVersion").map(String::as_str) {
-        None | Some("") | Some("0") => Ok(None),
-        Some(v) => v.parse().map(Some).map_err(|_| {
-            ApiError::bad_request(format!(
-                "invalid resourceVersion {v:?}: not a version this server issued"
-            ))
-        }),
-    }
-}
-
-fn list_query(inner: &Inner, res: usize, q: &Query) -> Result<ListQuery, ApiError> {
-    let limit = match q.get("limit") {
-        None => None,
-        Some(l) => Some(l.parse::<usize>().map_err(|_| {
-            ApiError::bad_request(format!("invalid limit {l:?}: not a non-negative integer"))
-        })?),
-    };
-    Ok(ListQuery {
-        labels: LabelSelector::parse(
-            q.get("labelSelector")
-                .map(String::as_str)
-                .unwrap_or_default(),
-        )?,
-        fields: FieldSelector::parse(
-            q.get("fieldSelector")
-                .map(String::as_str)
-                .unwrap_or_default(),
-            inner.resource(res),
-        )?,
-        limit,
-        continue_token: q.get("continue").filter(|c| !c.is_empty()).cloned(),
-        resource_version: parse_rv(q)?,
-        exact: q.get("resourceVersionMatch").is_some_and(|m| m == "Exact"),
-    })
-}
-
-// ---------------------------------------------------------------------------------- watch
-
-struct WatchStream {
-    server: ApiServer,
-    res: usize,
-    namespace: Option<String>,
-    labels: LabelSelector,
-    fields: FieldSelector,
-    cursor: u64,
-    pending: VecDeque<Bytes>,
-    done: bool,
-    deadline: Instant,
-    bookmarks: bool,
-    next_bookmark: Instant,
-    changes: watch::Receiver<u64>,
-    close: watch::Receiver<u64>,
-}
-
-fn line(event_type: &str, object: &Value) -> Bytes {
-    let mut text = json!({"type": event_type, "object": object}).to_string();
-    text.push('\n');
-    Bytes::from(text)
-}
-
-impl WatchStream {
-    fn matches(&self, object: &Value) -> bool {
-        self.labels.matches(object) && self.fields.matches(object)
-    }
-
-    fn bookmark(&self, initial_end: bool) -> Bytes {
-        let r = self.server.inner.resource(self.res);
-        let mut metadata = json!({"resourceVersion": self.cursor.to_string()});
-        if initial_end {
-            metadata["annotations"] = json!({"k8s.io/initial-events-end": "true"});
-        }
-        line(
-            "BOOKMARK",
-            &json!({"kind": r.kind, "apiVersion": r.api_version(), "metadata": metadata}),
-        )
-    }
-
-    /// Reads the changes after the cursor into event lines; a cursor that left the history
-    /// ends the stream with a 410 `Expired` error event, as the real server does.
-    fn collect(&mut self) -> Vec<Bytes> {
-        let store = self.server.inner.lock();
-        if self.cursor < store.compacted() {
-            self.done = true;
-            return vec![line(
-                "ERROR",
-                &ApiError::expired(self.cursor, store.compacted() + 1).to_status(),
-            )];
-        }
-        let inner = &self.server.inner;
-        let mut out = Vec::new();
-        for change in store.changes_after(self.cursor) {
-            if change.resource != inner.storage(self.res)
-                || self
-                    .namespace
-                    .as_deref()
-                    .is_some_and(|ns| ns != change.namespace)
-            {
-                continue;
-            }
-            let object = inner.view(self.res, change.object.clone());
-            let previous = change.previous.clone().map(|p| inner.view(self.res, p));
-            let now = self.matches(&object);
-            let before = previous.as_deref().is_some_and(|p| self.matches(p));
-            let event_type = match (change.kind, before, now) {
-                (ChangeKind::Added, _, true) => "ADDED",
-                (ChangeKind::Deleted, _, true) => "DELETED",
-                (ChangeKind::Modified, true, true) => "MODIFIED",
-                (ChangeKind::Modified, false, true) => "ADDED",
-                (ChangeKind::Modified, true, false) => "DELETED",
-                _ => continue,
-            };
-            out.push(line(event_type, &object));
-        }
-        self.cursor = store.resource_version();
-        out
-    }
-
-    async fn next(&mut self) -> Option<Bytes> {
-        loop {
-            if let Some(bytes) = self.pending.pop_front() {
-                return Some(bytes);
-            }
-            if self.done {
-                return None;
-            }
-            self.changes.borrow_and_update();
-            let mut batch = self.collect();
-            if !batch.is_empty() {
-                let faults = self.server.inner.faults.clone();
-                let delay = faults.distort_batch(&mut batch);
-                if !delay.is_zero() {
-                    tokio::time::sleep(delay).await;
-                }
-                faults.wait_unpaused().await;
-                self.pending.extend(batch);
-                continue;
-            }
-            // Biased: a simulated run must replay exactly, and tokio's random branch order
-            // is seeded per process.
-            tokio::select! {
-                biased;
-                changed = self.changes.changed() => {
-                    if changed.is_err() {
-                        self.done = true;
-                    }
-                }
-                _ = tokio::time::sleep_until(self.deadline) => self.done = true,
-                _ = self.close.changed() => self.done = true,
-                _ = tokio::time::sleep_until(self.next_bookmark), if self.bookmarks => {
-                    self.pending.push_back(self.bookmark(false));
-                    self.next_bookmark = Instant::now() + self.server.inner.bookmark_interval;
-                }
-            }
-        }
-    }
-}
-
-fn watch(
-    server: &ApiServer,
-    res: usize,
-    namespace: Option<&str>,
-    q: &Query,
-) -> Result<Response, ApiError> {
-    let inner = &server.inner;
-    let list = list_query(inner, res, q)?;
-    let timeout = match q.get("timeoutSeconds") {
-        None => DEFAULT_WATCH_TIMEOUT,
-        Some(t) => Duration::from_secs(t.parse::<u64>().map_err(|_| {
-            ApiError::bad_request(format!(
-                "invalid timeoutSeconds {t:?}: not a non-negative integer"
-            ))
-        })?),
-    };
-    let bookmarks = flag(q, "allowWatchBookmarks");
-    let send_initial = match q.get("sendInitialEvents").map(String::as_str) {
-        Some("true") => Some(true),
-        Some("false") => Some(false),
-        _ => None,
-    };
-    let mut stream = WatchStream {
-        server: server.clone(),
-        res,
-        namespace: namespace.map(str::to_owned),
-        labels: list.labels,
-        fields: list.fields,
-        cursor: 0,
-        pending: VecDeque::new(),
-        done: false,
-        deadline: Instant::now() + timeout,
-        bookmarks,
-        next_bookmark: Instant::now() + inner.bookmark_interval,
-        changes: inner.changes.subscribe(),
-        close: inner.faults.close_receiver(),
-    };
-    {
-        let store = inner.lock();
-        let current = store.resource_version();
-        match (list.resource_version, send_initial) {
-            (Some(rv), _) if rv > current => return Err(too_large(rv, current)),
-            // No version (or "0"), or an explicit request for initial events: start with the
-            // current state as ADDED events; with `sendInitialEvents` end them with a bookmark.
-            (None, None | Some(true)) | (Some(_), Some(true)) => {
-                for (_, object) in store.scan(inner.storage(res), namespace) {
-                    let object = inner.view(res, object.clone());
-                    if stream.matches(&object) {
-                        stream.pending.push_back(line("ADDED", &object));
-                    }
-                }
-                stream.cursor = current;
-                if send_initial == Some(true) {
-                    stream.pending.push_back(stream.bookmark(true));
-                }
-            }
-            (None, Some(false)) => stream.cursor = current,
-            // An expired version is reported in the stream by `collect`, as the real server
-            // does (HTTP 200, then an ERROR event with code 410).
-            (Some(rv), _) => stream.cursor = rv,
-        }
-    }
-    let body = futures_util::stream::unfold(stream, |mut s| async move {
-        s.next().await.map(|b| (Ok::<_, Infallible>(b), s))
-    });
-    Ok((
-        StatusCode::OK,
-        [(header::CONTENT_TYPE, "application/json")],
-        Body::from_stream(body),
-    )
-        .into_response())
 }

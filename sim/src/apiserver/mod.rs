@@ -22,16 +22,21 @@
 //! included) can drive the same service; [`ApiServer::serve`] runs it on anything implementing
 //! axum's `Listener`.
 
+mod catalog;
 mod convert;
 mod discovery;
 mod error;
 mod faults;
 mod http;
-mod resources;
+mod jsonpath;
+mod query;
+mod resource;
+mod response;
 mod schema;
 mod selector;
 mod store;
 mod table;
+mod watches;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -42,8 +47,9 @@ use tokio::sync::watch;
 
 pub use error::{ApiError, BuildError, Cause};
 pub use faults::{Failure, Faults, RequestFilter, SplitMix64};
-pub use resources::Resource;
-pub use table::{JsonPath, human_duration};
+pub use jsonpath::JsonPath;
+pub use resource::Resource;
+pub use table::human_duration;
 
 use store::Store;
 
@@ -110,7 +116,7 @@ impl ApiServerBuilder {
                 what: "must be positive".to_owned(),
             });
         }
-        let resources = resources::all_resources()?;
+        let resources = catalog::all_resources()?;
         let clock = self
             .clock
             .clone()

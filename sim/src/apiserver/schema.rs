@@ -127,38 +127,11 @@ fn bound(n: f64) -> String {
 /// uniqueness of list-map keys and list-set items.
 pub fn check(schema: &Value, value: &Value, path: &str, out: &mut Vec<Cause>) {
     if value.is_null() {
-        if schema.get("nullable").and_then(Value::as_bool) != Some(true) {
-            out.push(Cause::new(
-                "FieldValueTypeInvalid",
-                path,
-                format!(
-                    "Invalid value: \"null\": {path} in body must be of type {}: \"null\"",
-                    schema
-                        .get("type")
-                        .and_then(Value::as_str)
-                        .unwrap_or("object")
-                ),
-            ));
-        }
+        check_null(schema, path, out);
         return;
     }
-    let int_or_string = schema
-        .get("x-kubernetes-int-or-string")
-        .and_then(Value::as_bool)
-        == Some(true);
-    if let Some(want) = schema.get("type").and_then(Value::as_str) {
-        let got = type_name(value);
-        let ok = got == want || (want == "number" && got == "integer");
-        if !ok && !int_or_string {
-            out.push(Cause::new(
-                "FieldValueTypeInvalid",
-                path,
-                format!(
-                    "Invalid value: \"{got}\": {path} in body must be of type {want}: \"{got}\""
-                ),
-            ));
-            return;
-        }
+    if !check_type(schema, value, path, out) {
+        return;
     }
     if let Some(allowed) = schema.get("enum").and_then(Value::as_array)
         && !allowed.contains(value)
@@ -175,128 +148,184 @@ pub fn check(schema: &Value, value: &Value, path: &str, out: &mut Vec<Cause>) {
         ));
     }
     match value {
-        Value::Number(n) => {
-            let x = n.as_f64().unwrap_or(0.0);
-            let exclusive_max =
-                schema.get("exclusiveMaximum").and_then(Value::as_bool) == Some(true);
-            let exclusive_min =
-                schema.get("exclusiveMinimum").and_then(Value::as_bool) == Some(true);
-            if let Some(max) = number(schema, "maximum") {
-                if exclusive_max && x >= max {
-                    out.push(invalid(
-                        path,
-                        value,
-                        &format!("should be less than {}", bound(max)),
-                    ));
-                } else if x > max {
-                    out.push(invalid(
-                        path,
-                        value,
-                        &format!("should be less than or equal to {}", bound(max)),
-                    ));
-                }
-            }
-            if let Some(min) = number(schema, "minimum") {
-                if exclusive_min && x <= min {
-                    out.push(invalid(
-                        path,
-                        value,
-                        &format!("should be greater than {}", bound(min)),
-                    ));
-                } else if x < min {
-                    out.push(invalid(
-                        path,
-                        value,
-                        &format!("should be greater than or equal to {}", bound(min)),
-                    ));
-                }
-            }
-        }
-        Value::String(s) => {
-            let len = s.chars().count();
-            if let Some(min) = count(schema, "minLength")
-                && len < min
-            {
-                out.push(invalid(
-                    path,
-                    value,
-                    &format!("should be at least {min} chars long"),
-                ));
-            }
-            if let Some(max) = count(schema, "maxLength")
-                && len > max
-            {
-                out.push(Cause::new(
-                    "FieldValueTooLong",
-                    path,
-                    format!("Too long: may not be more than {max} bytes"),
-                ));
-            }
-        }
-        Value::Array(items) => {
-            if let Some(min) = count(schema, "minItems")
-                && items.len() < min
-            {
-                out.push(invalid(
-                    path,
-                    value,
-                    &format!("should have at least {min} items"),
-                ));
-            }
-            if let Some(max) = count(schema, "maxItems")
-                && items.len() > max
-            {
-                out.push(Cause::new(
-                    "FieldValueTooMany",
-                    path,
-                    format!("Too many: {}: must have at most {max} items", items.len()),
-                ));
-            }
-            check_list_uniqueness(schema, items, path, out);
-            if let Some(item_schema) = schema.get("items") {
-                for (i, item) in items.iter().enumerate() {
-                    check(item_schema, item, &format!("{path}[{i}]"), out);
-                }
-            }
-        }
-        Value::Object(map) => {
-            if let Some(min) = count(schema, "minProperties")
-                && map.len() < min
-            {
-                out.push(invalid(
-                    path,
-                    value,
-                    &format!("should have at least {min} properties"),
-                ));
-            }
-            if let Some(max) = count(schema, "maxProperties")
-                && map.len() > max
-            {
-                out.push(invalid(
-                    path,
-                    value,
-                    &format!("should have at most {max} properties"),
-                ));
-            }
-            for req in schema
-                .get("required")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .filter_map(Value::as_str)
-            {
-                if !map.contains_key(req) {
-                    out.push(Cause::new(
-                        "FieldValueRequired",
-                        join(path, req),
-                        "Required value",
-                    ));
-                }
-            }
-            check_properties(schema, map, path, out);
-        }
+        Value::Number(n) => check_number(schema, value, n.as_f64().unwrap_or(0.0), path, out),
+        Value::String(s) => check_string(schema, value, s, path, out),
+        Value::Array(items) => check_array(schema, value, items, path, out),
+        Value::Object(map) => check_object(schema, value, map, path, out),
         _ => {}
     }
+}
+
+/// A `null` is an error unless the schema is nullable.
+fn check_null(schema: &Value, path: &str, out: &mut Vec<Cause>) {
+    if schema.get("nullable").and_then(Value::as_bool) != Some(true) {
+        out.push(Cause::new(
+            "FieldValueTypeInvalid",
+            path,
+            format!(
+                "Invalid value: \"null\": {path} in body must be of type {}: \"null\"",
+                schema
+                    .get("type")
+                    .and_then(Value::as_str)
+                    .unwrap_or("object")
+            ),
+        ));
+    }
+}
+
+/// Whether `value` has the schema's type (an integer is a number; `int-or-string` takes either).
+/// A value of the wrong type gets no further checks.
+fn check_type(schema: &Value, value: &Value, path: &str, out: &mut Vec<Cause>) -> bool {
+    let int_or_string = schema
+        .get("x-kubernetes-int-or-string")
+        .and_then(Value::as_bool)
+        == Some(true);
+    if let Some(want) = schema.get("type").and_then(Value::as_str) {
+        let got = type_name(value);
+        let ok = got == want || (want == "number" && got == "integer");
+        if !ok && !int_or_string {
+            out.push(Cause::new(
+                "FieldValueTypeInvalid",
+                path,
+                format!(
+                    "Invalid value: \"{got}\": {path} in body must be of type {want}: \"{got}\""
+                ),
+            ));
+            return false;
+        }
+    }
+    true
+}
+
+/// `maximum` and `minimum`, each exclusive or not.
+fn check_number(schema: &Value, value: &Value, x: f64, path: &str, out: &mut Vec<Cause>) {
+    let exclusive_max = schema.get("exclusiveMaximum").and_then(Value::as_bool) == Some(true);
+    let exclusive_min = schema.get("exclusiveMinimum").and_then(Value::as_bool) == Some(true);
+    if let Some(max) = number(schema, "maximum") {
+        if exclusive_max && x >= max {
+            out.push(invalid(
+                path,
+                value,
+                &format!("should be less than {}", bound(max)),
+            ));
+        } else if x > max {
+            out.push(invalid(
+                path,
+                value,
+                &format!("should be less than or equal to {}", bound(max)),
+            ));
+        }
+    }
+    if let Some(min) = number(schema, "minimum") {
+        if exclusive_min && x <= min {
+            out.push(invalid(
+                path,
+                value,
+                &format!("should be greater than {}", bound(min)),
+            ));
+        } else if x < min {
+            out.push(invalid(
+                path,
+                value,
+                &format!("should be greater than or equal to {}", bound(min)),
+            ));
+        }
+    }
+}
+
+/// `minLength` and `maxLength`, in characters.
+fn check_string(schema: &Value, value: &Value, s: &str, path: &str, out: &mut Vec<Cause>) {
+    let len = s.chars().count();
+    if let Some(min) = count(schema, "minLength")
+        && len < min
+    {
+        out.push(invalid(
+            path,
+            value,
+            &format!("should be at least {min} chars long"),
+        ));
+    }
+    if let Some(max) = count(schema, "maxLength")
+        && len > max
+    {
+        out.push(Cause::new(
+            "FieldValueTooLong",
+            path,
+            format!("Too long: may not be more than {max} bytes"),
+        ));
+    }
+}
+
+/// `minItems`, `maxItems`, the list type's uniqueness, then every item.
+fn check_array(schema: &Value, value: &Value, items: &[Value], path: &str, out: &mut Vec<Cause>) {
+    if let Some(min) = count(schema, "minItems")
+        && items.len() < min
+    {
+        out.push(invalid(
+            path,
+            value,
+            &format!("should have at least {min} items"),
+        ));
+    }
+    if let Some(max) = count(schema, "maxItems")
+        && items.len() > max
+    {
+        out.push(Cause::new(
+            "FieldValueTooMany",
+            path,
+            format!("Too many: {}: must have at most {max} items", items.len()),
+        ));
+    }
+    check_list_uniqueness(schema, items, path, out);
+    if let Some(item_schema) = schema.get("items") {
+        for (i, item) in items.iter().enumerate() {
+            check(item_schema, item, &format!("{path}[{i}]"), out);
+        }
+    }
+}
+
+/// `minProperties`, `maxProperties`, `required`, then every property.
+fn check_object(
+    schema: &Value,
+    value: &Value,
+    map: &Map<String, Value>,
+    path: &str,
+    out: &mut Vec<Cause>,
+) {
+    if let Some(min) = count(schema, "minProperties")
+        && map.len() < min
+    {
+        out.push(invalid(
+            path,
+            value,
+            &format!("should have at least {min} properties"),
+        ));
+    }
+    if let Some(max) = count(schema, "maxProperties")
+        && map.len() > max
+    {
+        out.push(invalid(
+            path,
+            value,
+            &format!("should have at most {max} properties"),
+        ));
+    }
+    for req in schema
+        .get("required")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+    {
+        if !map.contains_key(req) {
+            out.push(Cause::new(
+                "FieldValueRequired",
+                join(path, req),
+                "Required value",
+            ));
+        }
+    }
+    check_properties(schema, map, path, out);
 }
 
 fn check_properties(schema: &Value, map: &Map<String, Value>, path: &str, out: &mut Vec<Cause>) {

@@ -4,7 +4,7 @@
 use serde_json::Value;
 
 use super::error::ApiError;
-use super::resources::Resource;
+use super::resource::Resource;
 
 #[derive(Clone, Debug, PartialEq)]
 enum LabelReq {

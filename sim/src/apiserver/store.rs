@@ -9,7 +9,7 @@ use serde_json::{Map, Value, json};
 
 use super::error::{ApiError, Cause};
 use super::faults::SplitMix64;
-use super::resources::Resource;
+use super::resource::Resource;
 use super::schema;
 use super::selector::{FieldSelector, LabelSelector};
 use super::{BuildError, Inner};
@@ -210,6 +210,85 @@ fn spec_part(object: &Value) -> Map<String, Value> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// An update's precondition: the `resourceVersion` it names must be the stored one. Custom
+/// resources refuse an update naming none (an unconditional update), as the real server does.
+fn check_precondition(r: &Resource, name: &str, body: &Value, old: &Value) -> Result<(), ApiError> {
+    let given_rv = meta_str(body, "resourceVersion");
+    if given_rv.is_empty() {
+        if r.custom.is_some() {
+            return Err(ApiError::invalid(
+                r,
+                name,
+                vec![Cause::new(
+                    "FieldValueInvalid",
+                    "metadata.resourceVersion",
+                    "Invalid value: 0x0: must be specified for an update",
+                )],
+            ));
+        }
+    } else if given_rv != meta_str(old, "resourceVersion") {
+        return Err(ApiError::conflict(
+            r,
+            name,
+            "the object has been modified; please apply your changes to the latest version and try again",
+        ));
+    }
+    Ok(())
+}
+
+/// The object an update of `old` with `body` stores, before admission: a status write takes
+/// only the status; any other write takes everything but the fields the server owns (and, with
+/// a status subresource, the status).
+fn replaced(r: &Resource, name: &str, old: &Value, body: Value, status: bool) -> Value {
+    if status {
+        // A status write changes status only; everything else stays as stored.
+        let mut new = old.clone();
+        match body.get("status") {
+            Some(s) => new["status"] = s.clone(),
+            None => {
+                if let Some(m) = new.as_object_mut() {
+                    m.remove("status");
+                }
+            }
+        }
+        new
+    } else {
+        let mut new = body;
+        new["metadata"]["name"] = json!(name);
+        for owned in [
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "generation",
+        ] {
+            match old["metadata"].get(owned) {
+                Some(v) => new["metadata"][owned] = v.clone(),
+                None => {
+                    if let Some(m) = new["metadata"].as_object_mut() {
+                        m.remove(owned);
+                    }
+                }
+            }
+        }
+        if let Some(m) = new["metadata"].as_object_mut() {
+            m.remove("managedFields");
+        }
+        if r.status_subresource {
+            // Spec writes cannot change status.
+            match old.get("status") {
+                Some(s) => new["status"] = s.clone(),
+                None => {
+                    if let Some(m) = new.as_object_mut() {
+                        m.remove("status");
+                    }
+                }
+            }
+        }
+        new
+    }
 }
 
 impl Inner {
@@ -586,74 +665,8 @@ impl Inner {
             .get(&key)
             .cloned()
             .ok_or_else(|| ApiError::not_found(r, name))?;
-        let given_rv = meta_str(&body, "resourceVersion");
-        if given_rv.is_empty() {
-            // Custom resources refuse unconditional updates, as the real server does.
-            if r.custom.is_some() {
-                return Err(ApiError::invalid(
-                    r,
-                    name,
-                    vec![Cause::new(
-                        "FieldValueInvalid",
-                        "metadata.resourceVersion",
-                        "Invalid value: 0x0: must be specified for an update",
-                    )],
-                ));
-            }
-        } else if given_rv != meta_str(&old, "resourceVersion") {
-            return Err(ApiError::conflict(
-                r,
-                name,
-                "the object has been modified; please apply your changes to the latest version and try again",
-            ));
-        }
-        let mut new = if status {
-            // A status write changes status only; everything else stays as stored.
-            let mut new = (*old).clone();
-            match body.get("status") {
-                Some(s) => new["status"] = s.clone(),
-                None => {
-                    if let Some(m) = new.as_object_mut() {
-                        m.remove("status");
-                    }
-                }
-            }
-            new
-        } else {
-            let mut new = body;
-            new["metadata"]["name"] = json!(name);
-            for owned in [
-                "uid",
-                "creationTimestamp",
-                "deletionTimestamp",
-                "deletionGracePeriodSeconds",
-                "generation",
-            ] {
-                match old["metadata"].get(owned) {
-                    Some(v) => new["metadata"][owned] = v.clone(),
-                    None => {
-                        if let Some(m) = new["metadata"].as_object_mut() {
-                            m.remove(owned);
-                        }
-                    }
-                }
-            }
-            if let Some(m) = new["metadata"].as_object_mut() {
-                m.remove("managedFields");
-            }
-            if r.status_subresource {
-                // Spec writes cannot change status.
-                match old.get("status") {
-                    Some(s) => new["status"] = s.clone(),
-                    None => {
-                        if let Some(m) = new.as_object_mut() {
-                            m.remove("status");
-                        }
-                    }
-                }
-            }
-            new
-        };
+        check_precondition(r, name, &body, &old)?;
+        let mut new = replaced(r, name, &old, body, status);
         new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"].clone();
         self.admit(res, &mut new, Some(&old), opts)?;
         if r.custom.is_some() && !status && spec_part(&new) != spec_part(&old) {
