@@ -125,8 +125,8 @@ enum Command {
     ///
     /// Exit status: 0 when everything is programmed; 1 when something is not (a mapping not
     /// accepted or not programmed, a status not caught up, a class or an accepting node not
-    /// ready) or the cluster cannot be read; 2 when --objects input cannot be read; 3 when the
-    /// mapping asked for does not exist.
+    /// ready); 2 when the command line or --objects input cannot be used; 3 when the mapping
+    /// asked for does not exist; 4 when the cluster cannot be read.
     #[command(after_help = "Examples:
   kuport status
   kuport status -o json | jq '.problems'

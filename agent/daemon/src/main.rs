@@ -19,8 +19,15 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(err) => {
             eprintln!("kuport: {err:#}");
-            if err.downcast_ref::<objects::InputError>().is_some() {
+            if err.downcast_ref::<objects::InputError>().is_some()
+                || err.downcast_ref::<status_cmd::BadTarget>().is_some()
+            {
                 ExitCode::from(EXIT_BAD_INPUT)
+            } else if err
+                .downcast_ref::<status_cmd::ClusterUnreadable>()
+                .is_some()
+            {
+                ExitCode::from(status_cmd::EXIT_CLUSTER_UNREADABLE)
             } else {
                 ExitCode::from(1)
             }

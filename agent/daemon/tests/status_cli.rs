@@ -160,6 +160,57 @@ fn a_missing_mapping_exits_3_and_bad_input_exits_2() {
         .expect("running kuport");
     assert_eq!(out.status.code(), Some(2));
     let out = status("refused", &["not-a-ref"]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "a malformed mapping name is bad input"
+    );
     assert!(String::from_utf8_lossy(&out.stderr).contains("NAMESPACE/NAME"));
+}
+
+/// A monitor running `kuport status` must tell "not programmed" (1) from "could not ask" (4):
+/// a cluster that cannot be reached is neither healthy nor known to be broken.
+#[test]
+fn a_cluster_that_cannot_be_read_exits_4_not_1() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    // Port 1 on loopback: nothing listens there, so the connection is refused at once.
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        r#"{"apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1", "insecure-skip-tls-verify": true}}],
+            "users": [{"name": "u", "user": {"token": "t"}}],
+            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+            "current-context": "c"}"#,
+    )
+    .expect("write the kubeconfig");
+    for extra in [&[][..], &["games/gs"][..]] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kuport"))
+            .arg("status")
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(extra)
+            .output()
+            .expect("running kuport");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(4), "{stderr}");
+        assert!(stderr.contains("cannot read the cluster"), "{stderr}");
+        assert!(
+            stderr.contains("listing PortMapClasses"),
+            "names what failed: {stderr}"
+        );
+    }
+    let missing = dir.path().join("absent");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kuport"))
+        .arg("status")
+        .arg("--kubeconfig")
+        .arg(&missing)
+        .output()
+        .expect("running kuport");
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

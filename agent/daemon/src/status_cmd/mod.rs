@@ -29,6 +29,20 @@ use crate::objects::{Dump, load_dump};
 const EXIT_NOT_PROGRAMMED: u8 = 1;
 /// Exit status when the mapping asked for does not exist.
 const EXIT_NOT_FOUND: u8 = 3;
+/// Exit status when the cluster could not be read (no kubeconfig, unreachable, refused): a
+/// monitor must not take it for "something is not programmed", nor for healthy.
+pub const EXIT_CLUSTER_UNREADABLE: u8 = 4;
+
+/// The mapping named on the command line is not `NAMESPACE/NAME`; `main` exits 2 on it, as for
+/// any other command line it cannot use.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?} is not NAMESPACE/NAME of a PortMap")]
+pub struct BadTarget(String);
+
+/// The cluster could not be read; `main` exits [`EXIT_CLUSTER_UNREADABLE`] on it.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot read the cluster: {0:#}")]
+pub struct ClusterUnreadable(anyhow::Error);
 
 /// What `kuport status` prints.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -67,8 +81,8 @@ pub struct StatusArgs {
 }
 
 /// Runs `kuport status`: exit 0 when everything is programmed, 1 when something is not, 3 when
-/// the mapping asked for does not exist. Errors (the cluster cannot be read, 2 for unreadable
-/// `--objects` input) come back as `Err`.
+/// the mapping asked for does not exist. Errors come back as `Err`: [`ClusterUnreadable`] (exit
+/// 4) when the cluster cannot be read, an input error (exit 2) for unreadable `--objects`.
 pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
     let target = match args.target.as_deref() {
         None => None,
@@ -79,7 +93,9 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
             .enable_all()
             .build()
             .context("starting the runtime")?;
-        runtime.block_on(fetch(args, target.as_ref()))?
+        runtime
+            .block_on(fetch(args, target.as_ref()))
+            .map_err(ClusterUnreadable)?
     } else {
         load_dump(&args.objects)?
     };
@@ -131,7 +147,7 @@ fn parse_target(t: &str) -> anyhow::Result<(String, String)> {
         Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
             Ok((ns.to_owned(), name.to_owned()))
         }
-        _ => anyhow::bail!("{t:?} is not NAMESPACE/NAME of a PortMap"),
+        _ => Err(BadTarget(t.to_owned()).into()),
     }
 }
 
