@@ -73,6 +73,33 @@ fn everything_programmed_exits_0() {
     );
 }
 
+/// The same programmed cluster read later: an agent whose last pass is older than three default
+/// resyncs has stopped, whatever its written conditions still say (edge-a last passed at
+/// 00:09:40, edge-b at 00:09:10).
+#[test]
+fn an_agent_that_stopped_passing_is_a_problem() {
+    let run = |now: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_kuport"))
+            .args(["status", "--now", now, "--objects"])
+            .arg(testdata("multi-programmed.yaml"))
+            .output()
+            .expect("running kuport")
+    };
+    let fresh = run("2026-01-01T00:24:00Z");
+    assert_eq!(fresh.status.code(), Some(0), "14m50s is not stale yet");
+    let stale = run("2026-01-01T00:24:20Z");
+    let text = String::from_utf8_lossy(&stale.stdout);
+    assert_eq!(stale.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("the agent on node edge-b last completed a pass 15m ago"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("the agent on node edge-a"),
+        "edge-a passed at 00:09:40, under 15 minutes before: {text}"
+    );
+}
+
 #[test]
 fn refusals_and_unready_nodes_exit_1_and_name_the_reason() {
     golden("refused", &[], "refused.txt", 1);

@@ -394,13 +394,35 @@ pub fn report(dump: &Dump, now: Timestamp) -> StatusReport {
     for c in &classes {
         class_problems(c, &mut problems);
     }
+    let agents = agents(snapshot);
+    problems.extend(agents.iter().filter_map(|a| stale_agent_problem(a, now)));
     StatusReport {
         ok: problems.is_empty(),
         mappings,
         classes,
-        agents: agents(snapshot),
+        agents,
         problems,
     }
+}
+
+/// How old an agent's last pass may be before `kuport status` calls it stopped: three resyncs
+/// at the default interval (5 minutes). A quiet agent refreshes its rows' `lastPassTime` at
+/// every resync, so an older one means it has not passed through two of them.
+const STALE_PASS_SECONDS: i64 = 15 * 60;
+
+/// A problem when the agent's last pass is older than [`STALE_PASS_SECONDS`]: its node's
+/// status and datapath are no longer kept, whatever the written conditions still say.
+fn stale_agent_problem(agent: &AgentView, now: Timestamp) -> Option<String> {
+    let last = agent.last_pass_time.as_deref()?;
+    let at = last.parse::<Timestamp>().ok()?;
+    (now.as_second() - at.as_second() > STALE_PASS_SECONDS).then(|| {
+        format!(
+            "the agent on node {} last completed a pass {} ago ({last}), more than {}m (three resyncs at the default 5 minutes): it has probably stopped, and what it wrote may no longer be true",
+            agent.node,
+            ago(last, now).trim_end_matches(" ago"),
+            STALE_PASS_SECONDS / 60
+        )
+    })
 }
 
 /// How long ago `then` was, in the short form kubectl uses (`45s`, `3m`, `2h`, `4d`).
