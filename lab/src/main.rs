@@ -108,7 +108,9 @@ fn main() -> ExitCode {
         Some(Command::Run(a)) => run(a),
         Some(Command::Down) => sys::down().map(|line| {
             let _ = std::fs::remove_dir_all(image::unpack_dir());
-            println!("{line}");
+            if !line.is_empty() {
+                println!("{line}");
+            }
             ExitCode::SUCCESS
         }),
         Some(Command::Bench { write, only }) => bench(write, only.as_deref()),

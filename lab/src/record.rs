@@ -33,6 +33,23 @@ pub struct LabState {
     /// Local cluster: the nodes' data (containerd's images and snapshots, kubelet's root),
     /// removed whole.
     pub data_dirs: Vec<String>,
+    /// The `kuport-lab` process whose run or cluster this is, while it runs: `kuport-lab down`
+    /// refuses to pull the lab from under it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub owner: Option<ProcessRecord>,
+}
+
+impl LabState {
+    /// Whether the record names nothing to remove.
+    pub fn is_empty(&self) -> bool {
+        self.namespaces.is_empty()
+            && self.processes.is_empty()
+            && !self.created_run_wireguard
+            && self.cgroups.is_empty()
+            && self.sysctls.is_empty()
+            && self.host_dirs.is_empty()
+            && self.data_dirs.is_empty()
+    }
 }
 
 /// A sysctl's value before the lab (or a kubelet it started) changed it.

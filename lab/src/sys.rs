@@ -153,12 +153,22 @@ impl Lab {
         let log_dir = dir.join("logs");
         std::fs::create_dir_all(&log_dir)
             .with_context(|| format!("creating {}", log_dir.display()))?;
-        Ok(Self {
+        let pid = i32::try_from(std::process::id()).context("this process's pid")?;
+        let lab = Self {
             path,
-            state,
+            state: LabState {
+                owner: Some(ProcessRecord {
+                    pid,
+                    comm: comm_of(pid).unwrap_or_default(),
+                    what: "kuport-lab".to_owned(),
+                }),
+                ..state
+            },
             children: BTreeMap::new(),
             log_dir,
-        })
+        };
+        lab.save()?;
+        Ok(lab)
     }
 
     fn save(&self) -> Result<()> {
@@ -364,6 +374,7 @@ impl Lab {
             let _ = std::fs::remove_dir("/run/wireguard");
             self.state.created_run_wireguard = false;
         }
+        self.state.owner = None;
         let _ = self.save();
         left
     }
@@ -396,10 +407,30 @@ pub fn namespace_exists(ns: &str) -> bool {
 }
 
 /// `kuport-lab down`: removes what the record names, killing a pid only while its comm still
-/// matches. Returns a line saying what was removed.
+/// matches. Returns a line saying what was removed; nothing when there was nothing to remove.
 pub fn down() -> Result<String> {
-    let path = Path::new(RUN_DIR).join("state.json");
+    down_at(Path::new(RUN_DIR))
+}
+
+/// The `kuport-lab` process still running the lab the record describes, other than this one.
+fn run_in_progress(state: &LabState, this_pid: i32) -> Option<i32> {
+    let owner = state.owner.as_ref()?;
+    (owner.pid != this_pid && comm_of(owner.pid).as_deref() == Some(owner.comm.as_str()))
+        .then_some(owner.pid)
+}
+
+fn down_at(dir: &Path) -> Result<String> {
+    let path = dir.join("state.json");
     let state = load_state(&path)?;
+    let this_pid = i32::try_from(std::process::id()).context("this process's pid")?;
+    if let Some(pid) = run_in_progress(&state, this_pid) {
+        bail!(
+            "a lab run is in progress (kuport-lab pid {pid}): it removes its own lab when it ends, or on SIGTERM (kill {pid}); `kuport-lab down` removes only a lab whose run has ended"
+        );
+    }
+    if state.is_empty() {
+        return Ok(String::new());
+    }
     let mut killed = 0;
     for p in state.processes.iter().rev() {
         if comm_of(p.pid).as_deref() == Some(p.comm.as_str())
@@ -457,6 +488,63 @@ fn comm_of(pid: i32) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn this_process() -> ProcessRecord {
+        let pid = i32::try_from(std::process::id()).unwrap();
+        ProcessRecord {
+            pid,
+            comm: comm_of(pid).unwrap(),
+            what: "kuport-lab".to_owned(),
+        }
+    }
+
+    #[test]
+    fn down_refuses_while_the_run_that_owns_the_lab_is_alive() {
+        let owned = LabState {
+            namespaces: vec!["kl-x".to_owned()],
+            owner: Some(this_process()),
+            ..LabState::default()
+        };
+        // Another process (pid 1 stands in for it) asking while this one runs the lab.
+        assert_eq!(run_in_progress(&owned, 1), Some(this_process().pid));
+        // The owner itself may tear down; a recorded owner whose pid now names another program
+        // (or nothing) has ended.
+        assert_eq!(run_in_progress(&owned, this_process().pid), None);
+        let ended = LabState {
+            owner: Some(ProcessRecord {
+                comm: "not-kuport-lab".to_owned(),
+                ..this_process()
+            }),
+            ..owned.clone()
+        };
+        assert_eq!(run_in_progress(&ended, 1), None);
+        let dir = std::env::temp_dir().join(format!("kuport-lab-down-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("state.json"),
+            serde_json::to_string(&LabState {
+                owner: Some(ProcessRecord {
+                    pid: 1,
+                    ..this_process()
+                }),
+                ..LabState::default()
+            })
+            .unwrap(),
+        )
+        .unwrap();
+        // pid 1 does not carry this test's comm: the record's owner has ended, nothing to remove.
+        let quiet = down_at(&dir);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(quiet.unwrap(), "");
+    }
+
+    #[test]
+    fn down_with_no_record_succeeds_quietly_and_writes_nothing() {
+        let dir = std::env::temp_dir().join(format!("kuport-lab-none-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(down_at(&dir).unwrap(), "");
+        assert!(!dir.exists(), "down created {}", dir.display());
+    }
 
     #[test]
     fn the_record_is_replaced_whole_without_a_temporary_file_left() {
