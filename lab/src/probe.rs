@@ -152,7 +152,7 @@ async fn run_inner(topo: &Topology, p: &Probe) -> Result<(bool, Value)> {
         if answer.outcome != "timeout" {
             break;
         }
-        if p.expect == Expect::Timeout {
+        if matches!(p.expect, Expect::Timeout | Expect::NoAnswer) {
             // Expecting silence: one full wait per try is the proof, no need to hurry.
             continue;
         }
@@ -181,6 +181,12 @@ async fn run_inner(topo: &Topology, p: &Probe) -> Result<(bool, Value)> {
 /// Whether `answer` is what the probe expects: a reply from the address dialed that saw the
 /// client (or not) as the probe says, a refusal from the address dialed, silence, or
 /// fragmentation needed at the expected MTU.
+/// A refusal (ICMP error or RST) that came from the address dialed: one from the pod or the
+/// link address would mean the mapping leaked an inside address.
+fn refused_by(answer: &Answer, addr: Ipv4Addr) -> bool {
+    answer.outcome == "refused" && answer.from.as_deref() == Some(addr.to_string().as_str())
+}
+
 fn judge(
     p: &Probe,
     answer: &Answer,
@@ -213,12 +219,9 @@ fn judge(
                     PodSees::Other => !saw_client_ip,
                 }
         }
-        // The ICMP error (or RST) must come from the address dialed: an error from the pod or
-        // the link address would mean the mapping leaked an inside address.
-        Expect::Refused => {
-            answer.outcome == "refused" && answer.from.as_deref() == Some(addr.to_string().as_str())
-        }
+        Expect::Refused => refused_by(answer, addr),
         Expect::Timeout => answer.outcome == "timeout",
+        Expect::NoAnswer => answer.outcome == "timeout" || refused_by(answer, addr),
         Expect::FragmentationNeeded => {
             answer.outcome == "fragneeded" && p.mtu.is_none_or(|m| answer.mtu == Some(m))
         }
@@ -291,6 +294,26 @@ fn judge_looped(answer: &Answer, l: &Looped) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_answer_accepts_silence_or_a_refusal_from_the_address_dialed_only() {
+        let yaml = "from: internet\nto: {node: a, interface: eth0}\nprotocol: UDP\nport: 3000\nexpect: noAnswer\n";
+        let p: Probe = serde_saphyr::from_str(yaml).expect("a probe expecting no answer");
+        assert_eq!(p.expect, Expect::NoAnswer);
+        let dialed: SocketAddr = "192.0.2.1:3000".parse().expect("addr");
+        let addr: Ipv4Addr = "192.0.2.1".parse().expect("ip");
+        let client: Ipv4Addr = "198.51.100.7".parse().expect("ip");
+        let judged = |line: &str| judge(&p, &parse(line), dialed, addr, client);
+        assert!(judged("timeout"));
+        assert!(judged("refused from=192.0.2.1"));
+        for bad in [
+            "reply from=192.0.2.1:3000 peer=198.51.100.7:40000 client=198.51.100.7:40000",
+            "refused from=10.244.1.5",
+            "fragneeded mtu=1400",
+        ] {
+            assert!(!judged(bad), "{bad}");
+        }
+    }
 
     #[test]
     fn a_looped_answer_counts_only_with_the_clients_own_address() {

@@ -325,6 +325,10 @@ pub enum Expect {
     Reply,
     Refused,
     Timeout,
+    /// Extension: no answer of either kind: a timeout, or a refusal from the address dialed. For
+    /// a path that must not deliver, where whether the node refuses or stays silent is not the
+    /// point (a fixed agent may refuse where a broken one black-holes).
+    NoAnswer,
     /// Extension: an ICMP "fragmentation needed" came back (a DF datagram too big for a link).
     FragmentationNeeded,
 }
