@@ -1089,12 +1089,11 @@ impl Runner<'_> {
 
     async fn expect_status(&self, e: &scenario::ExpectStatus) -> Result<(bool, Value)> {
         let (ns, name) = Self::object_ref(&e.portmap)?;
-        let deadline = Instant::now() + Duration::from_secs(e.timeout_seconds);
         let expected = json!({
             "accepted": e.accepted, "programmed": e.programmed,
             "endpointNode": e.endpoint_node, "published": e.published,
         });
-        loop {
+        let read = || async {
             let obj = self.cluster()?.get("PortMap", Some(&ns), &name).await?;
             let got = match &obj {
                 Some(obj) => status_summary(obj),
@@ -1104,14 +1103,16 @@ impl Runner<'_> {
                 && ["accepted", "programmed", "endpointNode", "published"]
                     .iter()
                     .all(|k| expected[k].is_null() || expected[k] == got[k]);
-            if matches {
-                return Ok((true, json!({"expected": expected, "got": got})));
-            }
-            if Instant::now() >= deadline {
-                return Ok((false, json!({"expected": expected, "got": got})));
-            }
-            tokio::time::sleep(probe::POLL).await;
-        }
+            Ok((matches, got))
+        };
+        let timing = StatusTiming {
+            converge: Duration::from_secs(e.timeout_seconds),
+            hold: Duration::from_secs(e.hold_seconds),
+            poll: probe::POLL,
+        };
+        let (ok, mut detail) = converge_and_hold(read, timing).await?;
+        detail["expected"] = expected;
+        Ok((ok, detail))
     }
 
     fn expect_host(&self, h: &scenario::ExpectHost) -> Result<(bool, Value)> {
@@ -1126,6 +1127,48 @@ impl Runner<'_> {
             json!({"node": h.node, "counter": format!("pre/{mapping}"), "packets": packets}),
         ))
     }
+}
+
+/// How long a status check waits for a match, how long the match must then last, and how often
+/// it reads.
+#[derive(Clone, Copy)]
+struct StatusTiming {
+    converge: Duration,
+    hold: Duration,
+    poll: Duration,
+}
+
+/// Reads until a read matches (within `converge`), then keeps reading for `hold`: passes only if
+/// every read in the hold matched. The detail gives the last read (`got`) and, when the match
+/// broke, after how long (`brokeAfterMillis`).
+async fn converge_and_hold<F, Fut>(mut read: F, timing: StatusTiming) -> Result<(bool, Value)>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(bool, Value)>>,
+{
+    let deadline = Instant::now() + timing.converge;
+    let got = loop {
+        let (matches, got) = read().await?;
+        if matches {
+            break got;
+        }
+        if Instant::now() >= deadline {
+            return Ok((false, json!({"got": got})));
+        }
+        tokio::time::sleep(timing.poll).await;
+    };
+    let held_from = Instant::now();
+    let mut last = got;
+    while held_from.elapsed() < timing.hold {
+        tokio::time::sleep(timing.poll).await;
+        let (matches, got) = read().await?;
+        if !matches {
+            let broke = u64::try_from(held_from.elapsed().as_millis()).unwrap_or(u64::MAX);
+            return Ok((false, json!({"got": got, "brokeAfterMillis": broke})));
+        }
+        last = got;
+    }
+    Ok((true, json!({"got": last})))
 }
 
 /// How long one ask of a probe loop waits for its answer.
@@ -1249,6 +1292,45 @@ fn api_outage(on: bool) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Runs [`converge_and_hold`] over a scripted sequence of reads (the last one repeats);
+    /// returns the verdict, the detail and how many reads it made.
+    fn scripted(reads: &[bool], converge_ms: u64, hold_ms: u64) -> (bool, Value, usize) {
+        let count = std::cell::Cell::new(0usize);
+        let read = || {
+            let n = count.get();
+            count.set(n + 1);
+            let matches = reads[n.min(reads.len() - 1)];
+            async move { Ok((matches, json!(n))) }
+        };
+        let timing = StatusTiming {
+            converge: Duration::from_millis(converge_ms),
+            hold: Duration::from_millis(hold_ms),
+            poll: Duration::from_millis(2),
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("runtime");
+        let (ok, detail) = rt.block_on(converge_and_hold(read, timing)).expect("reads");
+        (ok, detail, count.get())
+    }
+
+    #[test]
+    fn a_status_held_passes_only_if_every_read_in_the_hold_matches() {
+        let (ok, detail, _) = scripted(&[false, true], 1_000, 30);
+        assert!(ok, "{detail}");
+        let (ok, detail, _) = scripted(&[false, true, true, false], 1_000, 5_000);
+        assert!(!ok, "a match that breaks fails the hold");
+        assert_eq!(detail["got"], json!(3), "the read that broke it");
+        assert!(detail["brokeAfterMillis"].is_u64(), "{detail}");
+        let (ok, detail, _) = scripted(&[false], 20, 0);
+        assert!(!ok);
+        assert!(detail.get("brokeAfterMillis").is_none(), "{detail}");
+        let (ok, _, reads) = scripted(&[true, false], 1_000, 0);
+        assert!(ok, "without a hold one match is enough");
+        assert_eq!(reads, 1);
+    }
 
     #[test]
     fn passes_are_summed_over_results_and_absent_when_not_exported() {

@@ -458,6 +458,10 @@ pub struct ExpectStatus {
     /// Extension: how long to keep re-reading before failing (status converges).
     #[serde(default = "default_status_wait")]
     pub timeout_seconds: u64,
+    /// Extension: once it matches, the status must keep matching for this long (re-read every
+    /// poll); a status that flaps or turns fails the step. 0: matching once is enough.
+    #[serde(default)]
+    pub hold_seconds: u64,
 }
 
 fn default_status_wait() -> u64 {
