@@ -932,7 +932,7 @@ impl Runner<'_> {
         ))
     }
 
-    /// Replaces `${pod:ns/name}` and `${mesh:node}` in a host command.
+    /// Replaces the [`PLACEHOLDERS`] (`${pod:ns/name}`, `${mesh:node}`, ...) in a host command.
     fn expand(&self, command: &str) -> Result<String> {
         let mut out = String::new();
         let mut rest = command;
@@ -965,7 +965,12 @@ impl Runner<'_> {
                 ),
                 Some(("wgkey", member)) => self.topo.mesh_member(member)?.public_key.clone(),
                 _ => bail!(
-                    "unknown placeholder ${{{key}}} (use pod:<ns>/<name>, mesh:<node>, public:<node>, wg:<member> or wgkey:<member>)"
+                    "unknown placeholder ${{{key}}} (use {})",
+                    PLACEHOLDERS
+                        .iter()
+                        .map(|(name, arg)| format!("{name}:{arg}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ),
             };
             out.push_str(&value);
@@ -1128,6 +1133,16 @@ impl Runner<'_> {
         ))
     }
 }
+
+/// The placeholders [`Runner::expand`] replaces in `hostExec`, `kubectl` and `kuportStatus`
+/// commands, with what each takes; `docs/lab.md` documents every one (a unit test checks).
+pub const PLACEHOLDERS: &[(&str, &str)] = &[
+    ("pod", "<ns>/<name>"),
+    ("mesh", "<node>"),
+    ("public", "<node>"),
+    ("wg", "<member>"),
+    ("wgkey", "<member>"),
+];
 
 /// How long a status check waits for a match, how long the match must then last, and how often
 /// it reads.
@@ -1314,6 +1329,21 @@ mod tests {
             .expect("runtime");
         let (ok, detail) = rt.block_on(converge_and_hold(read, timing)).expect("reads");
         (ok, detail, count.get())
+    }
+
+    #[test]
+    fn every_placeholder_is_documented() {
+        let doc = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/lab.md"),
+        )
+        .expect("docs/lab.md");
+        for (name, arg) in PLACEHOLDERS {
+            let written = format!("${{{name}:{arg}}}");
+            assert!(
+                doc.contains(&written),
+                "docs/lab.md does not document {written}"
+            );
+        }
     }
 
     #[test]
