@@ -20,7 +20,7 @@ fn main() -> ExitCode {
         Err(err) => {
             eprintln!("kuport: {err:#}");
             if err.downcast_ref::<objects::InputError>().is_some()
-                || err.downcast_ref::<status_cmd::BadTarget>().is_some()
+                || err.downcast_ref::<status_cmd::UsageError>().is_some()
             {
                 ExitCode::from(EXIT_BAD_INPUT)
             } else if err

@@ -12,6 +12,7 @@ mod terminal;
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
@@ -33,11 +34,11 @@ const EXIT_NOT_FOUND: u8 = 3;
 /// monitor must not take it for "something is not programmed", nor for healthy.
 pub const EXIT_CLUSTER_UNREADABLE: u8 = 4;
 
-/// The mapping named on the command line is not `NAMESPACE/NAME`; `main` exits 2 on it, as for
-/// any other command line it cannot use.
+/// A command line `kuport status` cannot use (a mapping not written `NAMESPACE/NAME`, `--wait`
+/// with `--objects`); `main` exits 2 on it, as clap does for the flags it checks itself.
 #[derive(Debug, thiserror::Error)]
-#[error("{0:?} is not NAMESPACE/NAME of a PortMap")]
-pub struct BadTarget(String);
+#[error("{0}")]
+pub struct UsageError(String);
 
 /// The cluster could not be read; `main` exits [`EXIT_CLUSTER_UNREADABLE`] on it.
 #[derive(Debug, thiserror::Error)]
@@ -78,48 +79,130 @@ pub struct StatusArgs {
     /// The current time (RFC 3339), for ages; defaults to the clock.
     #[arg(long, value_name = "RFC3339", value_parser = crate::plan_cmd::parse_now)]
     pub now: Option<Timestamp>,
+    /// Read the cluster again every 2 seconds until everything asked about is programmed, for
+    /// at most this long (`90s`, `5m`, or seconds); then print the last reading. The exit
+    /// status is that reading's. Not with --objects.
+    #[arg(long, value_name = "DURATION", value_parser = parse_wait)]
+    pub wait: Option<Duration>,
+}
+
+/// How often `--wait` reads the cluster again.
+const WAIT_POLL: Duration = Duration::from_secs(2);
+
+/// `90s`, `5m`, `1h` or plain seconds.
+fn parse_wait(text: &str) -> Result<Duration, String> {
+    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => text.split_at(at),
+        None => (text, "s"),
+    };
+    let scale = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3_600,
+        _ => {
+            return Err(format!(
+                "{text:?}: give seconds, or a number with s, m or h"
+            ));
+        }
+    };
+    number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(scale))
+        .map(Duration::from_secs)
+        .ok_or_else(|| format!("{text:?}: give seconds, or a number with s, m or h"))
 }
 
 /// Runs `kuport status`: exit 0 when everything is programmed, 1 when something is not, 3 when
 /// the mapping asked for does not exist. Errors come back as `Err`: [`ClusterUnreadable`] (exit
-/// 4) when the cluster cannot be read, an input error (exit 2) for unreadable `--objects`.
+/// 4) when the cluster cannot be read, [`UsageError`] or an input error (exit 2).
 pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
     let target = match args.target.as_deref() {
         None => None,
         Some(t) => Some(parse_target(t)?),
     };
-    let dump = if args.objects.is_empty() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .context("starting the runtime")?;
-        runtime
+    if !args.objects.is_empty() {
+        if args.wait.is_some() {
+            return Err(UsageError(
+                "--wait reads the cluster again and again; recorded --objects never change".into(),
+            )
+            .into());
+        }
+        let dump = load_dump(&args.objects)?;
+        return finish(render_dump(args, target.as_ref(), &dump)?);
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    let deadline = args.wait.map(|w| Instant::now() + w);
+    loop {
+        let reading = runtime
             .block_on(fetch(args, target.as_ref()))
-            .map_err(ClusterUnreadable)?
-    } else {
-        load_dump(&args.objects)?
-    };
+            .map_err(ClusterUnreadable)
+            .map_err(anyhow::Error::from)
+            .and_then(|dump| render_dump(args, target.as_ref(), &dump));
+        let healthy = matches!(&reading, Ok(Reading::Found { ok: true, .. }));
+        match deadline.map(|d| d.saturating_duration_since(Instant::now())) {
+            Some(left) if !healthy && !left.is_zero() => std::thread::sleep(WAIT_POLL.min(left)),
+            _ => return finish(reading?),
+        }
+    }
+}
+
+/// One reading of the cluster, rendered.
+enum Reading {
+    /// The text to print, and whether everything asked about is programmed.
+    Found { text: String, ok: bool },
+    /// The mapping asked for does not exist.
+    NotFound { namespace: String, name: String },
+}
+
+fn render_dump(
+    args: &StatusArgs,
+    target: Option<&(String, String)>,
+    dump: &Dump,
+) -> anyhow::Result<Reading> {
     let now = args.now.unwrap_or_else(Timestamp::now);
-    let (text, ok) = match &target {
+    Ok(match target {
         None => {
-            let report = render::report(&dump, now);
+            let report = render::report(dump, now);
             let text = match args.output {
                 StatusOutput::Text => render::text(&report, now),
                 StatusOutput::Json => json(&report)?,
             };
-            (text, report.ok)
+            Reading::Found {
+                text,
+                ok: report.ok,
+            }
         }
-        Some((ns, name)) => {
-            let Some(explained) = explain::explain(&dump, ns, name, now) else {
-                eprintln!("kuport: PortMap {ns}/{name} not found");
-                return Ok(ExitCode::from(EXIT_NOT_FOUND));
-            };
-            let text = match args.output {
-                StatusOutput::Text => explain::explain_text(&explained, now),
-                StatusOutput::Json => json(&explained)?,
-            };
-            (text, explained.ok)
+        Some((ns, name)) => match explain::explain(dump, ns, name, now) {
+            None => Reading::NotFound {
+                namespace: ns.clone(),
+                name: name.clone(),
+            },
+            Some(explained) => {
+                let text = match args.output {
+                    StatusOutput::Text => explain::explain_text(&explained, now),
+                    StatusOutput::Json => json(&explained)?,
+                };
+                Reading::Found {
+                    text,
+                    ok: explained.ok,
+                }
+            }
+        },
+    })
+}
+
+/// Prints a reading and gives its exit status.
+fn finish(reading: Reading) -> anyhow::Result<ExitCode> {
+    let (text, ok) = match reading {
+        Reading::NotFound { namespace, name } => {
+            eprintln!("kuport: PortMap {namespace}/{name} not found");
+            return Ok(ExitCode::from(EXIT_NOT_FOUND));
         }
+        Reading::Found { text, ok } => (text, ok),
     };
     let mut stdout = std::io::stdout().lock();
     stdout
@@ -147,7 +230,7 @@ fn parse_target(t: &str) -> anyhow::Result<(String, String)> {
         Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
             Ok((ns.to_owned(), name.to_owned()))
         }
-        _ => Err(BadTarget(t.to_owned()).into()),
+        _ => Err(UsageError(format!("{t:?} is not NAMESPACE/NAME of a PortMap")).into()),
     }
 }
 

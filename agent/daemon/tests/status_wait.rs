@@ -1,0 +1,129 @@
+//! `kuport status --wait`: it reads the cluster again until everything is programmed or the
+//! time is up, against the API server model.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, DeleteParams, PostParams};
+use kuport_core::api::PortMap;
+use kuport_sim::apiserver::ApiServer;
+use kuport_testkit::cluster::typed;
+use kuport_testkit::objects::pm;
+use serde_json::json;
+
+/// The model on a loopback port, and a kubeconfig for it in `dir`.
+async fn model(dir: &Path) -> (kube::Client, PathBuf) {
+    let server = ApiServer::builder().build().expect("model builds");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(server.serve(listener));
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: m, cluster: {{server: \"{url}\"}}}}]\n\
+             users: [{{name: admin, user: {{token: t}}}}]\n\
+             contexts: [{{name: m, context: {{cluster: m, user: admin}}}}]\ncurrent-context: m\n"
+        ),
+    )
+    .expect("kubeconfig");
+    let client =
+        kube::Client::try_from(kube::Config::new(url.parse().expect("url"))).expect("client");
+    (client, kubeconfig)
+}
+
+fn status(kubeconfig: &Path, wait: &str) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kuport"))
+        .args(["status", "--wait", wait, "--kubeconfig"])
+        .arg(kubeconfig)
+        .output()
+        .expect("running kuport")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_returns_once_the_cluster_is_healthy_and_gives_up_with_the_last_reading() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let (client, kubeconfig) = model(dir.path()).await;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let games: Namespace = typed(json!({"metadata": {"name": "games"}}), "Namespace");
+    namespaces
+        .create(&PostParams::default(), &games)
+        .await
+        .expect("create the namespace");
+    let api: Api<PortMap> = Api::namespaced(client, "games");
+    // A PortMap of a class that does not exist: not accepted, a problem.
+    let broken: PortMap = typed(pm("games", "gs", "absent", 3000).object(), "PortMap");
+    api.create(&PostParams::default(), &broken)
+        .await
+        .expect("create the PortMap");
+
+    // The control: it stays broken, so waiting a second ends with that reading.
+    let k = kubeconfig.clone();
+    let out = tokio::task::spawn_blocking(move || status(&k, "1s"))
+        .await
+        .expect("join");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("games/gs"));
+
+    // Fixed while it waits: it returns healthy, well before its minute is up.
+    let k = kubeconfig.clone();
+    let waiting = tokio::task::spawn_blocking(move || status(&k, "60s"));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    api.delete("gs", &DeleteParams::default())
+        .await
+        .expect("delete the PortMap");
+    let out = waiting.await.expect("join");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn wait_is_refused_with_recorded_objects_and_a_malformed_duration() {
+    let dump = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/status/empty.yaml");
+    let out = Command::new(env!("CARGO_BIN_EXE_kuport"))
+        .args(["status", "--wait", "5s", "--objects"])
+        .arg(&dump)
+        .output()
+        .expect("running kuport");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--wait"));
+    let out = Command::new(env!("CARGO_BIN_EXE_kuport"))
+        .args(["status", "--wait", "5x"])
+        .output()
+        .expect("running kuport");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("s, m or h"));
+}
+
+#[test]
+fn wait_keeps_trying_an_unreadable_cluster_then_exits_4() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: \"http://127.0.0.1:1\"}}]\n\
+         users: [{name: u, user: {token: t}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n",
+    )
+    .expect("kubeconfig");
+    let out = status(&kubeconfig, "1s");
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
