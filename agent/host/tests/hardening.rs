@@ -14,7 +14,7 @@ use kuport_testkit::netns::Netns;
 use netns::namespace;
 use netns::topology::{
     CLIENT, Cni, DIALED, apply, ask, assert_client_seen, child_apply_file, cni, cross_states,
-    cross_topology, node, pod, probe, responders, wire,
+    cross_topology, node, pod, probe, public_client, responders, wire,
 };
 
 const TESTS: &[netns::Test] = &[
@@ -134,16 +134,8 @@ const OLD_STEER: &str = "iifname . ip daddr . meta l4proto . th dport @steer-mar
 
 fn own_connections() {
     let node = node("own-node");
-    let client = namespace("own-client");
+    let client = public_client("own-client", &node);
     let server = namespace("own-server");
-    wire(
-        &client,
-        "c0",
-        &format!("{CLIENT}/24"),
-        &node,
-        "enp1s0",
-        &format!("{DIALED}/24"),
-    );
     wire(
         &server,
         "s0",

@@ -16,8 +16,9 @@ use kuport_testkit::cluster::{edge_and_worker, facts, pm};
 use kuport_testkit::netns::Netns;
 use kuport_testkit::process::Proc;
 use netns::topology::{
-    CLIENT, Cni, DIALED, apply, apply_with, child_apply_file, cni, cross_cluster_with_gs_at,
-    cross_states, cross_topology, echo, node, pod, same_node_state, wire,
+    CLIENT, Cni, DIALED, answer_field, answer_outcome, apply, apply_with, child_apply_file, cni,
+    cross_cluster_with_gs_at, cross_states, cross_topology, echo, node, pod, public_client,
+    same_node_state, wire,
 };
 use netns::{block_on, child, namespace};
 
@@ -90,14 +91,11 @@ fn ask_flow(client: &Netns, port: u16, source_port: u16) -> (String, String, Str
         echo()
     ));
     let text = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-    let field = |k: &str| {
-        text.split_whitespace()
-            .find_map(|w| w.strip_prefix(&format!("{k}=")))
-            .unwrap_or_default()
-            .to_owned()
-    };
-    let outcome = text.split_whitespace().next().unwrap_or("error").to_owned();
-    (outcome, field("tag"), field("peer"))
+    (
+        answer_outcome(&text),
+        answer_field(&text, "tag"),
+        answer_field(&text, "peer"),
+    )
 }
 
 /// The flow from `source_port` is answered by the responder tagged `tag`, which saw the
@@ -149,15 +147,7 @@ struct StaleTopology {
 
 fn stale_topology() -> StaleTopology {
     let node = node("sf-node");
-    let client = namespace("sf-client");
-    wire(
-        &client,
-        "c0",
-        &format!("{CLIENT}/24"),
-        &node,
-        "enp1s0",
-        &format!("{DIALED}/24"),
-    );
+    let client = public_client("sf-client", &node);
     let a = pod("sf-pod-a", &node, "10.244.0.5", "10.244.0.1");
     let b = namespace("sf-pod-b");
     wire(&b, "eth0", "10.244.2.5/24", &node, "pod_b", "10.244.2.1/24");

@@ -13,10 +13,9 @@ use std::process::ExitCode;
 use kuport_testkit::cluster::{Cluster, edge_and_worker, pm};
 use kuport_testkit::netns::Netns;
 use kuport_testkit::process::Proc;
-use netns::namespace;
 use netns::topology::{
-    CLIENT, Cni, DIALED, apply, assert_client_seen, child_apply_file, cni, cross_states,
-    cross_topology, node, pod, probe, responders, same_node_state, wire, without_identity_snat,
+    Cni, apply, assert_client_seen, child_apply_file, cni, cross_states, cross_topology, node, pod,
+    probe, public_client, responders, same_node_state, without_identity_snat,
 };
 
 const TESTS: &[netns::Test] = &[
@@ -82,15 +81,7 @@ struct SameNode {
 
 fn same_node_topology(style: Cni) -> SameNode {
     let node = node("sn-node");
-    let client = namespace("sn-client");
-    wire(
-        &client,
-        "c0",
-        &format!("{CLIENT}/24"),
-        &node,
-        "enp1s0",
-        &format!("{DIALED}/24"),
-    );
+    let client = public_client("sn-client", &node);
     let pod = pod("sn-pod", &node, "10.244.0.5", "10.244.0.1");
     cni(&node, style, "10.244.0.0/24", true);
     let responders = responders(

@@ -137,6 +137,34 @@ pub fn responders(pod: &Netns, specs: &[(&str, &str)]) -> Vec<Proc> {
         .collect()
 }
 
+/// The internet client every suite dials from: namespace `name`, its `c0` at CLIENT wired to
+/// `node`'s public interface `enp1s0` at DIALED.
+pub fn public_client(name: &str, node: &Netns) -> Netns {
+    let client = namespace(name);
+    wire(
+        &client,
+        "c0",
+        &format!("{CLIENT}/24"),
+        node,
+        "enp1s0",
+        &format!("{DIALED}/24"),
+    );
+    client
+}
+
+/// One word of a `kuport-echo ask` answer line: the value of `key=`, empty when absent.
+pub fn answer_field(text: &str, key: &str) -> String {
+    text.split_whitespace()
+        .find_map(|w| w.strip_prefix(&format!("{key}=")))
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// The outcome of a `kuport-echo ask` answer line (`reply`, `timeout`, ...; `error` when empty).
+pub fn answer_outcome(text: &str) -> String {
+    text.split_whitespace().next().unwrap_or("error").to_owned()
+}
+
 /// Probes from the client; returns (outcome, peer the responder saw, client socket address).
 pub fn probe(client: &Netns, proto: &str, port: u16, extra: &[&str]) -> (String, String, String) {
     ask(client, proto, &format!("{DIALED}:{port}"), extra)
@@ -155,14 +183,11 @@ pub fn ask(client: &Netns, proto: &str, target: &str, extra: &[&str]) -> (String
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let field = |k: &str| {
-        text.split_whitespace()
-            .find_map(|w| w.strip_prefix(&format!("{k}=")))
-            .unwrap_or_default()
-            .to_owned()
-    };
-    let outcome = text.split_whitespace().next().unwrap_or("error").to_owned();
-    (outcome, field("peer"), field("client"))
+    (
+        answer_outcome(&text),
+        answer_field(&text, "peer"),
+        answer_field(&text, "client"),
+    )
 }
 
 pub fn assert_client_seen(client: &Netns, proto: &str, port: u16, extra: &[&str]) {
@@ -231,15 +256,7 @@ pub fn cross_topology(style: Cni) -> CrossNode {
     for n in [&edge, &worker] {
         n.sh("sysctl -qw net.ipv4.conf.all.rp_filter=1 net.ipv4.conf.default.rp_filter=1");
     }
-    let client = namespace("x-client");
-    wire(
-        &client,
-        "c0",
-        &format!("{CLIENT}/24"),
-        &edge,
-        "enp1s0",
-        &format!("{DIALED}/24"),
-    );
+    let client = public_client("x-client", &edge);
     // The underlay both nodes' InternalIPs live on (the mesh, in the reference cluster).
     wire(
         &edge,
