@@ -204,11 +204,7 @@ fn a_cluster_that_cannot_be_read_exits_4_not_1() {
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(
         &kubeconfig,
-        r#"{"apiVersion": "v1", "kind": "Config",
-            "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1", "insecure-skip-tls-verify": true}}],
-            "users": [{"name": "u", "user": {"token": "t"}}],
-            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-            "current-context": "c"}"#,
+        kuport_sim::apiserver::kubeconfig("http://127.0.0.1:1"),
     )
     .expect("write the kubeconfig");
     for extra in [&[][..], &["games/gs"][..]] {

@@ -8,32 +8,25 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams, PostParams};
 use kuport_core::api::PortMap;
-use kuport_sim::apiserver::ApiServer;
+use kuport_sim::apiserver::{ApiServer, Failure, RequestFilter, kubeconfig};
 use kuport_testkit::cluster::typed;
 use kuport_testkit::objects::pm;
+use kuport_testkit::wait::eventually;
 use serde_json::json;
 
-/// The model on a loopback port, and a kubeconfig for it in `dir`.
-async fn model(dir: &Path) -> (kube::Client, PathBuf) {
+/// The model on a loopback port, a client of it, and its kubeconfig written in `dir`.
+async fn model(dir: &Path) -> (ApiServer, kube::Client, PathBuf) {
     let server = ApiServer::builder().build().expect("model builds");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let url = format!("http://{}", listener.local_addr().expect("addr"));
-    tokio::spawn(server.serve(listener));
-    let kubeconfig = dir.join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters: [{{name: m, cluster: {{server: \"{url}\"}}}}]\n\
-             users: [{{name: admin, user: {{token: t}}}}]\n\
-             contexts: [{{name: m, context: {{cluster: m, user: admin}}}}]\ncurrent-context: m\n"
-        ),
-    )
-    .expect("kubeconfig");
+    tokio::spawn(server.clone().serve(listener));
+    let kubeconfig_path = dir.join("kubeconfig");
+    std::fs::write(&kubeconfig_path, kubeconfig(&url)).expect("kubeconfig");
     let client =
         kube::Client::try_from(kube::Config::new(url.parse().expect("url"))).expect("client");
-    (client, kubeconfig)
+    (server, client, kubeconfig_path)
 }
 
 fn status(kubeconfig: &Path, wait: &str) -> Output {
@@ -47,7 +40,7 @@ fn status(kubeconfig: &Path, wait: &str) -> Output {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_returns_once_the_cluster_is_healthy_and_gives_up_with_the_last_reading() {
     let dir = tempfile::tempdir().expect("temporary directory");
-    let (client, kubeconfig) = model(dir.path()).await;
+    let (server, client, kubeconfig) = model(dir.path()).await;
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let games: Namespace = typed(json!({"metadata": {"name": "games"}}), "Namespace");
     namespaces
@@ -74,10 +67,24 @@ async fn wait_returns_once_the_cluster_is_healthy_and_gives_up_with_the_last_rea
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("games/gs"));
 
-    // Fixed while it waits: it returns healthy, well before its minute is up.
+    // Fixed while it waits: it returns healthy, well before its minute is up. The fix comes
+    // only once its first reading has listed the PortMaps (the Events, listed after them, are
+    // refused once with a 429, which marks that moment), so that reading saw it broken.
+    let faults = server.faults();
+    faults.fail_next(
+        1,
+        Failure::TooManyRequests,
+        RequestFilter::any().resource("events"),
+    );
     let k = kubeconfig.clone();
     let waiting = tokio::task::spawn_blocking(move || status(&k, "60s"));
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    eventually(
+        "kuport status has made its first reading",
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+        || async { faults.injected() == 1 },
+    )
+    .await;
     api.delete("gs", &DeleteParams::default())
         .await
         .expect("delete the PortMap");
@@ -112,14 +119,10 @@ fn wait_is_refused_with_recorded_objects_and_a_malformed_duration() {
 #[test]
 fn wait_keeps_trying_an_unreadable_cluster_then_exits_4() {
     let dir = tempfile::tempdir().expect("temporary directory");
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: \"http://127.0.0.1:1\"}}]\n\
-         users: [{name: u, user: {token: t}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n",
-    )
-    .expect("kubeconfig");
-    let out = status(&kubeconfig, "1s");
+    let path = dir.path().join("kubeconfig");
+    // Port 1 on loopback: nothing listens there.
+    std::fs::write(&path, kubeconfig("http://127.0.0.1:1")).expect("kubeconfig");
+    let out = status(&path, "1s");
     assert_eq!(
         out.status.code(),
         Some(4),
