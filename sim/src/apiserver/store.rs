@@ -245,14 +245,7 @@ fn replaced(r: &Resource, name: &str, old: &Value, body: Value, status: bool) ->
     if status {
         // A status write changes status only; everything else stays as stored.
         let mut new = old.clone();
-        match body.get("status") {
-            Some(s) => new["status"] = s.clone(),
-            None => {
-                if let Some(m) = new.as_object_mut() {
-                    m.remove("status");
-                }
-            }
-        }
+        set_or_remove(&mut new, "status", body.get("status"));
         new
     } else {
         let mut new = body;
@@ -264,30 +257,29 @@ fn replaced(r: &Resource, name: &str, old: &Value, body: Value, status: bool) ->
             "deletionGracePeriodSeconds",
             "generation",
         ] {
-            match old["metadata"].get(owned) {
-                Some(v) => new["metadata"][owned] = v.clone(),
-                None => {
-                    if let Some(m) = new["metadata"].as_object_mut() {
-                        m.remove(owned);
-                    }
-                }
-            }
+            set_or_remove(&mut new["metadata"], owned, old["metadata"].get(owned));
         }
         if let Some(m) = new["metadata"].as_object_mut() {
             m.remove("managedFields");
         }
         if r.status_subresource {
             // Spec writes cannot change status.
-            match old.get("status") {
-                Some(s) => new["status"] = s.clone(),
-                None => {
-                    if let Some(m) = new.as_object_mut() {
-                        m.remove("status");
-                    }
-                }
-            }
+            set_or_remove(&mut new, "status", old.get("status"));
         }
         new
+    }
+}
+
+/// Sets `object[key]` to `value`, or removes the key when there is none: the stored object's
+/// field as it was, absent included.
+fn set_or_remove(object: &mut Value, key: &str, value: Option<&Value>) {
+    match value {
+        Some(v) => object[key] = v.clone(),
+        None => {
+            if let Some(m) = object.as_object_mut() {
+                m.remove(key);
+            }
+        }
     }
 }
 
