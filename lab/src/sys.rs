@@ -138,11 +138,7 @@ impl Lab {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {RUN_DIR}"))?;
         let path = dir.join("state.json");
         let state = load_state(&path)?;
-        if !state.namespaces.is_empty()
-            || !state.processes.is_empty()
-            || !state.cgroups.is_empty()
-            || !state.data_dirs.is_empty()
-        {
+        if !state.is_empty() {
             bail!(
                 "a lab is still up ({} namespaces, {} processes recorded in {}): run `kuport-lab down` first",
                 state.namespaces.len(),
