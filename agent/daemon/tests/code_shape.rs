@@ -433,7 +433,7 @@ fn has_reason(lines: &[&str], at: usize) -> bool {
         .any(|l| l.starts_with("// Long:"))
 }
 
-fn long_functions(dir: &str, m: &Module) -> Vec<LongFn> {
+fn long_functions(m: &Module) -> Vec<LongFn> {
     let code = m.code.as_bytes();
     let code_lines: Vec<&str> = m.code.lines().collect();
     let original: Vec<&str> = m.original.lines().collect();
@@ -455,7 +455,6 @@ fn long_functions(dir: &str, m: &Module) -> Vec<LongFn> {
         let lines = last_line - n + 1;
         if lines > MAX_FN_LINES {
             let rel = m.file.strip_prefix(workspace()).unwrap_or(&m.file);
-            let _ = dir;
             out.push(LongFn {
                 at: format!("{}:{} {name}", rel.display(), n + 1),
                 lines,
@@ -484,7 +483,7 @@ fn measure() -> Shape {
             shape.cycles.push(((*dir).to_owned(), c));
         }
         for m in &modules {
-            shape.long.extend(long_functions(dir, m));
+            shape.long.extend(long_functions(m));
             let rel = m.file.strip_prefix(workspace()).unwrap_or(&m.file);
             shape
                 .files
@@ -610,12 +609,12 @@ mod checker {
             .collect();
         let text = format!("fn short() {{}}\npub(crate) fn long() {{\n{body}}}\n");
         let m = module("a", &text);
-        let found = long_functions("x", &m);
+        let found = long_functions(&m);
         assert_eq!(found.len(), 1);
         assert!(found[0].at.ends_with(" long"), "{}", found[0].at);
         assert_eq!(found[0].lines, MAX_FN_LINES + 2);
         assert!(!found[0].reason);
         let explained = format!("// Long: a table.\n#[inline]\nfn long() {{\n{body}}}\n");
-        assert!(long_functions("x", &module("a", &explained))[0].reason);
+        assert!(long_functions(&module("a", &explained))[0].reason);
     }
 }
