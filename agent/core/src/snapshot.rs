@@ -158,6 +158,50 @@ pub struct HostFacts {
     /// status says why it is not programmed.
     #[serde(default)]
     pub refusals: Vec<KernelRefusal>,
+    /// What this node's probes across its return links found, sorted by class then peer: a
+    /// link its probes found down makes every mapping that needs it not `Programmed`. Empty when
+    /// the agent does not probe (then only the acknowledgements gate).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub link_probes: Vec<LinkProbe>,
+}
+
+/// One return link as this node's probes across it found it: the host fact behind this node's
+/// [`crate::api::LinkEndStatus`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LinkProbe {
+    /// The link's class.
+    pub class: String,
+    /// The node at the other end.
+    pub peer: String,
+    /// The verdict: `None` until the first one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub up: Option<bool>,
+    /// When the verdict last changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<k8s_openapi::jiff::Timestamp>,
+    /// The median round trip of the last probes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rtt_microseconds: Option<u32>,
+    /// The largest probe that crossed the link and came back.
+    #[serde(
+        default,
+        rename = "verifiedMTU",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub verified_mtu: Option<u32>,
+    /// What failed, when down.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+impl HostFacts {
+    /// This node's probe verdict on its link to `peer` in `class`.
+    pub fn link_probe(&self, class: &str, peer: &str) -> Option<&LinkProbe> {
+        self.link_probes
+            .iter()
+            .find(|p| p.class == class && p.peer == peer)
+    }
 }
 
 /// One mapping the kernel refused on this node, as a host fact of the next plan (the second of

@@ -230,7 +230,7 @@ fn slots_go_lowest_free_first_in_key_order_and_each_pod_node_proposes_its_own() 
 #[test]
 fn exhausted_subnet_stops_new_pairs_only() {
     // A /30 holds two /31s: edge-a/w2 keeps its claim, edge-a/w1 gets the other, w3 gets none.
-    let c = three_pairs("169.254.77.0/30").claim("public", "edge-a/w2", 0);
+    let c = three_pairs("169.254.77.0/30").claim_built("public", "edge-a/w2", 0);
     let plan = c.plan("w3");
     let (reason, msg) = ready(&plan, "public");
     assert_eq!(reason, C::SubnetExhausted);
@@ -529,8 +529,8 @@ fn a_serving_pair_takes_over_a_standby_claims_slot_when_none_is_free() {
     use kuport_core::plan::merge::{class_parts, merge_class_status};
     // Both slots went to a-worker's pairs while worker-b's pod had no mapping.
     let c = standby_cluster("169.254.77.0/30", true)
-        .claim("public", "a-worker/edge-a", 0)
-        .claim("public", "a-worker/edge-c", 1);
+        .claim_built("public", "a-worker/edge-a", 0)
+        .claim_built("public", "a-worker/edge-c", 1);
     assert_eq!(
         all_proposals(&c),
         [(
@@ -581,6 +581,16 @@ fn a_serving_pair_takes_over_a_standby_claims_slot_when_none_is_free() {
     );
     let edge = after.plan("edge-a");
     assert_eq!(edge.host_state.links.len(), 2, "after: both serving links");
+    assert_eq!(
+        decision(&edge, "games", "gs")
+            .programmed
+            .as_ref()
+            .map(|p| p.reason),
+        Some(P::NotAcknowledged),
+        "until both ends report the new link"
+    );
+    let after = after.link_ends("public", "edge-a/worker-b", 1, None);
+    let edge = after.plan("edge-a");
     for name in ["gs", "early"] {
         assert_eq!(
             decision(&edge, "games", name)
@@ -621,9 +631,9 @@ fn serving_links_take_link_marks_before_standby_links() {
                    "returnPath": {"mode": "Vxlan"}}),
             Value::Null,
         )
-        .claim("public", "edge-a/worker-b", 0)
-        .claim("public", "edge-c/worker-b", 1)
-        .claim("public", "edge-d/worker-b", 2)
+        .claim_built("public", "edge-a/worker-b", 0)
+        .claim_built("public", "edge-c/worker-b", 1)
+        .claim_built("public", "edge-d/worker-b", 2)
         .endpoint("games", "gs", "gs-0", "worker-b", "10.244.1.5", 3000)
         .portmap(pm("games", "gs", "public", 3000));
     let mut f = facts(&[], "wt0", 1400);

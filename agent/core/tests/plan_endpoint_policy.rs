@@ -24,7 +24,7 @@ fn edge_facts() -> kuport_core::snapshot::HostFacts {
 fn listing(address: &str, node: &str) -> Cluster {
     edge_and_worker()
         .row("public", "worker-b", json!({}), 1420)
-        .claim("public", "edge-a/worker-b", 0)
+        .claim_built("public", "edge-a/worker-b", 0)
         .endpoint("games", "gs", "gs-0", node, address, 3000)
         .portmap(pm("games", "gs", "public", 3000))
 }
@@ -240,7 +240,7 @@ proptest! {
         let build = |order: &[usize]| {
             let mut c = edge_and_worker()
                 .row("public", "worker-b", json!({}), 1420)
-                .claim("public", "edge-a/worker-b", 0)
+                .claim_built("public", "edge-a/worker-b", 0)
                 .portmap(pm("games", "gs", "public", 3000));
             for i in order {
                 let (address, node) = POOL[*i];

@@ -20,7 +20,7 @@ fn edge_facts() -> kuport_core::snapshot::HostFacts {
 fn remote() -> Cluster {
     edge_and_worker()
         .row("public", "worker-b", json!({}), 1420)
-        .claim("public", "edge-a/worker-b", 0)
+        .claim_built("public", "edge-a/worker-b", 0)
         .endpoint("games", "gs", "gs-0", "worker-b", "10.244.1.5", 3000)
         .portmap(pm("games", "gs", "public", 3000))
 }
@@ -646,7 +646,7 @@ fn stand_in_addresses_are_refused_as_interface_and_node_addresses() {
         )
         .row("public", "edge-a", json!({"enp1s0": "203.0.113.9"}), 1400)
         .row("public", "worker-b", json!({}), 1420)
-        .claim("public", "edge-a/worker-b", 0)
+        .claim_built("public", "edge-a/worker-b", 0)
         .endpoint("games", "gs", "gs-0", "worker-b", "10.244.1.5", 3000)
         .portmap(pm("games", "gs", "public", 3000));
     let plan = c.plan("edge-a");

@@ -319,6 +319,51 @@ fn remote_pod_waits_for_its_claim_then_programs() {
     );
 
     let c = c.claim("public", "edge-a/worker-b", 0);
+    let (reason, msg) = programmed(&c, "games", "gs");
+    assert_eq!(
+        reason,
+        P::NotAcknowledged,
+        "landed, but neither end built it"
+    );
+    assert_eq!(
+        msg,
+        "node edge-a has not reported its end of return link edge-a/worker-b in class public: is its kuport agent running? (kuport status lists the agents)"
+    );
+    let worker = c.plan("worker-b");
+    let row = &worker.writes.class_rows[0].row;
+    assert_eq!(
+        (row.accepting, row.links.len(), row.links[0].slot),
+        (Some(false), 1, 0),
+        "the pod's node, which the class does not name, acknowledges its end in a row of its own"
+    );
+    let half = c.clone().link_ends("public", "edge-a/worker-b", 0, None);
+    let half = {
+        // Only the accepting end reported.
+        let mut half = half;
+        let status = half.class_mut("public").status.as_mut().expect("status");
+        status.nodes.retain(|r| r.name != "worker-b");
+        half
+    };
+    let (reason, msg) = programmed(&half, "games", "gs");
+    assert_eq!(reason, P::NotAcknowledged);
+    assert!(msg.starts_with("node worker-b has not reported"), "{msg}");
+    let stale = c.clone().link_ends("public", "edge-a/worker-b", 3, None);
+    let (reason, msg) = programmed(&stale, "games", "gs");
+    assert_eq!(reason, P::NotAcknowledged);
+    assert!(
+        msg.contains("at slot 3, not the link's current slot"),
+        "{msg}"
+    );
+    let down = c
+        .clone()
+        .link_ends("public", "edge-a/worker-b", 0, Some(false));
+    let (reason, msg) = programmed(&down, "games", "gs");
+    assert_eq!(reason, P::ReturnLinkDown);
+    assert_eq!(
+        msg,
+        "return link edge-a/worker-b is down as node edge-a sees it: its probes get no answer"
+    );
+    let c = c.link_ends("public", "edge-a/worker-b", 0, Some(true));
     assert_eq!(programmed(&c, "games", "gs").0, P::AllNodesReady);
     let d = decision(&c.plan("edge-a"), "games", "gs").clone();
     assert_eq!(d.links.len(), 1);
@@ -515,7 +560,7 @@ fn edge_facts(addr: &str) -> kuport_core::snapshot::HostFacts {
 
 #[test]
 fn a_standby_link_does_not_hold_up_programmed() {
-    let c = two_edges().claim("public", "edge-a/worker-b", 0);
+    let c = two_edges().claim_built("public", "edge-a/worker-b", 0);
     let d = decision(&c.plan("edge-a"), "games", "gs").clone();
     assert_eq!(d.serving_node.as_deref(), Some("edge-a"));
     let keys = |l: &[kuport_core::plan::NeededLink]| -> Vec<String> {
@@ -535,8 +580,8 @@ fn a_standby_link_does_not_hold_up_programmed() {
 fn both_ends_of_a_standby_link_are_programmed_once_claimed() {
     use kuport_core::ir::{ChainId, Rule};
     let c = two_edges()
-        .claim("public", "edge-a/worker-b", 0)
-        .claim("public", "edge-c/worker-b", 1);
+        .claim_built("public", "edge-a/worker-b", 0)
+        .claim_built("public", "edge-c/worker-b", 1);
     let worker = c.plan_with("worker-b", &facts(&[], "wt0", 1400));
     let mut peers: Vec<&str> = worker
         .host_state
@@ -589,10 +634,9 @@ fn both_ends_of_a_standby_link_are_programmed_once_claimed() {
 #[test]
 fn moving_the_serving_edge_waits_for_no_claim_and_changes_only_the_new_edges_capture() {
     use kuport_core::ir::ChainId;
-    let before =
-        two_edges()
-            .claim("public", "edge-a/worker-b", 0)
-            .claim("public", "edge-c/worker-b", 1);
+    let before = two_edges()
+        .claim_built("public", "edge-a/worker-b", 0)
+        .claim_built("public", "edge-c/worker-b", 1);
     // edge-a goes NotReady: edge-c takes over.
     let mut after = before.clone();
     for node in &mut after.snapshot.nodes {
@@ -675,8 +719,8 @@ fn a_refused_standby_link_is_not_reported_against_the_mapping() {
     use kuport_core::plan::link_name;
     use kuport_core::snapshot::KernelRefusal;
     let c = two_edges()
-        .claim("public", "edge-a/worker-b", 0)
-        .claim("public", "edge-c/worker-b", 1);
+        .claim_built("public", "edge-a/worker-b", 0)
+        .claim_built("public", "edge-c/worker-b", 1);
     let refused = |peer: &str| {
         let mut f = facts(&[("wt0", "100.64.0.2")], "wt0", 1400);
         let link = link_name("public", peer);
@@ -725,7 +769,7 @@ fn two_pods(b_ready: bool) -> Cluster {
         )
         .endpoint("games", "gs", "gs-1", "worker-c", "10.244.2.5", 3000)
         .portmap(pm("games", "gs", "public", 3000));
-    c.claim("public", "edge-a/worker-b", 0)
+    c.claim_built("public", "edge-a/worker-b", 0)
 }
 
 #[test]
@@ -762,7 +806,7 @@ fn the_next_endpoints_node_keeps_a_standby_link_so_an_endpoint_change_waits_for_
     );
 
     // Once claimed, both ends build the device and nothing that captures traffic.
-    let claimed = before.clone().claim("public", "edge-a/worker-c", 1);
+    let claimed = before.clone().claim_built("public", "edge-a/worker-c", 1);
     let standby_end = claimed.plan_with("worker-c", &facts(&[("wt0", "100.64.0.4")], "wt0", 1400));
     assert_eq!(standby_end.host_state.links.len(), 1);
     assert_eq!(standby_end.host_state.links[0].peer, "edge-a");
@@ -775,7 +819,7 @@ fn the_next_endpoints_node_keeps_a_standby_link_so_an_endpoint_change_waits_for_
     );
 
     // worker-b's pod goes unready: the mapping moves to worker-c over the link already there.
-    let mut after = two_pods(false).claim("public", "edge-a/worker-c", 1);
+    let mut after = two_pods(false).claim_built("public", "edge-a/worker-c", 1);
     after.snapshot.endpoint_slices.reverse();
     let moved = after.plan_with("edge-a", &facts(&[("wt0", "100.64.0.1")], "wt0", 1400));
     let d = decision(&moved, "games", "gs");

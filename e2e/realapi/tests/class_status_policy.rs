@@ -277,6 +277,23 @@ async fn each_agent_changes_only_its_own_part_of_a_class_status() {
             .await,
         "node n4 is not named by the class",
     );
+    let pod_end = json!({"name": "n4", "ready": true, "accepting": false,
+        "links": [{"peer": "n1", "slot": 0, "up": true}]});
+    refused(
+        "n4 adding a pod's node row that also claims addresses",
+        env.write(env.agent("n4"), |s| {
+            let mut row = pod_end.clone();
+            row["addresses"] = json!({"eth0": "203.0.113.9"});
+            push(s, "nodes", row)
+        })
+        .await,
+        "node n4 is not named by the class",
+    );
+    allowed(
+        "n4 adding its row of link ends as a pod's node",
+        env.write(env.agent("n4"), |s| push(s, "nodes", pod_end.clone()))
+            .await,
+    );
     refused(
         "a token that names no node",
         env.write(&env.unbound, |s| {

@@ -314,7 +314,7 @@ fn default_subnet() -> String {
 
 const _: () = assert!(DEFAULT_VXLAN_VNI <= MAX_VNI);
 
-/// What the agents observed about the class. Shared: each accepting node writes only its own
+/// What the agents observed about the class. Shared: each node writes only its own
 /// row, its own link claims and its own garbage-collection marks.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -329,7 +329,8 @@ pub struct PortMapClassStatus {
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
 
-    /// One row per accepting node, written only by that node's agent.
+    /// One row per accepting node, and per pod's node holding an end of one of the class's
+    /// return links, each written only by that node's agent.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
     pub nodes: Vec<ClassNodeStatus>,
@@ -420,6 +421,60 @@ pub struct ClassNodeStatus {
     /// every resync, 5 minutes by default): a time much older than that means the agent stopped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_pass_time: Option<Time>,
+
+    /// This node's end of each return link of the class it holds, by peer: what its last apply
+    /// built (its acknowledgement of the link) and what its probes across the link found.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 512))]
+    pub links: Vec<LinkEndStatus>,
+
+    /// False for a node the class does not name that writes a row only for its ends of return
+    /// links (a pod's node); absent (true) for an accepting node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accepting: Option<bool>,
+}
+
+/// One node's end of one return link, written by that node's agent: its acknowledgement that
+/// the link is built (at `slot`), and its probes' verdict on the path across it.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct LinkEndStatus {
+    /// The node at the other end.
+    #[schemars(length(max = 253))]
+    pub peer: String,
+
+    /// The claim slot this node built the link at: an acknowledgement of another slot is out
+    /// of date.
+    pub slot: i32,
+
+    /// What the probes across the link found: true when the peer answers (full-size probes
+    /// included), false when it stopped answering; absent until the first verdict, or when
+    /// the agent does not probe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub up: Option<bool>,
+
+    /// When `up` last changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<Time>,
+
+    /// The median round trip of the last probes, in microseconds (refreshed at most once a
+    /// minute).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rtt_microseconds: Option<i32>,
+
+    /// The largest probe (IP packet bytes) that crossed the link and came back: the link's MTU
+    /// once verified.
+    #[serde(
+        default,
+        rename = "verifiedMTU",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub verified_mtu: Option<i32>,
+
+    /// What failed, when `up` is false: which check, to which address, since when.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 512))]
+    pub message: Option<String>,
 }
 
 /// A port something on an accepting node holds: a host socket, a NodePort or a hostPort. Once

@@ -7,8 +7,8 @@ mod portmap;
 
 pub use class::{
     ClassNode, ClassNodeStatus, CniInfo, DEFAULT_SYSTEM_RESERVED, HeldPort, LinkClaim,
-    PortMapClass, PortMapClassSpec, PortMapClassStatus, PortSpan, PortWindow, RefusedMapping,
-    ReturnPath, ReturnPathMode, ServingMode, VxlanSettings,
+    LinkEndStatus, PortMapClass, PortMapClassSpec, PortMapClassStatus, PortSpan, PortWindow,
+    RefusedMapping, ReturnPath, ReturnPathMode, ServingMode, VxlanSettings,
 };
 pub use portmap::{
     EndpointStatus, PortMap, PortMapSpec, PortMapStatus, Protocol, PublishedAddress, ServiceRef,

@@ -665,6 +665,9 @@ fn programmed(index: &Index, class: &ClassState, w: &Working) -> Outcome<Program
     if let Some(failed) = link_gates(index, class, w) {
         return failed;
     }
+    if let Some(failed) = link_end_gates(index, class, w) {
+        return failed;
+    }
     Outcome::new(R::AllNodesReady, firewall_note(index, class.name, d))
 }
 
@@ -754,6 +757,70 @@ fn link_gates(index: &Index, class: &ClassState, w: &Working) -> Option<Outcome<
         }
     }
     None
+}
+
+/// For a remote pod, both ends of every link the mapping needs have acknowledged it at its
+/// current slot in their rows, and neither end's probes found it down. Read from the rows
+/// alone, this node's included (not from its own fresher facts): every node must reach the
+/// same decision, and this node's verdict reaches its row in the same writes.
+fn link_end_gates(
+    index: &Index,
+    class: &ClassState,
+    w: &Working,
+) -> Option<Outcome<ProgrammedReason>> {
+    use ProgrammedReason as R;
+    if !w.remote {
+        return None;
+    }
+    let mut down = None;
+    for link in &w.decision.links {
+        let (a, b) = link.key.nodes();
+        let slot = link.slot.and_then(|s| i32::try_from(s).ok());
+        for (end, peer) in [(a, b), (b, a)] {
+            let entry = index
+                .row(class.name, end)
+                .and_then(|row| row.links.iter().find(|l| l.peer == peer));
+            let entry = match entry {
+                None => return Some(unacknowledged(class, &link.key, end, None)),
+                Some(e) if Some(e.slot) != slot => {
+                    return Some(unacknowledged(class, &link.key, end, Some(e.slot)));
+                }
+                Some(e) => e,
+            };
+            if down.is_none() && entry.up == Some(false) {
+                let why = entry
+                    .message
+                    .as_deref()
+                    .unwrap_or("its probes get no answer");
+                down = Some(Outcome::new(
+                    R::ReturnLinkDown,
+                    format!(
+                        "return link {} is down as node {end} sees it: {why}",
+                        link.key
+                    ),
+                ));
+            }
+        }
+    }
+    down
+}
+
+fn unacknowledged(
+    class: &ClassState,
+    key: &NodePair,
+    node: &str,
+    slot: Option<i32>,
+) -> Outcome<ProgrammedReason> {
+    let message = match slot {
+        None => format!(
+            "node {node} has not reported its end of return link {key} in class {}: is its kuport agent running? (kuport status lists the agents)",
+            class.name
+        ),
+        Some(old) => format!(
+            "node {node} reports its end of return link {key} at slot {old}, not the link's current slot: its agent has not applied the current claim yet"
+        ),
+    };
+    Outcome::new(ProgrammedReason::NotAcknowledged, message)
 }
 
 /// What a node that programs the mapping (an accepting node, or the pod's node at the far end

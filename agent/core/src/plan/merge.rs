@@ -20,7 +20,8 @@ use super::{
     Writes,
 };
 use crate::api::{
-    LinkClaim, PortMapClass, PortMapClassStatus, PortMapStatus, RefusedMapping, conditions,
+    LinkClaim, LinkEndStatus, PortMapClass, PortMapClassStatus, PortMapStatus, RefusedMapping,
+    conditions,
 };
 
 /// This node's part of one class's status.
@@ -135,8 +136,8 @@ pub fn merge_class_status(
     status.refused.sort();
     status.refused.dedup();
     let (nodes_left, nodes_joined) = match part.row {
-        Some(write) => summarise(&stored, &mut status, write),
-        None => (Vec::new(), Vec::new()),
+        Some(write) if accepts(write) => summarise(&stored, &mut status, write),
+        _ => (Vec::new(), Vec::new()),
     };
     ClassMerge {
         status,
@@ -163,15 +164,14 @@ fn merge_row(
         Some(row) => {
             // The stored pass time stands while it is recent and the version is the same: a
             // converged pass writes nothing.
-            new_row.last_pass_time = row
-                .last_pass_time
-                .clone()
-                .filter(|t| {
-                    row.agent_version == new_row.agent_version
-                        && (0..LAST_PASS_REFRESH_SECONDS)
-                            .contains(&(now.as_second() - t.0.as_second()))
-                })
-                .or(Some(Time(now)));
+            let kept = row.last_pass_time.clone().filter(|t| {
+                row.agent_version == new_row.agent_version
+                    && (0..LAST_PASS_REFRESH_SECONDS).contains(&(now.as_second() - t.0.as_second()))
+            });
+            if kept.is_some() {
+                keep_round_trips(&row.links, &mut new_row.links);
+            }
+            new_row.last_pass_time = kept.or(Some(Time(now)));
             *row = new_row;
         }
         None => {
@@ -183,6 +183,9 @@ fn merge_row(
                 .unwrap_or(status.nodes.len());
             status.nodes.insert(at, new_row);
         }
+    }
+    if !accepts(write) {
+        return None;
     }
     let current = status
         .conditions
@@ -202,6 +205,22 @@ fn merge_row(
     }
     status.observed_generation = write.ready.observed_generation;
     flipped
+}
+
+/// Whether the row is an accepting node's (a pod's node's row says nothing of the class's
+/// readiness).
+fn accepts(write: &ClassRowWrite) -> bool {
+    write.row.accepting != Some(false)
+}
+
+/// Round trips change on every probe: between refreshes of the pass time the stored ones
+/// stand, so a row whose links only changed their round trip is not written again.
+fn keep_round_trips(stored: &[LinkEndStatus], links: &mut [LinkEndStatus]) {
+    for link in links.iter_mut() {
+        if let Some(old) = stored.iter().find(|o| o.peer == link.peer) {
+            link.rtt_microseconds = old.rtt_microseconds;
+        }
+    }
 }
 
 /// Lands proposals on slots still free in the fresh object (or held by the standby claim the
@@ -567,6 +586,89 @@ mod tests {
             merge_status(&status(other_version), "n1", VERSION, &part, ts(NOW)).status,
             status(stamped("n1", NOW))
         );
+    }
+
+    #[test]
+    fn a_pod_nodes_row_leaves_the_condition_and_ready_nodes_alone() {
+        let stored = PortMapClassStatus {
+            conditions: vec![cond("True", "Valid", NOW)],
+            nodes: vec![stamped("n1", NOW)],
+            ready_nodes: vec!["n1".into()],
+            nodes_summary: Some("1/1 n1".into()),
+            ..Default::default()
+        };
+        let mut pod_row = row("w1");
+        pod_row.accepting = Some(false);
+        pod_row.links = vec![LinkEndStatus {
+            peer: "n1".into(),
+            slot: 0,
+            ..Default::default()
+        }];
+        let write = ClassRowWrite {
+            class: "public".into(),
+            row: pod_row,
+            // What a pod's node computes of the condition is never written.
+            ready: cond("False", "SubnetExhausted", NOW),
+            accepting: Vec::new(),
+            named: 1,
+        };
+        let part = ClassPart {
+            row: Some(&write),
+            ..Default::default()
+        };
+        let merged = merge_status(&stored, "w1", VERSION, &part, ts(NOW));
+        assert_eq!(merged.status.conditions, stored.conditions);
+        assert_eq!(merged.status.ready_nodes, ["n1"]);
+        assert_eq!(merged.status.nodes_summary.as_deref(), Some("1/1 n1"));
+        assert_eq!((merged.ready_flipped, merged.nodes_left.len()), (None, 0));
+        let names: Vec<&str> = merged
+            .status
+            .nodes
+            .iter()
+            .map(|r| r.name.as_str())
+            .collect();
+        assert_eq!(names, ["n1", "w1"]);
+    }
+
+    #[test]
+    fn a_round_trip_alone_is_not_written_until_the_pass_time_is_due() {
+        let end = |rtt| LinkEndStatus {
+            peer: "w1".into(),
+            slot: 0,
+            up: Some(true),
+            rtt_microseconds: Some(rtt),
+            ..Default::default()
+        };
+        let mut stored_row = stamped("n1", "2026-01-01T23:59:30Z");
+        stored_row.links = vec![end(800)];
+        let stored = PortMapClassStatus {
+            conditions: vec![cond("True", "Valid", "2026-01-01T00:00:00Z")],
+            nodes: vec![stored_row],
+            ready_nodes: vec!["n1".into()],
+            nodes_summary: Some("1/1 n1".into()),
+            ..Default::default()
+        };
+        let mut new_row = row("n1");
+        new_row.links = vec![end(950)];
+        let write = ClassRowWrite {
+            class: "public".into(),
+            row: new_row,
+            ready: cond("True", "Valid", "2026-01-01T00:00:00Z"),
+            accepting: vec!["n1".into()],
+            named: 1,
+        };
+        let part = ClassPart {
+            row: Some(&write),
+            ..Default::default()
+        };
+        assert_eq!(
+            merge_status(&stored, "n1", VERSION, &part, ts(NOW)).status,
+            stored,
+            "30 s after the last refresh, only the round trip differs: nothing to write"
+        );
+        let later = ts("2026-01-02T00:01:00Z");
+        let merged = merge_status(&stored, "n1", VERSION, &part, later);
+        assert_eq!(merged.status.nodes[0].links[0].rtt_microseconds, Some(950));
     }
 
     #[test]

@@ -244,7 +244,8 @@ pub struct PortMapWrite {
     pub status: PortMapStatus,
 }
 
-/// This node's row in one class, and the class's Ready condition as this node computes it.
+/// This node's row in one class, and the class's Ready condition as this node computes it (a
+/// row whose `accepting` is `Some(false)`, a pod's node's, leaves the condition alone).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ClassRowWrite {
     /// The class.
@@ -314,9 +315,10 @@ pub fn plan(snapshot: &Snapshot, this_node: &str, facts: &HostFacts, now: Timest
     mapping::gate_all(&index, &classes, &mut decisions, this_node, facts);
 
     let host_state = emit::emit(&index, &classes, &decisions, this_node, facts);
-    let writes = status::writes(
+    let mut writes = status::writes(
         &index, &classes, &decisions, snapshot, this_node, facts, now,
     );
+    status::add_link_ends(&mut writes, &classes, &host_state, this_node, facts, now);
     let class_decisions = classes::decisions(&classes, &writes, now);
 
     let portmaps = by_name(decisions.into_iter().map(|d| d.decision).collect());

@@ -50,6 +50,12 @@ pub enum ProgrammedReason {
     ReturnPathUnavailable,
     /// The mapping's interfaces leave a programming node nothing to bind.
     NoInterfaceOnNode,
+    /// A node at one end of a return link the mapping needs has not reported its end built at
+    /// the link's current slot: its agent is missing, stopped or behind.
+    NotAcknowledged,
+    /// A node's probes across a return link the mapping needs found it down (no answer, or
+    /// full-size probes lost while small ones pass); the message names both nodes and the check.
+    ReturnLinkDown,
     /// A node's kernel refused the mapping's nftables rules or the return link it uses; the
     /// message carries the kernel's words. Every other mapping on that node is programmed.
     HostRefused,
@@ -112,6 +118,8 @@ reason_names!(ProgrammedReason {
     RangeTranslation,
     ReturnPathUnavailable,
     NoInterfaceOnNode,
+    NotAcknowledged,
+    ReturnLinkDown,
     HostRefused,
 });
 reason_names!(ClassReason {

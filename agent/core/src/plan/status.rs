@@ -15,11 +15,11 @@ use super::{
     PortMapWrite, Writes,
 };
 use crate::api::{
-    ClassNodeStatus, CniInfo, EndpointStatus, HeldPort, PortMapClass, PortMapStatus, Protocol,
-    conditions,
+    ClassNodeStatus, CniInfo, EndpointStatus, HeldPort, LinkEndStatus, PortMapClass, PortMapStatus,
+    Protocol, conditions,
 };
-use crate::ir::VXLAN_OVERHEAD;
-use crate::keys::MappingKey;
+use crate::ir::{HostState, VXLAN_OVERHEAD};
+use crate::keys::{MappingKey, NodePair};
 use crate::snapshot::{CniFacts, HostFacts, Snapshot};
 use crate::text::cut_bytes;
 
@@ -37,6 +37,10 @@ pub mod limits {
     pub const WARNINGS: usize = 32;
     /// Mappings a held port yields to.
     pub const YIELDS_TO: usize = 64;
+    /// A link end's message.
+    pub const LINK_MESSAGE: usize = 512;
+    /// Link ends in a row.
+    pub const LINK_ENDS: usize = 512;
 }
 
 /// Builds a condition, keeping `lastTransitionTime` from the stored one unless the status flips.
@@ -208,22 +212,11 @@ fn class_row(
         // The agent stamps these when it writes the row.
         agent_version: None,
         last_pass_time: None,
+        // Filled by `add_link_ends` from what this node applies.
+        links: Vec::new(),
+        accepting: None,
     };
-    let stored = state
-        .class
-        .status
-        .as_ref()
-        .map(|s| s.conditions.as_slice())
-        .unwrap_or_default();
-    let ready = condition(
-        conditions::READY,
-        state.ready.is_true(),
-        state.ready.reason.as_str(),
-        &state.ready.message,
-        state.class.metadata.generation,
-        stored,
-        now,
-    );
+    let ready = ready_condition(state, now);
     let mut accepting: Vec<String> = state.accepting.iter().map(|n| (*n).to_owned()).collect();
     accepting.sort_unstable();
     ClassRowWrite {
@@ -233,6 +226,118 @@ fn class_row(
         accepting,
         named: state.class.spec.nodes.len(),
     }
+}
+
+/// This node's ends of each class's return links, as its IR builds them (less any link its
+/// kernel refused), with its probes' verdicts: added to its rows, and a row of its own (not
+/// accepting) in each class that does not name it but whose links it holds (the pod's node
+/// acknowledging the links that reach it).
+pub fn add_link_ends(
+    writes: &mut Writes,
+    classes: &BTreeMap<&str, ClassState>,
+    host: &HostState,
+    this_node: &str,
+    facts: &HostFacts,
+    now: Timestamp,
+) {
+    for state in classes.values() {
+        let ends = link_ends(state, host, this_node, facts);
+        match writes.class_rows.iter_mut().find(|r| r.class == state.name) {
+            Some(write) => write.row.links = ends,
+            None if !ends.is_empty() => {
+                writes
+                    .class_rows
+                    .push(pod_end_row(state, this_node, ends, now));
+            }
+            None => {}
+        }
+    }
+    writes.class_rows.sort_by(|a, b| a.class.cmp(&b.class));
+}
+
+fn link_ends(
+    state: &ClassState,
+    host: &HostState,
+    this_node: &str,
+    facts: &HostFacts,
+) -> Vec<LinkEndStatus> {
+    let refused = |device: &str| {
+        facts
+            .refusals
+            .iter()
+            .any(|r| r.link.as_deref() == Some(device))
+    };
+    let mut ends: Vec<LinkEndStatus> = host
+        .links
+        .iter()
+        .filter(|l| l.class == state.name && !refused(&l.name))
+        .filter_map(|l| {
+            let key = NodePair::new(this_node, &l.peer)?;
+            let (slot, _) = state.slot_of(&key)?;
+            let probe = facts.link_probe(state.name, &l.peer);
+            Some(LinkEndStatus {
+                peer: l.peer.clone(),
+                slot: i32::try_from(slot).ok()?,
+                up: probe.and_then(|p| p.up),
+                since: probe.and_then(|p| p.since).map(Time),
+                rtt_microseconds: probe
+                    .and_then(|p| p.rtt_microseconds)
+                    .and_then(|r| i32::try_from(r).ok()),
+                verified_mtu: probe
+                    .and_then(|p| p.verified_mtu)
+                    .and_then(|m| i32::try_from(m).ok()),
+                message: probe
+                    .and_then(|p| p.message.as_deref())
+                    .map(|m| cut_bytes(m, limits::LINK_MESSAGE).into_owned()),
+            })
+        })
+        .collect();
+    ends.sort_by(|a, b| a.peer.cmp(&b.peer));
+    ends.dedup_by(|a, b| a.peer == b.peer);
+    ends.truncate(limits::LINK_ENDS);
+    ends
+}
+
+/// The row of a node the class does not name: only its link ends. It says nothing of the
+/// class's readiness (the merge leaves the condition and the ready nodes alone).
+fn pod_end_row(
+    state: &ClassState,
+    this_node: &str,
+    links: Vec<LinkEndStatus>,
+    now: Timestamp,
+) -> ClassRowWrite {
+    ClassRowWrite {
+        class: state.name.to_owned(),
+        row: ClassNodeStatus {
+            name: this_node.to_owned(),
+            ready: true,
+            links,
+            accepting: Some(false),
+            ..ClassNodeStatus::default()
+        },
+        ready: ready_condition(state, now),
+        accepting: Vec::new(),
+        named: state.class.spec.nodes.len(),
+    }
+}
+
+/// The class's `Ready` condition as this node computes it.
+fn ready_condition(state: &ClassState, now: Timestamp) -> Condition {
+    let stored = state
+        .class
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    condition(
+        conditions::READY,
+        state.ready.is_true(),
+        state.ready.reason.as_str(),
+        &state.ready.message,
+        state.class.metadata.generation,
+        stored,
+        now,
+    )
 }
 
 /// The address of each of the class's interfaces on this node, and why the row is not ready
@@ -593,6 +698,17 @@ mod tests {
         assert_eq!(
             bound("/refused/items/properties/message", "maxLength"),
             limits::MESSAGE
+        );
+        assert_eq!(
+            bound(&format!("{row}/links"), "maxItems"),
+            limits::LINK_ENDS
+        );
+        assert_eq!(
+            bound(
+                &format!("{row}/links/items/properties/message"),
+                "maxLength"
+            ),
+            limits::LINK_MESSAGE
         );
     }
 
