@@ -764,8 +764,13 @@ fn child_removal_events() {
             removal_seen(&mut events, command, *kind).await;
             // The pass the agent runs on it compares with the kernel and repairs it, and that
             // repair wakes nothing again.
+            let repair = tokio::time::Instant::now();
             let report = host.apply(&state, true).await.expect("repair");
             assert!(report.mutations() > 0, "`{command}`: nothing repaired");
+            println!(
+                "`{command}`: repaired by a verifying apply of {:?}",
+                repair.elapsed()
+            );
             let echo = drift_within(&mut events, quiet).await;
             assert!(
                 echo.is_empty(),
