@@ -1,6 +1,7 @@
-//! What starts a pass, with three agents in one process (`common`): a link event rebuilds the
-//! datapath at once (on both servers), watch events changing nothing a pass reads run none, and
-//! cilium-config is watched rather than read per pass.
+//! What starts a pass, with three agents in one process (`common`): a link event, or a rule
+//! removed by another program, rebuilds the datapath at once (on both servers), watch events
+//! changing nothing a pass reads run none, and cilium-config is watched rather than read per
+//! pass.
 
 mod common;
 
@@ -9,9 +10,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, PostParams};
-use kuport::agent::LinkWatch;
+use kuport::agent::HostWatch;
 use kuport_core::api::{PortMap, PortMapClass};
-use kuport_host::LinkEvent;
+use kuport_host::{HostEvent, HostEventKind};
 use serde_json::json;
 
 use common::{
@@ -29,7 +30,7 @@ async fn a_link_event_rebuilds_the_datapath_at_once(target: Target) {
     let asked = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut rx = Some(rx);
     let seen = asked.clone();
-    let watch: LinkWatch = Box::new(move |devices| {
+    let watch: HostWatch = Box::new(move |devices| {
         seen.lock().expect("lock").push(devices);
         rx.take().ok_or(kuport_host::HostError::Missing {
             stage: kuport_host::HostStage::Links,
@@ -51,17 +52,37 @@ async fn a_link_event_rebuilds_the_datapath_at_once(target: Target) {
     // A restarted mesh daemon deletes every link bound to its device.
     c.agent("n2").host.lock().applied = Default::default();
     let link = programmed.links[0].name.clone();
-    tx.send(LinkEvent {
-        name: link,
-        removed: true,
-    })
-    .await
-    .expect("event sent");
+    tx.send(HostEvent::link(link, true))
+        .await
+        .expect("event sent");
     // No watch event and no resync is due: only the link event can cause this pass.
     c.eventually("the link and rules are rebuilt", || async {
         c.agent("n2").host.applied() == programmed
     })
     .await;
+
+    // Another program deletes kuport's ip rules: the host announces it, and the pass it starts
+    // compares with the kernel and puts them back.
+    settle(&c).await;
+    c.agent("n2").host.lock().applied.rules.clear();
+    tx.send(HostEvent {
+        kind: HostEventKind::Rule,
+        what: "ip rule pref 102 fwmark 0x2/0xff lookup 1802502146".into(),
+        removed: true,
+    })
+    .await
+    .expect("event sent");
+    c.eventually("the rules are put back", || async {
+        c.agent("n2").host.applied() == programmed
+    })
+    .await;
+    assert_eq!(
+        c.agent("n2").metrics.host_events(HostEventKind::Rule),
+        1,
+        "counted"
+    );
+    // The repair is one pass, not a storm: the agents come to rest.
+    settle(&c).await;
     c.stop_all().await;
 }
 

@@ -38,13 +38,71 @@ pub struct MappingCounter {
     pub bytes: u64,
 }
 
-/// A change to a link the agent cares about.
+/// What kind of host state a [`HostEvent`] is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum HostEventKind {
+    /// A `kup-*` link or the underlay device, created, changed or deleted (by anyone: the
+    /// kernel does not say who changed a link reliably).
+    Link,
+    /// One of kuport's ip rules, changed or deleted by another program.
+    Rule,
+    /// A route in one of kuport's routing tables, changed or deleted by another program.
+    Route,
+    /// An address of a `kup-*` link, changed or deleted by another program.
+    Address,
+    /// kuport's nftables table (the table, a chain, rule, set, element or counter), changed
+    /// or deleted by another program.
+    Nftables,
+    /// The stream may have missed events (its socket's buffer overflowed, or it ended):
+    /// anything may have changed.
+    Lost,
+}
+
+impl HostEventKind {
+    /// Every kind, in the order `/metrics` lists them.
+    pub const ALL: [HostEventKind; 6] = [
+        HostEventKind::Link,
+        HostEventKind::Rule,
+        HostEventKind::Route,
+        HostEventKind::Address,
+        HostEventKind::Nftables,
+        HostEventKind::Lost,
+    ];
+
+    /// The name in logs and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HostEventKind::Link => "link",
+            HostEventKind::Rule => "rule",
+            HostEventKind::Route => "route",
+            HostEventKind::Address => "address",
+            HostEventKind::Nftables => "nftables",
+            HostEventKind::Lost => "lost",
+        }
+    }
+}
+
+/// A change on the host that may have undone part of kuport's datapath: the agent answers it
+/// with a pass that compares against the kernel.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LinkEvent {
-    /// The link's name.
-    pub name: String,
-    /// True when the link was deleted.
+pub struct HostEvent {
+    /// What kind of state changed.
+    pub kind: HostEventKind,
+    /// What changed, for the log: a link's name, a rule, a route, an address, an nft object.
+    pub what: String,
+    /// True when it was deleted (rather than created or changed).
     pub removed: bool,
+}
+
+impl HostEvent {
+    /// A change to the link named `name`.
+    pub fn link(name: impl Into<String>, removed: bool) -> Self {
+        Self {
+            kind: HostEventKind::Link,
+            what: name.into(),
+            removed,
+        }
+    }
 }
 
 /// The host as the agent sees it. The real implementation is [`crate::LinuxHost`]; [`crate::MemoryHost`]

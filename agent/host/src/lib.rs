@@ -11,7 +11,9 @@
 //! apply reports, refusals included (`report.rs`); the errors (`error.rs`); the real host,
 //! which orders an apply across the backends (`linux.rs`); the backends themselves: nftables
 //! ([`nft`]), links, rules and routes ([`netlink`]), conntrack ([`conntrack`]), listening
-//! sockets ([`sockets`]); and [`MemoryHost`], the in-memory host of the simulator and tests.
+//! sockets ([`sockets`]); the host's events, changes to kuport's state the agent did not make
+//! ([`HostEvents`], over `netlink/events.rs` and [`nft_events`]); and [`MemoryHost`], the
+//! in-memory host of the simulator and tests.
 
 pub mod conntrack;
 mod error;
@@ -20,6 +22,7 @@ mod linux;
 pub mod memory;
 pub mod netlink;
 pub mod nft;
+pub mod nft_events;
 #[cfg(test)]
 mod nft_fake;
 mod nft_generation;
@@ -27,7 +30,7 @@ mod report;
 pub mod sockets;
 
 pub use error::{HostError, HostStage};
-pub use host::{FactsQuery, Host, LinkEvent, MappingCounter};
-pub use linux::{LinuxHost, label_counters};
+pub use host::{FactsQuery, Host, HostEvent, HostEventKind, MappingCounter};
+pub use linux::{HostEvents, LinuxHost, label_counters};
 pub use memory::MemoryHost;
 pub use report::{ApplyReport, Refusal};

@@ -4,14 +4,14 @@
 
 use std::sync::Arc;
 
-use kuport_core::ir::{ChainId, HostState, LINK_PREFIX, MarkLayout};
+use kuport_core::ir::{ChainId, HostState, MarkLayout};
 use kuport_core::snapshot::HostFacts;
 use tokio::sync::mpsc;
 
 use crate::error::HostError;
-use crate::host::{FactsQuery, Host, LinkEvent, MappingCounter};
+use crate::host::{FactsQuery, Host, HostEvent, MappingCounter};
 use crate::report::{ApplyReport, Refusal};
-use crate::{conntrack, netlink, nft, sockets};
+use crate::{conntrack, netlink, nft, nft_events, sockets};
 
 /// The real host: nft and rtnetlink on the current network namespace. Both backends can be
 /// swapped (`with_backends`), so the whole apply runs unprivileged over fakes in tests.
@@ -32,55 +32,108 @@ pub struct LinuxHost<N: netlink::Netlink = netlink::RtNetlink> {
     conntrack: Option<Arc<dyn conntrack::ConntrackTable>>,
     /// When a sweep is due.
     sweeper: conntrack::Sweeper,
+    /// The netlink port of the connection this host changes the kernel through.
+    own_port: Option<u32>,
 }
 
 impl LinuxHost {
-    /// Opens a netlink connection (spawned on the current tokio runtime).
+    /// Opens a netlink connection (spawned on the current tokio runtime). Its socket is bound
+    /// here, so its port is known: the kernel stamps the notifications of the changes this
+    /// host makes with it, and [`HostEvents`] leaves them out.
     pub fn new() -> Result<Self, HostError> {
-        let (conn, handle, _) = rtnetlink::new_connection().map_err(HostError::Socket)?;
+        use netlink_sys::AsyncSocket;
+        let (mut conn, handle, _) = rtnetlink::new_connection().map_err(HostError::Socket)?;
+        let own = conn
+            .socket_mut()
+            .socket_mut()
+            .bind_auto()
+            .map_err(HostError::Socket)?;
         tokio::spawn(conn);
-        Ok(
-            Self::with_backends(netlink::RtNetlink::new(handle), nft::Nft::new())
-                .with_conntrack(Arc::new(conntrack::KernelConntrack)),
-        )
+        let mut host = Self::with_backends(netlink::RtNetlink::new(handle), nft::Nft::new())
+            .with_conntrack(Arc::new(conntrack::KernelConntrack));
+        host.own_port = Some(own.port_number());
+        Ok(host)
     }
+}
 
-    /// A stream of link events: any `kup-*` link, and any link named in `watch` (the underlay
-    /// device), created, changed or deleted. A restarted mesh daemon deletes every link bound
-    /// to its device; the agent runs a pass on these events to rebuild them at once.
-    pub fn link_events(watch: Vec<String>) -> Result<mpsc::Receiver<LinkEvent>, HostError> {
+/// Opens the host's event streams for the agent (see [`HostEvents::open`]); taken from the
+/// host before the agent owns it, so it knows the host's own netlink port and `nft` processes.
+#[derive(Clone, Debug)]
+pub struct HostEvents {
+    own_port: Option<u32>,
+    marks: MarkLayout,
+    committers: Arc<nft_events::Committers>,
+}
+
+impl HostEvents {
+    /// One stream of the host events the agent answers with a verifying pass: any change to a
+    /// `kup-*` link or to a link named in `underlay` (a restarted mesh daemon deletes every
+    /// link bound to its device); a change by another program to one of kuport's ip rules, a
+    /// route in kuport's tables or an address of a `kup-*` link (rtnetlink, `netlink/events.rs`);
+    /// a commit by another program touching `table ip kuport` (`nft_events.rs`); and
+    /// [`crate::HostEventKind::Lost`] when a socket overflowed. The stream closes when the rtnetlink
+    /// socket fails; when the nftables one cannot be opened, rtnetlink's events still come
+    /// and the table is checked at each resync only (said in the log).
+    pub fn open(&self, underlay: Vec<String>) -> Result<mpsc::Receiver<HostEvent>, HostError> {
         use futures_util::StreamExt;
-        use netlink_packet_route::RouteNetlinkMessage;
-        use netlink_packet_route::link::LinkAttribute;
-        use rtnetlink::packet_core::NetlinkPayload;
+        use rtnetlink::MulticastGroup;
 
-        let (conn, _handle, mut messages) =
-            rtnetlink::new_multicast_connection(&[rtnetlink::MulticastGroup::Link])
-                .map_err(HostError::Socket)?;
+        let (conn, _handle, mut messages) = rtnetlink::new_multicast_connection(&[
+            MulticastGroup::Link,
+            MulticastGroup::Ipv4Ifaddr,
+            MulticastGroup::Ipv4Route,
+            MulticastGroup::Ipv4Rule,
+        ])
+        .map_err(HostError::Socket)?;
         tokio::spawn(conn);
+        let filter = netlink::events::EventFilter {
+            own_port: self.own_port,
+            underlay,
+            marks: self.marks,
+        };
+        let mut tables = match nft_events::watch(self.committers.clone()) {
+            Ok(rx) => Some(rx),
+            Err(e) => {
+                tracing::warn!(
+                    "watching nftables events: {e}; a change to table ip kuport by another program is repaired at the next resync"
+                );
+                None
+            }
+        };
         let (tx, rx) = mpsc::channel(256);
         tokio::spawn(async move {
-            while let Some((msg, _)) = messages.next().await {
-                let (link, removed) = match msg.payload {
-                    NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(l)) => (l, false),
-                    NetlinkPayload::InnerMessage(RouteNetlinkMessage::DelLink(l)) => (l, true),
-                    _ => continue,
+            loop {
+                let event = tokio::select! {
+                    msg = messages.next() => match msg {
+                        Some((msg, _)) => netlink::events::classify(&filter, &msg),
+                        None => return,
+                    },
+                    Some(event) = next_of(&mut tables) => Some(event),
                 };
-                let Some(name) = link.attributes.iter().find_map(|a| match a {
-                    LinkAttribute::IfName(n) => Some(n.clone()),
-                    _ => None,
-                }) else {
-                    continue;
-                };
-                if (name.starts_with(LINK_PREFIX) || watch.contains(&name))
-                    && tx.send(LinkEvent { name, removed }).await.is_err()
+                if let Some(event) = event
+                    && tx.send(event).await.is_err()
                 {
-                    break;
+                    return;
                 }
             }
         });
         Ok(rx)
     }
+}
+
+/// The next event of an optional stream; a stream that ended is dropped (and never ready).
+async fn next_of(stream: &mut Option<mpsc::Receiver<HostEvent>>) -> Option<HostEvent> {
+    let next = match stream.as_mut() {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    };
+    if next.is_none() {
+        tracing::warn!(
+            "the nftables event stream ended; a change to table ip kuport by another program is repaired at the next resync"
+        );
+        *stream = None;
+    }
+    next
 }
 
 impl<N: netlink::Netlink> LinuxHost<N> {
@@ -94,6 +147,16 @@ impl<N: netlink::Netlink> LinuxHost<N> {
             marks: MarkLayout::default(),
             conntrack: None,
             sweeper: conntrack::Sweeper::default(),
+            own_port: None,
+        }
+    }
+
+    /// What opens this host's event streams (see [`HostEvents::open`]).
+    pub fn events(&self) -> HostEvents {
+        HostEvents {
+            own_port: self.own_port,
+            marks: self.marks,
+            committers: self.nft.committers(),
         }
     }
 

@@ -19,6 +19,7 @@ use kuport_core::render::{Transaction, rule_text};
 use serde_json::Value;
 
 use crate::error::HostError;
+use crate::nft_events::Committers;
 use crate::report::Refusal;
 
 /// How many transactions one apply may send while leaving refused mappings out.
@@ -84,20 +85,26 @@ pub trait NftRunner: Send + Sync + std::fmt::Debug {
     }
 }
 
-/// The `nft` program.
+/// The `nft` program, recording each one it starts in `committers` (so its commits are known
+/// as the agent's own when announced, `nft_events.rs`).
 #[derive(Debug)]
-struct Program(String);
+struct Program {
+    path: String,
+    committers: Arc<Committers>,
+}
 
 impl NftRunner for Program {
     fn run(&self, args: &[&str], stdin: Option<&str>) -> Result<String, String> {
         use std::io::Write as _;
-        let mut child = Command::new(&self.0)
+        let mut child = Command::new(&self.path)
             .args(args)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
-            .map_err(|e| format!("running {}: {e}", self.0))?;
+            .map_err(|e| format!("running {}: {e}", self.path))?;
+        // Before its script: it cannot have committed anything yet.
+        self.committers.record(child.id());
         if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
             pipe.write_all(text.as_bytes())
                 .map_err(|e| format!("writing to nft: {e}"))?;
@@ -148,11 +155,20 @@ struct Seen {
 pub struct Nft {
     runner: Arc<dyn NftRunner>,
     seen: Arc<Mutex<Seen>>,
+    committers: Arc<Committers>,
 }
 
 impl Default for Nft {
     fn default() -> Self {
-        Self::with_runner(Arc::new(Program("nft".to_owned())))
+        let committers = Arc::new(Committers::default());
+        let program = Program {
+            path: "nft".to_owned(),
+            committers: committers.clone(),
+        };
+        Self {
+            committers,
+            ..Self::with_runner(Arc::new(program))
+        }
     }
 }
 
@@ -183,7 +199,13 @@ impl Nft {
         Self {
             runner,
             seen: Arc::default(),
+            committers: Arc::default(),
         }
+    }
+
+    /// The `nft` processes this host ran lately, whose commits are its own.
+    pub fn committers(&self) -> Arc<Committers> {
+        self.committers.clone()
     }
 
     fn run(

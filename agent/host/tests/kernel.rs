@@ -36,6 +36,10 @@ const TESTS: &[netns::Test] = &[
         link_events,
     ),
     (
+        "state_removed_by_others_is_reported_and_the_hosts_own_changes_are_not",
+        removal_events,
+    ),
+    (
         "a_refused_transaction_leaves_new_links_down_and_their_port_closed",
         links_down_on_refusal,
     ),
@@ -50,6 +54,7 @@ const CHILDREN: &[netns::Test] = &[
     ("nft_refusal", child_nft_refusal),
     ("facts", child_facts),
     ("events", child_events),
+    ("removal_events", child_removal_events),
     ("refused_guard", child_refused_guard),
 ];
 
@@ -644,7 +649,7 @@ fn child_events() {
     block_on(async {
         let mut host = LinuxHost::new().expect("host");
         host.apply(&state, false).await.expect("apply");
-        let mut events = LinuxHost::link_events(vec!["wt0".into()]).expect("subscribe");
+        let mut events = host.events().open(vec!["wt0".into()]).expect("subscribe");
         let link = state.links[0].name.clone();
         sh(&format!("ip link del {link}"));
         sh("ip link del wt0");
@@ -652,7 +657,7 @@ fn child_events() {
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
         while !(seen.contains(&(link.clone(), true)) && seen.contains(&("wt0".to_owned(), true))) {
             match tokio::time::timeout_at(deadline, events.recv()).await {
-                Ok(Some(e)) => seen.push((e.name, e.removed)),
+                Ok(Some(e)) => seen.push((e.what, e.removed)),
                 _ => panic!("events seen before the deadline: {seen:?}"),
             }
         }
@@ -660,6 +665,126 @@ fn child_events() {
         underlay_for(&state);
         let report = host.apply(&state, true).await.expect("rebuild");
         assert_eq!(report.links_created, 1, "{report:?}");
+        host.teardown().await.expect("teardown");
+    });
+}
+
+fn removal_events() {
+    let ns = namespace("removed");
+    // The latencies measured, for the record (docs/decisions.md quotes them).
+    eprint!("{}", child(&ns, "removal_events", &[]));
+}
+
+/// How long the kernel's announcement of a removal may take to reach the agent: it is sent
+/// when the change commits, so a second is generous on a loaded test machine.
+const EVENT_BOUND: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Every event that arrives within `quiet`, but link events (the host's own link changes are
+/// announced without its port and come back by design).
+async fn drift_within(
+    events: &mut tokio::sync::mpsc::Receiver<kuport_host::HostEvent>,
+    quiet: std::time::Duration,
+) -> Vec<kuport_host::HostEvent> {
+    let deadline = tokio::time::Instant::now() + quiet;
+    let mut seen = Vec::new();
+    while let Ok(Some(e)) = tokio::time::timeout_at(deadline, events.recv()).await {
+        if e.kind != kuport_host::HostEventKind::Link {
+            seen.push(e);
+        }
+    }
+    seen
+}
+
+/// Runs `command` and waits for the first event of `kind`: it must be a removal and arrive
+/// within [`EVENT_BOUND`].
+async fn removal_seen(
+    events: &mut tokio::sync::mpsc::Receiver<kuport_host::HostEvent>,
+    command: &str,
+    kind: kuport_host::HostEventKind,
+) {
+    let started = tokio::time::Instant::now();
+    sh(command);
+    loop {
+        match tokio::time::timeout_at(started + EVENT_BOUND, events.recv()).await {
+            Ok(Some(e)) if e.kind == kind => {
+                assert!(e.removed, "`{command}`: {e:?}");
+                println!(
+                    "`{command}`: {} event after {:?} ({})",
+                    kind.as_str(),
+                    started.elapsed(),
+                    e.what
+                );
+                return;
+            }
+            Ok(Some(_)) => {}
+            other => panic!(
+                "`{command}`: no {} event within {EVENT_BOUND:?}: {other:?}",
+                kind.as_str()
+            ),
+        }
+    }
+}
+
+fn child_removal_events() {
+    use kuport_host::HostEventKind as Kind;
+    let state = golden_ir("pod-node-single");
+    underlay_for(&state);
+    block_on(async {
+        let mut host = LinuxHost::new().expect("host");
+        let mut events = host.events().open(vec!["wt0".into()]).expect("subscribe");
+        // The host's own apply (a table, a link, its address, rules, a route) wakes nothing but
+        // its link's announcements.
+        host.apply(&state, false).await.expect("apply");
+        let quiet = std::time::Duration::from_millis(500);
+        let own = drift_within(&mut events, quiet).await;
+        assert!(own.is_empty(), "the host's own changes came back: {own:?}");
+
+        let rule = state.rules.iter().find(|r| r.to.is_none()).expect("a rule");
+        let route = &state.routes[0];
+        let link = &state.links[0];
+        let cases = [
+            (
+                format!(
+                    "ip rule del priority {} fwmark {:#x}/{:#x} table {}",
+                    rule.priority, rule.fwmark, rule.fwmask, rule.table
+                ),
+                Kind::Rule,
+            ),
+            (
+                format!("ip route del default table {}", route.table),
+                Kind::Route,
+            ),
+            (
+                format!("ip addr del {} dev {}", link.address, link.name),
+                Kind::Address,
+            ),
+            ("nft delete table ip kuport".to_owned(), Kind::Nftables),
+        ];
+        for (command, kind) in &cases {
+            removal_seen(&mut events, command, *kind).await;
+            // The pass the agent runs on it compares with the kernel and repairs it, and that
+            // repair wakes nothing again.
+            let repair = tokio::time::Instant::now();
+            let report = host.apply(&state, true).await.expect("repair");
+            assert!(report.mutations() > 0, "`{command}`: nothing repaired");
+            println!(
+                "`{command}`: repaired by a verifying apply of {:?}",
+                repair.elapsed()
+            );
+            let echo = drift_within(&mut events, quiet).await;
+            assert!(
+                echo.is_empty(),
+                "`{command}`: the repair came back: {echo:?}"
+            );
+        }
+        check_rules_and_routes(&state);
+        assert!(
+            sh("nft list table ip kuport >/dev/null 2>&1 && echo present").contains("present"),
+            "the table is back"
+        );
+        // A flushed chain is a change to the table too (a firewall reload's `flush ruleset`
+        // announces each object it deletes).
+        removal_seen(&mut events, "nft flush ruleset", Kind::Nftables).await;
         host.teardown().await.expect("teardown");
     });
 }

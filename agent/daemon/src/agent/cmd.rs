@@ -147,7 +147,9 @@ async fn run_async(args: AgentArgs) -> anyhow::Result<()> {
     let metrics_addr = args.metrics_addr.resolve(own);
     config.agent_ports = vec![health_addr.port(), metrics_addr.port()];
     config.stop_policy = stop_policy(args.pod_name.clone(), args.pod_namespace.clone());
-    let agent = Agent::new(client, host, config).with_link_watch(Box::new(LinuxHost::link_events));
+    let events = host.events();
+    let agent = Agent::new(client, host, config)
+        .with_host_watch(Box::new(move |underlay| events.open(underlay)));
 
     let health = health_router(agent.health());
     let metrics = metrics_router(agent.metrics());

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use kuport_core::api::conditions;
 use kuport_core::plan::Plan;
-use kuport_host::MappingCounter;
+use kuport_host::{HostEventKind, MappingCounter};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
@@ -119,6 +119,7 @@ pub struct Metrics {
     last_success: Gauge<f64, AtomicU64>,
     events: Family<Labels, Counter>,
     watch_events: Family<Labels, Counter>,
+    host_events: Family<Labels, Counter>,
     conntrack_sweeps: Family<Labels, Counter>,
     conntrack_cleared: Counter,
     mapping_counters: Arc<MappingCounters>,
@@ -206,6 +207,12 @@ impl Metrics {
             "Watch events, by kind and result (pass: it can change a pass and marks the node dirty; ignored: it changes nothing a pass reads)",
             watch_events.clone(),
         );
+        let host_events = Family::<Labels, Counter>::default();
+        registry.register(
+            "host_events",
+            "Changes on the host the agent did not make to state it owns, by kind (link: a kup- link or the underlay device, by anyone; rule, route, address, nftables: by another program; lost: events may have been missed); each is answered by a pass that compares with the kernel",
+            host_events.clone(),
+        );
         let conntrack_sweeps = Family::<Labels, Counter>::default();
         registry.register(
             "conntrack_sweeps",
@@ -233,6 +240,7 @@ impl Metrics {
             last_success,
             events,
             watch_events,
+            host_events,
             conntrack_sweeps,
             conntrack_cleared,
             mapping_counters,
@@ -251,6 +259,9 @@ impl Metrics {
         }
         for result in ["ok", "failed"] {
             let _ = self.conntrack_sweeps.get_or_create(&result_labels(result));
+        }
+        for kind in HostEventKind::ALL {
+            let _ = self.host_events.get_or_create(&host_event_labels(kind));
         }
         for kind in [WriteKind::PortMap, WriteKind::Class] {
             for result in [
@@ -345,6 +356,13 @@ impl Metrics {
             .inc();
     }
 
+    /// A host event of `kind` reached the agent.
+    pub(crate) fn record_host_event(&self, kind: HostEventKind) {
+        self.host_events
+            .get_or_create(&host_event_labels(kind))
+            .inc();
+    }
+
     /// A sweep of the conntrack table that deleted `cleared` entries, failing or not.
     pub(crate) fn record_conntrack_sweep(&self, cleared: usize, failed: bool) {
         let result = if failed { "failed" } else { "ok" };
@@ -404,6 +422,13 @@ impl Metrics {
             .get()
     }
 
+    /// Host events of `kind` that reached the agent.
+    pub fn host_events(&self, kind: HostEventKind) -> u64 {
+        self.host_events
+            .get_or_create(&host_event_labels(kind))
+            .get()
+    }
+
     /// Events handed to the API server.
     pub fn events_published(&self) -> u64 {
         self.events
@@ -425,6 +450,10 @@ fn watch_labels(kind: &str, passes: bool) -> Labels {
         ("kind", kind.to_owned()),
         ("result", if passes { "pass" } else { "ignored" }.to_owned()),
     ]
+}
+
+fn host_event_labels(kind: HostEventKind) -> Labels {
+    vec![("kind", kind.as_str().to_owned())]
 }
 
 fn kind_labels(kind: WriteKind) -> Labels {

@@ -20,5 +20,5 @@ pub use clock::Clock;
 pub use health::{Health, health_router, metrics_router};
 pub use lifecycle::{StopAction, StopPolicy};
 pub use metrics::{Metrics, Stage, WriteKind, WriteResult};
-pub use runtime::{Agent, AgentConfig, AgentError, LinkWatch, PassHook};
+pub use runtime::{Agent, AgentConfig, AgentError, HostWatch, PassHook};
 pub use tokio_util::sync::CancellationToken;

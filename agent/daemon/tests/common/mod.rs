@@ -18,7 +18,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::api::{Api, PostParams};
 use kuport::agent::{
-    Agent, AgentConfig, AgentError, CancellationToken, Health, LinkWatch, Metrics, StopPolicy,
+    Agent, AgentConfig, AgentError, CancellationToken, Health, HostWatch, Metrics, StopPolicy,
 };
 use kuport_core::api::{PortMap, PortMapClass};
 use kuport_core::ir::Rule;
@@ -275,7 +275,7 @@ impl Cluster {
         self.start_agent_with(i, resync, None);
     }
 
-    pub fn start_agent_with(&mut self, i: usize, resync: Duration, links: Option<LinkWatch>) {
+    pub fn start_agent_with(&mut self, i: usize, resync: Duration, links: Option<HostWatch>) {
         let host = MemoryHost::with_facts(agent_host_facts(i));
         self.start_agent_on(i, host, resync, links, StopPolicy::Keep);
     }
@@ -286,7 +286,7 @@ impl Cluster {
         i: usize,
         host: MemoryHost,
         resync: Duration,
-        links: Option<LinkWatch>,
+        links: Option<HostWatch>,
         stop_policy: StopPolicy,
     ) {
         let name = format!("n{i}");
@@ -303,7 +303,7 @@ impl Cluster {
         };
         let mut agent = Agent::new(client, host.clone(), config);
         if let Some(links) = links {
-            agent = agent.with_link_watch(links);
+            agent = agent.with_host_watch(links);
         }
         let shutdown = CancellationToken::new();
         let (metrics, health) = (agent.metrics(), agent.health());

@@ -87,7 +87,7 @@ fn parse_link(msg: &LinkMessage) -> KernelLink {
     link
 }
 
-fn parse_rule(msg: &RuleMessage) -> KernelRule {
+pub(super) fn parse_rule(msg: &RuleMessage) -> KernelRule {
     let mut rule = KernelRule {
         priority: 0,
         fwmark: None,
@@ -110,7 +110,7 @@ fn parse_rule(msg: &RuleMessage) -> KernelRule {
     rule
 }
 
-fn parse_route(msg: &RouteMessage) -> KernelRoute {
+pub(super) fn parse_route(msg: &RouteMessage) -> KernelRoute {
     let mut route = KernelRoute {
         table: u32::from(msg.header.table),
         to: None,

@@ -3,6 +3,7 @@
 //! [`Netlink`] trait; [`kernel::RtNetlink`] speaks to the kernel and a fake (in tests) holds the
 //! same objects in memory, so the decisions are tested without root.
 
+pub mod events;
 #[cfg(test)]
 pub(crate) mod fake;
 pub mod kernel;

@@ -6,7 +6,7 @@
 //! This module is the loop itself: what wakes it and in which order. Its parts, each with its
 //! own tests: `inputs` (the watches and the pass's snapshot of them), `schedule` (when the next
 //! pass runs, whether it verifies, which passes' writes are out), `pass` (one pass up to the
-//! datapath), `facts` (what a pass asks of the host), `links` (the host's link events), `stop`
+//! datapath), `facts` (what a pass asks of the host), `links` (the host's events), `stop`
 //! (what a stop does with the datapath), `config` (the settings).
 
 mod config;
@@ -23,14 +23,14 @@ use std::sync::Arc;
 
 use kuport_core::plan::Plan;
 use kuport_core::snapshot::{KernelRefusal, Snapshot};
-use kuport_host::{Host, HostError, LinkEvent};
+use kuport_host::{Host, HostError, HostEvent};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 pub use config::AgentConfig;
 use inputs::{Inputs, Watch, start_inputs, wait_synced};
-use links::LinkEvents;
+use links::HostChanges;
 use pass::Applied;
 use schedule::{InFlight, PassOutcome, Schedule, Started};
 
@@ -43,10 +43,11 @@ use super::relevance::Wanted;
 use super::status::StatusWriter;
 use super::status_task::{StatusDone, StatusTask};
 
-/// Opens a stream of link events for the given underlay devices (besides kuport's own `kup-*`
-/// links). Called again whenever the underlay device the host reports changes.
-pub type LinkWatch =
-    Box<dyn FnMut(Vec<String>) -> Result<mpsc::Receiver<LinkEvent>, HostError> + Send + Sync>;
+/// Opens a stream of host events for the given underlay devices (besides kuport's own `kup-*`
+/// links, rules, routes, link addresses and nftables table; `kuport_host::HostEvents::open`).
+/// Called again whenever the underlay device the host reports changes, or the stream ended.
+pub type HostWatch =
+    Box<dyn FnMut(Vec<String>) -> Result<mpsc::Receiver<HostEvent>, HostError> + Send + Sync>;
 
 /// Sees (and may change) every plan a pass computes, before it is applied and its status
 /// written: the simulator records each agent's decisions through it, and injects deliberately
@@ -74,7 +75,7 @@ pub struct Agent<H: Host> {
     config: AgentConfig,
     metrics: Arc<Metrics>,
     health: Health,
-    link_watch: Option<LinkWatch>,
+    host_watch: Option<HostWatch>,
     pass_hook: Option<PassHook>,
     /// What the kernel refused in the last apply, by mapping: planned into this node's class
     /// rows until an apply succeeds in full.
@@ -96,8 +97,8 @@ enum Wake {
     Written(Result<StatusDone, String>),
     /// A watch event, the resync or a retry: a reason to pass.
     Pass,
-    /// The host's link event stream woke it: a reason to pass (`None`: the stream ended).
-    Link(Option<LinkEvent>),
+    /// The host's event stream woke it: held for a pass (`None`: the stream ended).
+    Host(Option<HostEvent>),
 }
 
 impl<H: Host> Agent<H> {
@@ -109,7 +110,7 @@ impl<H: Host> Agent<H> {
             config,
             metrics: Arc::new(Metrics::new()),
             health: Health::default(),
-            link_watch: None,
+            host_watch: None,
             pass_hook: None,
             refusals: Vec::new(),
             counters_read: None,
@@ -118,10 +119,11 @@ impl<H: Host> Agent<H> {
         }
     }
 
-    /// Runs a pass at once when the host reports a change to a `kup-*` link or the underlay
-    /// device (a restarted mesh daemon deletes every link bound to its device).
-    pub fn with_link_watch(mut self, watch: LinkWatch) -> Self {
-        self.link_watch = Some(watch);
+    /// Runs a verifying pass soon after the host reports a change to a `kup-*` link or the
+    /// underlay device (a restarted mesh daemon deletes every link bound to its device), or
+    /// another program changing kuport's rules, routes, link addresses or nftables table.
+    pub fn with_host_watch(mut self, watch: HostWatch) -> Self {
+        self.host_watch = Some(watch);
         self
     }
 
@@ -194,9 +196,9 @@ impl<H: Host> Agent<H> {
         StatusTask::start(writer, inputs.portmaps.clone(), self.config.clock.clone())
     }
 
-    /// Waits for a reason to pass (a watch event, a link event, a retry, a resync), debounces,
+    /// Waits for a reason to pass (a watch event, a host event, a retry, a resync), debounces,
     /// runs the pass, hands its status writes to the status task and follows the underlay with
-    /// the link event stream; records each pass once its writes are reported. The decisions
+    /// the host event stream; records each pass once its writes are reported. The decisions
     /// are in [`Schedule`] and [`InFlight`], the pass in `pass.rs`.
     async fn run_loop(&mut self, shutdown: &CancellationToken) -> Result<(), AgentError> {
         // Capacity 1: a full channel already means "dirty", so watch events coalesce here.
@@ -212,14 +214,13 @@ impl<H: Host> Agent<H> {
         }
         tracing::info!(node = %self.config.node_name, "every watch synced; starting passes");
 
-        let mut links = LinkEvents::default();
+        let mut host_changes = HostChanges::default();
         let mut schedule = Schedule::new(&self.config, Instant::now());
         let mut in_flight = InFlight::default();
 
         loop {
-            // A link event means the kernel changed behind the agent's back: only a pass that
+            // A host event means the kernel changed behind the agent's back: only a pass that
             // compares against the kernel (not the last applied state) can see what is gone.
-            let mut link_changed = false;
             if !schedule.is_first() {
                 // Biased (in this order) rather than random: a run must replay exactly in the
                 // simulator. Reports of finished writes come first, so a pass starts on a
@@ -229,7 +230,9 @@ impl<H: Host> Agent<H> {
                     _ = shutdown.cancelled() => return Ok(()),
                     done = status.done() => Wake::Written(done),
                     Some(()) = dirty_rx.recv() => Wake::Pass,
-                    event = links.next() => Wake::Link(event),
+                    // Before the stream: a stream that never rests must not starve its pass.
+                    _ = sleep_until_opt(host_changes.due_at()) => Wake::Pass,
+                    event = host_changes.next() => Wake::Host(event),
                     _ = tokio::time::sleep_until(schedule.next_verify()) => Wake::Pass,
                     _ = sleep_until_opt(schedule.retry_at()) => Wake::Pass,
                 };
@@ -239,7 +242,10 @@ impl<H: Host> Agent<H> {
                         self.writes_done(done, &mut in_flight, &mut schedule);
                         continue;
                     }
-                    Wake::Link(event) => link_changed = links.woke(event),
+                    Wake::Host(event) => {
+                        host_changes.woke(event, Instant::now(), &self.metrics);
+                        continue;
+                    }
                     Wake::Pass => {}
                 }
                 // Let a burst of watch events settle into one pass.
@@ -249,9 +255,10 @@ impl<H: Host> Agent<H> {
                     _ = tokio::time::sleep(self.config.debounce) => {}
                 }
                 while dirty_rx.try_recv().is_ok() {}
-                link_changed |= links.drain();
+                host_changes.drain(Instant::now(), &self.metrics);
             }
-            let verify = schedule.start_pass(link_changed, Instant::now());
+            let host_changed = host_changes.take(Instant::now());
+            let verify = schedule.start_pass(host_changed, Instant::now());
             let pass = in_flight.start(verify, Instant::now());
             let (applied, underlay) = tokio::select! {
                 biased;
@@ -270,7 +277,7 @@ impl<H: Host> Agent<H> {
                     }
                 }
             }
-            links.follow(self.link_watch.as_mut(), underlay);
+            host_changes.follow(self.host_watch.as_mut(), underlay);
         }
     }
 
