@@ -674,6 +674,33 @@ mod tests {
         let (r, t) = run(&dump, now());
         assert!(!r.ok);
         assert!(line(&t, "worker-c ").contains("MISSING"), "{t}");
+        let e = explain(
+            &dump,
+            "games",
+            "gameserver",
+            now(),
+            &AgentSelector::default(),
+        )
+        .expect("explained");
+        assert!(!e.ok);
+        assert!(
+            explain_text(&e, now()).contains("it needs node worker-c, whose agent is not running"),
+            "{}",
+            explain_text(&e, now())
+        );
+        // The mapping whose pod runs there cannot be trusted to answer either.
+        assert_eq!(r.mappings[0].nodes_without_agent, ["worker-c"]);
+        assert!(!r.mappings[0].ok);
+        assert!(
+            t.contains("True AllNodesReady (an agent it needs is down)"),
+            "{t}"
+        );
+        assert!(
+            r.problems.iter().any(|p| p
+                == "PortMap games/gameserver needs node worker-c, whose agent is not running: its part there may be missing or no longer kept"),
+            "{:?}",
+            r.problems
+        );
         assert!(
             r.problems
                 .iter()
@@ -841,11 +868,19 @@ mod tests {
             e.contains("it is written by node edge-a, whose agent is not running: it may be stale"),
             "{e}"
         );
-        // The control: with edge-b's agent gone instead, the writer still keeps the status.
+        // The control: with edge-b's agent gone instead, the writer still keeps the status;
+        // edge-b's own part is what is in doubt.
         let mut dump = programmed();
         without_pod_on(&mut dump, "edge-b");
         let (r, _) = run(&dump, now());
-        assert!(r.mappings[0].ok, "{:?}", r.problems);
+        let m = &r.mappings[0];
+        assert_eq!(m.writer_running, Some(true));
+        assert_eq!(m.nodes_without_agent, ["edge-b"]);
+        assert!(
+            !r.problems.iter().any(|p| p.contains("status written by")),
+            "{:?}",
+            r.problems
+        );
     }
 
     /// The frozen status of the issue: the pod moved, its writer never wrote it; the report

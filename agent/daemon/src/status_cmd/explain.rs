@@ -346,7 +346,13 @@ fn status_step(d: &MappingDecision, mapping: &MappingView) -> (Step, bool) {
             "it is written by node {writer}, whose agent is not running: it may be stale"
         ));
     }
-    let trusted = agrees && !writer_down;
+    if !mapping.nodes_without_agent.is_empty() {
+        details.push(format!(
+            "it needs node {}, whose agent is not running: its part there may be missing or no longer kept",
+            mapping.nodes_without_agent.join(", ")
+        ));
+    }
+    let trusted = agrees && !writer_down && mapping.nodes_without_agent.is_empty();
     (step("status as written", trusted, details), trusted)
 }
 

@@ -85,6 +85,9 @@ pub struct MappingView {
     pub agrees: Option<bool>,
     /// Whether the status writer's agent runs; `null` when not known.
     pub writer_running: Option<bool>,
+    /// The other nodes that program a part of it (accepting nodes, the pod's node) whose agent
+    /// is known not to run, sorted: their part may be missing or no longer kept.
+    pub nodes_without_agent: Vec<String>,
     /// True when the port answers: Programmed is True on a current status, which says what the
     /// agents compute now, written by a node whose agent runs.
     pub ok: bool,
@@ -182,7 +185,7 @@ escape_fields! {
     ConditionView => status, reason, message;
     EndpointView => pod, node, address;
     MappingView => namespace, name, class, protocol, ports, published, endpoint, accepted,
-        programmed, status_writer, computed;
+        programmed, status_writer, computed, nodes_without_agent;
     ClassNodeView => name, message, addresses;
     LinkView => key, subnet, unused_since, used_by;
     ClassView => name, mode, serving_mode, ready, nodes, links;
@@ -250,6 +253,7 @@ pub(super) fn mapping_view(pm: &PortMap) -> MappingView {
         computed: None,
         agrees: None,
         writer_running: None,
+        nodes_without_agent: Vec::new(),
         ok,
     }
 }
@@ -457,6 +461,7 @@ pub fn report(dump: &Dump, now: Timestamp, options: &ReportOptions) -> StatusRep
     for m in &mappings {
         problems.extend(mapping_problem(m));
         problems.extend(trust_problem(m));
+        problems.extend(agentless_problem(m));
     }
     for c in classes
         .iter()
@@ -490,17 +495,30 @@ pub(super) fn check_mapping(m: &mut MappingView, plan: &Plan, complete: bool, ag
     else {
         return;
     };
-    m.status_writer = d.status_writer.clone();
-    m.writer_running = d
-        .status_writer
-        .as_deref()
-        .and_then(|w| agents.of(w))
-        .and_then(|a| match a.state {
+    let running = |node: &str| {
+        agents.of(node).and_then(|a| match a.state {
             _ if a.stale => Some(false),
             s if s.down() => Some(false),
             AgentState::Ready => Some(true),
             _ => None,
-        });
+        })
+    };
+    m.status_writer = d.status_writer.clone();
+    m.writer_running = d.status_writer.as_deref().and_then(running);
+    // The other nodes that program a part of it: the accepting nodes, and the pod's node (its
+    // half of the return link), when the pod is elsewhere.
+    let others: BTreeSet<&str> = d
+        .programming_nodes
+        .iter()
+        .map(String::as_str)
+        .chain(d.endpoint.as_ref().map(|e| e.node.as_str()))
+        .filter(|n| Some(*n) != d.status_writer.as_deref())
+        .collect();
+    m.nodes_without_agent = others
+        .into_iter()
+        .filter(|n| running(n) == Some(false))
+        .map(str::to_owned)
+        .collect();
     if complete {
         let computed = ComputedView {
             programmed: d
@@ -532,7 +550,10 @@ pub(super) fn check_mapping(m: &mut MappingView, plan: &Plan, complete: bool, ag
         }
         m.computed = Some(computed);
     }
-    if m.agrees == Some(false) || m.writer_running == Some(false) {
+    if m.agrees == Some(false)
+        || m.writer_running == Some(false)
+        || !m.nodes_without_agent.is_empty()
+    {
         m.ok = false;
     }
 }
@@ -544,6 +565,19 @@ fn said(programmed: Option<&str>, endpoint: Option<&EndpointView>) -> String {
         |e| format!("endpoint {}:{} on {}", e.address, e.port, e.node),
     );
     format!("Programmed={}, {endpoint}", programmed.unwrap_or("(none)"))
+}
+
+/// A problem when a node that programs a part of the mapping, other than its status writer,
+/// has no running agent.
+fn agentless_problem(m: &MappingView) -> Option<String> {
+    (!m.nodes_without_agent.is_empty() && m.accepted.is_some()).then(|| {
+        format!(
+            "PortMap {}/{} needs node {}, whose agent is not running: its part there may be missing or no longer kept",
+            m.namespace,
+            m.name,
+            m.nodes_without_agent.join(", ")
+        )
+    })
 }
 
 /// A problem when the written status cannot be trusted: it says something else than what the
@@ -623,6 +657,8 @@ fn state_text(m: &MappingView) -> String {
                 " (not what is computed now)"
             } else if m.writer_running == Some(false) {
                 " (its writer's agent is down)"
+            } else if !m.nodes_without_agent.is_empty() {
+                " (an agent it needs is down)"
             } else {
                 ""
             };
