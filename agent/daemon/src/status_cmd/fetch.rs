@@ -101,18 +101,23 @@ where
         (Some(items), _) => Ok(Some(items)),
         (None, Some(ns)) => {
             let what_here = format!("{what} in namespace {ns}");
+            let mut refused_here = Vec::new();
             let here = list_or_note(
                 Api::<K>::namespaced(client.clone(), ns),
                 &what_here,
                 params,
-                unread,
+                &mut refused_here,
             )
             .await?;
-            if here.is_some() {
-                unread.extend(refused.into_iter().map(|u| Unread {
-                    what: format!("{} in other namespaces", u.what),
-                    why: u.why,
-                }));
+            // Read in the scope: only the other namespaces are missing. Refused there too: the
+            // kind is missing altogether, under its plain name (which the renderer checks).
+            let other = |u: Unread| Unread {
+                what: format!("{} in other namespaces", u.what),
+                why: u.why,
+            };
+            match here {
+                Some(_) => unread.extend(refused.into_iter().map(other)),
+                None => unread.extend(refused),
             }
             Ok(here)
         }
@@ -143,7 +148,7 @@ async fn agent_objects(
     .list(&ListParams::default())
     .await
     .map(|l| Some(l.items))
-    .or_else(|e| refused(e, &format!("DaemonSets{where_}"), &mut dump.unread))?;
+    .or_else(|e| refused(e, "DaemonSets", &where_, &mut dump.unread))?;
     dump.pods = match &selector.namespace {
         None => Api::<Pod>::all(client.clone()),
         Some(ns) => Api::namespaced(client.clone(), ns),
@@ -151,23 +156,27 @@ async fn agent_objects(
     .list(&params)
     .await
     .map(|l| Some(l.items))
-    .or_else(|e| refused(e, &format!("Pods{where_}"), &mut dump.unread))?;
+    .or_else(|e| refused(e, "Pods", &where_, &mut dump.unread))?;
     Ok(())
 }
 
-/// `Ok(None)` with a note for a 403, the error otherwise.
-fn refused<T>(e: kube::Error, what: &str, unread: &mut Vec<Unread>) -> anyhow::Result<Option<T>> {
+/// `Ok(None)` with a note under the plain `kind` (the renderer looks the agents' kinds up by
+/// it) for a 403; the error otherwise. `where_` says where it was listed.
+fn refused<T>(
+    e: kube::Error,
+    kind: &str,
+    where_: &str,
+    unread: &mut Vec<Unread>,
+) -> anyhow::Result<Option<T>> {
     match e {
         kube::Error::Api(s) if s.code == 403 => {
-            // The renderer looks the kinds up by their plain names.
-            let kind = what.split(' ').next().unwrap_or(what);
             unread.push(Unread {
                 what: kind.to_owned(),
-                why: format!("forbidden{}: {}", &what[kind.len()..], s.message),
+                why: format!("forbidden{where_}: {}", s.message),
             });
             Ok(None)
         }
-        e => Err(e).with_context(|| format!("listing {what}")),
+        e => Err(e).with_context(|| format!("listing {kind}{where_}")),
     }
 }
 
