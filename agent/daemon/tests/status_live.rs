@@ -330,6 +330,17 @@ async fn a_tenant_gets_what_their_namespace_shows_and_a_note_for_the_rest() {
     assert!(!text.contains("Everything is programmed"), "{text}");
     assert!(stderr.contains("warning: could not read"), "{stderr}");
 
+    // One mapping explained: its written status, and what could not be computed, rather
+    // than a class "that does not exist".
+    let t = tenant.clone();
+    let out = tokio::task::spawn_blocking(move || status(&t, &["games/gs"]))
+        .await
+        .expect("join");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    assert!(text.contains("not computed: PortMapClasses"), "{text}");
+    assert!(!text.contains("no PortMapClass named"), "{text}");
+
     // Without -n there is nothing to report on: exit 4, saying what to give.
     let t = tenant.clone();
     let out = tokio::task::spawn_blocking(move || status(&t, &[]))

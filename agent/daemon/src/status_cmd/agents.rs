@@ -941,6 +941,38 @@ mod tests {
         );
     }
 
+    /// A tenant's reading: the classes, Nodes and Namespaces refused. The explanation shows
+    /// the written status and says what it could not compute, rather than blaming the class.
+    #[test]
+    fn an_explanation_without_the_plans_inputs_shows_only_the_written_status() {
+        let mut dump = programmed();
+        dump.snapshot.classes.clear();
+        dump.snapshot.nodes.clear();
+        for what in ["PortMapClasses", "Nodes"] {
+            dump.unread.push(crate::objects::Unread {
+                what: what.into(),
+                why: "forbidden".into(),
+            });
+        }
+        let e = explain(
+            &dump,
+            "games",
+            "gameserver",
+            now(),
+            &AgentSelector::default(),
+        )
+        .expect("explained");
+        let t = explain_text(&e, now());
+        assert!(e.ok, "{t}");
+        assert!(!t.contains("no PortMapClass named"), "{t}");
+        assert!(
+            t.contains("[--] computed by the agents")
+                && t.contains("not computed: PortMapClasses, Nodes could not be read")
+                && t.contains("[ok] status as written"),
+            "{t}"
+        );
+    }
+
     #[test]
     fn a_namespace_limits_the_mappings_not_the_agents() {
         let mut dump = programmed();

@@ -13,7 +13,7 @@ use serde::Serialize;
 use super::agents::{AgentSelector, agents};
 use super::render::{
     ConditionView, MappingView, ago, check_mapping, escape_fields, global_plan, mapping_view, mode,
-    ns_name, plan_complete, serving,
+    ns_name, plan_complete, plan_missing, serving,
 };
 use super::terminal::{Escape, escape_keeping_lines};
 use crate::objects::Dump;
@@ -157,6 +157,9 @@ pub fn explain(
         .classes
         .iter()
         .find(|c| c.metadata.name.as_deref() == Some(d.class.as_str()));
+    if !plan_complete(dump) {
+        return Some(unexplained(dump, pm, mapping));
+    }
     let accepted = d.accepted.is_true();
     let programmed_ok = d.programmed.as_ref().is_some_and(|p| p.is_true());
     let mut steps = vec![
@@ -187,6 +190,37 @@ pub fn explain(
         steps,
         events: events_of(&dump.events, pm),
     })
+}
+
+/// The explanation when the inputs of the agents' computation could not all be read (a user
+/// whose RBAC covers only their namespace): computed from part of them, the steps would blame
+/// what was not read (a class "that does not exist"), so only the written status is shown.
+fn unexplained(dump: &Dump, pm: &PortMap, mapping: MappingView) -> Explanation {
+    let missing = plan_missing(dump);
+    let steps = vec![
+        Step {
+            title: "computed by the agents".to_owned(),
+            state: "skipped",
+            details: vec![format!(
+                "not computed: {} could not be read",
+                missing.join(", ")
+            )],
+        },
+        step(
+            "status as written",
+            mapping.ok,
+            vec![
+                format!("Accepted {}", outcome_line(&mapping.accepted)),
+                format!("Programmed {}", outcome_line(&mapping.programmed)),
+            ],
+        ),
+    ];
+    Explanation {
+        ok: mapping.ok,
+        mapping,
+        steps,
+        events: events_of(&dump.events, pm),
+    }
 }
 
 /// Step 1: the mapping's class, its return path, serving mode, nodes and readiness.

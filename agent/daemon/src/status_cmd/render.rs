@@ -398,12 +398,18 @@ const PLAN_INPUTS: [&str; 5] = [
     "PortMaps in other namespaces",
 ];
 
+/// The inputs of the plan the dump lacks.
+pub(super) fn plan_missing(dump: &Dump) -> Vec<&str> {
+    dump.unread
+        .iter()
+        .map(|u| u.what.as_str())
+        .filter(|w| PLAN_INPUTS.contains(w))
+        .collect()
+}
+
 /// Whether the dump holds every input of the plan.
 pub(super) fn plan_complete(dump: &Dump) -> bool {
-    !dump
-        .unread
-        .iter()
-        .any(|u| PLAN_INPUTS.contains(&u.what.as_str()))
+    plan_missing(dump).is_empty()
 }
 
 /// The nodes an agent must run on whatever the DaemonSets' nodeSelector says: those the
