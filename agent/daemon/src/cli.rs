@@ -110,29 +110,38 @@ enum Command {
         #[arg(long, value_enum, value_name = "FORMAT", default_value_t = Output::Json)]
         output: Output,
     },
-    /// Show what kuport is doing in the cluster: every mapping, class and agent, and what is not
-    /// working; or explain one mapping step by step.
+    /// Show what kuport is doing in the cluster: its agents first, then every mapping and
+    /// class, and what is not working; or explain one mapping step by step.
     ///
-    /// Reads the cluster with your kubeconfig (nothing is changed): PortMapClasses, PortMaps,
-    /// EndpointSlices, Nodes, Namespaces, the kube-system/cilium-config ConfigMap when readable,
-    /// and the Events about kuport's objects. For every mapping it prints the protocol and
-    /// ports, the published addresses, the endpoint (pod and node) and Programmed with its
-    /// reason; for every class the accepting nodes with their readiness and the return links
-    /// with the mappings using them; for every node running an agent its version and last pass.
-    /// With NAMESPACE/NAME it explains that mapping as the agents compute it (class,
-    /// acceptance, endpoint, nodes, return links, Programmed), compares that with the status
-    /// written, and lists the mapping's Events.
+    /// Reads the cluster with your kubeconfig (nothing is changed): kuport's DaemonSets and
+    /// agent Pods (by --agent-selector), PortMapClasses, PortMaps, EndpointSlices, Nodes,
+    /// Namespaces, the kube-system/cilium-config ConfigMap, and the Events about kuport's
+    /// objects. It leads with the agents: each DaemonSet's desired, ready and updated counts,
+    /// then one line per Node (its agent Pod ready, not ready or missing, image and version,
+    /// restarts, last pass). For every mapping it prints the protocol and ports, the published
+    /// addresses, the endpoint (pod and node) and Programmed with its reason, and checks the
+    /// written status against what the agents compute from the current objects and against its
+    /// writer's agent; for every class the accepting nodes and the return links. With
+    /// NAMESPACE/NAME it explains that mapping as the agents compute it, compares that with the
+    /// status written, and lists the mapping's Events.
     ///
-    /// Exit status: 0 when everything is programmed; 1 when something is not (a mapping not
-    /// accepted or not programmed, a status not caught up, a class or an accepting node not
-    /// ready); 2 when the command line or --objects input cannot be used; 3 when the mapping
-    /// asked for does not exist; 4 when the cluster cannot be read.
+    /// A list your RBAC refuses is left out and named under "Not read" (and on standard
+    /// error); the report then never says "Everything is programmed.". Only the PortMaps are
+    /// required: a user who may read them in one namespace gives -n NAMESPACE.
+    ///
+    /// Exit status: 0 when nothing that could be read is wrong; 1 when something is (an agent
+    /// missing, not ready, stale or of another version, no kuport DaemonSet, a mapping not
+    /// accepted or not programmed, a status not caught up or written by a node whose agent is
+    /// not running, a class or an accepting node not ready); 2 when the command line or
+    /// --objects input cannot be used; 3 when the mapping asked for does not exist; 4 when
+    /// the cluster cannot be read (unreachable, no credentials, the PortMaps refused).
     #[command(after_help = "Examples:
   kuport status
   kuport status -o json | jq '.problems'
+  kuport status -n games --wait 2m
   kuport status games/gameserver
   kuport status --objects dump.yaml   # a recorded cluster, from
-      kubectl get portmapclasses,portmaps,endpointslices,nodes,namespaces,events -A -o yaml > dump.yaml")]
+      kubectl get portmapclasses,portmaps,endpointslices,nodes,namespaces,events,daemonsets,pods -A -o yaml > dump.yaml")]
     Status(crate::status_cmd::StatusArgs),
     /// Print kuport's version.
     Version,

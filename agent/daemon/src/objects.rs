@@ -8,6 +8,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::Resource as _;
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kuport_core::api::{GROUP, PortMap, PortMapClass, VERSION};
@@ -103,18 +104,38 @@ pub fn load_objects(paths: &[PathBuf]) -> Result<Snapshot, InputError> {
     load_dump(paths).map(|d| d.snapshot)
 }
 
-/// What a recorded cluster holds for kuport: the plan's inputs and the core `v1` Events.
+/// What a recorded (or just read) cluster holds for kuport: the plan's inputs, the core `v1`
+/// Events, and what `kuport status` reads of the agents themselves.
 #[derive(Clone, Debug, Default)]
 pub struct Dump {
     /// The objects the plan reads.
     pub snapshot: Snapshot,
     /// Events (core `v1`, as `kubectl get events -o yaml` prints them).
     pub events: Vec<Event>,
+    /// DaemonSets (`apps/v1`); `None` when they were not read: a recording without any, or a
+    /// reader the API server refused. `Some(empty)` is a cluster without one.
+    pub daemon_sets: Option<Vec<DaemonSet>>,
+    /// The Pods the agents are looked for among; `None` when they were not read (a recording
+    /// holds them in `snapshot.pods` too, where the plan reads their hostPorts).
+    pub pods: Option<Vec<Pod>>,
+    /// What could not be read, and why: `kuport status` says so instead of guessing.
+    pub unread: Vec<Unread>,
 }
 
-/// Reads `paths` as [`load_objects`] does, keeping Events too.
+/// A kind of object (or part of one) a reading did not get, and why.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+pub struct Unread {
+    /// What was not read, as `kuport status` names it (`PortMapClasses`, `DaemonSets`, ...).
+    pub what: String,
+    /// Why: the API server's refusal, or that a recording does not hold it.
+    pub why: String,
+}
+
+/// Reads `paths` as [`load_objects`] does, keeping Events, DaemonSets and Pods too. A recording
+/// without DaemonSets or Pods says so in `unread`: an older dump, or one recorded without them,
+/// cannot tell whether the agents run.
 pub fn load_dump(paths: &[PathBuf]) -> Result<Dump, InputError> {
-    let mut snapshot = Dump::default();
+    let mut dump = Dump::default();
     for file in input_files(paths)? {
         let text = read_text(&file)?;
         for (index, doc) in parse_documents(&file, &text)?.into_iter().enumerate() {
@@ -124,10 +145,24 @@ pub fn load_dump(paths: &[PathBuf]) -> Result<Dump, InputError> {
                 kind: None,
                 name: None,
             };
-            add_object(&mut snapshot, &file, at, doc, None)?;
+            add_object(&mut dump, &file, at, doc, None)?;
         }
     }
-    Ok(snapshot)
+    if !dump.snapshot.pods.is_empty() {
+        dump.pods = Some(dump.snapshot.pods.clone());
+    }
+    for (what, read) in [
+        ("DaemonSets", dump.daemon_sets.is_some()),
+        ("Pods", dump.pods.is_some()),
+    ] {
+        if !read {
+            dump.unread.push(Unread {
+                what: what.to_owned(),
+                why: "not in the recorded objects".to_owned(),
+            });
+        }
+    }
+    Ok(dump)
 }
 
 /// Reads the `--facts` file: YAML or JSON `{interfaces, underlayDevice, underlayMTU}`, all
@@ -422,6 +457,12 @@ fn add_kind(
         }
         (v, k) if v == Pod::API_VERSION && k == Pod::KIND => {
             snapshot.pods.push(typed::<Pod>(doc, at, path)?);
+        }
+        (v, k) if v == DaemonSet::API_VERSION && k == DaemonSet::KIND => {
+            let daemon_set = typed::<DaemonSet>(doc, at, path)?;
+            dump.daemon_sets
+                .get_or_insert_with(Vec::new)
+                .push(daemon_set);
         }
         (v, k) if v == ConfigMap::API_VERSION && k == ConfigMap::KIND => {
             // Only cilium-config is read; another ConfigMap is not even parsed.

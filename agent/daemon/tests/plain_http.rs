@@ -41,11 +41,13 @@ async fn a_plain_http_server_needs_no_system_certificates() {
     .expect("join");
     let _ = std::fs::remove_dir_all(&dir);
     let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // The cluster was read (exit 4 is "cannot read the cluster"); the empty model has no
+    // kuport DaemonSet, which the report rightly names (exit 1).
     assert!(
-        out.status.success(),
-        "exit {:?}\nstdout: {}\nstderr: {stderr}",
+        matches!(out.status.code(), Some(0 | 1)) && stdout.contains("PortMaps: 0/0 programmed"),
+        "exit {:?}\nstdout: {stdout}\nstderr: {stderr}",
         out.status.code(),
-        String::from_utf8_lossy(&out.stdout)
     );
     assert!(!stderr.contains("certificate"), "{stderr}");
 }

@@ -5,12 +5,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams, PostParams};
 use kuport_core::api::PortMap;
 use kuport_sim::apiserver::{ApiServer, Failure, RequestFilter, kubeconfig};
 use kuport_testkit::cluster::typed;
-use kuport_testkit::objects::pm;
+use kuport_testkit::objects::{DAEMONSET_NAMESPACE, agent_daemonset, pm};
 use kuport_testkit::wait::eventually;
 use serde_json::json;
 
@@ -42,11 +43,20 @@ async fn wait_returns_once_the_cluster_is_healthy_and_gives_up_with_the_last_rea
     let dir = tempfile::tempdir().expect("temporary directory");
     let (server, client, kubeconfig) = model(dir.path()).await;
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    let games: Namespace = typed(json!({"metadata": {"name": "games"}}), "Namespace");
-    namespaces
-        .create(&PostParams::default(), &games)
+    for ns in ["games", DAEMONSET_NAMESPACE] {
+        let namespace: Namespace = typed(json!({"metadata": {"name": ns}}), "Namespace");
+        namespaces
+            .create(&PostParams::default(), &namespace)
+            .await
+            .expect("create the namespace");
+    }
+    // kuport's DaemonSet, on a cluster without Nodes: nothing is asked of it. Without it the
+    // reading would never be healthy.
+    let ds: DaemonSet = typed(agent_daemonset(), "DaemonSet");
+    Api::<DaemonSet>::namespaced(client.clone(), DAEMONSET_NAMESPACE)
+        .create(&PostParams::default(), &ds)
         .await
-        .expect("create the namespace");
+        .expect("create the DaemonSet");
     let api: Api<PortMap> = Api::namespaced(client, "games");
     // A PortMap of a class that does not exist: not accepted, a problem.
     let broken: PortMap = typed(pm("games", "gs", "absent", 3000).object(), "PortMap");

@@ -10,9 +10,10 @@ use kuport_core::api::{PortMap, PortMapClass, conditions};
 use kuport_core::plan::{MappingDecision, Plan};
 use serde::Serialize;
 
+use super::agents::{AgentSelector, agents};
 use super::render::{
-    ConditionView, MappingView, ago, escape_fields, global_plan, mapping_view, mode, ns_name,
-    serving,
+    ConditionView, MappingView, ago, check_mapping, escape_fields, global_plan, mapping_view, mode,
+    ns_name, plan_complete, plan_missing, serving,
 };
 use super::terminal::{Escape, escape_keeping_lines};
 use crate::objects::Dump;
@@ -131,7 +132,13 @@ where
 /// (class, acceptance, endpoint, nodes, return links, Programmed, published addresses), then
 /// what its status says and whether that agrees, then its Events. `None` when the dump holds
 /// no such PortMap.
-pub fn explain(dump: &Dump, namespace: &str, name: &str, now: Timestamp) -> Option<Explanation> {
+pub fn explain(
+    dump: &Dump,
+    namespace: &str,
+    name: &str,
+    now: Timestamp,
+    selector: &AgentSelector,
+) -> Option<Explanation> {
     let snapshot = &dump.snapshot;
     let pm = snapshot.portmaps.iter().find(|pm| {
         pm.metadata.namespace.as_deref() == Some(namespace)
@@ -142,11 +149,17 @@ pub fn explain(dump: &Dump, namespace: &str, name: &str, now: Timestamp) -> Opti
         .portmaps
         .iter()
         .find(|d| d.namespace == namespace && d.name == name)?;
-    let mapping = mapping_view(pm);
+    let mut mapping = mapping_view(pm);
+    let needed = d.endpoint.iter().map(|e| e.node.clone()).collect();
+    let agents = agents(dump, selector, &needed, now);
+    check_mapping(&mut mapping, &plan, plan_complete(dump), &agents);
     let class = snapshot
         .classes
         .iter()
         .find(|c| c.metadata.name.as_deref() == Some(d.class.as_str()));
+    if !plan_complete(dump) {
+        return Some(unexplained(dump, pm, mapping));
+    }
     let accepted = d.accepted.is_true();
     let programmed_ok = d.programmed.as_ref().is_some_and(|p| p.is_true());
     let mut steps = vec![
@@ -177,6 +190,37 @@ pub fn explain(dump: &Dump, namespace: &str, name: &str, now: Timestamp) -> Opti
         steps,
         events: events_of(&dump.events, pm),
     })
+}
+
+/// The explanation when the inputs of the agents' computation could not all be read (a user
+/// whose RBAC covers only their namespace): computed from part of them, the steps would blame
+/// what was not read (a class "that does not exist"), so only the written status is shown.
+fn unexplained(dump: &Dump, pm: &PortMap, mapping: MappingView) -> Explanation {
+    let missing = plan_missing(dump);
+    let steps = vec![
+        Step {
+            title: "computed by the agents".to_owned(),
+            state: "skipped",
+            details: vec![format!(
+                "not computed: {} could not be read",
+                missing.join(", ")
+            )],
+        },
+        step(
+            "status as written",
+            mapping.ok,
+            vec![
+                format!("Accepted {}", outcome_line(&mapping.accepted)),
+                format!("Programmed {}", outcome_line(&mapping.programmed)),
+            ],
+        ),
+    ];
+    Explanation {
+        ok: mapping.ok,
+        mapping,
+        steps,
+        events: events_of(&dump.events, pm),
+    }
 }
 
 /// Step 1: the mapping's class, its return path, serving mode, nodes and readiness.
@@ -315,9 +359,11 @@ fn status_step(d: &MappingDecision, mapping: &MappingView) -> (Step, bool) {
     ];
     let planned_reason = d.programmed.as_ref().map(|p| p.reason.as_str());
     let written_reason = mapping.programmed.as_ref().map(|p| p.reason.as_str());
+    let writer = d.status_writer.as_deref().unwrap_or("the status writer");
     let agrees = mapping.current
         && mapping.accepted.as_ref().map(|a| a.reason.as_str()) == Some(d.accepted.reason.as_str())
-        && written_reason == planned_reason;
+        && written_reason == planned_reason
+        && mapping.agrees != Some(false);
     if !mapping.current {
         details.push(
             "the status was not computed from the current spec: the status writer has not caught up"
@@ -325,11 +371,23 @@ fn status_step(d: &MappingDecision, mapping: &MappingView) -> (Step, bool) {
         );
     } else if !agrees {
         details.push(format!(
-            "the status differs from what the agents compute now: {} has not written it yet (is its agent running?)",
-            d.status_writer.as_deref().unwrap_or("the status writer")
+            "the status differs from what the agents compute now: {writer} has not written it yet (is its agent running?)",
         ));
     }
-    (step("status as written", agrees, details), agrees)
+    let writer_down = mapping.writer_running == Some(false);
+    if writer_down {
+        details.push(format!(
+            "it is written by node {writer}, whose agent is not running: it may be stale"
+        ));
+    }
+    if !mapping.nodes_without_agent.is_empty() {
+        details.push(format!(
+            "it needs node {}, whose agent is not running: its part there may be missing or no longer kept",
+            mapping.nodes_without_agent.join(", ")
+        ));
+    }
+    let trusted = agrees && !writer_down && mapping.nodes_without_agent.is_empty();
+    (step("status as written", trusted, details), trusted)
 }
 
 /// An explanation as text.
@@ -413,10 +471,11 @@ mod tests {
         );
         let dump = Dump {
             snapshot: c.snapshot,
-            events: Vec::new(),
+            ..Dump::default()
         };
         let now = kuport_testkit::cluster::now();
-        let e = explain(&dump, "games", "gs", now).expect("the mapping is explained");
+        let e = explain(&dump, "games", "gs", now, &AgentSelector::default())
+            .expect("the mapping is explained");
         let links = e
             .steps
             .iter()

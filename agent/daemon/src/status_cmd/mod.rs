@@ -1,11 +1,14 @@
-//! `kuport status`: what kuport is doing in a cluster, read with the user's kubeconfig: every
-//! mapping, every class, every node running an agent, and what is not working; or, for one
+//! `kuport status`: what kuport is doing in a cluster, read with the user's kubeconfig: the
+//! agents on every node, every mapping, every class, and what is not working; or, for one
 //! mapping, why, step by step.
 //!
-//! Two layers: a thin fetch (the lists below, nothing else) into a [`Dump`], and the pure
-//! renderer in [`render`] over that dump, which `--objects` also feeds from recorded files.
+//! Two layers: a thin fetch ([`fetch`], the lists it names and nothing else) into a [`Dump`],
+//! and the pure renderer ([`render`], [`agents`], [`explain`]) over that dump, which
+//! `--objects` also feeds from recorded files.
 
+pub mod agents;
 mod explain;
+mod fetch;
 pub mod render;
 mod terminal;
 
@@ -16,15 +19,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Node};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams};
-use kuport_core::api::{GROUP, PortMap, PortMapClass, VERSION};
-use kuport_core::snapshot::{CILIUM_CONFIG, CniFacts};
-use serde::de::DeserializeOwned;
 
-use crate::objects::{Dump, load_dump};
+use self::agents::{AgentSelector, DEFAULT_AGENT_SELECTOR};
+use self::render::ReportOptions;
+use crate::objects::{Dump, Unread, load_dump};
 
 /// Exit status when something is not programmed (or a class or node is not ready).
 const EXIT_NOT_PROGRAMMED: u8 = 1;
@@ -72,8 +71,9 @@ pub struct StatusArgs {
     #[arg(long, value_name = "NAME")]
     pub context: Option<String>,
     /// Read a recorded cluster from files instead of the API server (repeatable): what
-    /// `kubectl get portmapclasses,portmaps,endpointslices,nodes,namespaces,events -A -o yaml`
-    /// prints, as `kuport plan --objects` reads it.
+    /// `kubectl get portmapclasses,portmaps,endpointslices,nodes,namespaces,events,daemonsets,pods
+    /// -A -o yaml` prints, as `kuport plan --objects` reads it. Without DaemonSets and Pods the
+    /// agents are reported as not read.
     #[arg(long, value_name = "FILE|DIR")]
     pub objects: Vec<PathBuf>,
     /// The current time (RFC 3339), for ages; defaults to the clock.
@@ -84,6 +84,16 @@ pub struct StatusArgs {
     /// status is that reading's. Not with --objects.
     #[arg(long, value_name = "DURATION", value_parser = parse_wait)]
     pub wait: Option<Duration>,
+    /// Only the PortMaps of this namespace (the classes and agents are still shown when
+    /// readable). A user who may read PortMaps only there needs it.
+    #[arg(short, long, value_name = "NAMESPACE", conflicts_with = "target")]
+    pub namespace: Option<String>,
+    /// The namespace of kuport's DaemonSet and agent Pods; every namespace by default.
+    #[arg(long, value_name = "NAMESPACE")]
+    pub agent_namespace: Option<String>,
+    /// The labels of kuport's DaemonSet and agent Pods (`key=value`, comma-separated).
+    #[arg(long, value_name = "SELECTOR", default_value = DEFAULT_AGENT_SELECTOR)]
+    pub agent_selector: String,
 }
 
 /// How often `--wait` reads the cluster again.
@@ -113,13 +123,18 @@ fn parse_wait(text: &str) -> Result<Duration, String> {
         .ok_or_else(|| format!("{text:?}: give seconds, or a number with s, m or h"))
 }
 
-/// Runs `kuport status`: exit 0 when everything is programmed, 1 when something is not, 3 when
-/// the mapping asked for does not exist. Errors come back as `Err`: [`ClusterUnreadable`] (exit
+/// Runs `kuport status`: exit 0 when nothing that could be read is wrong, 1 when something is,
+/// 3 when the mapping asked for does not exist. Errors come back as `Err`: [`ClusterUnreadable`] (exit
 /// 4) when the cluster cannot be read, [`UsageError`] or an input error (exit 2).
 pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
     let target = match args.target.as_deref() {
         None => None,
         Some(t) => Some(parse_target(t)?),
+    };
+    let options = ReportOptions {
+        namespace: args.namespace.clone(),
+        agents: AgentSelector::parse(&args.agent_selector, args.agent_namespace.clone())
+            .map_err(|e| UsageError(format!("--agent-selector {e}")))?,
     };
     if !args.objects.is_empty() {
         if args.wait.is_some() {
@@ -129,7 +144,7 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
             .into());
         }
         let dump = load_dump(&args.objects)?;
-        return finish(render_dump(args, target.as_ref(), &dump)?);
+        return finish(render_dump(args, &options, target.as_ref(), &dump)?);
     }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -138,10 +153,10 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
     let deadline = args.wait.map(|w| Instant::now() + w);
     loop {
         let reading = runtime
-            .block_on(fetch(args, target.as_ref()))
+            .block_on(fetch::fetch(args, target.as_ref(), &options.agents))
             .map_err(ClusterUnreadable)
             .map_err(anyhow::Error::from)
-            .and_then(|dump| render_dump(args, target.as_ref(), &dump));
+            .and_then(|dump| render_dump(args, &options, target.as_ref(), &dump));
         let healthy = matches!(&reading, Ok(Reading::Found { ok: true, .. }));
         match deadline.map(|d| d.saturating_duration_since(Instant::now())) {
             Some(left) if !healthy && !left.is_zero() => std::thread::sleep(WAIT_POLL.min(left)),
@@ -152,21 +167,28 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
 
 /// One reading of the cluster, rendered.
 enum Reading {
-    /// The text to print, and whether everything asked about is programmed.
-    Found { text: String, ok: bool },
+    /// The text to print, whether everything asked about is programmed, and what could not be
+    /// read.
+    Found {
+        text: String,
+        ok: bool,
+        unread: Vec<Unread>,
+    },
     /// The mapping asked for does not exist.
     NotFound { namespace: String, name: String },
 }
 
 fn render_dump(
     args: &StatusArgs,
+    options: &ReportOptions,
     target: Option<&(String, String)>,
     dump: &Dump,
 ) -> anyhow::Result<Reading> {
     let now = args.now.unwrap_or_else(Timestamp::now);
+    let unread = dump.unread.clone();
     Ok(match target {
         None => {
-            let report = render::report(dump, now);
+            let report = render::report(dump, now, options);
             let text = match args.output {
                 StatusOutput::Text => render::text(&report, now),
                 StatusOutput::Json => json(&report)?,
@@ -174,9 +196,10 @@ fn render_dump(
             Reading::Found {
                 text,
                 ok: report.ok,
+                unread,
             }
         }
-        Some((ns, name)) => match explain::explain(dump, ns, name, now) {
+        Some((ns, name)) => match explain::explain(dump, ns, name, now, &options.agents) {
             None => Reading::NotFound {
                 namespace: ns.clone(),
                 name: name.clone(),
@@ -189,6 +212,7 @@ fn render_dump(
                 Reading::Found {
                     text,
                     ok: explained.ok,
+                    unread,
                 }
             }
         },
@@ -202,7 +226,18 @@ fn finish(reading: Reading) -> anyhow::Result<ExitCode> {
             eprintln!("kuport: PortMap {namespace}/{name} not found");
             return Ok(ExitCode::from(EXIT_NOT_FOUND));
         }
-        Reading::Found { text, ok } => (text, ok),
+        Reading::Found { text, ok, unread } => {
+            // Said on standard error too: a monitor that discards the report still logs that
+            // it checked less than the whole cluster.
+            if !unread.is_empty() {
+                let what: Vec<&str> = unread.iter().map(|u| u.what.as_str()).collect();
+                eprintln!(
+                    "kuport: warning: could not read {}; the report says nothing about them",
+                    terminal::escape(&what.join(", "))
+                );
+            }
+            (text, ok)
+        }
     };
     let mut stdout = std::io::stdout().lock();
     stdout
@@ -234,7 +269,7 @@ fn parse_target(t: &str) -> anyhow::Result<(String, String)> {
     }
 }
 
-async fn client(args: &StatusArgs) -> anyhow::Result<kube::Client> {
+pub(super) async fn client(args: &StatusArgs) -> anyhow::Result<kube::Client> {
     let options = kube::config::KubeConfigOptions {
         context: args.context.clone(),
         ..Default::default()
@@ -255,70 +290,6 @@ async fn client(args: &StatusArgs) -> anyhow::Result<kube::Client> {
             .context("finding a kubeconfig or an in-cluster service account")?,
     };
     kuport::kube_client(config).context("building the Kubernetes client")
-}
-
-async fn list<K>(api: Api<K>, what: &str, params: &ListParams) -> anyhow::Result<Vec<K>>
-where
-    K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug,
-{
-    Ok(api
-        .list(params)
-        .await
-        .with_context(|| format!("listing {what}"))?
-        .items)
-}
-
-/// Reads what the renderer needs: the plan's inputs, and the Events about kuport's objects
-/// (only the one mapping's when one is asked for).
-async fn fetch(args: &StatusArgs, target: Option<&(String, String)>) -> anyhow::Result<Dump> {
-    let client = client(args).await?;
-    let all = ListParams::default();
-    let mut dump = Dump::default();
-    let s = &mut dump.snapshot;
-    s.classes = list(
-        Api::<PortMapClass>::all(client.clone()),
-        "PortMapClasses",
-        &all,
-    )
-    .await?;
-    s.portmaps = list(Api::<PortMap>::all(client.clone()), "PortMaps", &all).await?;
-    s.endpoint_slices = list(
-        Api::<EndpointSlice>::all(client.clone()),
-        "EndpointSlices",
-        &all,
-    )
-    .await?;
-    s.nodes = list(Api::<Node>::all(client.clone()), "Nodes", &all).await?;
-    s.namespaces = list(Api::<Namespace>::all(client.clone()), "Namespaces", &all).await?;
-    let (cm_ns, cm_name) = CILIUM_CONFIG;
-    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), cm_ns);
-    s.cni = match configmaps.get_opt(cm_name).await {
-        Ok(cm) => cm.as_ref().map(CniFacts::from_cilium_config),
-        // A user who may not read kube-system still gets a status; only VxlanPortConflict
-        // cannot be re-checked offline, and the class's own Ready condition still says it.
-        Err(kube::Error::Api(e)) if e.code == 403 => None,
-        Err(e) => return Err(e).with_context(|| format!("reading ConfigMap {cm_ns}/{cm_name}")),
-    };
-    let api_version = format!("{GROUP}/{VERSION}");
-    dump.events = match target {
-        None => {
-            let params =
-                ListParams::default().fields(&format!("involvedObject.apiVersion={api_version}"));
-            list(Api::<Event>::all(client.clone()), "Events", &params).await?
-        }
-        Some((ns, name)) => {
-            let params = ListParams::default().fields(&format!(
-                "involvedObject.apiVersion={api_version},involvedObject.kind=PortMap,involvedObject.name={name}"
-            ));
-            list(
-                Api::<Event>::namespaced(client.clone(), ns),
-                &format!("Events in namespace {ns}"),
-                &params,
-            )
-            .await?
-        }
-    };
-    Ok(dump)
 }
 
 #[cfg(test)]

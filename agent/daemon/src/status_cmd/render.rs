@@ -13,8 +13,13 @@ use kuport_core::plan::Plan;
 use kuport_core::snapshot::{HostFacts, Snapshot, node_is_ready};
 use serde::Serialize;
 
+pub(super) use super::agents::ago;
+use super::agents::{
+    AgentSelector, AgentState, AgentView, Agents, DaemonSetView, agent_state_text, agents,
+    image_version,
+};
 use super::terminal::{Escape, escape_keeping_lines};
-use crate::objects::Dump;
+use crate::objects::{Dump, Unread};
 
 /// The node name the offline plan is computed for: no Node can be named so (a name is a DNS
 /// subdomain), so every node is seen through its class rows alike, and the global decisions
@@ -70,8 +75,30 @@ pub struct MappingView {
     /// True when the status was computed from the current spec (`observedGeneration` equals
     /// `metadata.generation`).
     pub current: bool,
-    /// True when the port answers: Programmed is True on a current status.
+    /// The node that writes this status, as the agents compute it from the current objects.
+    pub status_writer: Option<String>,
+    /// What the agents compute for it from the current objects; `null` when `kuport status`
+    /// could not read every input of that computation.
+    pub computed: Option<ComputedView>,
+    /// Whether the written status says what is computed (Accepted, Programmed, the endpoint);
+    /// `null` when not compared (not computed, or written from an older spec).
+    pub agrees: Option<bool>,
+    /// Whether the status writer's agent runs; `null` when not known.
+    pub writer_running: Option<bool>,
+    /// The other nodes that program a part of it (accepting nodes, the pod's node) whose agent
+    /// is known not to run, sorted: their part may be missing or no longer kept.
+    pub nodes_without_agent: Vec<String>,
+    /// True when the port answers: Programmed is True on a current status, which says what the
+    /// agents compute now, written by a node whose agent runs.
     pub ok: bool,
+}
+
+/// What the agents compute for a mapping from the current objects.
+#[derive(Clone, Debug, Serialize)]
+pub struct ComputedView {
+    /// `True` or `False`; `null` when the mapping is not accepted.
+    pub programmed: Option<String>,
+    pub endpoint: Option<EndpointView>,
 }
 
 /// One node named by a class.
@@ -115,28 +142,32 @@ pub struct ClassView {
     pub ok: bool,
 }
 
-/// One node running an agent, from the rows it wrote.
-#[derive(Clone, Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct AgentView {
-    pub node: String,
-    pub version: Option<String>,
-    /// The latest `lastPassTime` among its rows.
-    pub last_pass_time: Option<String>,
-    /// The classes it wrote a row in, sorted.
-    pub classes: Vec<String>,
-}
-
 /// The whole report: what `-o json` prints.
 #[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct StatusReport {
     /// False when anything is listed under `problems`.
     pub ok: bool,
     pub mappings: Vec<MappingView>,
     pub classes: Vec<ClassView>,
+    /// One line per node: every Node of the cluster, and every node a class row or an agent
+    /// Pod names.
     pub agents: Vec<AgentView>,
     /// One sentence per thing that is not working, naming it.
     pub problems: Vec<String>,
+    /// The namespace the mappings were limited to (`-n`); `null` for every namespace.
+    pub namespace: Option<String>,
+    /// The kuport DaemonSets; `null` when they could not be read.
+    pub daemon_sets: Option<Vec<DaemonSetView>>,
+    /// What could not be read (the report says nothing about it), and why.
+    pub unread: Vec<Unread>,
+}
+
+/// What the report covers: the mappings of one namespace or all, and where the agents are.
+#[derive(Clone, Debug, Default)]
+pub struct ReportOptions {
+    pub namespace: Option<String>,
+    pub agents: AgentSelector,
 }
 
 /// `impl Escape` for a view: every listed field escaped (the rest are numbers and flags).
@@ -154,12 +185,15 @@ escape_fields! {
     ConditionView => status, reason, message;
     EndpointView => pod, node, address;
     MappingView => namespace, name, class, protocol, ports, published, endpoint, accepted,
-        programmed;
+        programmed, status_writer, computed, nodes_without_agent;
     ClassNodeView => name, message, addresses;
     LinkView => key, subnet, unused_since, used_by;
     ClassView => name, mode, serving_mode, ready, nodes, links;
-    AgentView => node, version, last_pass_time, classes;
-    StatusReport => mappings, classes, agents, problems;
+    AgentView => node, version, last_pass_time, classes, pod, image, waiting;
+    DaemonSetView => namespace, name, image;
+    Unread => what, why;
+    ComputedView => programmed, endpoint;
+    StatusReport => mappings, classes, agents, problems, namespace, daemon_sets, unread;
 }
 
 pub(super) use escape_fields;
@@ -215,13 +249,20 @@ pub(super) fn mapping_view(pm: &PortMap) -> MappingView {
         accepted: condition(&status.conditions, conditions::ACCEPTED).map(ConditionView::of),
         programmed,
         current,
+        status_writer: None,
+        computed: None,
+        agrees: None,
+        writer_running: None,
+        nodes_without_agent: Vec::new(),
         ok,
     }
 }
 
+/// A problem with what the written status says (whether it can be trusted is
+/// [`trust_problem`]'s).
 fn mapping_problem(m: &MappingView) -> Option<String> {
     let who = format!("PortMap {}/{}", m.namespace, m.name);
-    if m.ok {
+    if m.current && m.programmed.as_ref().is_some_and(ConditionView::is_true) {
         return None;
     }
     Some(match (&m.accepted, &m.programmed) {
@@ -342,105 +383,234 @@ fn class_problems(c: &ClassView, out: &mut Vec<String>) {
     }
 }
 
-fn agents(snapshot: &Snapshot) -> Vec<AgentView> {
-    let mut by_node: BTreeMap<String, AgentView> = BTreeMap::new();
-    let mut classes: Vec<&PortMapClass> = snapshot.classes.iter().collect();
-    classes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-    for c in classes {
-        let class = c.metadata.name.clone().unwrap_or_default();
-        for row in c.status.iter().flat_map(|s| &s.nodes) {
-            let a = by_node
-                .entry(row.name.clone())
-                .or_insert_with(|| AgentView {
-                    node: row.name.clone(),
-                    version: None,
-                    last_pass_time: None,
-                    classes: Vec::new(),
-                });
-            a.classes.push(class.clone());
-            if let Some(t) = &row.last_pass_time {
-                let t = t.0.to_string();
-                if a.last_pass_time.as_ref().is_none_or(|old| *old < t) {
-                    a.last_pass_time = Some(t);
-                    a.version = row.agent_version.clone();
-                }
-            } else if a.version.is_none() {
-                a.version = row.agent_version.clone();
-            }
-        }
-    }
-    by_node.into_values().collect()
-}
-
 /// The offline plan over the dump: the global decisions every agent computes alike.
 pub(super) fn global_plan(snapshot: &Snapshot, now: Timestamp) -> Plan {
     kuport_core::plan::plan(snapshot, NO_NODE, &HostFacts::default(), now)
 }
 
+/// The kinds the offline plan reads: without every one of them, what `kuport status`
+/// computes is not what the agents compute, and it compares nothing with the written status.
+const PLAN_INPUTS: [&str; 5] = [
+    "PortMapClasses",
+    "Nodes",
+    "Namespaces",
+    "EndpointSlices",
+    "PortMaps in other namespaces",
+];
+
+/// The inputs of the plan the dump lacks.
+pub(super) fn plan_missing(dump: &Dump) -> Vec<&str> {
+    dump.unread
+        .iter()
+        .map(|u| u.what.as_str())
+        .filter(|w| PLAN_INPUTS.contains(w))
+        .collect()
+}
+
+/// Whether the dump holds every input of the plan.
+pub(super) fn plan_complete(dump: &Dump) -> bool {
+    plan_missing(dump).is_empty()
+}
+
+/// The nodes an agent must run on whatever the DaemonSets' nodeSelector says: those the
+/// classes name, and the nodes of the mappings' pods (written and computed).
+fn needed_nodes(snapshot: &Snapshot, plan: &Plan) -> BTreeSet<String> {
+    let named = snapshot
+        .classes
+        .iter()
+        .flat_map(|c| c.spec.nodes.keys().cloned());
+    let written = snapshot
+        .portmaps
+        .iter()
+        .filter_map(|pm| Some(pm.status.as_ref()?.endpoint.as_ref()?.node.clone()));
+    let computed = plan
+        .portmaps
+        .iter()
+        .filter_map(|d| Some(d.endpoint.as_ref()?.node.clone()));
+    named.chain(written).chain(computed).collect()
+}
+
 /// The report over a dump.
-pub fn report(dump: &Dump, now: Timestamp) -> StatusReport {
+pub fn report(dump: &Dump, now: Timestamp, options: &ReportOptions) -> StatusReport {
     let snapshot = &dump.snapshot;
     let plan = global_plan(snapshot, now);
-    let mut portmaps: Vec<&PortMap> = snapshot.portmaps.iter().collect();
+    let agents = agents(dump, &options.agents, &needed_nodes(snapshot, &plan), now);
+    let complete = plan_complete(dump);
+    let mut portmaps: Vec<&PortMap> = snapshot
+        .portmaps
+        .iter()
+        .filter(|pm| {
+            options
+                .namespace
+                .as_ref()
+                .is_none_or(|ns| pm.metadata.namespace.as_ref() == Some(ns))
+        })
+        .collect();
     portmaps.sort_by_key(|pm| ns_name(pm));
-    let mappings: Vec<MappingView> = portmaps.into_iter().map(mapping_view).collect();
+    let mappings: Vec<MappingView> = portmaps
+        .into_iter()
+        .map(|pm| {
+            let mut m = mapping_view(pm);
+            check_mapping(&mut m, &plan, complete, &agents);
+            m
+        })
+        .collect();
     let mut classes: Vec<&PortMapClass> = snapshot.classes.iter().collect();
     classes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    // With a namespace, only the classes its mappings use can make its report fail.
+    let used: BTreeSet<&str> = mappings.iter().map(|m| m.class.as_str()).collect();
     let classes: Vec<ClassView> = classes
         .into_iter()
         .map(|c| class_view(c, snapshot, &plan))
         .collect();
-    let mut problems: Vec<String> = mappings.iter().filter_map(mapping_problem).collect();
-    for c in &classes {
+    let mut problems = agents.problems.clone();
+    for m in &mappings {
+        problems.extend(mapping_problem(m));
+        problems.extend(trust_problem(m));
+        problems.extend(agentless_problem(m));
+    }
+    for c in classes
+        .iter()
+        .filter(|c| options.namespace.is_none() || used.contains(c.name.as_str()))
+    {
         class_problems(c, &mut problems);
     }
-    let agents = agents(snapshot);
-    problems.extend(agents.iter().filter_map(|a| stale_agent_problem(a, now)));
+    let mut unread = dump.unread.clone();
+    unread.sort();
+    unread.dedup();
     StatusReport {
         ok: problems.is_empty(),
         mappings,
         classes,
-        agents,
+        agents: agents.nodes,
         problems,
+        namespace: options.namespace.clone(),
+        daemon_sets: agents.daemon_sets,
+        unread,
     }
 }
 
-/// How old an agent's last pass may be before `kuport status` calls it stopped: three resyncs
-/// at the default interval (5 minutes). A quiet agent refreshes its rows' `lastPassTime` at
-/// every resync, so an older one means it has not passed through two of them.
-const STALE_PASS_SECONDS: i64 = 15 * 60;
+/// Fills in what the agents compute for the mapping, whether its written status says the
+/// same, and whether its status writer's agent runs; a mapping whose status cannot be trusted
+/// is not `ok`, whatever it says.
+pub(super) fn check_mapping(m: &mut MappingView, plan: &Plan, complete: bool, agents: &Agents) {
+    let Some(d) = plan
+        .portmaps
+        .iter()
+        .find(|d| d.namespace == m.namespace && d.name == m.name)
+    else {
+        return;
+    };
+    let running = |node: &str| {
+        agents.of(node).and_then(|a| match a.state {
+            _ if a.stale => Some(false),
+            s if s.down() => Some(false),
+            AgentState::Ready => Some(true),
+            _ => None,
+        })
+    };
+    m.status_writer = d.status_writer.clone();
+    m.writer_running = d.status_writer.as_deref().and_then(running);
+    // The other nodes that program a part of it: the accepting nodes, and the pod's node (its
+    // half of the return link), when the pod is elsewhere.
+    let others: BTreeSet<&str> = d
+        .programming_nodes
+        .iter()
+        .map(String::as_str)
+        .chain(d.endpoint.as_ref().map(|e| e.node.as_str()))
+        .filter(|n| Some(*n) != d.status_writer.as_deref())
+        .collect();
+    m.nodes_without_agent = others
+        .into_iter()
+        .filter(|n| running(n) == Some(false))
+        .map(str::to_owned)
+        .collect();
+    if complete {
+        let computed = ComputedView {
+            programmed: d
+                .programmed
+                .as_ref()
+                .map(|p| conditions::status(p.is_true()).to_owned()),
+            endpoint: d.endpoint.as_ref().map(|e| EndpointView {
+                pod: e.pod.clone(),
+                node: e.node.clone(),
+                address: e.address.to_string(),
+                port: i32::from(e.port),
+            }),
+        };
+        if m.current && m.accepted.is_some() {
+            let written_accepted = m.accepted.as_ref().is_some_and(ConditionView::is_true);
+            let same_endpoint = match (&m.endpoint, &computed.endpoint) {
+                (None, None) => true,
+                (Some(w), Some(c)) => {
+                    (&w.node, &w.address, w.port) == (&c.node, &c.address, c.port)
+                }
+                _ => false,
+            };
+            m.agrees = Some(
+                written_accepted == d.accepted.is_true()
+                    && m.programmed.as_ref().map(|p| p.status.as_str())
+                        == computed.programmed.as_deref()
+                    && same_endpoint,
+            );
+        }
+        m.computed = Some(computed);
+    }
+    if m.agrees == Some(false)
+        || m.writer_running == Some(false)
+        || !m.nodes_without_agent.is_empty()
+    {
+        m.ok = false;
+    }
+}
 
-/// A problem when the agent's last pass is older than [`STALE_PASS_SECONDS`]: its node's
-/// status and datapath are no longer kept, whatever the written conditions still say.
-fn stale_agent_problem(agent: &AgentView, now: Timestamp) -> Option<String> {
-    let last = agent.last_pass_time.as_deref()?;
-    let at = last.parse::<Timestamp>().ok()?;
-    (now.as_second() - at.as_second() > STALE_PASS_SECONDS).then(|| {
+/// `Programmed=True, endpoint 10.244.2.5:4000 on worker-c`.
+fn said(programmed: Option<&str>, endpoint: Option<&EndpointView>) -> String {
+    let endpoint = endpoint.map_or_else(
+        || "no endpoint".to_owned(),
+        |e| format!("endpoint {}:{} on {}", e.address, e.port, e.node),
+    );
+    format!("Programmed={}, {endpoint}", programmed.unwrap_or("(none)"))
+}
+
+/// A problem when a node that programs a part of the mapping, other than its status writer,
+/// has no running agent.
+fn agentless_problem(m: &MappingView) -> Option<String> {
+    (!m.nodes_without_agent.is_empty() && m.accepted.is_some()).then(|| {
         format!(
-            "the agent on node {} last completed a pass {} ago ({last}), more than {}m (three resyncs at the default 5 minutes): it has probably stopped, and what it wrote may no longer be true",
-            agent.node,
-            ago(last, now).trim_end_matches(" ago"),
-            STALE_PASS_SECONDS / 60
+            "PortMap {}/{} needs node {}, whose agent is not running: its part there may be missing or no longer kept",
+            m.namespace,
+            m.name,
+            m.nodes_without_agent.join(", ")
         )
     })
 }
 
-/// How long ago `then` was, in the short form kubectl uses (`45s`, `3m`, `2h`, `4d`).
-pub(super) fn ago(then: &str, now: Timestamp) -> String {
-    let Ok(t) = then.parse::<Timestamp>() else {
-        return then.to_owned();
+/// A problem when the written status cannot be trusted: it says something else than what the
+/// agents compute now, or the node that keeps it has no running agent.
+fn trust_problem(m: &MappingView) -> Option<String> {
+    let who = format!("PortMap {}/{}", m.namespace, m.name);
+    let writer = m.status_writer.as_deref().unwrap_or("(none)");
+    let down = m.writer_running == Some(false);
+    let running = if down {
+        "whose agent is not running"
+    } else {
+        "which has not caught up (is its agent running?)"
     };
-    let s = now.as_second() - t.as_second();
-    if s < 0 {
-        return "in the future".to_owned();
+    match (m.agrees, &m.computed) {
+        (Some(false), Some(c)) => Some(format!(
+            "{who}: its written status ({}) differs from what the agents compute from the current objects ({}): it is written by node {writer}, {running}",
+            said(
+                m.programmed.as_ref().map(|p| p.status.as_str()),
+                m.endpoint.as_ref()
+            ),
+            said(c.programmed.as_deref(), c.endpoint.as_ref()),
+        )),
+        _ if down && m.accepted.is_some() => Some(format!(
+            "{who}: status written by node {writer}, whose agent is not running: it may be stale"
+        )),
+        _ => None,
     }
-    let short = match s {
-        0..120 => format!("{s}s"),
-        120..7_200 => format!("{}m", s / 60),
-        7_200..172_800 => format!("{}h", s / 3_600),
-        _ => format!("{}d", s / 86_400),
-    };
-    format!("{short} ago")
 }
 
 /// Left-aligned columns separated by three spaces, like kubectl's tables.
@@ -487,8 +657,18 @@ fn state_text(m: &MappingView) -> String {
         (None, _) => "no status".to_owned(),
         (Some(a), _) if !a.is_true() => format!("NotAccepted {}", a.reason),
         (Some(_), Some(p)) => {
-            let stale = if m.current { "" } else { " (stale)" };
-            format!("{} {}{stale}", p.status, p.reason)
+            let doubt = if !m.current {
+                " (stale)"
+            } else if m.agrees == Some(false) {
+                " (not what is computed now)"
+            } else if m.writer_running == Some(false) {
+                " (its writer's agent is down)"
+            } else if !m.nodes_without_agent.is_empty() {
+                " (an agent it needs is down)"
+            } else {
+                ""
+            };
+            format!("{} {}{doubt}", p.status, p.reason)
         }
         (Some(_), None) => conditions::ACCEPTED.to_owned(),
     }
@@ -505,28 +685,50 @@ pub fn text(r: &StatusReport, now: Timestamp) -> String {
 
 fn report_text(r: &StatusReport, now: Timestamp) -> String {
     let mut out = String::new();
-    mappings_text(&mut out, &r.mappings);
-    let ready = r.classes.iter().filter(|c| c.ok).count();
-    let _ = writeln!(out, "\nPortMapClasses: {ready}/{} ready", r.classes.len());
+    agents_text(&mut out, r, now);
+    out.push('\n');
+    mappings_text(&mut out, &r.mappings, r.namespace.as_deref());
+    if r.unread.iter().any(|u| u.what == "PortMapClasses") {
+        out.push_str("\nPortMapClasses: could not be read\n");
+    } else {
+        let ready = r.classes.iter().filter(|c| c.ok).count();
+        let _ = writeln!(out, "\nPortMapClasses: {ready}/{} ready", r.classes.len());
+    }
     for c in &r.classes {
         class_text(&mut out, c);
     }
-    agents_text(&mut out, &r.agents, now);
-    if r.problems.is_empty() {
-        out.push_str("\nEverything is programmed.\n");
-    } else {
+    if !r.unread.is_empty() {
+        out.push_str("\nNot read (nothing is said about them):\n");
+        for u in &r.unread {
+            let _ = writeln!(out, "- {}: {}", u.what, u.why);
+        }
+    }
+    if !r.problems.is_empty() {
         let _ = writeln!(out, "\nProblems: {}", r.problems.len());
         for p in &r.problems {
             let _ = writeln!(out, "- {p}");
         }
+    } else if r.unread.is_empty() {
+        out.push_str("\nEverything is programmed.\n");
+    } else {
+        // Never "Everything is programmed." on a partial reading: what was not read (the
+        // agents, most of all) may be what is broken.
+        out.push_str(
+            "\nNo problem in what could be read; what could not be read is listed above.\n",
+        );
     }
     out
 }
 
 /// The PortMaps section: a count, then a table of them.
-fn mappings_text(out: &mut String, mappings: &[MappingView]) {
+fn mappings_text(out: &mut String, mappings: &[MappingView], namespace: Option<&str>) {
     let programmed = mappings.iter().filter(|m| m.ok).count();
-    let _ = writeln!(out, "PortMaps: {programmed}/{} programmed", mappings.len());
+    let place = namespace.map_or_else(String::new, |ns| format!(" in namespace {ns}"));
+    let _ = writeln!(
+        out,
+        "PortMaps{place}: {programmed}/{} programmed",
+        mappings.len()
+    );
     if mappings.is_empty() {
         return;
     }
@@ -611,18 +813,42 @@ fn class_text(out: &mut String, c: &ClassView) {
     }
 }
 
-/// The Agents section: a count, then a table of them.
-fn agents_text(out: &mut String, agents: &[AgentView], now: Timestamp) {
-    let _ = writeln!(out, "\nAgents: {}", agents.len());
-    if agents.is_empty() {
+/// The Agents section: the DaemonSets and their counts, then a line per node.
+fn agents_text(out: &mut String, r: &StatusReport, now: Timestamp) {
+    match &r.daemon_sets {
+        None => out.push_str("Agents: the DaemonSets could not be read\n"),
+        Some(ds) if ds.is_empty() => out.push_str("Agents: no kuport DaemonSet\n"),
+        Some(ds) => {
+            for d in ds {
+                let _ = writeln!(
+                    out,
+                    "Agents: DaemonSet {}/{}: {} desired, {} ready, {} updated, {} available",
+                    d.namespace, d.name, d.desired, d.ready, d.updated, d.available
+                );
+            }
+        }
+    }
+    if r.agents.is_empty() {
         return;
     }
-    let rows: Vec<Vec<String>> = agents
+    let pods_read = !r.unread.iter().any(|u| u.what == "Pods");
+    let rows: Vec<Vec<String>> = r
+        .agents
         .iter()
         .map(|a| {
+            let agent = if pods_read {
+                agent_state_text(a)
+            } else {
+                "unknown".to_owned()
+            };
             vec![
                 a.node.clone(),
+                agent,
+                a.image
+                    .as_deref()
+                    .map_or_else(|| "-".to_owned(), image_version),
                 a.version.clone().unwrap_or_else(|| "-".to_owned()),
+                a.restarts.map_or_else(|| "-".to_owned(), |r| r.to_string()),
                 a.last_pass_time
                     .as_deref()
                     .map_or_else(|| "-".to_owned(), |t| format!("{t} ({})", ago(t, now))),
@@ -630,7 +856,18 @@ fn agents_text(out: &mut String, agents: &[AgentView], now: Timestamp) {
             ]
         })
         .collect();
-    out.push_str(&table(&["NODE", "VERSION", "LAST PASS", "CLASSES"], &rows));
+    out.push_str(&table(
+        &[
+            "NODE",
+            "AGENT",
+            "IMAGE",
+            "VERSION",
+            "RESTARTS",
+            "LAST PASS",
+            "CLASSES",
+        ],
+        &rows,
+    ));
 }
 
 #[cfg(test)]
@@ -713,6 +950,7 @@ mod tests {
         Dump {
             snapshot: c.snapshot,
             events: vec![event],
+            ..Dump::default()
         }
     }
 
@@ -721,8 +959,12 @@ mod tests {
         let now = kuport_testkit::cluster::now();
         let (clean, poisoned) = (dump_saying(""), dump_saying(POISON));
         let outputs = |d: &Dump| {
-            let explained = explain(d, "games", "gs", now).expect("explained");
-            [text(&report(d, now), now), explain_text(&explained, now)]
+            let explained =
+                explain(d, "games", "gs", now, &AgentSelector::default()).expect("explained");
+            [
+                text(&report(d, now, &ReportOptions::default()), now),
+                explain_text(&explained, now),
+            ]
         };
         for (clean, poisoned) in outputs(&clean).into_iter().zip(outputs(&poisoned)) {
             let raw: Vec<char> = poisoned
