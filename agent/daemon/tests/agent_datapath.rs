@@ -82,14 +82,30 @@ async fn remote_pod_gets_a_link_and_is_programmed_by_the_right_node(target: Targ
             > 0
     );
     assert_eq!(c.agent("n3").metrics.status_writes_written(), 0);
-    // Only n1 has a row: n2 proposed a claim but is not an accepting node.
-    let rows: Vec<String> = c
+    // n1's accepting row, and n2's row of link ends only: n2 is not an accepting node, but
+    // acknowledges its end of the link at its slot.
+    type Row = (String, Option<bool>, Vec<(String, i32)>);
+    let rows: Vec<Row> = c
         .class()
         .await
         .status
-        .map(|s| s.nodes.into_iter().map(|n| n.name).collect())
+        .map(|s| {
+            s.nodes
+                .into_iter()
+                .map(|n| {
+                    let ends = n.links.into_iter().map(|l| (l.peer, l.slot)).collect();
+                    (n.name, n.accepting, ends)
+                })
+                .collect()
+        })
         .unwrap_or_default();
-    assert_eq!(rows, ["n1"]);
+    assert_eq!(
+        rows,
+        [
+            ("n1".to_owned(), None, vec![("n2".to_owned(), 0)]),
+            ("n2".to_owned(), Some(false), vec![("n1".to_owned(), 0)]),
+        ]
+    );
 
     // The pod moves to the serving node itself: the link goes, the DNAT follows.
     c.set_endpoint(Some(1), false).await;
@@ -100,6 +116,13 @@ async fn remote_pod_gets_a_link_and_is_programmed_by_the_right_node(target: Targ
     c.eventually("the old link is gone on both ends", || async {
         c.agent("n1").host.applied().links.is_empty()
             && c.agent("n2").host.applied().links.is_empty()
+    })
+    .await;
+    c.eventually("n2, holding no link any more, removes its row", || async {
+        c.class()
+            .await
+            .status
+            .is_some_and(|s| s.nodes.iter().all(|n| n.name != "n2"))
     })
     .await;
     c.eventually("the status names the new endpoint", || async {

@@ -12,7 +12,8 @@
 //! which orders an apply across the backends (`linux.rs`); the backends themselves: nftables
 //! ([`nft`]), links, rules and routes ([`netlink`]), conntrack ([`conntrack`]), listening
 //! sockets ([`sockets`]); the host's events, changes to kuport's state the agent did not make
-//! ([`HostEvents`], over `netlink/events.rs` and [`nft_events`]); and [`MemoryHost`], the
+//! ([`HostEvents`], over `netlink/events.rs` and [`nft_events`]); the probes across return
+//! links ([`probe`]); and [`MemoryHost`], the
 //! in-memory host of the simulator and tests.
 
 pub mod conntrack;
@@ -26,6 +27,7 @@ pub mod nft_events;
 #[cfg(test)]
 mod nft_fake;
 mod nft_generation;
+pub mod probe;
 mod report;
 pub mod sockets;
 

@@ -9,6 +9,7 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use kuport_core::ir::MarkLayout;
 use kuport_host::LinuxHost;
+use kuport_host::probe::{LinkProber, ProbeSettings};
 use tokio_util::sync::CancellationToken;
 
 use super::health::{health_router, metrics_router, serve};
@@ -32,6 +33,13 @@ pub struct AgentArgs {
     #[arg(long, env = "KUPORT_RESYNC", value_name = "DURATION", default_value = "5m",
           value_parser = parse_duration)]
     pub resync: Duration,
+    /// How often each return link is probed across (from this node's link address to the
+    /// peer's, UDP port 4794 on link addresses only): three unanswered probes in a row report
+    /// the link down in status. `0s` turns the probes off (the link is then reported by its
+    /// ends' acknowledgements alone).
+    #[arg(long, env = "KUPORT_LINK_PROBE_INTERVAL", value_name = "DURATION", default_value = "2s",
+          value_parser = parse_duration)]
+    pub link_probe_interval: Duration,
     /// Where `/healthz` and `/readyz` are served: `HOST:PORT`, or `:PORT` for the node's own
     /// address (--host-ip). `0.0.0.0:PORT` serves every address, public ones included.
     #[arg(long, env = "KUPORT_HEALTH_ADDR", value_name = "ADDR", default_value = ":8081",
@@ -120,16 +128,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
 }
 
 async fn run_async(args: AgentArgs) -> anyhow::Result<()> {
-    let marks = MarkLayout {
-        base: args.mark_base,
-        mask: args.mark_mask,
-    };
-    let checked = if args.allow_mark_overlap {
-        marks.validate_shape()
-    } else {
-        marks.validate()
-    };
-    checked.map_err(|e| anyhow::anyhow!("--mark-base/--mark-mask: {e}"))?;
+    let marks = checked_marks(&args)?;
     let client = make_client(args.kubeconfig.as_deref()).await?;
     let host = LinuxHost::new()
         .context("opening the host's netlink socket")?
@@ -148,8 +147,11 @@ async fn run_async(args: AgentArgs) -> anyhow::Result<()> {
     config.agent_ports = vec![health_addr.port(), metrics_addr.port()];
     config.stop_policy = stop_policy(args.pod_name.clone(), args.pod_namespace.clone());
     let events = host.events();
-    let agent = Agent::new(client, host, config)
-        .with_host_watch(Box::new(move |underlay| events.open(underlay)));
+    let agent = with_probes(
+        Agent::new(client, host, config)
+            .with_host_watch(Box::new(move |underlay| events.open(underlay))),
+        args.link_probe_interval,
+    );
 
     let health = health_router(agent.health());
     let metrics = metrics_router(agent.metrics());
@@ -301,6 +303,33 @@ fn init_logging(level: LogLevel, format: LogFormat) {
 }
 
 /// Parses `10s`, `5m`, `1h`, `250ms` (a whole number and a unit; zero is refused).
+/// The mark layout of the flags, refused when it overlaps another datapath's bits (unless
+/// allowed) or is not one contiguous run.
+fn checked_marks(args: &AgentArgs) -> anyhow::Result<MarkLayout> {
+    let marks = MarkLayout {
+        base: args.mark_base,
+        mask: args.mark_mask,
+    };
+    let checked = if args.allow_mark_overlap {
+        marks.validate_shape()
+    } else {
+        marks.validate()
+    };
+    checked.map_err(|e| anyhow::anyhow!("--mark-base/--mark-mask: {e}"))?;
+    Ok(marks)
+}
+
+/// The agent with its return links probed every `interval` (`0s`: not probed).
+fn with_probes(agent: Agent<LinuxHost>, interval: Duration) -> Agent<LinuxHost> {
+    if interval.is_zero() {
+        return agent;
+    }
+    agent.with_link_probes(LinkProber::new(ProbeSettings {
+        interval,
+        ..ProbeSettings::default()
+    }))
+}
+
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let digits = text.chars().take_while(char::is_ascii_digit).count();

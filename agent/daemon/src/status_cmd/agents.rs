@@ -787,7 +787,7 @@ mod tests {
         let (r, _) = run(&dump, now());
         assert!(
             r.problems.iter().any(|p| p
-                == "agent version skew: the agents run different versions: 0.1.0 on edge-b; 0.2.0 on edge-a"),
+                == "agent version skew: the agents run different versions: 0.1.0 on edge-b, worker-c; 0.2.0 on edge-a"),
             "{:?}",
             r.problems
         );

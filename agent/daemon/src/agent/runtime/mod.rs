@@ -23,6 +23,7 @@ use std::sync::Arc;
 
 use kuport_core::plan::Plan;
 use kuport_core::snapshot::{KernelRefusal, Snapshot};
+use kuport_host::probe::LinkProber;
 use kuport_host::{Host, HostError, HostEvent};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -85,6 +86,9 @@ pub struct Agent<H: Host> {
     /// The last apply's sweep of stale conntrack entries failed: the pass is retried soon
     /// (the host sweeps again on the next apply) though nothing else needs it.
     conntrack_owed: bool,
+    /// The probes across this node's return links: their verdicts are host facts of each
+    /// pass, and a changed verdict starts one. `None` runs without probes (the simulator).
+    probes: Option<LinkProber>,
     /// The last pass's snapshot (less the classes, which went to the status writes): the next
     /// pass takes every object the stores still hold at the same version from it instead of
     /// copying it again.
@@ -116,7 +120,14 @@ impl<H: Host> Agent<H> {
             counters_read: None,
             conntrack_owed: false,
             previous: Snapshot::default(),
+            probes: None,
         }
+    }
+
+    /// Probes every return link this node holds with `prober` (see [`LinkProber`]).
+    pub fn with_link_probes(mut self, prober: LinkProber) -> Self {
+        self.probes = Some(prober);
+        self
     }
 
     /// Runs a verifying pass soon after the host reports a change to a `kup-*` link or the
@@ -214,6 +225,7 @@ impl<H: Host> Agent<H> {
         }
         tracing::info!(node = %self.config.node_name, "every watch synced; starting passes");
 
+        let probes_changed = self.probes.as_ref().map(LinkProber::changed);
         let mut host_changes = HostChanges::default();
         let mut schedule = Schedule::new(&self.config, Instant::now());
         let mut in_flight = InFlight::default();
@@ -230,6 +242,7 @@ impl<H: Host> Agent<H> {
                     _ = shutdown.cancelled() => return Ok(()),
                     done = status.done() => Wake::Written(done),
                     Some(()) = dirty_rx.recv() => Wake::Pass,
+                    _ = notified(probes_changed.as_deref()) => Wake::Pass,
                     // Before the stream: a stream that never rests must not starve its pass.
                     _ = sleep_until_opt(host_changes.due_at()) => Wake::Pass,
                     event = host_changes.next() => Wake::Host(event),
@@ -248,11 +261,8 @@ impl<H: Host> Agent<H> {
                     }
                     Wake::Pass => {}
                 }
-                // Let a burst of watch events settle into one pass.
-                tokio::select! {
-                    biased;
-                    _ = shutdown.cancelled() => return Ok(()),
-                    _ = tokio::time::sleep(self.config.debounce) => {}
+                if !self.debounce(shutdown).await {
+                    return Ok(());
                 }
                 while dirty_rx.try_recv().is_ok() {}
                 host_changes.drain(Instant::now(), &self.metrics);
@@ -278,6 +288,15 @@ impl<H: Host> Agent<H> {
                 }
             }
             host_changes.follow(self.host_watch.as_mut(), underlay);
+        }
+    }
+
+    /// Lets a burst of watch events settle into one pass; false when shut down meanwhile.
+    async fn debounce(&self, shutdown: &CancellationToken) -> bool {
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => false,
+            _ = tokio::time::sleep(self.config.debounce) => true,
         }
     }
 
@@ -349,6 +368,14 @@ impl<H: Host> Agent<H> {
         if newest {
             schedule.end_pass(&outcome, pass.verified, Instant::now());
         }
+    }
+}
+
+/// A link verdict changed (never, without probes).
+async fn notified(changed: Option<&tokio::sync::Notify>) {
+    match changed {
+        Some(changed) => changed.notified().await,
+        None => std::future::pending().await,
     }
 }
 

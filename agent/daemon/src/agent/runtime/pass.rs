@@ -7,7 +7,8 @@ use std::sync::Arc;
 use kuport_core::api::PortMapClass;
 use kuport_core::ir::{HostState, Rule};
 use kuport_core::plan::{Plan, Writes, plan};
-use kuport_core::snapshot::{HostFacts, Snapshot};
+use kuport_core::snapshot::{HostFacts, KernelRefusal, Snapshot};
+use kuport_host::probe::ProbeTarget;
 use kuport_host::{ApplyReport, Host, Refusal};
 use tokio::time::Instant;
 
@@ -77,6 +78,9 @@ impl<H: Host> Agent<H> {
             }
         };
         facts.refusals = self.refusals.clone();
+        if let Some(probes) = &self.probes {
+            facts.link_probes = probes.facts();
+        }
         let underlay = facts.underlay_device.clone().map(|d| vec![d]);
 
         let planned = self.plan_and_apply(&mut snapshot, facts, verify).await;
@@ -132,6 +136,7 @@ impl<H: Host> Agent<H> {
         }
         self.conntrack_owed = report.conntrack_error.is_some();
         let refused = Refusal::by_mapping(&report.refused);
+        self.follow_links(&plan.host_state, &refused);
         self.metrics.set_refusals(refused.len());
         if refused == self.refusals {
             return Ok(plan);
@@ -162,6 +167,24 @@ impl<H: Host> Agent<H> {
         .await?;
         *snapshot = lent;
         Ok((plan, facts))
+    }
+
+    /// Probes the links this apply built: every link of the IR but those the kernel refused.
+    fn follow_links(&mut self, state: &HostState, refused: &[KernelRefusal]) {
+        let Some(probes) = &mut self.probes else {
+            return;
+        };
+        let targets: Vec<ProbeTarget> = state
+            .links
+            .iter()
+            .filter(|l| {
+                !refused
+                    .iter()
+                    .any(|r| r.link.as_deref() == Some(l.name.as_str()))
+            })
+            .map(ProbeTarget::of)
+            .collect();
+        probes.follow(&targets);
     }
 
     fn run_hook(&self, snapshot: &Snapshot, plan: &mut Plan) {

@@ -1,0 +1,393 @@
+//! Probes across this node's return links: every link is probed from its own address to its
+//! peer's over the link itself, so the mesh, the link port, VXLAN and both inner addresses are
+//! exercised together, and the peer's agent answers (an answer also says its agent runs).
+//!
+//! Each link gets one UDP socket on its own link address and [`PROBE_PORT`]: it answers the
+//! peer's probes and sends its own, a small one every interval and a full-size one (the
+//! link's whole MTU) now and then. It answers only the peer's link address, so nothing else can
+//! use it to reflect traffic. The verdict and its hysteresis are in [`verdict`].
+
+pub mod verdict;
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use kuport_core::ir::Link;
+use kuport_core::snapshot::LinkProbe;
+use tokio::net::UdpSocket;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+pub use verdict::{LinkVerdict, ProbeSettings};
+
+/// The UDP port of the probes, on link addresses only (never on a node's own addresses).
+pub const PROBE_PORT: u16 = 4794;
+
+/// What a probe carries first: a probe from anything else is ignored.
+const MAGIC: &[u8; 8] = b"kuprobe1";
+const REQUEST: u8 = 1;
+const ANSWER: u8 = 2;
+/// Magic, kind, sequence number.
+const HEADER: usize = 8 + 1 + 8;
+/// IPv4 and UDP headers: a full-size probe's payload is the link MTU less these.
+const IP_UDP_HEADERS: u32 = 28;
+
+/// One link to probe.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProbeTarget {
+    /// The link's device.
+    pub device: String,
+    /// Its class.
+    pub class: String,
+    /// The node at the other end.
+    pub peer: String,
+    /// This node's link address.
+    pub local: Ipv4Addr,
+    /// The peer's link address.
+    pub peer_address: Ipv4Addr,
+    /// The link's MTU, when known: the size of the full-size probe.
+    pub mtu: Option<u32>,
+}
+
+impl ProbeTarget {
+    /// The probe target of a link of the IR.
+    pub fn of(link: &Link) -> Self {
+        Self {
+            device: link.name.clone(),
+            class: link.class.clone(),
+            peer: link.peer.clone(),
+            local: link.address.addr(),
+            peer_address: link.peer_address,
+            mtu: link.mtu,
+        }
+    }
+}
+
+type Verdicts = Arc<Mutex<BTreeMap<(String, String), LinkVerdict>>>;
+
+/// The probes of every link this node holds, one task each.
+pub struct LinkProber {
+    settings: ProbeSettings,
+    verdicts: Verdicts,
+    changed: Arc<Notify>,
+    tasks: BTreeMap<String, (ProbeTarget, JoinHandle<()>)>,
+}
+
+impl LinkProber {
+    /// A prober with no link yet.
+    pub fn new(settings: ProbeSettings) -> Self {
+        Self {
+            settings,
+            verdicts: Arc::default(),
+            changed: Arc::new(Notify::new()),
+            tasks: BTreeMap::new(),
+        }
+    }
+
+    /// Probes exactly `targets` from now on: new links start, gone ones stop (their verdicts
+    /// go with them), a link whose addresses or MTU changed starts over. Must run inside a
+    /// Tokio runtime.
+    pub fn follow(&mut self, targets: &[ProbeTarget]) {
+        let wanted: BTreeMap<&str, &ProbeTarget> =
+            targets.iter().map(|t| (t.device.as_str(), t)).collect();
+        let stale: Vec<String> = self
+            .tasks
+            .iter()
+            .filter(|(device, (target, _))| wanted.get(device.as_str()) != Some(&target))
+            .map(|(device, _)| device.clone())
+            .collect();
+        for device in stale {
+            if let Some((target, task)) = self.tasks.remove(&device) {
+                task.abort();
+                self.lock().remove(&(target.class, target.peer));
+            }
+        }
+        for (device, target) in wanted {
+            if self.tasks.contains_key(device) {
+                continue;
+            }
+            let key = (target.class.clone(), target.peer.clone());
+            let verdict = LinkVerdict::new(
+                &target.class,
+                &target.peer,
+                &target.peer_address.to_string(),
+            );
+            self.lock().insert(key, verdict);
+            let task = tokio::spawn(probe_link(
+                target.clone(),
+                self.settings.clone(),
+                self.verdicts.clone(),
+                self.changed.clone(),
+            ));
+            self.tasks.insert(device.to_owned(), (target.clone(), task));
+        }
+    }
+
+    /// Every link's verdict, sorted by class then peer: the host facts of the next plan.
+    pub fn facts(&self) -> Vec<LinkProbe> {
+        self.lock().values().map(LinkVerdict::fact).collect()
+    }
+
+    /// Notified whenever a link's verdict changes.
+    pub fn changed(&self) -> Arc<Notify> {
+        self.changed.clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, String), LinkVerdict>> {
+        // A task that panicked while holding the lock left whole verdicts behind: use them.
+        self.verdicts.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Drop for LinkProber {
+    fn drop(&mut self) {
+        for (_, task) in self.tasks.values() {
+            task.abort();
+        }
+    }
+}
+
+/// A probe sent and not answered yet.
+struct Outstanding {
+    seq: u64,
+    sent: Instant,
+    full: Option<u32>,
+}
+
+/// Probes one link until aborted: binds its socket (retrying while the link address is not
+/// there yet), then each round judges the last round's probes and sends the next.
+async fn probe_link(
+    target: ProbeTarget,
+    settings: ProbeSettings,
+    verdicts: Verdicts,
+    changed: Arc<Notify>,
+) {
+    let peer = SocketAddr::V4(SocketAddrV4::new(target.peer_address, PROBE_PORT));
+    let socket = bind(&target, settings.interval).await;
+    let mut task = ProbeTask {
+        key: (target.class.clone(), target.peer.clone()),
+        target,
+        peer,
+        settings,
+        verdicts,
+        changed,
+        small: None,
+        full: None,
+    };
+    let jitter = Jitter::new(&task.target.device);
+    let mut buf = vec![0u8; 65536];
+    let mut round: u64 = 0;
+    let mut next = Instant::now() + jitter.start(task.settings.interval);
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep_until(next) => {
+                round += 1;
+                task.round(&socket, round).await;
+                next = Instant::now() + jitter.interval(task.settings.interval, round);
+            }
+            received = socket.recv_from(&mut buf) => {
+                if let Ok((len, from)) = received && from == peer {
+                    task.received(&socket, &mut buf[..len]).await;
+                }
+            }
+        }
+    }
+}
+
+async fn bind(target: &ProbeTarget, retry: Duration) -> UdpSocket {
+    let local = SocketAddr::V4(SocketAddrV4::new(target.local, PROBE_PORT));
+    loop {
+        match UdpSocket::bind(local).await {
+            Ok(socket) => return socket,
+            Err(e) => {
+                tracing::debug!(device = %target.device, "binding the link probe to {local}: {e}");
+                tokio::time::sleep(retry).await;
+            }
+        }
+    }
+}
+
+/// One link's probing: its probes in flight and where its verdict goes.
+struct ProbeTask {
+    target: ProbeTarget,
+    key: (String, String),
+    peer: SocketAddr,
+    settings: ProbeSettings,
+    verdicts: Verdicts,
+    changed: Arc<Notify>,
+    small: Option<Outstanding>,
+    full: Option<Outstanding>,
+}
+
+impl ProbeTask {
+    /// Judges the last round's probes not answered by now as lost (a lost full-size probe
+    /// counts only if its small one was answered: the verdict checks that), then sends this
+    /// round's.
+    async fn round(&mut self, socket: &UdpSocket, round: u64) {
+        let now = Timestamp::now();
+        let s = self.settings.clone();
+        if self.small.take().is_some() {
+            self.judge(|v| v.small(None, now, &s));
+        }
+        if let Some(probe) = self.full.take() {
+            let size = probe.full.unwrap_or_default();
+            self.judge(|v| v.full(false, size, now, &s));
+        }
+        self.small = send(socket, self.peer, round * 2, None).await;
+        let wants_full = self
+            .lock()
+            .get(&self.key)
+            .is_some_and(|v| v.wants_full(round, &s));
+        if let (true, Some(mtu)) = (wants_full, self.target.mtu) {
+            self.full = send(socket, self.peer, round * 2 + 1, Some(mtu)).await;
+        }
+    }
+
+    /// A datagram from the peer's probe socket: its probe, answered with the same bytes, or
+    /// the answer to one of ours.
+    async fn received(&mut self, socket: &UdpSocket, packet: &mut [u8]) {
+        let s = self.settings.clone();
+        match parse(packet) {
+            Some((REQUEST, _)) => {
+                packet[8] = ANSWER;
+                if let Err(e) = socket.send_to(packet, self.peer).await {
+                    tracing::debug!(device = %self.target.device, "answering a link probe: {e}");
+                }
+            }
+            Some((ANSWER, seq)) => {
+                let now = Timestamp::now();
+                if let Some(probe) = self.small.take_if(|p| p.seq == seq) {
+                    let rtt = probe.sent.elapsed();
+                    self.judge(|v| v.small(Some(rtt), now, &s));
+                } else if let Some(probe) = self.full.take_if(|p| p.seq == seq) {
+                    let size = probe.full.unwrap_or_default();
+                    self.judge(|v| v.full(true, size, now, &s));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, String), LinkVerdict>> {
+        self.verdicts.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Applies an outcome to the verdict; a changed verdict is logged and wakes the agent.
+    fn judge(&self, outcome: impl FnOnce(&mut LinkVerdict) -> bool) {
+        let fact = {
+            let mut verdicts = self.lock();
+            let Some(verdict) = verdicts.get_mut(&self.key) else {
+                return;
+            };
+            if !outcome(verdict) {
+                return;
+            }
+            verdict.fact()
+        };
+        tracing::info!(
+            class = %fact.class,
+            peer = %fact.peer,
+            "return link {}: {}",
+            if fact.up == Some(true) { "up" } else { "down" },
+            fact.message.as_deref().unwrap_or("probes answered")
+        );
+        self.changed.notify_one();
+    }
+}
+
+/// Sends one probe: small, or of `mtu` bytes of IP packet. `None` when it could not be sent
+/// (it then counts as lost at the next round, like a probe without an answer).
+async fn send(
+    socket: &UdpSocket,
+    peer: SocketAddr,
+    seq: u64,
+    mtu: Option<u32>,
+) -> Option<Outstanding> {
+    let len = mtu
+        .map(|m| m.saturating_sub(IP_UDP_HEADERS) as usize)
+        .unwrap_or(HEADER)
+        .max(HEADER);
+    let mut packet = vec![0u8; len];
+    packet[..8].copy_from_slice(MAGIC);
+    packet[8] = REQUEST;
+    packet[9..HEADER].copy_from_slice(&seq.to_be_bytes());
+    let sent = Instant::now();
+    match socket.send_to(&packet, peer).await {
+        Ok(_) => {}
+        Err(e) => tracing::debug!("sending a link probe to {peer}: {e}"),
+    }
+    Some(Outstanding {
+        seq,
+        sent,
+        full: mtu,
+    })
+}
+
+/// The kind and sequence number of a probe, when it is one.
+fn parse(packet: &[u8]) -> Option<(u8, u64)> {
+    if packet.len() < HEADER || &packet[..8] != MAGIC {
+        return None;
+    }
+    let seq = u64::from_be_bytes(packet[9..HEADER].try_into().ok()?);
+    Some((packet[8], seq))
+}
+
+/// Spreads the links' probes over the interval, so a node with many links does not send them
+/// all at once: a start offset and a per-round jitter of up to a tenth of the interval, both
+/// from the device name (stable across runs, different across links).
+struct Jitter(u64);
+
+impl Jitter {
+    fn new(device: &str) -> Self {
+        // FNV-1a: any stable spread will do.
+        let hash = device.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        });
+        Self(hash)
+    }
+
+    fn start(&self, interval: Duration) -> Duration {
+        let ms = interval.as_millis().max(1) as u64;
+        Duration::from_millis(self.0 % ms)
+    }
+
+    fn interval(&self, interval: Duration, round: u64) -> Duration {
+        let tenth = (interval.as_millis() / 10).max(1) as u64;
+        let spread = self.0.rotate_left((round % 64) as u32) % (2 * tenth);
+        interval + Duration::from_millis(spread) - Duration::from_millis(tenth)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_probe_is_recognised_by_its_magic_and_length() {
+        let mut packet = vec![0u8; HEADER];
+        packet[..8].copy_from_slice(MAGIC);
+        packet[8] = ANSWER;
+        packet[9..].copy_from_slice(&7u64.to_be_bytes());
+        assert_eq!(parse(&packet), Some((ANSWER, 7)));
+        assert_eq!(parse(&packet[..HEADER - 1]), None);
+        packet[0] = b'X';
+        assert_eq!(parse(&packet), None);
+    }
+
+    #[test]
+    fn jitter_stays_within_a_tenth_of_the_interval() {
+        let interval = Duration::from_secs(2);
+        for device in ["kup-00000000", "kup-deadbeef", "kup-12345678"] {
+            let j = Jitter::new(device);
+            assert!(j.start(interval) < interval);
+            for round in 0..200 {
+                let d = j.interval(interval, round);
+                assert!(d >= Duration::from_millis(1800) && d <= Duration::from_millis(2200));
+            }
+        }
+    }
+}
