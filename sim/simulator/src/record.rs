@@ -6,7 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{Hash, Hasher};
 use std::time::Duration;
 
-use kuport_core::plan::Plan;
+use kuport_core::keys::NodePair;
+use kuport_core::plan::{Plan, PortMapWrite};
 use kuport_core::snapshot::Snapshot;
 
 /// One broken invariant.
@@ -120,6 +121,10 @@ impl Observations {
             }
         }
         for write in &plan.writes.portmaps {
+            if let Some(detail) = unacknowledged(snapshot, write) {
+                self.found
+                    .push(("acknowledged", format!("{node} writes {detail}")));
+            }
             let writer = plan
                 .portmaps
                 .iter()
@@ -136,4 +141,60 @@ impl Observations {
             }
         }
     }
+}
+
+/// A `Programmed=True` write for a mapping whose pod's node, or a node it is published on, had
+/// not acknowledged their return link (both ends listing it at its claimed slot) in the
+/// snapshot the writer planned from: what the write claims, if it claims too much.
+fn unacknowledged(snapshot: &Snapshot, write: &PortMapWrite) -> Option<String> {
+    let programmed = write
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Programmed")?;
+    if programmed.status != "True" {
+        return None;
+    }
+    let pod_node = write.status.endpoint.as_ref()?.node.as_str();
+    let class_name = &snapshot
+        .portmaps
+        .iter()
+        .find(|p| {
+            p.metadata.namespace.as_deref() == Some(&write.namespace)
+                && p.metadata.name.as_deref() == Some(&write.name)
+        })?
+        .spec
+        .class_name;
+    let class = snapshot
+        .classes
+        .iter()
+        .find(|c| c.metadata.name.as_deref() == Some(class_name))?;
+    let status = class.status.clone().unwrap_or_default();
+    let lists = |end: &str, peer: &str, slot: i32| {
+        status
+            .nodes
+            .iter()
+            .any(|r| r.name == end && r.links.iter().any(|l| l.peer == peer && l.slot == slot))
+    };
+    let mut published: Vec<&str> = write
+        .status
+        .published
+        .iter()
+        .map(|p| p.node.as_str())
+        .filter(|n| *n != pod_node)
+        .collect();
+    published.dedup();
+    for node in published {
+        let key = NodePair::new(node, pod_node)?.to_string();
+        let slot = status.links.iter().find(|c| c.key == key).map(|c| c.slot);
+        let acked =
+            slot.is_some_and(|slot| lists(node, pod_node, slot) && lists(pod_node, node, slot));
+        if !acked {
+            return Some(format!(
+                "Programmed=True for PortMap {}/{} although link {key} is not acknowledged by both ends",
+                write.namespace, write.name
+            ));
+        }
+    }
+    None
 }

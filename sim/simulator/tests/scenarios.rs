@@ -314,6 +314,29 @@ fn a_writer_rule_letting_every_node_write_is_caught() {
 }
 
 #[test]
+fn a_gate_that_ignores_the_pod_nodes_acknowledgement_is_caught() {
+    // Every pass declares every mapping with an endpoint programmed, acknowledged or not.
+    let plan_fault: kuport::agent::PassHook = std::sync::Arc::new(|_snapshot, plan| {
+        for w in &mut plan.writes.portmaps {
+            if w.status.endpoint.is_none() {
+                continue;
+            }
+            for c in &mut w.status.conditions {
+                if c.type_ == "Programmed" {
+                    c.status = "True".into();
+                    c.reason = "AllNodesReady".into();
+                }
+            }
+        }
+    });
+    let variant = Variant {
+        plan_fault: Some(plan_fault),
+        wire_fault: None,
+    };
+    caught(&STEADY, variant, "acknowledged");
+}
+
+#[test]
 fn a_slot_landing_that_ignores_existing_claims_is_caught() {
     // The plan's own proposals are checked again by the merge (it lands a claim only on a free
     // slot), so the broken allocation is put where both meet: the written status itself.
