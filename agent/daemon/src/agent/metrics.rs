@@ -122,6 +122,8 @@ pub struct Metrics {
     host_events: Family<Labels, Counter>,
     conntrack_sweeps: Family<Labels, Counter>,
     conntrack_cleared: Counter,
+    link_up: Family<Labels, Gauge>,
+    link_rtt: Family<Labels, Gauge<f64, AtomicU64>>,
     mapping_counters: Arc<MappingCounters>,
 }
 
@@ -225,6 +227,19 @@ impl Metrics {
             "Conntrack entries deleted because their flow was no longer translated as the node programs it (mapping deleted, endpoint moved, link gone, or a flow that arrived before its mapping)",
             conntrack_cleared.clone(),
         );
+        let link_up = Family::<Labels, Gauge>::default();
+        registry.register(
+            "link_up",
+            "Return links of this node by class and peer: 1 while its probes across the link are answered, 0 once they found it down (absent before the first verdict)",
+            link_up.clone(),
+        );
+        let link_rtt = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+        registry.register_with_unit(
+            "link_rtt",
+            "Median round trip of the last probes across each return link, by class and peer",
+            prometheus_client::registry::Unit::Seconds,
+            link_rtt.clone(),
+        );
         let mapping_counters = Arc::new(MappingCounters::default());
         registry.register_collector(Box::new(mapping_counters.clone()));
         let metrics = Self {
@@ -243,10 +258,30 @@ impl Metrics {
             host_events,
             conntrack_sweeps,
             conntrack_cleared,
+            link_up,
+            link_rtt,
             mapping_counters,
         };
         metrics.create_labelled_series();
         metrics
+    }
+
+    /// The verdicts of the probes across this node's links, replacing the last ones (a link
+    /// gone takes its series with it).
+    pub fn set_link_probes(&self, probes: &[kuport_core::snapshot::LinkProbe]) {
+        self.link_up.clear();
+        self.link_rtt.clear();
+        for p in probes {
+            let labels = vec![("class", p.class.clone()), ("peer", p.peer.clone())];
+            if let Some(up) = p.up {
+                self.link_up.get_or_create(&labels).set(i64::from(up));
+            }
+            if let Some(rtt) = p.rtt_microseconds {
+                self.link_rtt
+                    .get_or_create(&labels)
+                    .set(f64::from(rtt) / 1_000_000.0);
+            }
+        }
     }
 
     /// Creates the labelled series up front, so a scrape shows zeros rather than nothing.
@@ -520,5 +555,41 @@ impl Collector for MappingCounters {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kuport_core::snapshot::LinkProbe;
+
+    use super::*;
+
+    #[test]
+    fn link_verdicts_replace_the_last_ones_and_a_link_without_one_has_no_series() {
+        let metrics = Metrics::new();
+        let probe = |peer: &str, up: Option<bool>| LinkProbe {
+            class: "public".into(),
+            peer: peer.into(),
+            up,
+            rtt_microseconds: Some(1500),
+            ..LinkProbe::default()
+        };
+        metrics.set_link_probes(&[
+            probe("n2", Some(true)),
+            probe("n3", Some(false)),
+            probe("n4", None),
+        ]);
+        let text = metrics.encode().expect("encode");
+        assert!(text.contains(r#"kuport_link_up{class="public",peer="n2"} 1"#), "{text}");
+        assert!(text.contains(r#"kuport_link_up{class="public",peer="n3"} 0"#), "{text}");
+        assert!(!text.contains(r#"kuport_link_up{class="public",peer="n4"}"#), "{text}");
+        assert!(
+            text.contains(r#"kuport_link_rtt_seconds{class="public",peer="n2"} 0.0015"#),
+            "{text}"
+        );
+        metrics.set_link_probes(&[probe("n3", Some(true))]);
+        let text = metrics.encode().expect("encode");
+        assert!(!text.contains(r#"peer="n2""#), "a link gone takes its series: {text}");
+        assert!(text.contains(r#"kuport_link_up{class="public",peer="n3"} 1"#), "{text}");
     }
 }

@@ -80,6 +80,7 @@ impl<H: Host> Agent<H> {
         facts.refusals = self.refusals.clone();
         if let Some(probes) = &self.probes {
             facts.link_probes = probes.facts();
+            self.metrics.set_link_probes(&facts.link_probes);
         }
         let underlay = facts.underlay_device.clone().map(|d| vec![d]);
 
