@@ -580,16 +580,31 @@ mod tests {
             probe("n4", None),
         ]);
         let text = metrics.encode().expect("encode");
-        assert!(text.contains(r#"kuport_link_up{class="public",peer="n2"} 1"#), "{text}");
-        assert!(text.contains(r#"kuport_link_up{class="public",peer="n3"} 0"#), "{text}");
-        assert!(!text.contains(r#"kuport_link_up{class="public",peer="n4"}"#), "{text}");
+        assert!(
+            text.contains(r#"kuport_link_up{class="public",peer="n2"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"kuport_link_up{class="public",peer="n3"} 0"#),
+            "{text}"
+        );
+        assert!(
+            !text.contains(r#"kuport_link_up{class="public",peer="n4"}"#),
+            "{text}"
+        );
         assert!(
             text.contains(r#"kuport_link_rtt_seconds{class="public",peer="n2"} 0.0015"#),
             "{text}"
         );
         metrics.set_link_probes(&[probe("n3", Some(true))]);
         let text = metrics.encode().expect("encode");
-        assert!(!text.contains(r#"peer="n2""#), "a link gone takes its series: {text}");
-        assert!(text.contains(r#"kuport_link_up{class="public",peer="n3"} 1"#), "{text}");
+        assert!(
+            !text.contains(r#"peer="n2""#),
+            "a link gone takes its series: {text}"
+        );
+        assert!(
+            text.contains(r#"kuport_link_up{class="public",peer="n3"} 1"#),
+            "{text}"
+        );
     }
 }
