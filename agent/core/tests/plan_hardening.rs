@@ -618,11 +618,12 @@ fn stand_in_addresses_are_refused_as_interface_and_node_addresses() {
     );
     let plan = remote().plan_with("edge-a", &f);
     let row = &plan.writes.class_rows[0].row;
-    assert!(!row.ready);
+    // The node still serves on its other interface, and says which it does not serve on.
+    assert!(row.ready);
     assert!(
-        row.message
-            .as_deref()
-            .is_some_and(|m| m.contains("enp1s0") && m.contains("169.254.107.0/24")),
+        row.message.as_deref().is_some_and(|m| m.contains("enp1s0")
+            && m.contains("169.254.107.0/24")
+            && m.ends_with("serving on wt0 only")),
         "{:?}",
         row.message
     );

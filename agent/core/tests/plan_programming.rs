@@ -30,6 +30,55 @@ fn same_node_mapping_is_programmed() {
     assert!(d.links.is_empty());
 }
 
+/// The class gives edge-a `enp1s0` and `wt0`; the host has only `enp1s0`. The datapath
+/// serves on `enp1s0`, and status says the same: the row is ready and names `wt0`, the mapping
+/// is programmed with the missing interface in its message.
+#[test]
+fn a_node_missing_one_class_interface_serves_on_the_others_and_says_so() {
+    let mut c = same_node().portmap(pm("games", "gs", "public", 3000));
+    let only_enp1s0 = facts(&[("enp1s0", "203.0.113.9")], "enp1s0", 1400);
+    let plan = c.plan_with("edge-a", &only_enp1s0);
+    let row = plan.writes.class_rows[0].row.clone();
+    assert!(row.ready, "one interface resolves: the node serves");
+    assert_eq!(
+        row.message.as_deref(),
+        Some("interface wt0 not present; serving on enp1s0 only")
+    );
+    let steered: Vec<String> = plan
+        .host_state
+        .nft
+        .rules(kuport_core::ir::ChainId::Steer)
+        .iter()
+        .filter_map(|r| match r {
+            kuport_core::ir::Rule::Steer(s) => Some(s.iif.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        steered,
+        ["enp1s0"],
+        "captured only where the address exists"
+    );
+    // The row as written: the mapping is programmed, and says where it is not served.
+    let status = c.class_mut("public").status.as_mut().expect("status");
+    status.nodes.retain(|r| r.name != "edge-a");
+    status.nodes.push(row);
+    let (reason, message) = programmed(&c, "games", "gs");
+    assert_eq!(reason, P::AllNodesReady);
+    assert_eq!(
+        message,
+        "programmed, but on node edge-a, interface wt0 not present; serving on enp1s0 only"
+    );
+    // Control: with no interface at all the node is not ready.
+    let none = facts(&[], "enp1s0", 1400);
+    let row = &c.plan_with("edge-a", &none).writes.class_rows[0].row;
+    assert!(!row.ready);
+    assert_eq!(
+        row.message.as_deref(),
+        Some("interface enp1s0 not present; interface wt0 not present")
+    );
+}
+
 #[test]
 fn no_ready_endpoint_variants() {
     let cases: Vec<(&str, Cluster)> = vec![

@@ -367,10 +367,12 @@ pub struct ClassNodeStatus {
     #[schemars(length(max = 253))]
     pub name: String,
 
-    /// True when every interface the class gives this node resolves to an IPv4 address.
+    /// True when at least one interface the class gives this node resolves to an IPv4 address
+    /// (the node serves on those; `message` names the others).
     pub ready: bool,
 
-    /// Why the node is not ready, for example "interface wt0 not present".
+    /// Why the node is not ready, or which of its interfaces it does not serve on, for example
+    /// "interface wt0 not present; serving on eth0 only".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 1024))]
     pub message: Option<String>,

@@ -881,8 +881,11 @@ fn firewall_note(index: &Index, class: &str, d: &MappingDecision) -> String {
         .iter()
         .filter_map(|node| index.row(class, node).map(|row| (node, row)))
         .flat_map(|(node, row)| {
-            row.warnings
-                .iter()
+            // A ready row with a message: some of the node's interfaces are missing.
+            let missing = row.message.as_ref().filter(|_| row.ready);
+            missing
+                .into_iter()
+                .chain(&row.warnings)
                 .map(move |w| format!("on node {node}, {w}"))
         })
         .collect();

@@ -199,9 +199,12 @@ fn class_row(
         now,
     );
     let underlay_mtu = facts.underlay_mtu.and_then(|m| i32::try_from(m).ok());
+    // A node serves on the interfaces it has: ready while at least one resolves, with the
+    // missing ones named (the datapath serves on what exists, so status says the same).
+    let ready = missing.is_none() || !addresses.is_empty();
     let row = ClassNodeStatus {
         name: this_node.to_owned(),
-        ready: missing.is_none(),
+        ready,
         message: missing.map(|m| cut_bytes(&m, limits::MESSAGE).into_owned()),
         underlay_mtu,
         link_mtu: underlay_mtu.map(|m| m - VXLAN_OVERHEAD as i32),
@@ -347,26 +350,30 @@ fn interface_addresses(
     facts: &HostFacts,
 ) -> (BTreeMap<String, String>, Option<String>) {
     let mut addresses = BTreeMap::new();
-    let mut missing = None;
+    let mut missing = Vec::new();
     for iface in interfaces {
         match facts.interfaces.get(iface) {
             Some(addr) if crate::ir::in_stand_in_block(*addr) => {
                 let (block, len) = crate::ir::STAND_IN_BLOCK;
-                missing.get_or_insert_with(|| {
-                    format!(
-                        "interface {iface} has address {addr}, inside {block}/{len}, which kuport reserves for its stand-in address"
-                    )
-                });
+                missing.push(format!(
+                    "interface {iface} has address {addr}, inside {block}/{len}, which kuport reserves for its stand-in address"
+                ));
             }
             Some(addr) => {
                 addresses.insert(iface.clone(), addr.to_string());
             }
-            None => {
-                missing.get_or_insert_with(|| format!("interface {iface} not present"));
-            }
+            None => missing.push(format!("interface {iface} not present")),
         }
     }
-    (addresses, missing)
+    if missing.is_empty() {
+        return (addresses, None);
+    }
+    let mut message = missing.join("; ");
+    if !addresses.is_empty() {
+        let serving: Vec<&str> = addresses.keys().map(String::as_str).collect();
+        message = format!("{message}; serving on {} only", serving.join(", "));
+    }
+    (addresses, Some(message))
 }
 
 /// The CNI facts as a row reports them, cut to the schema's lengths.
