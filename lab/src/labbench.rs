@@ -187,7 +187,117 @@ async fn measure(runner: &mut Runner<'_>) -> Result<Vec<Measurement>> {
     out.push(endpoint_unready(runner, client).await?);
     out.push(pod_moved(runner, client).await?);
     out.push(node_not_ready(runner, client).await?);
+    out.push(probe_cost(runner).await?);
+    out.push(link_broken(runner).await?);
     Ok(out)
+}
+
+/// The probes' own traffic on one idle link: the bytes and packets worker-c's link to edge-a
+/// sends in 20 s while no mapping traffic uses it (the inner frames, Ethernet header included,
+/// as the link device counts them).
+async fn probe_cost(runner: &Runner<'_>) -> Result<Measurement> {
+    const SPAN: Duration = Duration::from_secs(20);
+    let worker = runner.topo.node("worker-c")?.ns.clone();
+    let read = || -> Result<(u64, u64)> {
+        let out = crate::sys::sh(
+            &worker,
+            "for d in /sys/class/net/kup-*; do echo $(cat $d/statistics/tx_bytes) $(cat $d/statistics/tx_packets); done",
+        )?;
+        // The first link: every link of worker-c carries only probes meanwhile.
+        let line = out.lines().next().context("worker-c has no kup- link")?;
+        let mut words = line.split_whitespace().map(str::parse::<u64>);
+        match (words.next(), words.next()) {
+            (Some(Ok(bytes)), Some(Ok(packets))) => Ok((bytes, packets)),
+            _ => bail!("unreadable link counters: {line:?}"),
+        }
+    };
+    let (b0, p0) = read()?;
+    tokio::time::sleep(SPAN).await;
+    let (b1, p1) = read()?;
+    let secs = SPAN.as_secs_f64();
+    let bytes = (b1 - b0) as f64 / secs;
+    Ok(Measurement {
+        name: "probe traffic of one idle return link, each direction".into(),
+        value: bytes,
+        unit: "B/s".into(),
+        samples: 1,
+        baseline: None,
+        target: "small against any mapping's traffic (design: ≈ 70 B/s of payload)".into(),
+        met: None,
+        note: format!(
+            "{:.2} packets/s, inner frames as the link device counts them over {} s",
+            (p1 - p0) as f64 / secs,
+            SPAN.as_secs()
+        ),
+    })
+}
+
+/// The mesh drops the link port between edge-a and worker-b; the time until the mapping over
+/// that link reads `Programmed=False ReturnLinkDown`, then the drop is lifted and it recovers.
+async fn link_broken(runner: &mut Runner<'_>) -> Result<Measurement> {
+    const SAMPLES: usize = 6;
+    let mut samples = Vec::new();
+    for _ in 0..SAMPLES {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let t0 = Instant::now();
+        host_exec(
+            runner,
+            "worker-b",
+            "nft add table ip kl-benchfault && nft add chain ip kl-benchfault in '{ type filter hook prerouting priority -400; }' && nft add rule ip kl-benchfault in iifname wt0 ip saddr ${mesh:edge-a} udp dport 4790 drop",
+        )
+        .await?;
+        let down = status_reads(runner, "ReturnLinkDown").await;
+        samples.push(t0.elapsed().as_secs_f64() * 1000.0);
+        host_exec(runner, "worker-b", "nft delete table ip kl-benchfault").await?;
+        down?;
+        status_reads(runner, "AllNodesReady").await?;
+    }
+    let (p50, p99) = (percentile(&samples, 50.0), percentile(&samples, 99.0));
+    Ok(Measurement {
+        name: "link broken (mesh drops the link port) → mapping reported not Programmed".into(),
+        value: p50,
+        unit: "ms p50".into(),
+        samples: samples.len(),
+        baseline: None,
+        target: "within 3 probe intervals and a status write: ≤ 10 s".into(),
+        met: Some(p99 <= 10_000.0),
+        note: format!(
+            "p99 {p99:.0} ms{}; from the drop rule to the PortMap's ReturnLinkDown as read from the API server (polled every 200 ms), probes every 2 s",
+            slowest(&samples)
+        ),
+    })
+}
+
+async fn host_exec(runner: &mut Runner<'_>, node: &str, command: &str) -> Result<()> {
+    let step = Step::HostExec(scenario::HostExec {
+        name: None,
+        node: node.into(),
+        command: command.into(),
+    });
+    let r = runner.step(&step, 0).await;
+    if !r.ok {
+        bail!("hostExec on {node}: {}", r.detail);
+    }
+    Ok(())
+}
+
+/// Waits until the `game` mapping's `Programmed` reason is `reason`.
+async fn status_reads(runner: &mut Runner<'_>, reason: &str) -> Result<()> {
+    let step = Step::ExpectStatus(scenario::ExpectStatus {
+        name: None,
+        portmap: "games/game".into(),
+        accepted: None,
+        programmed: Some(reason.into()),
+        endpoint_node: None,
+        published: None,
+        timeout_seconds: 30,
+        hold_seconds: 0,
+    });
+    let r = runner.step(&step, 0).await;
+    if !r.ok {
+        bail!("the game mapping never read {reason}: {}", r.detail);
+    }
+    Ok(())
 }
 
 /// TCP throughput through the mapping, through the same hops routed without kuport and over
