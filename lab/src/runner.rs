@@ -991,7 +991,8 @@ impl Runner<'_> {
             .iter()
             .map(|w| self.expand(w))
             .collect::<Result<_>>()?;
-        let deadline = Instant::now() + Duration::from_secs(c.timeout_seconds);
+        let started = Instant::now();
+        let deadline = started + Duration::from_secs(c.timeout_seconds);
         loop {
             let out = tokio::process::Command::new("ip")
                 .args(["netns", "exec", UL_NS])
@@ -1008,7 +1009,8 @@ impl Runner<'_> {
                     ok,
                     json!({"command": command.join(" "), "exit": exit, "expectExit": c.expect_exit,
                            "missing": missing, "output": stdout.trim_end(),
-                           "stderr": String::from_utf8_lossy(&out.stderr).trim()}),
+                           "stderr": String::from_utf8_lossy(&out.stderr).trim(),
+                           "seconds": (started.elapsed().as_secs_f64() * 10.0).round() / 10.0}),
                 ));
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
