@@ -107,6 +107,13 @@ impl AgentPods {
         nodes: &[(String, String, Ipv4Addr)],
         log: PathBuf,
     ) -> Result<Self> {
+        // A fresh log per run, as the processes' logs are.
+        match std::fs::remove_file(&log) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(e).with_context(|| format!("removing the old {}", log.display()));
+            }
+            _ => {}
+        }
         let mut state = State::default();
         for (name, ns, host_ip) in nodes {
             state.agents.insert(
@@ -262,6 +269,8 @@ fn run(shared: &Shared, kubeconfig: &Path, api_netns: &Path, log: &Path) -> Resu
         .context("starting the agent Pods' runtime")?;
     let cluster = rt.block_on(Cluster::connect(kubeconfig, false))?;
     let mut written: BTreeMap<String, Written> = BTreeMap::new();
+    // Consecutive failed `/readyz` answers of each ready agent.
+    let mut failures: BTreeMap<String, u32> = BTreeMap::new();
     let mut daemon_set: Option<(usize, usize)> = None;
     let mut last_error = String::new();
     loop {
@@ -279,8 +288,15 @@ fn run(shared: &Shared, kubeconfig: &Path, api_netns: &Path, log: &Path) -> Resu
         let mut done = Vec::new();
         let mut errors = Vec::new();
         for (node, generation, o) in snapshot {
-            let view = observe(&o.ns, o.pid, o.starts, o.stopped_by);
-            match rt.block_on(write_pod(&cluster, &node, o.host_ip, view, &mut written)) {
+            let seen = observe(&o.ns, o.pid, o.starts, o.stopped_by);
+            let view = debounce(
+                written.get(&node).map(|w| &w.view),
+                seen,
+                failures.entry(node.clone()).or_default(),
+            );
+            let what = format!("the Pod of node {node} ({view:?})");
+            let write = write_pod(&cluster, &node, o.host_ip, view, &mut written);
+            match rt.block_on(bounded(write)).with_context(|| what) {
                 Ok(()) => done.push((node, generation)),
                 Err(e) => errors.push(format!("{e:#}")),
             }
@@ -288,7 +304,11 @@ fn run(shared: &Shared, kubeconfig: &Path, api_netns: &Path, log: &Path) -> Resu
         let desired = written.len();
         let ready = written.values().filter(|w| w.view.ready()).count();
         if daemon_set != Some((desired, ready)) {
-            match rt.block_on(write_daemon_set(&cluster, desired, ready)) {
+            let write = bounded(write_daemon_set(&cluster, desired, ready));
+            match rt
+                .block_on(write)
+                .with_context(|| format!("the DaemonSet ({ready} of {desired} ready)"))
+            {
                 Ok(()) => daemon_set = Some((desired, ready)),
                 Err(e) => {
                     errors.push(format!("{e:#}"));
@@ -322,6 +342,41 @@ fn run(shared: &Shared, kubeconfig: &Path, api_netns: &Path, log: &Path) -> Resu
             std::thread::sleep(POLL);
         }
     }
+}
+
+/// How many `/readyz` failures in a row turn a running agent's Pod not ready: the shipped
+/// readiness probe's `failureThreshold` (a kubelet ignores one slow answer; the lab's polls are
+/// 200 ms apart instead of its 5 s, so this is 0.6 s). A process that ended turns it at once.
+const FAILURE_THRESHOLD: u32 = 3;
+
+/// How long one write may take: the API client retries a refused connection for as long as
+/// the API server is unreachable, which would stall the loop (and a stop step's wait) for the
+/// whole outage; a write cut short is tried again at the next poll.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+
+async fn bounded(write: impl std::future::Future<Output = Result<()>>) -> Result<()> {
+    tokio::time::timeout(WRITE_TIMEOUT, write)
+        .await
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("no answer within {WRITE_TIMEOUT:?}")))
+}
+
+/// What a kubelet's readiness probe makes of `seen` after the Pod said `written`: a ready
+/// agent's Pod turns not ready only after [`FAILURE_THRESHOLD`] failed answers in a row
+/// (`failures` counts them), anything else is taken as seen.
+fn debounce(written: Option<&PodView>, seen: PodView, failures: &mut u32) -> PodView {
+    let was_ready = written.is_some_and(|w| w.ready() && w.restarts == seen.restarts);
+    if seen.container == (Container::Running { ready: false }) && was_ready {
+        *failures += 1;
+        if *failures < FAILURE_THRESHOLD {
+            return PodView {
+                container: Container::Running { ready: true },
+                ..seen
+            };
+        }
+    } else {
+        *failures = 0;
+    }
+    seen
 }
 
 /// Appends a line to the log of the agent Pods' kubelet.
@@ -676,6 +731,39 @@ mod tests {
             observe("unused", None, 0, None).container,
             Container::Creating
         );
+    }
+
+    #[test]
+    fn a_ready_pod_turns_not_ready_after_three_failed_answers_in_a_row() {
+        let running = |ready, restarts| PodView {
+            container: Container::Running { ready },
+            restarts,
+        };
+        let mut failures = 0;
+        let ready = running(true, 0);
+        for _ in 0..2 {
+            let v = debounce(Some(&ready), running(false, 0), &mut failures);
+            assert!(v.ready(), "one slow answer is not a failure yet");
+        }
+        // An answer in between starts the count again.
+        assert!(debounce(Some(&ready), running(true, 0), &mut failures).ready());
+        assert_eq!(failures, 0);
+        let mut last = ready.clone();
+        for _ in 0..3 {
+            last = debounce(Some(&ready), running(false, 0), &mut failures);
+        }
+        assert!(!last.ready(), "three in a row");
+        // A process that ended, or a restarted one not ready yet, is taken at once.
+        let ended = PodView {
+            container: Container::Terminated {
+                reason: "Error",
+                exit_code: 1,
+            },
+            restarts: 0,
+        };
+        assert_eq!(debounce(Some(&ready), ended.clone(), &mut 0), ended);
+        assert!(!debounce(Some(&ready), running(false, 1), &mut 0).ready());
+        assert!(!debounce(None, running(false, 0), &mut 0).ready());
     }
 
     #[test]
