@@ -263,7 +263,7 @@ impl Cluster {
     }
 
     /// A merge patch of an object's status subresource.
-    async fn merge_status(
+    pub async fn merge_status(
         &self,
         kind: &str,
         namespace: Option<&str>,
@@ -281,10 +281,12 @@ impl Cluster {
     }
 
     /// The DaemonSet `kuport-system/kuport-agent` and one Pod of it per node (named
-    /// `kuport-agent-<node>`, owned by it), as the DaemonSet controller would make them.
+    /// `kuport-agent-<node>`, owned by it), as the DaemonSet controller would make them, with
+    /// the labels `deploy/manifests` gives them (`kuport status` finds the agents by them).
+    /// Their status is written by [`crate::agentpods`], in step with the agent processes.
     pub async fn install_daemon_set(&self, nodes: &[String]) -> Result<()> {
         self.ensure_namespace(DAEMON_SET_NAMESPACE).await?;
-        self.apply(objects::agent_daemonset()).await?;
+        self.apply(agent_daemon_set()).await?;
         let ds = self
             .get(
                 "DaemonSet",
@@ -299,17 +301,7 @@ impl Cluster {
             .context("the DaemonSet has no uid")?
             .to_owned();
         for node in nodes {
-            self.apply(objects::agent_pod(node, &uid)).await?;
-        }
-        Ok(())
-    }
-
-    /// One Pod of the agent per node (`kuport-agent-<node>`, no owner) for the agents' tokens
-    /// to be bound to, when the scenario records no DaemonSet.
-    pub async fn install_agent_pods(&self, nodes: &[String]) -> Result<()> {
-        self.ensure_namespace(DAEMON_SET_NAMESPACE).await?;
-        for node in nodes {
-            self.apply(objects::bare_agent_pod(node)).await?;
+            self.apply(agent_pod(node, &uid)).await?;
         }
         Ok(())
     }
@@ -445,6 +437,40 @@ impl Cluster {
     }
 }
 
+/// The labels `deploy/manifests/daemonset.yaml` puts on the DaemonSet, its selector and its
+/// Pods (a unit test compares them with the file).
+const AGENT_LABELS: [(&str, &str); 2] = [
+    ("app.kubernetes.io/name", "kuport"),
+    ("app.kubernetes.io/component", "agent"),
+];
+
+fn agent_labels() -> Value {
+    Value::Object(
+        AGENT_LABELS
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), json!(v)))
+            .collect(),
+    )
+}
+
+/// The lab's agent DaemonSet: the testkit's, labelled as the shipped one.
+fn agent_daemon_set() -> Value {
+    let mut ds = objects::agent_daemonset();
+    ds["metadata"]["labels"] = agent_labels();
+    ds["spec"]["selector"]["matchLabels"] = agent_labels();
+    ds["spec"]["template"]["metadata"]["labels"] = agent_labels();
+    ds
+}
+
+/// The lab's agent Pod on `node`, owned by the DaemonSet with uid `daemonset_uid`, labelled
+/// as the DaemonSet's template; on the node's own network, as the shipped one.
+fn agent_pod(node: &str, daemonset_uid: &str) -> Value {
+    let mut pod = objects::agent_pod(node, daemonset_uid);
+    pod["metadata"]["labels"] = agent_labels();
+    pod["spec"]["hostNetwork"] = json!(true);
+    pod
+}
+
 /// The ports of a Service over `pods`: each distinct (name, protocol, port) of theirs, in order.
 fn service_ports(pods: &[&PodInfo]) -> Vec<Value> {
     let mut ports: Vec<Value> = Vec::new();
@@ -524,4 +550,33 @@ pub fn condition(obj: &Value, kind: &str) -> Option<(String, String, String)> {
             let s = |k: &str| c.get(k).and_then(Value::as_str).unwrap_or("").to_string();
             (s("status"), s("reason"), s("message"))
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The labels of the lab's DaemonSet, its selector and its Pods are the shipped ones.
+    #[test]
+    fn the_agents_are_labelled_as_the_manifests_label_them() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/manifests/daemonset.yaml");
+        let text = std::fs::read_to_string(&path).expect("the shipped DaemonSet");
+        let shipped: Value = serde_saphyr::from_str(&text).expect("YAML");
+        let ds = agent_daemon_set();
+        for pointer in [
+            "/metadata/labels",
+            "/spec/selector/matchLabels",
+            "/spec/template/metadata/labels",
+        ] {
+            assert_eq!(ds.pointer(pointer), shipped.pointer(pointer), "{pointer}");
+        }
+        let pod = agent_pod("worker-b", "uid-1");
+        assert_eq!(
+            pod.pointer("/metadata/labels"),
+            shipped.pointer("/spec/template/metadata/labels")
+        );
+        assert_eq!(pod["metadata"]["name"], "kuport-agent-worker-b");
+        assert_eq!(pod["spec"]["nodeName"], "worker-b");
+        assert_eq!(pod["metadata"]["ownerReferences"][0]["uid"], "uid-1");
+    }
 }

@@ -3,6 +3,7 @@
 //! `kuport agent` on every node against the API server model, and scenario files that probe the
 //! datapath from real clients. `cargo lab` runs every scenario in `lab/scenarios/`.
 
+mod agentpods;
 mod cluster;
 mod hostbench;
 mod hostres;

@@ -1,7 +1,7 @@
 //! A probe: a real client dials a node's address and checks who answered and what the pod saw.
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
@@ -86,13 +86,27 @@ fn ask_args(
     ]
 }
 
-async fn ask_once(topo: &Topology, ns: &str, p: &Probe, dialed: SocketAddr) -> Result<Answer> {
-    let timeout_ms = match (p.expect, p.protocol, p.bytes) {
-        // Refused means the ICMP or RST came within a second, never a silent timeout.
+/// How long one ask of a probe waits: refused means the ICMP or RST came within a second,
+/// never a silent timeout; a bulk TCP transfer gets 20 s.
+fn ask_timeout_ms(p: &Probe) -> u64 {
+    match (p.expect, p.protocol, p.bytes) {
         (Expect::Refused, _, _) => 1000,
         (_, Protocol::Tcp, Some(_)) => 20_000,
         _ => 2000,
-    };
+    }
+}
+
+/// How long each ask of a `withinSeconds` probe waits: short, so the time an answer came back
+/// is known to a quarter of a second.
+const WITHIN_ASK_MS: u64 = 250;
+
+async fn ask_once(
+    topo: &Topology,
+    ns: &str,
+    p: &Probe,
+    dialed: SocketAddr,
+    timeout_ms: u64,
+) -> Result<Answer> {
     let mut args = ask_args(topo, ns, p.protocol, dialed, timeout_ms);
     if let Some(size) = p.size {
         args.extend(["--size".into(), size.to_string()]);
@@ -142,13 +156,25 @@ async fn run_inner(topo: &Topology, p: &Probe) -> Result<(bool, Value)> {
         None => topo.address_of(&p.to.node, &p.to.interface)?,
     };
     let dialed = SocketAddr::V4(SocketAddrV4::new(addr, p.port));
+    let target = Dialed {
+        ns: &ns,
+        dialed,
+        addr,
+        client_ip,
+    };
+    if let Some(seconds) = p.within_seconds {
+        return within(topo, p, &target, Duration::from_secs_f64(seconds)).await;
+    }
+    if let Some(seconds) = p.hold_seconds {
+        return hold(topo, p, &target, Duration::from_secs_f64(seconds)).await;
+    }
     // A UDP datagram may be lost once (a first ARP, a link coming up): up to three tries.
     let tries = if p.protocol == Protocol::Udp { 3 } else { 1 };
     let mut answer = Answer::default();
     let mut attempts = 0;
     for _ in 0..tries {
         attempts += 1;
-        answer = ask_once(topo, &ns, p, dialed).await?;
+        answer = ask_once(topo, &ns, p, dialed, ask_timeout_ms(p)).await?;
         if answer.outcome != "timeout" {
             break;
         }
@@ -158,6 +184,76 @@ async fn run_inner(topo: &Topology, p: &Probe) -> Result<(bool, Value)> {
         }
     }
     let ok = judge(p, &answer, dialed, addr, client_ip);
+    Ok((ok, detail_of(p, &answer, dialed, attempts)))
+}
+
+/// Where a probe goes and from which client address.
+struct Dialed<'a> {
+    ns: &'a str,
+    dialed: SocketAddr,
+    addr: Ipv4Addr,
+    client_ip: Ipv4Addr,
+}
+
+/// `withinSeconds`: short asks until one matches; the detail gives `afterMillis`, when the
+/// matching answer came back, counted from the step's start.
+async fn within(
+    topo: &Topology,
+    p: &Probe,
+    t: &Dialed<'_>,
+    bound: Duration,
+) -> Result<(bool, Value)> {
+    let started = Instant::now();
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let answer = ask_once(topo, t.ns, p, t.dialed, WITHIN_ASK_MS).await?;
+        let ok = judge(p, &answer, t.dialed, t.addr, t.client_ip);
+        let elapsed = started.elapsed();
+        if ok || elapsed >= bound {
+            let mut detail = detail_of(p, &answer, t.dialed, attempts);
+            detail["withinMillis"] = json!(bound.as_millis() as u64);
+            if ok {
+                detail["afterMillis"] = json!(elapsed.as_millis() as u64);
+            }
+            return Ok((ok && elapsed <= bound, detail));
+        }
+        if answer.outcome != "timeout" {
+            // A fast refusal: do not spin.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// `holdSeconds`: asks, each waiting its usual time, until the period is over; every one must
+/// match. The detail gives `heldMillis`, and `brokeAfterMillis` when one did not.
+async fn hold(
+    topo: &Topology,
+    p: &Probe,
+    t: &Dialed<'_>,
+    period: Duration,
+) -> Result<(bool, Value)> {
+    let started = Instant::now();
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let answer = ask_once(topo, t.ns, p, t.dialed, ask_timeout_ms(p)).await?;
+        let ok = judge(p, &answer, t.dialed, t.addr, t.client_ip);
+        let elapsed = started.elapsed().as_millis() as u64;
+        if !ok || started.elapsed() >= period {
+            let mut detail = detail_of(p, &answer, t.dialed, attempts);
+            detail["holdMillis"] = json!(period.as_millis() as u64);
+            detail[if ok { "heldMillis" } else { "brokeAfterMillis" }] = json!(elapsed);
+            return Ok((ok, detail));
+        }
+        if answer.outcome != "timeout" {
+            tokio::time::sleep(POLL).await;
+        }
+    }
+}
+
+/// The report contract's probe detail of one answer.
+fn detail_of(p: &Probe, answer: &Answer, dialed: SocketAddr, attempts: u32) -> Value {
     let mut detail = json!({
         "dialed": dialed.to_string(),
         "replyFrom": answer.from,
@@ -175,7 +271,7 @@ async fn run_inner(topo: &Topology, p: &Probe) -> Result<(bool, Value)> {
     if let Some(mtu) = answer.mtu {
         detail["mtu"] = json!(mtu);
     }
-    Ok((ok, detail))
+    detail
 }
 
 /// Whether `answer` is what the probe expects: a reply from the address dialed that saw the

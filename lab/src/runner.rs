@@ -3,16 +3,15 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use kuport_testkit::objects;
 use rustix::process::Signal;
-use rustix::thread::{LinkNameSpaceType, move_into_link_name_space};
 use serde_json::{Value, json};
 
+use crate::agentpods::{self, AGENT_HTTP, AgentPods};
 use crate::cluster::{Cluster, condition};
 use crate::image::{self, AgentImage};
 use crate::probe;
@@ -21,33 +20,10 @@ use crate::scenario::{self, Protocol, Scenario, SignalName, Step};
 use crate::sys::{self, Lab};
 use crate::topology::{self, API_ADDR, Topology, UL_NS};
 
-/// Where the lab's agents serve `/metrics`, inside their node's namespace.
-const AGENT_METRICS: &str = "127.0.0.1:8081";
-
-/// The number of passes (ok and failed) the agent in `ns` has run, from its `/metrics`. The
-/// request runs on its own thread, which enters the node's namespace and ends with it.
+/// The number of passes (ok and failed) the agent in `ns` has run, from its `/metrics`.
 fn agent_passes(ns: &str) -> Result<u64> {
-    use std::io::{Read, Write};
-    let netns = File::open(Path::new("/run/netns").join(ns))
-        .with_context(|| format!("opening the namespace {ns}"))?;
-    let body = std::thread::scope(|scope| {
-        scope
-            .spawn(|| -> Result<String> {
-                enter_netns_of(&netns)?;
-                let addr: std::net::SocketAddr =
-                    AGENT_METRICS.parse().context("metrics address")?;
-                let mut stream =
-                    std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
-                stream.set_read_timeout(Some(Duration::from_secs(2)))?;
-                stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: agent\r\n\r\n")?;
-                let mut text = String::new();
-                stream.read_to_string(&mut text)?;
-                Ok(text)
-            })
-            .join()
-            .map_err(|_| anyhow::anyhow!("the metrics reader thread panicked"))?
-    })
-    .with_context(|| format!("reading the agent's metrics in {ns}"))?;
+    let (_, body) = agentpods::http_get(ns, AGENT_HTTP, "/metrics", Duration::from_secs(2))
+        .with_context(|| format!("reading the agent's metrics in {ns}"))?;
     passes_in(&body).with_context(|| format!("no kuport_passes_total in the metrics of {ns}"))
 }
 
@@ -62,19 +38,10 @@ fn passes_in(text: &str) -> Option<u64> {
     (!values.is_empty()).then(|| values.iter().sum())
 }
 
-/// Moves this thread into a named network namespace. The lab's API client runs on this
-/// thread, so its sockets live in the underlay namespace where the API server listens.
-pub fn enter_netns(path: &Path) -> Result<()> {
-    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    enter_netns_of(&file)
-        .with_context(|| format!("entering the network namespace {}", path.display()))
-}
+pub use crate::sys::{enter_netns, enter_netns_of};
 
-/// Moves this thread into the network namespace an open handle refers to.
-pub fn enter_netns_of(file: &File) -> Result<()> {
-    move_into_link_name_space(file.as_fd(), Some(LinkNameSpaceType::Network))
-        .context("switching network namespace")
-}
+/// How long a `stopAgent` step waits for the agent's Pod to say so.
+const POD_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Which API server a scenario runs against.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -107,6 +74,8 @@ pub struct Runner<'a> {
     /// The real control plane, while it runs (dropping it stops it).
     control_plane: Option<kuport_realapi::ControlPlane>,
     cluster: Option<Cluster>,
+    /// Keeps the agents' Pods and DaemonSet in step with the agent processes.
+    agent_pods: Option<AgentPods>,
     snapshots: BTreeMap<(String, String), String>,
     /// The host listeners started, by (node, protocol, port), with their pids.
     host_listeners: BTreeMap<(String, Protocol, u16), i32>,
@@ -145,6 +114,7 @@ pub async fn run_scenario(
             api,
             control_plane: None,
             cluster: None,
+            agent_pods: None,
             snapshots: BTreeMap::new(),
             host_listeners: BTreeMap::new(),
         };
@@ -214,6 +184,7 @@ impl<'a> Runner<'a> {
             api: ApiServer::Model,
             control_plane: None,
             cluster: None,
+            agent_pods: None,
             snapshots: BTreeMap::new(),
             host_listeners: BTreeMap::new(),
         };
@@ -260,13 +231,22 @@ impl Runner<'_> {
         if !self.topo.scenario.objects.trim().is_empty() {
             cluster.apply_yaml(&self.topo.scenario.objects).await?;
         }
+        // Every scenario records the DaemonSet and its Pods: `kuport status` judges the agents
+        // by them (and against the real control plane each agent's token is bound to its Pod).
         let nodes: Vec<String> = self.topo.nodes.iter().map(|n| n.name.clone()).collect();
-        if self.topo.scenario.daemon_set {
-            cluster.install_daemon_set(&nodes).await?;
-        } else if real {
-            // Each agent's token is bound to a Pod of the agent on its node.
-            cluster.install_agent_pods(&nodes).await?;
-        }
+        cluster.install_daemon_set(&nodes).await?;
+        let kubelet_nodes: Vec<(String, String, std::net::Ipv4Addr)> = self
+            .topo
+            .nodes
+            .iter()
+            .map(|n| (n.name.clone(), n.ns.clone(), n.mesh))
+            .collect();
+        self.agent_pods = Some(AgentPods::start(
+            &self.topo.kubeconfig,
+            &Path::new("/run/netns").join(UL_NS),
+            &kubelet_nodes,
+            self.lab.log_path("agent-pods"),
+        )?);
         if real {
             self.issue_agent_tokens(&nodes).await?;
         }
@@ -465,14 +445,14 @@ impl Runner<'_> {
             "--kubeconfig".into(),
             kubeconfig,
             "--health-addr".into(),
-            "127.0.0.1:8081".into(),
+            AGENT_HTTP.into(),
             "--metrics-addr".into(),
-            "127.0.0.1:8081".into(),
+            AGENT_HTTP.into(),
         ];
         if self.topo.scenario.daemon_set {
             args.extend([
                 "--pod-name".into(),
-                format!("kuport-agent-{node}"),
+                agentpods::pod_name(node),
                 "--pod-namespace".into(),
                 crate::cluster::DAEMON_SET_NAMESPACE.into(),
             ]);
@@ -492,6 +472,9 @@ impl Runner<'_> {
             }
         };
         self.topo.agents.insert(node.to_string(), pid);
+        if let Some(pods) = &self.agent_pods {
+            pods.started(node, pid);
+        }
         Ok(())
     }
 
@@ -501,11 +484,25 @@ impl Runner<'_> {
             .agents
             .remove(node)
             .with_context(|| format!("no agent running on {node}"))?;
-        let signal = match signal {
+        let sig = match signal {
             SignalName::Term => Signal::TERM,
             SignalName::Kill => Signal::KILL,
         };
-        self.lab.stop(pid, signal, Duration::from_secs(15))
+        let stopped = self.lab.stop(pid, sig, Duration::from_secs(15));
+        if let Some(pods) = &self.agent_pods {
+            pods.stopped(node, signal);
+        }
+        stopped
+    }
+
+    /// Waits until the agent Pod of `node` says what its process did last (a kubelet notices
+    /// a stopped container at once; a step after a stop must see it): the detail's
+    /// `agentPod` is `written`, or `not written` when the API server did not take it in time.
+    fn pod_follows(&self, node: &str, detail: &mut Value) {
+        if let Some(pods) = &self.agent_pods {
+            let written = pods.wait_written(node, POD_WRITE_TIMEOUT);
+            detail["agentPod"] = json!(if written { "written" } else { "not written" });
+        }
     }
 
     /// Polls every running agent's pass counter until none has moved for the quiet interval.
@@ -618,7 +615,9 @@ impl Runner<'_> {
             }
             Step::StopAgent(a) => {
                 self.stop_agent(&a.node, a.signal)?;
-                Ok((true, signalled(a)))
+                let mut detail = signalled(a);
+                self.pod_follows(&a.node, &mut detail);
+                Ok((true, detail))
             }
             Step::StartAgent(a) => {
                 self.start_agent(&a.node)?;
@@ -992,7 +991,8 @@ impl Runner<'_> {
             .iter()
             .map(|w| self.expand(w))
             .collect::<Result<_>>()?;
-        let deadline = Instant::now() + Duration::from_secs(c.timeout_seconds);
+        let started = Instant::now();
+        let deadline = started + Duration::from_secs(c.timeout_seconds);
         loop {
             let out = tokio::process::Command::new("ip")
                 .args(["netns", "exec", UL_NS])
@@ -1009,7 +1009,8 @@ impl Runner<'_> {
                     ok,
                     json!({"command": command.join(" "), "exit": exit, "expectExit": c.expect_exit,
                            "missing": missing, "output": stdout.trim_end(),
-                           "stderr": String::from_utf8_lossy(&out.stderr).trim()}),
+                           "stderr": String::from_utf8_lossy(&out.stderr).trim(),
+                           "seconds": (started.elapsed().as_secs_f64() * 10.0).round() / 10.0}),
                 ));
             }
             tokio::time::sleep(Duration::from_millis(500)).await;

@@ -299,6 +299,14 @@ pub struct Probe {
     /// port from the same client are one flow to conntrack, as a client sending from one socket is.
     #[serde(default)]
     pub source_port: Option<u16>,
+    /// Extension: the expectation must be met within this many seconds of the step's start:
+    /// short asks (250 ms each) are repeated until one matches or the time is up.
+    #[serde(default)]
+    pub within_seconds: Option<f64>,
+    /// Extension: the expectation must hold this long: asks are repeated over the period (each
+    /// waiting its usual time) and every one must match.
+    #[serde(default)]
+    pub hold_seconds: Option<f64>,
 }
 
 fn yes() -> bool {
@@ -560,6 +568,7 @@ fn validate(s: &Scenario) -> Result<()> {
     }
     let mut tcp_source_ports = std::collections::BTreeSet::new();
     for probe in s.steps.iter().flat_map(probes_of) {
+        check_periods(probe)?;
         let Some(port) = probe.source_port else {
             continue;
         };
@@ -575,6 +584,16 @@ fn validate(s: &Scenario) -> Result<()> {
             if r.probes.is_empty() || r.rate == 0 || r.rate > 100 {
                 bail!("rollingRestart: give at least one probe and a rate of 1 to 100 per second");
             }
+            if let Some(bad) = r
+                .probes
+                .iter()
+                .find(|p| p.within_seconds.is_some() || p.hold_seconds.is_some())
+            {
+                bail!(
+                    "rollingRestart: probe to port {} takes no withinSeconds or holdSeconds (a loop asks once per tick)",
+                    bad.port
+                );
+            }
             if let Some(bad) = r.probes.iter().find(|p| p.expect != Expect::Reply) {
                 bail!(
                     "rollingRestart: probe to port {} must expect a reply (a loop counts answers)",
@@ -589,6 +608,22 @@ fn validate(s: &Scenario) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A probe's `withinSeconds` and `holdSeconds`: one at most, each a positive time of at most
+/// five minutes, and neither in a rolling restart's loops (which ask once per tick).
+fn check_periods(p: &Probe) -> Result<()> {
+    match (p.within_seconds, p.hold_seconds) {
+        (Some(_), Some(_)) => bail!(
+            "probe to port {}: give withinSeconds or holdSeconds, not both",
+            p.port
+        ),
+        (Some(t), None) | (None, Some(t)) if !(t > 0.0 && t <= 300.0) => bail!(
+            "probe to port {}: withinSeconds and holdSeconds take 0 < seconds <= 300, not {t}",
+            p.port
+        ),
+        _ => Ok(()),
+    }
 }
 
 /// The probes of a step, those of `parallel` and `rollingRestart` included.
@@ -788,6 +823,26 @@ steps:
                 .expect("parses");
         let err = validate(&twice).expect_err("TCP port used twice");
         assert!(format!("{err}").contains("sourcePort 40000"), "{err}");
+    }
+
+    #[test]
+    fn a_probe_takes_one_period_within_bounds() {
+        let with = |extra: &str| -> Result<()> {
+            let yaml = format!(
+                "name: x\ncni: kindnet\nnodes: [{{name: a}}]\nsteps:\n  - probe: {{from: internet, to: {{node: a, interface: eth0}}, protocol: UDP, port: 1, expect: noAnswer{extra}}}\n"
+            );
+            let s: Scenario = serde_saphyr::from_str(&yaml).expect("parses");
+            validate(&s)
+        };
+        with("").expect("no period");
+        with(", holdSeconds: 5").expect("a hold");
+        with(", withinSeconds: 2").expect("a bound");
+        let both = with(", holdSeconds: 5, withinSeconds: 2").expect_err("both");
+        assert!(format!("{both}").contains("not both"), "{both}");
+        for bad in ["0", "-1", "301"] {
+            let err = with(&format!(", holdSeconds: {bad}")).expect_err(bad);
+            assert!(format!("{err}").contains("0 < seconds <= 300"), "{err}");
+        }
     }
 
     #[test]

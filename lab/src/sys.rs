@@ -3,12 +3,14 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use rustix::process::{Pid, Signal};
+use rustix::thread::{LinkNameSpaceType, move_into_link_name_space};
 
 /// Where the record and the logs live: on tmpfs, root-only, gone after a reboot like the
 /// namespaces it describes.
@@ -479,6 +481,20 @@ fn comm_of(pid: i32) -> Option<String> {
     std::fs::read_to_string(format!("/proc/{pid}/comm"))
         .ok()
         .map(|s| s.trim().to_string())
+}
+
+/// Moves this thread into a named network namespace. The lab's API client runs on this
+/// thread, so its sockets live in the underlay namespace where the API server listens.
+pub fn enter_netns(path: &Path) -> Result<()> {
+    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    enter_netns_of(&file)
+        .with_context(|| format!("entering the network namespace {}", path.display()))
+}
+
+/// Moves this thread into the network namespace an open handle refers to.
+pub fn enter_netns_of(file: &File) -> Result<()> {
+    move_into_link_name_space(file.as_fd(), Some(LinkNameSpaceType::Network))
+        .context("switching network namespace")
 }
 
 #[cfg(test)]

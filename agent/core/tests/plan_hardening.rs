@@ -820,6 +820,47 @@ fn a_refusal_is_reported_under_its_class_and_turns_programmed_false() {
     assert!(p.message.starts_with("on node edge-a, "), "{}", p.message);
 }
 
+/// The lab's isolation case: the pod's node refused the link, so it never acknowledged its end;
+/// the refusal names the cause, not a missing ack that asks whether its agent runs.
+#[test]
+fn a_refused_link_end_that_never_acknowledged_is_reported_as_refused() {
+    let unacknowledged = || {
+        edge_and_worker()
+            .row("public", "worker-b", json!({}), 1420)
+            .claim("public", "edge-a/worker-b", 0)
+            .endpoint("games", "gs", "gs-0", "worker-b", "10.244.1.5", 3000)
+            .portmap(pm("games", "gs", "public", 3000))
+    };
+    let programmed = |c: &Cluster| {
+        let plan = c.plan_with("edge-a", &edge_facts());
+        decision(&plan, "games", "gs")
+            .programmed
+            .clone()
+            .expect("accepted")
+    };
+    // The control: without a refusal, the missing ack is the reason.
+    let p = programmed(&unacknowledged());
+    assert_eq!(
+        p.reason,
+        kuport_core::plan::ProgrammedReason::NotAcknowledged
+    );
+    let mut c = unacknowledged();
+    c.class_mut("public")
+        .status
+        .get_or_insert_with(Default::default)
+        .refused = vec![kuport_core::api::RefusedMapping {
+        node: "worker-b".into(),
+        mapping: "games/gs".into(),
+        message: "the kernel refused its return link kup-x: VNI held".into(),
+    }];
+    let p = programmed(&c);
+    assert_eq!(p.reason, kuport_core::plan::ProgrammedReason::HostRefused);
+    assert_eq!(
+        p.message,
+        "on node worker-b, the kernel refused its return link kup-x: VNI held"
+    );
+}
+
 #[test]
 fn an_accepting_node_never_captures_a_port_its_own_socket_holds_before_its_row_says_so() {
     use kuport_core::api::Protocol;

@@ -585,7 +585,14 @@ pub fn gate_all(
         }
         if let (true, Some(class)) = (w.decision.accepted.is_true(), class) {
             let mut outcome = programmed(index, class, w);
-            if outcome.is_true()
+            // A node whose kernel refused its part never acknowledges it (nor finds the link
+            // up): the refusal, in the kernel's words, says more than the missing ack.
+            let explained_by_refusal = outcome.is_true()
+                || matches!(
+                    outcome.reason,
+                    ProgrammedReason::NotAcknowledged | ProgrammedReason::ReturnLinkDown
+                );
+            if explained_by_refusal
                 && let Some(message) = kernel_refusal(class, &w.decision, this_node, facts)
             {
                 outcome = Outcome::new(ProgrammedReason::HostRefused, message);
