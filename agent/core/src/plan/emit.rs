@@ -10,6 +10,7 @@ use super::holders::{self, Holder};
 use super::index::Index;
 use super::pod_network;
 use super::state::{ClassState, Working, link_name, yields_to};
+use crate::api::is_preflight;
 use crate::ir::{
     ChainId, Counter, DnatRule, HostState, IpRule, LINK_TTL, Link, MAIN_TABLE, PREF_LOOP_GUARD,
     PREF_REPLY, PortRange, RP_FILTER_LOOSE, Route, Rule, SnatRule, SteerRule, VXLAN_OVERHEAD,
@@ -74,6 +75,24 @@ fn usable_link(index: &Index, class: &ClassState, this_node: &str, peer: &str) -
     })
 }
 
+/// The links this node holds in preflight classes: one to every other accepting node of each
+/// such class it accepts in (only the link; no rule uses it but the guard and the probes).
+fn preflight_peers<'a>(
+    classes: &'a BTreeMap<&str, ClassState>,
+    this_node: &str,
+) -> Vec<(&'a ClassState<'a>, &'a str)> {
+    classes
+        .values()
+        .filter(|c| is_preflight(c.class) && c.accepting.contains(&this_node))
+        .flat_map(|c| {
+            c.accepting
+                .iter()
+                .filter(move |peer| **peer != this_node)
+                .map(move |peer| (c, *peer))
+        })
+        .collect()
+}
+
 struct Emitter<'a> {
     index: &'a Index<'a>,
     facts: &'a HostFacts,
@@ -118,14 +137,21 @@ pub fn emit(
         .flat_map(|(class, w)| w.decision.links.iter().map(move |l| (class.name, l)))
         .filter_map(|(class, l)| Some((class, l.peer_of(this_node)?)))
         .collect();
+    let preflight = preflight_peers(classes, this_node);
     e.serving_links = serving_pairs
         .into_iter()
+        .chain(preflight.iter().map(|(class, peer)| (class.name, *peer)))
         .map(|(class, peer)| link_name(class, peer))
         .collect();
     // Serving links first, standby links after: when the node's link marks run short, the links
     // that carry traffic take them, and standby links get what is left.
     for (class, w) in &emitting {
         e.mapping(class, w);
+    }
+    for (class, peer) in &preflight {
+        if let Some(l) = usable_link(index, class, this_node, peer) {
+            e.link(class, peer, &l);
+        }
     }
     for (class, w) in &emitting {
         e.standby(class, w);
