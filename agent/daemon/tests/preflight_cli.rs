@@ -8,7 +8,8 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kuport_core::api::PortMapClass;
 use kuport_sim::apiserver::{ApiServer, kubeconfig};
@@ -356,4 +357,140 @@ async fn cluster_preconditions_are_named_and_a_missing_daemonset_skips_the_links
         .await
         .expect("join");
     assert_eq!(out.status.code(), Some(4), "{}", said(&out));
+}
+
+/// The YAML documents of the preflight's RBAC example in docs/operations.md.
+fn documented_rbac() -> Vec<Value> {
+    let doc = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/operations.md"),
+    )
+    .expect("docs/operations.md");
+    let after = doc
+        .split_once("<!-- preflight-rbac -->\n```yaml\n")
+        .expect("the marked RBAC example")
+        .1;
+    let yaml = after.split_once("```").expect("the block ends").0;
+    serde_saphyr::from_multiple::<Value>(yaml)
+        .expect("the example is YAML")
+        .into_iter()
+        .filter(|d| !d.is_null())
+        .collect()
+}
+
+/// Binds each documented role to the ServiceAccount `kuport-system/preflight`.
+async fn bind_documented_rbac(admin: &kube::Client) {
+    let subject =
+        json!([{"kind": "ServiceAccount", "namespace": DAEMONSET_NAMESPACE, "name": "preflight"}]);
+    for doc in documented_rbac() {
+        let name = doc["metadata"]["name"].clone();
+        let role_ref =
+            json!({"apiGroup": "rbac.authorization.k8s.io", "kind": doc["kind"], "name": name});
+        let binding = json!({"metadata": {"name": name}, "roleRef": role_ref, "subjects": subject});
+        match doc["kind"].as_str() {
+            Some("ClusterRole") => {
+                create(&Api::<ClusterRole>::all(admin.clone()), doc, "ClusterRole").await;
+                create(
+                    &Api::<ClusterRoleBinding>::all(admin.clone()),
+                    binding,
+                    "ClusterRoleBinding",
+                )
+                .await;
+            }
+            Some("Role") => {
+                let ns = doc["metadata"]["namespace"]
+                    .as_str()
+                    .expect("a namespace")
+                    .to_owned();
+                create(&Api::<Role>::namespaced(admin.clone(), &ns), doc, "Role").await;
+                create(
+                    &Api::<RoleBinding>::namespaced(admin.clone(), &ns),
+                    binding,
+                    "RoleBinding",
+                )
+                .await;
+            }
+            other => panic!("unexpected kind {other:?} in the documented RBAC"),
+        }
+    }
+}
+
+/// Against a real kube-apiserver, which enforces RBAC: the role docs/operations.md documents
+/// lets the preflight read what it checks and create and delete its class, and nothing it does
+/// is refused. (No agent Pods run here, so the agents check fails: exit 1, for that alone.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_role_is_all_the_preflight_needs() {
+    let Some(cp) =
+        kuport_realapi::ControlPlane::start_or_skip("preflight_cli::rbac", Default::default())
+            .await
+    else {
+        return;
+    };
+    cp.install_crds(Path::new(kuport_realapi::CRD_DIR))
+        .await
+        .expect("the CRDs install");
+    let admin = cp.admin_client().await.expect("admin client");
+    create(
+        &Api::<Namespace>::all(admin.clone()),
+        json!({"metadata": {"name": DAEMONSET_NAMESPACE,
+            "labels": {"pod-security.kubernetes.io/enforce": "privileged"}}}),
+        "Namespace",
+    )
+    .await;
+    for (i, n) in ["n1", "n2"].iter().enumerate() {
+        let ip = format!("100.64.0.{}", i + 1);
+        create(
+            &Api::<Node>::all(admin.clone()),
+            objects::node(n, Some(&ip), true),
+            "Node",
+        )
+        .await;
+    }
+    create(
+        &Api::<DaemonSet>::namespaced(admin.clone(), DAEMONSET_NAMESPACE),
+        agent_daemonset(),
+        "DaemonSet",
+    )
+    .await;
+    create(
+        &Api::<ServiceAccount>::namespaced(admin.clone(), DAEMONSET_NAMESPACE),
+        json!({"metadata": {"name": "preflight"}}),
+        "ServiceAccount",
+    )
+    .await;
+    bind_documented_rbac(&admin).await;
+    let token = cp
+        .unbound_token(DAEMONSET_NAMESPACE, "preflight")
+        .await
+        .expect("a token");
+    let kubeconfig = cp.kubeconfig().with_file_name("preflight.kubeconfig");
+    cp.service_account_kubeconfig(DAEMONSET_NAMESPACE, "preflight", &token, &kubeconfig)
+        .expect("the kubeconfig");
+
+    let agents = vec![
+        Agent {
+            links: vec![("n2", true)],
+            ..healthy("n1")
+        },
+        Agent {
+            links: vec![("n1", true)],
+            ..healthy("n2")
+        },
+    ];
+    let (out, gone) = run(kubeconfig, admin, agents, &["--timeout", "20s"]).await;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{}", said(&out));
+    assert!(gone, "the class is deleted");
+    assert!(
+        text.contains("n1/n2") && text.contains("up    MTU 1370 verified"),
+        "{text}"
+    );
+    let failed: Vec<&str> = text.lines().filter(|l| l.starts_with("- ")).collect();
+    assert_eq!(failed.len(), 1, "only the agents fail: {text}");
+    assert!(failed[0].starts_with("- agents: "), "{text}");
+    assert!(
+        cp.forbidden_requests("system:serviceaccount:kuport-system:preflight")
+            .expect("the audit log")
+            .is_empty(),
+        "the documented role covers every request"
+    );
 }
