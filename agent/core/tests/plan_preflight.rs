@@ -183,3 +183,33 @@ fn a_rows_checks_are_the_hosts_and_the_cnis_sorted_and_bounded_to_the_schema() {
         .expect("the host routing check");
     assert_eq!(routing.ok, Some(true), "{routing:?}");
 }
+
+#[test]
+fn preflight_links_take_only_link_ids_no_other_link_holds() {
+    use kuport_core::ir::MarkLayout;
+    let mut c = four_nodes(Some("true"));
+    let proposals: Vec<(String, u32)> = NODES
+        .iter()
+        .flat_map(|n| c.plan(n).writes.claims)
+        .map(|claim| (claim.key, claim.slot))
+        .collect();
+    for (key, slot) in &proposals {
+        c = c.claim("kuport-preflight", key, i32::try_from(*slot).expect("slot"));
+    }
+    // Room for two link ids, one of them held by a link of some other class on the host.
+    let mut facts = facts(&[("lo", "127.0.0.1")], "wt0", 1420);
+    facts.marks = MarkLayout { base: 1, mask: 3 };
+    facts.link_ids.insert("kup-0123abcd".to_owned(), 1);
+    let plan = c.plan_with("a", &facts);
+    let held = facts.marks.link_mark(1).expect("id 1 has a mark");
+    assert_eq!(
+        plan.host_state.links.len(),
+        1,
+        "{:?}",
+        plan.host_state.links
+    );
+    assert!(
+        plan.host_state.links.iter().all(|l| l.mark != held),
+        "a preflight link never takes the id another link holds"
+    );
+}

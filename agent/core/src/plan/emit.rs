@@ -137,10 +137,8 @@ pub fn emit(
         .flat_map(|(class, w)| w.decision.links.iter().map(move |l| (class.name, l)))
         .filter_map(|(class, l)| Some((class, l.peer_of(this_node)?)))
         .collect();
-    let preflight = preflight_peers(classes, this_node);
     e.serving_links = serving_pairs
         .into_iter()
-        .chain(preflight.iter().map(|(class, peer)| (class.name, *peer)))
         .map(|(class, peer)| link_name(class, peer))
         .collect();
     // Serving links first, standby links after: when the node's link marks run short, the links
@@ -148,13 +146,15 @@ pub fn emit(
     for (class, w) in &emitting {
         e.mapping(class, w);
     }
-    for (class, peer) in &preflight {
+    for (class, w) in &emitting {
+        e.standby(class, w);
+    }
+    // Preflight links last, and never serving: they take only ids no real link holds, so a
+    // preflight on a live cluster moves no mapping's link.
+    for (class, peer) in preflight_peers(classes, this_node) {
         if let Some(l) = usable_link(index, class, this_node, peer) {
             e.link(class, peer, &l);
         }
-    }
-    for (class, w) in &emitting {
-        e.standby(class, w);
     }
     e.guard();
     if !e.chains.is_empty() || !e.state.links.is_empty() {
