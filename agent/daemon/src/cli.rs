@@ -132,7 +132,8 @@ enum Command {
     /// Exit status: 0 when nothing that could be read is wrong; 1 when something is (an agent
     /// missing, not ready, stale or of another version, no kuport DaemonSet, a mapping not
     /// accepted or not programmed, a status not caught up or written by a node whose agent is
-    /// not running, a class or an accepting node not ready); 2 when the command line or
+    /// not running, a class or an accepting node not ready, a node check an agent reports
+    /// failing); 2 when the command line or
     /// --objects input cannot be used; 3 when the mapping asked for does not exist; 4 when
     /// the cluster cannot be read (unreachable, no credentials, the PortMaps refused).
     #[command(after_help = "Examples:
