@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde::{Deserialize, Serialize};
 
-use crate::api::{PortMap, PortMapClass, Protocol, conditions};
+use crate::api::{NodeCheck, PortMap, PortMapClass, Protocol, conditions};
 use crate::ir::{MarkLayout, ProgrammedPort};
 
 /// The CNI's VXLAN port when `cilium-config` exists without a `tunnel-port` key.
@@ -17,8 +17,10 @@ pub const CILIUM_DEFAULT_VXLAN_PORT: u16 = 8472;
 pub const CILIUM_CONFIG: (&str, &str) = ("kube-system", "cilium-config");
 /// The keys of `cilium-config` [`CniFacts::from_cilium_config`] reads (the agent keeps no
 /// other).
-pub const CILIUM_CONFIG_KEYS: [&str; 5] = [
+pub const CILIUM_CONFIG_KEYS: [&str; 7] = [
     "cluster-pool-ipv4-cidr",
+    "enable-bpf-masquerade",
+    "enable-host-legacy-routing",
     "ipam",
     "routing-mode",
     "tunnel",
@@ -72,6 +74,14 @@ pub struct CniFacts {
     /// `spec.podCIDRs` lists.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pod_cidrs: Vec<String>,
+    /// `enable-host-legacy-routing`, when it is `true` or `false`: false asks for BPF host
+    /// routing, whose pod traffic bypasses the host's netfilter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_legacy_routing: Option<bool>,
+    /// `enable-bpf-masquerade`, when it is `true` or `false`: Cilium uses BPF host routing by
+    /// default only with BPF masquerading.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bpf_masquerade: Option<bool>,
 }
 
 impl CniFacts {
@@ -107,11 +117,18 @@ impl CniFacts {
         };
         pod_cidrs.sort();
         pod_cidrs.dedup();
+        let flag = |key: &str| match get(key).as_deref() {
+            Some("true") => Some(true),
+            Some("false") => Some(false),
+            _ => None,
+        };
         Self {
             name: "cilium".to_owned(),
             routing_mode,
             vxlan_port,
             pod_cidrs,
+            host_legacy_routing: flag("enable-host-legacy-routing"),
+            bpf_masquerade: flag("enable-bpf-masquerade"),
         }
     }
 }
@@ -163,6 +180,12 @@ pub struct HostFacts {
     /// the agent does not probe (then only the acknowledgements gate).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub link_probes: Vec<LinkProbe>,
+    /// What this host's settings kuport depends on are (ip_forward, rp_filter of kuport's
+    /// links, src_valid_mark of the capturing interfaces, the InternalIP's device), sorted by
+    /// name: reported in every class row this node writes. Empty when the host does not check
+    /// (the simulator).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub node_checks: Vec<NodeCheck>,
 }
 
 /// One return link as this node's probes across it found it: the host fact behind this node's

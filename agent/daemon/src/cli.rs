@@ -132,7 +132,8 @@ enum Command {
     /// Exit status: 0 when nothing that could be read is wrong; 1 when something is (an agent
     /// missing, not ready, stale or of another version, no kuport DaemonSet, a mapping not
     /// accepted or not programmed, a status not caught up or written by a node whose agent is
-    /// not running, a class or an accepting node not ready); 2 when the command line or
+    /// not running, a class or an accepting node not ready, a node check an agent reports
+    /// failing); 2 when the command line or
     /// --objects input cannot be used; 3 when the mapping asked for does not exist; 4 when
     /// the cluster cannot be read (unreachable, no credentials, the PortMaps refused).
     #[command(after_help = "Examples:
@@ -143,6 +144,31 @@ enum Command {
   kuport status --objects dump.yaml   # a recorded cluster, from
       kubectl get portmapclasses,portmaps,endpointslices,nodes,namespaces,events,daemonsets,pods -A -o yaml > dump.yaml")]
     Status(crate::status_cmd::StatusArgs),
+    /// Check the installation's preconditions before the first class: the agents, the nodes'
+    /// settings, and the link port and MTU between every pair of nodes.
+    ///
+    /// From the API server: kuport's DaemonSet has a ready agent on every node tested, its
+    /// namespace has the Pod Security label pod-security.kubernetes.io/enforce=privileged,
+    /// every node has an IPv4 InternalIP, and the link port differs from the CNI's VXLAN port
+    /// (kube-system/cilium-config). Then it creates the PortMapClass kuport-preflight
+    /// (annotated kuport.wlz.li/preflight: "true"; it can accept no PortMap), in which every
+    /// agent builds a return link to every other node tested, probes it (full-size probes
+    /// verify the link MTU) and reports its host checks (ip_forward, rp_filter, src_valid_mark,
+    /// the InternalIP's device, the CNI's overlay port and host routing). It waits for every
+    /// node's row and a verdict from both ends of every pair, prints one line per node and
+    /// per pair, and deletes the class (unless --keep).
+    ///
+    /// Needs create, get and delete on portmapclasses, and list on nodes, namespaces,
+    /// daemonsets and pods, and get on the ConfigMap kube-system/cilium-config.
+    ///
+    /// Exit status: 0 when every precondition passed; 1 when one failed (each is named); 2
+    /// when the command line cannot be used or the class kuport-preflight already exists; 4
+    /// when the cluster cannot be read or the class cannot be created.
+    #[command(after_help = "Examples:
+  kuport preflight
+  kuport preflight --nodes edge-a,worker-b --port 4790 --timeout 2m
+  kuport preflight -o json | jq '.problems'")]
+    Preflight(crate::preflight_cmd::PreflightArgs),
     /// Print kuport's version.
     Version,
 }
@@ -187,6 +213,7 @@ impl Cli {
             })
             .map(|()| done),
             Command::Status(args) => crate::status_cmd::run(&args),
+            Command::Preflight(args) => crate::preflight_cmd::run(&args),
             Command::Version => {
                 println!("kuport {}", env!("CARGO_PKG_VERSION"));
                 Ok(done)

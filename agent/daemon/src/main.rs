@@ -8,6 +8,7 @@ mod cli;
 mod crds;
 mod objects;
 mod plan_cmd;
+mod preflight_cmd;
 mod status_cmd;
 
 /// Exit status for input kuport cannot read (as clap uses for a bad command line).

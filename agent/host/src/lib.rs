@@ -13,7 +13,8 @@
 //! ([`nft`]), links, rules and routes ([`netlink`]), conntrack ([`conntrack`]), listening
 //! sockets ([`sockets`]); the host's events, changes to kuport's state the agent did not make
 //! ([`HostEvents`], over `netlink/events.rs` and [`nft_events`]); the probes across return
-//! links ([`probe`]); and [`MemoryHost`], the
+//! links ([`probe`]); the host settings kuport depends on, checked every pass ([`node_checks`]);
+//! and [`MemoryHost`], the
 //! in-memory host of the simulator and tests.
 
 pub mod conntrack;
@@ -27,6 +28,7 @@ pub mod nft_events;
 #[cfg(test)]
 mod nft_fake;
 mod nft_generation;
+pub mod node_checks;
 pub mod probe;
 mod report;
 pub mod sockets;

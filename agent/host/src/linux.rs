@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use crate::error::HostError;
 use crate::host::{FactsQuery, Host, HostEvent, MappingCounter};
 use crate::report::{ApplyReport, Refusal};
-use crate::{conntrack, netlink, nft, nft_events, sockets};
+use crate::{conntrack, netlink, nft, nft_events, node_checks, sockets};
 
 /// The real host: nft and rtnetlink on the current network namespace. Both backends can be
 /// swapped (`with_backends`), so the whole apply runs unprivileged over fakes in tests.
@@ -344,6 +344,21 @@ impl<N: netlink::Netlink> Host for LinuxHost<N> {
             .as_ref()
             .map(HostState::accepting_ports)
             .unwrap_or_default();
+        // The links and capturing interfaces of the last apply: what kuport set and expects to
+        // stay set.
+        let (links, capturing): (Vec<String>, Vec<String>) =
+            self.applied.as_ref().map_or_else(Default::default, |a| {
+                (
+                    a.links.iter().map(|l| l.name.clone()).collect(),
+                    a.valid_mark_interfaces.clone(),
+                )
+            });
+        facts.node_checks.extend(node_checks::sysctl_checks(
+            std::path::Path::new(node_checks::PROC_SYS),
+            &links,
+            &capturing,
+        ));
+        facts.node_checks.sort();
         Ok(facts)
     }
 

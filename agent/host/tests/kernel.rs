@@ -9,8 +9,9 @@ mod netns;
 
 use std::process::ExitCode;
 
-use kuport_core::api::Protocol;
+use kuport_core::api::{Protocol, checks};
 use kuport_core::ir::HostState;
+use kuport_core::snapshot::HostFacts;
 use kuport_host::{FactsQuery, Host, LinuxHost};
 use netns::{GOLDEN, block_on, child, foreign_state, golden_ir, golden_nft, namespace, sh};
 
@@ -31,6 +32,10 @@ const TESTS: &[netns::Test] = &[
     ),
     ("refused_rules_take_out_only_their_mapping", nft_refusal),
     ("facts_resolve_interfaces_and_the_underlay", facts_read),
+    (
+        "node_checks_read_the_namespaces_sysctls_after_an_apply",
+        node_checks_read,
+    ),
     (
         "link_and_underlay_removal_is_reported_as_events",
         link_events,
@@ -53,6 +58,7 @@ const CHILDREN: &[netns::Test] = &[
     ("vni_held", child_vni_held),
     ("nft_refusal", child_nft_refusal),
     ("facts", child_facts),
+    ("node_checks", child_node_checks),
     ("events", child_events),
     ("removal_events", child_removal_events),
     ("refused_guard", child_refused_guard),
@@ -633,6 +639,69 @@ fn child_facts() {
             facts.firewall_warnings
         );
         assert!(facts.firewall_warnings[0].contains("chain inet facts-fw forward"));
+    });
+}
+
+// ---- node checks ----
+
+fn node_checks_read() {
+    let ns = namespace("checks");
+    child(&ns, "node_checks", &[]);
+}
+
+/// The checks a pass reports, from this namespace's own `/proc/sys`: a fresh namespace forwards
+/// nothing; after an apply kuport's links are loose and the capturing interface honours marks;
+/// a link set back to strict by hand is named.
+fn child_node_checks() {
+    let state = golden_ir("both-roles-multi");
+    underlay_and_interfaces_for(&state);
+    block_on(async {
+        let mut host = LinuxHost::new().expect("host");
+        let query = FactsQuery {
+            interfaces: state.valid_mark_interfaces.clone(),
+            internal_ip: state.links.first().map(|l| l.local),
+            ..FactsQuery::default()
+        };
+        let check = |facts: &HostFacts, name: &str| {
+            facts
+                .node_checks
+                .iter()
+                .find(|c| c.name == name)
+                .cloned()
+                .unwrap_or_else(|| panic!("no {name} in {:?}", facts.node_checks))
+        };
+        sh("sysctl -qw net.ipv4.ip_forward=0");
+        let before = host.facts(&query).await.expect("facts");
+        assert_eq!(check(&before, checks::IP_FORWARD).ok, Some(false));
+        assert_eq!(check(&before, checks::RP_FILTER).ok, None, "no link yet");
+        assert_eq!(check(&before, checks::INTERNAL_IP).ok, Some(true));
+
+        sh("sysctl -qw net.ipv4.ip_forward=1 net.ipv4.conf.all.rp_filter=1");
+        host.apply(&state, false).await.expect("apply");
+        let after = host.facts(&query).await.expect("facts");
+        for name in [
+            checks::IP_FORWARD,
+            checks::RP_FILTER,
+            checks::SRC_VALID_MARK,
+        ] {
+            assert_eq!(
+                check(&after, name).ok,
+                Some(true),
+                "{:?}",
+                check(&after, name)
+            );
+        }
+
+        let link = &state.links[0].name;
+        sh(&format!("sysctl -qw net.ipv4.conf.{link}.rp_filter=0"));
+        let strict = host.facts(&query).await.expect("facts");
+        let rp = check(&strict, checks::RP_FILTER);
+        assert_eq!(
+            rp.ok,
+            Some(false),
+            "all=1 and the link at 0 is strict: {rp:?}"
+        );
+        assert!(rp.message.contains(link.as_str()), "{}", rp.message);
     });
 }
 

@@ -434,6 +434,34 @@ pub struct ClassNodeStatus {
     /// links (a pod's node); absent (true) for an accepting node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accepting: Option<bool>,
+
+    /// What this node's agent found of the host settings and CNI configuration kuport depends
+    /// on (ip_forward, rp_filter, src_valid_mark, the InternalIP's device, the CNI's overlay
+    /// port and host routing), sorted by name: passed, failed, or not checked.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub checks: Vec<NodeCheck>,
+}
+
+/// One check of a node's host or CNI configuration, as its agent found it.
+#[derive(
+    KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeCheck {
+    /// What is checked, for example ipForward, rpFilter, srcValidMark, internalIP,
+    /// cniOverlayPort or cniHostRouting.
+    #[schemars(length(max = 63))]
+    pub name: String,
+
+    /// True when the check passed, false when it failed; absent when it could not be checked
+    /// (the message says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ok: Option<bool>,
+
+    /// What was found, for example "net.ipv4.ip_forward is 0".
+    #[schemars(length(max = 512))]
+    pub message: String,
 }
 
 /// One node's end of one return link, written by that node's agent: its acknowledgement that

@@ -7,8 +7,8 @@ mod portmap;
 
 pub use class::{
     ClassNode, ClassNodeStatus, CniInfo, DEFAULT_SYSTEM_RESERVED, HeldPort, LinkClaim,
-    LinkEndStatus, PortMapClass, PortMapClassSpec, PortMapClassStatus, PortSpan, PortWindow,
-    RefusedMapping, ReturnPath, ReturnPathMode, ServingMode, VxlanSettings,
+    LinkEndStatus, NodeCheck, PortMapClass, PortMapClassSpec, PortMapClassStatus, PortSpan,
+    PortWindow, RefusedMapping, ReturnPath, ReturnPathMode, ServingMode, VxlanSettings,
 };
 pub use portmap::{
     EndpointStatus, PortMap, PortMapSpec, PortMapStatus, Protocol, PublishedAddress, ServiceRef,
@@ -50,6 +50,37 @@ pub fn valid_interface_name(name: &str) -> bool {
 /// accepting node drops the claims in its row whose holder has been gone since that time or
 /// earlier. Only whoever may edit the cluster-scoped class (the administrator) can set it.
 pub const RELEASE_HELD_PORTS_ANNOTATION: &str = "kuport.wlz.li/release-held-ports";
+
+/// The class annotation that makes a class a preflight class when its value is `true`: every pair
+/// of its accepting nodes needs a return link, without any PortMap, so the agents build, probe
+/// and report a link between every pair (`kuport preflight` creates such a class).
+pub const PREFLIGHT_ANNOTATION: &str = "kuport.wlz.li/preflight";
+
+/// True when `class` carries [`PREFLIGHT_ANNOTATION`] set to `true`.
+pub fn is_preflight(class: &PortMapClass) -> bool {
+    class
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(PREFLIGHT_ANNOTATION))
+        .is_some_and(|v| v.trim() == "true")
+}
+
+/// The names of the node checks agents report in their class rows (`status.nodes[].checks`).
+pub mod checks {
+    /// `net.ipv4.ip_forward` is 1.
+    pub const IP_FORWARD: &str = "ipForward";
+    /// The effective `rp_filter` of kuport's links is not strict.
+    pub const RP_FILTER: &str = "rpFilter";
+    /// `src_valid_mark` is 1 on the interfaces that capture mapped ports.
+    pub const SRC_VALID_MARK: &str = "srcValidMark";
+    /// The Node's InternalIP is an address of a device that is up.
+    pub const INTERNAL_IP: &str = "internalIP";
+    /// The class's link port differs from the CNI's overlay port.
+    pub const CNI_OVERLAY_PORT: &str = "cniOverlayPort";
+    /// The CNI routes pod traffic through the host's netfilter (not BPF host routing).
+    pub const CNI_HOST_ROUTING: &str = "cniHostRouting";
+}
 
 /// The condition types kuport writes, and the condition statuses, spelled once.
 pub mod conditions {

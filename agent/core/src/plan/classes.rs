@@ -9,7 +9,7 @@ use super::index::Index;
 use super::reasons::{ClassReason, Outcome};
 use super::state::{Claim, ClassState, Working, valid_claims};
 use super::{ClaimView, ClassDecision, GcKind, Writes};
-use crate::api::{MAX_VNI, PortMapClass, ReturnPathMode};
+use crate::api::{MAX_VNI, PortMapClass, ReturnPathMode, is_preflight};
 use crate::keys::NodePair;
 
 /// Link ids are the VNI's low 16 bits.
@@ -241,6 +241,30 @@ fn collect_needed(classes: &mut BTreeMap<&str, ClassState>, work: &[Working]) {
                     state.serving.insert(link.key.clone());
                 }
             }
+        }
+    }
+    for state in classes.values_mut().filter(|s| is_preflight(s.class)) {
+        add_preflight_pairs(state);
+    }
+}
+
+/// A preflight class needs every pair of its accepting nodes as a serving pair, without any
+/// PortMap: the later node of each sorted pair proposes its claim (any one fixed end would do;
+/// every node computes the same one).
+fn add_preflight_pairs(state: &mut ClassState) {
+    let nodes = state.accepting.clone();
+    for (i, a) in nodes.iter().enumerate() {
+        for b in &nodes[i + 1..] {
+            let Some(pair) = NodePair::new(a, b) else {
+                continue;
+            };
+            let (_, second) = pair.nodes();
+            state
+                .needed
+                .entry(pair.clone())
+                .or_default()
+                .insert(second.to_owned());
+            state.serving.insert(pair);
         }
     }
 }

@@ -10,6 +10,7 @@ use super::holders::{self, Holder};
 use super::index::Index;
 use super::pod_network;
 use super::state::{ClassState, Working, link_name, yields_to};
+use crate::api::is_preflight;
 use crate::ir::{
     ChainId, Counter, DnatRule, HostState, IpRule, LINK_TTL, Link, MAIN_TABLE, PREF_LOOP_GUARD,
     PREF_REPLY, PortRange, RP_FILTER_LOOSE, Route, Rule, SnatRule, SteerRule, VXLAN_OVERHEAD,
@@ -74,6 +75,24 @@ fn usable_link(index: &Index, class: &ClassState, this_node: &str, peer: &str) -
     })
 }
 
+/// The links this node holds in preflight classes: one to every other accepting node of each
+/// such class it accepts in (only the link; no rule uses it but the guard and the probes).
+fn preflight_peers<'a>(
+    classes: &'a BTreeMap<&str, ClassState>,
+    this_node: &str,
+) -> Vec<(&'a ClassState<'a>, &'a str)> {
+    classes
+        .values()
+        .filter(|c| is_preflight(c.class) && c.accepting.contains(&this_node))
+        .flat_map(|c| {
+            c.accepting
+                .iter()
+                .filter(move |peer| **peer != this_node)
+                .map(move |peer| (c, *peer))
+        })
+        .collect()
+}
+
 struct Emitter<'a> {
     index: &'a Index<'a>,
     facts: &'a HostFacts,
@@ -129,6 +148,13 @@ pub fn emit(
     }
     for (class, w) in &emitting {
         e.standby(class, w);
+    }
+    // Preflight links last, and never serving: they take only ids no real link holds, so a
+    // preflight on a live cluster moves no mapping's link.
+    for (class, peer) in preflight_peers(classes, this_node) {
+        if let Some(l) = usable_link(index, class, this_node, peer) {
+            e.link(class, peer, &l);
+        }
     }
     e.guard();
     if !e.chains.is_empty() || !e.state.links.is_empty() {

@@ -23,6 +23,7 @@
 //!    say `HostRefused`).
 
 mod bindings;
+mod checks;
 mod classes;
 mod emit;
 mod endpoint;
@@ -318,7 +319,15 @@ pub fn plan(snapshot: &Snapshot, this_node: &str, facts: &HostFacts, now: Timest
     let mut writes = status::writes(
         &index, &classes, &decisions, snapshot, this_node, facts, now,
     );
-    status::add_link_ends(&mut writes, &classes, &host_state, this_node, facts, now);
+    status::add_link_ends(
+        &mut writes,
+        &classes,
+        &host_state,
+        this_node,
+        facts,
+        snapshot.cni.as_ref(),
+        now,
+    );
     let class_decisions = classes::decisions(&classes, &writes, now);
 
     let portmaps = by_name(decisions.into_iter().map(|d| d.decision).collect());

@@ -41,6 +41,12 @@ pub mod limits {
     pub const LINK_MESSAGE: usize = 512;
     /// Link ends in a row.
     pub const LINK_ENDS: usize = 512;
+    /// Checks in a row.
+    pub const CHECKS: usize = 16;
+    /// A check's name.
+    pub const CHECK_NAME: usize = 63;
+    /// A check's message.
+    pub const CHECK_MESSAGE: usize = 512;
 }
 
 /// Builds a condition, keeping `lastTransitionTime` from the stored one unless the status flips.
@@ -218,6 +224,7 @@ fn class_row(
         // Filled by `add_link_ends` from what this node applies.
         links: Vec::new(),
         accepting: None,
+        checks: row_checks(state, snapshot.cni.as_ref(), facts),
     };
     let ready = ready_condition(state, now);
     let mut accepting: Vec<String> = state.accepting.iter().map(|n| (*n).to_owned()).collect();
@@ -241,6 +248,7 @@ pub fn add_link_ends(
     host: &HostState,
     this_node: &str,
     facts: &HostFacts,
+    cni: Option<&CniFacts>,
     now: Timestamp,
 ) {
     for state in classes.values() {
@@ -248,9 +256,10 @@ pub fn add_link_ends(
         match writes.class_rows.iter_mut().find(|r| r.class == state.name) {
             Some(write) => write.row.links = ends,
             None if !ends.is_empty() => {
+                let checks = row_checks(state, cni, facts);
                 writes
                     .class_rows
-                    .push(pod_end_row(state, this_node, ends, now));
+                    .push(pod_end_row(state, this_node, ends, checks, now));
             }
             None => {}
         }
@@ -307,6 +316,7 @@ fn pod_end_row(
     state: &ClassState,
     this_node: &str,
     links: Vec<LinkEndStatus>,
+    checks: Vec<crate::api::NodeCheck>,
     now: Timestamp,
 ) -> ClassRowWrite {
     ClassRowWrite {
@@ -316,6 +326,7 @@ fn pod_end_row(
             ready: true,
             links,
             accepting: Some(false),
+            checks,
             ..ClassNodeStatus::default()
         },
         ready: ready_condition(state, now),
@@ -374,6 +385,27 @@ fn interface_addresses(
         message = format!("{message}; serving on {} only", serving.join(", "));
     }
     (addresses, Some(message))
+}
+
+/// The checks of this node's row in `state`'s class, sorted by name, each cut to the schema's
+/// lengths, at most [`limits::CHECKS`] of them.
+fn row_checks(
+    state: &ClassState,
+    cni: Option<&CniFacts>,
+    facts: &HostFacts,
+) -> Vec<crate::api::NodeCheck> {
+    let mut out: Vec<crate::api::NodeCheck> = super::checks::row_checks(state, cni, facts)
+        .into_iter()
+        .map(|c| crate::api::NodeCheck {
+            name: cut_bytes(&c.name, limits::CHECK_NAME).into_owned(),
+            ok: c.ok,
+            message: cut_bytes(&c.message, limits::CHECK_MESSAGE).into_owned(),
+        })
+        .collect();
+    out.sort();
+    out.dedup_by(|a, b| a.name == b.name);
+    out.truncate(limits::CHECKS);
+    out
 }
 
 /// The CNI facts as a row reports them, cut to the schema's lengths.
@@ -716,6 +748,16 @@ mod tests {
                 "maxLength"
             ),
             limits::LINK_MESSAGE
+        );
+        assert_eq!(bound(&format!("{row}/checks"), "maxItems"), limits::CHECKS);
+        let check = format!("{row}/checks/items/properties");
+        assert_eq!(
+            bound(&format!("{check}/name"), "maxLength"),
+            limits::CHECK_NAME
+        );
+        assert_eq!(
+            bound(&format!("{check}/message"), "maxLength"),
+            limits::CHECK_MESSAGE
         );
     }
 

@@ -272,6 +272,8 @@ pub fn base_snapshot(m: &Model) -> Snapshot {
             routing_mode: Some("tunnel".to_owned()),
             vxlan_port: port,
             pod_cidrs: Vec::new(),
+            host_legacy_routing: None,
+            bpf_masquerade: None,
         }),
         services: Vec::new(),
         pods: Vec::new(),

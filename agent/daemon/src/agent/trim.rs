@@ -429,7 +429,8 @@ mod tests {
             "metadata": {"name": "cilium-config", "namespace": "kube-system",
                          "annotations": {"a": "x".repeat(10_000)}},
             "data": {"routing-mode": "tunnel", "tunnel-port": "8473", "tunnel": "vxlan",
-                     "enable-bpf-masquerade": "true", "cluster-name": "default"},
+                     "enable-bpf-masquerade": "true", "enable-ipv6": "false",
+                     "cluster-name": "default"},
         }))
         .expect("a ConfigMap");
         let mut small = cm.clone();
@@ -438,7 +439,8 @@ mod tests {
             CniFacts::from_cilium_config(&small),
             CniFacts::from_cilium_config(&cm)
         );
-        assert_eq!(small.data.as_ref().map(|d| d.len()), Some(3));
+        // Read: routing-mode, tunnel-port, tunnel and enable-bpf-masquerade (host routing).
+        assert_eq!(small.data.as_ref().map(|d| d.len()), Some(4));
         assert!(small.metadata.annotations.is_none());
     }
 }

@@ -668,6 +668,60 @@ mod tests {
     }
 
     #[test]
+    fn a_failing_node_check_in_a_row_is_a_problem_named_once() {
+        use kuport_core::api::NodeCheck;
+        let mut dump = programmed();
+        let check = |name: &str, ok: Option<bool>| NodeCheck {
+            name: name.to_owned(),
+            ok,
+            message: format!("{name} says so"),
+        };
+        let rows = &mut dump.snapshot.classes[0]
+            .status
+            .as_mut()
+            .expect("a status")
+            .nodes;
+        for row in rows.iter_mut() {
+            row.checks = vec![
+                check("ipForward", Some(true)),
+                check("cniHostRouting", None),
+            ];
+        }
+        let (r, _) = run(&dump, now());
+        assert!(
+            r.ok,
+            "passed and unchecked checks are no problem: {:?}",
+            r.problems
+        );
+        // The same failing check in two rows of one node (another class) is said once.
+        let rows = &mut dump.snapshot.classes[0]
+            .status
+            .as_mut()
+            .expect("a status")
+            .nodes;
+        let edge_a = rows
+            .iter_mut()
+            .find(|r| r.name == "edge-a")
+            .expect("edge-a's row");
+        edge_a.checks.push(check("rpFilter", Some(false)));
+        let mut other = dump.snapshot.classes[0].clone();
+        other.metadata.name = Some("zz-other".to_owned());
+        dump.snapshot.classes.push(other);
+        let (r, t) = run(&dump, now());
+        assert!(!r.ok);
+        let said: Vec<&String> = r
+            .problems
+            .iter()
+            .filter(|p| p.starts_with("node edge-a: check rpFilter failed"))
+            .collect();
+        assert_eq!(
+            said,
+            ["node edge-a: check rpFilter failed: rpFilter says so"]
+        );
+        assert!(t.contains("node edge-a: check rpFilter failed"), "{t}");
+    }
+
+    #[test]
     fn a_pod_only_node_without_an_agent_is_a_problem() {
         let mut dump = programmed();
         without_pod_on(&mut dump, "worker-c");

@@ -10,7 +10,7 @@ pub mod agents;
 mod explain;
 mod fetch;
 pub mod render;
-mod terminal;
+pub(crate) mod terminal;
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -37,12 +37,12 @@ pub const EXIT_CLUSTER_UNREADABLE: u8 = 4;
 /// with `--objects`); `main` exits 2 on it, as clap does for the flags it checks itself.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
-pub struct UsageError(String);
+pub struct UsageError(pub(crate) String);
 
 /// The cluster could not be read; `main` exits [`EXIT_CLUSTER_UNREADABLE`] on it.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot read the cluster: {0:#}")]
-pub struct ClusterUnreadable(anyhow::Error);
+pub struct ClusterUnreadable(pub(crate) anyhow::Error);
 
 /// What `kuport status` prints.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -100,7 +100,7 @@ pub struct StatusArgs {
 const WAIT_POLL: Duration = Duration::from_secs(2);
 
 /// `90s`, `5m`, `1h` or plain seconds.
-fn parse_wait(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_wait(text: &str) -> Result<Duration, String> {
     let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
         Some(at) => text.split_at(at),
         None => (text, "s"),
@@ -270,11 +270,19 @@ fn parse_target(t: &str) -> anyhow::Result<(String, String)> {
 }
 
 pub(super) async fn client(args: &StatusArgs) -> anyhow::Result<kube::Client> {
+    client_for(args.kubeconfig.as_deref(), args.context.as_deref()).await
+}
+
+/// A client from `kubeconfig` (else the usual places) and `context` (else its current one).
+pub(crate) async fn client_for(
+    kubeconfig: Option<&std::path::Path>,
+    context: Option<&str>,
+) -> anyhow::Result<kube::Client> {
     let options = kube::config::KubeConfigOptions {
-        context: args.context.clone(),
+        context: context.map(str::to_owned),
         ..Default::default()
     };
-    let config = match &args.kubeconfig {
+    let config = match kubeconfig {
         Some(path) => {
             let file = kube::config::Kubeconfig::read_from(path)
                 .with_context(|| format!("reading kubeconfig {}", path.display()))?;
@@ -282,7 +290,7 @@ pub(super) async fn client(args: &StatusArgs) -> anyhow::Result<kube::Client> {
                 .await
                 .with_context(|| format!("loading kubeconfig {}", path.display()))?
         }
-        None if args.context.is_some() => kube::Config::from_kubeconfig(&options)
+        None if context.is_some() => kube::Config::from_kubeconfig(&options)
             .await
             .context("loading the kubeconfig")?,
         None => kube::Config::infer()

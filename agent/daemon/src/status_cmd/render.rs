@@ -383,6 +383,28 @@ fn class_problems(c: &ClassView, out: &mut Vec<String>) {
     }
 }
 
+/// The node checks the agents report failing in their rows (`status.nodes[].checks`), once per
+/// node and check however many classes' rows carry it, in class then node order.
+fn check_problems<'a>(classes: impl Iterator<Item = &'a PortMapClass>, out: &mut Vec<String>) {
+    let mut classes: Vec<&PortMapClass> = classes.collect();
+    classes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    let mut seen = BTreeSet::new();
+    for row in classes
+        .iter()
+        .flat_map(|c| c.status.iter().flat_map(|s| &s.nodes))
+    {
+        for check in row.checks.iter().filter(|c| c.ok == Some(false)) {
+            let problem = format!(
+                "node {}: check {} failed: {}",
+                row.name, check.name, check.message
+            );
+            if seen.insert(problem.clone()) {
+                out.push(problem);
+            }
+        }
+    }
+}
+
 /// The offline plan over the dump: the global decisions every agent computes alike.
 pub(super) fn global_plan(snapshot: &Snapshot, now: Timestamp) -> Plan {
     kuport_core::plan::plan(snapshot, NO_NODE, &HostFacts::default(), now)
@@ -475,6 +497,13 @@ pub fn report(dump: &Dump, now: Timestamp, options: &ReportOptions) -> StatusRep
     {
         class_problems(c, &mut problems);
     }
+    check_problems(
+        snapshot.classes.iter().filter(|c| {
+            options.namespace.is_none()
+                || used.contains(c.metadata.name.as_deref().unwrap_or_default())
+        }),
+        &mut problems,
+    );
     let mut unread = dump.unread.clone();
     unread.sort();
     unread.dedup();

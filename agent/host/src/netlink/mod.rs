@@ -227,6 +227,14 @@ pub async fn facts(
             facts.underlay_mtu = link.mtu;
         }
     }
+    let underlay = facts
+        .underlay_device
+        .as_deref()
+        .and_then(|name| links.iter().find(|l| l.name == name))
+        .map(|l| (l.name.as_str(), l.up));
+    facts
+        .node_checks
+        .push(crate::node_checks::internal_ip(internal_ip, underlay));
     Ok(facts)
 }
 

@@ -370,7 +370,7 @@ async fn facts_name_interfaces_the_underlay_and_the_ids_links_carry() {
         .await
         .expect("facts");
     assert_eq!(
-        f.interfaces.into_iter().collect::<Vec<_>>(),
+        f.interfaces.clone().into_iter().collect::<Vec<_>>(),
         [("eth0".to_string(), Ipv4Addr::new(192, 0, 2, 10))]
     );
     assert_eq!(f.underlay_device.as_deref(), Some("wt0"));
@@ -382,6 +382,25 @@ async fn facts_name_interfaces_the_underlay_and_the_ids_links_carry() {
         );
     }
     assert_eq!(f.link_ids.len(), state.links.len());
+    let check = |f: &HostFacts| {
+        f.node_checks
+            .iter()
+            .find(|c| c.name == kuport_core::api::checks::INTERNAL_IP)
+            .cloned()
+            .expect("the internalIP check")
+    };
+    assert_eq!(check(&f).ok, Some(true), "{:?}", check(&f));
+    // The InternalIP's device taken down: reported, naming it.
+    if let Some(wt0) = net.kernel().links.values_mut().find(|l| l.name == "wt0") {
+        wt0.up = false;
+    }
+    let f = facts(&net, &[], Some(local), marks).await.expect("facts");
+    assert_eq!(check(&f).ok, Some(false));
+    assert!(
+        check(&f).message.contains("wt0, which is down"),
+        "{:?}",
+        check(&f)
+    );
 }
 
 // ---- a link port is open only while its guard is in the kernel ----

@@ -91,9 +91,13 @@ impl LinkVerdict {
         }
     }
 
-    /// Whether the next round should carry a full-size probe.
+    /// Whether the next round should carry a full-size probe: the first round does (a new
+    /// link's MTU is verified at once, which `kuport preflight` waits for), then every
+    /// `full_every` rounds, and every round while the last one was lost.
     pub fn wants_full(&self, round: u64, settings: &ProbeSettings) -> bool {
-        self.full_lost > 0 || round.is_multiple_of(u64::from(settings.full_every.max(1)))
+        self.full_size.is_none()
+            || self.full_lost > 0
+            || round.is_multiple_of(u64::from(settings.full_every.max(1)))
     }
 
     /// One small probe's outcome (`Some(rtt)` when answered). True when the verdict changed.
@@ -129,8 +133,12 @@ impl LinkVerdict {
         self.full_size = Some(size);
         if answered {
             self.full_lost = 0;
+            // A size verified for the first time (or again after a loss) is news for the row,
+            // though the verdict may stand.
+            let newly = self.verified_mtu != Some(size);
             self.verified_mtu = Some(size);
-            return self.cause == Some(Cause::Mtu) && self.set(true, None, now);
+            let back = self.cause == Some(Cause::Mtu) && self.set(true, None, now);
+            return back || newly;
         }
         // A lost full-size probe says something only while small ones are answered.
         if self.small_lost > 0 {
@@ -294,6 +302,12 @@ mod tests {
             v.small(Some(Duration::from_micros(us)), at(i as i64), &s);
         }
         assert_eq!(v.fact().rtt_microseconds, Some(300));
-        assert!(!v.wants_full(1, &s) && v.wants_full(15, &s));
+        assert!(v.wants_full(1, &s), "the first round verifies the MTU");
+        assert!(
+            v.full(true, 1370, at(7), &s),
+            "a first verified MTU is news"
+        );
+        assert!(!v.full(true, 1370, at(9), &s), "the same one again is not");
+        assert!(!v.wants_full(2, &s) && v.wants_full(15, &s));
     }
 }
