@@ -38,7 +38,7 @@ pub struct AgentArgs {
     /// the link down in status. `0s` turns the probes off (the link is then reported by its
     /// ends' acknowledgements alone).
     #[arg(long, env = "KUPORT_LINK_PROBE_INTERVAL", value_name = "DURATION", default_value = "2s",
-          value_parser = parse_duration)]
+          value_parser = parse_duration_or_off)]
     pub link_probe_interval: Duration,
     /// Where `/healthz` and `/readyz` are served: `HOST:PORT`, or `:PORT` for the node's own
     /// address (--host-ip). `0.0.0.0:PORT` serves every address, public ones included.
@@ -330,6 +330,17 @@ fn with_probes(agent: Agent<LinuxHost>, interval: Duration) -> Agent<LinuxHost> 
     }))
 }
 
+/// A duration as [`parse_duration`] reads it, or zero (`0s`, `0ms`, `0`): "off".
+fn parse_duration_or_off(text: &str) -> Result<Duration, String> {
+    let digits = text
+        .trim()
+        .trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    if !digits.is_empty() && digits.chars().all(|c| c == '0') {
+        return Ok(Duration::ZERO);
+    }
+    parse_duration(text)
+}
+
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let digits = text.chars().take_while(char::is_ascii_digit).count();
@@ -425,6 +436,17 @@ fn parse_node_name(text: &str) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_probe_interval_takes_zero_as_off_and_any_duration() {
+        for off in ["0s", "0ms", "0", "00s"] {
+            assert_eq!(parse_duration_or_off(off), Ok(Duration::ZERO), "{off}");
+        }
+        assert_eq!(parse_duration_or_off("2s"), Ok(Duration::from_secs(2)));
+        for bad in ["", "s", "-1s", "2x"] {
+            assert!(parse_duration_or_off(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn durations_parse_with_units_and_refuse_the_rest() {
