@@ -321,26 +321,32 @@ fn run(shared: &Shared, kubeconfig: &Path, api_netns: &Path, log: &Path) -> Resu
             note(log, &error);
         }
         last_error = error;
-        let mut state = shared.lock();
-        for (node, generation) in done {
-            if let Some(a) = state.agents.get_mut(&node) {
-                a.written = a.written.max(generation);
-            }
+        record_and_wait(shared, done, !last_error.is_empty());
+    }
+}
+
+/// Records which agents' Pods now say what their generation asked, then waits for the next
+/// change or poll (and a poll more after a failed write, so an unreachable API server is asked
+/// again at the poll's pace, not in a spin).
+fn record_and_wait(shared: &Shared, done: Vec<(String, u64)>, failed: bool) {
+    let mut state = shared.lock();
+    for (node, generation) in done {
+        if let Some(a) = state.agents.get_mut(&node) {
+            a.written = a.written.max(generation);
         }
-        shared.changed.notify_all();
-        let pending = state.agents.values().any(|a| a.written < a.generation);
-        if !pending && !state.quit {
-            state = shared
-                .changed
-                .wait_timeout(state, POLL)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
-        }
-        drop(state);
-        if !last_error.is_empty() {
-            // An unreachable API server is asked again at the poll's pace, not in a spin.
-            std::thread::sleep(POLL);
-        }
+    }
+    shared.changed.notify_all();
+    let pending = state.agents.values().any(|a| a.written < a.generation);
+    if !pending && !state.quit {
+        state = shared
+            .changed
+            .wait_timeout(state, POLL)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0;
+    }
+    drop(state);
+    if failed {
+        std::thread::sleep(POLL);
     }
 }
 
