@@ -3,18 +3,19 @@
 //! and exit status: everything passing, a pair down, a failing node check, a node that never
 //! reports, and the cluster's own preconditions.
 
+mod live;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use kuport_core::api::PortMapClass;
 use kuport_sim::apiserver::{ApiServer, kubeconfig};
-use kuport_testkit::cluster::typed;
 use kuport_testkit::objects::{self, DAEMONSET_NAMESPACE, agent_daemonset, agent_pod};
+use live::{create, said};
 use serde_json::{Value, json};
 
 const CLASS: &str = "kuport-preflight";
@@ -28,25 +29,6 @@ fn preflight(kubeconfig: &Path, extra: &[&str]) -> Output {
         .args(extra)
         .output()
         .expect("running kuport")
-}
-
-fn said(out: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-async fn create<K>(api: &Api<K>, object: Value, kind: &str)
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
-{
-    let object: K = typed(object, kind);
-    api.create(&PostParams::default(), &object)
-        .await
-        .unwrap_or_else(|e| panic!("create {kind}: {e}"));
 }
 
 /// The model with three Ready Nodes, kuport's namespace (labelled `privileged` unless
@@ -359,61 +341,6 @@ async fn cluster_preconditions_are_named_and_a_missing_daemonset_skips_the_links
     assert_eq!(out.status.code(), Some(4), "{}", said(&out));
 }
 
-/// The YAML documents of the preflight's RBAC example in docs/operations.md.
-fn documented_rbac() -> Vec<Value> {
-    let doc = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/operations.md"),
-    )
-    .expect("docs/operations.md");
-    let after = doc
-        .split_once("<!-- preflight-rbac -->\n```yaml\n")
-        .expect("the marked RBAC example")
-        .1;
-    let yaml = after.split_once("```").expect("the block ends").0;
-    serde_saphyr::from_multiple::<Value>(yaml)
-        .expect("the example is YAML")
-        .into_iter()
-        .filter(|d| !d.is_null())
-        .collect()
-}
-
-/// Binds each documented role to the ServiceAccount `kuport-system/preflight`.
-async fn bind_documented_rbac(admin: &kube::Client) {
-    let subject =
-        json!([{"kind": "ServiceAccount", "namespace": DAEMONSET_NAMESPACE, "name": "preflight"}]);
-    for doc in documented_rbac() {
-        let name = doc["metadata"]["name"].clone();
-        let role_ref =
-            json!({"apiGroup": "rbac.authorization.k8s.io", "kind": doc["kind"], "name": name});
-        let binding = json!({"metadata": {"name": name}, "roleRef": role_ref, "subjects": subject});
-        match doc["kind"].as_str() {
-            Some("ClusterRole") => {
-                create(&Api::<ClusterRole>::all(admin.clone()), doc, "ClusterRole").await;
-                create(
-                    &Api::<ClusterRoleBinding>::all(admin.clone()),
-                    binding,
-                    "ClusterRoleBinding",
-                )
-                .await;
-            }
-            Some("Role") => {
-                let ns = doc["metadata"]["namespace"]
-                    .as_str()
-                    .expect("a namespace")
-                    .to_owned();
-                create(&Api::<Role>::namespaced(admin.clone(), &ns), doc, "Role").await;
-                create(
-                    &Api::<RoleBinding>::namespaced(admin.clone(), &ns),
-                    binding,
-                    "RoleBinding",
-                )
-                .await;
-            }
-            other => panic!("unexpected kind {other:?} in the documented RBAC"),
-        }
-    }
-}
-
 /// Against a real kube-apiserver, which enforces RBAC: the role docs/operations.md documents
 /// lets the preflight read what it checks and create and delete its class, and nothing it does
 /// is refused. (No agent Pods run here, so the agents check fails: exit 1, for that alone.)
@@ -457,7 +384,8 @@ async fn the_documented_role_is_all_the_preflight_needs() {
         "ServiceAccount",
     )
     .await;
-    bind_documented_rbac(&admin).await;
+    let docs = live::documented_rbac("preflight-rbac");
+    live::bind(&admin, docs, DAEMONSET_NAMESPACE, "preflight").await;
     let token = cp
         .unbound_token(DAEMONSET_NAMESPACE, "preflight")
         .await

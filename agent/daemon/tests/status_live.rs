@@ -2,17 +2,19 @@
 //! (against the API server model), and a user whose RBAC covers one namespace (against a real
 //! kube-apiserver, which enforces RBAC; the model has none).
 
+mod live;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::{Api, Patch, PatchParams};
 use kuport_core::api::PortMap;
 use kuport_sim::apiserver::{ApiServer, kubeconfig};
-use kuport_testkit::cluster::typed;
 use kuport_testkit::objects::{self, DAEMONSET_NAMESPACE, agent_daemonset, agent_pod, pm};
+use live::{create, said};
 use serde_json::{Value, json};
 
 fn status(kubeconfig: &Path, extra: &[&str]) -> Output {
@@ -23,25 +25,6 @@ fn status(kubeconfig: &Path, extra: &[&str]) -> Output {
         .args(extra)
         .output()
         .expect("running kuport")
-}
-
-fn said(out: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-async fn create<K>(api: &Api<K>, object: Value, kind: &str)
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
-{
-    let object: K = typed(object, kind);
-    api.create(&PostParams::default(), &object)
-        .await
-        .unwrap_or_else(|e| panic!("create {kind}: {e}"));
 }
 
 /// A ready agent Pod on `node`.
@@ -167,24 +150,6 @@ fn tenant_role() -> Value {
     ]})
 }
 
-/// The YAML documents of the RBAC example in docs/operations.md (after its marker).
-fn documented_reader_rbac() -> Vec<Value> {
-    let doc = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/operations.md"),
-    )
-    .expect("docs/operations.md");
-    let after = doc
-        .split_once("<!-- status-reader-rbac -->\n```yaml\n")
-        .expect("the marked RBAC example")
-        .1;
-    let yaml = after.split_once("```").expect("the block ends").0;
-    serde_saphyr::from_multiple::<Value>(yaml)
-        .expect("the example is YAML")
-        .into_iter()
-        .filter(|d| !d.is_null())
-        .collect()
-}
-
 /// A ServiceAccount `games/<name>` and a kubeconfig with a token for it.
 async fn account(cp: &kuport_realapi::ControlPlane, admin: &kube::Client, name: &str) -> PathBuf {
     let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), "games");
@@ -260,38 +225,8 @@ async fn real_cluster(test: &str) -> Option<(kuport_realapi::ControlPlane, PathB
     .await;
 
     let reader = account(&cp, &admin, "reader").await;
-    let subject = json!([{"kind": "ServiceAccount", "namespace": "games", "name": "reader"}]);
-    for doc in documented_reader_rbac() {
-        let name = doc["metadata"]["name"].clone();
-        let role_ref =
-            json!({"apiGroup": "rbac.authorization.k8s.io", "kind": doc["kind"], "name": name});
-        let binding = json!({"metadata": {"name": name}, "roleRef": role_ref, "subjects": subject});
-        match doc["kind"].as_str() {
-            Some("ClusterRole") => {
-                create(&Api::<ClusterRole>::all(admin.clone()), doc, "ClusterRole").await;
-                create(
-                    &Api::<ClusterRoleBinding>::all(admin.clone()),
-                    binding,
-                    "ClusterRoleBinding",
-                )
-                .await;
-            }
-            Some("Role") => {
-                let ns = doc["metadata"]["namespace"]
-                    .as_str()
-                    .expect("a namespace")
-                    .to_owned();
-                create(&Api::<Role>::namespaced(admin.clone(), &ns), doc, "Role").await;
-                create(
-                    &Api::<RoleBinding>::namespaced(admin.clone(), &ns),
-                    binding,
-                    "RoleBinding",
-                )
-                .await;
-            }
-            other => panic!("unexpected kind {other:?} in the documented RBAC"),
-        }
-    }
+    let docs = live::documented_rbac("status-reader-rbac");
+    live::bind(&admin, docs, "games", "reader").await;
     Some((cp, tenant, reader))
 }
 
