@@ -135,21 +135,21 @@ fn row(a: &Agent) -> Value {
 /// Plays the agents: once the command created the class, writes `agents`' rows into it.
 async fn play_agents(client: kube::Client, agents: Vec<Agent>) {
     let api: Api<PortMapClass> = Api::all(client);
-    for _ in 0..200 {
-        if api.get_opt(CLASS).await.expect("read").is_some() {
-            let rows: Vec<Value> = agents.iter().map(row).collect();
-            api.patch_status(
-                CLASS,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"status": {"nodes": rows}})),
-            )
-            .await
-            .expect("write the rows");
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the preflight class never appeared");
+    kuport_testkit::wait::eventually(
+        "the preflight class appears",
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || async { api.get_opt(CLASS).await.expect("read").is_some() },
+    )
+    .await;
+    let rows: Vec<Value> = agents.iter().map(row).collect();
+    api.patch_status(
+        CLASS,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"nodes": rows}})),
+    )
+    .await
+    .expect("write the rows");
 }
 
 /// Runs the command while the agents play; returns its output and whether the class is gone.
