@@ -18,7 +18,9 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kuport_core::api::{PortMap, PortMapClass, RELEASE_HELD_PORTS_ANNOTATION, conditions};
+use kuport_core::api::{
+    PREFLIGHT_ANNOTATION, PortMap, PortMapClass, RELEASE_HELD_PORTS_ANNOTATION, conditions,
+};
 use kuport_core::snapshot::{CILIUM_CONFIG_KEYS, CILIUM_HOST_ANNOTATIONS, SERVICE_NAME_LABEL};
 
 /// A watched kind, trimmed to what a pass reads before its store keeps it.
@@ -58,14 +60,15 @@ fn keep_annotations(
 }
 
 impl Trim for PortMapClass {
-    /// A class keeps the administrator's release of held-port claims, which the plan reads.
+    /// A class keeps the two annotations the plan reads: the administrator's release of
+    /// held-port claims, and the mark of a preflight class (which needs every pair's link).
     fn trim(&mut self) {
         let annotations = self.metadata.annotations.take();
         trim_meta(&mut self.metadata, |_| false);
         keep_annotations(
             &mut self.metadata,
             annotations,
-            &[RELEASE_HELD_PORTS_ANNOTATION],
+            &[RELEASE_HELD_PORTS_ANNOTATION, PREFLIGHT_ANNOTATION],
         );
     }
 }
@@ -285,6 +288,19 @@ mod tests {
                 "absentSince": "2026-04-01T00:00:00Z"}))
             .expect("a held port"),
         );
+        // And a preflight class, whose mark makes every pair of its nodes need a link.
+        let mut preflight = s.classes[0].clone();
+        preflight.metadata.name = Some("kuport-preflight".into());
+        preflight.status = None;
+        preflight.spec.return_path = serde_json::from_value(json!({"mode": "Vxlan",
+            "vxlan": {"subnet": "169.254.112.0/20", "vni": 60000, "port": 4790}}))
+        .expect("a return path");
+        preflight
+            .metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(PREFLIGHT_ANNOTATION.into(), "true".into());
+        s.classes.push(preflight);
         s.portmaps.iter_mut().for_each(|o| heavy(&mut o.metadata));
         s.endpoint_slices
             .iter_mut()
