@@ -285,7 +285,13 @@ impl Cluster {
     /// the labels `deploy/manifests` gives them (`kuport status` finds the agents by them).
     /// Their status is written by [`crate::agentpods`], in step with the agent processes.
     pub async fn install_daemon_set(&self, nodes: &[String]) -> Result<()> {
-        self.ensure_namespace(DAEMON_SET_NAMESPACE).await?;
+        // Labelled as deploy/manifests labels it: `kuport preflight` checks the label.
+        self.apply(
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {
+            "name": DAEMON_SET_NAMESPACE,
+            "labels": {"pod-security.kubernetes.io/enforce": "privileged"}}}),
+        )
+        .await?;
         self.apply(agent_daemon_set()).await?;
         let ds = self
             .get(

@@ -643,7 +643,8 @@ impl Runner<'_> {
             Step::ExpectHostClean(n) => self.expect_host_clean(n),
             Step::ExpectHost(h) => self.expect_host(h),
             Step::Kubectl(c) => self.kubectl(c).await,
-            Step::KuportStatus(c) => self.kuport_status(c).await,
+            Step::KuportStatus(c) => self.kuport_command("status", c).await,
+            Step::KuportPreflight(c) => self.kuport_command("preflight", c).await,
             Step::RollingRestart(r) => self.rolling_restart(r),
             Step::HostListener(l) => {
                 let pid = self.start_host_listener(l)?;
@@ -823,12 +824,17 @@ impl Runner<'_> {
         self.command_check(c, command).await
     }
 
-    /// Runs `kuport status` against the lab's API server and checks its exit and output.
-    async fn kuport_status(&self, c: &scenario::CommandCheck) -> Result<(bool, Value)> {
+    /// Runs `kuport <subcommand>` (status, preflight) against the lab's API server and checks its
+    /// exit and output.
+    async fn kuport_command(
+        &self,
+        subcommand: &str,
+        c: &scenario::CommandCheck,
+    ) -> Result<(bool, Value)> {
         let kubeconfig = self.topo.kubeconfig.display().to_string();
         let mut command = vec![
             self.topo.bin("kuport"),
-            "status".to_owned(),
+            subcommand.to_owned(),
             "--kubeconfig".to_owned(),
             kubeconfig,
         ];
@@ -1135,8 +1141,8 @@ impl Runner<'_> {
     }
 }
 
-/// The placeholders [`Runner::expand`] replaces in `hostExec`, `kubectl` and `kuportStatus`
-/// commands, with what each takes; `docs/lab.md` documents every one (a unit test checks).
+/// The placeholders [`Runner::expand`] replaces in `hostExec`, `kubectl`, `kuportStatus` and
+/// `kuportPreflight` commands, with what each takes; `docs/lab.md` documents every one (a unit test checks).
 pub const PLACEHOLDERS: &[(&str, &str)] = &[
     ("pod", "<ns>/<name>"),
     ("mesh", "<node>"),

@@ -179,6 +179,8 @@ pub enum Step {
     Kubectl(CommandCheck),
     /// Extension: `kuport status` against the lab's API server, checked the same way.
     KuportStatus(CommandCheck),
+    /// Extension: `kuport preflight` against the lab's API server, checked the same way.
+    KuportPreflight(CommandCheck),
     RollingRestart(RollingRestart),
     Cleanup(NodeRef),
     /// Extension: starts a host listener in a node's namespace mid-scenario.
@@ -217,6 +219,7 @@ impl Step {
             Step::ExpectHost(_) => "expectHost",
             Step::Kubectl(_) => "kubectl",
             Step::KuportStatus(_) => "kuportStatus",
+            Step::KuportPreflight(_) => "kuportPreflight",
             Step::RollingRestart(_) => "rollingRestart",
             Step::Cleanup(_) => "cleanup",
             Step::HostListener(_) => "hostListener",
@@ -232,7 +235,9 @@ impl Step {
             Step::Wait(w) => w.name.as_deref(),
             Step::ExpectStatus(e) => e.name.as_deref(),
             Step::HostExec(h) => h.name.as_deref(),
-            Step::Kubectl(c) | Step::KuportStatus(c) => c.name.as_deref(),
+            Step::Kubectl(c) | Step::KuportStatus(c) | Step::KuportPreflight(c) => {
+                c.name.as_deref()
+            }
             Step::RollingRestart(r) => r.name.as_deref(),
             _ => None,
         }
@@ -493,7 +498,7 @@ pub struct ExpectHost {
 pub struct CommandCheck {
     #[serde(default)]
     pub name: Option<String>,
-    /// Arguments after the command (`kubectl`, or `kuport status`).
+    /// Arguments after the command (`kubectl`, `kuport status` or `kuport preflight`).
     #[serde(default)]
     pub args: Vec<String>,
     /// The exit status wanted.
@@ -712,6 +717,7 @@ steps:
   - expectHost: {node: worker-b, nftCounterNonZero: "games/gameserver"}
   - kubectl: {name: pm-columns, args: [get, pm, -A], expectOutput: ["${public:edge-a}"]}
   - kuportStatus: {args: [games/gameserver], expectExit: 1, expectOutput: [PortConflict], timeoutSeconds: 5}
+  - kuportPreflight: {name: preflight, args: [--timeout, 30s], expectExit: 0, expectOutput: ["edge-a"], timeoutSeconds: 40}
   - rollingRestart: {name: rollout, rate: 10, settleSeconds: 2, probes: [{from: internet, to: {node: edge-a, interface: enp1s0}, protocol: UDP, port: 3000, expect: reply}]}
   - cleanup: {node: worker-b}
   - hostListener: {node: edge-a, protocol: TCP, port: 2222}
@@ -720,7 +726,7 @@ steps:
         let s: Scenario = serde_saphyr::from_str(yaml).expect("the lab.md example parses");
         validate(&s).expect("valid");
         let kinds: Vec<&str> = s.steps.iter().map(Step::kind).collect();
-        assert_eq!(kinds.len(), 32);
+        assert_eq!(kinds.len(), 33);
         for kind in [
             "wait",
             "probe",
@@ -747,6 +753,7 @@ steps:
             "expectHost",
             "kubectl",
             "kuportStatus",
+            "kuportPreflight",
             "rollingRestart",
             "cleanup",
             "hostListener",
