@@ -343,7 +343,10 @@ fn remote_pod_waits_for_its_claim_then_programs() {
         .portmap(pm("games", "gs", "public", 3000));
     let (reason, msg) = programmed(&c, "games", "gs");
     assert_eq!(reason, P::ReturnPathUnavailable);
-    assert_eq!(msg, "return link for edge-a/worker-b is not claimed yet");
+    assert_eq!(
+        msg,
+        "return link for edge-a/worker-b is not claimed yet: node worker-b proposes it (if this stays, its agent is not running or cannot write the class status)"
+    );
     let edge = c.plan("edge-a");
     assert!(
         edge.host_state.nft.is_empty(),

@@ -189,7 +189,11 @@ fn link_ids_overlap(a: u32, a_len: u32, b: u32, b_len: u32) -> bool {
 /// node of another endpoint, that node (the pair's end that programs nothing). A claim is
 /// always proposed by one of its two nodes: the admission policy refuses a node's write of a
 /// claim between two others (`docs/datapath.md`, "Who may write what").
-fn pod_side<'a>(pair: &'a NodePair, endpoint_node: &'a str, programming: &[String]) -> &'a str {
+pub(super) fn pod_side<'a>(
+    pair: &'a NodePair,
+    endpoint_node: &'a str,
+    programming: &[String],
+) -> &'a str {
     let (a, b) = pair.nodes();
     if a == endpoint_node || b == endpoint_node {
         return endpoint_node;

@@ -748,7 +748,15 @@ fn link_gates(index: &Index, class: &ClassState, w: &Working) -> Option<Outcome<
                     class.name
                 )
             } else {
-                format!("return link for {} is not claimed yet", link.key)
+                // Only the pair's pod-side node proposes the claim: name it, since a claim that
+                // never comes means that node's agent is not running.
+                let endpoint = w.decision.endpoint.as_ref().map_or("", |e| e.node.as_str());
+                let proposer =
+                    super::classes::pod_side(&link.key, endpoint, &w.decision.programming_nodes);
+                format!(
+                    "return link for {} is not claimed yet: node {proposer} proposes it (if this stays, its agent is not running or cannot write the class status)",
+                    link.key
+                )
             };
             return Some(Outcome::new(R::ReturnPathUnavailable, message));
         }
