@@ -144,7 +144,20 @@ fn percentile(samples: &[f64], p: f64) -> f64 {
 }
 
 /// Runs every lab measurement in one fresh lab, tearing it down afterwards.
-pub async fn run(lab: &mut Lab, bins: &Path, original: &std::fs::File) -> Result<Vec<Measurement>> {
+/// Which lab measurements to take.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    All,
+    /// Only the link health rows (probe cost, a broken link reported).
+    Links,
+}
+
+pub async fn run(
+    lab: &mut Lab,
+    bins: &Path,
+    original: &std::fs::File,
+    part: Part,
+) -> Result<Vec<Measurement>> {
     let scenario: scenario::Scenario =
         serde_saphyr::from_str(SCENARIO).context("the bench scenario")?;
     let result = async {
@@ -155,7 +168,7 @@ pub async fn run(lab: &mut Lab, bins: &Path, original: &std::fs::File) -> Result
                 bail!("bench setup step {} failed: {}", r.name, r.detail);
             }
         }
-        let out = measure(&mut runner).await;
+        let out = measure(&mut runner, part).await;
         runner.stop_agents();
         out
     }
@@ -168,7 +181,18 @@ pub async fn run(lab: &mut Lab, bins: &Path, original: &std::fs::File) -> Result
     result
 }
 
-async fn measure(runner: &mut Runner<'_>) -> Result<Vec<Measurement>> {
+async fn measure(runner: &mut Runner<'_>, part: Part) -> Result<Vec<Measurement>> {
+    let mut out = Vec::new();
+    if part == Part::All {
+        out.extend(datapath(runner).await?);
+    }
+    out.push(probe_cost(runner).await?);
+    out.push(link_broken(runner).await?);
+    Ok(out)
+}
+
+/// Throughput, round trips and endpoint changes.
+async fn datapath(runner: &mut Runner<'_>) -> Result<Vec<Measurement>> {
     // The raw mesh: a responder on worker-b's own mesh address, asked from edge-a over wt0.
     let worker = runner.topo.node("worker-b")?.ns.clone();
     let echo = runner.topo.bin("kuport-echo");
@@ -187,8 +211,6 @@ async fn measure(runner: &mut Runner<'_>) -> Result<Vec<Measurement>> {
     out.push(endpoint_unready(runner, client).await?);
     out.push(pod_moved(runner, client).await?);
     out.push(node_not_ready(runner, client).await?);
-    out.push(probe_cost(runner).await?);
-    out.push(link_broken(runner).await?);
     Ok(out)
 }
 
@@ -235,7 +257,7 @@ async fn probe_cost(runner: &Runner<'_>) -> Result<Measurement> {
 /// The mesh drops the link port between edge-a and worker-b; the time until the mapping over
 /// that link reads `Programmed=False ReturnLinkDown`, then the drop is lifted and it recovers.
 async fn link_broken(runner: &mut Runner<'_>) -> Result<Measurement> {
-    const SAMPLES: usize = 6;
+    const SAMPLES: usize = 10;
     let mut samples = Vec::new();
     for _ in 0..SAMPLES {
         // Each sample starts from a link both ends have found up again.

@@ -89,7 +89,9 @@ enum Command {
         /// Also write the results into this Markdown file, between the lab-bench markers.
         #[arg(long)]
         write: Option<PathBuf>,
-        /// Only this part: `lab` (through a fake cluster) or `host` (nft, flows, memory).
+        /// Only this part: `lab` (through a fake cluster), `links` (the link health rows of the
+        /// lab part) or `host` (nft, flows, memory). With `--write`, a partial run replaces its
+        /// own rows and keeps the others.
         #[arg(long)]
         only: Option<String>,
     },
@@ -318,22 +320,31 @@ fn bench(write: Option<PathBuf>, only: Option<&str>) -> Result<ExitCode> {
     prereq::ensure_tools()?;
     let bins = prereq::binaries()?;
     let mut measurements = Vec::new();
-    if only.is_some_and(|o| o != "lab" && o != "host") {
-        anyhow::bail!("--only takes lab or host");
+    if only.is_some_and(|o| !["lab", "links", "host"].contains(&o)) {
+        anyhow::bail!("--only takes lab, links or host");
     }
     if only != Some("host") {
         let (mut lab, original, rt) = session()?;
+        let part = if only == Some("links") {
+            labbench::Part::Links
+        } else {
+            labbench::Part::All
+        };
         eprintln!("kuport-lab bench: the datapath and endpoint changes through a lab");
-        measurements.extend(rt.block_on(labbench::run(&mut lab, &bins, &original))?);
+        measurements.extend(rt.block_on(labbench::run(&mut lab, &bins, &original, part))?);
     }
-    if only != Some("lab") {
+    if only.is_none_or(|o| o == "host") {
         eprintln!("kuport-lab bench: host-level measurements");
         measurements.extend(hostbench::run(&bins)?);
     }
     let table = hostbench_table(&measurements);
     print!("{table}");
     if let Some(path) = write {
-        prereq::write_between_markers(&path, &table)?;
+        if only.is_some() {
+            prereq::merge_between_markers(&path, &table)?;
+        } else {
+            prereq::write_between_markers(&path, &table)?;
+        }
         println!("written to {}", path.display());
     }
     Ok(ExitCode::SUCCESS)

@@ -114,10 +114,89 @@ const END: &str = "<!-- kuport-lab bench: end -->";
 /// Replaces the text between the bench markers of a Markdown file (appending them when absent).
 pub fn write_between_markers(path: &Path, body: &str) -> Result<()> {
     let text = std::fs::read_to_string(path).unwrap_or_default();
+    let new = replace_between_markers(&text, body);
+    std::fs::write(path, new).with_context(|| format!("writing {}", path.display()))
+}
+
+fn replace_between_markers(text: &str, body: &str) -> String {
     let block = format!("{BEGIN}\n{body}{END}");
-    let new = match (text.find(BEGIN), text.find(END)) {
+    match (text.find(BEGIN), text.find(END)) {
         (Some(a), Some(b)) if b > a => format!("{}{block}{}", &text[..a], &text[b + END.len()..]),
         _ => format!("{text}\n{block}\n"),
+    }
+}
+
+/// Writes the rows of a partial run (`bench --only`) into the table between the markers: a
+/// row whose measure (first cell) was measured again is replaced where it stands, a new one is
+/// appended, and every other row is kept, so a partial run never drops what it did not measure.
+pub fn merge_between_markers(path: &Path, table: &str) -> Result<()> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let old = match (text.find(BEGIN), text.find(END)) {
+        (Some(a), Some(b)) if b > a => &text[a + BEGIN.len()..b],
+        _ => "",
     };
-    std::fs::write(path, new).with_context(|| format!("writing {}", path.display()))
+    let merged = merge_rows(old, table);
+    std::fs::write(path, replace_between_markers(&text, &merged))
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// The measure a table row names (its first cell), or None for a header or separator line.
+fn measure_of(line: &str) -> Option<&str> {
+    let cell = line.strip_prefix("| ")?.split(" | ").next()?;
+    (cell != "measure").then_some(cell)
+}
+
+fn merge_rows(old: &str, new: &str) -> String {
+    let fresh: Vec<(&str, &str)> = new
+        .lines()
+        .filter_map(|l| measure_of(l).map(|m| (m, l)))
+        .collect();
+    let mut out: Vec<String> = new
+        .lines()
+        .filter(|l| l.starts_with('|') && measure_of(l).is_none())
+        .map(str::to_owned)
+        .collect();
+    let mut used = vec![false; fresh.len()];
+    for line in old.lines().filter(|l| measure_of(l).is_some()) {
+        match fresh.iter().position(|(m, _)| Some(*m) == measure_of(line)) {
+            Some(i) => {
+                used[i] = true;
+                out.push(fresh[i].1.to_owned());
+            }
+            None => out.push(line.to_owned()),
+        }
+    }
+    for (i, (_, line)) in fresh.iter().enumerate() {
+        if !used[i] {
+            out.push((*line).to_owned());
+        }
+    }
+    out.iter().map(|l| format!("{l}\n")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HEAD: &str = "| measure | value |\n|---|---|\n";
+
+    #[test]
+    fn a_partial_run_replaces_its_rows_in_place_and_keeps_the_others() {
+        let old = format!("{HEAD}| a | 1 |\n| b | 2 |\n| c | 3 |\n");
+        let new = format!("{HEAD}| b | 20 |\n| d | 40 |\n");
+        assert_eq!(
+            merge_rows(&old, &new),
+            format!("{HEAD}| a | 1 |\n| b | 20 |\n| c | 3 |\n| d | 40 |\n")
+        );
+    }
+
+    #[test]
+    fn a_table_without_rows_takes_the_new_ones() {
+        let new = format!("{HEAD}| b | 20 |\n");
+        assert_eq!(merge_rows("", &new), new);
+        let text = "intro\n";
+        let written = replace_between_markers(text, &new);
+        assert!(written.starts_with("intro\n\n<!-- kuport-lab bench: begin -->\n| measure"));
+        assert_eq!(replace_between_markers(&written, &new), written);
+    }
 }
