@@ -104,6 +104,11 @@ impl Proc {
         self.child.stdout.take()
     }
 
+    /// Its stderr, once (when it was started with stderr piped).
+    pub fn take_stderr(&mut self) -> Option<std::process::ChildStderr> {
+        self.child.stderr.take()
+    }
+
     /// How it exited, or `None` while it runs.
     pub fn exited(&mut self) -> Result<Option<ExitStatus>> {
         self.child

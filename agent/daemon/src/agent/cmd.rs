@@ -29,7 +29,7 @@ pub struct AgentArgs {
     pub node_name: String,
     /// How often the host layer compares the kernel against the desired state (repairing
     /// hand-made drift) instead of against the last applied state: a number with a unit,
-    /// `s`, `m` or `h` (e.g. `30s`, `5m`, `1h`).
+    /// `ms`, `s`, `m` or `h` (e.g. `30s`, `5m`, `1h`).
     #[arg(long, env = "KUPORT_RESYNC", value_name = "DURATION", default_value = "5m",
           value_parser = parse_duration)]
     pub resync: Duration,
@@ -292,8 +292,11 @@ fn init_logging(level: LogLevel, format: LogFormat) {
         LogLevel::Debug => tracing::Level::DEBUG,
         LogLevel::Trace => tracing::Level::TRACE,
     };
+    // Colours only on a terminal: `kubectl logs` and log shippers read the escape codes as
+    // text, which breaks grep and the documented line format.
     let builder = tracing_subscriber::fmt()
         .with_max_level(level)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     // A second initialisation (only possible when embedding) keeps the first subscriber.
     let _ = match format {
@@ -302,7 +305,6 @@ fn init_logging(level: LogLevel, format: LogFormat) {
     };
 }
 
-/// Parses `10s`, `5m`, `1h`, `250ms` (a whole number and a unit; zero is refused).
 /// The mark layout of the flags, refused when it overlaps another datapath's bits (unless
 /// allowed) or is not one contiguous run.
 fn checked_marks(args: &AgentArgs) -> anyhow::Result<MarkLayout> {
@@ -341,6 +343,7 @@ fn parse_duration_or_off(text: &str) -> Result<Duration, String> {
     parse_duration(text)
 }
 
+/// Parses `10s`, `5m`, `1h`, `250ms` (a whole number and a unit; zero is refused).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let digits = text.chars().take_while(char::is_ascii_digit).count();
