@@ -60,6 +60,12 @@ pub fn run(args: &PlanArgs<'_>) -> anyhow::Result<()> {
         );
     }
 
+    if args.facts.is_none() {
+        if let Some(warning) = no_facts_warning(&snapshot, args.node) {
+            eprintln!("{warning}");
+        }
+    }
+
     let plan = kuport_core::plan::plan(&snapshot, args.node, &facts, now);
     let text = match args.output {
         Output::Json => {
@@ -78,6 +84,29 @@ pub fn run(args: &PlanArgs<'_>) -> anyhow::Result<()> {
         .and_then(|()| stdout.flush())
         .context("writing the plan to standard output")?;
     Ok(())
+}
+
+/// Without `--facts` no interface of the node has an address, so no steering rule of a class
+/// naming it is rendered, while its mappings may still read programmed from the status rows in
+/// the dump: say so when the node accepts for some class.
+fn no_facts_warning(snapshot: &kuport_core::snapshot::Snapshot, node: &str) -> Option<String> {
+    let mut classes = Vec::new();
+    let mut interfaces = std::collections::BTreeSet::new();
+    for class in &snapshot.classes {
+        if let Some(member) = class.spec.nodes.get(node) {
+            classes.push(class.metadata.name.clone().unwrap_or_default());
+            interfaces.extend(member.interfaces.iter().cloned());
+        }
+    }
+    if classes.is_empty() {
+        return None;
+    }
+    classes.sort();
+    Some(format!(
+        "warning: no --facts: the addresses of node {node}'s interfaces ({}) are unknown, so the rules shown capture nothing there (classes {}), though its mappings may read programmed; give --facts with the node's interface addresses",
+        interfaces.into_iter().collect::<Vec<_>>().join(", "),
+        classes.join(", ")
+    ))
 }
 
 #[cfg(test)]

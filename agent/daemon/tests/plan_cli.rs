@@ -367,9 +367,34 @@ fn an_unknown_node_warns_and_programs_nothing() {
 
 #[test]
 fn a_known_node_does_not_warn() {
-    let out = plan(&["objects"], "worker-1", &[]);
+    let facts = testdata("facts-worker-1.yaml").display().to_string();
+    let out = plan(&["objects"], "worker-1", &["--facts", &facts]);
     succeeded(&out);
     assert!(!stderr(&out).contains("warning"), "{}", stderr(&out));
+}
+
+#[test]
+fn an_accepting_node_without_facts_is_warned_that_nothing_is_captured() {
+    let out = plan(&["objects"], "worker-1", &[]);
+    succeeded(&out);
+    let err = stderr(&out);
+    assert!(
+        err.contains("warning: no --facts: the addresses of node worker-1's interfaces (")
+            && err.contains("capture nothing there"),
+        "{err}"
+    );
+    assert!(
+        err.contains("(enp1s0, wt0)") && err.contains("(classes intranet, public)"),
+        "{err}"
+    );
+    let err = stderr(&plan(&["objects"], "worker-2", &[]));
+    assert!(
+        err.contains("(wt0)") && err.contains("(classes intranet)"),
+        "{err}"
+    );
+    // A node no class names captures nothing anyway: no such warning.
+    let out = plan(&["objects"], "edge-9", &[]);
+    assert!(!stderr(&out).contains("--facts"), "{}", stderr(&out));
 }
 
 #[test]
