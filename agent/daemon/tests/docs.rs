@@ -791,3 +791,315 @@ fn section_lines(text: &str, heading: &str) -> std::ops::Range<usize> {
         .map_or(lines.len(), |p| start + 1 + p);
     start + 1..end + 1
 }
+
+/// The cargo aliases whose definition already ends in `--`: `cargo lab -- run x` would hand
+/// kuport-lab the word `run` as a file name.
+fn aliases_ending_in_double_dash() -> BTreeSet<String> {
+    read(".cargo/config.toml")
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .filter(|(_, v)| v.trim().trim_matches('"').trim_end().ends_with("--"))
+        .map(|(k, _)| k.trim().to_owned())
+        .collect()
+}
+
+/// `cargo <alias> -- ...` invocations of an alias that already ends in `--`.
+fn doubled_dashes(toks: &[String], aliases: &BTreeSet<String>) -> Vec<String> {
+    toks.windows(3)
+        .filter(|w| w[0] == "cargo" && aliases.contains(&w[1]) && w[2] == "--")
+        .map(|w| format!("cargo {} --", w[1]))
+        .collect()
+}
+
+#[test]
+fn no_doc_passes_a_second_double_dash_to_an_alias_that_has_one() {
+    let aliases = aliases_ending_in_double_dash();
+    assert!(aliases.contains("lab"), "{aliases:?}");
+    assert_eq!(
+        doubled_dashes(&tokens("sudo cargo lab -- run x.yaml"), &aliases),
+        ["cargo lab --"]
+    );
+    assert!(doubled_dashes(&tokens("cargo lab run x.yaml"), &aliases).is_empty());
+    let mut problems = Vec::new();
+    for (doc, text) in documents() {
+        for code in code_spans(&doc, &text) {
+            for bad in doubled_dashes(&tokens(&code.text), &aliases) {
+                problems.push(format!("{}:{}: `{bad}`", code.doc, code.line));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// Every file in the repository (by `git ls-files`), as (path, text), text files only.
+fn tracked_files() -> Vec<(String, String)> {
+    let out = Command::new("git")
+        .args(["ls-files"])
+        .current_dir(repo_root())
+        .output()
+        .expect("running git ls-files");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|p| {
+            let text = std::fs::read_to_string(repo_root().join(p)).ok()?;
+            Some((p.to_owned(), text))
+        })
+        .collect()
+}
+
+#[test]
+fn no_file_cites_the_original_design_outside_the_repository() {
+    let cited = [
+        "shared/spec/",
+        "shared/seed/",
+        "shared/reference/",
+        "../shared/",
+    ];
+    let mut problems = Vec::new();
+    let files = tracked_files();
+    assert!(files.len() > 100, "only {} files read", files.len());
+    for (path, text) in files {
+        for (n, line) in text.lines().enumerate() {
+            // This test names what it looks for.
+            if path.ends_with("tests/docs.rs") {
+                continue;
+            }
+            if cited.iter().any(|c| line.contains(c)) {
+                problems.push(format!("{path}:{}: {}", n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// The rows of the Markdown table in section `heading` whose header starts with the cell
+/// `first` (`\|` read as `|`).
+fn table_rows(text: &str, heading: &str, first: &str) -> Vec<Vec<String>> {
+    let lines: Vec<&str> = text.lines().collect();
+    let range = section_lines(text, heading);
+    let section =
+        &lines[range.start.min(lines.len())..range.end.saturating_sub(1).min(lines.len())];
+    let cells = |l: &str| -> Vec<String> {
+        l.replace("\\|", "\u{0}")
+            .trim_matches('|')
+            .split('|')
+            .map(|c| c.trim().replace('\u{0}', "|"))
+            .collect()
+    };
+    let Some(header) = section
+        .iter()
+        .position(|l| l.starts_with("| ") && cells(l).first().map(String::as_str) == Some(first))
+    else {
+        return Vec::new();
+    };
+    section[header + 1..]
+        .iter()
+        .take_while(|l| l.starts_with('|'))
+        .filter(|l| !l.starts_with("| ---"))
+        .map(|l| cells(l))
+        .collect()
+}
+
+/// The metric names in a cell (`kuport_...`, up to the first character not in a name).
+fn metric_names(cell: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = cell;
+    while let Some(at) = rest.find("kuport_") {
+        let name: String = rest[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        rest = &rest[at + name.len()..];
+        out.push(name);
+    }
+    out
+}
+
+/// The series the agent exports: every family of its registry, a counter under its `_total`
+/// sample name, a histogram under its family name.
+fn exported_series() -> BTreeSet<String> {
+    let text = kuport::agent::Metrics::new()
+        .encode()
+        .expect("metrics encode");
+    text.lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| {
+            let (name, kind) = l.split_once(' ')?;
+            Some(match kind {
+                "counter" => format!("{name}_total"),
+                _ => name.to_owned(),
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn the_metrics_table_is_what_the_agent_exports_and_the_alerts_use_only_those() {
+    let ops = read("docs/operations.md");
+    let documented: BTreeSet<String> = table_rows(&ops, "## Metrics", "Series")
+        .iter()
+        .filter_map(|row| row.first())
+        .flat_map(|cell| metric_names(cell))
+        .collect();
+    // A family without series is not encoded, so a fresh registry shows only some: each of
+    // those must be documented, and each documented one must be registered in the source
+    // under its base name (without the prefix and the `_total`/`_seconds` suffixes).
+    let exported = exported_series();
+    assert!(exported.len() > 10, "{exported:?}");
+    let undocumented: Vec<&String> = exported.difference(&documented).collect();
+    assert!(
+        undocumented.is_empty(),
+        "exported but not in docs/operations.md \"Metrics\": {undocumented:?}"
+    );
+    let source = read("agent/daemon/src/agent/metrics.rs");
+    let unregistered: Vec<&String> = documented
+        .iter()
+        .filter(|name| {
+            let base = name.trim_start_matches("kuport_");
+            let base = base.strip_suffix("_total").unwrap_or(base);
+            let base = base.strip_suffix("_seconds").unwrap_or(base);
+            !source.contains(&format!("\"{base}\""))
+        })
+        .collect();
+    assert!(
+        unregistered.is_empty(),
+        "documented in docs/operations.md but registered nowhere: {unregistered:?}"
+    );
+    // And the other way: every name the source registers is documented.
+    let bases: BTreeSet<String> = documented
+        .iter()
+        .map(|name| {
+            let base = name.trim_start_matches("kuport_");
+            let base = base.strip_suffix("_total").unwrap_or(base);
+            base.strip_suffix("_seconds").unwrap_or(base).to_owned()
+        })
+        .collect();
+    let registered = registered_names(&source);
+    assert!(registered.len() > 10, "{registered:?}");
+    let missing: Vec<&String> = registered.difference(&bases).collect();
+    assert!(
+        missing.is_empty(),
+        "registered in metrics.rs but not in docs/operations.md \"Metrics\": {missing:?}"
+    );
+    let alerts = table_rows(&ops, "## Metrics", "Alert");
+    let mut used = 0;
+    for row in &alerts {
+        for name in row.get(1).map(|e| metric_names(e)).unwrap_or_default() {
+            used += 1;
+            assert!(documented.contains(&name), "alert {:?} uses {name}", row[0]);
+        }
+    }
+    assert!(
+        used > 5,
+        "only {used} metric names in the alerts: {alerts:?}"
+    );
+}
+
+/// The first string literal after each `register(` or `register_with_unit(` in the source.
+fn registered_names(source: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for call in ["register(", "register_with_unit("] {
+        for (at, _) in source.match_indices(call) {
+            let rest = &source[at + call.len()..];
+            let Some(open) = rest.find('"') else { continue };
+            // Only a literal that is the call's first argument.
+            if !rest[..open].trim().is_empty() {
+                continue;
+            }
+            if let Some(name) = rest[open + 1..].split('"').next() {
+                out.insert(name.to_owned());
+            }
+        }
+    }
+    out
+}
+
+/// The literal runs of a documented log message: the words between placeholders (`<error>`,
+/// numbers, `N`, object names like `ns/name`), each run that is long enough to mean something.
+fn literal_runs(message: &str) -> Vec<String> {
+    let placeholder = |w: &str| {
+        let bare = w.trim_matches(|c: char| c.is_ascii_punctuation());
+        w.contains('<')
+            || w.contains('>')
+            || w.contains('/')
+            || w.contains('…')
+            || w.contains("...")
+            || bare.is_empty()
+            || bare.chars().all(|c| c.is_ascii_digit())
+            || ["N", "M", "K", "name"].contains(&bare)
+    };
+    // A kind before a placeholder is part of the name the code formats (`PortMap {what}`);
+    // a colon ends a run too (the code often formats the part before it).
+    const KINDS: &[&str] = &["PortMap", "PortMapClass", "DaemonSet", "Pod", "ConfigMap"];
+    let mut runs = Vec::new();
+    let mut current: Vec<&str> = Vec::new();
+    let mut end_run = |current: &mut Vec<&str>| {
+        let run = current.join(" ").trim_end_matches(':').to_owned();
+        if run.len() >= 8 {
+            runs.push(run);
+        }
+        current.clear();
+    };
+    for word in message.split_whitespace().chain([" <end>"]) {
+        if placeholder(word) {
+            while current.last().is_some_and(|w| KINDS.contains(w)) {
+                current.pop();
+            }
+            end_run(&mut current);
+        } else {
+            current.push(word);
+            if word.ends_with(':') {
+                end_run(&mut current);
+            }
+        }
+    }
+    runs
+}
+
+/// The agent's sources (the `kuport` and `kuport-host` crates), whitespace collapsed.
+fn agent_sources() -> String {
+    let mut text = String::new();
+    for (path, body) in tracked_files() {
+        if (path.starts_with("agent/daemon/src/") || path.starts_with("agent/host/src/"))
+            && path.ends_with(".rs")
+        {
+            text.push_str(&body.split_whitespace().collect::<Vec<_>>().join(" "));
+            text.push('\n');
+        }
+    }
+    text
+}
+
+#[test]
+fn every_documented_log_line_is_in_the_code() {
+    assert_eq!(
+        literal_runs("cleared N conntrack entries of flows (their next packet starts a new flow)"),
+        ["conntrack entries of flows (their next packet starts a new flow)",]
+    );
+    assert_eq!(
+        literal_runs("writing the status of PortMap ns/name: 409, recomputing"),
+        ["writing the status of", "recomputing"]
+    );
+    let sources = agent_sources();
+    let rows = table_rows(&read("docs/operations.md"), "## Log lines", "Level");
+    assert!(rows.len() > 20, "only {} log rows", rows.len());
+    let mut checked = 0;
+    let mut problems = Vec::new();
+    for row in &rows {
+        let Some(message) = row.get(1) else { continue };
+        for span in message.split('`').skip(1).step_by(2) {
+            for run in literal_runs(span) {
+                checked += 1;
+                if !sources.contains(&run) {
+                    problems.push(format!("{run:?} (of `{span}`)"));
+                }
+            }
+        }
+    }
+    assert!(checked > 30, "only {checked} runs checked");
+    assert!(
+        problems.is_empty(),
+        "docs/operations.md \"Log lines\" quotes words the agent does not log:\n{}",
+        problems.join("\n")
+    );
+}

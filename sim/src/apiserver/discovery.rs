@@ -1,6 +1,6 @@
 //! Discovery (`/api`, `/apis`, aggregated v2 and the legacy per-group-version lists),
 //! `/version`, and `/openapi/v3` built from the CRD schemas: what kubectl reads before it does
-//! anything (see `shared/reference/kubectl-requirements.md`).
+//! anything (what kubectl 1.3x requests, recorded when the model was written).
 
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
