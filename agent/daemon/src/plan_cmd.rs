@@ -60,10 +60,10 @@ pub fn run(args: &PlanArgs<'_>) -> anyhow::Result<()> {
         );
     }
 
-    if args.facts.is_none() {
-        if let Some(warning) = no_facts_warning(&snapshot, args.node) {
-            eprintln!("{warning}");
-        }
+    if args.facts.is_none()
+        && let Some(warning) = no_facts_warning(&snapshot, args.node)
+    {
+        eprintln!("{warning}");
     }
 
     let plan = kuport_core::plan::plan(&snapshot, args.node, &facts, now);
