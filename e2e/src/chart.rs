@@ -4,7 +4,7 @@
 //! Supported: text; `{{ pipeline }}` with `{{-` / `-}}` trimming; `{{/* comments */}}`;
 //! `if` / `else if` / `else` / `end`; `range $key, $value := pipeline` over a map (keys sorted, as
 //! Helm does) or a list (`$key` is the index); operands `.Values.a.b`, `.Release.X`, `.Chart.X`,
-//! `$var`, `$var.a`, string and integer literals; functions `toYaml`, `nindent`, `indent`,
+//! `$.Release.X` (the root inside a `range`), `$var`, `$var.a`, string and integer literals; functions `toYaml`, `nindent`, `indent`,
 //! `quote` and `default`, called directly or through `|`. Anything else is an error naming the
 //! template and the construct, so a template that grows past this subset fails the tests instead
 //! of being rendered wrongly.
@@ -479,7 +479,10 @@ fn operand(word: &str, context: &Value, vars: &BTreeMap<String, Value>) -> Resul
     if let Ok(n) = word.parse::<i64>() {
         return Ok(Value::from(n));
     }
-    let (root, path) = if let Some(rest) = word.strip_prefix('$') {
+    let (root, path) = if let Some(path) = word.strip_prefix("$.") {
+        // `$` is the root context, also inside `range` (where `.` is the element).
+        (context, path)
+    } else if let Some(rest) = word.strip_prefix('$') {
         let (name, path) = rest.split_once('.').unwrap_or((rest, ""));
         let root = vars
             .get(name)
@@ -635,6 +638,13 @@ mod tests {
             json!([{"a": {"k": "v"}}, {"b": {"a": [1, 2], "z": 1}}])
         );
         assert!(out.find("- a:").expect("a") < out.find("- b:").expect("b"));
+    }
+
+    #[test]
+    fn dollar_is_the_root_inside_a_range() {
+        let t = "{{- range $n, $s := .Values.m }}\n{{ $n }}: {{ $.Release.Namespace }}/{{ $s }}\n{{- end }}\n";
+        let out = render_template(t, &ctx(json!({"m": {"a": 1}}))).expect("render");
+        assert_eq!(out, "\na: ns/1\n");
     }
 
     #[test]

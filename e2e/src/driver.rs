@@ -1027,8 +1027,9 @@ pub const HELD_NODE_PORT: u16 = 31080;
 pub const HELD_HOST_PORT: u16 = 8443;
 
 /// The chart through a real helm, on the same cluster and with the workload still in place:
-/// lint, install (the mapping answers again), upgrade (a changed argument: a rolling update;
-/// it still answers), uninstall (every node clean).
+/// lint, a value the schema refuses, install (the mapping answers again), `helm test` (kuport
+/// status in a Pod), upgrade (a changed argument: a rolling update; it still answers),
+/// uninstall (every node clean).
 fn chart_steps(
     r: &mut Run<'_>,
     address: &str,
@@ -1040,8 +1041,29 @@ fn chart_steps(
         r.helm(&["lint", &chart]).map(|_| ())
     })?;
     r.step(
+        "helm refuses a value outside values.schema.json",
+        |r| match r.helm(&["template", "kuport", &chart, "--set", "logLevel=loud"]) {
+            Err(_) => Ok(()),
+            Ok(_) => anyhow::bail!("helm rendered the chart with logLevel=loud"),
+        },
+    )?;
+    r.step(
         "helm install: the DaemonSet ready; the mapping answers again",
         |r| helm_install(r, &chart, address, summary),
+    )?;
+    r.step(
+        "helm test: kuport status from inside the cluster, under its reader role",
+        |r| {
+            r.helm(&[
+                "test",
+                "kuport",
+                "--namespace",
+                "kuport-system",
+                "--timeout",
+                "300s",
+            ])
+            .map(|_| ())
+        },
     )?;
     r.step(
         "helm upgrade (logLevel=debug): a rolling update; the mapping answers",

@@ -744,13 +744,46 @@ fn render(overrides: Value) -> Vec<Value> {
         .collect()
 }
 
+/// The labels only a Helm release carries: which release, chart and version made the object.
+const RELEASE_LABELS: [&str; 4] = [
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+    "app.kubernetes.io/managed-by",
+    "helm.sh/chart",
+];
+
+/// The object without [`RELEASE_LABELS`] (on it and on a DaemonSet's Pod template), after
+/// checking it carries each of them.
+fn without_release_labels(mut object: Value) -> Value {
+    let what = key(&object);
+    for pointer in ["/metadata/labels", "/spec/template/metadata/labels"] {
+        let Some(labels) = object.pointer_mut(pointer).and_then(Value::as_object_mut) else {
+            continue;
+        };
+        let template = pointer.starts_with("/spec");
+        for label in RELEASE_LABELS {
+            // A Pod template names its release and version only (chart and manager are the
+            // DaemonSet's business).
+            let wanted = !template
+                || label.starts_with("app.kubernetes.io/")
+                    && label != "app.kubernetes.io/managed-by";
+            assert_eq!(
+                labels.remove(label).is_some(),
+                wanted,
+                "{what}: {pointer} {label}"
+            );
+        }
+    }
+    object
+}
+
 /// For default values, the chart renders exactly the manifests' objects, less the Namespace
-/// (the chart's README has the operator create and label it).
+/// (the chart's README has the operator create and label it), plus the release labels.
 #[test]
 fn the_chart_renders_the_manifests_for_default_values() {
     let chart_objects: BTreeMap<String, Value> = render(json!({}))
         .into_iter()
-        .map(|o| (key(&o), o))
+        .map(|o| (key(&o), without_release_labels(o)))
         .collect();
     let manifest: BTreeMap<String, Value> = manifest_objects()
         .into_iter()
@@ -872,6 +905,13 @@ fn the_chart_values_do_what_delivery_md_says() {
     // Settings pass through, and the security context holds whatever the values say.
     let tuned = render(json!({
         "logLevel": "debug",
+        "logFormat": "json",
+        "ports": {"health": 18081, "metrics": 19090},
+        "priorityClassName": "",
+        "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%"}},
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "kuport", "operator": "NotIn", "values": ["off"]}]}]}}},
         "nodeSelector": {"kubernetes.io/os": "linux"},
         "tolerations": [{"key": "edge", "operator": "Exists", "effect": "NoSchedule"}],
         "resources": {"requests": {"cpu": "20m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
@@ -899,6 +939,30 @@ fn the_chart_values_do_what_delivery_md_says() {
         .map(|e| (e.name, e.value))
         .collect();
     assert_eq!(env["KUPORT_LOG_LEVEL"].as_deref(), Some("debug"));
+    assert_eq!(env["KUPORT_LOG_FORMAT"].as_deref(), Some("json"));
+    assert_eq!(env["KUPORT_HEALTH_ADDR"].as_deref(), Some(":18081"));
+    assert_eq!(env["KUPORT_METRICS_ADDR"].as_deref(), Some(":19090"));
+    let ports: Vec<(Option<String>, i32)> = c
+        .ports
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|p| (p.name, p.container_port))
+        .collect();
+    assert_eq!(
+        ports,
+        [
+            (Some("health".into()), 18081),
+            (Some("metrics".into()), 19090)
+        ]
+    );
+    assert_eq!(pod.priority_class_name, None, "an empty value sets none");
+    assert!(pod.affinity.is_some(), "affinity passes through");
+    let strategy = ds.spec.update_strategy.clone().expect("updateStrategy");
+    assert_eq!(
+        strategy.rolling_update.and_then(|r| r.max_unavailable),
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String("25%".into()))
+    );
     assert_eq!(env["KUPORT_MARK_BASE"].as_deref(), Some("0x10000000"));
     assert_eq!(env["KUPORT_MARK_MASK"].as_deref(), Some("0xf0000000"));
     let limits = c.resources.and_then(|r| r.limits).expect("limits");
@@ -1008,4 +1072,92 @@ fn kubectl_kustomize_builds_the_same_objects() {
     built.sort_by(|a, b| a.0.cmp(&b.0));
     ours.sort_by(|a, b| a.0.cmp(&b.0));
     assert_eq!(built, ours);
+}
+
+/// The suggested alerts of docs/operations.md ("Metrics"), as (name, expression, for), from
+/// the rows whose expression cell is one code span.
+fn documented_alerts() -> Vec<(String, String, String)> {
+    let ops = std::fs::read_to_string(repo().join("docs/operations.md")).expect("operations.md");
+    let start = ops
+        .find("| Alert | Expression | For | Means |")
+        .expect("the alerts table");
+    ops[start..]
+        .lines()
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .filter_map(|l| {
+            let cells: Vec<String> = l
+                .replace("\\|", "\u{0}")
+                .trim_matches('|')
+                .split('|')
+                .map(|c| c.trim().replace('\u{0}', "|"))
+                .collect();
+            let expr = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
+            (!expr.contains('`')).then(|| {
+                let name: String = cells[0]
+                    .split(|c: char| !c.is_ascii_alphanumeric())
+                    .filter(|w| !w.is_empty())
+                    .map(|w| w[..1].to_uppercase() + &w[1..])
+                    .collect();
+                (format!("Kuport{name}"), expr.to_owned(), cells[2].clone())
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn the_prometheus_rule_carries_the_documented_alerts() {
+    assert!(by_kind(&render(json!({})), "PrometheusRule").is_empty());
+    let rendered = render(json!({"metrics": {"prometheusRule": {
+        "enabled": true, "labels": {"prometheus": "main"}}}}));
+    let rules = by_kind(&rendered, "PrometheusRule");
+    assert_eq!(rules.len(), 1);
+    assert_eq!(rules[0]["metadata"]["labels"]["prometheus"], "main");
+    let alerts: Vec<(String, String, String)> = rules[0]["spec"]["groups"][0]["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .map(|r| {
+            (
+                r["alert"].as_str().unwrap_or_default().to_owned(),
+                r["expr"].as_str().unwrap_or_default().to_owned(),
+                r["for"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    let documented = documented_alerts();
+    assert!(documented.len() >= 10, "{documented:?}");
+    assert_eq!(alerts, documented);
+}
+
+/// Every key of values.yaml is described by values.schema.json (which refuses unknown keys, so
+/// a value added without its schema would make every install fail).
+#[test]
+fn the_values_schema_describes_every_value() {
+    let schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo().join("deploy/chart/values.schema.json"))
+            .expect("values.schema.json"),
+    )
+    .expect("the schema is JSON");
+    fn walk(values: &Value, schema: &Value, at: &str, missing: &mut Vec<String>) {
+        let Some(map) = values.as_object() else {
+            return;
+        };
+        let Some(props) = schema["properties"].as_object() else {
+            return;
+        };
+        for (k, v) in map {
+            match props.get(k) {
+                Some(s) => walk(v, s, &format!("{at}.{k}"), missing),
+                None => missing.push(format!("{at}.{k}")),
+            }
+        }
+    }
+    let mut missing = Vec::new();
+    walk(&chart().values, &schema, "", &mut missing);
+    assert!(
+        missing.is_empty(),
+        "values.yaml keys without a schema: {missing:?}"
+    );
+    assert_eq!(schema["additionalProperties"], false);
 }
