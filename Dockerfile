@@ -1,4 +1,5 @@
-# kuport's agent image: the `kuport` binary and `nft`, nothing fetched at start.
+# kuport's agent image: the `kuport` binary and `nft`, nothing fetched at start; `ip` and
+# `conntrack` beside them for a debug shell on a node (docs/troubleshooting.md).
 #
 # Multi-arch (linux/amd64, linux/arm64) with buildx: the build stage runs on the builder's own
 # platform and cross-compiles for the target one, so no emulation is needed.
@@ -33,7 +34,7 @@ ARG VERSION=dev
 ARG REVISION=unknown
 ARG SOURCE=https://github.com/walzen-group/kuport
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends nftables \
+    && apt-get install -y --no-install-recommends nftables iproute2 conntrack \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /kuport /usr/local/bin/kuport
 LABEL org.opencontainers.image.title="kuport-agent" \

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the agent image without a container registry or daemon, into an OCI archive:
-# a Debian root filesystem made by debootstrap with nftables installed (the Dockerfile's final
+# a Debian root filesystem made by debootstrap with nftables, iproute2 and conntrack (the
+# Dockerfile's final
 # stage: the same suite and package), the kuport binary built here, the Dockerfile's labels,
 # entrypoint and command. Needs root, debootstrap and buildah (Debian packages).
 #
@@ -19,7 +20,7 @@ suite=$(sed -n 's/^ARG DEBIAN_SUITE=//p' Dockerfile)
 arch=$(dpkg --print-architecture)
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 revision=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-packages=nftables
+packages=nftables,iproute2,conntrack
 cache=/var/cache/kuport/image
 rootfs_tar="$cache/rootfs-$suite-$arch-$packages.tar"
 

@@ -2,7 +2,8 @@
 # Runs the agent image's own binaries as the DaemonSet would, without a container engine: the
 # archive is unpacked with buildah, mounted read-only, entered with chroot in fresh mount and
 # network namespaces, and run as UID 0 holding only CAP_NET_ADMIN. Checks `kuport version`,
-# that nft is baked in, and that `kuport cleanup` can talk to nftables and rtnetlink.
+# that nft is baked in, that `kuport cleanup` can talk to nftables and rtnetlink, and that the
+# debugging tools the docs name (nft, ip, conntrack, a shell) work as a debug pod runs them.
 #
 #   deploy/image/smoke.sh [ARCHIVE.oci.tar]     (default: target/kuport-agent.oci.tar)
 set -euo pipefail
@@ -33,6 +34,9 @@ unshare --mount --net --fork -- sh -eu -c '
     if run /usr/sbin/nft list table ip kuport >/dev/null 2>&1; then
         echo "kuport cleanup left table ip kuport" >&2; exit 1
     fi
+    # The debugging commands docs/troubleshooting.md gives for `kubectl debug node/...
+    # --profile=netadmin --image=<this image> -- sh`, run as that shell would run them.
+    run /bin/sh -c "nft list ruleset >/dev/null && ip -br link && ip rule && ip route show table all >/dev/null && conntrack -L >/dev/null 2>&1 && conntrack --version && ip -V"
     # Control: without NET_ADMIN the same command is refused, so the drop above is real.
     if chroot "$root" /usr/bin/setpriv --bounding-set=-all --inh-caps=-all -- /usr/sbin/nft add table ip control 2>/dev/null; then
         echo "nft worked without NET_ADMIN: capabilities were not dropped" >&2; exit 1
