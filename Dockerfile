@@ -7,7 +7,7 @@
 
 # The toolchain of rust-toolchain.toml (which .dockerignore leaves out: the image's own
 # toolchain is that release, and the build needs neither rustfmt nor clippy). Base images are
-# referred to by tag: pinning them by digest is to do (docs/development.md, "Release").
+# referred to by tag: pinning them by digest is to do (docs/development.md, "Releasing").
 ARG RUST_VERSION=1.95.0
 ARG DEBIAN_SUITE=bookworm
 

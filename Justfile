@@ -91,7 +91,7 @@ cli-archive target version:
     deploy/release/cli-archive.sh {{target}} {{version}}
 
 # The krew plugin manifest of release X.Y.Z of OWNER/NAME, from the checksums in dist/cli/:
-# dist/krew/kuport.yaml (`kubectl krew install --manifest=dist/krew/kuport.yaml`).
+# dist/krew/kuport-krew.yaml (`kubectl krew install --manifest=dist/krew/kuport-krew.yaml`).
 krew-manifest version repository:
     mkdir -p dist/krew
-    cargo e2e krew-manifest --version {{version}} --repository {{repository}} dist/cli/*.sha256 > dist/krew/kuport.yaml
+    cargo e2e krew-manifest --version {{version}} --repository {{repository}} dist/cli/*.sha256 > dist/krew/kuport-krew.yaml
