@@ -6,7 +6,10 @@
 #   docker buildx build --platform linux/amd64,linux/arm64 -t kuport-agent .
 # The agent runs as UID 0 with only NET_ADMIN (deploy/manifests/daemonset.yaml).
 
-ARG RUST_VERSION=1.95
+# The toolchain of rust-toolchain.toml (which .dockerignore leaves out: the image's own
+# toolchain is that release, and the build needs neither rustfmt nor clippy). Base images are
+# referred to by tag: pinning them by digest is to do (docs/development.md, "Releasing").
+ARG RUST_VERSION=1.95.0
 ARG DEBIAN_SUITE=bookworm
 
 FROM --platform=$BUILDPLATFORM docker.io/library/rust:${RUST_VERSION}-${DEBIAN_SUITE} AS build

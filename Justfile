@@ -78,3 +78,20 @@ release-artifacts version image digest:
     cargo e2e chart-digest --digest {{digest}} --values dist/chart/values.yaml
     sed -i 's|^  repository: .*|  repository: {{image}}|' dist/chart/values.yaml
     helm package dist/chart --version {{version}} --app-version {{version}} --destination dist
+
+# Push a packaged chart to an OCI registry; the credentials come from the environment
+# (REGISTRY_USER, REGISTRY_TOKEN), never from the command line.
+chart-push chart registry:
+    printf '%s' "$REGISTRY_TOKEN" | helm registry login "$(echo {{registry}} | cut -d/ -f3)" --username "$REGISTRY_USER" --password-stdin
+    helm push {{chart}} {{registry}}
+
+# The CLI for one Rust target of a release, packed with its checksum into dist/cli/
+# (kuport-vX.Y.Z-<os>-<arch>.tar.gz and .sha256; the release workflow runs it per platform).
+cli-archive target version:
+    deploy/release/cli-archive.sh {{target}} {{version}}
+
+# The krew plugin manifest of release X.Y.Z of OWNER/NAME, from the checksums in dist/cli/:
+# dist/krew/kuport-krew.yaml (`kubectl krew install --manifest=dist/krew/kuport-krew.yaml`).
+krew-manifest version repository:
+    mkdir -p dist/krew
+    cargo e2e krew-manifest --version {{version}} --repository {{repository}} dist/cli/*.sha256 > dist/krew/kuport-krew.yaml

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use kuport_e2e::driver::{self, DryRun, Options, RealShell};
-use kuport_e2e::{local, manifests};
+use kuport_e2e::{krew, local, manifests};
 
 /// kuport's end-to-end driver and release helpers. Without a subcommand, `run`.
 #[derive(Debug, Parser)]
@@ -41,6 +41,20 @@ enum Command {
         /// The values file to rewrite in place.
         #[arg(long, default_value = "deploy/chart/values.yaml")]
         values: PathBuf,
+    },
+    /// Print the krew plugin manifest of a release (`kubectl kuport ...`), made from the
+    /// checksum files of its CLI archives (deploy/release/cli-archive.sh writes them): one
+    /// platform per archive, its download URL on the GitHub release, its SHA-256.
+    KrewManifest {
+        /// The release, `X.Y.Z` (its tag is `vX.Y.Z`).
+        #[arg(long)]
+        version: String,
+        /// The GitHub repository the release is published in, `OWNER/NAME`.
+        #[arg(long)]
+        repository: String,
+        /// The `.sha256` files of the archives, `<hex>  kuport-vX.Y.Z-<os>-<arch>.tar.gz`.
+        #[arg(required = true, value_name = "SHA256_FILE")]
+        checksums: Vec<PathBuf>,
     },
 }
 
@@ -149,5 +163,28 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             eprintln!("{}: image.digest = {digest}", values.display());
             Ok(())
         }
+        Command::KrewManifest {
+            version,
+            repository,
+            checksums,
+        } => {
+            print!("{}", krew_manifest(&version, &repository, &checksums)?);
+            Ok(())
+        }
     }
+}
+
+/// The krew manifest of release `version` from the archives' checksum files.
+fn krew_manifest(version: &str, repository: &str, checksums: &[PathBuf]) -> anyhow::Result<String> {
+    let mut archives = Vec::new();
+    for path in checksums {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        archives.extend(krew::parse_checksums(
+            &text,
+            &path.display().to_string(),
+            version,
+        )?);
+    }
+    Ok(krew::manifest(version, repository, &archives)?)
 }

@@ -169,8 +169,22 @@ enum Command {
   kuport preflight --nodes edge-a,worker-b --port 4790 --timeout 2m
   kuport preflight -o json | jq '.problems'")]
     Preflight(crate::preflight_cmd::PreflightArgs),
-    /// Print kuport's version.
-    Version,
+    /// Print this client's version and, when it can read the cluster, the version of the agent
+    /// on every node.
+    ///
+    /// The agents are found as `kuport status` finds them: their Pods by --agent-selector (the
+    /// image), and the version each agent stamps on its PortMapClass rows. More than one
+    /// version is said (a rollout in progress, or version skew). With --client, or when the
+    /// cluster cannot be read within --timeout, only the client's version is printed, with a
+    /// note under "Agents" and on standard error.
+    ///
+    /// Exit status: 0 whenever the client's version is printed, even when the cluster cannot
+    /// be read (`kuport status` judges the cluster); 2 when the command line cannot be used.
+    #[command(after_help = "Examples:
+  kuport version
+  kuport version --client
+  kuport version -o json | jq -r '.agents.versions[]'")]
+    Version(crate::status_cmd::version::VersionArgs),
 }
 
 impl Cli {
@@ -214,10 +228,7 @@ impl Cli {
             .map(|()| done),
             Command::Status(args) => crate::status_cmd::run(&args),
             Command::Preflight(args) => crate::preflight_cmd::run(&args),
-            Command::Version => {
-                println!("kuport {}", env!("CARGO_PKG_VERSION"));
-                Ok(done)
-            }
+            Command::Version(args) => crate::status_cmd::version::run(&args),
         }
     }
 }

@@ -113,12 +113,17 @@ fn help_explains_the_commands() {
 #[test]
 fn version_prints_the_package_version() {
     let output = kuport()
-        .arg("version")
+        .args(["version", "--client"])
         .output()
-        .expect("run kuport version");
+        .expect("run kuport version --client");
     assert!(output.status.success());
     assert_eq!(
         String::from_utf8_lossy(&output.stdout),
-        format!("kuport {}\n", env!("CARGO_PKG_VERSION"))
+        format!(
+            "Client: kuport {} ({}/{})\n",
+            env!("CARGO_PKG_VERSION"),
+            std::env::consts::OS,
+            std::env::consts::ARCH
+        )
     );
 }

@@ -267,3 +267,41 @@ async fn events(
         .await?
         .unwrap_or_default())
 }
+
+/// What `kuport version` reads of the agents: their DaemonSets and Pods (image and node), the
+/// class rows (the version each agent stamps) and the Nodes; a refused list is noted, not
+/// fatal.
+pub(super) async fn fetch_agents(
+    client: &kube::Client,
+    selector: &AgentSelector,
+) -> anyhow::Result<Dump> {
+    let all = ListParams::default();
+    let mut dump = Dump::default();
+    // A cluster without kuport's CRDs has no rows to read, and still Pods to look at.
+    dump.snapshot.classes = match Api::<PortMapClass>::all(client.clone()).list(&all).await {
+        Ok(list) => list.items,
+        Err(kube::Error::Api(e)) if e.code == 403 || e.code == 404 => {
+            let why = if e.code == 404 {
+                "not installed"
+            } else {
+                "forbidden"
+            };
+            dump.unread.push(Unread {
+                what: "PortMapClasses".to_owned(),
+                why: format!("{why}: {}", e.message),
+            });
+            Vec::new()
+        }
+        Err(e) => return Err(e).context("listing PortMapClasses"),
+    };
+    dump.snapshot.nodes = list_or_note(
+        Api::<Node>::all(client.clone()),
+        "Nodes",
+        &all,
+        &mut dump.unread,
+    )
+    .await?
+    .unwrap_or_default();
+    agent_objects(client, selector, &mut dump).await?;
+    Ok(dump)
+}

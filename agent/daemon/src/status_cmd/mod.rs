@@ -4,13 +4,15 @@
 //!
 //! Two layers: a thin fetch ([`fetch`], the lists it names and nothing else) into a [`Dump`],
 //! and the pure renderer ([`render`], [`agents`], [`explain`]) over that dump, which
-//! `--objects` also feeds from recorded files.
+//! `--objects` also feeds from recorded files. `kuport version` ([`version`]) reads the agents
+//! the same way.
 
 pub mod agents;
 mod explain;
 mod fetch;
 pub mod render;
 pub(crate) mod terminal;
+pub mod version;
 
 use std::io::Write as _;
 use std::path::PathBuf;

@@ -643,7 +643,7 @@ fn trust_problem(m: &MappingView) -> Option<String> {
 }
 
 /// Left-aligned columns separated by three spaces, like kubectl's tables.
-fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+pub(super) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (i, cell) in row.iter().enumerate() {
