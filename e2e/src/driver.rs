@@ -1067,25 +1067,7 @@ fn chart_steps(
     )?;
     r.step(
         "helm upgrade (logLevel=debug): a rolling update; the mapping answers",
-        |r| {
-            r.helm(&[
-                "upgrade",
-                "kuport",
-                &chart,
-                "--namespace",
-                "kuport-system",
-                "--reuse-values",
-                "--set",
-                "logLevel=debug",
-                "--wait",
-                "--timeout",
-                "300s",
-            ])?;
-            r.rollout_status("kuport-system", "daemonset/kuport-agent", "300s")?;
-            let seen = r.p.probe(r.sh, address)?;
-            summary.probes.extend(seen);
-            Ok(())
-        },
+        |r| helm_upgrade(r, &chart, address, summary),
     )?;
     r.step(
         "helm uninstall leaves no kuport table or link on any node",
@@ -1109,6 +1091,27 @@ fn chart_steps(
             r.nodes_clean(nodes)
         },
     )?;
+    Ok(())
+}
+
+/// An upgrade that changes an argument: the DaemonSet rolls, and the mapping still answers.
+fn helm_upgrade(r: &mut Run<'_>, chart: &str, address: &str, summary: &mut Summary) -> Result<()> {
+    r.helm(&[
+        "upgrade",
+        "kuport",
+        chart,
+        "--namespace",
+        "kuport-system",
+        "--reuse-values",
+        "--set",
+        "logLevel=debug",
+        "--wait",
+        "--timeout",
+        "300s",
+    ])?;
+    r.rollout_status("kuport-system", "daemonset/kuport-agent", "300s")?;
+    let seen = r.p.probe(r.sh, address)?;
+    summary.probes.extend(seen);
     Ok(())
 }
 

@@ -1103,3 +1103,48 @@ fn every_documented_log_line_is_in_the_code() {
         problems.join("\n")
     );
 }
+
+/// The number the words `one` to `twelve` name.
+fn number_word(word: &str) -> Option<usize> {
+    [
+        "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+        "twelve",
+    ]
+    .iter()
+    .position(|w| *w == word)
+    .map(|i| i + 1)
+}
+
+#[test]
+fn the_watch_count_in_the_docs_is_the_code_s() {
+    let inputs = read("agent/daemon/src/agent/runtime/inputs.rs");
+    let block = inputs
+        .split("watched_kinds! {")
+        .nth(1)
+        .expect("the watched_kinds! invocation");
+    let kinds = block
+        .lines()
+        .take_while(|l| l.trim() != "}")
+        .filter(|l| l.contains("=>"))
+        .count();
+    // The kinds, plus the watch of kube-system/cilium-config, which the first pass waits for too.
+    assert!(
+        inputs.contains("cni: Store<ConfigMap>"),
+        "the cilium-config watch moved"
+    );
+    let watches = kinds + 1;
+    let ops = read("docs/operations.md");
+    let mut named = 0;
+    for (phrase, after) in [("all ", " have synced"), ("the ", " watches listed")] {
+        for (at, _) in ops.match_indices(after) {
+            let word = ops[..at].rsplit(phrase).next().unwrap_or_default();
+            named += 1;
+            assert_eq!(
+                number_word(word),
+                Some(watches),
+                "docs/operations.md says {phrase}{word}{after}; the agent has {watches} watches"
+            );
+        }
+    }
+    assert_eq!(named, 2, "the two places that count the watches moved");
+}
