@@ -565,6 +565,7 @@ mod tests {
                     (ChainId::Post, post),
                     (ChainId::Fwd, vec![Rule::ClampMssOut]),
                 ],
+                hairpin_sources: Vec::new(),
             },
             ..Default::default()
         };

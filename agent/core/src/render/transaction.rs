@@ -376,6 +376,7 @@ mod tests {
                 (ChainId::Pre, rules),
                 (ChainId::Fwd, vec![Rule::ClampMssOut]),
             ],
+            hairpin_sources: Vec::new(),
         }
     }
 
