@@ -279,8 +279,8 @@ pub enum Rule {
     /// kup-pre: destination NAT of one mapping on one input interface.
     Dnat(DnatRule),
     /// kup-steer, kup-pre and kup-out: one published address of a mapping for clients inside
-    /// the cluster (`datapath.md`, "Clients inside the cluster"): a pod of this node dialing it
-    /// is steered whatever interface its packet arrives on, and the node's own processes dialing
+    /// the cluster (`datapath.md`, "Clients inside the cluster"): a pod dialing it is steered
+    /// whatever pod device its packet arrives on (not a bound interface nor the underlay), and the node's own processes dialing
     /// it are DNATed in the output hook, to the same target as the mapping's DNAT.
     Hairpin(HairpinRule),
     /// kup-post: a hairpin flow from a pod to a pod of this same node is masqueraded to the
@@ -365,8 +365,8 @@ pub struct DnatRule {
 }
 
 /// One published address of a mapping, served to clients inside the cluster: the steering of
-/// a pod's packet (from a pod network, routed back out the interface it came in on) and the
-/// output-hook DNAT of the node's own, both to `to`.
+/// a pod's packet (from a pod network, not arriving on a bound interface or the underlay) and
+/// the output-hook DNAT of the node's own, both to `to`.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct HairpinRule {
@@ -433,6 +433,13 @@ pub struct NftTable {
     /// `hairpin-sources` set. Empty: no pod is steered by its destination alone.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hairpin_sources: Vec<Ipv4Net>,
+    /// The interfaces a hairpin client's packet must not arrive on (sorted): the node's bound
+    /// interfaces and its underlay device, where a pod address could only be spoofed. A pod's
+    /// own device is not named: its name is the CNI's (a bridge, a veth per pod), and the route
+    /// back to a pod need not leave by it (Cilium routes its pod CIDR via `cilium_host` while a
+    /// pod's packets arrive on its `lxc` device).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hairpin_external: Vec<String>,
 }
 
 impl NftTable {
@@ -663,6 +670,8 @@ impl HostState {
         self.nft.counters.sort();
         self.nft.counters.dedup();
         self.nft.hairpin_sources = Ipv4Net::aggregate(&self.nft.hairpin_sources);
+        self.nft.hairpin_external.sort();
+        self.nft.hairpin_external.dedup();
         self.nft.chains.sort_by_key(|(chain, _)| *chain);
         for (_, rules) in &mut self.nft.chains {
             rules.sort();

@@ -61,10 +61,6 @@ pub struct Packet {
     /// The destination before steering moved it to the stand-in (conntrack's original tuple),
     /// set by the tracer.
     pub original_daddr: Option<Ipv4Addr>,
-    /// The node routes the source back out the interface the packet arrived on (`fib saddr .
-    /// iif oif exists`): true for a pod of this node on its own interface, false for a source
-    /// address spoofed on another interface.
-    pub reverse_path: bool,
     /// Sent by one of the node's own processes: it passes the output hook (kup-out), never
     /// prerouting.
     pub local_out: bool,
@@ -132,7 +128,6 @@ impl Packet {
             broadcast: Vec::new(),
             anycast: Vec::new(),
             original_daddr: None,
-            reverse_path: true,
             local_out: false,
             oif: String::new(),
         }
@@ -344,7 +339,7 @@ fn steer(state: &HostState, p: &mut Packet, t: &mut Trace) {
     // The hairpin lookups come after the interfaces' own in the chain.
     let from_pod = p.ct_state == CtState::New
         && !p.reply
-        && p.reverse_path
+        && !state.nft.hairpin_external.contains(&p.iif)
         && state
             .nft
             .hairpin_sources

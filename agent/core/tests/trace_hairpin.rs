@@ -149,11 +149,20 @@ fn only_a_pod_of_the_node_dialing_a_published_port_is_steered() {
     // The other protocol on the published port: not published.
     let t = trace(&edge, &from_pod(EDGE_POD, EDGE_PUBLIC, Protocol::Tcp, 3000));
     assert!(!t.steered);
-    // A pod address spoofed on an interface the node does not route it back to.
-    let mut spoofed = from_pod(EDGE_POD, EDGE_MESH, Protocol::Udp, 3000);
-    spoofed.iif = "enp1s0".into();
-    spoofed.reverse_path = false;
-    assert!(!trace(&edge, &spoofed).steered);
+    // A pod address spoofed on a bound interface or the underlay, to the other interface's
+    // published address (its own one is the interface's ordinary capture): never a pod's.
+    for (iif, daddr) in [("enp1s0", EDGE_MESH), ("wt0", EDGE_PUBLIC)] {
+        let mut spoofed = from_pod(EDGE_POD, daddr, Protocol::Udp, 3000);
+        spoofed.iif = iif.into();
+        assert!(!trace(&edge, &spoofed).steered, "{iif}");
+    }
+    // A pod on its own device whatever its name (Cilium's lxc device, whose pod CIDR routes
+    // via cilium_host; kindnet's veth; a bridge).
+    for iif in ["lxc1a2b3c", "veth7", "cni0"] {
+        let mut pod = from_pod(EDGE_POD, EDGE_MESH, Protocol::Udp, 3000);
+        pod.iif = iif.into();
+        assert!(trace(&edge, &pod).steered, "{iif}");
+    }
     // A source outside every pod network, on a pod's device: not a pod.
     let t = trace(
         &edge,

@@ -566,6 +566,7 @@ mod tests {
                     (ChainId::Fwd, vec![Rule::ClampMssOut]),
                 ],
                 hairpin_sources: Vec::new(),
+                hairpin_external: Vec::new(),
             },
             ..Default::default()
         };

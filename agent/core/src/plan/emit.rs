@@ -170,6 +170,14 @@ pub fn emit(
         .is_some_and(|rules| rules.iter().any(|r| matches!(r, Rule::Hairpin(_))));
     if hairpins {
         state.nft.hairpin_sources = Ipv4Net::aggregate(&index.addresses.all_pod_networks());
+        // Where a pod address can only be spoofed: the interfaces this node accepts on (every
+        // one that has a hairpin entry is among them) and the underlay.
+        state.nft.hairpin_external = state
+            .valid_mark_interfaces
+            .iter()
+            .cloned()
+            .chain(facts.underlay_device.clone())
+            .collect();
     }
     if state.nft.hairpin_sources.is_empty() {
         // No pod is steered by its destination without a pod network to check it against,

@@ -19,8 +19,8 @@ use std::fmt::Write as _;
 use crate::ir::{ChainId, HairpinRule, MarkLayout, NftTable, PortRange, Rule, STAND_IN, TABLE};
 
 use super::{
-    HAIRPIN_SOURCES, NEW_FLOW, masked_cmp, masked_eq, masked_set, quote, rule_text,
-    symbolic_priority,
+    HAIRPIN_EXTERNAL, HAIRPIN_SOURCES, NEW_FLOW, masked_cmp, masked_eq, masked_set, quote,
+    rule_text, symbolic_priority,
 };
 
 /// A set or a map of kuport's table.
@@ -272,8 +272,9 @@ impl Builder {
     }
 
     /// The `hairpin-sources` set: the pod networks, one element each (the emitter aggregated
-    /// them, so none overlaps another, which an interval set refuses). A /32 is listed as the
-    /// bare address, as nft lists it.
+    /// them, so none overlaps another, which an interval set refuses; a /32 is listed as the
+    /// bare address, as nft lists it); and the `hairpin-external` set, the interfaces a pod's
+    /// packet never arrives on.
     fn sources(&mut self, table: &NftTable) {
         if table.hairpin_sources.is_empty() {
             return;
@@ -298,6 +299,21 @@ impl Builder {
                 flags: Width::Range.flags().to_owned(),
                 extra: Vec::new(),
                 elements,
+            },
+        );
+        let external = table
+            .hairpin_external
+            .iter()
+            .map(|name| (quote(name), String::new()))
+            .collect();
+        self.planned.layout.stores.insert(
+            HAIRPIN_EXTERNAL.to_owned(),
+            Store {
+                map: false,
+                type_text: "ifname".to_owned(),
+                flags: String::new(),
+                extra: Vec::new(),
+                elements: external,
             },
         );
     }
@@ -452,9 +468,9 @@ impl Builder {
         rules
     }
 
-    /// The hairpin lookups, one group per (mark, width): kup-steer's for a pod of this node
-    /// (its address in a pod network, and routed back out the interface it came in on, so a
-    /// spoofed pod address from outside is not taken) when pod networks are known, kup-pre's
+    /// The hairpin lookups, one group per (mark, width): kup-steer's for a pod (its address in
+    /// a pod network, arriving on neither a bound interface nor the underlay, where a pod
+    /// address could only be spoofed) when pod networks are known, kup-pre's
     /// DNAT of what those moved to the stand-in (by the original destination conntrack keeps),
     /// and kup-out's for the node's own processes.
     fn hairpin_lookups(&mut self) -> (Vec<String>, Vec<String>, Vec<String>) {
@@ -487,7 +503,7 @@ impl Builder {
             let flow_mark = masked_set("ct mark", marks, mark);
             if self.hairpin_sources {
                 let from_pod = format!(
-                    "{NEW_FLOW} ip saddr @{HAIRPIN_SOURCES} fib saddr . iif oif exists {HAIRPIN_KEY} @{group}"
+                    "{NEW_FLOW} ip saddr @{HAIRPIN_SOURCES} iifname != @{HAIRPIN_EXTERNAL} {HAIRPIN_KEY} @{group}"
                 );
                 steer.push(format!(
                     "{from_pod} {} {}",

@@ -163,6 +163,8 @@ pub fn rule_text(rule: &Rule, marks: MarkLayout) -> String {
 
 /// The set of pod networks a hairpin client's address must lie in.
 pub const HAIRPIN_SOURCES: &str = "hairpin-sources";
+/// The set of interfaces a hairpin client's packet must not arrive on.
+pub const HAIRPIN_EXTERNAL: &str = "hairpin-external";
 
 /// A hairpin element as `kuport plan --output text` names it; the kernel holds it as elements
 /// of the `hairpin-*` set and maps behind constant lookup rules (`layout`).
