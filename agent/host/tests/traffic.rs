@@ -1,13 +1,13 @@
 //! Traffic through kuport's rules in namespaces shaped like nodes, pods and clients: the pod sees
 //! the client's own address and the reply comes from the address dialed, same node and cross
 //! node, under a Cilium-like and a kindnet-like masquerade (the shapes proven by hand in
-//! `shared/reference/ctmark-proof.sh`), with negative controls that remove kuport's identity SNAT;
-//! and clients inside the cluster through the applied rules alone (no agent): the node itself
-//! and the pod itself dialing the published address, each with a control without the hairpin
-//! entries.
+//! `shared/reference/ctmark-proof.sh`), with negative controls that remove kuport's identity SNAT.
 //! The conntrack sweep (`stale_flows.rs`) and the hardening (`hardening.rs`) are suites of their
 //! own over the same shapes (`netns/topology.rs`).
 //! Root only; own harness (see `netns/mod.rs`).
+//! Clients inside the cluster through the applied rules alone (no agent): the node itself and
+//! the pod itself dialing the published address, each with a control without the hairpin
+//! entries.
 
 mod netns;
 
