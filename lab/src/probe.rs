@@ -265,8 +265,14 @@ fn detail_of(p: &Probe, answer: &Answer, dialed: SocketAddr, attempts: u32) -> V
         "attempts": attempts,
         "answeredBy": answer.tag,
     });
-    if p.pod_sees == PodSees::Other {
-        detail["podSees"] = json!("other");
+    match p.pod_sees {
+        PodSees::Other => detail["podSees"] = json!("other"),
+        PodSees::Any => {
+            detail["podSees"] = json!("any");
+            // Whether the pod saw the client's own address and port, for the record.
+            detail["podSawClient"] = json!(answer.peer.is_some() && answer.peer == answer.client);
+        }
+        PodSees::Client => {}
     }
     if let Some(mtu) = answer.mtu {
         detail["mtu"] = json!(mtu);
@@ -309,10 +315,12 @@ fn judge(
                 && p.answered_by
                     .as_ref()
                     .is_none_or(|want| answer.tag.as_ref() == Some(want))
-                && client_own
                 && match p.pod_sees {
-                    PodSees::Client => saw_client,
-                    PodSees::Other => !saw_client_ip,
+                    PodSees::Client => client_own && saw_client,
+                    PodSees::Other => client_own && !saw_client_ip,
+                    // The kernel picks a node client's source (its address toward the one
+                    // dialed), so neither it nor what the pod saw is judged, only recorded.
+                    PodSees::Any => answer.peer.is_some(),
                 }
         }
         Expect::Refused => refused_by(answer, addr),
@@ -406,6 +414,33 @@ mod tests {
             "reply from=192.0.2.1:3000 peer=198.51.100.7:40000 client=198.51.100.7:40000",
             "refused from=10.244.1.5",
             "fragneeded mtu=1400",
+        ] {
+            assert!(!judged(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn pod_sees_any_requires_the_dialed_address_and_records_the_source() {
+        let yaml = "from: \"node:a\"\nto: {node: a, interface: eth0}\nprotocol: UDP\nport: 3000\nexpect: reply\npodSees: any\n";
+        let p: Probe = serde_saphyr::from_str(yaml).expect("a probe recording the source");
+        assert_eq!(p.pod_sees, PodSees::Any);
+        let dialed: SocketAddr = "192.0.2.1:3000".parse().expect("addr");
+        let addr: Ipv4Addr = "192.0.2.1".parse().expect("ip");
+        let mesh: Ipv4Addr = "100.64.0.1".parse().expect("ip");
+        let judged = |line: &str| judge(&p, &parse(line), dialed, addr, mesh);
+        // The node dialed its own public address: the kernel chose that address as source,
+        // and the pod saw a translated one; both recorded, neither judged.
+        let translated = "reply from=192.0.2.1:3000 peer=169.254.77.0:40000 client=192.0.2.1:40000";
+        assert!(judged(translated));
+        let detail = detail_of(&p, &parse(translated), dialed, 1);
+        assert_eq!(detail["podSaw"], "169.254.77.0:40000");
+        assert_eq!(detail["podSawClient"], false);
+        for bad in [
+            "timeout",
+            "refused from=192.0.2.1",
+            // The reply must come from the address and port dialed.
+            "reply from=10.244.1.5:3000 peer=192.0.2.1:40000 client=192.0.2.1:40000",
+            "reply from=192.0.2.1:3001 peer=192.0.2.1:40000 client=192.0.2.1:40000",
         ] {
             assert!(!judged(bad), "{bad}");
         }

@@ -352,6 +352,10 @@ pub enum PodSees {
     #[default]
     Client,
     Other,
+    /// Extension: whatever the pod saw is recorded (`detail.podSaw`), not judged; the reply
+    /// must still come from the address and port dialed. For clients whose source the datapath
+    /// translates (a node dialing its own address, a pod reaching its own node's pod).
+    Any,
 }
 
 #[derive(Clone, Debug, Deserialize)]

@@ -654,6 +654,14 @@ pub fn start_pod(lab: &mut Lab, topo: &mut Topology, spec: &PodSpec, node: &str)
     ip_in(&ns, "link set eth0 up")?;
     if topo.scenario.cni.is_cilium() {
         ip_in(&n.ns, &format!("link set {host_if} master cilium_host up"))?;
+        // Hairpin mode, as kubelet (`--hairpin-mode`) and the bridge CNI plugin set it on a
+        // pod's bridge port: with `br_netfilter` loaded, a pod's frame DNATed back to that
+        // same pod (a pod dialing its own published address) would otherwise be dropped by
+        // the bridge for leaving by the port it came in on.
+        ip_in(
+            &n.ns,
+            &format!("link set {host_if} type bridge_slave hairpin on"),
+        )?;
         ip_in(&ns, &format!("route add default via {}", n.pod_gateway))?;
     } else {
         // kindnet: a point-to-point veth per pod, the gateway address on every host side.

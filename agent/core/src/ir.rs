@@ -66,6 +66,9 @@ pub enum ChainId {
     Mangle,
     /// filter forward, `mangle`: TCP MSS clamp on kuport's links.
     Fwd,
+    /// nat output, `-110`: the node's own processes dialing one of its own published addresses
+    /// (locally originated packets never pass prerouting) are DNATed as a client's would be.
+    Out,
 }
 
 /// The nft hook a chain attaches to.
@@ -77,6 +80,8 @@ pub enum Hook {
     Postrouting,
     /// forward
     Forward,
+    /// output (locally originated packets)
+    Output,
 }
 
 impl Hook {
@@ -86,19 +91,21 @@ impl Hook {
             Hook::Prerouting => "prerouting",
             Hook::Postrouting => "postrouting",
             Hook::Forward => "forward",
+            Hook::Output => "output",
         }
     }
 }
 
 impl ChainId {
     /// All chains in creation order.
-    pub const ALL: [ChainId; 6] = [
+    pub const ALL: [ChainId; 7] = [
         ChainId::Guard,
         ChainId::Steer,
         ChainId::Pre,
         ChainId::Post,
         ChainId::Mangle,
         ChainId::Fwd,
+        ChainId::Out,
     ];
 
     /// The chain's name (`kup-` prefixed: `mark`, `fwd`, `dnat`, `snat` are nft keywords).
@@ -110,13 +117,14 @@ impl ChainId {
             ChainId::Post => "kup-post",
             ChainId::Mangle => "kup-mangle",
             ChainId::Fwd => "kup-fwd",
+            ChainId::Out => "kup-out",
         }
     }
 
     /// `nat` or `filter`.
     pub fn chain_type(self) -> &'static str {
         match self {
-            ChainId::Pre | ChainId::Post => "nat",
+            ChainId::Pre | ChainId::Post | ChainId::Out => "nat",
             ChainId::Guard | ChainId::Steer | ChainId::Mangle | ChainId::Fwd => "filter",
         }
     }
@@ -127,6 +135,7 @@ impl ChainId {
             ChainId::Guard | ChainId::Steer | ChainId::Pre | ChainId::Mangle => Hook::Prerouting,
             ChainId::Post => Hook::Postrouting,
             ChainId::Fwd => Hook::Forward,
+            ChainId::Out => Hook::Output,
         }
     }
 
@@ -144,6 +153,7 @@ impl ChainId {
             ChainId::Post => 90,
             ChainId::Mangle => -140,
             ChainId::Fwd => -150,
+            ChainId::Out => -110,
         }
     }
 
@@ -156,6 +166,7 @@ impl ChainId {
             ChainId::Post => "post",
             ChainId::Mangle => "mangle",
             ChainId::Fwd => "fwd",
+            ChainId::Out => "out",
         }
     }
 }
@@ -267,6 +278,36 @@ pub enum Rule {
     ClampMssIn,
     /// kup-pre: destination NAT of one mapping on one input interface.
     Dnat(DnatRule),
+    /// kup-steer, kup-pre and kup-out: one published address of a mapping for clients inside
+    /// the cluster (`datapath.md`, "Clients inside the cluster"): a pod dialing it is steered
+    /// whatever pod device its packet arrives on (not a bound interface nor the underlay), and the node's own processes dialing
+    /// it are DNATed in the output hook, to the same target as the mapping's DNAT.
+    Hairpin(HairpinRule),
+    /// kup-post: a hairpin flow from a pod to a pod of this same node is masqueraded to the
+    /// node's address on the pod's interface, so the reply comes back through the node (the
+    /// two pods may share a bridge, and a pod dialing its own mapping would see its own
+    /// address as the source). Rendered ahead of the identity SNAT, which would keep the source.
+    HairpinMasquerade {
+        /// The flow mark a hairpin flow carries (the local mark).
+        mark: u32,
+    },
+    /// kup-post, on an accepting node: a flow toward the pod's node over a link whose client is
+    /// the InternalIP of either end takes this node's end of the link as its source. The pod's
+    /// node itself (or a pod it masquerades) dialing a published address: that node drops a
+    /// request with its own address as source, and would deliver the reply to itself before any
+    /// route of the link. This node's own process dialing its own InternalIP: the pod node's
+    /// loop guard sends a reply to that address over the mesh instead of the link, with a
+    /// source the mesh does not admit. Rendered ahead of the identity SNAT.
+    LinkPeerSnat {
+        /// The flow mark (the local mark).
+        mark: u32,
+        /// The client address translated: the InternalIP of one end of the link.
+        client: Ipv4Addr,
+        /// The pod node's end of the link: the DNAT target.
+        peer_end: Ipv4Addr,
+        /// This node's end of the link: the new source.
+        own_end: Ipv4Addr,
+    },
     /// kup-post: identity source NAT claiming a kuport flow before any CNI masquerade.
     IdentitySnat(SnatRule),
 }
@@ -323,6 +364,30 @@ pub struct DnatRule {
     pub comment: String,
 }
 
+/// One published address of a mapping, served to clients inside the cluster: the steering of
+/// a pod's packet (from a pod network, not arriving on a bound interface or the underlay) and
+/// the output-hook DNAT of the node's own, both to `to`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HairpinRule {
+    /// The published address (a bound interface's own address).
+    pub daddr: Ipv4Addr,
+    /// Protocol matched.
+    pub protocol: Protocol,
+    /// Destination ports matched.
+    pub ports: PortRange,
+    /// The flow mark written (the local mark).
+    pub mark: u32,
+    /// New destination address: the mapping's DNAT target.
+    pub to: Ipv4Addr,
+    /// New destination port, as [`DnatRule::to_port`].
+    pub to_port: Option<u16>,
+    /// The mapping's named counter in kup-pre (a hairpin flow counts as any new flow does).
+    pub counter: String,
+    /// The mapping.
+    pub comment: String,
+}
+
 /// An identity SNAT rule.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -364,6 +429,17 @@ pub struct NftTable {
     pub counters: Vec<Counter>,
     /// Rules of each chain, in chain order; each list sorted.
     pub chains: Vec<(ChainId, Vec<Rule>)>,
+    /// The pod networks a hairpin client's address must lie in (aggregated, sorted): the
+    /// `hairpin-sources` set. Empty: no pod is steered by its destination alone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hairpin_sources: Vec<Ipv4Net>,
+    /// The interfaces a hairpin client's packet must not arrive on (sorted): the node's bound
+    /// interfaces and its underlay device, where a pod address could only be spoofed. A pod's
+    /// own device is not named: its name is the CNI's (a bridge, a veth per pod), and the route
+    /// back to a pod need not leave by it (Cilium routes its pod CIDR via `cilium_host` while a
+    /// pod's packets arrive on its `lxc` device).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hairpin_external: Vec<String>,
 }
 
 impl NftTable {
@@ -397,6 +473,7 @@ impl NftTable {
             for rule in rules {
                 let (comment, counter) = match rule {
                     Rule::Dnat(d) => (&d.comment, &d.counter),
+                    Rule::Hairpin(h) => (&h.comment, &h.counter),
                     Rule::IdentitySnat(s) => (&s.comment, &s.counter),
                     _ => continue,
                 };
@@ -441,6 +518,7 @@ impl RuleOwners {
     pub fn of_rule(&self, rule: &Rule) -> Option<&String> {
         match rule {
             Rule::Dnat(d) => self.by_counter.get(&d.counter),
+            Rule::Hairpin(h) => self.by_counter.get(&h.counter),
             Rule::IdentitySnat(s) => self.by_counter.get(&s.counter),
             Rule::Steer(st) | Rule::MarkRequest(st) => self.by_comment.get(&st.comment),
             _ => None,
@@ -591,6 +669,9 @@ impl HostState {
     pub fn normalise(&mut self) {
         self.nft.counters.sort();
         self.nft.counters.dedup();
+        self.nft.hairpin_sources = Ipv4Net::aggregate(&self.nft.hairpin_sources);
+        self.nft.hairpin_external.sort();
+        self.nft.hairpin_external.dedup();
         self.nft.chains.sort_by_key(|(chain, _)| *chain);
         for (_, rules) in &mut self.nft.chains {
             rules.sort();
@@ -647,6 +728,8 @@ impl HostState {
         for (_, rules) in &mut out.nft.chains {
             rules.retain(|r| match r {
                 Rule::Dnat(d) => !on_gone(&d.iif) && !far_end(d.to),
+                Rule::Hairpin(h) => !far_end(h.to),
+                Rule::LinkPeerSnat { peer_end, .. } => !far_end(*peer_end),
                 Rule::IdentitySnat(s) => !far_end(s.daddr),
                 Rule::SaveArrivalLink { iface, .. } => !on_gone(iface),
                 Rule::RestoreReplyMark { mark } => !gone_mark(*mark),

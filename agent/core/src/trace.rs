@@ -14,7 +14,9 @@
 use std::net::Ipv4Addr;
 
 use crate::api::Protocol;
-use crate::ir::{ChainId, HostState, MAIN_TABLE, PortRange, Rule, STAND_IN, SteerRule};
+use crate::ir::{
+    ChainId, HairpinRule, HostState, LINK_PREFIX, MAIN_TABLE, PortRange, Rule, STAND_IN, SteerRule,
+};
 
 /// What conntrack knows of a packet's flow when it reaches kuport's chains.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -56,6 +58,15 @@ pub struct Packet {
     pub broadcast: Vec<Ipv4Addr>,
     /// Anycast addresses in the node's local table (`fib daddr type anycast`).
     pub anycast: Vec<Ipv4Addr>,
+    /// The destination before steering moved it to the stand-in (conntrack's original tuple),
+    /// set by the tracer.
+    pub original_daddr: Option<Ipv4Addr>,
+    /// Sent by one of the node's own processes: it passes the output hook (kup-out), never
+    /// prerouting.
+    pub local_out: bool,
+    /// The interface a forwarded packet leaves by after routing (postrouting's `oifname`);
+    /// empty when unknown.
+    pub oif: String,
 }
 
 /// How the node's local routing table types an address, as `fib daddr type` reads it.
@@ -116,6 +127,26 @@ impl Packet {
             local: Vec::new(),
             broadcast: Vec::new(),
             anycast: Vec::new(),
+            original_daddr: None,
+            local_out: false,
+            oif: String::new(),
+        }
+    }
+
+    /// A first packet one of the node's own processes sends (the output hook; its source is
+    /// the address the kernel chose).
+    pub fn local(saddr: Ipv4Addr, daddr: Ipv4Addr, protocol: Protocol, dport: u16) -> Self {
+        Self {
+            local_out: true,
+            ..Self::new("lo", saddr, daddr, protocol, dport)
+        }
+    }
+
+    /// The same packet leaving by `oif` after routing.
+    pub fn leaving_by(&self, oif: &str) -> Self {
+        Self {
+            oif: oif.to_owned(),
+            ..self.clone()
         }
     }
 
@@ -164,6 +195,12 @@ pub struct Trace {
     pub dnat: Option<(Ipv4Addr, u16)>,
     /// An identity SNAT claimed the flow (its source is kept, no masquerade).
     pub identity_snat: bool,
+    /// The source kuport translated the flow to: the node's address on the pod's interface
+    /// for a hairpin between two pods of the node (`masquerade`, shown as `None` in
+    /// `snat_to`), or this node's link end for the pod node's own request.
+    pub masquerade: bool,
+    /// The source address an SNAT rule wrote (the link end), when one did.
+    pub snat_to: Option<Ipv4Addr>,
     /// The packet mark after prerouting.
     pub meta_mark: u32,
     /// The flow's conntrack mark after prerouting.
@@ -185,19 +222,26 @@ pub fn trace(state: &HostState, packet: &Packet) -> Trace {
         steered: false,
         dnat: None,
         identity_snat: false,
+        masquerade: false,
+        snat_to: None,
         meta_mark: p.meta_mark,
         ct_mark: p.ct_mark,
         daddr: p.daddr,
         route: None,
         counters: Vec::new(),
     };
-    // Prerouting, in priority order: guard (-300), mangle (-140), steer (-130), DNAT (-110).
-    if !guard(state, &mut p, &mut t) {
-        return t;
+    if p.local_out {
+        // The node's own packet: the output hook only (kup-out), then postrouting.
+        out(state, &mut p, &mut t);
+    } else {
+        // Prerouting, in priority order: guard (-300), mangle (-140), steer (-130), DNAT (-110).
+        if !guard(state, &mut p, &mut t) {
+            return t;
+        }
+        mangle(state, &mut p);
+        steer(state, &mut p, &mut t);
+        dnat(state, &mut p, &mut t);
     }
-    mangle(state, &mut p);
-    steer(state, &mut p, &mut t);
-    dnat(state, &mut p, &mut t);
     t.meta_mark = p.meta_mark;
     t.ct_mark = p.ct_mark;
     t.daddr = p.daddr;
@@ -289,6 +333,55 @@ fn steer(state: &HostState, p: &mut Packet, t: &mut Trace) {
             _ => {}
         }
     }
+    if t.steered {
+        return;
+    }
+    // The hairpin lookups come after the interfaces' own in the chain.
+    let from_pod = p.ct_state == CtState::New
+        && !p.reply
+        && !state.nft.hairpin_external.contains(&p.iif)
+        && state
+            .nft
+            .hairpin_sources
+            .iter()
+            .any(|n| n.contains(&p.saddr));
+    if let Some(h) = hairpin_of(state, p).filter(|_| from_pod) {
+        if p.meta_mark & !mask == 0 {
+            p.meta_mark = set_bits(state, p.meta_mark, h.mark);
+        }
+        p.ct_mark = set_bits(state, p.ct_mark, h.mark);
+        p.original_daddr = Some(p.daddr);
+        p.daddr = STAND_IN;
+        t.steered = true;
+    }
+}
+
+/// The hairpin element a packet's destination (before steering) falls in.
+fn hairpin_of<'a>(state: &'a HostState, p: &Packet) -> Option<&'a HairpinRule> {
+    let daddr = p.original_daddr.unwrap_or(p.daddr);
+    state.nft.rules(ChainId::Pre).iter().find_map(|r| match r {
+        Rule::Hairpin(h)
+            if h.daddr == daddr && h.protocol == p.protocol && in_ports(h.ports, p.dport) =>
+        {
+            Some(h)
+        }
+        _ => None,
+    })
+}
+
+/// kup-out: the node's own first packet to one of its published addresses is DNATed as a
+/// client's would be, and its flow marked (a NAT chain: first packets only).
+fn out(state: &HostState, p: &mut Packet, t: &mut Trace) {
+    if p.ct_state != CtState::New {
+        return;
+    }
+    if let Some(h) = hairpin_of(state, p) {
+        p.ct_mark = set_bits(state, p.ct_mark, h.mark);
+        t.counters.push(h.counter.clone());
+        p.daddr = h.to;
+        p.dport = h.to_port.unwrap_or(p.dport);
+        t.dnat = Some((p.daddr, p.dport));
+    }
 }
 
 /// kup-pre: the first DNAT rule that takes the steered packet (a NAT statement ends the chain).
@@ -313,6 +406,15 @@ fn dnat(state: &HostState, p: &mut Packet, t: &mut Trace) {
             return;
         }
     }
+    if p.daddr != STAND_IN || p.original_daddr.is_none() {
+        return;
+    }
+    if let Some(h) = hairpin_of(state, p).filter(|h| p.ct_mark & mask == h.mark) {
+        t.counters.push(h.counter.clone());
+        p.daddr = h.to;
+        p.dport = h.to_port.unwrap_or(p.dport);
+        t.dnat = Some((p.daddr, p.dport));
+    }
 }
 
 /// kup-post: the identity SNAT of a kuport flow, ahead of any masquerade (a NAT chain: a
@@ -320,6 +422,34 @@ fn dnat(state: &HostState, p: &mut Packet, t: &mut Trace) {
 fn identity_snat(state: &HostState, p: &Packet, t: &mut Trace) {
     if p.ct_state != CtState::New {
         return;
+    }
+    let mask = state.nft.marks.mask;
+    let original_saddr_pod = state
+        .nft
+        .hairpin_sources
+        .iter()
+        .any(|n| n.contains(&p.saddr));
+    for rule in state.nft.rules(ChainId::Post) {
+        match rule {
+            Rule::HairpinMasquerade { mark }
+                if p.ct_mark & mask == *mark
+                    && original_saddr_pod
+                    && !p.oif.starts_with(LINK_PREFIX) =>
+            {
+                t.masquerade = true;
+                return;
+            }
+            Rule::LinkPeerSnat {
+                mark,
+                client,
+                peer_end,
+                own_end,
+            } if p.ct_mark & mask == *mark && p.saddr == *client && p.daddr == *peer_end => {
+                t.snat_to = Some(*own_end);
+                return;
+            }
+            _ => {}
+        }
     }
     for rule in state.nft.rules(ChainId::Post) {
         if let Rule::IdentitySnat(r) = rule

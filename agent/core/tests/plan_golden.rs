@@ -38,6 +38,16 @@ fn golden(case: &str, plan: &Plan) {
     }
 }
 
+/// kup-pre's rules split into the DNAT rules and the hairpin entries.
+fn dnats_and_hairpins(pre: &[Rule]) -> (Vec<&Rule>, Vec<&Rule>) {
+    let dnats = pre.iter().filter(|r| matches!(r, Rule::Dnat(_))).collect();
+    let hairpins = pre
+        .iter()
+        .filter(|r| matches!(r, Rule::Hairpin(_)))
+        .collect();
+    (dnats, hairpins)
+}
+
 fn host_facts() -> kuport_core::snapshot::HostFacts {
     facts(
         &[("enp1s0", "203.0.113.9"), ("wt0", "100.64.0.1")],
@@ -76,11 +86,14 @@ fn same_node_single_port() {
         .portmap(pm("games", "rcon", "public", 4000).ifaces(&["wt0"]));
     let plan = c.plan_with("edge-a", &host_facts());
     let pre = plan.host_state.nft.rules(ChainId::Pre);
-    assert_eq!(pre.len(), 3, "two interfaces for gs, one for rcon");
+    let (dnats, hairpins) = dnats_and_hairpins(pre);
+    assert_eq!(dnats.len(), 3, "two interfaces for gs, one for rcon");
     assert!(
-        pre.iter()
+        dnats
+            .iter()
             .all(|r| matches!(r, Rule::Dnat(d) if d.mark == Some(MarkLayout::default().local())))
     );
+    assert_eq!(hairpins.len(), 3, "one published address per DNAT");
     assert!(plan.host_state.links.is_empty() && plan.host_state.routes.is_empty());
     assert_eq!(
         plan.host_state.rules.len(),
@@ -122,10 +135,16 @@ fn remote_single() -> Cluster {
 fn accepting_node_with_remote_pod() {
     let plan = remote_single().plan_with("edge-a", &host_facts());
     let link = &plan.host_state.links[0];
-    let pre = plan.host_state.nft.rules(ChainId::Pre);
+    let (dnats, hairpins) = dnats_and_hairpins(plan.host_state.nft.rules(ChainId::Pre));
     assert!(
-        pre.iter()
+        dnats
+            .iter()
             .all(|r| matches!(r, Rule::Dnat(d) if d.to == link.peer_address && d.mark.is_some()))
+    );
+    assert!(
+        hairpins
+            .iter()
+            .all(|r| matches!(r, Rule::Hairpin(h) if h.to == link.peer_address))
     );
     assert!(
         plan.host_state.routes.is_empty(),
@@ -195,7 +214,7 @@ fn node_both_accepting_and_holding_the_pod_multi() {
     let d = decision(&plan, "games", "gs");
     assert_eq!(d.serving_node.as_deref(), Some("worker-b"));
     assert_eq!(*d.programming_nodes, ["edge-a", "edge-c", "worker-b"]);
-    let pre = plan.host_state.nft.rules(ChainId::Pre);
+    let (pre, _) = dnats_and_hairpins(plan.host_state.nft.rules(ChainId::Pre));
     assert_eq!(pre.len(), 3, "its own wt0 plus one per link");
     assert!(
         plan.host_state

@@ -2,7 +2,7 @@
 //! the steering stage, ports the node depends on, interface names, the stand-in block, the mark
 //! layout and stable link ids, and isolating a refused link.
 
-use kuport_core::api::valid_interface_name;
+use kuport_core::api::{Protocol, valid_interface_name};
 use kuport_core::ir::{ChainId, MarkLayout, Rule, STAND_IN};
 use kuport_core::plan::AcceptedReason as A;
 use kuport_core::plan::ClassReason;
@@ -52,19 +52,39 @@ fn accepting_nodes_steer_only_their_own_addresses_and_dnat_only_steered_packets(
     );
     let local = MarkLayout::default().local();
     for rule in plan.host_state.nft.rules(ChainId::Pre) {
-        let Rule::Dnat(d) = rule else {
-            panic!("kup-pre holds DNAT only: {rule:?}")
-        };
-        assert_eq!(
-            d.mark,
-            Some(local),
-            "an accepting DNAT needs the steering mark"
-        );
+        match rule {
+            Rule::Dnat(d) => assert_eq!(
+                d.mark,
+                Some(local),
+                "an accepting DNAT needs the steering mark"
+            ),
+            // Clients inside the cluster: exactly the published (address, protocol, port)
+            // tuples the interfaces' own steering takes, nothing else of the node.
+            Rule::Hairpin(h) => {
+                assert_eq!(h.mark, local);
+                assert!(
+                    own.iter().any(|(_, addr)| *addr == h.daddr.to_string()),
+                    "a hairpin entry only for a steered address: {h:?}"
+                );
+                assert_eq!(
+                    (h.protocol, h.ports.first, h.ports.last),
+                    (Protocol::Udp, 3000, 3000)
+                );
+            }
+            other => panic!("kup-pre holds DNAT and hairpin entries only: {other:?}"),
+        }
     }
     let text = kuport_core::render::nft_text(&plan.host_state.nft);
     assert!(
         text.contains(&format!(
             "ip daddr {STAND_IN} ct mark & 0x000000ff == 0x00000001"
+        )),
+        "{text}"
+    );
+    // The hairpin DNAT too takes only what steering moved to the stand-in with the flow mark.
+    assert!(
+        text.contains(&format!(
+            "ip daddr {STAND_IN} ct mark & 0x000000ff == 0x00000001 counter name ct original ip daddr"
         )),
         "{text}"
     );

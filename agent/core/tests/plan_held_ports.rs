@@ -431,3 +431,37 @@ fn absent_claims_are_bounded_keeping_the_most_recent() {
         "the three claims gone since May 1st went first"
     );
 }
+
+/// The ports edge-a's plan serves to clients inside the cluster (pods and its own processes).
+fn published_inside(plan: &Plan) -> Vec<u16> {
+    plan.host_state
+        .nft
+        .rules(ChainId::Pre)
+        .iter()
+        .filter_map(|r| match r {
+            Rule::Hairpin(h) => Some(h.ports.first),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_port_a_host_daemon_holds_is_not_served_to_clients_inside_the_cluster_either() {
+    // Before edge-a's row reports the daemon, the plan already leaves the port out of its
+    // datapath: neither steered for outside clients nor published for pods and the node
+    // itself (a pod would otherwise reach the tenant's pod instead of the host's daemon).
+    let window = attacker(7000).plan_with("edge-a", &with_daemon(7000));
+    assert!(captured(&window).is_empty());
+    assert!(published_inside(&window).is_empty());
+    // Once the row reports it, the mapping is refused and nothing of it is programmed.
+    let refused = attacker(7000).land_rows("edge-a", &with_daemon(7000));
+    let plan = refused.plan_with("edge-a", &with_daemon(7000));
+    assert!(published_inside(&plan).is_empty());
+    // Control: without the daemon the same mapping is published inside as well as outside.
+    let free = attacker(7000).plan_with("edge-a", &edge_facts());
+    assert_eq!(
+        published_inside(&free),
+        [7000, 7000],
+        "enp1s0's and wt0's addresses"
+    );
+}

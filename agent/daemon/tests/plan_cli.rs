@@ -172,6 +172,14 @@ fn nft_output_is_the_table() {
         out.contains("\"wt0\" . udp . 3000-3009 : 10.244.1.5"),
         "{out}"
     );
+    // Clients inside the cluster: the published address in the hairpin set and its DNAT map,
+    // and the output hook for the node's own processes.
+    assert!(
+        out.contains("100.64.0.1 . udp . 3000-3009 : 10.244.1.5"),
+        "{out}"
+    );
+    assert!(out.contains("chain kup-out {"), "{out}");
+    assert!(out.contains("set hairpin-sources {"), "{out}");
     // The same text as the JSON report carries.
     assert_eq!(seed_plan_with_facts()["host"]["nftables"], out.as_str());
 }

@@ -565,6 +565,8 @@ mod tests {
                     (ChainId::Post, post),
                     (ChainId::Fwd, vec![Rule::ClampMssOut]),
                 ],
+                hairpin_sources: Vec::new(),
+                hairpin_external: Vec::new(),
             },
             ..Default::default()
         };

@@ -5,17 +5,22 @@
 //! The conntrack sweep (`stale_flows.rs`) and the hardening (`hardening.rs`) are suites of their
 //! own over the same shapes (`netns/topology.rs`).
 //! Root only; own harness (see `netns/mod.rs`).
+//! Clients inside the cluster through the applied rules alone (no agent): the node itself and
+//! the pod itself dialing the published address, each with a control without the hairpin
+//! entries.
 
 mod netns;
 
 use std::process::ExitCode;
 
+use kuport_core::ir::{HostState, Rule};
 use kuport_testkit::cluster::{Cluster, edge_and_worker, pm};
 use kuport_testkit::netns::Netns;
 use kuport_testkit::process::Proc;
 use netns::topology::{
-    Cni, apply, assert_client_seen, child_apply_file, cni, cross_states, cross_topology, node, pod,
-    probe, public_client, responders, same_node_state, without_identity_snat,
+    Cni, DIALED, answer_field, answer_outcome, apply, assert_client_seen, child_apply_file, cni,
+    cross_states, cross_topology, echo, node, pod, probe, public_client, responders,
+    same_node_state, without_identity_snat,
 };
 
 const TESTS: &[netns::Test] = &[
@@ -35,6 +40,14 @@ const TESTS: &[netns::Test] = &[
     (
         "cross_node_without_identity_snat_the_pod_sees_a_masqueraded_address",
         cross_node_control,
+    ),
+    (
+        "the_node_itself_and_the_pod_itself_reach_the_mapping_through_its_published_address",
+        same_node_inside_clients,
+    ),
+    (
+        "the_accepting_node_itself_reaches_a_remote_pod_through_its_published_address",
+        cross_node_inside_client,
     ),
 ];
 
@@ -75,7 +88,7 @@ fn same_node_cluster() -> Cluster {
 struct SameNode {
     client: Netns,
     node: Netns,
-    _pod: Netns,
+    pod: Netns,
     _responders: Vec<Proc>,
 }
 
@@ -96,7 +109,7 @@ fn same_node_topology(style: Cni) -> SameNode {
     SameNode {
         client,
         node,
-        _pod: pod,
+        pod,
         _responders: responders,
     }
 }
@@ -206,4 +219,89 @@ fn cross_node_control() {
             "without identity SNAT the pod should see {seen}…, saw {peer}"
         );
     }
+}
+
+// ---- clients inside the cluster ----
+
+/// `kuport-echo ask` from `ns` to the published address: (outcome, the address that answered,
+/// the peer the pod saw).
+fn ask_published(ns: &Netns, proto: &str, port: u16) -> (String, String, String) {
+    let out = ns.try_sh(&format!(
+        "{} ask {proto} {DIALED}:{port} --timeout-ms 2000",
+        echo()
+    ));
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    (
+        answer_outcome(&text),
+        answer_field(&text, "from"),
+        answer_field(&text, "peer"),
+    )
+}
+
+/// `state` without the hairpin entries (what kuport held before serving inside clients).
+fn without_hairpin(mut state: HostState) -> HostState {
+    for (_, rules) in &mut state.nft.chains {
+        rules.retain(|r| !matches!(r, Rule::Hairpin(_)));
+    }
+    state
+}
+
+fn same_node_inside_clients() {
+    let t = same_node_topology(Cni::CiliumLike);
+    let state = same_node_state(&same_node_cluster());
+    apply(&t.node, &state);
+    for proto in ["udp", "tcp"] {
+        // The node's own process: through kup-out, its own address kept.
+        let (outcome, from, peer) = ask_published(&t.node, proto, 3000);
+        assert_eq!(outcome, "reply", "the node itself, {proto}");
+        assert_eq!(
+            from,
+            format!("{DIALED}:3000"),
+            "answered from the address dialed"
+        );
+        assert!(
+            peer.starts_with(&format!("{DIALED}:")),
+            "{proto}: the pod saw {peer}"
+        );
+        // The pod dialing its own mapping: masqueraded to the node's address on its interface.
+        let (outcome, from, peer) = ask_published(&t.pod, proto, 3000);
+        assert_eq!(outcome, "reply", "the pod itself, {proto}");
+        assert_eq!(from, format!("{DIALED}:3000"));
+        assert!(
+            peer.starts_with("10.244.0.1:"),
+            "{proto}: the pod saw {peer}"
+        );
+    }
+    // An outside client still keeps its own address.
+    assert_client_seen(&t.client, "udp", 3000, &[]);
+    // Control: without the hairpin entries neither is served (nothing of the node listens: a
+    // refusal, or silence when the kernel rate-limits its ICMP errors).
+    apply(&t.node, &without_hairpin(state));
+    for ns in [&t.node, &t.pod] {
+        let (outcome, _, peer) = ask_published(ns, "udp", 3000);
+        assert_ne!(
+            outcome, "reply",
+            "served without the hairpin entries: {peer}"
+        );
+    }
+}
+
+fn cross_node_inside_client() {
+    let t = cross_topology(Cni::CiliumLike);
+    let (edge, worker) = cross_states(true);
+    apply(&t.edge, &edge);
+    apply(&t.worker, &worker);
+    for proto in ["udp", "tcp"] {
+        // The edge's own process, under strict rp_filter: over the link, its address kept.
+        let (outcome, from, peer) = ask_published(&t.edge, proto, 3000);
+        assert_eq!(outcome, "reply", "the edge itself, {proto}");
+        assert_eq!(from, format!("{DIALED}:3000"));
+        assert!(
+            peer.starts_with(&format!("{DIALED}:")),
+            "{proto}: the pod saw {peer}"
+        );
+    }
+    // Control: without the hairpin entries the edge's own packet stays on the edge.
+    apply(&t.edge, &without_hairpin(edge));
+    assert_ne!(ask_published(&t.edge, "udp", 3000).0, "reply");
 }

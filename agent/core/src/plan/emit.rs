@@ -12,8 +12,9 @@ use super::pod_network;
 use super::state::{ClassState, Working, link_name, yields_to};
 use crate::api::is_preflight;
 use crate::ir::{
-    ChainId, Counter, DnatRule, HostState, IpRule, LINK_TTL, Link, MAIN_TABLE, PREF_LOOP_GUARD,
-    PREF_REPLY, PortRange, RP_FILTER_LOOSE, Route, Rule, SnatRule, SteerRule, VXLAN_OVERHEAD,
+    ChainId, Counter, DnatRule, HairpinRule, HostState, IpRule, LINK_TTL, Link, MAIN_TABLE,
+    PREF_LOOP_GUARD, PREF_REPLY, PortRange, RP_FILTER_LOOSE, Route, Rule, SnatRule, SteerRule,
+    VXLAN_OVERHEAD,
 };
 use crate::keys::{MappingKey, NodePair};
 use crate::snapshot::HostFacts;
@@ -163,6 +164,28 @@ pub fn emit(
     }
     let mut state = e.state;
     state.nft.marks = facts.marks;
+    let hairpins = e
+        .chains
+        .get(&ChainId::Pre)
+        .is_some_and(|rules| rules.iter().any(|r| matches!(r, Rule::Hairpin(_))));
+    if hairpins {
+        state.nft.hairpin_sources = Ipv4Net::aggregate(&index.addresses.all_pod_networks());
+        // Where a pod address can only be spoofed: the interfaces this node accepts on (every
+        // one that has a hairpin entry is among them) and the underlay.
+        state.nft.hairpin_external = state
+            .valid_mark_interfaces
+            .iter()
+            .cloned()
+            .chain(facts.underlay_device.clone())
+            .collect();
+    }
+    if state.nft.hairpin_sources.is_empty() {
+        // No pod is steered by its destination without a pod network to check it against,
+        // and the masquerade reads the same set.
+        if let Some(post) = e.chains.get_mut(&ChainId::Post) {
+            post.retain(|r| !matches!(r, Rule::HairpinMasquerade { .. }));
+        }
+    }
     state.nft.chains = e.chains.into_iter().collect();
     state.normalise();
     state
@@ -255,12 +278,15 @@ impl Emitter<'_> {
         ports: PortRange,
     ) {
         let Some(ep) = &d.endpoint else { return };
+        let mut over_link = None;
         let target = if ep.node == self.node {
             Some((ep.address, translated, pod_ports))
         } else {
             usable_link(self.index, class, self.node, &ep.node).and_then(|l| {
                 self.link(class, &ep.node, &l)?;
-                Some((l.peer, None, ports))
+                let target = (l.peer, None, ports);
+                over_link = Some(l);
+                Some(target)
             })
         };
         let Some((to, to_port, snat_ports)) = target else {
@@ -281,12 +307,29 @@ impl Emitter<'_> {
             self.steer(d, iface.clone(), addr, Some(local), ports);
             self.state.valid_mark_interfaces.push(iface.clone());
             self.dnat(d, iface, Some(local), to, to_port, ports);
+            self.hairpin(d, addr, local, to, to_port, ports);
             any = true;
         }
         if !any {
             return;
         }
         self.snat(d, to, snat_ports);
+        match over_link {
+            // Either end's own address as the client: see `Rule::LinkPeerSnat`.
+            Some(l) => {
+                for client in [l.own_ip, l.peer_ip] {
+                    let rule = Rule::LinkPeerSnat {
+                        mark: local,
+                        client,
+                        peer_end: l.peer,
+                        own_end: l.own,
+                    };
+                    self.push(ChainId::Post, rule);
+                }
+            }
+            // A pod of this node dialing a pod of this node: see `Rule::HairpinMasquerade`.
+            None => self.push(ChainId::Post, Rule::HairpinMasquerade { mark: local }),
+        }
         self.push(ChainId::Mangle, Rule::RestoreReplyMark { mark: local });
         // Steering marks only a flow's first packet; strict rp_filter checks every one.
         self.push(ChainId::Mangle, Rule::RestoreRequestMark { mark: local });
@@ -451,6 +494,30 @@ impl Emitter<'_> {
             self.push(ChainId::Steer, Rule::MarkRequest(rule.clone()));
         }
         self.push(ChainId::Steer, Rule::Steer(rule));
+    }
+
+    /// The published address `daddr` of the mapping for clients inside the cluster.
+    fn hairpin(
+        &mut self,
+        d: &MappingDecision,
+        daddr: Ipv4Addr,
+        mark: u32,
+        to: Ipv4Addr,
+        to_port: Option<u16>,
+        ports: PortRange,
+    ) {
+        let (counter, comment) = self.counter(ChainId::Pre, &d.namespace, &d.name);
+        let rule = HairpinRule {
+            daddr,
+            protocol: d.protocol,
+            ports,
+            mark,
+            to,
+            to_port,
+            counter,
+            comment,
+        };
+        self.push(ChainId::Pre, Rule::Hairpin(rule));
     }
 
     fn dnat(

@@ -138,6 +138,20 @@ impl<'a> AddressPolicy<'a> {
         }
     }
 
+    /// Every pod network the cluster knows (the Nodes' and the CNI's, and every class's
+    /// `spec.podNetworks`), sorted: the addresses a client inside the cluster's pods has.
+    pub fn all_pod_networks(&self) -> Vec<Ipv4Net> {
+        let mut nets: Vec<Ipv4Net> = self
+            .pod_networks
+            .iter()
+            .chain(self.class_networks.values().flatten())
+            .copied()
+            .collect();
+        nets.sort();
+        nets.dedup();
+        nets
+    }
+
     /// Whether a mapping of `class` may deliver to `address`; the refusal says why, as a
     /// phrase completing "the endpoint address 10.0.0.1 is ...".
     pub fn verdict(&self, class: &str, address: Ipv4Addr) -> Result<(), String> {

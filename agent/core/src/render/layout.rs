@@ -16,9 +16,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
-use crate::ir::{ChainId, MarkLayout, NftTable, PortRange, Rule, STAND_IN, TABLE};
+use crate::ir::{ChainId, HairpinRule, MarkLayout, NftTable, PortRange, Rule, STAND_IN, TABLE};
 
-use super::{NEW_FLOW, masked_cmp, masked_eq, masked_set, quote, rule_text, symbolic_priority};
+use super::{
+    HAIRPIN_EXTERNAL, HAIRPIN_SOURCES, NEW_FLOW, masked_cmp, masked_eq, masked_set, quote,
+    rule_text, symbolic_priority,
+};
 
 /// A set or a map of kuport's table.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -135,6 +138,11 @@ const PRE_KEY: &str = "iifname . meta l4proto . th dport";
 const PRE_TYPE: &str = "ifname . inet_proto . inet_service";
 const POST_KEY: &str = "ip daddr . meta l4proto . th dport";
 const POST_TYPE: &str = "ipv4_addr . inet_proto . inet_service";
+/// A hairpin element's key: the published address, as the packet carries it before steering.
+const HAIRPIN_KEY: &str = "ip daddr . meta l4proto . th dport";
+/// The same key after steering moved the packet to the stand-in: conntrack's original tuple.
+const HAIRPIN_ORIGINAL_KEY: &str = "ct original ip daddr . meta l4proto . th dport";
+const HAIRPIN_TYPE: &str = "ipv4_addr . inet_proto . inet_service";
 
 /// Builds a [`Planned`] layout from the IR.
 struct Builder {
@@ -145,6 +153,10 @@ struct Builder {
     steer: BTreeSet<(Option<u32>, Width)>,
     pre: BTreeSet<(Option<u32>, Width)>,
     post: BTreeSet<Width>,
+    /// Hairpin groups: (the flow mark, width).
+    hairpin: BTreeSet<(u32, Width)>,
+    /// Whether pods are steered by destination (the table names pod networks).
+    hairpin_sources: bool,
     /// Port ranges already placed in an interval store group, by (group, key prefix): a later
     /// range gets only the ports no earlier one covers (the kernel refuses overlaps; the first
     /// rule in IR order wins, as the first matching rule of a chain would).
@@ -173,8 +185,11 @@ fn build(table: &NftTable, with_owners: bool) -> Planned {
         steer: BTreeSet::new(),
         pre: BTreeSet::new(),
         post: BTreeSet::new(),
+        hairpin: BTreeSet::new(),
+        hairpin_sources: !table.hairpin_sources.is_empty(),
         taken: BTreeMap::new(),
     };
+    b.sources(table);
     let owners = if with_owners {
         table.owners()
     } else {
@@ -217,6 +232,7 @@ fn build(table: &NftTable, with_owners: bool) -> Planned {
                     ];
                     b.place(&group, &stores, &prefix, d.ports, &owner);
                 }
+                Rule::Hairpin(h) => b.hairpin_rule(h, &owner),
                 Rule::IdentitySnat(s) => {
                     let width = Width::of(s.ports);
                     b.post.insert(width);
@@ -236,6 +252,72 @@ fn build(table: &NftTable, with_owners: bool) -> Planned {
 }
 
 impl Builder {
+    /// One published address of a mapping: an element of the `hairpin-<width>` set and of its
+    /// count and target maps, all under one key.
+    fn hairpin_rule(&mut self, h: &HairpinRule, owner: &str) {
+        let width = Width::of(h.ports);
+        self.hairpin.insert((h.mark, width));
+        let group = format!("hairpin-{}", width.label());
+        let prefix = format!("{} . {}", h.daddr, h.protocol.lower());
+        let to = match width {
+            Width::Port => format!("{} . {}", h.to, h.to_port.unwrap_or(h.ports.first)),
+            Width::Range => h.to.to_string(),
+        };
+        let stores = [
+            (group.clone(), None),
+            (format!("{group}-count"), Some(quote(&h.counter))),
+            (format!("{group}-to"), Some(to)),
+        ];
+        self.place(&group, &stores, &prefix, h.ports, owner);
+    }
+
+    /// The `hairpin-sources` set: the pod networks, one element each (the emitter aggregated
+    /// them, so none overlaps another, which an interval set refuses; a /32 is listed as the
+    /// bare address, as nft lists it); and the `hairpin-external` set, the interfaces a pod's
+    /// packet never arrives on.
+    fn sources(&mut self, table: &NftTable) {
+        if table.hairpin_sources.is_empty() {
+            return;
+        }
+        let elements = table
+            .hairpin_sources
+            .iter()
+            .map(|net| {
+                let key = if net.prefix_len() == 32 {
+                    net.addr().to_string()
+                } else {
+                    net.to_string()
+                };
+                (key, String::new())
+            })
+            .collect();
+        self.planned.layout.stores.insert(
+            HAIRPIN_SOURCES.to_owned(),
+            Store {
+                map: false,
+                type_text: "ipv4_addr".to_owned(),
+                flags: Width::Range.flags().to_owned(),
+                extra: Vec::new(),
+                elements,
+            },
+        );
+        let external = table
+            .hairpin_external
+            .iter()
+            .map(|name| (quote(name), String::new()))
+            .collect();
+        self.planned.layout.stores.insert(
+            HAIRPIN_EXTERNAL.to_owned(),
+            Store {
+                map: false,
+                type_text: "ifname".to_owned(),
+                flags: String::new(),
+                extra: Vec::new(),
+                elements: external,
+            },
+        );
+    }
+
     /// Adds the element `<prefix> . <ports>` to each store of a group (all stores of a group
     /// share their keys), unless an earlier rule holds those ports.
     fn place(
@@ -286,14 +368,24 @@ impl Builder {
 
     /// Declares the stores and writes the lookup rules, in a fixed order per chain.
     fn finish(mut self, mut plain: BTreeMap<ChainId, Vec<String>>) -> Planned {
+        let mut steer = self.steer_lookups();
+        let mut pre = self.pre_lookups();
+        let (hairpin_steer, hairpin_pre, out) = self.hairpin_lookups();
+        // A pod's packet on a bound interface matches the interface's own lookup first: both
+        // move it alike.
+        steer.extend(hairpin_steer);
+        pre.extend(hairpin_pre);
         let mut lookups = BTreeMap::from([
-            (ChainId::Steer, self.steer_lookups()),
-            (ChainId::Pre, self.pre_lookups()),
+            (ChainId::Steer, steer),
+            (ChainId::Pre, pre),
             (ChainId::Post, self.post_lookups()),
+            (ChainId::Out, out),
         ]);
         for chain in ChainId::ALL {
-            let mut rules = lookups.remove(&chain).unwrap_or_default();
-            rules.extend(plain.remove(&chain).unwrap_or_default());
+            // The chain's own rules first: in kup-post the hairpin masquerade and the link
+            // peer's SNAT must come before the identity SNAT, which would keep the source.
+            let mut rules = plain.remove(&chain).unwrap_or_default();
+            rules.extend(lookups.remove(&chain).unwrap_or_default());
             self.planned.layout.chains.insert(
                 chain.name().to_owned(),
                 Chain {
@@ -374,6 +466,61 @@ impl Builder {
             rules.push(rule);
         }
         rules
+    }
+
+    /// The hairpin lookups, one group per (mark, width): kup-steer's for a pod (its address in
+    /// a pod network, arriving on neither a bound interface nor the underlay, where a pod
+    /// address could only be spoofed) when pod networks are known, kup-pre's
+    /// DNAT of what those moved to the stand-in (by the original destination conntrack keeps),
+    /// and kup-out's for the node's own processes.
+    fn hairpin_lookups(&mut self) -> (Vec<String>, Vec<String>, Vec<String>) {
+        let marks = self.marks;
+        let (mut steer, mut pre, mut out) = (Vec::new(), Vec::new(), Vec::new());
+        for (mark, width) in std::mem::take(&mut self.hairpin) {
+            let group = format!("hairpin-{}", width.label());
+            let to_type = match width {
+                Width::Port => "ipv4_addr . inet_service",
+                Width::Range => "ipv4_addr",
+            };
+            self.declare(&group, false, HAIRPIN_TYPE.to_owned(), width);
+            self.declare(
+                &format!("{group}-count"),
+                true,
+                format!("{HAIRPIN_TYPE} : counter"),
+                width,
+            );
+            self.declare(
+                &format!("{group}-to"),
+                true,
+                format!("{HAIRPIN_TYPE} : {to_type}"),
+                width,
+            );
+            let (l4, dnat) = match width {
+                // nft maps to an address and port only after a transport protocol match.
+                Width::Port => ("meta l4proto { tcp, udp } ", "dnat ip to"),
+                Width::Range => ("", "dnat to"),
+            };
+            let flow_mark = masked_set("ct mark", marks, mark);
+            if self.hairpin_sources {
+                let from_pod = format!(
+                    "{NEW_FLOW} ip saddr @{HAIRPIN_SOURCES} iifname != @{HAIRPIN_EXTERNAL} {HAIRPIN_KEY} @{group}"
+                );
+                steer.push(format!(
+                    "{from_pod} {} {}",
+                    masked_cmp("meta mark", !marks.mask, false, 0),
+                    masked_set("meta mark", marks, mark)
+                ));
+                steer.push(format!("{from_pod} {flow_mark} ip daddr set {STAND_IN}"));
+                pre.push(format!(
+                    "{l4}ip daddr {STAND_IN} {} counter name {HAIRPIN_ORIGINAL_KEY} map @{group}-count {dnat} {HAIRPIN_ORIGINAL_KEY} map @{group}-to",
+                    masked_eq("ct mark", marks, mark)
+                ));
+            }
+            out.push(format!(
+                "{l4}{HAIRPIN_KEY} @{group} {flow_mark} counter name {HAIRPIN_KEY} map @{group}-count {dnat} {HAIRPIN_KEY} map @{group}-to"
+            ));
+        }
+        (steer, pre, out)
     }
 
     /// kup-post's lookups, one counter map per width: the identity SNAT.

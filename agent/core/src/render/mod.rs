@@ -36,6 +36,8 @@ fn symbolic_priority(chain: ChainId) -> &'static str {
         ChainId::Post => "srcnat - 10",
         ChainId::Mangle => "mangle + 10",
         ChainId::Fwd => "mangle",
+        // The output hook has no standard nat name nft would use here.
+        ChainId::Out => "-110",
     }
 }
 
@@ -133,6 +135,20 @@ pub fn rule_text(rule: &Rule, marks: MarkLayout) -> String {
             format!("iifname \"{LINK_PREFIX}*\" tcp flags syn tcp option maxseg size set rt mtu")
         }
         Rule::Dnat(r) => dnat_text(r, marks),
+        Rule::Hairpin(r) => hairpin_text(r),
+        Rule::HairpinMasquerade { mark } => format!(
+            "{} ct original ip saddr @{HAIRPIN_SOURCES} oifname != \"{LINK_PREFIX}*\" counter packets 0 bytes 0 masquerade",
+            masked_eq("ct mark", marks, *mark)
+        ),
+        Rule::LinkPeerSnat {
+            mark,
+            client,
+            peer_end,
+            own_end,
+        } => format!(
+            "{} ip saddr {client} ip daddr {peer_end} counter packets 0 bytes 0 snat to {own_end}",
+            masked_eq("ct mark", marks, *mark)
+        ),
         Rule::IdentitySnat(r) => format!(
             "{} ip daddr {} {} dport {} counter name {} snat to ip saddr comment {}",
             masked_cmp("ct mark", marks.mask, true, 0),
@@ -143,6 +159,27 @@ pub fn rule_text(rule: &Rule, marks: MarkLayout) -> String {
             quote(&r.comment)
         ),
     }
+}
+
+/// The set of pod networks a hairpin client's address must lie in.
+pub const HAIRPIN_SOURCES: &str = "hairpin-sources";
+/// The set of interfaces a hairpin client's packet must not arrive on.
+pub const HAIRPIN_EXTERNAL: &str = "hairpin-external";
+
+/// A hairpin element as `kuport plan --output text` names it; the kernel holds it as elements
+/// of the `hairpin-*` set and maps behind constant lookup rules (`layout`).
+fn hairpin_text(r: &crate::ir::HairpinRule) -> String {
+    let to = match r.to_port {
+        Some(port) => format!("{}:{port}", r.to),
+        None => r.to.to_string(),
+    };
+    format!(
+        "hairpin ip daddr {} {} dport {} dnat to {to} comment {}",
+        r.daddr,
+        r.protocol.lower(),
+        r.ports,
+        quote(&r.comment)
+    )
 }
 
 /// The link guard's rule letting the link's peers reach its port.

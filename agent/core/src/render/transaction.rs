@@ -376,6 +376,8 @@ mod tests {
                 (ChainId::Pre, rules),
                 (ChainId::Fwd, vec![Rule::ClampMssOut]),
             ],
+            hairpin_sources: Vec::new(),
+            hairpin_external: Vec::new(),
         }
     }
 

@@ -74,6 +74,42 @@ fn an_accepting_nodes_flow_is_stale_once_its_target_or_mapping_changes() {
 }
 
 #[test]
+fn flows_of_clients_inside_the_cluster_are_judged_like_any_client() {
+    // A pod of the accepting node, the node's own process (kup-out) and the pod's node (its
+    // source SNATed to the link end) all dialed a published address: their entries carry the
+    // local mark and the link as their reply source, as an outside client's do.
+    let t = translations("accepting-remote-pod");
+    for (source, dst) in [
+        ("10.244.0.7:40000", "203.0.113.9:3000"),
+        ("203.0.113.9:40000", "203.0.113.9:3000"),
+        ("100.64.0.1:40000", "100.64.0.1:3000"),
+        ("100.64.0.2:40000", "100.64.0.1:3000"),
+    ] {
+        let inside = Flow {
+            source: source.parse().expect("source"),
+            ..udp(dst, "169.254.77.1:3000", 0x1)
+        };
+        assert!(
+            !t.is_stale(&inside),
+            "{source} → {dst}: translated as programmed"
+        );
+        // Control: the same flow toward a link that is gone is stale.
+        let moved = Flow {
+            reply_source: "169.254.77.3:3000".parse().expect("reply source"),
+            ..inside.clone()
+        };
+        assert!(t.is_stale(&moved), "{source} → {dst}");
+    }
+    // The node's own connection to a published address from before the mapping (no mark, the
+    // node itself answering): stale, as a client's would be, so its next packet meets kup-out.
+    let own = Flow {
+        source: "203.0.113.9:40000".parse().expect("source"),
+        ..udp("203.0.113.9:3000", "203.0.113.9:3000", 0)
+    };
+    assert!(t.is_stale(&own));
+}
+
+#[test]
 fn flows_kuport_never_translated_are_left_alone() {
     let t = translations("accepting-remote-pod");
     for untouched in [

@@ -1,0 +1,333 @@
+//! Clients inside the cluster, through the packet tracer (`datapath.md`, "Clients inside the
+//! cluster"): a pod on the accepting node, the accepting node's own processes, the pod's node
+//! (and the pods it masquerades) and a pod dialing its own mapping each reach the mapping
+//! through its published address, with the source translation the document gives; pod-to-pod
+//! flows and the node's other connections are untouched, and a spoofed pod address or a port
+//! nobody published is not taken. Each case also shows the tracer noticing its rule taken away.
+
+use std::net::Ipv4Addr;
+
+use kuport_core::api::Protocol;
+use kuport_core::ir::{ChainId, HostState, MarkLayout, Rule};
+use kuport_core::trace::{CtState, Packet, RouteDecision, trace};
+use kuport_testkit::cluster::*;
+use serde_json::json;
+
+const EDGE_PUBLIC: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 9);
+const EDGE_MESH: Ipv4Addr = Ipv4Addr::new(100, 64, 0, 1);
+const WORKER_MESH: Ipv4Addr = Ipv4Addr::new(100, 64, 0, 2);
+const THIRD_MESH: Ipv4Addr = Ipv4Addr::new(100, 64, 0, 3);
+/// A pod on edge-a (the accepting node), not the endpoint.
+const EDGE_POD: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 7);
+/// The endpoint of the same-node cases, on edge-a.
+const LOCAL_ENDPOINT: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 5);
+/// The endpoint of the cross-node cases, on worker-b.
+const REMOTE_ENDPOINT: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 5);
+
+fn local_mark() -> u32 {
+    MarkLayout::default().local()
+}
+
+fn edge_facts() -> kuport_core::snapshot::HostFacts {
+    facts(
+        &[("enp1s0", "203.0.113.9"), ("wt0", "100.64.0.1")],
+        "wt0",
+        1400,
+    )
+}
+
+/// games/gs (UDP 3000) on edge-a's enp1s0 and wt0, its pod on worker-b.
+fn remote() -> Cluster {
+    edge_and_worker()
+        .row("public", "worker-b", json!({}), 1420)
+        .claim("public", "edge-a/worker-b", 0)
+        .endpoint("games", "gs", "gs-0", "worker-b", "10.244.1.5", 3000)
+        .portmap(pm("games", "gs", "public", 3000))
+}
+
+/// games/gs (UDP 3000) on edge-a's enp1s0 and wt0, its pod on edge-a; and a TCP range.
+fn same_node() -> HostState {
+    edge_and_worker()
+        .endpoint("games", "gs", "gs-0", "edge-a", "10.244.0.5", 3000)
+        .portmap(pm("games", "gs", "public", 3000))
+        .endpoint_full(
+            "games",
+            "range",
+            "game",
+            "TCP",
+            "gs-0",
+            "edge-a",
+            "10.244.0.5",
+            27015,
+            None,
+        )
+        .portmap(pm("games", "range", "public", 27015).end(27020).tcp())
+        .plan_with("edge-a", &edge_facts())
+        .host_state
+}
+
+fn edge() -> HostState {
+    remote().plan_with("edge-a", &edge_facts()).host_state
+}
+
+fn worker() -> HostState {
+    remote()
+        .plan_with("worker-b", &facts(&[], "wt0", 1400))
+        .host_state
+}
+
+/// A first packet from a pod of the node, arriving on the CNI's device.
+fn from_pod(saddr: Ipv4Addr, daddr: Ipv4Addr, protocol: Protocol, dport: u16) -> Packet {
+    let mut p = Packet::new("cilium_host", saddr, daddr, protocol, dport);
+    p.local = vec![EDGE_PUBLIC, EDGE_MESH];
+    p
+}
+
+fn without(state: &HostState, chain: ChainId, drop: impl Fn(&Rule) -> bool) -> HostState {
+    let mut out = state.clone();
+    for (c, rules) in &mut out.nft.chains {
+        if *c == chain {
+            rules.retain(|r| !drop(r));
+        }
+    }
+    out
+}
+
+#[test]
+fn a_pod_on_the_accepting_node_reaches_the_remote_pod_with_its_own_address() {
+    let edge = edge();
+    let link = edge.links[0].clone();
+    for published in [EDGE_PUBLIC, EDGE_MESH] {
+        let p = from_pod(EDGE_POD, published, Protocol::Udp, 3000).leaving_by(&link.name);
+        let t = trace(&edge, &p);
+        assert!(t.steered, "{published}: {t:?}");
+        assert_eq!(t.dnat, Some((link.peer_address, 3000)), "{published}");
+        assert_eq!(
+            t.ct_mark,
+            local_mark(),
+            "the flow's replies come back by main"
+        );
+        assert!(
+            t.identity_snat && !t.masquerade && t.snat_to.is_none(),
+            "{t:?}"
+        );
+        assert_eq!(t.counters, ["pre/games/gs", "post/games/gs"]);
+    }
+    // The pod's node sees the pod's own address over the link and answers back over it.
+    let worker = worker();
+    let wlink = &worker.links[0];
+    let mut arrived = Packet::new(
+        &wlink.name,
+        EDGE_POD,
+        wlink.address.addr(),
+        Protocol::Udp,
+        3000,
+    );
+    arrived.local = vec![wlink.address.addr()];
+    let t = trace(&worker, &arrived);
+    assert_eq!(t.dnat, Some((REMOTE_ENDPOINT, 3000)));
+    assert!(t.identity_snat);
+    // Control: without the hairpin lookups the pod's packet is not steered at all.
+    let bare = without(&edge, ChainId::Pre, |r| matches!(r, Rule::Hairpin(_)));
+    let t = trace(&bare, &from_pod(EDGE_POD, EDGE_PUBLIC, Protocol::Udp, 3000));
+    assert!(!t.steered && t.dnat.is_none(), "{t:?}");
+}
+
+#[test]
+fn only_a_pod_of_the_node_dialing_a_published_port_is_steered() {
+    let edge = edge();
+    // A pod-to-pod flow on the mapped port, a port nobody published, the link port: untouched.
+    for (daddr, dport) in [
+        (REMOTE_ENDPOINT, 3000),
+        (EDGE_PUBLIC, 3001),
+        (EDGE_MESH, 4790),
+    ] {
+        let t = trace(&edge, &from_pod(EDGE_POD, daddr, Protocol::Udp, dport));
+        assert!(!t.steered && t.dnat.is_none(), "{daddr}:{dport}: {t:?}");
+        assert_eq!((t.daddr, t.ct_mark, t.meta_mark), (daddr, 0, 0));
+    }
+    // The other protocol on the published port: not published.
+    let t = trace(&edge, &from_pod(EDGE_POD, EDGE_PUBLIC, Protocol::Tcp, 3000));
+    assert!(!t.steered);
+    // A pod address spoofed on a bound interface or the underlay, to the other interface's
+    // published address (its own one is the interface's ordinary capture): never a pod's.
+    for (iif, daddr) in [("enp1s0", EDGE_MESH), ("wt0", EDGE_PUBLIC)] {
+        let mut spoofed = from_pod(EDGE_POD, daddr, Protocol::Udp, 3000);
+        spoofed.iif = iif.into();
+        assert!(!trace(&edge, &spoofed).steered, "{iif}");
+    }
+    // A pod on its own device whatever its name (Cilium's lxc device, whose pod CIDR routes
+    // via cilium_host; kindnet's veth; a bridge).
+    for iif in ["lxc1a2b3c", "veth7", "cni0"] {
+        let mut pod = from_pod(EDGE_POD, EDGE_MESH, Protocol::Udp, 3000);
+        pod.iif = iif.into();
+        assert!(trace(&edge, &pod).steered, "{iif}");
+    }
+    // A source outside every pod network, on a pod's device: not a pod.
+    let t = trace(
+        &edge,
+        &from_pod(
+            Ipv4Addr::new(192, 0, 2, 80),
+            EDGE_PUBLIC,
+            Protocol::Udp,
+            3000,
+        ),
+    );
+    assert!(!t.steered);
+    // A reply (the pod answering a connection to the published address) is never steered.
+    let mut reply = from_pod(EDGE_POD, EDGE_PUBLIC, Protocol::Udp, 3000);
+    reply.reply = true;
+    reply.ct_state = CtState::Established;
+    assert!(!trace(&edge, &reply).steered);
+    // Control: the same first packet from the pod is steered.
+    assert!(trace(&edge, &from_pod(EDGE_POD, EDGE_MESH, Protocol::Udp, 3000)).steered);
+}
+
+#[test]
+fn the_accepting_nodes_own_process_is_translated_in_the_output_hook() {
+    let edge = edge();
+    let link = edge.links[0].clone();
+    for published in [EDGE_PUBLIC, EDGE_MESH] {
+        let p = Packet::local(published, published, Protocol::Udp, 3000).leaving_by(&link.name);
+        let t = trace(&edge, &p);
+        assert_eq!(t.dnat, Some((link.peer_address, 3000)), "{published}");
+        assert_eq!(t.ct_mark, local_mark());
+        if published == EDGE_MESH {
+            // Its InternalIP: the pod node's loop guard would send the reply over the mesh.
+            assert_eq!(t.snat_to, Some(link.address.addr()), "{t:?}");
+        } else {
+            assert!(
+                t.identity_snat && t.snat_to.is_none(),
+                "its own address is kept"
+            );
+        }
+    }
+    // The node's other connections: another port, another node, a later packet: untouched.
+    for (daddr, dport) in [(EDGE_PUBLIC, 3001), (WORKER_MESH, 3000)] {
+        let t = trace(
+            &edge,
+            &Packet::local(EDGE_MESH, daddr, Protocol::Udp, dport),
+        );
+        assert!(t.dnat.is_none() && t.ct_mark == 0, "{daddr}:{dport}: {t:?}");
+    }
+    let later = Packet::local(EDGE_MESH, EDGE_MESH, Protocol::Udp, 3000).later(0);
+    assert!(trace(&edge, &later).dnat.is_none());
+    // Control: without the hairpin entries the node's own packet stays its own.
+    let bare = without(&edge, ChainId::Pre, |r| matches!(r, Rule::Hairpin(_)));
+    let t = trace(
+        &bare,
+        &Packet::local(EDGE_MESH, EDGE_MESH, Protocol::Udp, 3000),
+    );
+    assert!(t.dnat.is_none());
+}
+
+#[test]
+fn the_pod_nodes_own_request_takes_the_link_end_as_its_source_and_its_reply_the_link() {
+    let edge = edge();
+    let link = edge.links[0].clone();
+    let mut p = Packet::new("wt0", WORKER_MESH, EDGE_MESH, Protocol::Udp, 3000);
+    p.local = vec![EDGE_PUBLIC, EDGE_MESH];
+    let t = trace(&edge, &p.leaving_by(&link.name));
+    assert_eq!(t.dnat, Some((link.peer_address, 3000)));
+    assert_eq!(t.snat_to, Some(link.address.addr()), "{t:?}");
+    assert!(!t.identity_snat);
+    // A third node keeps its own address.
+    let mut third = p.clone();
+    third.saddr = THIRD_MESH;
+    let t = trace(&edge, &third.leaving_by(&link.name));
+    assert!(t.identity_snat && t.snat_to.is_none(), "{t:?}");
+    // On the pod's node the request comes from the edge's link end (not its own address),
+    // and the pod's reply to it goes back over the link.
+    let worker = worker();
+    let wlink = worker.links[0].clone();
+    let own_end = wlink.address.addr();
+    let mut arrived = Packet::new(
+        &wlink.name,
+        link.address.addr(),
+        own_end,
+        Protocol::Udp,
+        3000,
+    );
+    arrived.local = vec![own_end, WORKER_MESH];
+    let t = trace(&worker, &arrived);
+    assert_eq!(t.dnat, Some((REMOTE_ENDPOINT, 3000)));
+    assert!(t.identity_snat);
+    let mut reply = Packet::new(
+        "cilium_host",
+        REMOTE_ENDPOINT,
+        link.address.addr(),
+        Protocol::Udp,
+        40000,
+    );
+    reply.reply = true;
+    reply.ct_state = CtState::Established;
+    reply.ct_mark = wlink.mark;
+    let t = trace(&worker, &reply);
+    assert!(
+        matches!(&t.route, Some(RouteDecision::Via { dev, .. }) if *dev == wlink.name),
+        "{t:?}"
+    );
+    // Control: without the rule the pod's node would get its own address as the source.
+    let bare = without(&edge, ChainId::Post, |r| {
+        matches!(r, Rule::LinkPeerSnat { .. })
+    });
+    let t = trace(&bare, &p.leaving_by(&link.name));
+    assert!(t.identity_snat && t.snat_to.is_none());
+}
+
+#[test]
+fn a_pod_reaching_a_pod_of_its_own_node_or_itself_is_masqueraded() {
+    let edge = same_node();
+    for client in [EDGE_POD, LOCAL_ENDPOINT] {
+        for (protocol, port) in [(Protocol::Udp, 3000), (Protocol::Tcp, 27018)] {
+            let p = from_pod(client, EDGE_PUBLIC, protocol, port).leaving_by("cilium_host");
+            let t = trace(&edge, &p);
+            assert_eq!(
+                t.dnat,
+                Some((LOCAL_ENDPOINT, port)),
+                "{client} {protocol:?}"
+            );
+            assert!(t.masquerade && !t.identity_snat, "{client}: {t:?}");
+        }
+    }
+    // An outside client and the node's own process keep their addresses.
+    let mut outside = Packet::new(
+        "enp1s0",
+        Ipv4Addr::new(198, 51, 100, 10),
+        EDGE_PUBLIC,
+        Protocol::Udp,
+        3000,
+    );
+    outside.local = vec![EDGE_PUBLIC, EDGE_MESH];
+    let t = trace(&edge, &outside.leaving_by("cilium_host"));
+    assert!(t.identity_snat && !t.masquerade);
+    let own =
+        Packet::local(EDGE_PUBLIC, EDGE_PUBLIC, Protocol::Udp, 3000).leaving_by("cilium_host");
+    let t = trace(&edge, &own);
+    assert_eq!(t.dnat, Some((LOCAL_ENDPOINT, 3000)));
+    assert!(t.identity_snat && !t.masquerade);
+    // Control: without the masquerade the pod's own address would be kept (and the reply
+    // would go straight back over the bridge, or to the pod itself).
+    let bare = without(&edge, ChainId::Post, |r| {
+        matches!(r, Rule::HairpinMasquerade { .. })
+    });
+    let t = trace(
+        &bare,
+        &from_pod(EDGE_POD, EDGE_PUBLIC, Protocol::Udp, 3000).leaving_by("cilium_host"),
+    );
+    assert!(t.identity_snat && !t.masquerade);
+}
+
+#[test]
+fn no_pod_network_known_means_no_pod_is_steered_by_destination() {
+    let mut edge = edge();
+    edge.nft.hairpin_sources.clear();
+    let t = trace(&edge, &from_pod(EDGE_POD, EDGE_PUBLIC, Protocol::Udp, 3000));
+    assert!(!t.steered);
+    // The node's own processes are still served.
+    let t = trace(
+        &edge,
+        &Packet::local(EDGE_PUBLIC, EDGE_PUBLIC, Protocol::Udp, 3000),
+    );
+    assert!(t.dnat.is_some());
+}
