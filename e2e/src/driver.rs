@@ -196,6 +196,8 @@ pub struct Summary {
     pub failover_ms: Vec<u64>,
     /// Per sample, from the kubelet resumed to the first edge answering again.
     pub failback_ms: Vec<u64>,
+    /// Per client inside the cluster, `<client>: <what the pod saw>`.
+    pub inside: Vec<String>,
 }
 
 /// The workload's namespace.
@@ -357,6 +359,20 @@ pub trait Platform {
     /// Probes the mapping on the accepting node (`internal_ip` is its InternalIP) and returns
     /// the client addresses the pod saw, after checking each is the client's own.
     fn probe(&mut self, sh: &mut dyn Shell, internal_ip: &str) -> Result<Vec<String>>;
+    /// Clients inside the cluster (`docs/datapath.md`, "Clients inside the cluster"): UDP from
+    /// the accepting node's own processes, from the pod's node's, and from the workload pod
+    /// itself, each to the accepting node's published public address; each answer must come
+    /// from the address and port dialed. Returns, per client, what the pod saw (recorded, not
+    /// judged: a node or the pod itself may be translated). Only where
+    /// [`Platform::has_inside_clients`].
+    fn probe_inside(&mut self, sh: &mut dyn Shell) -> Result<Vec<String>> {
+        let _ = sh;
+        bail!("this platform cannot place clients inside the cluster")
+    }
+    /// Whether [`Platform::probe_inside`] can run here.
+    fn has_inside_clients(&self) -> bool {
+        false
+    }
     /// A Single class over two public edges for the failover step, when this platform can stop
     /// a node's kubelet ([`Platform::pause_kubelet`]).
     fn failover(&self) -> Option<Failover> {
@@ -675,6 +691,12 @@ fn steps(r: &mut Run<'_>) -> Result<Summary> {
         |r| r.p.probe(r.sh, &address),
     )?;
     summary.probes.extend(seen);
+    if r.p.has_inside_clients() {
+        summary.inside = r.step(
+            "clients inside the cluster (the accepting node, the pod's node, the pod itself) are answered from the address dialed",
+            |r| r.p.probe_inside(r.sh),
+        )?;
+    }
     r.step(
         "the pod turns unready (its readiness probe fails): NoReadyEndpoint, the port refuses; ready again, it answers",
         |r| unready_and_back(r, &address, &mut summary),

@@ -325,6 +325,30 @@ fn tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
+/// Checks that a `kuport-echo ask` answer came from the address and port dialed, and returns
+/// what the pod saw (`peer=`) beside the client's own address (`client=`), without judging it.
+pub fn answered_from(output: &str, dialed: SocketAddr) -> Result<String> {
+    let line = output.lines().next().unwrap_or("").trim();
+    let mut words = line.split_whitespace();
+    ensure!(
+        words.next() == Some("reply"),
+        "no reply from {dialed}: {line:?}"
+    );
+    let field = |name: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(name))
+            .map(str::to_owned)
+    };
+    let from = field("from=").with_context(|| format!("no from= in {line:?}"))?;
+    ensure!(
+        from == dialed.to_string(),
+        "the reply came from {from}, not the address dialed {dialed}"
+    );
+    let peer = field("peer=").with_context(|| format!("no peer= in {line:?}"))?;
+    let own = field("client=").with_context(|| format!("no client= in {line:?}"))?;
+    Ok(format!("the pod saw {peer} (the client's own {own})"))
+}
+
 /// Checks one `kuport-echo ask` answer (`reply from=<ip:port> peer=<ip:port> ... client=<ip:port>`):
 /// the reply came from the address dialed and the pod saw the client's own address (its own
 /// port too). Returns what the pod saw.
@@ -542,6 +566,87 @@ impl Platform for Local {
             (vpn, "udp", SocketAddr::from((mesh, 3000))),
         ] {
             seen.push(self.probe_one(sh, client, protocol, dialed)?);
+        }
+        Ok(seen)
+    }
+
+    fn has_inside_clients(&self) -> bool {
+        true
+    }
+
+    fn probe_inside(&mut self, sh: &mut dyn Shell) -> Result<Vec<String>> {
+        let desc = self.desc()?.clone();
+        let public = self
+            .node(ACCEPTING)?
+            .public
+            .with_context(|| format!("node {ACCEPTING} has no public address"))?;
+        let dialed = SocketAddr::from((public, 3000));
+        let echo = desc.echo.display().to_string();
+        let ask = |ns: &str| {
+            Cmd::new(
+                "ip",
+                [
+                    "netns",
+                    "exec",
+                    ns,
+                    &echo,
+                    "ask",
+                    "udp",
+                    &dialed.to_string(),
+                    "--timeout-ms",
+                    "2000",
+                ]
+                .map(str::to_owned),
+            )
+        };
+        let kubectl = |args: &[&str]| {
+            let mut all: Vec<String> =
+                ["netns", "exec", &desc.api_netns, "kubectl", "--kubeconfig"]
+                    .map(str::to_owned)
+                    .to_vec();
+            all.push(desc.kubeconfig.display().to_string());
+            all.extend(args.iter().map(|a| (*a).to_owned()));
+            Cmd::new("ip", all)
+        };
+        let mut clients = Vec::new();
+        for node in [ACCEPTING, POD_NODE] {
+            clients.push((format!("node {node}"), ask(&self.node(node)?.netns)));
+        }
+        let target = dialed.to_string();
+        clients.push((
+            "the workload pod itself".to_owned(),
+            kubectl(&[
+                "-n",
+                NAMESPACE,
+                "exec",
+                "deploy/echo",
+                "-c",
+                "udp",
+                "--",
+                "/usr/local/bin/kuport-echo",
+                "ask",
+                "udp",
+                &target,
+                "--timeout-ms",
+                "2000",
+            ]),
+        ));
+        let mut seen = Vec::new();
+        for (who, cmd) in clients {
+            let mut last = String::new();
+            let mut saw = None;
+            for _ in 0..3 {
+                let out = sh.run(&cmd).unwrap_or_else(|e| format!("{e:#}"));
+                match answered_from(&out, dialed) {
+                    Ok(client) => {
+                        saw = Some(client);
+                        break;
+                    }
+                    Err(e) => last = format!("{e:#}"),
+                }
+            }
+            let saw = saw.with_context(|| format!("UDP from {who} to {dialed}: {last}"))?;
+            seen.push(format!("{who}: {saw}"));
         }
         Ok(seen)
     }
@@ -791,6 +896,21 @@ pub fn run(sh: &mut dyn Shell, o: LocalOptions, keep: bool) -> Result<crate::dri
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_inside_answer_must_come_from_the_address_dialed_and_records_what_the_pod_saw() {
+        let dialed: SocketAddr = "203.0.113.1:3000".parse().expect("addr");
+        let translated =
+            "reply from=203.0.113.1:3000 peer=169.254.77.0:40000 port=3000 client=100.64.0.2:40000";
+        assert_eq!(
+            answered_from(translated, dialed).expect("a translated source is recorded, not judged"),
+            "the pod saw 169.254.77.0:40000 (the client's own 100.64.0.2:40000)"
+        );
+        let wrong_sender =
+            "reply from=10.244.2.5:3000 peer=100.64.0.2:40000 client=100.64.0.2:40000";
+        assert!(answered_from(wrong_sender, dialed).is_err());
+        assert!(answered_from("timeout after 2000 ms", dialed).is_err());
+    }
 
     #[test]
     fn an_echo_answer_passes_only_with_the_client_address_and_the_dialed_source() {

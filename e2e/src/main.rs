@@ -114,8 +114,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             };
             let summary = local::run(&mut RealShell::new()?, options, args.keep)?;
             eprintln!(
-                "end-to-end passed on the local cluster: the pod saw the clients' own addresses ({}); the rolling restart answered {} of {} probes",
+                "end-to-end passed on the local cluster: the pod saw the clients' own addresses ({}); clients inside the cluster were answered from the address dialed ({}); the rolling restart answered {} of {} probes",
                 summary.probes.join(", "),
+                summary.inside.join("; "),
                 summary.loop_answered,
                 summary.loop_sent
             );
