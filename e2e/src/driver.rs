@@ -361,8 +361,8 @@ pub trait Platform {
     fn probe(&mut self, sh: &mut dyn Shell, internal_ip: &str) -> Result<Vec<String>>;
     /// Clients inside the cluster (`docs/datapath.md`, "Clients inside the cluster"): UDP from
     /// the accepting node's own processes, from the pod's node's, and from the workload pod
-    /// itself, each to the accepting node's published public address; each answer must come
-    /// from the address and port dialed. Returns, per client, what the pod saw (recorded, not
+    /// itself, each to a published address of the accepting node it can route to; each answer
+    /// must come from the address and port dialed. Returns, per client, what the pod saw (recorded, not
     /// judged: a node or the pod itself may be translated). Only where
     /// [`Platform::has_inside_clients`].
     fn probe_inside(&mut self, sh: &mut dyn Shell) -> Result<Vec<String>> {

@@ -574,15 +574,19 @@ impl Platform for Local {
         true
     }
 
+    /// The accepting node dials its own public address; the pod's node and the workload pod
+    /// (on it) dial the accepting node's mesh address (its InternalIP, where the class also
+    /// publishes): the public segment is not routed from a worker here, as on a real site.
     fn probe_inside(&mut self, sh: &mut dyn Shell) -> Result<Vec<String>> {
         let desc = self.desc()?.clone();
-        let public = self
-            .node(ACCEPTING)?
+        let edge = self.node(ACCEPTING)?.clone();
+        let public = edge
             .public
             .with_context(|| format!("node {ACCEPTING} has no public address"))?;
-        let dialed = SocketAddr::from((public, 3000));
+        let public = SocketAddr::from((public, 3000));
+        let mesh = SocketAddr::from((edge.mesh, 3000));
         let echo = desc.echo.display().to_string();
-        let ask = |ns: &str| {
+        let ask = |ns: &str, dialed: SocketAddr| {
             Cmd::new(
                 "ip",
                 [
@@ -608,31 +612,40 @@ impl Platform for Local {
             all.extend(args.iter().map(|a| (*a).to_owned()));
             Cmd::new("ip", all)
         };
-        let mut clients = Vec::new();
-        for node in [ACCEPTING, POD_NODE] {
-            clients.push((format!("node {node}"), ask(&self.node(node)?.netns)));
-        }
-        let target = dialed.to_string();
-        clients.push((
-            "the workload pod itself".to_owned(),
-            kubectl(&[
-                "-n",
-                NAMESPACE,
-                "exec",
-                "deploy/echo",
-                "-c",
-                "udp",
-                "--",
-                "/usr/local/bin/kuport-echo",
-                "ask",
-                "udp",
-                &target,
-                "--timeout-ms",
-                "2000",
-            ]),
-        ));
+        let target = mesh.to_string();
+        let clients = [
+            (
+                format!("node {ACCEPTING}"),
+                public,
+                ask(&edge.netns, public),
+            ),
+            (
+                format!("node {POD_NODE}"),
+                mesh,
+                ask(&self.node(POD_NODE)?.netns, mesh),
+            ),
+            (
+                "the workload pod itself".to_owned(),
+                mesh,
+                kubectl(&[
+                    "-n",
+                    NAMESPACE,
+                    "exec",
+                    "deploy/echo",
+                    "-c",
+                    "udp",
+                    "--",
+                    "/usr/local/bin/kuport-echo",
+                    "ask",
+                    "udp",
+                    &target,
+                    "--timeout-ms",
+                    "2000",
+                ]),
+            ),
+        ];
         let mut seen = Vec::new();
-        for (who, cmd) in clients {
+        for (who, dialed, cmd) in clients {
             let mut last = String::new();
             let mut saw = None;
             for _ in 0..3 {
@@ -646,7 +659,7 @@ impl Platform for Local {
                 }
             }
             let saw = saw.with_context(|| format!("UDP from {who} to {dialed}: {last}"))?;
-            seen.push(format!("{who}: {saw}"));
+            seen.push(format!("{who} to {dialed}: {saw}"));
         }
         Ok(seen)
     }
