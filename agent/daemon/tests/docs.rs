@@ -847,24 +847,28 @@ fn tracked_files() -> Vec<(String, String)> {
         .collect()
 }
 
+/// The paths of the original design that lives outside the repository, built from their
+/// parts so that this file does not cite them itself.
+fn outside_design_paths() -> Vec<String> {
+    let root = ["sha", "red"].concat();
+    let mut paths: Vec<String> = ["spec", "seed", "reference"]
+        .iter()
+        .map(|dir| format!("{root}/{dir}/"))
+        .collect();
+    paths.push(format!("../{root}/"));
+    paths
+}
+
 #[test]
 fn no_file_cites_the_original_design_outside_the_repository() {
-    let cited = [
-        "shared/spec/",
-        "shared/seed/",
-        "shared/reference/",
-        "../shared/",
-    ];
+    let cited = outside_design_paths();
+    assert!(cited.iter().all(|c| !c.is_empty()), "{cited:?}");
     let mut problems = Vec::new();
     let files = tracked_files();
     assert!(files.len() > 100, "only {} files read", files.len());
     for (path, text) in files {
         for (n, line) in text.lines().enumerate() {
-            // This test names what it looks for.
-            if path.ends_with("tests/docs.rs") {
-                continue;
-            }
-            if cited.iter().any(|c| line.contains(c)) {
+            if cited.iter().any(|c| line.contains(c.as_str())) {
                 problems.push(format!("{path}:{}: {}", n + 1, line.trim()));
             }
         }

@@ -13,7 +13,6 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
 use kube::api::{Api, Patch, PatchParams};
 use kuport_core::api::PortMapClass;
-use kuport_sim::apiserver::{ApiServer, kubeconfig};
 use kuport_testkit::objects::{self, DAEMONSET_NAMESPACE, agent_daemonset, agent_pod};
 use live::{create, said};
 use serde_json::{Value, json};
@@ -34,16 +33,7 @@ fn preflight(kubeconfig: &Path, extra: &[&str]) -> Output {
 /// The model with three Ready Nodes, kuport's namespace (labelled `privileged` unless
 /// `labelled` is false), its DaemonSet and a ready agent Pod on each node in `agents`.
 async fn cluster(dir: &Path, labelled: bool, agents: &[&str]) -> (PathBuf, kube::Client) {
-    let server = ApiServer::builder().build().expect("model builds");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
-    tokio::spawn(server.serve(listener));
-    let path = dir.join("kubeconfig");
-    std::fs::write(&path, kubeconfig(&url)).expect("kubeconfig");
-    let client =
-        kube::Client::try_from(kube::Config::new(url.parse().expect("url"))).expect("client");
+    let (path, client) = live::serve_model(dir).await;
     let labels = if labelled {
         json!({"pod-security.kubernetes.io/enforce": "privileged"})
     } else {

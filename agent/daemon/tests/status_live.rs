@@ -12,7 +12,6 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, Patch, PatchParams};
 use kuport_core::api::PortMap;
-use kuport_sim::apiserver::{ApiServer, kubeconfig};
 use kuport_testkit::objects::{self, DAEMONSET_NAMESPACE, agent_daemonset, agent_pod, pm};
 use live::{create, said};
 use serde_json::{Value, json};
@@ -40,16 +39,7 @@ fn ready_agent_pod(node: &str, uid: &str) -> Value {
 /// The model on a loopback port with two Ready Nodes, kuport's DaemonSet and an agent Pod on
 /// n1 only, plus a Pod of someone else's on n2 (not an agent: no kuport label).
 async fn model_cluster(dir: &Path) -> PathBuf {
-    let server = ApiServer::builder().build().expect("model builds");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
-    tokio::spawn(server.serve(listener));
-    let path = dir.join("kubeconfig");
-    std::fs::write(&path, kubeconfig(&url)).expect("kubeconfig");
-    let client =
-        kube::Client::try_from(kube::Config::new(url.parse().expect("url"))).expect("client");
+    let (path, client) = live::serve_model(dir).await;
     let namespaces: Api<Namespace> = Api::all(client.clone());
     for ns in [DAEMONSET_NAMESPACE, "games"] {
         create(&namespaces, json!({"metadata": {"name": ns}}), "Namespace").await;

@@ -10,7 +10,7 @@ use std::process::{Command, Output};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::Api;
-use kuport_sim::apiserver::{ApiServer, kubeconfig};
+use kuport_sim::apiserver::kubeconfig;
 use kuport_testkit::objects::{self, DAEMONSET_NAMESPACE, agent_daemonset, agent_pod};
 use live::{create, said};
 use serde_json::{Value, json};
@@ -37,16 +37,7 @@ fn client_line() -> String {
 /// The model with three Nodes and agent Pods on n1 (v0.1.0) and n2 (v0.2.0), mid-rollout; n3
 /// runs none, and a Pod of someone else's runs on n3.
 async fn model_cluster(dir: &Path) -> PathBuf {
-    let server = ApiServer::builder().build().expect("model builds");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
-    tokio::spawn(server.serve(listener));
-    let path = dir.join("kubeconfig");
-    std::fs::write(&path, kubeconfig(&url)).expect("kubeconfig");
-    let client =
-        kube::Client::try_from(kube::Config::new(url.parse().expect("url"))).expect("client");
+    let (path, client) = live::serve_model(dir).await;
     let namespaces: Api<Namespace> = Api::all(client.clone());
     for ns in [DAEMONSET_NAMESPACE, "games"] {
         create(&namespaces, json!({"metadata": {"name": ns}}), "Namespace").await;

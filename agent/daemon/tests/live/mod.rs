@@ -5,7 +5,7 @@
 // Each test file is its own crate and uses only part of this module.
 #![allow(dead_code)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
@@ -78,4 +78,22 @@ pub async fn bind(admin: &kube::Client, docs: Vec<Value>, namespace: &str, name:
             other => panic!("unexpected kind {other:?} in the documented RBAC"),
         }
     }
+}
+
+/// Starts the API server model on a loopback port, writes a kubeconfig for it into `dir`, and
+/// returns that file and a client of the model.
+pub async fn serve_model(dir: &Path) -> (PathBuf, kube::Client) {
+    let server = kuport_sim::apiserver::ApiServer::builder()
+        .build()
+        .expect("model builds");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(server.serve(listener));
+    let path = dir.join("kubeconfig");
+    std::fs::write(&path, kuport_sim::apiserver::kubeconfig(&url)).expect("kubeconfig");
+    let client =
+        kube::Client::try_from(kube::Config::new(url.parse().expect("url"))).expect("client");
+    (path, client)
 }
