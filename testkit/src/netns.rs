@@ -21,6 +21,46 @@ use crate::process::{Proc, pid_exists, run};
 /// How long a dropped namespace waits for the processes it killed to go.
 const KILL_WAIT: Duration = Duration::from_secs(2);
 
+/// True when this process runs as UID 0.
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(2) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
+/// Whether a root test can run: true as root with every one of `tools` on the PATH. Otherwise
+/// it prints one line saying why the test skips and returns false, or, with
+/// `KUPORT_REQUIRE_ROOT_TESTS=1` (CI), fails the test.
+///
+/// # Panics
+/// When the test cannot run and `KUPORT_REQUIRE_ROOT_TESTS=1`.
+pub fn root_or_skip(test: &str, tools: &[&str]) -> bool {
+    let missing: Vec<&str> = tools
+        .iter()
+        .copied()
+        .filter(|t| Command::new(t).arg("-V").output().is_err())
+        .collect();
+    if is_root() && missing.is_empty() {
+        return true;
+    }
+    let why = if is_root() {
+        format!("{} missing", missing.join(" and "))
+    } else {
+        "not root".to_owned()
+    };
+    assert!(
+        std::env::var("KUPORT_REQUIRE_ROOT_TESTS").as_deref() != Ok("1"),
+        "{test}: KUPORT_REQUIRE_ROOT_TESTS=1 but {why}"
+    );
+    eprintln!("skipping {test}: {why}");
+    false
+}
+
 /// `<prefix><pid>-<role>`: the name of a namespace or temporary directory this process owns.
 pub fn owned_name(prefix: &str, role: &str) -> String {
     format!("{prefix}{}-{role}", std::process::id())

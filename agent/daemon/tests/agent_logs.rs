@@ -5,40 +5,14 @@
 //! and programs nothing.
 
 use std::io::Read as _;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use kuport_testkit::netns::Netns;
 
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .map(|l| l.split_whitespace().nth(2) == Some("0"))
-        })
-        .unwrap_or(false)
-}
-
-/// False (after one line) when the test must skip; a failure with `KUPORT_REQUIRE_ROOT_TESTS=1`.
-fn root_or_skip(test: &str) -> bool {
-    let have_ip = Command::new("ip").arg("-V").output().is_ok();
-    if is_root() && have_ip {
-        return true;
-    }
-    let why = if is_root() { "ip missing" } else { "not root" };
-    assert!(
-        std::env::var("KUPORT_REQUIRE_ROOT_TESTS").as_deref() != Ok("1"),
-        "{test}: KUPORT_REQUIRE_ROOT_TESTS=1 but {why}"
-    );
-    eprintln!("skipping {test}: {why}");
-    false
-}
-
 #[test]
 fn logs_written_to_a_pipe_carry_no_colour_codes() {
-    if !root_or_skip("logs_written_to_a_pipe_carry_no_colour_codes") {
+    if !kuport_testkit::netns::root_or_skip("logs_written_to_a_pipe_carry_no_colour_codes", &["ip"])
+    {
         return;
     }
     let ns = Netns::create("kt-", "logs").expect("namespace");

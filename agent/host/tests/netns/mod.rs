@@ -12,37 +12,10 @@ use std::process::Command;
 
 use kuport_testkit::netns::Netns;
 
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .map(|l| l.split_whitespace().nth(2) == Some("0"))
-        })
-        .unwrap_or(false)
-}
-
 /// Returns false (after one line saying why) when the test must skip; panics instead when
 /// `KUPORT_REQUIRE_ROOT_TESTS=1`.
 pub fn root_or_skip(test: &str) -> bool {
-    let have_tools = ["nft", "ip"]
-        .iter()
-        .all(|t| Command::new(t).arg("-V").output().is_ok());
-    if is_root() && have_tools {
-        return true;
-    }
-    let why = if is_root() {
-        "nft or ip missing"
-    } else {
-        "not root"
-    };
-    assert!(
-        std::env::var("KUPORT_REQUIRE_ROOT_TESTS").as_deref() != Ok("1"),
-        "{test}: KUPORT_REQUIRE_ROOT_TESTS=1 but {why}"
-    );
-    eprintln!("skipping {test}: {why}");
-    false
+    kuport_testkit::netns::root_or_skip(test, &["nft", "ip"])
 }
 
 /// Prefix of the test namespaces: `kt-<pid>-<tag>`.
