@@ -325,6 +325,20 @@ fn tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
+/// Runs one inside-the-cluster ask up to three times: the first datagram from a new client can
+/// race the conntrack entry of the previous one, and one lost datagram is not a finding.
+fn ask_with_retries(sh: &mut dyn Shell, cmd: &Cmd, dialed: SocketAddr) -> Result<String> {
+    let mut last = anyhow::anyhow!("not asked");
+    for _ in 0..3 {
+        let out = sh.run(cmd).unwrap_or_else(|e| format!("{e:#}"));
+        match answered_from(&out, dialed) {
+            Ok(client) => return Ok(client),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
 /// Checks that a `kuport-echo ask` answer came from the address and port dialed, and returns
 /// what the pod saw (`peer=`) beside the client's own address (`client=`), without judging it.
 pub fn answered_from(output: &str, dialed: SocketAddr) -> Result<String> {
@@ -646,19 +660,8 @@ impl Platform for Local {
         ];
         let mut seen = Vec::new();
         for (who, dialed, cmd) in clients {
-            let mut last = String::new();
-            let mut saw = None;
-            for _ in 0..3 {
-                let out = sh.run(&cmd).unwrap_or_else(|e| format!("{e:#}"));
-                match answered_from(&out, dialed) {
-                    Ok(client) => {
-                        saw = Some(client);
-                        break;
-                    }
-                    Err(e) => last = format!("{e:#}"),
-                }
-            }
-            let saw = saw.with_context(|| format!("UDP from {who} to {dialed}: {last}"))?;
+            let saw = ask_with_retries(sh, &cmd, dialed)
+                .with_context(|| format!("UDP from {who} to {dialed}"))?;
             seen.push(format!("{who} to {dialed}: {saw}"));
         }
         Ok(seen)
