@@ -37,6 +37,7 @@ pub mod reasons;
 pub mod selector;
 mod state;
 mod status;
+pub mod unknown_fields;
 pub use status::limits;
 
 use std::collections::BTreeMap;

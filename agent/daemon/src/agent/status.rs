@@ -16,12 +16,14 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store};
+use kuport_core::api::PortMapClassStatus;
 use kuport_core::api::{PortMap, PortMapClass, PortMapStatus, conditions};
 use kuport_core::plan::merge::{
     ClassPart, class_parts, merge_class_status, portmap_status_equivalent,
 };
+use kuport_core::plan::unknown_fields::keep_unknown_fields;
 use kuport_core::plan::{AcceptedReason, PortMapWrite, Writes};
 
 use super::events::{EventSink, PendingEvent};
@@ -314,13 +316,17 @@ impl StatusWriter {
         superseded: &(dyn Fn() -> bool + Send + Sync),
     ) {
         let what = format!("PortMapClass {class}");
-        let api: Api<PortMapClass> = Api::all(self.client.clone());
+        // Raw, not typed: what this version does not know of the status must be written back.
+        let api: Api<DynamicObject> = Api::all_with(
+            self.client.clone(),
+            &ApiResource::erase::<PortMapClass>(&()),
+        );
         for _ in 0..CLASS_CAS_ATTEMPTS {
             if superseded() {
                 outcome.superseded = true;
                 return;
             }
-            let Some(fresh) = self.read_class(&api, class, outcome).await else {
+            let Some((fresh, raw)) = self.read_class(&api, class, outcome).await else {
                 return;
             };
             let stored = fresh.status.clone().unwrap_or_default();
@@ -336,9 +342,15 @@ impl StatusWriter {
                 outcome.unchanged += 1;
                 return;
             }
-            let mut body = fresh.clone();
-            body.metadata.managed_fields = None;
-            body.status = Some(merged.status);
+            let body = match class_status_body(raw, &stored, &merged.status, &self.node) {
+                Ok(body) => body,
+                Err(e) => {
+                    outcome
+                        .errors
+                        .push(format!("writing the status of {what}: {e}"));
+                    return;
+                }
+            };
             let result = tokio::time::timeout(
                 self.api_timeout,
                 api.replace_status(class, &PostParams::default(), &body),
@@ -405,13 +417,19 @@ impl StatusWriter {
     /// failed.
     async fn read_class(
         &self,
-        api: &Api<PortMapClass>,
+        api: &Api<DynamicObject>,
         class: &str,
         outcome: &mut StatusOutcome,
-    ) -> Option<PortMapClass> {
+    ) -> Option<(PortMapClass, DynamicObject)> {
         let what = format!("PortMapClass {class}");
         match tokio::time::timeout(self.api_timeout, api.get_opt(class)).await {
-            Ok(Ok(Some(fresh))) => Some(fresh),
+            Ok(Ok(Some(raw))) => match raw.clone().try_parse::<PortMapClass>() {
+                Ok(fresh) => Some((fresh, raw)),
+                Err(e) => {
+                    outcome.errors.push(format!("reading {what}: {e}"));
+                    None
+                }
+            },
             Ok(Ok(None)) => {
                 outcome.unchanged += 1;
                 None
@@ -553,4 +571,31 @@ mod tests {
         );
         assert!(!is_warning(&accepted("Valid")));
     }
+}
+
+/// The body of a class status write: the class as read (`raw`, whose status this version read
+/// as `stored`) with `merged` as its status, and every field of the stored status this version
+/// does not know put back, except in `node`'s own row (`kuport_core::plan::unknown_fields`).
+fn class_status_body(
+    mut raw: DynamicObject,
+    stored: &PortMapClassStatus,
+    merged: &PortMapClassStatus,
+    node: &str,
+) -> Result<DynamicObject, serde_json::Error> {
+    raw.metadata.managed_fields = None;
+    let as_stored = raw
+        .data
+        .get("status")
+        .cloned()
+        .unwrap_or(serde_json::Value::Null);
+    let understood = serde_json::to_value(stored)?;
+    let mut status = serde_json::to_value(merged)?;
+    keep_unknown_fields(&as_stored, &understood, &mut status, node);
+    // A class read back always has a body; the status subresource reads nothing else of it.
+    if let Some(data) = raw.data.as_object_mut() {
+        data.insert("status".to_owned(), status);
+    } else {
+        raw.data = serde_json::json!({ "status": status });
+    }
+    Ok(raw)
 }

@@ -1,0 +1,142 @@
+//! Agents of two versions side by side, as every rollout runs them (docs/integration.md,
+//! "Versions side by side"), on the real API server: the CRDs of the newer version are applied
+//! first, so the server keeps the fields only the newer agents write, and an agent of this
+//! version rewriting the shared class status must not drop them from another node's row.
+
+mod common;
+
+use std::time::Duration;
+
+use kube::api::{Api, ApiResource, DynamicObject, PostParams};
+use kuport_core::api::PortMapClass;
+use serde_json::{Value, json};
+
+use common::{Cluster, Target, programmed_true};
+
+const CLASS_CRD: &str = "portmapclasses.kuport.wlz.li";
+
+fn crd_resource() -> ApiResource {
+    ApiResource {
+        group: "apiextensions.k8s.io".to_owned(),
+        version: "v1".to_owned(),
+        api_version: "apiextensions.k8s.io/v1".to_owned(),
+        kind: "CustomResourceDefinition".to_owned(),
+        plural: "customresourcedefinitions".to_owned(),
+    }
+}
+
+/// Installs "the next version's" class CRD: this one, with a field more in the status and in
+/// each node row, as a newer kuport that grew its status would ship.
+async fn apply_next_versions_class_crd(client: &kube::Client) {
+    let crds: Api<DynamicObject> = Api::all_with(client.clone(), &crd_resource());
+    let mut crd = crds.get(CLASS_CRD).await.expect("the class CRD");
+    let versions = crd.data["spec"]["versions"]
+        .as_array_mut()
+        .expect("the CRD's versions");
+    for version in versions {
+        let status = &mut version["schema"]["openAPIV3Schema"]["properties"]["status"];
+        status["properties"]["futureSummary"] = json!({"type": "string"});
+        status["properties"]["nodes"]["items"]["properties"]["futureField"] =
+            json!({"type": "string"});
+    }
+    crds.replace(CLASS_CRD, &PostParams::default(), &crd)
+        .await
+        .expect("the extended class CRD replaces the shipped one");
+}
+
+fn classes(client: &kube::Client) -> Api<DynamicObject> {
+    Api::all_with(client.clone(), &ApiResource::erase::<PortMapClass>(&()))
+}
+
+async fn raw_status(c: &Cluster) -> Value {
+    let class = classes(&c.client).get("public").await.expect("class");
+    class.data["status"].clone()
+}
+
+fn row<'a>(status: &'a Value, node: &str) -> Option<&'a Value> {
+    status["nodes"]
+        .as_array()?
+        .iter()
+        .find(|r| r["name"] == node)
+}
+
+/// Writes what the newer agent on `node` would: its row with the new field, and the status's.
+async fn write_as_newer_agent(c: &Cluster, node: &str) -> bool {
+    let api = classes(&c.client);
+    let mut class = api.get("public").await.expect("class");
+    let status = &mut class.data["status"];
+    let Some(rows) = status["nodes"].as_array_mut() else {
+        return false;
+    };
+    let Some(row) = rows.iter_mut().find(|r| r["name"] == node) else {
+        return false;
+    };
+    row["futureField"] = json!("written by the next version");
+    status["futureSummary"] = json!("kept by every version");
+    class.metadata.managed_fields = None;
+    api.replace_status("public", &PostParams::default(), &class)
+        .await
+        .is_ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_agent_keeps_the_fields_of_a_newer_agents_row() {
+    let role = kuport_realapi::agent_role().expect("the agent's ClusterRole");
+    let Some(mut c) = Cluster::empty_on(
+        Target::Real(Box::new(role)),
+        "an_older_agent_keeps_the_fields_of_a_newer_agents_row",
+    )
+    .await
+    else {
+        return;
+    };
+    apply_next_versions_class_crd(&c.client).await;
+    c.seed().await;
+    for i in 1..=3 {
+        c.start_agent(i, Duration::from_secs(3600));
+    }
+    c.eventually("Programmed=True", || programmed_true(&c))
+        .await;
+    c.eventually("the pod's node writes its row of link ends", || async {
+        row(&raw_status(&c).await, "n2").is_some()
+    })
+    .await;
+    // n2's agent is replaced by a newer one, which writes the field this version does not know.
+    c.stop("n2").await;
+    c.eventually("the newer agent's write lands", || {
+        write_as_newer_agent(&c, "n2")
+    })
+    .await;
+    // n1 (this version) rewrites the status for a change of its own row.
+    let typed: Api<PortMapClass> = Api::all(c.client.clone());
+    let mut class = c.class().await;
+    class.spec.nodes.insert(
+        "n1".to_owned(),
+        kuport_core::api::ClassNode {
+            interfaces: vec!["eth0".to_owned(), "missing0".to_owned()],
+        },
+    );
+    typed
+        .replace("public", &PostParams::default(), &class)
+        .await
+        .expect("class replaced");
+    c.eventually("n1 wrote its changed row", || async {
+        row(&raw_status(&c).await, "n1")
+            .and_then(|r| r["message"].as_str())
+            .is_some_and(|m| m.contains("missing0"))
+    })
+    .await;
+    let status = raw_status(&c).await;
+    assert_eq!(
+        row(&status, "n2").map(|r| r["futureField"].clone()),
+        Some(json!("written by the next version")),
+        "n1's write dropped the newer agent's field from n2's row: {status:#}"
+    );
+    assert_eq!(status["futureSummary"], json!("kept by every version"));
+    assert_eq!(
+        row(&status, "n1").map(|r| r["futureField"].clone()),
+        Some(Value::Null)
+    );
+    assert!(programmed_true(&c).await, "the mapping stays programmed");
+    c.stop_all().await;
+}
