@@ -21,7 +21,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kuport_core::api::PortMapClassStatus;
 use kuport_core::api::{PortMap, PortMapClass, PortMapStatus, conditions};
 use kuport_core::plan::merge::{
-    ClassPart, class_parts, merge_class_status, portmap_status_equivalent,
+    ClassMerge, ClassPart, class_parts, merge_class_status, portmap_status_equivalent,
 };
 use kuport_core::plan::unknown_fields::keep_unknown_fields;
 use kuport_core::plan::{AcceptedReason, PortMapWrite, Writes};
@@ -356,42 +356,57 @@ impl StatusWriter {
                 api.replace_status(class, &PostParams::default(), &body),
             )
             .await;
-            match result {
-                Ok(Ok(_)) => {
-                    self.metrics
-                        .record_write(WriteKind::Class, WriteResult::Written);
-                    outcome.written += 1;
-                    tracing::debug!("wrote this node's part of the status of {what}");
-                    self.announce_class_flips(
-                        &fresh,
-                        merged.ready_flipped,
-                        &merged.nodes_left,
-                        &merged.nodes_joined,
-                    );
-                    return;
-                }
-                Ok(Err(kube::Error::Api(s))) if s.is_conflict() => {
-                    // Someone else wrote meanwhile: re-read and re-merge, never replay.
-                    self.metrics
-                        .record_write(WriteKind::Class, WriteResult::Conflict);
-                    continue;
-                }
-                Ok(Err(kube::Error::Api(s))) if s.is_not_found() => {
-                    outcome.unchanged += 1;
-                    return;
-                }
-                Ok(Err(e)) => {
-                    self.write_failed(WriteKind::Class, &what, Some(e), outcome);
-                    return;
-                }
-                Err(_) => {
-                    self.write_failed(WriteKind::Class, &what, None, outcome);
-                    return;
-                }
+            if !self.class_write_answered(result, &what, &fresh, merged, outcome) {
+                return;
             }
         }
         // Still conflicting after several fresh reads: let the next pass try again.
         outcome.recompute += 1;
+    }
+
+    /// Accounts the answer to a class status write; true when it was a conflict, to re-read
+    /// and re-merge.
+    fn class_write_answered(
+        &self,
+        result: Result<Result<DynamicObject, kube::Error>, tokio::time::error::Elapsed>,
+        what: &str,
+        fresh: &PortMapClass,
+        merged: ClassMerge,
+        outcome: &mut StatusOutcome,
+    ) -> bool {
+        match result {
+            Ok(Ok(_)) => {
+                self.metrics
+                    .record_write(WriteKind::Class, WriteResult::Written);
+                outcome.written += 1;
+                tracing::debug!("wrote this node's part of the status of {what}");
+                self.announce_class_flips(
+                    fresh,
+                    merged.ready_flipped,
+                    &merged.nodes_left,
+                    &merged.nodes_joined,
+                );
+                false
+            }
+            Ok(Err(kube::Error::Api(s))) if s.is_conflict() => {
+                // Someone else wrote meanwhile: re-read and re-merge, never replay.
+                self.metrics
+                    .record_write(WriteKind::Class, WriteResult::Conflict);
+                true
+            }
+            Ok(Err(kube::Error::Api(s))) if s.is_not_found() => {
+                outcome.unchanged += 1;
+                false
+            }
+            Ok(Err(e)) => {
+                self.write_failed(WriteKind::Class, what, Some(e), outcome);
+                false
+            }
+            Err(_) => {
+                self.write_failed(WriteKind::Class, what, None, outcome);
+                false
+            }
+        }
     }
 
     /// A status write of `what` that failed (`error`, or no answer in time), counted and
