@@ -10,7 +10,6 @@ mod verdict;
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -23,8 +22,8 @@ use serde_json::json;
 
 use self::verdict::{PairState, Report};
 use crate::objects::Dump;
-use crate::status_cmd::agents::{AgentSelector, DEFAULT_AGENT_SELECTOR};
-use crate::status_cmd::{ClusterUnreadable, StatusOutput, UsageError};
+use crate::status_cmd::agents::AgentSelector;
+use crate::status_cmd::{AgentFlags, ClusterFlags, ClusterUnreadable, StatusOutput, UsageError};
 
 /// The preflight class's name.
 pub const CLASS_NAME: &str = "kuport-preflight";
@@ -43,13 +42,8 @@ pub struct PreflightArgs {
     /// What to print.
     #[arg(short, long, value_enum, value_name = "FORMAT", default_value_t = StatusOutput::Text)]
     pub output: StatusOutput,
-    /// The kubeconfig to use; defaults to $KUBECONFIG, then ~/.kube/config, then the in-cluster
-    /// service account.
-    #[arg(long, value_name = "FILE")]
-    pub kubeconfig: Option<PathBuf>,
-    /// The kubeconfig context to use instead of its current one.
-    #[arg(long, value_name = "NAME")]
-    pub context: Option<String>,
+    #[command(flatten)]
+    pub cluster: ClusterFlags,
     /// The nodes to test (comma-separated Node names); every Node by default.
     #[arg(long, value_name = "NODE,...", value_delimiter = ',')]
     pub nodes: Vec<String>,
@@ -73,20 +67,15 @@ pub struct PreflightArgs {
     /// kuport-preflight -o yaml`); delete it before the next run.
     #[arg(long)]
     pub keep: bool,
-    /// The namespace of kuport's DaemonSet and agent Pods; every namespace by default.
-    #[arg(long, value_name = "NAMESPACE")]
-    pub agent_namespace: Option<String>,
-    /// The labels of kuport's DaemonSet and agent Pods (`key=value`, comma-separated).
-    #[arg(long, value_name = "SELECTOR", default_value = DEFAULT_AGENT_SELECTOR)]
-    pub agent_selector: String,
+    #[command(flatten)]
+    pub agents: AgentFlags,
 }
 
 /// Runs `kuport preflight`: exit 0 when every precondition passed, 1 when one failed. Errors:
 /// [`ClusterUnreadable`] (exit 4) when the cluster cannot be read or the class not created,
 /// [`UsageError`] (exit 2) for a command line it cannot use.
 pub fn run(args: &PreflightArgs) -> anyhow::Result<ExitCode> {
-    let selector = AgentSelector::parse(&args.agent_selector, args.agent_namespace.clone())
-        .map_err(|e| UsageError(format!("--agent-selector {e}")))?;
+    let selector = args.agents.selector()?;
     check_subnet(&args.subnet)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -183,9 +172,7 @@ pub fn class_object(
 }
 
 async fn preflight(args: &PreflightArgs, selector: &AgentSelector) -> anyhow::Result<Report> {
-    let client = crate::status_cmd::client_for(args.kubeconfig.as_deref(), args.context.as_deref())
-        .await
-        .map_err(ClusterUnreadable)?;
+    let client = args.cluster.client().await.map_err(ClusterUnreadable)?;
     let dump = cluster::read(&client, selector)
         .await
         .map_err(ClusterUnreadable)?;

@@ -65,13 +65,8 @@ pub struct StatusArgs {
     /// What to print.
     #[arg(short, long, value_enum, value_name = "FORMAT", default_value_t = StatusOutput::Text)]
     pub output: StatusOutput,
-    /// The kubeconfig to read the cluster with; defaults to $KUBECONFIG, then ~/.kube/config,
-    /// then the in-cluster service account.
-    #[arg(long, value_name = "FILE")]
-    pub kubeconfig: Option<PathBuf>,
-    /// The kubeconfig context to use instead of its current one.
-    #[arg(long, value_name = "NAME")]
-    pub context: Option<String>,
+    #[command(flatten)]
+    pub cluster: ClusterFlags,
     /// Read a recorded cluster from files instead of the API server (repeatable): what
     /// `kubectl get portmapclasses,portmaps,endpointslices,nodes,namespaces,events,daemonsets,pods
     /// -A -o yaml` prints, as `kuport plan --objects` reads it. Without DaemonSets and Pods the
@@ -90,12 +85,46 @@ pub struct StatusArgs {
     /// readable). A user who may read PortMaps only there needs it.
     #[arg(short, long, value_name = "NAMESPACE", conflicts_with = "target")]
     pub namespace: Option<String>,
+    #[command(flatten)]
+    pub agents: AgentFlags,
+}
+
+/// How the CLI reaches the cluster: the same two flags for `status`, `preflight` and `version`.
+#[derive(Debug, Args)]
+pub struct ClusterFlags {
+    /// The kubeconfig to read the cluster with; defaults to $KUBECONFIG, then ~/.kube/config,
+    /// then the in-cluster service account.
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use instead of its current one.
+    #[arg(long, value_name = "NAME")]
+    pub context: Option<String>,
+}
+
+impl ClusterFlags {
+    /// A client as these flags say.
+    pub(crate) async fn client(&self) -> anyhow::Result<kube::Client> {
+        client_for(self.kubeconfig.as_deref(), self.context.as_deref()).await
+    }
+}
+
+/// Where kuport's agents are: the same two flags for `status`, `preflight` and `version`.
+#[derive(Debug, Args)]
+pub struct AgentFlags {
     /// The namespace of kuport's DaemonSet and agent Pods; every namespace by default.
     #[arg(long, value_name = "NAMESPACE")]
     pub agent_namespace: Option<String>,
     /// The labels of kuport's DaemonSet and agent Pods (`key=value`, comma-separated).
     #[arg(long, value_name = "SELECTOR", default_value = DEFAULT_AGENT_SELECTOR)]
     pub agent_selector: String,
+}
+
+impl AgentFlags {
+    /// The selector these flags give, or a usage error naming the flag.
+    pub(crate) fn selector(&self) -> Result<AgentSelector, UsageError> {
+        AgentSelector::parse(&self.agent_selector, self.agent_namespace.clone())
+            .map_err(|e| UsageError(format!("--agent-selector {e}")))
+    }
 }
 
 /// How often `--wait` reads the cluster again.
@@ -135,8 +164,7 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
     };
     let options = ReportOptions {
         namespace: args.namespace.clone(),
-        agents: AgentSelector::parse(&args.agent_selector, args.agent_namespace.clone())
-            .map_err(|e| UsageError(format!("--agent-selector {e}")))?,
+        agents: args.agents.selector()?,
     };
     if !args.objects.is_empty() {
         if args.wait.is_some() {
@@ -272,7 +300,7 @@ fn parse_target(t: &str) -> anyhow::Result<(String, String)> {
 }
 
 pub(super) async fn client(args: &StatusArgs) -> anyhow::Result<kube::Client> {
-    client_for(args.kubeconfig.as_deref(), args.context.as_deref()).await
+    args.cluster.client().await
 }
 
 /// A client from `kubeconfig` (else the usual places) and `context` (else its current one).

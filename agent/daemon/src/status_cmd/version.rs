@@ -8,7 +8,6 @@
 
 use std::collections::BTreeSet;
 use std::io::Write as _;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -17,10 +16,10 @@ use clap::Args;
 use k8s_openapi::jiff::Timestamp;
 use serde::Serialize;
 
-use super::agents::{AgentSelector, AgentView, DEFAULT_AGENT_SELECTOR, agents, image_version};
+use super::agents::{AgentSelector, AgentView, agents, image_version};
 use super::render::table;
 use super::terminal::escape;
-use super::{StatusOutput, UsageError, client_for, fetch, json, parse_wait};
+use super::{AgentFlags, ClusterFlags, StatusOutput, fetch, json, parse_wait};
 use crate::objects::Dump;
 
 /// Flags of `kuport version`.
@@ -32,19 +31,10 @@ pub struct VersionArgs {
     /// What to print.
     #[arg(short, long, value_enum, value_name = "FORMAT", default_value_t = StatusOutput::Text)]
     pub output: StatusOutput,
-    /// The kubeconfig to read the cluster with; defaults to $KUBECONFIG, then ~/.kube/config,
-    /// then the in-cluster service account.
-    #[arg(long, value_name = "FILE")]
-    pub kubeconfig: Option<PathBuf>,
-    /// The kubeconfig context to use instead of its current one.
-    #[arg(long, value_name = "NAME")]
-    pub context: Option<String>,
-    /// The namespace of kuport's agent Pods; every namespace by default.
-    #[arg(long, value_name = "NAMESPACE")]
-    pub agent_namespace: Option<String>,
-    /// The labels of kuport's DaemonSet and agent Pods (`key=value`, comma-separated).
-    #[arg(long, value_name = "SELECTOR", default_value = DEFAULT_AGENT_SELECTOR)]
-    pub agent_selector: String,
+    #[command(flatten)]
+    pub cluster: ClusterFlags,
+    #[command(flatten)]
+    pub agents: AgentFlags,
     /// How long to wait for the API server before reporting the agents as not read (`10s`,
     /// `1m`, or seconds).
     #[arg(long, value_name = "DURATION", value_parser = parse_wait, default_value = "10s")]
@@ -209,8 +199,7 @@ pub fn run(args: &VersionArgs) -> anyhow::Result<ExitCode> {
     let agents = if args.client {
         None
     } else {
-        let selector = AgentSelector::parse(&args.agent_selector, args.agent_namespace.clone())
-            .map_err(|e| UsageError(format!("--agent-selector {e}")))?;
+        let selector = args.agents.selector()?;
         Some(read_agents(args, &selector))
     };
     if let Some(error) = agents.as_ref().and_then(|a| a.error.as_ref()) {
@@ -244,8 +233,7 @@ fn read_agents(args: &VersionArgs, selector: &AgentSelector) -> AgentVersions {
         .and_then(|runtime| {
             runtime.block_on(async {
                 let read = async {
-                    let client =
-                        client_for(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
+                    let client = args.cluster.client().await?;
                     fetch::fetch_agents(&client, selector).await
                 };
                 tokio::time::timeout(args.timeout, read)
