@@ -239,3 +239,143 @@ async fn the_cni_config_is_watched() {
     .await;
     c.stop_all().await;
 }
+
+/// A Pod on `node` in `games`, Ready or not (the agent watches its own node's Pods).
+fn pod_on(node: &str, name: &str, ready: bool) -> k8s_openapi::api::core::v1::Pod {
+    from(json!({
+        "metadata": {"name": name, "namespace": "games"},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "lobby"}]},
+        "status": {"phase": "Running",
+                   "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]}
+    }))
+}
+
+/// A slice of the Service `games/lobby`, which no PortMap refers to, its endpoint `ready`.
+fn lobby_slice(ready: bool) -> k8s_openapi::api::discovery::v1::EndpointSlice {
+    from(
+        kuport_testkit::objects::slice("games", "lobby-0", "lobby")
+            .port("game", "UDP", 3000)
+            .endpoint(
+                kuport_testkit::objects::endpoint("10.244.2.9", "n2")
+                    .pod("games", "lobby-0")
+                    .ready(ready),
+            )
+            .object(),
+    )
+}
+
+/// The busy-cluster measure of `docs/performance.md`: 1,000 changes elsewhere in the cluster
+/// that concern no mapping (a Service's EndpointSlice no PortMap refers to: created, its
+/// endpoint's readiness flipped, deleted; a Pod's readiness flipped; a PortMap's annotations)
+/// run at most 10 passes on any node, and the first change to the mapping's own slice runs one
+/// on every node (the control).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_changes_to_no_mapping_run_almost_no_pass() {
+    let mut c = Cluster::start().await;
+    c.eventually("Programmed=True", || programmed_true(&c))
+        .await;
+    let pp = PostParams::default();
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(c.client.clone(), "games");
+    pods.create(&pp, &pod_on("n2", "lobby-0", true))
+        .await
+        .expect("pod");
+    settle(&c).await;
+    let before: Vec<u64> = c.agents.iter().map(passes).collect();
+    let seen = |kind: &str| -> Vec<u64> {
+        c.agents
+            .iter()
+            .map(|a| a.metrics.watch_events(kind, false) + a.metrics.watch_events(kind, true))
+            .collect()
+    };
+    let seen_before: Vec<Vec<u64>> = ["EndpointSlice", "Pod", "PortMap"]
+        .into_iter()
+        .map(seen)
+        .collect();
+    let marked = |a: &common::RunningAgent| -> u64 {
+        ["EndpointSlice", "Pod", "PortMap"]
+            .iter()
+            .map(|k| a.metrics.watch_events(k, true))
+            .sum()
+    };
+    let marked_before: Vec<u64> = c.agents.iter().map(marked).collect();
+
+    let slices: Api<k8s_openapi::api::discovery::v1::EndpointSlice> =
+        Api::namespaced(c.client.clone(), "games");
+    let portmaps: Api<PortMap> = Api::namespaced(c.client.clone(), "games");
+    let mut changes = 0;
+    slices.create(&pp, &lobby_slice(true)).await.expect("slice");
+    changes += 1;
+    for i in 0..332 {
+        let mut slice = slices.get("lobby-0").await.expect("slice");
+        slice.endpoints = lobby_slice(i % 2 == 1).endpoints;
+        slices.replace("lobby-0", &pp, &slice).await.expect("slice");
+        changes += 1;
+    }
+    slices
+        .delete("lobby-0", &Default::default())
+        .await
+        .expect("slice deleted");
+    changes += 1;
+    for i in 0..333 {
+        let mut pod = pods.get_status("lobby-0").await.expect("pod");
+        pod.status = pod_on("n2", "lobby-0", i % 2 == 1).status;
+        pods.replace_status("lobby-0", &pp, &pod)
+            .await
+            .expect("pod status");
+        changes += 1;
+    }
+    for i in 0..333 {
+        let mut game = portmaps.get("game").await.expect("portmap");
+        game.metadata.annotations = Some([("team/last-deploy".to_owned(), format!("{i}"))].into());
+        portmaps.replace("game", &pp, &game).await.expect("portmap");
+        changes += 1;
+    }
+    assert_eq!(changes, 1000);
+    // Every agent saw them all (the Pod only on its node) before anything is counted.
+    c.eventually("every agent saw every change", || {
+        let now: Vec<Vec<u64>> = ["EndpointSlice", "Pod", "PortMap"]
+            .into_iter()
+            .map(seen)
+            .collect();
+        let done = (0..c.agents.len()).all(|i| {
+            let pod_events = if c.agents[i].name == "n2" { 333 } else { 0 };
+            now[0][i] >= seen_before[0][i] + 334
+                && now[1][i] >= seen_before[1][i] + pod_events
+                && now[2][i] >= seen_before[2][i] + 333
+        });
+        std::future::ready(done)
+    })
+    .await;
+    settle(&c).await;
+    // Events that marked a node dirty: each would run a pass of its own when changes come
+    // further apart than the debounce (here they come faster, and a burst makes one pass).
+    let ran: Vec<(String, u64, u64)> = (0..c.agents.len())
+        .map(|i| {
+            let a = &c.agents[i];
+            (
+                a.name.clone(),
+                marked(a) - marked_before[i],
+                passes(a) - before[i],
+            )
+        })
+        .collect();
+    eprintln!(
+        "over {changes} changes to no mapping, per node (events marking it dirty, passes): {ran:?}"
+    );
+    for (node, dirty, ran) in &ran {
+        assert!(
+            *dirty <= 10 && *ran <= 10,
+            "{node}: {dirty} events marked it dirty, {ran} passes ran, over {changes} unrelated changes"
+        );
+    }
+
+    // Control: the mapping's own endpoint moving runs a pass on every node.
+    let before: Vec<u64> = c.agents.iter().map(passes).collect();
+    c.set_endpoint(Some(3), false).await;
+    c.eventually("every node passes for the mapping's slice", || {
+        let all = c.agents.iter().zip(&before).all(|(a, b)| passes(a) > *b);
+        std::future::ready(all)
+    })
+    .await;
+    c.stop_all().await;
+}

@@ -22,26 +22,39 @@
 //! - Service and Pod: stored trimmed to what the plan reads (NodePorts; this node's Pods'
 //!   hostPorts; `trim.rs`), so any change to what is kept matters.
 //! - Namespace: its name and labels (all the plan's index reads).
-//! - EndpointSlice: everything but `resourceVersion`.
+//! - EndpointSlice: everything but `resourceVersion`, and only of a Service some PortMap refers
+//!   to: a slice of any other Service concerns no pass, created, changed or deleted
+//!   ([`PassInput::concerns_a_pass`], judged against the PortMap store as the event arrives).
 //! - `kube-system/cilium-config`: what `CniFacts::from_cilium_config` reads of it.
 //!
-//! Only an object replaced in place is judged; one created or deleted, and every object of a
-//! relist (the watch starting over), marks the node dirty as before. The test below plans a
+//! Only an object replaced in place is judged field by field; one created or deleted, and every
+//! object of a relist (the watch starting over), marks the node dirty as before, unless it
+//! concerns no pass at all. The test below plans a
 //! cluster before and after changing every field said here not to be read, on every node, and
 //! gets the same plans: a plan reading one of them later fails it.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kuport_core::api::{PortMap, PortMapClass, PortMapStatus};
 use kuport_core::plan::Writes;
 use kuport_core::plan::merge::portmap_status_equivalent;
-use kuport_core::snapshot::{CILIUM_HOST_ANNOTATIONS, CniFacts, node_internal_ip, node_is_ready};
+use kuport_core::snapshot::{
+    CILIUM_HOST_ANNOTATIONS, CniFacts, SERVICE_NAME_LABEL, node_internal_ip, node_is_ready,
+};
 
 /// A watched kind, and which of its changes a pass reads.
 pub(crate) trait PassInput: kube::Resource<DynamicType = ()> + Clone + Sized {
+    /// Whether an event about `o` (created, replaced or deleted) can concern a pass at all,
+    /// whatever changed in it, given the Services the PortMaps refer to: every object unless
+    /// said here.
+    fn concerns_a_pass(_o: &Self, _referenced: &Referenced) -> bool {
+        true
+    }
+
     /// Whether the store replacing `old` with `new` can change what a pass of this node plans,
     /// applies or writes, given the statuses it wants to write.
     fn changes_a_pass(old: &Self, new: &Self, wanted: &Wanted) -> bool;
@@ -154,6 +167,21 @@ impl PassInput for Namespace {
 }
 
 impl PassInput for EndpointSlice {
+    /// The plan reads a slice only as the endpoints of a PortMap's Service: a slice of any other
+    /// Service (most of a busy cluster's) concerns no pass, created, changed or deleted.
+    fn concerns_a_pass(slice: &Self, referenced: &Referenced) -> bool {
+        let Some(service) = slice
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(SERVICE_NAME_LABEL))
+        else {
+            return false;
+        };
+        let namespace = slice.metadata.namespace.as_deref().unwrap_or_default();
+        referenced.refers_to(namespace, service)
+    }
+
     fn changes_a_pass(old: &Self, new: &Self, _: &Wanted) -> bool {
         unversioned(old) != unversioned(new)
     }
@@ -162,6 +190,35 @@ impl PassInput for EndpointSlice {
 impl PassInput for ConfigMap {
     fn changes_a_pass(old: &Self, new: &Self, _: &Wanted) -> bool {
         CniFacts::from_cilium_config(old) != CniFacts::from_cilium_config(new)
+    }
+}
+
+/// The PortMaps as the agent's watch holds them, to tell which Services they refer to. Until the
+/// store is set every Service counts as referred to, so an early event runs a pass.
+///
+/// Reading the store when an event arrives (not the PortMaps of the last pass) is what makes
+/// skipping safe: a PortMap the store does not hold yet brings its own event, and the pass that
+/// event runs reads the slices as they are by then.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Referenced(Arc<OnceLock<Store<PortMap>>>);
+
+impl Referenced {
+    /// Uses `portmaps` from now on; a second call changes nothing.
+    pub fn set(&self, portmaps: Store<PortMap>) {
+        let _ = self.0.set(portmaps);
+    }
+
+    /// Whether some PortMap of `namespace` names Service `name` (true before the store is set).
+    fn refers_to(&self, namespace: &str, name: &str) -> bool {
+        let Some(portmaps) = self.0.get() else {
+            return true;
+        };
+        portmaps
+            .find(|pm| {
+                pm.spec.service_ref.name == name
+                    && pm.metadata.namespace.as_deref() == Some(namespace)
+            })
+            .is_some()
     }
 }
 
@@ -621,5 +678,138 @@ mod tests {
         let mut respec = stored.clone();
         respec.spec.port = 3001;
         assert!(on("worker-b", &respec));
+    }
+
+    /// The PortMaps of `snapshot` as the watch's store would hold them.
+    fn referenced_by(snapshot: &Snapshot) -> Referenced {
+        let (reader, mut writer) = kube::runtime::reflector::store();
+        for pm in &snapshot.portmaps {
+            writer.apply_watcher_event(&watcher::Event::Apply(pm.clone()));
+        }
+        let referenced = Referenced::default();
+        referenced.set(reader);
+        referenced
+    }
+
+    /// A small deterministic generator (xorshift64), so each seed replays exactly.
+    struct Draw(u64);
+
+    impl Draw {
+        fn below(&mut self, n: usize) -> usize {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            (self.0 % n as u64) as usize
+        }
+    }
+
+    /// One generated slice event on `snapshot`: a slice of a Service drawn from `services`
+    /// created, replaced (another address, node or readiness) or deleted. Returns the slice
+    /// before and after (`None` for absent), with the snapshot changed.
+    fn slice_event(
+        snapshot: &mut Snapshot,
+        draw: &mut Draw,
+        services: &[(&str, &str)],
+        n: usize,
+    ) -> (Option<EndpointSlice>, Option<EndpointSlice>) {
+        let (namespace, service) = services[draw.below(services.len())];
+        let of_service: Vec<usize> = (0..snapshot.endpoint_slices.len())
+            .filter(|i| {
+                let s = &snapshot.endpoint_slices[*i];
+                s.metadata.namespace.as_deref() == Some(namespace)
+                    && s.metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(SERVICE_NAME_LABEL))
+                        == Some(&service.to_owned())
+            })
+            .collect();
+        let node = NODES[draw.below(NODES.len())];
+        let address = format!("10.244.1.{}", 10 + draw.below(5));
+        let ready = draw.below(2) == 0;
+        let fresh = |name: &str| -> EndpointSlice {
+            let ep = kuport_testkit::objects::endpoint(&address, node)
+                .pod(namespace, &format!("{service}-pod"))
+                .ready(ready);
+            let mut slice: EndpointSlice = serde_json::from_value(
+                kuport_testkit::objects::slice(namespace, name, service)
+                    .port("game", "UDP", 3000)
+                    .endpoint(ep)
+                    .object(),
+            )
+            .expect("slice");
+            slice.metadata.resource_version = Some(format!("{}", 1000 + n));
+            slice
+        };
+        let before = match (of_service.is_empty(), draw.below(3)) {
+            (true, _) | (false, 0) => None,
+            (false, _) => Some(of_service[draw.below(of_service.len())]),
+        };
+        let Some(at) = before else {
+            let new = fresh(&format!("{service}-gen-{n}"));
+            snapshot.endpoint_slices.push(new.clone());
+            return (None, Some(new));
+        };
+        let old = snapshot.endpoint_slices[at].clone();
+        if draw.below(2) == 0 {
+            snapshot.endpoint_slices.remove(at);
+            return (Some(old), None);
+        }
+        let new = fresh(old.metadata.name.as_deref().unwrap_or_default());
+        snapshot.endpoint_slices[at] = new.clone();
+        (Some(old), Some(new))
+    }
+
+    /// Slices of Services no PortMap refers to are skipped whatever happens to them, and a
+    /// skipped event never changes any node's plan (generated events, each plan compared with a
+    /// full pass's); events on a referred-to Service's slices run passes, and change plans.
+    #[test]
+    fn a_slice_of_a_service_no_portmap_refers_to_concerns_no_pass() {
+        let services = [
+            ("games", "gs"),
+            ("games", "np"),
+            ("games", "lobby"),
+            ("shop", "gs"),
+            ("shop", "web"),
+        ];
+        let (mut skipped, mut concerned, mut plans_changed) = (0, 0, 0);
+        for seed in 1..=8u64 {
+            let mut snapshot = cluster().snapshot;
+            let referenced = referenced_by(&snapshot);
+            let mut draw = Draw(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            for n in 0..40 {
+                let before: Vec<Plan> = NODES.iter().map(|nd| plan_of(&snapshot, nd)).collect();
+                let (old, new) = slice_event(&mut snapshot, &mut draw, &services, n);
+                let concerns = [old, new]
+                    .iter()
+                    .flatten()
+                    .any(|s| EndpointSlice::concerns_a_pass(s, &referenced));
+                let after: Vec<Plan> = NODES.iter().map(|nd| plan_of(&snapshot, nd)).collect();
+                if concerns {
+                    concerned += 1;
+                    plans_changed += usize::from(before != after);
+                } else {
+                    skipped += 1;
+                    assert_eq!(
+                        before, after,
+                        "seed {seed}, event {n}: a skipped slice event changed a plan"
+                    );
+                }
+            }
+        }
+        assert!(
+            skipped > 50 && concerned > 50,
+            "{skipped} skipped, {concerned} not"
+        );
+        assert!(
+            plans_changed > 10,
+            "only {plans_changed} events changed a plan"
+        );
+        // Before the PortMap store is set, every slice counts.
+        let orphan = &cluster().snapshot.endpoint_slices[0];
+        assert!(EndpointSlice::concerns_a_pass(
+            orphan,
+            &Referenced::default()
+        ));
     }
 }

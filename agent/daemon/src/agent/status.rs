@@ -530,6 +530,33 @@ fn to_report<'a>(stored: &[Condition], new: &'a [Condition], type_: &str) -> Opt
         .then_some(new)
 }
 
+/// The body of a class status write: the class as read (`raw`, whose status this version read
+/// as `stored`) with `merged` as its status, and every field of the stored status this version
+/// does not know put back, except in `node`'s own row (`kuport_core::plan::unknown_fields`).
+fn class_status_body(
+    mut raw: DynamicObject,
+    stored: &PortMapClassStatus,
+    merged: &PortMapClassStatus,
+    node: &str,
+) -> Result<DynamicObject, serde_json::Error> {
+    raw.metadata.managed_fields = None;
+    let as_stored = raw
+        .data
+        .get("status")
+        .cloned()
+        .unwrap_or(serde_json::Value::Null);
+    let understood = serde_json::to_value(stored)?;
+    let mut status = serde_json::to_value(merged)?;
+    keep_unknown_fields(&as_stored, &understood, &mut status, node);
+    // A class read back always has a body; the status subresource reads nothing else of it.
+    if let Some(data) = raw.data.as_object_mut() {
+        data.insert("status".to_owned(), status);
+    } else {
+        raw.data = serde_json::json!({ "status": status });
+    }
+    Ok(raw)
+}
+
 #[cfg(test)]
 mod tests {
     use kuport_testkit::cluster::ready_condition as cond;
@@ -586,31 +613,4 @@ mod tests {
         );
         assert!(!is_warning(&accepted("Valid")));
     }
-}
-
-/// The body of a class status write: the class as read (`raw`, whose status this version read
-/// as `stored`) with `merged` as its status, and every field of the stored status this version
-/// does not know put back, except in `node`'s own row (`kuport_core::plan::unknown_fields`).
-fn class_status_body(
-    mut raw: DynamicObject,
-    stored: &PortMapClassStatus,
-    merged: &PortMapClassStatus,
-    node: &str,
-) -> Result<DynamicObject, serde_json::Error> {
-    raw.metadata.managed_fields = None;
-    let as_stored = raw
-        .data
-        .get("status")
-        .cloned()
-        .unwrap_or(serde_json::Value::Null);
-    let understood = serde_json::to_value(stored)?;
-    let mut status = serde_json::to_value(merged)?;
-    keep_unknown_fields(&as_stored, &understood, &mut status, node);
-    // A class read back always has a body; the status subresource reads nothing else of it.
-    if let Some(data) = raw.data.as_object_mut() {
-        data.insert("status".to_owned(), status);
-    } else {
-        raw.data = serde_json::json!({ "status": status });
-    }
-    Ok(raw)
 }

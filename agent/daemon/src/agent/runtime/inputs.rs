@@ -19,7 +19,7 @@ use tokio::task::JoinHandle;
 use super::AgentError;
 use super::config::jitter_seed_for;
 use crate::agent::metrics::Metrics;
-use crate::agent::relevance::{PassInput, Wanted};
+use crate::agent::relevance::{PassInput, Referenced, Wanted};
 use crate::agent::trim::Trim;
 
 /// The watched kinds, declared once: each becomes a store in `Inputs`, a reflector started by
@@ -55,7 +55,10 @@ macro_rules! watched_kinds {
                 "ConfigMap",
             );
             tasks.push(task);
-            Inputs { $($field,)* cni, tasks }
+            let inputs = Inputs { $($field,)* cni, tasks };
+            // From here the slice watch can tell the Services no PortMap refers to.
+            watch.referenced.set(inputs.portmaps.clone());
+            inputs
         }
 
         /// Waits until every watch has listed once.
@@ -168,6 +171,7 @@ where
         dirty,
         wanted,
         metrics,
+        referenced,
         ..
     } = watch.clone();
     let task = tokio::spawn(async move {
@@ -182,9 +186,16 @@ where
             };
             // Judged against the object the store holds before the event is applied.
             let passes = match &event {
-                watcher::Event::Apply(new) => store
-                    .get(&ObjectRef::from_obj(new))
-                    .is_none_or(|old| K::changes_a_pass(&old, new, &wanted)),
+                watcher::Event::Apply(new) => {
+                    let old = store.get(&ObjectRef::from_obj(new));
+                    let concerns = K::concerns_a_pass(new, &referenced)
+                        || old
+                            .as_deref()
+                            .is_some_and(|o| K::concerns_a_pass(o, &referenced));
+                    concerns && old.is_none_or(|old| K::changes_a_pass(&old, new, &wanted))
+                }
+                watcher::Event::Delete(old) => K::concerns_a_pass(old, &referenced),
+                // A relist: every object again, each possibly changed while the watch was away.
                 _ => true,
             };
             writer.apply_watcher_event(&event);
@@ -208,6 +219,8 @@ pub(super) struct Watch {
     pub wanted: Wanted,
     pub metrics: Arc<Metrics>,
     pub jitter_seed: u64,
+    /// Which Services some PortMap refers to, once the PortMap store exists.
+    pub referenced: Referenced,
 }
 
 /// The watches' retry delays: kube-runtime's default policy (0.8 s doubling to 30 s, reset

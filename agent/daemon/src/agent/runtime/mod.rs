@@ -40,7 +40,7 @@ use super::failure::PassError;
 use super::health::Health;
 use super::lifecycle::StopAction;
 use super::metrics::Metrics;
-use super::relevance::Wanted;
+use super::relevance::{Referenced, Wanted};
 use super::status::StatusWriter;
 use super::status_task::{StatusDone, StatusTask};
 
@@ -187,6 +187,7 @@ impl<H: Host> Agent<H> {
             wanted,
             metrics: self.metrics.clone(),
             jitter_seed: self.config.jitter_seed,
+            referenced: Referenced::default(),
         }
     }
 
