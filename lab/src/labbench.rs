@@ -210,6 +210,7 @@ async fn datapath(runner: &mut Runner<'_>) -> Result<Vec<Measurement>> {
     out.push(udp_rtt(runner, client, &edge).await?);
     out.push(endpoint_unready(runner, client).await?);
     out.push(pod_moved(runner, client).await?);
+    out.push(long_lived_flow_moved(runner, client).await?);
     out.push(node_not_ready(runner, client).await?);
     Ok(out)
 }
@@ -597,6 +598,80 @@ async fn pod_moved(runner: &mut Runner<'_>, client: &str) -> Result<Measurement>
         &samples,
         "from the EndpointSlice write to the first UDP answer from the pod on its new node, probing every 10 ms",
     ))
+}
+
+/// The client port of the long-lived flow: one address and port throughout, as a game
+/// client's socket is, so conntrack sees one flow.
+const LONG_FLOW_PORT: &str = "40200";
+
+/// Sends the long-lived flow's datagram every 20 ms until the mapping answers it from `want`;
+/// returns the milliseconds since `since`.
+async fn flow_answered_by(
+    runner: &Runner<'_>,
+    client: &str,
+    target: &str,
+    want: &str,
+    since: Instant,
+) -> Result<f64> {
+    let deadline = since + Duration::from_secs(10);
+    loop {
+        let sent = Instant::now();
+        let args = [
+            "udp",
+            target,
+            "--source-port",
+            LONG_FLOW_PORT,
+            "--timeout-ms",
+            "20",
+        ];
+        let a = ask(runner, client, &args).await?;
+        if a.outcome == "reply" && a.get("tag") == Some(want) {
+            return Ok(since.elapsed().as_secs_f64() * 1000.0);
+        }
+        if Instant::now() >= deadline {
+            bail!("the flow from port {LONG_FLOW_PORT} got no answer from {want} within 10 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20).saturating_sub(sent.elapsed())).await;
+    }
+}
+
+/// A long-lived UDP flow whose pod moves to another node: the flow is answered where the pod
+/// is, the pod moves, and the same flow (same client port, a datagram every 20 ms) must reach
+/// it on its new node. Without the agents clearing the flow's conntrack entries it would keep
+/// its old translation until it idles out (`decisions.md`, "Stale conntrack entries").
+async fn long_lived_flow_moved(runner: &mut Runner<'_>, client: &str) -> Result<Measurement> {
+    let target = "203.0.113.1:3200";
+    let mut samples = Vec::new();
+    for i in 0..CHANGE_SAMPLES {
+        tokio::time::sleep(SETTLE).await;
+        // The flow is up before the move: its conntrack entries point at the pod's old place.
+        flow_answered_by(runner, client, target, "games/mover-0", Instant::now()).await?;
+        let to = if i % 2 == 0 { "worker-c" } else { "worker-b" };
+        let step = Step::MovePod(scenario::MovePod {
+            pod: "games/mover-0".into(),
+            to: to.into(),
+        });
+        let r = runner.step(&step, 0).await;
+        let t0 = Instant::now();
+        if !r.ok {
+            bail!("movePod: {}", r.detail);
+        }
+        samples.push(flow_answered_by(runner, client, target, "games/mover-0", t0).await?);
+    }
+    let (p50, p99) = (percentile(&samples, 50.0), percentile(&samples, 99.0));
+    Ok(Measurement {
+        name: "long-lived UDP flow (one client port, a datagram every 20 ms), its pod moved to another node → first answer there".into(),
+        value: p99,
+        unit: "ms p99".into(),
+        samples: samples.len(),
+        baseline: None,
+        target: "p99 ≤ 1 s".into(),
+        met: Some(p99 <= 1000.0),
+        note: format!(
+            "p50 {p50:.0} ms{}; from the EndpointSlice write to the first answer to the same flow from the pod on its new node",
+            slowest(&samples)
+        ),
+    })
 }
 
 /// How long a change sample waits for the last change to settle on every node.
