@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use crate::hostbench::Measurement;
-use crate::routed;
+use crate::routed::{self, Via};
 use crate::runner::Runner;
 use crate::scenario::{self, Step};
 use crate::sys::Lab;
@@ -327,14 +327,53 @@ async fn status_reads(runner: &mut Runner<'_>, reason: &str) -> Result<()> {
 /// the raw mesh, one transfer of each in turn per sample so that load changes hit all three.
 /// The routed path exists only for this measurement and is removed again whatever happens.
 async fn throughput(runner: &mut Runner<'_>, client: &str, edge: &str) -> Result<Vec<Measurement>> {
-    let mut path = routed::RoutedPath::build(runner, "edge-a", "games/game-0")?;
+    let mut path = routed::RoutedPath::build(runner, "edge-a", "games/game-0", Via::Mesh)?;
     let out = throughput_samples(runner, client, edge, &path).await;
     let left = path.remove(runner);
-    let out = out?;
+    let mut out = out?;
     if !left.is_empty() {
         bail!("removing the routed baseline left {}", left.join(", "));
     }
+    let mut path = routed::RoutedPath::build(runner, "edge-a", "games/game-0", Via::Vxlan)?;
+    let encapsulated = over_plain_vxlan(runner, client, &path).await;
+    let left = path.remove(runner);
+    out.push(encapsulated?);
+    if !left.is_empty() {
+        bail!("removing the VXLAN baseline left {}", left.join(", "));
+    }
     Ok(out)
+}
+
+/// The mapping against the same hops routed over a plain VXLAN link inside the mesh, with no
+/// kuport rule on the way, alternating: what kuport's rules and NAT cost beyond the
+/// encapsulation its return link needs.
+async fn over_plain_vxlan(
+    runner: &Runner<'_>,
+    client: &str,
+    path: &routed::RoutedPath,
+) -> Result<Measurement> {
+    let bytes = BULK_BYTES as u64;
+    let (mut through, mut plain) = (Vec::new(), Vec::new());
+    for _ in 0..THROUGHPUT_SAMPLES {
+        through.push(bulk(runner, client, "203.0.113.1:3000").await?);
+        let before = path.counters()?;
+        plain.push(bulk(runner, client, &path.target).await?);
+        path.counters()?.check_since(&before, bytes, false)?;
+    }
+    let (k, v) = (percentile(&through, 50.0), percentile(&plain, 50.0));
+    Ok(Measurement {
+        name: "TCP bulk throughput, mapping ÷ the same hops routed over a plain VXLAN link in the mesh (no kuport rule)".into(),
+        value: k / v,
+        unit: "ratio".into(),
+        samples: THROUGHPUT_SAMPLES,
+        baseline: Some(v),
+        target: String::new(),
+        met: None,
+        note: format!(
+            "median {k:.0} vs {v:.0} Mbit/s; the baseline dials {} over a VXLAN link between the edge and the pod's node inside wt0 (the encapsulation the return link uses, kernel defaults) with plain routes: what is left between the two is kuport's rules and NAT",
+            path.target
+        ),
+    })
 }
 
 /// One bulk transfer each way from `ns` to `target`, in Mbit/s.

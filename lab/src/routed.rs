@@ -9,6 +9,7 @@
 //! set-up is ordinary routes and WireGuard AllowedIPs, each recorded before it is made and
 //! removed by name afterwards, also when the bench fails half-way.
 
+use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
 use anyhow::{Context, Result, bail};
@@ -24,8 +25,30 @@ use crate::topology::{self, CLIENT_IP, CLIENT_NS, INET_NS};
 /// raw mesh sample 7000.
 pub const PORT: u16 = 7001;
 
+/// How the edge and the pod's node carry the routed path between them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Via {
+    /// Plainly over `wt0`: the client's and the pod's addresses inside WireGuard.
+    Mesh,
+    /// Over a plain VXLAN link inside `wt0`, as kuport's return link is, with ordinary routes
+    /// and no kuport rule: what the encapsulation costs by itself.
+    Vxlan,
+}
+
+/// The plain VXLAN link of [`Via::Vxlan`]: its name (not `kup-`, so no kuport code or counter
+/// takes it for one of its own), VNI, UDP port and /30.
+const VXLAN_LINK: &str = "kbv-bench";
+const VXLAN_VNI: &str = "4242";
+const VXLAN_PORT: &str = "4799";
+const VXLAN_EDGE: Ipv4Addr = Ipv4Addr::new(169, 254, 99, 1);
+const VXLAN_WORKER: Ipv4Addr = Ipv4Addr::new(169, 254, 99, 2);
+
 /// Something the set-up changed, undone by name.
 enum Undo {
+    Link {
+        ns: String,
+        name: String,
+    },
     Route {
         ns: String,
         spec: String,
@@ -50,16 +73,16 @@ pub struct RoutedPath {
 }
 
 /// Bytes and packet counts that tell which way a transfer went.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Counters {
     /// The worker's `wt0`, received and sent: every path in the bench crosses it.
     worker_wt0_rx: u64,
     worker_wt0_tx: u64,
     /// The edge's kuport links (`kup-*`), both ways: only the mapping uses them.
     edge_links: u64,
-    /// Every packet counter of kuport's nft table on the edge and the worker: the routed path
-    /// must never match a kuport rule.
-    kuport_packets: u64,
+    /// Every packet counter of kuport's nft table on the edge and the worker, by namespace and
+    /// counter (or rule): the routed path must never match a kuport rule.
+    kuport_packets: BTreeMap<String, u64>,
 }
 
 impl RoutedPath {
@@ -67,7 +90,7 @@ impl RoutedPath {
     /// on the router, the edge and the pod's node, and the two AllowedIPs WireGuard needs to
     /// carry the client's and the pod's addresses between the edge and the node. Then checks
     /// with `ip route get` that every hop goes the intended way.
-    pub fn build(runner: &mut Runner<'_>, edge: &str, pod: &str) -> Result<Self> {
+    pub fn build(runner: &mut Runner<'_>, edge: &str, pod: &str, via: Via) -> Result<Self> {
         let p = runner
             .topo
             .pods
@@ -86,7 +109,11 @@ impl RoutedPath {
             worker_ns: worker_node.ns.clone(),
             mesh_routes: Vec::new(),
         };
-        let built = path.add(runner, &p.ns, p.ip, edge_public, &edge_node, &worker_node);
+        let nodes = (&edge_node, &worker_node);
+        let built = match via {
+            Via::Mesh => path.add(runner, &p.ns, p.ip, edge_public, nodes),
+            Via::Vxlan => path.add_over_vxlan(runner, &p.ns, p.ip, edge_public, nodes),
+        };
         if let Err(e) = built {
             let left = path.remove(runner);
             if !left.is_empty() {
@@ -106,19 +133,9 @@ impl RoutedPath {
         pod_ns: &str,
         pod_ip: Ipv4Addr,
         edge_public: Ipv4Addr,
-        edge: &topology::NodeInfo,
-        worker: &topology::NodeInfo,
+        (edge, worker): (&topology::NodeInfo, &topology::NodeInfo),
     ) -> Result<()> {
-        let pid = topology::spawn_echo(
-            runner.lab,
-            &runner.topo,
-            pod_ns,
-            "routed-baseline-tcp",
-            Protocol::Tcp,
-            &PORT.to_string(),
-            "routed-baseline",
-        )?;
-        self.undo.push(Undo::Process(pid));
+        self.listen(runner, pod_ns)?;
         // The router sends the pod's address to the edge's public address, as an upstream
         // router would send a routed prefix to a site.
         self.route(INET_NS, &format!("{pod_ip}/32 via {edge_public}"))?;
@@ -147,7 +164,59 @@ impl RoutedPath {
             &edge_member.public_key,
             &format!("{CLIENT_IP}/32"),
         )?;
-        check_routes(pod_ip, edge_public, edge, worker)
+        check_routes(pod_ip, edge_public, edge, worker, "wt0")
+    }
+
+    /// The listener in the pod.
+    fn listen(&mut self, runner: &mut Runner<'_>, pod_ns: &str) -> Result<()> {
+        let pid = topology::spawn_echo(
+            runner.lab,
+            &runner.topo,
+            pod_ns,
+            "routed-baseline-tcp",
+            Protocol::Tcp,
+            &PORT.to_string(),
+            "routed-baseline",
+        )?;
+        self.undo.push(Undo::Process(pid));
+        Ok(())
+    }
+
+    /// The same hops with a plain VXLAN link between the edge and the pod's node inside `wt0`
+    /// (the mesh carries only the two nodes' own addresses, as for kuport's link), routes over
+    /// it both ways, and no AllowedIPs: the baseline for what the encapsulation costs alone.
+    fn add_over_vxlan(
+        &mut self,
+        runner: &mut Runner<'_>,
+        pod_ns: &str,
+        pod_ip: Ipv4Addr,
+        edge_public: Ipv4Addr,
+        (edge, worker): (&topology::NodeInfo, &topology::NodeInfo),
+    ) -> Result<()> {
+        self.listen(runner, pod_ns)?;
+        for (node, peer, address) in [(edge, worker, VXLAN_EDGE), (worker, edge, VXLAN_WORKER)] {
+            self.undo.push(Undo::Link {
+                ns: node.ns.clone(),
+                name: VXLAN_LINK.to_string(),
+            });
+            ip_in(
+                &node.ns,
+                &format!(
+                    "link add {VXLAN_LINK} type vxlan id {VXLAN_VNI} local {} remote {} dstport {VXLAN_PORT} dev wt0 nolearning",
+                    node.mesh, peer.mesh
+                ),
+            )?;
+            ip_in(&node.ns, &format!("addr add {address}/30 dev {VXLAN_LINK}"))?;
+            ip_in(&node.ns, &format!("link set {VXLAN_LINK} up"))?;
+        }
+        self.route(INET_NS, &format!("{pod_ip}/32 via {edge_public}"))?;
+        let edge_route = format!("{pod_ip}/32 via {VXLAN_WORKER} dev {VXLAN_LINK}");
+        self.route(&edge.ns, &edge_route)?;
+        self.mesh_routes.push((edge.ns.clone(), edge_route));
+        let worker_route = format!("{CLIENT_IP}/32 via {VXLAN_EDGE} dev {VXLAN_LINK}");
+        self.route(&worker.ns, &worker_route)?;
+        self.mesh_routes.push((worker.ns.clone(), worker_route));
+        check_routes(pod_ip, edge_public, edge, worker, VXLAN_LINK)
     }
 
     fn route(&mut self, ns: &str, spec: &str) -> Result<()> {
@@ -189,6 +258,10 @@ impl RoutedPath {
         let mut left = Vec::new();
         while let Some(u) = self.undo.pop() {
             let (what, r) = match u {
+                Undo::Link { ns, name } => (
+                    format!("link {name} in {ns}"),
+                    ip_in(&ns, &format!("link del {name}")).map(drop),
+                ),
                 Undo::Route { ns, spec } => (
                     format!("route {spec} in {ns}"),
                     ip_in(&ns, &format!("route del {spec}")).map(drop),
@@ -223,7 +296,10 @@ impl RoutedPath {
             worker_wt0_rx,
             worker_wt0_tx,
             edge_links: link_rx + link_tx,
-            kuport_packets: kuport_packets(&self.edge_ns)? + kuport_packets(&self.worker_ns)?,
+            kuport_packets: kuport_packets(&self.edge_ns)?
+                .into_iter()
+                .chain(kuport_packets(&self.worker_ns)?)
+                .collect(),
         })
     }
 }
@@ -235,7 +311,18 @@ impl Counters {
         let rx = self.worker_wt0_rx.saturating_sub(before.worker_wt0_rx);
         let tx = self.worker_wt0_tx.saturating_sub(before.worker_wt0_tx);
         let links = self.edge_links.saturating_sub(before.edge_links);
-        let kuport = self.kuport_packets.saturating_sub(before.kuport_packets);
+        let moved: Vec<String> = self
+            .kuport_packets
+            .iter()
+            // A rule that matches only packets on kuport's own links counts the links' probes
+            // (every 2 s); the link bytes above already say the baseline never used a link.
+            .filter(|(k, _)| !on_a_link(k))
+            .filter_map(|(k, n)| {
+                let d = n.saturating_sub(before.kuport_packets.get(k).copied().unwrap_or(0));
+                (d > 0).then(|| format!("{k}: {d}"))
+            })
+            .collect();
+        let kuport = moved.len();
         let what = if mapped { "mapping" } else { "routed baseline" };
         if rx < bytes || tx < bytes {
             bail!(
@@ -249,7 +336,8 @@ impl Counters {
         // them idle (a few keepalive-sized bytes at most), and no kuport rule counts a packet.
         if !mapped && (links > bytes / 100 || kuport > 0) {
             bail!(
-                "routed baseline: kuport saw the transfer ({links} bytes on the edge's links, {kuport} packets counted by its rules)"
+                "routed baseline: kuport saw the transfer ({links} bytes on the edge's links; {kuport} of its counters moved: {})",
+                moved.join("; ")
             );
         }
         Ok(())
@@ -297,20 +385,47 @@ fn link_bytes(ns: &str, pick: impl Fn(&str) -> bool) -> Result<(u64, u64)> {
 
 /// The packets every counter of kuport's nft table in `ns` has counted. A missing table is an
 /// error: it would make "no kuport rule matched" true for the wrong reason.
-fn kuport_packets(ns: &str) -> Result<u64> {
+fn kuport_packets(ns: &str) -> Result<BTreeMap<String, u64>> {
     let text = exec(ns, "nft", &["list", "table", "ip", TABLE])
         .with_context(|| format!("listing kuport's table in {ns}"))?;
-    let mut sum = 0;
-    let mut words = text.split_whitespace();
-    while let Some(w) = words.next() {
-        if w == "packets" {
-            sum += words
-                .next()
-                .and_then(|n| n.parse::<u64>().ok())
-                .unwrap_or(0);
+    Ok(packet_counts(ns, &text))
+}
+
+/// Whether a counted rule matches only packets entering or leaving one of kuport's links.
+fn on_a_link(rule: &str) -> bool {
+    ["iifname", "oifname"]
+        .iter()
+        .any(|m| rule.contains(&format!("{m} \"{LINK_PREFIX}")))
+}
+
+/// The packet count of every counter in an `nft list table` text, keyed by `ns` and the named
+/// counter or, for a rule's own counter, the rule without its numbers.
+fn packet_counts(ns: &str, text: &str) -> BTreeMap<String, u64> {
+    let mut counts = BTreeMap::new();
+    let mut named: Option<String> = None;
+    for line in text.lines().map(str::trim) {
+        if let Some(name) = line
+            .strip_prefix("counter ")
+            .and_then(|l| l.strip_suffix(" {"))
+        {
+            named = Some(name.to_owned());
+            continue;
         }
+        let Some((before, after)) = line.split_once("packets ") else {
+            continue;
+        };
+        let packets = after
+            .split_whitespace()
+            .next()
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0);
+        let key = match named.take() {
+            Some(name) if before.is_empty() => format!("{ns}: counter {name}"),
+            _ => format!("{ns}: {}", before.trim_end()),
+        };
+        *counts.entry(key).or_insert(0) += packets;
     }
-    Ok(sum)
+    counts
 }
 
 /// The MTU kuport gave its return link on the edge (the first `kup-*` link): what the mapping's
@@ -336,6 +451,7 @@ fn check_routes(
     edge_public: Ipv4Addr,
     edge: &topology::NodeInfo,
     worker: &topology::NodeInfo,
+    mesh: &str,
 ) -> Result<()> {
     // Both directions, hop by hop: the client's default, the router's new route, the
     // edge into the mesh, the node to the pod (the bench's CNI is Cilium's shape, pods
@@ -355,21 +471,21 @@ fn check_routes(
         (
             edge_ns,
             format!("{pod_ip} from {CLIENT_IP} iif {}", edge_if),
-            "dev wt0".into(),
+            format!("dev {mesh}"),
         ),
         (
             &worker.ns,
-            format!("{pod_ip} from {CLIENT_IP} iif wt0"),
+            format!("{pod_ip} from {CLIENT_IP} iif {mesh}"),
             "dev cilium_host".into(),
         ),
         (
             &worker.ns,
             format!("{CLIENT_IP} from {pod_ip} iif cilium_host"),
-            "dev wt0".into(),
+            format!("dev {mesh}"),
         ),
         (
             edge_ns,
-            format!("{CLIENT_IP} from {pod_ip} iif wt0"),
+            format!("{CLIENT_IP} from {pod_ip} iif {mesh}"),
             format!("dev {}", edge_if),
         ),
     ];
@@ -380,4 +496,26 @@ fn check_routes(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packet_counts_name_each_counter_and_each_rule_with_one() {
+        let text = "table ip kuport {\n\tcounter pm-games-a {\n\t\tpackets 3 bytes 120\n\t}\n\tchain kup-pre {\n\t\tip daddr 10.0.0.1 counter packets 7 bytes 400 drop\n\t\tudp dport 4789 accept\n\t}\n}\n";
+        assert!(on_a_link(
+            "kl-worker-b: iifname \"kup-dcc4266d\" ct direction original counter"
+        ));
+        assert!(!on_a_link("edge: ip daddr 10.0.0.1 counter"));
+        let counts = packet_counts("edge", text);
+        assert_eq!(
+            counts,
+            BTreeMap::from([
+                ("edge: counter pm-games-a".to_owned(), 3),
+                ("edge: ip daddr 10.0.0.1 counter".to_owned(), 7),
+            ])
+        );
+    }
 }
