@@ -109,12 +109,18 @@ fn clock(now_ms: &Arc<AtomicU64>, skew_ms: Option<Arc<AtomicI64>>) -> Clock {
     })
 }
 
+/// The address `n` after `first` (counting on past the last octet, for clusters of hundreds).
+fn nth_after(first: std::net::Ipv4Addr, n: usize) -> std::net::Ipv4Addr {
+    let n = u32::try_from(n).unwrap_or(u32::MAX);
+    std::net::Ipv4Addr::from(u32::from(first).saturating_add(n))
+}
+
 /// The facts a node's in-memory host reports: one public interface and a mesh underlay.
 pub fn facts_for(index: usize) -> HostFacts {
     let mut facts = HostFacts::default();
     facts.interfaces.insert(
         "eth0".to_owned(),
-        std::net::Ipv4Addr::new(203, 0, 113, index as u8 + 1),
+        nth_after(std::net::Ipv4Addr::new(203, 0, 113, 1), index),
     );
     facts.underlay_device = Some("wg0".to_owned());
     facts.underlay_mtu = Some(1420);
@@ -141,6 +147,9 @@ impl World {
             .simulation_duration(Duration::from_secs(3600 * 48))
             .min_message_latency(Duration::from_micros(200))
             .max_message_latency(Duration::from_millis(3))
+            // The model's socket buffers every agent's segments in flight at once (eight watches
+            // and the writes of each); turmoil's default of 64 holds a handful of agents only.
+            .tcp_capacity(64 * config.nodes.len().max(1))
             .build();
         let driver_rt = tokio::runtime::Builder::new_current_thread()
             .enable_time()
@@ -353,18 +362,23 @@ impl World {
         })
     }
 
-    /// Creates Node `name` with InternalIP 10.0.0.<index+1>, Ready or not, and the pod CIDR
-    /// its pods' addresses come from (10.244.<the digits of its name>.0/24, as
-    /// `scenario::slice` numbers them).
+    /// Creates Node `name` with InternalIP 10.0.0.<index+1> (counting on into 10.0.1.0 past
+    /// 255), Ready or not, and the pod CIDR its pods' addresses come from (10.244.<the number in
+    /// its name>.0/24, as `scenario::slice` numbers them, counting on into 10.245 past 255).
     pub fn create_node(&mut self, name: &str, index: usize, ready: bool) -> Result<(), WorldError> {
         let digits = name.trim_start_matches(|c: char| !c.is_ascii_digit());
-        let cidr = format!("10.244.{digits}.0/24");
+        let number: usize = digits.parse().unwrap_or(0);
+        let cidr = format!(
+            "{}/24",
+            nth_after(std::net::Ipv4Addr::new(10, 244, 0, 0), number * 256)
+        );
+        let internal_ip = nth_after(std::net::Ipv4Addr::new(10, 0, 0, 1), index);
         self.create(&serde_json::json!({
             "apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name},
             "spec": {"podCIDR": cidr, "podCIDRs": [cidr]},
             "status": {
-                "addresses": [{"type": "InternalIP", "address": format!("10.0.0.{}", index + 1)}],
+                "addresses": [{"type": "InternalIP", "address": internal_ip.to_string()}],
                 "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}],
             },
         }))
