@@ -611,23 +611,34 @@ async fn set_ready(runner: &mut Runner<'_>, pod: &str, ready: bool) -> Result<()
     Ok(())
 }
 
+/// Moves `games/mover-0` for sample `i` (to worker-c on even samples, worker-b on odd ones);
+/// returns when the move's EndpointSlice write was done.
+async fn move_mover(runner: &mut Runner<'_>, i: usize) -> Result<Instant> {
+    let to = if i.is_multiple_of(2) {
+        "worker-c"
+    } else {
+        "worker-b"
+    };
+    let step = Step::MovePod(scenario::MovePod {
+        pod: "games/mover-0".into(),
+        to: to.into(),
+    });
+    let r = runner.step(&step, 0).await;
+    let t0 = Instant::now();
+    if !r.ok {
+        bail!("movePod: {}", r.detail);
+    }
+    Ok(t0)
+}
+
 /// One pod moving between two workers.
 async fn pod_moved(runner: &mut Runner<'_>, client: &str) -> Result<Measurement> {
     let mut samples = Vec::new();
     for i in 0..CHANGE_SAMPLES {
         tokio::time::sleep(SETTLE).await;
-        let to = if i % 2 == 0 { "worker-c" } else { "worker-b" };
-        let step = Step::MovePod(scenario::MovePod {
-            pod: "games/mover-0".into(),
-            to: to.into(),
-        });
         // The move's last act is the EndpointSlice write; the old pod is already gone, so any
         // answer comes from the new one.
-        let r = runner.step(&step, 0).await;
-        let t0 = Instant::now();
-        if !r.ok {
-            bail!("movePod: {}", r.detail);
-        }
+        let t0 = move_mover(runner, i).await?;
         samples.push(
             first_answer_from(runner, client, "203.0.113.1:3200", "games/mover-0", t0).await?,
         );
@@ -685,16 +696,7 @@ async fn long_lived_flow_moved(runner: &mut Runner<'_>, client: &str) -> Result<
         tokio::time::sleep(SETTLE).await;
         // The flow is up before the move: its conntrack entries point at the pod's old place.
         flow_answered_by(runner, client, target, "games/mover-0", Instant::now()).await?;
-        let to = if i % 2 == 0 { "worker-c" } else { "worker-b" };
-        let step = Step::MovePod(scenario::MovePod {
-            pod: "games/mover-0".into(),
-            to: to.into(),
-        });
-        let r = runner.step(&step, 0).await;
-        let t0 = Instant::now();
-        if !r.ok {
-            bail!("movePod: {}", r.detail);
-        }
+        let t0 = move_mover(runner, i).await?;
         samples.push(flow_answered_by(runner, client, target, "games/mover-0", t0).await?);
     }
     let (p50, p99) = (percentile(&samples, 50.0), percentile(&samples, 99.0));
