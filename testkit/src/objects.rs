@@ -321,6 +321,7 @@ pub struct Slice {
     namespace: String,
     name: String,
     labels: Map<String, Value>,
+    address_type: &'static str,
     ports: Vec<Value>,
     endpoints: Vec<Value>,
 }
@@ -333,12 +334,18 @@ pub fn slice(namespace: &str, name: &str, service: &str) -> Slice {
         namespace: namespace.to_owned(),
         name: name.to_owned(),
         labels,
+        address_type: "IPv4",
         ports: Vec::new(),
         endpoints: Vec::new(),
     }
 }
 
 impl Slice {
+    /// A slice of IPv6 addresses (a dual-stack or IPv6-only Service has one).
+    pub fn ipv6(mut self) -> Self {
+        self.address_type = "IPv6";
+        self
+    }
     pub fn label(mut self, key: &str, value: &str) -> Self {
         self.labels.insert(key.to_owned(), json!(value));
         self
@@ -364,7 +371,7 @@ impl Slice {
         json!({
             "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
             "metadata": {"name": self.name, "namespace": self.namespace, "labels": self.labels},
-            "addressType": "IPv4",
+            "addressType": self.address_type,
             "ports": self.ports,
             "endpoints": self.endpoints,
         })

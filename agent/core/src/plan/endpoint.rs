@@ -112,6 +112,30 @@ pub fn next_nodes<'a>(
     nodes
 }
 
+/// How many ready IPv6 endpoints the mapping's Service lists for its named port and protocol:
+/// kuport delivers to IPv4 only, so a Service with only these must be told so, not that it has
+/// no endpoint at all.
+pub fn ready_ipv6_endpoints(index: &Index, pm: &PortMap) -> usize {
+    let namespace = pm.metadata.namespace.as_deref().unwrap_or_default();
+    let service = pm.spec.service_ref.name.as_str();
+    let protocol = pm.spec.protocol.as_str();
+    index
+        .slices
+        .get(&(namespace, service))
+        .into_iter()
+        .flatten()
+        .filter(|slice| slice.address_type == "IPv6")
+        .filter(|slice| {
+            slice.ports.iter().flatten().any(|p| {
+                p.name.as_deref() == Some(pm.spec.service_ref.port.as_str())
+                    && p.protocol.as_deref().unwrap_or("TCP") == protocol
+            })
+        })
+        .flat_map(|slice| slice.endpoints.iter().flatten())
+        .filter(|ep| ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true))
+        .count()
+}
+
 /// Every ready IPv4 endpoint of the mapping's Service that lists its named port with its
 /// protocol: ranked when its address is a pod address of the cluster, else rejected.
 fn candidates<'a>(

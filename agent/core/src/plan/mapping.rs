@@ -621,10 +621,16 @@ fn programmed(index: &Index, class: &ClassState, w: &Working) -> Outcome<Program
         return Outcome::new(R::EndpointNotAllowed, rejection.clone());
     }
     let Some(ep) = &d.endpoint else {
+        let ipv6 = match endpoint::ready_ipv6_endpoints(index, w.pm) {
+            0 => String::new(),
+            n => format!(
+                "; it lists {n} ready IPv6 endpoint(s), and kuport delivers to IPv4 endpoints only (IPv6 is not supported yet)"
+            ),
+        };
         return Outcome::new(
             R::NoReadyEndpoint,
             format!(
-                "service {}/{} has no ready IPv4 endpoint for its {} port {:?}",
+                "service {}/{} has no ready IPv4 endpoint for its {} port {:?}{ipv6}",
                 d.namespace,
                 w.pm.spec.service_ref.name,
                 d.protocol.as_str(),
