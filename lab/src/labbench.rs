@@ -508,25 +508,51 @@ async fn udp_rtt(runner: &Runner<'_>, client: &str, edge: &str) -> Result<Measur
     })
 }
 
-/// Asks every 10 ms until the mapping answers from `want`; returns the milliseconds since
-/// `since`.
+/// How a change sample asks: new flows (each ask from a fresh client port, 50 ms for an
+/// answer, then 10 ms) or the long-lived flow (every ask from [`LONG_FLOW_PORT`], one datagram
+/// every 20 ms).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Asking {
+    NewFlows,
+    LongLivedFlow,
+}
+
+/// Asks `target` as `asking` says until the mapping answers from `want`; returns the
+/// milliseconds since `since`.
 async fn first_answer_from(
     runner: &Runner<'_>,
     client: &str,
     target: &str,
     want: &str,
     since: Instant,
+    asking: Asking,
 ) -> Result<f64> {
     let deadline = since + Duration::from_secs(10);
+    let args: &[&str] = match asking {
+        Asking::NewFlows => &["udp", target, "--timeout-ms", "50"],
+        Asking::LongLivedFlow => &[
+            "udp",
+            target,
+            "--source-port",
+            LONG_FLOW_PORT,
+            "--timeout-ms",
+            "20",
+        ],
+    };
     loop {
-        let a = ask(runner, client, &["udp", target, "--timeout-ms", "50"]).await?;
+        let sent = Instant::now();
+        let a = ask(runner, client, args).await?;
         if a.outcome == "reply" && a.get("tag") == Some(want) {
             return Ok(since.elapsed().as_secs_f64() * 1000.0);
         }
         if Instant::now() >= deadline {
-            bail!("no answer from {want} on {target} within 10 s");
+            bail!("no answer from {want} on {target} within 10 s ({args:?})");
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        let pause = match asking {
+            Asking::NewFlows => Duration::from_millis(10),
+            Asking::LongLivedFlow => Duration::from_millis(20).saturating_sub(sent.elapsed()),
+        };
+        tokio::time::sleep(pause).await;
     }
 }
 
@@ -588,7 +614,17 @@ async fn endpoint_unready(runner: &mut Runner<'_>, client: &str) -> Result<Measu
             .context("an answer from neither pod")?;
         set_ready(runner, &serving, false).await?;
         let t0 = Instant::now();
-        samples.push(first_answer_from(runner, client, "203.0.113.1:3100", other, t0).await?);
+        samples.push(
+            first_answer_from(
+                runner,
+                client,
+                "203.0.113.1:3100",
+                other,
+                t0,
+                Asking::NewFlows,
+            )
+            .await?,
+        );
         set_ready(runner, &serving, true).await?;
         tokio::time::sleep(SETTLE).await;
     }
@@ -640,7 +676,15 @@ async fn pod_moved(runner: &mut Runner<'_>, client: &str) -> Result<Measurement>
         // answer comes from the new one.
         let t0 = move_mover(runner, i).await?;
         samples.push(
-            first_answer_from(runner, client, "203.0.113.1:3200", "games/mover-0", t0).await?,
+            first_answer_from(
+                runner,
+                client,
+                "203.0.113.1:3200",
+                "games/mover-0",
+                t0,
+                Asking::NewFlows,
+            )
+            .await?,
         );
     }
     Ok(change_measurement(
@@ -654,37 +698,6 @@ async fn pod_moved(runner: &mut Runner<'_>, client: &str) -> Result<Measurement>
 /// client's socket is, so conntrack sees one flow.
 const LONG_FLOW_PORT: &str = "40200";
 
-/// Sends the long-lived flow's datagram every 20 ms until the mapping answers it from `want`;
-/// returns the milliseconds since `since`.
-async fn flow_answered_by(
-    runner: &Runner<'_>,
-    client: &str,
-    target: &str,
-    want: &str,
-    since: Instant,
-) -> Result<f64> {
-    let deadline = since + Duration::from_secs(10);
-    loop {
-        let sent = Instant::now();
-        let args = [
-            "udp",
-            target,
-            "--source-port",
-            LONG_FLOW_PORT,
-            "--timeout-ms",
-            "20",
-        ];
-        let a = ask(runner, client, &args).await?;
-        if a.outcome == "reply" && a.get("tag") == Some(want) {
-            return Ok(since.elapsed().as_secs_f64() * 1000.0);
-        }
-        if Instant::now() >= deadline {
-            bail!("the flow from port {LONG_FLOW_PORT} got no answer from {want} within 10 s");
-        }
-        tokio::time::sleep(Duration::from_millis(20).saturating_sub(sent.elapsed())).await;
-    }
-}
-
 /// A long-lived UDP flow whose pod moves to another node: the flow is answered where the pod
 /// is, the pod moves, and the same flow (same client port, a datagram every 20 ms) must reach
 /// it on its new node. Without the agents clearing the flow's conntrack entries it would keep
@@ -695,9 +708,27 @@ async fn long_lived_flow_moved(runner: &mut Runner<'_>, client: &str) -> Result<
     for i in 0..CHANGE_SAMPLES {
         tokio::time::sleep(SETTLE).await;
         // The flow is up before the move: its conntrack entries point at the pod's old place.
-        flow_answered_by(runner, client, target, "games/mover-0", Instant::now()).await?;
+        first_answer_from(
+            runner,
+            client,
+            target,
+            "games/mover-0",
+            Instant::now(),
+            Asking::LongLivedFlow,
+        )
+        .await?;
         let t0 = move_mover(runner, i).await?;
-        samples.push(flow_answered_by(runner, client, target, "games/mover-0", t0).await?);
+        samples.push(
+            first_answer_from(
+                runner,
+                client,
+                target,
+                "games/mover-0",
+                t0,
+                Asking::LongLivedFlow,
+            )
+            .await?,
+        );
     }
     let (p50, p99) = (percentile(&samples, 50.0), percentile(&samples, 99.0));
     Ok(Measurement {
@@ -743,7 +774,17 @@ async fn node_not_ready(runner: &mut Runner<'_>, client: &str) -> Result<Measure
             bail!("setNodeReady: {}", r.detail);
         }
         let target = if ready { &edge_a } else { &edge_d };
-        samples.push(first_answer_from(runner, client, target, "games/failover-0", t0).await?);
+        samples.push(
+            first_answer_from(
+                runner,
+                client,
+                target,
+                "games/failover-0",
+                t0,
+                Asking::NewFlows,
+            )
+            .await?,
+        );
     }
     Ok(change_measurement(
         "endpoint change (serving node marked not ready) → first answer on the other edge",

@@ -110,10 +110,7 @@ impl RoutedPath {
             mesh_routes: Vec::new(),
         };
         let nodes = (&edge_node, &worker_node);
-        let built = match via {
-            Via::Mesh => path.add(runner, &p.ns, p.ip, edge_public, nodes),
-            Via::Vxlan => path.add_over_vxlan(runner, &p.ns, p.ip, edge_public, nodes),
-        };
+        let built = path.add(runner, via, &p.ns, p.ip, edge_public, nodes);
         if let Err(e) = built {
             let left = path.remove(runner);
             if !left.is_empty() {
@@ -127,28 +124,40 @@ impl RoutedPath {
         Ok(path)
     }
 
+    /// The listener in the pod, the router's route to the pod's address through the edge (as
+    /// an upstream router sends a routed prefix to a site), then the mesh part `via` says, and
+    /// a check of every hop both ways.
     fn add(
         &mut self,
         runner: &mut Runner<'_>,
+        via: Via,
         pod_ns: &str,
         pod_ip: Ipv4Addr,
         edge_public: Ipv4Addr,
         (edge, worker): (&topology::NodeInfo, &topology::NodeInfo),
     ) -> Result<()> {
         self.listen(runner, pod_ns)?;
-        // The router sends the pod's address to the edge's public address, as an upstream
-        // router would send a routed prefix to a site.
         self.route(INET_NS, &format!("{pod_ip}/32 via {edge_public}"))?;
-        // The edge sends it into the mesh, not the CNI's VXLAN tunnel (its /24 route): the
-        // mapping's link runs over wt0 too, so both paths cross the same userspace WireGuard.
-        self.route(&edge.ns, &format!("{pod_ip}/32 dev wt0"))?;
-        self.mesh_routes
-            .push((edge.ns.clone(), format!("{pod_ip}/32 dev wt0")));
-        // The node's own default leads to a dead-end gateway; the client is reached back
-        // through the edge, over the mesh.
-        self.route(&worker.ns, &format!("{CLIENT_IP}/32 dev wt0"))?;
-        self.mesh_routes
-            .push((worker.ns.clone(), format!("{CLIENT_IP}/32 dev wt0")));
+        let device = match via {
+            Via::Mesh => self.over_mesh(runner, pod_ip, edge, worker)?,
+            Via::Vxlan => self.over_vxlan(pod_ip, edge, worker)?,
+        };
+        check_routes(pod_ip, edge_public, edge, worker, device)
+    }
+
+    /// The edge sends the pod's address into the mesh, not the CNI's VXLAN tunnel (its /24
+    /// route): the mapping's link runs over wt0 too, so both paths cross the same userspace
+    /// WireGuard. The node's own default leads to a dead-end gateway, so the client is reached
+    /// back through the edge, over the mesh. Returns the device the two routes use.
+    fn over_mesh(
+        &mut self,
+        runner: &Runner<'_>,
+        pod_ip: Ipv4Addr,
+        edge: &topology::NodeInfo,
+        worker: &topology::NodeInfo,
+    ) -> Result<&'static str> {
+        self.mesh_route(&edge.ns, format!("{pod_ip}/32 dev wt0"))?;
+        self.mesh_route(&worker.ns, format!("{CLIENT_IP}/32 dev wt0"))?;
         // WireGuard sends only to a peer that allows the destination and accepts only sources
         // the sending peer is allowed: the pod's address from the node, the client's from the
         // edge.
@@ -164,36 +173,18 @@ impl RoutedPath {
             &edge_member.public_key,
             &format!("{CLIENT_IP}/32"),
         )?;
-        check_routes(pod_ip, edge_public, edge, worker, "wt0")
+        Ok("wt0")
     }
 
-    /// The listener in the pod.
-    fn listen(&mut self, runner: &mut Runner<'_>, pod_ns: &str) -> Result<()> {
-        let pid = topology::spawn_echo(
-            runner.lab,
-            &runner.topo,
-            pod_ns,
-            "routed-baseline-tcp",
-            Protocol::Tcp,
-            &PORT.to_string(),
-            "routed-baseline",
-        )?;
-        self.undo.push(Undo::Process(pid));
-        Ok(())
-    }
-
-    /// The same hops with a plain VXLAN link between the edge and the pod's node inside `wt0`
-    /// (the mesh carries only the two nodes' own addresses, as for kuport's link), routes over
-    /// it both ways, and no AllowedIPs: the baseline for what the encapsulation costs alone.
-    fn add_over_vxlan(
+    /// A plain VXLAN link between the edge and the pod's node inside `wt0` (the mesh carries
+    /// only the two nodes' own addresses, as for kuport's link) and routes over it both ways,
+    /// no AllowedIPs: the baseline for what the encapsulation costs alone. Returns the link.
+    fn over_vxlan(
         &mut self,
-        runner: &mut Runner<'_>,
-        pod_ns: &str,
         pod_ip: Ipv4Addr,
-        edge_public: Ipv4Addr,
-        (edge, worker): (&topology::NodeInfo, &topology::NodeInfo),
-    ) -> Result<()> {
-        self.listen(runner, pod_ns)?;
+        edge: &topology::NodeInfo,
+        worker: &topology::NodeInfo,
+    ) -> Result<&'static str> {
         for (node, peer, address) in [(edge, worker, VXLAN_EDGE), (worker, edge, VXLAN_WORKER)] {
             self.undo.push(Undo::Link {
                 ns: node.ns.clone(),
@@ -209,14 +200,37 @@ impl RoutedPath {
             ip_in(&node.ns, &format!("addr add {address}/30 dev {VXLAN_LINK}"))?;
             ip_in(&node.ns, &format!("link set {VXLAN_LINK} up"))?;
         }
-        self.route(INET_NS, &format!("{pod_ip}/32 via {edge_public}"))?;
-        let edge_route = format!("{pod_ip}/32 via {VXLAN_WORKER} dev {VXLAN_LINK}");
-        self.route(&edge.ns, &edge_route)?;
-        self.mesh_routes.push((edge.ns.clone(), edge_route));
-        let worker_route = format!("{CLIENT_IP}/32 via {VXLAN_EDGE} dev {VXLAN_LINK}");
-        self.route(&worker.ns, &worker_route)?;
-        self.mesh_routes.push((worker.ns.clone(), worker_route));
-        check_routes(pod_ip, edge_public, edge, worker, VXLAN_LINK)
+        self.mesh_route(
+            &edge.ns,
+            format!("{pod_ip}/32 via {VXLAN_WORKER} dev {VXLAN_LINK}"),
+        )?;
+        self.mesh_route(
+            &worker.ns,
+            format!("{CLIENT_IP}/32 via {VXLAN_EDGE} dev {VXLAN_LINK}"),
+        )?;
+        Ok(VXLAN_LINK)
+    }
+
+    /// A route between the edge and the pod's node, remembered for [`Self::lock_mtu`].
+    fn mesh_route(&mut self, ns: &str, spec: String) -> Result<()> {
+        self.route(ns, &spec)?;
+        self.mesh_routes.push((ns.to_owned(), spec));
+        Ok(())
+    }
+
+    /// The listener in the pod.
+    fn listen(&mut self, runner: &mut Runner<'_>, pod_ns: &str) -> Result<()> {
+        let pid = topology::spawn_echo(
+            runner.lab,
+            &runner.topo,
+            pod_ns,
+            "routed-baseline-tcp",
+            Protocol::Tcp,
+            &PORT.to_string(),
+            "routed-baseline",
+        )?;
+        self.undo.push(Undo::Process(pid));
+        Ok(())
     }
 
     fn route(&mut self, ns: &str, spec: &str) -> Result<()> {

@@ -13,6 +13,14 @@ use kuport_simulator::world::{World, WorldConfig};
 
 const SERVICES: [&str; 4] = ["a", "b", "c", "d"];
 
+/// Every agent's write requests so far (anything but GET): the rest of its requests are reads.
+fn agent_writes(w: &World) -> u64 {
+    w.nodes
+        .values()
+        .map(|s| s.requests.writes.load(std::sync::atomic::Ordering::Relaxed))
+        .sum()
+}
+
 fn status_writes(w: &World) -> BTreeMap<String, usize> {
     w.nodes
         .iter()
@@ -81,9 +89,10 @@ fn measure(count: usize) -> (Vec<u64>, Vec<u64>) {
     }
     w.changed();
     settle(&mut w, "the first convergence");
-    let (mut requests, mut writers) = (Vec::new(), Vec::new());
+    let (mut requests, mut writes, mut writers) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..8 {
         let (requests_before, writes_before) = (w.agent_requests(), status_writes(&w));
+        let write_requests_before = agent_writes(&w);
         let service = SERVICES[round % SERVICES.len()];
         let to = format!("n{}", 5 + (round * 3 + 1) % 8);
         w.place_pod(service, Some(&to), true).expect("pod moved");
@@ -94,11 +103,12 @@ fn measure(count: usize) -> (Vec<u64>, Vec<u64>) {
             .filter(|(n, after)| *after > writes_before.get(n).copied().unwrap_or(0))
             .count();
         requests.push(w.agent_requests() - requests_before);
+        writes.push(agent_writes(&w) - write_requests_before);
         writers.push(wrote as u64);
     }
     let (total, wrote): (u64, u64) = (requests.iter().sum(), writers.iter().sum());
     eprintln!(
-        "{count} nodes, 8 pod moves: agent requests per change {requests:?}, nodes whose status changed {writers:?}; {:.2} requests per such node",
+        "{count} nodes, 8 pod moves: agent requests per change {requests:?} (of which writes {writes:?}, the rest reads), nodes whose status changed {writers:?}; {:.2} requests per such node",
         total as f64 / wrote.max(1) as f64
     );
     (requests, writers)

@@ -2,6 +2,8 @@
 
 use std::net::Ipv4Addr;
 
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
+
 use super::index::Index;
 use super::{ChosenEndpoint, RejectedEndpoint};
 use crate::api::PortMap;
@@ -112,38 +114,13 @@ pub fn next_nodes<'a>(
     nodes
 }
 
-/// How many ready IPv6 endpoints the mapping's Service lists for its named port and protocol:
-/// kuport delivers to IPv4 only, so a Service with only these must be told so, not that it has
-/// no endpoint at all.
-pub fn ready_ipv6_endpoints(index: &Index, pm: &PortMap) -> usize {
-    let namespace = pm.metadata.namespace.as_deref().unwrap_or_default();
-    let service = pm.spec.service_ref.name.as_str();
-    let protocol = pm.spec.protocol.as_str();
-    index
-        .slices
-        .get(&(namespace, service))
-        .into_iter()
-        .flatten()
-        .filter(|slice| slice.address_type == "IPv6")
-        .filter(|slice| {
-            slice.ports.iter().flatten().any(|p| {
-                p.name.as_deref() == Some(pm.spec.service_ref.port.as_str())
-                    && p.protocol.as_deref().unwrap_or("TCP") == protocol
-            })
-        })
-        .flat_map(|slice| slice.endpoints.iter().flatten())
-        .filter(|ep| ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true))
-        .count()
-}
-
-/// Every ready IPv4 endpoint of the mapping's Service that lists its named port with its
-/// protocol: ranked when its address is a pod address of the cluster, else rejected.
-fn candidates<'a>(
+/// The slices of `family` (`IPv4`, `IPv6`) of the mapping's Service that list its named port
+/// with its protocol, each with the pod port it gives: the one rule both families are read by.
+fn service_slices<'a>(
     index: &Index<'a>,
     pm: &'a PortMap,
-    accepting: &[&str],
-) -> impl Iterator<Item = Result<Candidate<'a>, RejectedEndpoint>> {
-    let class = pm.spec.class_name.as_str();
+    family: &'static str,
+) -> impl Iterator<Item = (&'a EndpointSlice, u16)> {
     let namespace = pm.metadata.namespace.as_deref().unwrap_or_default();
     let service = pm.spec.service_ref.name.as_str();
     let wanted_port = pm.spec.service_ref.port.as_str();
@@ -154,7 +131,7 @@ fn candidates<'a>(
         .into_iter()
         .flatten()
         .copied()
-        .filter(|slice| slice.address_type == "IPv4")
+        .filter(move |slice| slice.address_type == family)
         .filter_map(move |slice| {
             let pod_port = slice.ports.iter().flatten().find_map(|p| {
                 let named = p.name.as_deref() == Some(wanted_port);
@@ -167,29 +144,54 @@ fn candidates<'a>(
             })?;
             Some((slice, pod_port))
         })
-        .flat_map(move |(slice, pod_port)| {
-            slice.endpoints.iter().flatten().filter_map(move |ep| {
-                let ready = ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
-                let node = ep.node_name.as_deref()?;
-                let address = ep
-                    .addresses
-                    .first()
-                    .and_then(|a| a.parse::<Ipv4Addr>().ok())?;
-                if !ready {
-                    return None;
-                }
-                let pod = ep.target_ref.as_ref().and_then(|t| t.name.as_deref());
-                if let Err(reason) = index.addresses.verdict(class, address) {
-                    return Some(Err(RejectedEndpoint {
-                        address,
-                        node: node.to_owned(),
-                        pod: pod.map(str::to_owned),
-                        reason,
-                    }));
-                }
-                // `accepting` is sorted by name: a search, not a walk over a large class.
-                let rank = accepting.binary_search(&node).unwrap_or(accepting.len());
-                Some(Ok((rank, pod, node, address, pod_port)))
-            })
+}
+
+/// Whether an endpoint is ready (an absent condition counts as ready, as Kubernetes says).
+fn is_ready(ep: &Endpoint) -> bool {
+    ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true)
+}
+
+/// How many ready IPv6 endpoints the mapping's Service lists for its named port and protocol:
+/// kuport delivers to IPv4 only, so a Service with only these must be told so, not that it has
+/// no endpoint at all.
+pub fn ready_ipv6_endpoints(index: &Index, pm: &PortMap) -> usize {
+    service_slices(index, pm, "IPv6")
+        .flat_map(|(slice, _)| slice.endpoints.iter().flatten())
+        .filter(|ep| is_ready(ep))
+        .count()
+}
+
+/// Every ready IPv4 endpoint of the mapping's Service that lists its named port with its
+/// protocol: ranked when its address is a pod address of the cluster, else rejected.
+fn candidates<'a>(
+    index: &Index<'a>,
+    pm: &'a PortMap,
+    accepting: &[&str],
+) -> impl Iterator<Item = Result<Candidate<'a>, RejectedEndpoint>> {
+    let class = pm.spec.class_name.as_str();
+    service_slices(index, pm, "IPv4").flat_map(move |(slice, pod_port)| {
+        slice.endpoints.iter().flatten().filter_map(move |ep| {
+            let ready = is_ready(ep);
+            let node = ep.node_name.as_deref()?;
+            let address = ep
+                .addresses
+                .first()
+                .and_then(|a| a.parse::<Ipv4Addr>().ok())?;
+            if !ready {
+                return None;
+            }
+            let pod = ep.target_ref.as_ref().and_then(|t| t.name.as_deref());
+            if let Err(reason) = index.addresses.verdict(class, address) {
+                return Some(Err(RejectedEndpoint {
+                    address,
+                    node: node.to_owned(),
+                    pod: pod.map(str::to_owned),
+                    reason,
+                }));
+            }
+            // `accepting` is sorted by name: a search, not a walk over a large class.
+            let rank = accepting.binary_search(&node).unwrap_or(accepting.len());
+            Some(Ok((rank, pod, node, address, pod_port)))
         })
+    })
 }
