@@ -445,8 +445,8 @@ fn set(items: &[&str]) -> BTreeSet<String> {
 
 /// The agent's grants are exactly what api.md's "RBAC the API implies" lists, plus the shutdown
 /// lookup of its own Pod and DaemonSet (operations.md): nothing broader, no wildcard, and no
-/// verb the agent never calls (status is replaced, never patched; only classes are read with
-/// `get`). The lab's real-API runs and the local cluster prove nothing it calls is missing.
+/// verb the agent never calls (a PortMap's status is replaced, never patched; only classes are
+/// patched and read with `get`). The lab's real-API runs and the local cluster prove nothing it calls is missing.
 #[test]
 fn the_agent_roles_grant_no_verb_beyond_the_api() {
     let objects = manifest_objects();
@@ -458,6 +458,7 @@ fn the_agent_roles_grant_no_verb_beyond_the_api() {
         "kuport.wlz.li/portmaps:list",
         "kuport.wlz.li/portmaps:watch",
         "kuport.wlz.li/portmapclasses/status:update",
+        "kuport.wlz.li/portmapclasses/status:patch",
         "kuport.wlz.li/portmaps/status:update",
         "discovery.k8s.io/endpointslices:list",
         "discovery.k8s.io/endpointslices:watch",

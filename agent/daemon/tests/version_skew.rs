@@ -140,3 +140,86 @@ async fn an_older_agent_keeps_the_fields_of_a_newer_agents_row() {
     assert!(programmed_true(&c).await, "the mapping stays programmed");
     c.stop_all().await;
 }
+
+/// A class write of what one node alone changed is a JSON patch guarded by the key at each
+/// index it touches (`kuport_core::plan::row_patch`). The agent relies on the API server
+/// refusing a patch whose guard fails with a 422, changing nothing, and then merges into a
+/// fresh read: a row another writer inserted before this node's meanwhile is kept, and this
+/// node's change still lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_patch_whose_row_moved_is_refused_and_written_afresh() {
+    let role = kuport_realapi::agent_role().expect("the agent's ClusterRole");
+    let Some(mut c) = Cluster::empty_on(
+        Target::Real(Box::new(role)),
+        "a_row_patch_whose_row_moved_is_refused_and_written_afresh",
+    )
+    .await
+    else {
+        return;
+    };
+    c.seed().await;
+    for i in 1..=3 {
+        c.start_agent(i, Duration::from_secs(3600));
+    }
+    c.eventually("Programmed=True", || programmed_true(&c))
+        .await;
+    let api = classes(&c.client);
+    let before = raw_status(&c).await;
+    let at = before["nodes"]
+        .as_array()
+        .and_then(|rows| rows.iter().position(|r| r["name"] == "n1"))
+        .expect("n1's row");
+    // Another writer puts a row first: n1's row is one further now.
+    let mut class = api.get("public").await.expect("class");
+    if let Some(rows) = class.data["status"]["nodes"].as_array_mut() {
+        rows.insert(0, json!({"name": "a-first", "ready": false}));
+    }
+    class.metadata.managed_fields = None;
+    api.replace_status("public", &PostParams::default(), &class)
+        .await
+        .expect("a row inserted first");
+    // A patch computed before that insertion is refused with a 422 and changes nothing.
+    let stale: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": format!("/status/nodes/{at}/name"), "value": "n1"},
+        {"op": "replace", "path": format!("/status/nodes/{at}/message"), "value": "stale"},
+    ]))
+    .expect("a JSON patch");
+    let refused = api
+        .patch_status(
+            "public",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Json::<()>(stale),
+        )
+        .await;
+    assert!(
+        matches!(&refused, Err(kube::Error::Api(s)) if s.code == 422),
+        "a failed guard must be a 422: {refused:?}"
+    );
+    assert!(!raw_status(&c).await.to_string().contains("stale"));
+    // n1 changes its row: written whichever way the writer finds the row, and the inserted
+    // row is left as it was.
+    let typed: Api<PortMapClass> = Api::all(c.client.clone());
+    let mut class = c.class().await;
+    class.spec.nodes.insert(
+        "n1".to_owned(),
+        kuport_core::api::ClassNode {
+            interfaces: vec!["eth0".to_owned(), "missing0".to_owned()],
+        },
+    );
+    typed
+        .replace("public", &PostParams::default(), &class)
+        .await
+        .expect("class replaced");
+    c.eventually("n1 wrote its changed row", || async {
+        row(&raw_status(&c).await, "n1")
+            .and_then(|r| r["message"].as_str())
+            .is_some_and(|m| m.contains("missing0"))
+    })
+    .await;
+    let status = raw_status(&c).await;
+    assert_eq!(
+        row(&status, "a-first"),
+        Some(&json!({"name": "a-first", "ready": false}))
+    );
+    c.stop_all().await;
+}

@@ -280,10 +280,20 @@ fn caught(s: &Scenario, variant: Variant, invariant: &str) {
     println!("  caught by \"{invariant}\" with seed {seed}");
 }
 
-/// Statuses the class status writes of node `node` carry, as JSON, when `path` is one.
+/// The class written, as JSON, when `path` is a class status write replacing the object
+/// (a compare-and-swap); a JSON patch (an array of operations) is not one.
 fn class_status_body(path: &str, body: &bytes::Bytes) -> Option<serde_json::Value> {
     (path.contains("/portmapclasses/") && path.ends_with("/status"))
-        .then(|| serde_json::from_slice(body).ok())
+        .then(|| serde_json::from_slice::<serde_json::Value>(body).ok())
+        .flatten()
+        .filter(serde_json::Value::is_object)
+}
+
+/// The operations of a class status write sent as a JSON patch (what one node alone changed),
+/// when `path` is a class status write and `body` one.
+fn class_status_patch(path: &str, body: &bytes::Bytes) -> Option<Vec<serde_json::Value>> {
+    (path.contains("/portmapclasses/") && path.ends_with("/status"))
+        .then(|| serde_json::from_slice::<Vec<serde_json::Value>>(body).ok())
         .flatten()
 }
 
@@ -361,6 +371,22 @@ fn a_slot_landing_that_ignores_existing_claims_is_caught() {
 #[test]
 fn a_merge_that_overwrites_other_nodes_rows_is_caught() {
     let wire_fault: kuport_simulator::net::Tamper = std::sync::Arc::new(|node, parts, body| {
+        if let Some(ops) = class_status_patch(parts.uri.path(), &body) {
+            // A patch of this node's row becomes one of the whole list, with its row alone.
+            let own_row = ops.iter().find_map(|op| {
+                let path = op["path"].as_str()?;
+                let row = path.strip_prefix("/status/nodes/")?;
+                (!row.contains('/')).then(|| op.get("value").cloned())
+            });
+            let Some(row) = own_row else {
+                return body;
+            };
+            let rows: Vec<serde_json::Value> = row.into_iter().collect();
+            let patch = serde_json::json!([
+                {"op": "replace", "path": "/status/nodes", "value": rows},
+            ]);
+            return serde_json::to_vec(&patch).map(Into::into).unwrap_or(body);
+        }
         let Some(mut status) = class_status_body(parts.uri.path(), &body) else {
             return body;
         };

@@ -34,6 +34,7 @@ pub use mapping::STANDBY_LINKS;
 pub mod merge;
 mod pod_network;
 pub mod reasons;
+pub mod row_patch;
 pub mod selector;
 mod state;
 mod status;

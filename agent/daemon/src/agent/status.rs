@@ -16,13 +16,14 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
-use kube::api::{Api, ApiResource, DynamicObject, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kuport_core::api::PortMapClassStatus;
 use kuport_core::api::{PortMap, PortMapClass, PortMapStatus, conditions};
 use kuport_core::plan::merge::{
     ClassMerge, ClassPart, class_parts, merge_class_status, portmap_status_equivalent,
 };
+use kuport_core::plan::row_patch::unshared_patch;
 use kuport_core::plan::unknown_fields::keep_unknown_fields;
 use kuport_core::plan::{AcceptedReason, PortMapWrite, Writes};
 
@@ -83,6 +84,10 @@ pub(crate) struct StatusWriter {
     /// PortMap statuses this writer wrote whose echo the watch has not delivered yet, by
     /// namespace and name (see [`Echo`]).
     echoes: Mutex<BTreeMap<(String, String), Echo>>,
+    /// The watched classes, untyped (every status field kept): a class write merges into the
+    /// watched object first and reads a fresh one only after a 409. Without it, every class
+    /// write reads first.
+    raw_classes: Option<Store<DynamicObject>>,
 }
 
 /// A PortMap status write that the API server accepted: the `resourceVersion` it replaced and
@@ -94,6 +99,16 @@ pub(crate) struct StatusWriter {
 struct Echo {
     replaced: String,
     status: PortMapStatus,
+}
+
+/// How a patch of what this node alone changed ended.
+enum RowPatch {
+    /// Written: the class as the server answered.
+    Written(Box<DynamicObject>),
+    /// Not written, and accounted (the class is gone, or the write failed).
+    Accounted,
+    /// The row was not where the patch said: merge into a fresh read.
+    Moved,
 }
 
 /// What this writer last wrote over the watched version of a PortMap.
@@ -120,7 +135,25 @@ impl StatusWriter {
             events,
             api_timeout,
             echoes: Mutex::new(BTreeMap::new()),
+            raw_classes: None,
         }
+    }
+
+    /// Merges class writes into the objects `store` watches before reading any afresh.
+    pub fn with_watched_classes(mut self, store: Store<DynamicObject>) -> Self {
+        self.raw_classes = Some(store);
+        self
+    }
+
+    /// The class `class` as the untyped watch holds it, typed and raw.
+    fn watched_class(&self, class: &str) -> Option<(PortMapClass, DynamicObject)> {
+        let raw = self.raw_classes.as_ref()?.get(&ObjectRef::new_with(
+            class,
+            ApiResource::erase::<PortMapClass>(&()),
+        ))?;
+        let raw = (*raw).clone();
+        let typed = raw.clone().try_parse::<PortMapClass>().ok()?;
+        Some((typed, raw))
     }
 
     /// Writes everything in `writes`; one failed write never stops the others. Before it sends
@@ -305,8 +338,10 @@ impl StatusWriter {
         }
     }
 
-    /// Reads the class fresh, merges this node's part, writes with compare-and-swap, and on a
-    /// 409 re-reads and re-merges (up to 5 times, and only while no newer pass's writes wait).
+    /// Merges this node's part into the watched class (or, with none watched, a fresh read),
+    /// writes with compare-and-swap, and on a 409 reads the class fresh and re-merges (up to 5
+    /// attempts, and only while no newer pass's writes wait). A write that meets no conflict is
+    /// one request.
     async fn write_class(
         &self,
         class: &str,
@@ -321,12 +356,18 @@ impl StatusWriter {
             self.client.clone(),
             &ApiResource::erase::<PortMapClass>(&()),
         );
-        for _ in 0..CLASS_CAS_ATTEMPTS {
+        for attempt in 0..CLASS_CAS_ATTEMPTS {
             if superseded() {
                 outcome.superseded = true;
                 return;
             }
-            let Some((fresh, raw)) = self.read_class(&api, class, outcome).await else {
+            let watched = (attempt == 0).then(|| self.watched_class(class)).flatten();
+            let from_watch = watched.is_some();
+            let read = match watched {
+                Some(watched) => Some(watched),
+                None => self.read_class(&api, class, outcome).await,
+            };
+            let Some((fresh, raw)) = read else {
                 return;
             };
             let stored = fresh.status.clone().unwrap_or_default();
@@ -339,8 +380,23 @@ impl StatusWriter {
                 outcome.recompute += 1;
             }
             if merged.status == stored {
+                if from_watch {
+                    // The pass saw something to change: the watch may lag, so ask the server.
+                    continue;
+                }
                 outcome.unchanged += 1;
                 return;
+            }
+            if let Some(ops) = unshared_patch(&stored, &merged.status, &self.node) {
+                match self.patch_unshared(&api, class, ops, outcome).await {
+                    RowPatch::Written(answer) => {
+                        let answer = Ok(Ok(*answer));
+                        self.class_write_answered(answer, &what, &fresh, merged, outcome);
+                        return;
+                    }
+                    RowPatch::Accounted => return,
+                    RowPatch::Moved => continue,
+                }
             }
             let body = match class_status_body(raw, &stored, &merged.status, &self.node) {
                 Ok(body) => body,
@@ -362,6 +418,59 @@ impl StatusWriter {
         }
         // Still conflicting after several fresh reads: let the next pass try again.
         outcome.recompute += 1;
+    }
+
+    /// Writes what this node alone changed in the status of `class` (`ops`, from
+    /// `unshared_patch`) as a JSON patch, each operation guarded by a test of the key at its
+    /// index: no compare-and-swap, so other nodes' writes of their own elements never make it
+    /// conflict (each would otherwise cost a 409, a read and another write). `Moved` when an
+    /// element is no longer where the patch says (the server refuses the guard with a 422),
+    /// to merge into a fresh read instead.
+    async fn patch_unshared(
+        &self,
+        api: &Api<DynamicObject>,
+        class: &str,
+        ops: Vec<serde_json::Value>,
+        outcome: &mut StatusOutcome,
+    ) -> RowPatch {
+        let what = format!("PortMapClass {class}");
+        let patch: json_patch::Patch = match serde_json::from_value(serde_json::Value::Array(ops)) {
+            Ok(patch) => patch,
+            Err(e) => {
+                outcome
+                    .errors
+                    .push(format!("writing this node's part of {what}: {e}"));
+                return RowPatch::Accounted;
+            }
+        };
+        let result = tokio::time::timeout(
+            self.api_timeout,
+            api.patch_status(class, &PatchParams::default(), &Patch::Json::<()>(patch)),
+        )
+        .await;
+        match result {
+            Ok(Err(kube::Error::Api(s))) if s.code == 422 || s.is_conflict() => {
+                self.metrics
+                    .record_write(WriteKind::Class, WriteResult::Conflict);
+                tracing::debug!(
+                    "{what}: an element this node patches moved meanwhile, merging afresh"
+                );
+                RowPatch::Moved
+            }
+            Ok(Ok(answer)) => RowPatch::Written(Box::new(answer)),
+            Ok(Err(kube::Error::Api(s))) if s.is_not_found() => {
+                outcome.unchanged += 1;
+                RowPatch::Accounted
+            }
+            Ok(Err(e)) => {
+                self.write_failed(WriteKind::Class, &what, Some(e), outcome);
+                RowPatch::Accounted
+            }
+            Err(_) => {
+                self.write_failed(WriteKind::Class, &what, None, outcome);
+                RowPatch::Accounted
+            }
+        }
     }
 
     /// Accounts the answer to a class status write; true when it was a conflict, to re-read

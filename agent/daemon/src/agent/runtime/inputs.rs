@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::Api;
+use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kuport_core::api::{PortMap, PortMapClass};
@@ -33,6 +33,9 @@ macro_rules! watched_kinds {
             $(pub(super) $field: Store<$kind>,)*
             /// `kube-system/cilium-config`, watched by name: at most one object.
             cni: Store<ConfigMap>,
+            /// The classes again, untyped: the status writer merges into them, keeping what of
+            /// the status this version does not know (`raw_classes`).
+            pub(super) raw_classes: Store<DynamicObject>,
             tasks: Vec<JoinHandle<()>>,
         }
 
@@ -55,7 +58,9 @@ macro_rules! watched_kinds {
                 "ConfigMap",
             );
             tasks.push(task);
-            let inputs = Inputs { $($field,)* cni, tasks };
+            let (raw_classes, task) = raw_classes(client, watch);
+            tasks.push(task);
+            let inputs = Inputs { $($field,)* cni, raw_classes, tasks };
             // From here the slice watch can tell the Services no PortMap refers to.
             watch.referenced.set(inputs.portmaps.clone());
             inputs
@@ -203,6 +208,34 @@ where
             if passes {
                 // Full means a pass is already due.
                 let _ = dirty.try_send(());
+            }
+        }
+    });
+    (reader, task)
+}
+
+/// The classes as the API server holds them, status fields this version does not know
+/// included: a class status write merges this node's part into the stored object, and a
+/// typed copy would drop what a newer agent wrote (`decisions.md`, version skew). Watched
+/// rather than read before each write, so a write is one request, not a read and a write.
+/// It never marks the node dirty: the typed watch of the same objects does. Only managed
+/// fields are dropped (a status write sends the object back, and classes are few).
+fn raw_classes(client: &kube::Client, watch: &Watch) -> (Store<DynamicObject>, JoinHandle<()>) {
+    let resource = ApiResource::erase::<PortMapClass>(&());
+    let mut writer = reflector::store::Writer::new(resource.clone());
+    let reader = writer.as_reader();
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    let stream = watcher(api, watcher::Config::default().page_size(LIST_PAGE_SIZE))
+        .backoff(watch_backoff(
+            watch.jitter_seed ^ jitter_seed_for("PortMapClass/raw"),
+        ))
+        .modify(|o: &mut DynamicObject| o.metadata.managed_fields = None);
+    let task = tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(event) => writer.apply_watcher_event(&event),
+                Err(e) => tracing::warn!("watching PortMapClass (untyped): {e}"),
             }
         }
     });

@@ -204,7 +204,8 @@ impl<H: Host> Agent<H> {
             self.metrics.clone(),
             events,
             self.config.api_timeout,
-        );
+        )
+        .with_watched_classes(inputs.raw_classes.clone());
         StatusTask::start(writer, inputs.portmaps.clone(), self.config.clock.clone())
     }
 

@@ -1,0 +1,260 @@
+//! A class status write as a JSON patch of only what this node changed, when nothing of it is
+//! shared: no compare-and-swap, so the nodes writing one class at the same moment (every
+//! accepting node and the pods' nodes, after one pod moves) do not meet 409s, each of which
+//! costs a read and another write.
+//!
+//! What a node may change this way is what no other node writes at the same element: its own
+//! row (replaced, added or removed), and the `unusedSince` mark of an existing link claim (set
+//! or cleared) or the removal of a claim (its collection). Each operation is guarded by a
+//! `test` of the key at the index it touches, so if another node's write moved the list
+//! meanwhile the server refuses the whole patch (422) and the agent merges into a fresh read
+//! instead. A new claim takes a slot, the Ready condition, `readyNodes`, the summary and the
+//! refusals are computed from every row: any change to those goes through compare-and-swap.
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::api::{ClassNodeStatus, LinkClaim, PortMapClassStatus};
+
+/// The JSON patch (RFC 6902) operations that turn `stored` into `merged` by changing only
+/// what `node` alone writes, in the order the server must apply them; `None` when the
+/// difference touches something shared (or when a list it would patch is absent, since a
+/// patch cannot guard an index in a list the server does not have).
+pub fn unshared_patch(
+    stored: &PortMapClassStatus,
+    merged: &PortMapClassStatus,
+    node: &str,
+) -> Option<Vec<Value>> {
+    let shared_same = PortMapClassStatus {
+        nodes: Vec::new(),
+        links: Vec::new(),
+        ..stored.clone()
+    } == PortMapClassStatus {
+        nodes: Vec::new(),
+        links: Vec::new(),
+        ..merged.clone()
+    };
+    if !shared_same {
+        return None;
+    }
+    let mut ops = row_ops(&stored.nodes, &merged.nodes, node)?;
+    ops.extend(claim_ops(&stored.links, &merged.links)?);
+    (!ops.is_empty()).then_some(ops)
+}
+
+/// The operations on `status.nodes`: at most this node's row, replaced, added in name order or
+/// removed; `None` when another row differs.
+fn row_ops(
+    stored: &[ClassNodeStatus],
+    merged: &[ClassNodeStatus],
+    node: &str,
+) -> Option<Vec<Value>> {
+    let others = |rows: &[ClassNodeStatus]| -> Vec<ClassNodeStatus> {
+        rows.iter().filter(|r| r.name != node).cloned().collect()
+    };
+    if others(stored) != others(merged) {
+        return None;
+    }
+    let before = stored.iter().position(|r| r.name == node);
+    let after = merged.iter().find(|r| r.name == node);
+    let key = |at: usize| test(&format!("/status/nodes/{at}/name"), &stored[at].name);
+    match (before, after) {
+        (Some(at), Some(row)) if *row == stored[at] => Some(Vec::new()),
+        (Some(at), Some(row)) => Some(vec![key(at), op("replace", "nodes", at, row)]),
+        (Some(at), None) => Some(vec![key(at), remove("nodes", at)]),
+        (None, Some(row)) if !stored.is_empty() => {
+            let at = stored
+                .iter()
+                .position(|r| r.name.as_str() > node)
+                .unwrap_or(stored.len());
+            // The neighbours it goes between, so that it lands in name order.
+            let mut ops: Vec<Value> = [at.checked_sub(1), (at < stored.len()).then_some(at)]
+                .into_iter()
+                .flatten()
+                .map(key)
+                .collect();
+            ops.push(op("add", "nodes", at, row));
+            Some(ops)
+        }
+        (None, Some(_)) => None,
+        (None, None) => Some(Vec::new()),
+    }
+}
+
+/// The operations on `status.links`: claims removed, and `unusedSince` set or cleared on a
+/// claim kept; `None` for a claim added, or changed in anything else (its slot is shared).
+/// From the last index down, so that each operation's index is still the stored one.
+fn claim_ops(stored: &[LinkClaim], merged: &[LinkClaim]) -> Option<Vec<Value>> {
+    if merged
+        .iter()
+        .any(|m| !stored.iter().any(|s| s.key == m.key))
+    {
+        return None;
+    }
+    let mut ops = Vec::new();
+    for (at, claim) in stored.iter().enumerate().rev() {
+        let key = test(&format!("/status/links/{at}/key"), &claim.key);
+        match merged.iter().find(|m| m.key == claim.key) {
+            None => ops.extend([key, remove("links", at)]),
+            Some(m) if m == claim => {}
+            Some(m) => {
+                let marked_only = LinkClaim {
+                    unused_since: claim.unused_since.clone(),
+                    ..m.clone()
+                } == *claim;
+                if !marked_only {
+                    return None;
+                }
+                let path = format!("/status/links/{at}/unusedSince");
+                ops.push(key);
+                ops.push(match &m.unused_since {
+                    Some(since) => json!({"op": "add", "path": path, "value": since}),
+                    None => json!({"op": "remove", "path": path}),
+                });
+            }
+        }
+    }
+    Some(ops)
+}
+
+fn test(path: &str, value: &str) -> Value {
+    json!({"op": "test", "path": path, "value": value})
+}
+
+fn op(kind: &str, list: &str, at: usize, value: &impl Serialize) -> Value {
+    json!({"op": kind, "path": format!("/status/{list}/{at}"), "value": value})
+}
+
+fn remove(list: &str, at: usize) -> Value {
+    json!({"op": "remove", "path": format!("/status/{list}/{at}")})
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use kuport_testkit::cluster::timestamp as ts;
+
+    use super::*;
+
+    fn row(node: &str) -> ClassNodeStatus {
+        ClassNodeStatus {
+            name: node.into(),
+            ready: true,
+            ..Default::default()
+        }
+    }
+
+    fn claim(key: &str, slot: i32) -> LinkClaim {
+        LinkClaim {
+            key: key.into(),
+            peers: key.split('/').map(str::to_owned).collect(),
+            subnet: format!("169.254.77.{}/31", slot * 2),
+            slot,
+            unused_since: None,
+        }
+    }
+
+    fn stored() -> PortMapClassStatus {
+        PortMapClassStatus {
+            nodes: vec![row("a"), row("m"), row("z")],
+            ready_nodes: vec!["a".into(), "m".into(), "z".into()],
+            links: vec![claim("a/p", 0), claim("m/p", 1), claim("z/p", 2)],
+            ..Default::default()
+        }
+    }
+
+    /// Applies `ops` to a status the way the API server would, through its JSON form.
+    fn applied(status: &PortMapClassStatus, ops: &[Value]) -> Result<PortMapClassStatus, String> {
+        let mut doc = json!({"status": status});
+        let patch: json_patch::Patch =
+            serde_json::from_value(Value::Array(ops.to_vec())).map_err(|e| e.to_string())?;
+        json_patch::patch(&mut doc, &patch).map_err(|e| e.to_string())?;
+        serde_json::from_value(doc["status"].clone()).map_err(|e| e.to_string())
+    }
+
+    /// Every change this node alone makes is a patch giving exactly the merged status.
+    #[test]
+    fn the_own_row_and_claim_marks_are_patched_exactly() {
+        let stored = stored();
+        let mut changed = stored.clone();
+        changed.nodes[1].message = Some("interface wt0 not present".into());
+        let mut removed = stored.clone();
+        removed.nodes.remove(1);
+        let mut added = stored.clone();
+        added.nodes.insert(1, row("b"));
+        let mut last = stored.clone();
+        last.nodes.push(row("zz"));
+        let mut marked = stored.clone();
+        marked.links[0].unused_since = Some(Time(ts("2026-01-02T00:00:00Z")));
+        marked.links.remove(2);
+        for (node, merged) in [
+            ("m", &changed),
+            ("m", &removed),
+            ("b", &added),
+            ("zz", &last),
+            ("a", &marked),
+        ] {
+            let ops = unshared_patch(&stored, merged, node).expect("unshared");
+            assert_eq!(applied(&stored, &ops).as_ref(), Ok(merged), "{ops:?}");
+        }
+        // And a mark cleared again.
+        let ops = unshared_patch(&marked, &stored_without_z(), "a").expect("unshared");
+        assert_eq!(applied(&marked, &ops), Ok(stored_without_z()));
+        assert_eq!(unshared_patch(&stored, &stored, "m"), None);
+    }
+
+    fn stored_without_z() -> PortMapClassStatus {
+        let mut s = stored();
+        s.links.remove(2);
+        s
+    }
+
+    #[test]
+    fn anything_shared_needs_compare_and_swap() {
+        let stored = stored();
+        let mut other_row = stored.clone();
+        other_row.nodes[2].ready = false;
+        let mut ready = stored.clone();
+        ready.nodes[1].ready = false;
+        ready.ready_nodes.remove(1);
+        let mut new_claim = stored.clone();
+        new_claim.links.push(claim("q/z", 3));
+        let mut new_slot = stored.clone();
+        new_slot.links[1].slot = 7;
+        let mut empty = PortMapClassStatus::default();
+        empty.ready_nodes.push("m".into());
+        let mut first = empty.clone();
+        first.nodes.push(row("m"));
+        for (node, from, merged) in [
+            ("m", &stored, &other_row),
+            ("m", &stored, &ready),
+            ("m", &stored, &new_claim),
+            ("m", &stored, &new_slot),
+            ("m", &empty, &first),
+        ] {
+            assert_eq!(unshared_patch(from, merged, node), None);
+        }
+    }
+
+    /// The guards: a row or claim no longer where the patch was computed makes the whole patch
+    /// fail, instead of changing another node's element.
+    #[test]
+    fn a_list_moved_meanwhile_refuses_the_patch() {
+        let stored = stored();
+        let mut changed = stored.clone();
+        changed.nodes[1].message = Some("moved".into());
+        let row_patch = unshared_patch(&stored, &changed, "m").expect("unshared");
+        let mut marked = stored.clone();
+        marked.links.remove(1);
+        let claim_patch = unshared_patch(&stored, &marked, "m").expect("unshared");
+        let mut added = stored.clone();
+        added.nodes.insert(2, row("n"));
+        let add_patch = unshared_patch(&stored, &added, "n").expect("unshared");
+        let mut meanwhile = stored.clone();
+        meanwhile.nodes.insert(0, row("0"));
+        meanwhile.links.insert(0, claim("0/p", 9));
+        for ops in [row_patch, claim_patch, add_patch] {
+            assert!(applied(&meanwhile, &ops).is_err(), "{ops:?}");
+        }
+    }
+}
