@@ -6,6 +6,7 @@ use std::net::Ipv4Addr;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::jiff::Timestamp;
 
+use super::fast_hash::FastMap;
 use super::holders::{self, Holder};
 use super::pod_network::AddressPolicy;
 use crate::api::{ClassNode, ClassNodeStatus, PortMap, PortMapClass, ReturnPathMode};
@@ -20,15 +21,17 @@ pub struct NodeInfo {
     pub internal_ip: Option<Ipv4Addr>,
 }
 
-/// Lookups over the snapshot. Every map is a BTreeMap, so iteration is sorted.
+/// Lookups over the snapshot. The maps that are iterated are BTreeMaps, so iteration is sorted;
+/// the large ones asked once or more per mapping (namespaces, rows, slices) are hash tables,
+/// only ever looked up.
 pub struct Index<'a> {
     pub nodes: BTreeMap<&'a str, NodeInfo>,
-    pub namespaces: BTreeMap<&'a str, &'a BTreeMap<String, String>>,
+    pub namespaces: FastMap<&'a str, &'a BTreeMap<String, String>>,
     pub classes: BTreeMap<&'a str, &'a PortMapClass>,
     /// Class rows by (class, node).
-    pub rows: BTreeMap<(&'a str, &'a str), &'a ClassNodeStatus>,
-    /// EndpointSlices by (namespace, service name).
-    pub slices: BTreeMap<(&'a str, &'a str), Vec<&'a EndpointSlice>>,
+    pub rows: FastMap<(&'a str, &'a str), &'a ClassNodeStatus>,
+    /// EndpointSlices by (namespace, service name), each Service's in input order.
+    pub slices: FastMap<(&'a str, &'a str), Vec<&'a EndpointSlice>>,
     /// PortMaps in conflict order: creation time, then namespace, then name.
     pub portmaps: Vec<&'a PortMap>,
     pub cni: Option<&'a CniFacts>,
@@ -74,7 +77,7 @@ impl<'a> Index<'a> {
                 classes.entry(name).or_insert(class);
             }
         }
-        let mut rows = BTreeMap::new();
+        let mut rows = FastMap::default();
         for (name, class) in &classes {
             for row in class.status.iter().flat_map(|s| s.nodes.iter()) {
                 rows.entry((*name, row.name.as_str())).or_insert(row);
@@ -166,8 +169,8 @@ fn nodes_by_name(snapshot: &Snapshot) -> BTreeMap<&str, NodeInfo> {
 }
 
 /// The EndpointSlices of each Service, by (namespace, Service name).
-fn slices_by_service(snapshot: &Snapshot) -> BTreeMap<(&str, &str), Vec<&EndpointSlice>> {
-    let mut slices: BTreeMap<(&str, &str), Vec<&EndpointSlice>> = BTreeMap::new();
+fn slices_by_service(snapshot: &Snapshot) -> FastMap<(&str, &str), Vec<&EndpointSlice>> {
+    let mut slices: FastMap<(&str, &str), Vec<&EndpointSlice>> = FastMap::default();
     for slice in &snapshot.endpoint_slices {
         let ns = slice.metadata.namespace.as_deref().unwrap_or_default();
         let Some(svc) = slice
@@ -186,7 +189,7 @@ fn slices_by_service(snapshot: &Snapshot) -> BTreeMap<(&str, &str), Vec<&Endpoin
 fn held_rows_of<'a>(
     class_name: &'a str,
     class: &'a PortMapClass,
-    rows: &BTreeMap<(&'a str, &'a str), &'a ClassNodeStatus>,
+    rows: &FastMap<(&'a str, &'a str), &'a ClassNodeStatus>,
 ) -> Vec<HeldRow<'a>> {
     class
         .spec

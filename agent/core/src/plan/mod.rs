@@ -27,6 +27,7 @@ mod checks;
 mod classes;
 mod emit;
 mod endpoint;
+mod fast_hash;
 mod holders;
 mod index;
 mod mapping;

@@ -14,6 +14,7 @@ use ipnet::Ipv4Net;
 use k8s_openapi::api::core::v1::Node;
 
 use super::MappingDecision;
+use super::fast_hash::FastMap;
 use crate::api::{ClassNodeStatus, PortMapClass, ReturnPathMode};
 use crate::keys::MappingKey;
 use crate::snapshot::{CILIUM_HOST_ANNOTATIONS, CniFacts, HostFacts};
@@ -84,7 +85,8 @@ impl<'a> AddressPolicy<'a> {
     pub fn build(
         nodes: &'a [Node],
         classes: &BTreeMap<&'a str, &'a PortMapClass>,
-        rows: &BTreeMap<(&'a str, &'a str), &'a ClassNodeStatus>,
+        // Iterated in hash order: the addresses it yields are sorted (with their node) below.
+        rows: &FastMap<(&'a str, &'a str), &'a ClassNodeStatus>,
         cni: Option<&CniFacts>,
     ) -> Self {
         let class_networks = classes
