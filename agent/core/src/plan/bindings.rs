@@ -9,6 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::fast_hash::FastMap;
 use crate::api::{PortMapClass, Protocol};
 use crate::ir::PortRange;
 
@@ -36,17 +37,24 @@ pub struct Bindings {
     whole_class: BTreeMap<String, SetId>,
     /// Every interface some node of the class carries, per class.
     offered: BTreeMap<String, BTreeSet<String>>,
-    /// For each pair of sets, the smallest shared pair id (computed on demand).
-    shared: BTreeMap<(SetId, SetId), Option<u32>>,
-    /// Accepted ranges per (protocol, set): first port → (last port, holder).
-    holdings: BTreeMap<(Protocol, SetId), BTreeMap<u16, (u16, String)>>,
-    /// Sets that hold anything, per protocol.
-    held_sets: BTreeMap<Protocol, BTreeSet<SetId>>,
+    /// For each pair of sets, the smallest shared pair id (computed on demand; only looked up).
+    shared: FastMap<(SetId, SetId), Option<u32>>,
+    /// Accepted ranges per protocol, of the sets that hold anything, in set order: first port →
+    /// (last port, holder).
+    holdings: BTreeMap<Protocol, BTreeMap<SetId, Held>>,
 }
+
+/// The accepted ranges of one (protocol, set): first port → (last port, holder). A holder is
+/// the mapping's position in conflict order ([`Holder`]): its name is only written out for
+/// the few mappings refused for a conflict.
+type Held = BTreeMap<u16, (u16, Holder)>;
+
+/// A mapping holding ports: its position among the index's PortMaps (in conflict order).
+pub type Holder = usize;
 
 /// A conflict: who holds which ports, and one (node, interface) both could bind.
 pub struct Conflict {
-    pub holder: String,
+    pub holder: Holder,
     pub shared_ports: PortRange,
     pub node: String,
     pub iface: String,
@@ -151,12 +159,18 @@ impl Bindings {
         &self.sets[id]
     }
 
-    fn first_shared(&mut self, a: SetId, b: SetId) -> Option<u32> {
+    /// The smallest pair id sets `a` and `b` share, remembered in `shared`.
+    fn first_shared(
+        shared: &mut FastMap<(SetId, SetId), Option<u32>>,
+        sets: &[BindingSet],
+        a: SetId,
+        b: SetId,
+    ) -> Option<u32> {
         let key = (a.min(b), a.max(b));
-        if let Some(v) = self.shared.get(&key) {
+        if let Some(v) = shared.get(&key) {
             return *v;
         }
-        let (x, y) = (&self.sets[a].ids, &self.sets[b].ids);
+        let (x, y) = (&sets[a].ids, &sets[b].ids);
         let (mut i, mut j) = (0, 0);
         let mut found = None;
         while i < x.len() && j < y.len() {
@@ -169,7 +183,7 @@ impl Bindings {
                 }
             }
         }
-        self.shared.insert(key, found);
+        shared.insert(key, found);
         found
     }
 
@@ -182,17 +196,10 @@ impl Bindings {
         set: SetId,
         ports: PortRange,
     ) -> Option<Conflict> {
-        let held: Vec<SetId> = self
-            .held_sets
-            .get(&protocol)
-            .map(|s| s.iter().copied().collect())
-            .unwrap_or_default();
-        let mut best: Option<(u32, std::cmp::Reverse<u16>, String, PortRange)> = None;
-        for other in held {
-            let Some(pair) = self.first_shared(set, other) else {
-                continue;
-            };
-            let Some(map) = self.holdings.get(&(protocol, other)) else {
+        let held = self.holdings.get(&protocol)?;
+        let mut best: Option<(u32, std::cmp::Reverse<u16>, Holder, PortRange)> = None;
+        for (other, map) in held {
+            let Some(pair) = Self::first_shared(&mut self.shared, &self.sets, set, *other) else {
                 continue;
             };
             // Held ranges in one set are disjoint: walk back from the last one starting at or
@@ -203,7 +210,7 @@ impl Bindings {
                     last: *last,
                 };
                 if theirs.overlaps(&ports) {
-                    let candidate = (pair, std::cmp::Reverse(*first), by.clone(), theirs);
+                    let candidate = (pair, std::cmp::Reverse(*first), *by, theirs);
                     if best
                         .as_ref()
                         .is_none_or(|b| (candidate.0, candidate.1) < (b.0, b.1))
@@ -232,14 +239,15 @@ impl Bindings {
     }
 
     /// Records an accepted range.
-    pub fn hold(&mut self, protocol: Protocol, set: SetId, ports: PortRange, holder: String) {
+    pub fn hold(&mut self, protocol: Protocol, set: SetId, ports: PortRange, holder: Holder) {
         if self.sets[set].ids.is_empty() {
             return;
         }
         self.holdings
-            .entry((protocol, set))
+            .entry(protocol)
+            .or_default()
+            .entry(set)
             .or_default()
             .insert(ports.first, (ports.last, holder));
-        self.held_sets.entry(protocol).or_default().insert(set);
     }
 }

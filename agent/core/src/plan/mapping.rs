@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::bindings::{Bindings, SetId};
+use super::bindings::{Bindings, Holder, SetId};
 use super::index::{HeldRow, Index};
 use super::reasons::{AcceptedReason, Outcome, ProgrammedReason};
 use super::state::{ClassState, Group, Working, standby_only};
@@ -24,12 +24,19 @@ pub fn admit_all<'a>(index: &Index<'a>) -> (Vec<Working<'a>>, Bindings) {
     let work = index
         .portmaps
         .iter()
-        .map(|pm| admit(index, pm, &mut bindings))
+        .enumerate()
+        .map(|(position, pm)| admit(index, position, pm, &mut bindings))
         .collect();
     (work, bindings)
 }
 
-fn admit<'a>(index: &Index<'a>, pm: &'a PortMap, bindings: &mut Bindings) -> Working<'a> {
+/// `position`: the mapping's place in conflict order, which names it as a holder of ports.
+fn admit<'a>(
+    index: &Index<'a>,
+    position: Holder,
+    pm: &'a PortMap,
+    bindings: &mut Bindings,
+) -> Working<'a> {
     let namespace = pm.metadata.namespace.clone().unwrap_or_default();
     let name = pm.metadata.name.clone().unwrap_or_default();
     let spec = &pm.spec;
@@ -37,7 +44,7 @@ fn admit<'a>(index: &Index<'a>, pm: &'a PortMap, bindings: &mut Bindings) -> Wor
     let class = index.classes.get_key_value(spec.class_name.as_str());
     let set = class.map(|(class_name, class)| bindings.set_of(class_name, class, &spec.interfaces));
     let accepted = match (class, set) {
-        (Some((_, class)), Some(set)) => check(index, pm, class, ports, &namespace, bindings, set),
+        (Some((_, class)), Some(set)) => check(index, pm, class, ports, position, bindings, set),
         _ => Outcome::new(
             AcceptedReason::ClassNotFound,
             format!("PortMapClass {:?} does not exist", spec.class_name),
@@ -165,11 +172,13 @@ fn check(
     pm: &PortMap,
     class: &PortMapClass,
     ports: Option<PortRange>,
-    namespace: &str,
+    position: Holder,
     bindings: &mut Bindings,
     set: SetId,
 ) -> Outcome<AcceptedReason> {
     let spec = &pm.spec;
+    let namespace = pm.metadata.namespace.as_deref().unwrap_or_default();
+    let name = pm.metadata.name.as_deref().unwrap_or_default();
     let class_name = class.metadata.name.as_deref().unwrap_or_default();
     let ports = match admissible(index, pm, class, ports, namespace) {
         Ok(ports) => ports,
@@ -180,13 +189,12 @@ fn check(
     }
     // Earliest wins: a mapping accepted before a host socket took its port keeps it, and says
     // so; a new or changed one is refused the port.
-    let holder =
-        MappingKey::new(namespace, pm.metadata.name.as_deref().unwrap_or_default()).into_string();
-    let host_clash = held_on_accepting_node(index, class_name, spec, ports, &holder);
-    if let Some(clash) = host_clash
-        .as_ref()
-        .filter(|c| !c.yields_to.contains(&holder))
-    {
+    let host_clash = held_on_accepting_node(index, class_name, spec, ports, (namespace, name));
+    if let Some(clash) = host_clash.as_ref().filter(|c| {
+        !c.yields_to
+            .iter()
+            .any(|m| MappingKey::names(m, namespace, name))
+    }) {
         return Outcome::new(AcceptedReason::PortInUse, clash.refusal(spec.protocol));
     }
     if let Some(missing) = bindings.first_unoffered(class_name, class, &spec.interfaces) {
@@ -205,14 +213,14 @@ fn check(
             AcceptedReason::PortConflict,
             format!(
                 "{what} held by {} ({} on {}/{})",
-                c.holder,
+                holder_name(index, c.holder),
                 spec.protocol.as_str(),
                 c.node,
                 c.iface
             ),
         );
     }
-    bindings.hold(spec.protocol, set, ports, holder);
+    bindings.hold(spec.protocol, set, ports, position);
     match host_clash {
         Some(clash) => Outcome::new(
             AcceptedReason::PortAlsoHeldByHost,
@@ -226,6 +234,18 @@ fn check(
         ),
         None => Outcome::new(AcceptedReason::Valid, ""),
     }
+}
+
+/// `namespace/name` of the mapping at `position` in conflict order.
+fn holder_name(index: &Index, position: Holder) -> String {
+    let Some(pm) = index.portmaps.get(position) else {
+        return String::new();
+    };
+    MappingKey::new(
+        pm.metadata.namespace.as_deref().unwrap_or_default(),
+        pm.metadata.name.as_deref().unwrap_or_default(),
+    )
+    .into_string()
 }
 
 /// Something on an accepting node (a host socket, a NodePort, a hostPort) that holds or held
@@ -260,14 +280,14 @@ impl HostClash {
 }
 
 /// The clash that decides admission: the first (in the class's node order, then port) whose
-/// holder does not yield to `mapping`, else the first present one that does. A mapping keeps a port only
+/// holder does not yield to the mapping (`namespace`, `name`), else the first present one that does. A mapping keeps a port only
 /// where every node reporting a holder of it was already forwarding it when the holder came.
 fn held_on_accepting_node(
     index: &Index,
     class_name: &str,
     spec: &crate::api::PortMapSpec,
     ports: PortRange,
-    mapping: &str,
+    (namespace, name): (&str, &str),
 ) -> Option<HostClash> {
     let in_range = |p: i32| (i32::from(ports.first)..=i32::from(ports.last)).contains(&p);
     let held_rows = index.held_rows.get(class_name)?;
@@ -301,7 +321,11 @@ fn held_on_accepting_node(
                 yields_to: h.yields_to.clone(),
                 absent_since: h.absent_since.as_ref().map(|t| t.0.to_string()),
             };
-            if !clash.yields_to.iter().any(|m| m == mapping) {
+            if !clash
+                .yields_to
+                .iter()
+                .any(|m| MappingKey::names(m, namespace, name))
+            {
                 return Some(clash);
             }
             // A claim yielding to the mapping whose holder is gone takes nothing from it.
