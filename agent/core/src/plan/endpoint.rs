@@ -7,6 +7,7 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 use super::index::Index;
 use super::{ChosenEndpoint, RejectedEndpoint};
 use crate::api::PortMap;
+use crate::keys::MappingKey;
 
 /// A ready endpoint as it ranks: (node's rank among the accepting nodes, pod name, node name,
 /// address, pod port). The smallest is chosen.
@@ -61,11 +62,14 @@ pub fn choose(index: &Index, pm: &PortMap, accepting: &[&str]) -> Choice {
 }
 
 /// Why no endpoint of `choice` is used, when ready ones were all rejected: a sentence naming
-/// the first few and counting the rest.
-pub fn rejection_message(service: &str, choice: &Choice) -> Option<String> {
+/// the first few and counting the rest. The Service is named only when there is something to
+/// say.
+pub fn rejection_message(namespace: &str, service: &str, choice: &Choice) -> Option<String> {
     if choice.endpoint.is_some() || choice.rejected.is_empty() {
         return None;
     }
+    let service = MappingKey::new(namespace, service);
+    let service = service.as_str();
     let listed: Vec<String> = choice
         .rejected
         .iter()

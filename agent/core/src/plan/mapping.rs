@@ -21,13 +21,24 @@ use crate::snapshot::HostFacts;
 /// binding sets, which resolution reuses.
 pub fn admit_all<'a>(index: &Index<'a>) -> (Vec<Working<'a>>, Bindings) {
     let mut bindings = Bindings::new(index.classes.values().copied());
+    let empty = Empty::default();
     let work = index
         .portmaps
         .iter()
         .enumerate()
-        .map(|(position, pm)| admit(index, position, pm, &mut bindings))
+        .map(|(position, pm)| admit(index, position, pm, &mut bindings, &empty))
         .collect();
     (work, bindings)
+}
+
+/// The empty shared lists a decision starts with, allocated once per pass: each decision holds
+/// a reference to them until resolution gives it its own, instead of allocating (and then
+/// freeing) three empty ones per mapping.
+#[derive(Default)]
+struct Empty {
+    nodes: Arc<[String]>,
+    published: Arc<[PublishedAddress]>,
+    bindings: Arc<BTreeMap<String, Vec<String>>>,
 }
 
 /// `position`: the mapping's place in conflict order, which names it as a holder of ports.
@@ -36,6 +47,7 @@ fn admit<'a>(
     position: Holder,
     pm: &'a PortMap,
     bindings: &mut Bindings,
+    empty: &Empty,
 ) -> Working<'a> {
     let namespace = pm.metadata.namespace.clone().unwrap_or_default();
     let name = pm.metadata.name.clone().unwrap_or_default();
@@ -64,12 +76,12 @@ fn admit<'a>(
             endpoint: None,
             rejected_endpoints: Vec::new(),
             serving_node: None,
-            programming_nodes: Arc::from([]),
+            programming_nodes: empty.nodes.clone(),
             status_writer: None,
-            published: Arc::from([]),
+            published: empty.published.clone(),
             links: Vec::new(),
             standby_links: Vec::new(),
-            bindings: Arc::default(),
+            bindings: empty.bindings.clone(),
             emits: false,
         },
         remote: false,
@@ -418,8 +430,11 @@ pub fn resolve_all<'a>(
             continue;
         };
         let choice = endpoint::choose(index, w.pm, &class.accepting);
-        let service = MappingKey::new(&w.decision.namespace, &w.pm.spec.service_ref.name);
-        w.endpoint_rejection = endpoint::rejection_message(service.as_str(), &choice);
+        w.endpoint_rejection = endpoint::rejection_message(
+            &w.decision.namespace,
+            &w.pm.spec.service_ref.name,
+            &choice,
+        );
         let d = &mut w.decision;
         d.endpoint = choice.endpoint;
         d.rejected_endpoints = choice.rejected;
