@@ -236,12 +236,16 @@ fn collect_needed(classes: &mut BTreeMap<&str, ClassState>, work: &[Working]) {
         for (link, serving) in links.chain(standby) {
             if let Some(state) = classes.get_mut(link.class.as_str()) {
                 let proposer = pod_side(&link.key, &ep.node, &w.decision.programming_nodes);
-                state
-                    .needed
-                    .entry(link.key.clone())
-                    .or_default()
-                    .insert(proposer.to_owned());
-                if serving {
+                // Thousands of mappings need the same few pairs: copy a key or a name only the
+                // first time it is seen.
+                let proposers = match state.needed.get_mut(&link.key) {
+                    Some(proposers) => proposers,
+                    None => state.needed.entry(link.key.clone()).or_default(),
+                };
+                if !proposers.contains(proposer) {
+                    proposers.insert(proposer.to_owned());
+                }
+                if serving && !state.serving.contains(&link.key) {
                     state.serving.insert(link.key.clone());
                 }
             }

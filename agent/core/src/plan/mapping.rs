@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::bindings::{Bindings, Holder, SetId};
+use super::fast_hash::FastMap;
 use super::index::{HeldRow, Index};
 use super::reasons::{AcceptedReason, Outcome, ProgrammedReason};
 use super::state::{ClassState, Group, Working, standby_only};
@@ -414,6 +415,14 @@ fn check_namespace(
     }
 }
 
+/// The classes by name, for the one lookup each mapping makes per stage (hashing a name once
+/// costs less than comparing it at each level of the sorted map).
+fn by_name<'m, 'k, 'a>(
+    classes: &'m BTreeMap<&'k str, ClassState<'a>>,
+) -> FastMap<&'k str, &'m ClassState<'a>> {
+    classes.iter().map(|(name, class)| (*name, class)).collect()
+}
+
 /// Endpoint, serving and programming nodes, bindings and needed links of accepted mappings.
 pub fn resolve_all<'a>(
     index: &Index,
@@ -425,8 +434,9 @@ pub fn resolve_all<'a>(
     // once per group and shared, not copied into each decision.
     type Shared = (Arc<[String]>, Arc<BTreeMap<String, Vec<String>>>);
     let mut shared: BTreeMap<Group<'a>, Shared> = BTreeMap::new();
+    let classes = by_name(classes);
     for w in work.iter_mut().filter(|w| w.decision.accepted.is_true()) {
-        let Some(class) = classes.get(w.decision.class.as_str()) else {
+        let Some(class) = classes.get(w.decision.class.as_str()).copied() else {
             continue;
         };
         let choice = endpoint::choose(index, w.pm, &class.accepting);
@@ -611,8 +621,9 @@ pub fn gate_all(
     // Published rows depend on the group alone (its nodes and interfaces, and their addresses):
     // built once per group.
     let mut shared: BTreeMap<Group, Arc<[PublishedAddress]>> = BTreeMap::new();
+    let classes = by_name(classes);
     for w in work.iter_mut() {
-        let class = classes.get(w.decision.class.as_str());
+        let class = classes.get(w.decision.class.as_str()).copied();
         if let Some(class) = class {
             let d = &mut w.decision;
             for link in d.links.iter_mut().chain(d.standby_links.iter_mut()) {
