@@ -11,7 +11,7 @@ use crate::keys::MappingKey;
 
 /// A ready endpoint as it ranks: (node's rank among the accepting nodes, pod name, node name,
 /// address, pod port). The smallest is chosen.
-type Candidate<'a> = (usize, Option<&'a str>, &'a str, Ipv4Addr, u16);
+pub type Candidate<'a> = (usize, Option<&'a str>, &'a str, Ipv4Addr, u16);
 
 /// How many rejected endpoints a decision lists (a slice may list thousands); the message
 /// counts them all.
@@ -20,8 +20,11 @@ pub const LISTED_REJECTIONS: usize = 8;
 /// The endpoint chosen for a mapping, and the ready endpoints left out because their address is
 /// not a pod address of the cluster.
 #[derive(Debug, Default)]
-pub struct Choice {
+pub struct Choice<'a> {
     pub endpoint: Option<ChosenEndpoint>,
+    /// Every ranked endpoint, best first: the endpoint is the first, and [`next_nodes`] reads
+    /// where it would move from the rest without ranking them again.
+    pub ranked: Vec<Candidate<'a>>,
     /// The first [`LISTED_REJECTIONS`], sorted by address, node and pod.
     pub rejected: Vec<RejectedEndpoint>,
     /// How many were rejected in all.
@@ -32,19 +35,19 @@ pub struct Choice {
 /// protocol whose address is a pod address of the cluster, sorted by (a) the node's rank among
 /// the accepting nodes (others after them), (b) the pod name, (c) the node name, (d) the
 /// address. `accepting` is sorted by name.
-pub fn choose(index: &Index, pm: &PortMap, accepting: &[&str]) -> Choice {
-    let mut best: Option<Candidate> = None;
+pub fn choose<'a>(index: &Index<'a>, pm: &'a PortMap, accepting: &[&str]) -> Choice<'a> {
+    let mut ranked = Vec::new();
     let mut rejected = Vec::new();
     for candidate in candidates(index, pm, accepting) {
         match candidate {
-            Ok(c) => {
-                if best.is_none_or(|b| c < b) {
-                    best = Some(c);
-                }
-            }
+            Ok(c) => ranked.push(c),
             Err(r) => rejected.push(r),
         }
     }
+    // Candidates are whole tuples: equal ones are identical, so the first after an unstable
+    // sort is the smallest, whichever equal one it is.
+    ranked.sort_unstable();
+    let best = ranked.first().copied();
     rejected.sort();
     rejected.dedup();
     let rejected_count = rejected.len();
@@ -56,6 +59,7 @@ pub fn choose(index: &Index, pm: &PortMap, accepting: &[&str]) -> Choice {
             port,
             pod: pod.map(str::to_owned),
         }),
+        ranked,
         rejected,
         rejected_count,
     }
@@ -93,21 +97,12 @@ pub fn rejection_message(namespace: &str, service: &str, choice: &Choice) -> Opt
     ))
 }
 
-/// The nodes the endpoint would move to next, in the order [`choose`] ranks endpoints: the
-/// nodes of the other ready endpoints, each once, leaving out `exclude`, at most `limit`.
-pub fn next_nodes<'a>(
-    index: &Index<'a>,
-    pm: &'a PortMap,
-    accepting: &[&str],
-    exclude: &[&str],
-    limit: usize,
-) -> Vec<&'a str> {
-    let mut ranked: Vec<Candidate<'a>> = candidates(index, pm, accepting)
-        .filter_map(Result::ok)
-        .collect();
-    ranked.sort_unstable();
+/// The nodes the endpoint would move to next, in the order [`choose`] ranks endpoints
+/// (`ranked`, from its [`Choice`]): the nodes of the other ready endpoints, each once, leaving
+/// out `exclude`, at most `limit`.
+pub fn next_nodes<'a>(ranked: &[Candidate<'a>], exclude: &[&str], limit: usize) -> Vec<&'a str> {
     let mut nodes: Vec<&'a str> = Vec::new();
-    for (_, _, node, _, _) in ranked {
+    for (_, _, node, _, _) in ranked.iter().copied() {
         if nodes.len() == limit {
             break;
         }

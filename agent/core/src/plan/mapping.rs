@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::bindings::{Bindings, Holder, SetId};
+use super::endpoint::Candidate;
 use super::fast_hash::FastMap;
 use super::index::{HeldRow, Index};
 use super::reasons::{AcceptedReason, Outcome, ProgrammedReason};
@@ -423,6 +424,23 @@ fn by_name<'m, 'k, 'a>(
     classes.iter().map(|(name, class)| (*name, class)).collect()
 }
 
+/// [`ClassState::slot_of`] of every pair a class has a slot for, by (class, pair): thousands of
+/// links look their slot up, and a hash finds it without comparing pair names at each level of
+/// the claims and proposals.
+fn slot_table<'m, 'a: 'm>(
+    classes: impl Iterator<Item = &'m ClassState<'a>>,
+) -> FastMap<(&'a str, &'m NodePair), (u32, bool)> {
+    let mut slots = FastMap::default();
+    for class in classes {
+        for pair in class.claims.keys().chain(class.proposals.keys()) {
+            if let Some(slot) = class.slot_of(pair) {
+                slots.entry((class.name, pair)).or_insert(slot);
+            }
+        }
+    }
+    slots
+}
+
 /// Endpoint, serving and programming nodes, bindings and needed links of accepted mappings.
 pub fn resolve_all<'a>(
     index: &Index,
@@ -433,7 +451,7 @@ pub fn resolve_all<'a>(
     // Thousands of mappings share a few groups: their node lists and binding maps are built
     // once per group and shared, not copied into each decision.
     type Shared = (Arc<[String]>, Arc<BTreeMap<String, Vec<String>>>);
-    let mut shared: BTreeMap<Group<'a>, Shared> = BTreeMap::new();
+    let mut shared: FastMap<Group<'a>, Shared> = FastMap::default();
     let classes = by_name(classes);
     for w in work.iter_mut().filter(|w| w.decision.accepted.is_true()) {
         let Some(class) = classes.get(w.decision.class.as_str()).copied() else {
@@ -448,6 +466,7 @@ pub fn resolve_all<'a>(
         let d = &mut w.decision;
         d.endpoint = choice.endpoint;
         d.rejected_endpoints = choice.rejected;
+        let ranked = choice.ranked;
         let Some(ep) = &d.endpoint else { continue };
         // `accepting` is sorted by name.
         let serving = match class.accepting.binary_search(&ep.node.as_str()) {
@@ -479,17 +498,18 @@ pub fn resolve_all<'a>(
         d.bindings = bound;
         w.remote = d.programming_nodes.iter().any(|n| *n != ep.node);
         let all = &bindings.set(set).by_node;
-        needed_links(index, class, w, serving, all);
+        needed_links(class, w, serving, all, &ranked);
     }
 }
 
 /// Whether the mapping emits rules at all, and the serving and standby links it needs.
+/// `ranked`: the mapping's endpoints, best first.
 fn needed_links(
-    index: &Index,
     class: &ClassState,
     w: &mut Working,
     serving: &str,
     all: &BTreeMap<String, Vec<String>>,
+    ranked: &[Candidate],
 ) {
     let d = &mut w.decision;
     let Some(ep) = &d.endpoint else { return };
@@ -518,7 +538,7 @@ fn needed_links(
         }
     }
     if d.emits && class.builds_links() {
-        let alternates = endpoint_standby_links(index, w.pm, class, d);
+        let alternates = endpoint_standby_links(ranked, d);
         d.standby_links.extend(alternates);
         d.standby_links.sort();
         d.standby_links.dedup();
@@ -531,18 +551,13 @@ fn needed_links(
 /// served without a link). With them claimed and built, a pod going unready or away moves the
 /// mapping without waiting for a claim to land; only the DNAT and the new pod's arrival half
 /// follow.
-fn endpoint_standby_links(
-    index: &Index,
-    pm: &PortMap,
-    class: &ClassState,
-    d: &MappingDecision,
-) -> Vec<NeededLink> {
+fn endpoint_standby_links(ranked: &[Candidate], d: &MappingDecision) -> Vec<NeededLink> {
     let Some(ep) = &d.endpoint else {
         return Vec::new();
     };
     let mut exclude: Vec<&str> = d.programming_nodes.iter().map(String::as_str).collect();
     exclude.push(ep.node.as_str());
-    let next = endpoint::next_nodes(index, pm, &class.accepting, &exclude, STANDBY_LINKS);
+    let next = endpoint::next_nodes(ranked, &exclude, STANDBY_LINKS);
     let serving: Vec<&str> = d
         .programming_nodes
         .iter()
@@ -620,14 +635,15 @@ pub fn gate_all(
 ) {
     // Published rows depend on the group alone (its nodes and interfaces, and their addresses):
     // built once per group.
-    let mut shared: BTreeMap<Group, Arc<[PublishedAddress]>> = BTreeMap::new();
+    let mut shared: FastMap<Group, Arc<[PublishedAddress]>> = FastMap::default();
+    let slots = slot_table(classes.values());
     let classes = by_name(classes);
     for w in work.iter_mut() {
         let class = classes.get(w.decision.class.as_str()).copied();
         if let Some(class) = class {
             let d = &mut w.decision;
             for link in d.links.iter_mut().chain(d.standby_links.iter_mut()) {
-                if let Some((slot, landed)) = class.slot_of(&link.key) {
+                if let Some((slot, landed)) = slots.get(&(class.name, &link.key)).copied() {
                     link.slot = Some(slot);
                     link.landed = landed;
                 }
