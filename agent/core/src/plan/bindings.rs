@@ -22,6 +22,10 @@ pub struct BindingSet {
     pub by_node: BTreeMap<String, Vec<String>>,
     /// The (node, interface) pairs, as sorted ids.
     ids: Vec<u32>,
+    /// The sets sharing a pair with this one (itself included when it has a pair), by
+    /// ascending id, each with the smallest pair id they share: all a conflict check walks.
+    /// Kept up to date as sets are interned, so no check compares two sets' pairs.
+    neighbours: Vec<(SetId, u32)>,
 }
 
 /// Interned binding sets and the holdings of accepted mappings.
@@ -34,11 +38,9 @@ pub struct Bindings {
     by_key: BTreeMap<(String, Vec<String>), SetId>,
     /// Sets of mappings that narrow nothing, by class: the common case, looked up without
     /// allocating.
-    whole_class: BTreeMap<String, SetId>,
+    whole_class: FastMap<String, SetId>,
     /// Every interface some node of the class carries, per class.
     offered: BTreeMap<String, BTreeSet<String>>,
-    /// For each pair of sets, the smallest shared pair id (computed on demand; only looked up).
-    shared: FastMap<(SetId, SetId), Option<u32>>,
     /// Accepted ranges per protocol, of the sets that hold anything, in set order: first port →
     /// (last port, holder).
     holdings: BTreeMap<Protocol, BTreeMap<SetId, Held>>,
@@ -122,7 +124,21 @@ impl Bindings {
         }
         ids.sort_unstable();
         let id = self.sets.len();
-        self.sets.push(BindingSet { by_node, ids });
+        let mut neighbours = Vec::new();
+        for (other, set) in self.sets.iter_mut().enumerate() {
+            if let Some(pair) = first_shared(&ids, &set.ids) {
+                set.neighbours.push((id, pair));
+                neighbours.push((other, pair));
+            }
+        }
+        if let Some(first) = ids.first() {
+            neighbours.push((id, *first));
+        }
+        self.sets.push(BindingSet {
+            by_node,
+            ids,
+            neighbours,
+        });
         if requested.is_empty() {
             self.whole_class.insert(class_name.to_owned(), id);
         }
@@ -159,47 +175,14 @@ impl Bindings {
         &self.sets[id]
     }
 
-    /// The smallest pair id sets `a` and `b` share, remembered in `shared`.
-    fn first_shared(
-        shared: &mut FastMap<(SetId, SetId), Option<u32>>,
-        sets: &[BindingSet],
-        a: SetId,
-        b: SetId,
-    ) -> Option<u32> {
-        let key = (a.min(b), a.max(b));
-        if let Some(v) = shared.get(&key) {
-            return *v;
-        }
-        let (x, y) = (&sets[a].ids, &sets[b].ids);
-        let (mut i, mut j) = (0, 0);
-        let mut found = None;
-        while i < x.len() && j < y.len() {
-            match x[i].cmp(&y[j]) {
-                std::cmp::Ordering::Less => i += 1,
-                std::cmp::Ordering::Greater => j += 1,
-                std::cmp::Ordering::Equal => {
-                    found = Some(x[i]);
-                    break;
-                }
-            }
-        }
-        shared.insert(key, found);
-        found
-    }
-
     /// The conflict a new range would have: among held ranges of the same protocol in sets
     /// sharing a (node, interface) with `set`, the one on the smallest shared pair (then the
     /// highest first port). `None` when the range is free.
-    pub fn conflict(
-        &mut self,
-        protocol: Protocol,
-        set: SetId,
-        ports: PortRange,
-    ) -> Option<Conflict> {
+    pub fn conflict(&self, protocol: Protocol, set: SetId, ports: PortRange) -> Option<Conflict> {
         let held = self.holdings.get(&protocol)?;
         let mut best: Option<(u32, std::cmp::Reverse<u16>, Holder, PortRange)> = None;
-        for (other, map) in held {
-            let Some(pair) = Self::first_shared(&mut self.shared, &self.sets, set, *other) else {
+        for (other, pair) in self.sets[set].neighbours.iter().copied() {
+            let Some(map) = held.get(&other) else {
                 continue;
             };
             // Held ranges in one set are disjoint: walk back from the last one starting at or
@@ -250,4 +233,17 @@ impl Bindings {
             .or_default()
             .insert(ports.first, (ports.last, holder));
     }
+}
+
+/// The smallest id in both sorted lists.
+fn first_shared(x: &[u32], y: &[u32]) -> Option<u32> {
+    let (mut i, mut j) = (0, 0);
+    while i < x.len() && j < y.len() {
+        match x[i].cmp(&y[j]) {
+            std::cmp::Ordering::Less => i += 1,
+            std::cmp::Ordering::Greater => j += 1,
+            std::cmp::Ordering::Equal => return Some(x[i]),
+        }
+    }
+    None
 }

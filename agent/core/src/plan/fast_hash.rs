@@ -7,11 +7,14 @@
 //! cluster's objects within one pass. Tables built with it are for lookups only: their
 //! iteration order must never reach an output.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// A lookup table keyed by names (iteration order is arbitrary: never iterate it into output).
 pub type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
+
+/// A membership set of names (iteration order is arbitrary: never iterate it into output).
+pub type FastSet<K> = HashSet<K, BuildHasherDefault<FastHasher>>;
 
 const SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
 

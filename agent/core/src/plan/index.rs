@@ -1,12 +1,12 @@
 //! Sorted lookup structures over the snapshot, built once per pass.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::jiff::Timestamp;
 
-use super::fast_hash::FastMap;
+use super::fast_hash::{FastMap, FastSet};
 use super::holders::{self, Holder};
 use super::pod_network::AddressPolicy;
 use crate::api::{ClassNode, ClassNodeStatus, PortMap, PortMapClass, ReturnPathMode};
@@ -89,7 +89,8 @@ impl<'a> Index<'a> {
         // The API server cannot hold two objects with one name; an offline dump can. Keep the
         // earliest, so the result does not depend on input order.
         // Only membership is asked of this set, so its hash order reaches no output.
-        let mut seen = HashSet::with_capacity(portmaps.len());
+        let mut seen = FastSet::default();
+        seen.reserve(portmaps.len());
         portmaps.retain(|pm| seen.insert(conflict_key(pm).1));
         let held_rows = classes
             .iter()
