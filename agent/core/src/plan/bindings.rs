@@ -35,7 +35,10 @@ pub struct Bindings {
     pair_ids: BTreeMap<(String, String), u32>,
     pairs: Vec<(String, String)>,
     sets: Vec<BindingSet>,
-    by_key: BTreeMap<(String, Vec<String>), SetId>,
+    /// Sets of mappings that narrow the class's interfaces, by class: each with its sorted,
+    /// deduplicated interface list. A class has few, so a walk finds one without building a
+    /// key.
+    narrowed: FastMap<String, Vec<(Vec<String>, SetId)>>,
     /// Sets of mappings that narrow nothing, by class: the common case, looked up without
     /// allocating.
     whole_class: FastMap<String, SetId>,
@@ -96,14 +99,17 @@ impl Bindings {
         if let (true, Some(id)) = (requested.is_empty(), self.whole_class.get(class_name)) {
             return *id;
         }
-        let mut wanted: Vec<String> = requested.to_vec();
-        wanted.sort();
+        let mut wanted: Vec<&str> = requested.iter().map(String::as_str).collect();
+        wanted.sort_unstable();
         wanted.dedup();
-        let key = (class_name.to_owned(), wanted);
-        if let Some(id) = self.by_key.get(&key) {
+        let known = self.narrowed.get(class_name).and_then(|sets| {
+            sets.iter()
+                .find(|(ifaces, _)| ifaces.iter().map(String::as_str).eq(wanted.iter().copied()))
+        });
+        if let (false, Some((_, id))) = (requested.is_empty(), known) {
             return *id;
         }
-        let filter: BTreeSet<&str> = key.1.iter().map(String::as_str).collect();
+        let filter: BTreeSet<&str> = wanted.iter().copied().collect();
         let mut by_node = BTreeMap::new();
         let mut ids = Vec::new();
         for (node, spec) in &class.spec.nodes {
@@ -141,8 +147,13 @@ impl Bindings {
         });
         if requested.is_empty() {
             self.whole_class.insert(class_name.to_owned(), id);
+        } else {
+            let wanted = wanted.into_iter().map(str::to_owned).collect();
+            self.narrowed
+                .entry(class_name.to_owned())
+                .or_default()
+                .push((wanted, id));
         }
-        self.by_key.insert(key, id);
         id
     }
 
