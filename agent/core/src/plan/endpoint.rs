@@ -4,7 +4,7 @@ use std::net::Ipv4Addr;
 
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 
-use super::index::Index;
+use super::index::{Index, ServiceSlices};
 use super::{ChosenEndpoint, RejectedEndpoint};
 use crate::api::PortMap;
 use crate::keys::MappingKey;
@@ -128,8 +128,7 @@ fn service_slices<'a>(
         .slices
         .get(&(namespace, service))
         .into_iter()
-        .flatten()
-        .copied()
+        .flat_map(ServiceSlices::iter)
         .filter(move |slice| slice.address_type == family)
         .filter_map(move |slice| {
             let pod_port = slice.ports.iter().flatten().find_map(|p| {

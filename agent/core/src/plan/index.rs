@@ -1,6 +1,7 @@
 //! Sorted lookup structures over the snapshot, built once per pass.
 
 use std::collections::BTreeMap;
+use std::collections::hash_map::Entry;
 use std::net::Ipv4Addr;
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -31,7 +32,7 @@ pub struct Index<'a> {
     /// Class rows by (class, node).
     pub rows: FastMap<(&'a str, &'a str), &'a ClassNodeStatus>,
     /// EndpointSlices by (namespace, service name), each Service's in input order.
-    pub slices: FastMap<(&'a str, &'a str), Vec<&'a EndpointSlice>>,
+    pub slices: FastMap<(&'a str, &'a str), ServiceSlices<'a>>,
     /// PortMaps in conflict order: creation time, then namespace, then name.
     pub portmaps: Vec<&'a PortMap>,
     pub cni: Option<&'a CniFacts>,
@@ -49,6 +50,19 @@ pub struct Index<'a> {
     pub host_ports: BTreeMap<&'a str, Vec<Holder>>,
     /// Which endpoint addresses mappings may deliver to.
     pub addresses: AddressPolicy<'a>,
+}
+
+/// The EndpointSlices of one Service, in input order. Nearly every Service has one: it is held
+/// without a list of its own (a list per Service was an allocation per PortMap).
+pub struct ServiceSlices<'a> {
+    first: &'a EndpointSlice,
+    rest: Vec<&'a EndpointSlice>,
+}
+
+impl<'a> ServiceSlices<'a> {
+    pub fn iter(&self) -> impl Iterator<Item = &'a EndpointSlice> + '_ {
+        std::iter::once(self.first).chain(self.rest.iter().copied())
+    }
 }
 
 /// A class node whose row reports host sockets.
@@ -170,8 +184,8 @@ fn nodes_by_name(snapshot: &Snapshot) -> BTreeMap<&str, NodeInfo> {
 }
 
 /// The EndpointSlices of each Service, by (namespace, Service name).
-fn slices_by_service(snapshot: &Snapshot) -> FastMap<(&str, &str), Vec<&EndpointSlice>> {
-    let mut slices: FastMap<(&str, &str), Vec<&EndpointSlice>> = FastMap::default();
+fn slices_by_service(snapshot: &Snapshot) -> FastMap<(&str, &str), ServiceSlices<'_>> {
+    let mut slices: FastMap<(&str, &str), ServiceSlices> = FastMap::default();
     for slice in &snapshot.endpoint_slices {
         let ns = slice.metadata.namespace.as_deref().unwrap_or_default();
         let Some(svc) = slice
@@ -182,7 +196,15 @@ fn slices_by_service(snapshot: &Snapshot) -> FastMap<(&str, &str), Vec<&Endpoint
         else {
             continue;
         };
-        slices.entry((ns, svc.as_str())).or_default().push(slice);
+        match slices.entry((ns, svc.as_str())) {
+            Entry::Occupied(mut more) => more.get_mut().rest.push(slice),
+            Entry::Vacant(first) => {
+                first.insert(ServiceSlices {
+                    first: slice,
+                    rest: Vec::new(),
+                });
+            }
+        }
     }
     slices
 }
