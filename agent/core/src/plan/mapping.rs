@@ -555,6 +555,10 @@ fn endpoint_standby_links(ranked: &[Candidate], d: &MappingDecision) -> Vec<Need
     let Some(ep) = &d.endpoint else {
         return Vec::new();
     };
+    // The endpoint is the first ranked: with no other, there is nowhere to move to.
+    if ranked.len() < 2 {
+        return Vec::new();
+    }
     let mut exclude: Vec<&str> = d.programming_nodes.iter().map(String::as_str).collect();
     exclude.push(ep.node.as_str());
     let next = endpoint::next_nodes(ranked, &exclude, STANDBY_LINKS);
