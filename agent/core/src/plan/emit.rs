@@ -6,7 +6,7 @@ use std::net::Ipv4Addr;
 use ipnet::Ipv4Net;
 
 use super::MappingDecision;
-use super::fast_hash::FastMap;
+use super::fast_hash::{FastMap, FastSet};
 use super::holders::{self, Holder};
 use super::index::Index;
 use super::pod_network;
@@ -146,7 +146,8 @@ pub fn emit(
         .filter_map(|w| Some((classes.get(w.decision.class.as_str())?, w)))
         .collect();
     // Thousands of mappings share a few links: hash each (class, peer) once.
-    let serving_pairs: BTreeSet<(&str, &str)> = emitting
+    // Only the names reach the state, through the sorted set below: a hash set dedups them.
+    let serving_pairs: FastSet<(&str, &str)> = emitting
         .iter()
         .flat_map(|(class, w)| w.decision.links.iter().map(move |l| (class.name, l)))
         .filter_map(|(class, l)| Some((class, l.peer_of(this_node)?)))

@@ -23,8 +23,8 @@ pub struct NodeInfo {
 }
 
 /// Lookups over the snapshot. The maps that are iterated are BTreeMaps, so iteration is sorted;
-/// the large ones asked once or more per mapping (namespaces, rows, slices) are hash tables,
-/// only ever looked up.
+/// the ones asked once or more per mapping (namespaces, rows, slices, held rows, invalid
+/// interface names) are hash tables, only ever looked up.
 pub struct Index<'a> {
     pub nodes: BTreeMap<&'a str, NodeInfo>,
     pub namespaces: FastMap<&'a str, &'a BTreeMap<String, String>>,
@@ -38,9 +38,9 @@ pub struct Index<'a> {
     pub cni: Option<&'a CniFacts>,
     /// Per class, its nodes whose rows report host sockets, in the class's node order: the
     /// only rows a mapping's host-clash check has to read.
-    pub held_rows: BTreeMap<&'a str, Vec<HeldRow<'a>>>,
+    pub held_rows: FastMap<&'a str, Vec<HeldRow<'a>>>,
     /// Per class, the first interface name among its nodes' lists that kuport refuses, if any.
-    pub invalid_class_interface: BTreeMap<&'a str, &'a str>,
+    pub invalid_class_interface: FastMap<&'a str, &'a str>,
     /// UDP ports every node depends on (each Vxlan class's link port, the CNI's overlay port)
     /// with what holds them, sorted.
     pub node_udp_ports: Vec<(u16, String)>,
