@@ -21,10 +21,12 @@ const LINK_ID_SPACE: u64 = 1 << 16;
 pub fn evaluate_static<'a>(index: &Index<'a>) -> BTreeMap<&'a str, ClassState<'a>> {
     let mut states: BTreeMap<&str, ClassState> = BTreeMap::new();
     for (name, class) in &index.classes {
+        let accepting = index.accepting_nodes(class);
         let mut state = ClassState {
             name,
             class,
-            accepting: index.accepting_nodes(class),
+            rank: accepting.iter().enumerate().map(|(i, n)| (*n, i)).collect(),
+            accepting,
             mode: class.spec.return_path.mode,
             subnet: None,
             vni: 0,

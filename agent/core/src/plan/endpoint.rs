@@ -4,6 +4,7 @@ use std::net::Ipv4Addr;
 
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 
+use super::fast_hash::FastMap;
 use super::index::{Index, ServiceSlices};
 use super::{ChosenEndpoint, RejectedEndpoint};
 use crate::api::PortMap;
@@ -34,11 +35,11 @@ pub struct Choice<'a> {
 /// The endpoint of `pm`: among ready IPv4 endpoints listing the named port with the mapping's
 /// protocol whose address is a pod address of the cluster, sorted by (a) the node's rank among
 /// the accepting nodes (others after them), (b) the pod name, (c) the node name, (d) the
-/// address. `accepting` is sorted by name.
-pub fn choose<'a>(index: &Index<'a>, pm: &'a PortMap, accepting: &[&str]) -> Choice<'a> {
+/// address. `rank`: each accepting node's place in the sorted accepting list.
+pub fn choose<'a>(index: &Index<'a>, pm: &'a PortMap, rank: &FastMap<&str, usize>) -> Choice<'a> {
     let mut ranked = Vec::new();
     let mut rejected = Vec::new();
-    for candidate in candidates(index, pm, accepting) {
+    for candidate in candidates(index, pm, rank) {
         match candidate {
             Ok(c) => ranked.push(c),
             Err(r) => rejected.push(r),
@@ -164,7 +165,7 @@ pub fn ready_ipv6_endpoints(index: &Index, pm: &PortMap) -> usize {
 fn candidates<'a>(
     index: &Index<'a>,
     pm: &'a PortMap,
-    accepting: &[&str],
+    rank: &FastMap<&str, usize>,
 ) -> impl Iterator<Item = Result<Candidate<'a>, RejectedEndpoint>> {
     let class = pm.spec.class_name.as_str();
     service_slices(index, pm, "IPv4").flat_map(move |(slice, pod_port)| {
@@ -187,8 +188,7 @@ fn candidates<'a>(
                     reason,
                 }));
             }
-            // `accepting` is sorted by name: a search, not a walk over a large class.
-            let rank = accepting.binary_search(&node).unwrap_or(accepting.len());
+            let rank = rank.get(node).copied().unwrap_or(rank.len());
             Some(Ok((rank, pod, node, address, pod_port)))
         })
     })

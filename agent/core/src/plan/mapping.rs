@@ -457,7 +457,7 @@ pub fn resolve_all<'a>(
         let Some(class) = classes.get(w.decision.class.as_str()).copied() else {
             continue;
         };
-        let choice = endpoint::choose(index, w.pm, &class.accepting);
+        let choice = endpoint::choose(index, w.pm, &class.rank);
         w.endpoint_rejection = endpoint::rejection_message(
             &w.decision.namespace,
             &w.pm.spec.service_ref.name,
@@ -468,10 +468,9 @@ pub fn resolve_all<'a>(
         d.rejected_endpoints = choice.rejected;
         let ranked = choice.ranked;
         let Some(ep) = &d.endpoint else { continue };
-        // `accepting` is sorted by name.
-        let serving = match class.accepting.binary_search(&ep.node.as_str()) {
-            Ok(i) => Some(class.accepting[i]),
-            Err(_) => class.accepting.first().copied(),
+        let serving = match class.rank.get(ep.node.as_str()) {
+            Some(i) => class.accepting.get(*i).copied(),
+            None => class.accepting.first().copied(),
         };
         let Some(serving) = serving else { continue };
         d.serving_node = Some(serving.to_owned());
