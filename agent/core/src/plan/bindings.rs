@@ -44,9 +44,9 @@ pub struct Bindings {
     whole_class: FastMap<String, SetId>,
     /// Every interface some node of the class carries, per class.
     offered: BTreeMap<String, BTreeSet<String>>,
-    /// Accepted ranges per protocol, of the sets that hold anything, in set order: first port →
-    /// (last port, holder).
-    holdings: BTreeMap<Protocol, BTreeMap<SetId, Held>>,
+    /// Accepted ranges per protocol, indexed by set (empty for a set that holds nothing): first
+    /// port → (last port, holder).
+    holdings: BTreeMap<Protocol, Vec<Held>>,
 }
 
 /// The accepted ranges of one (protocol, set): first port → (last port, holder). A holder is
@@ -193,7 +193,7 @@ impl Bindings {
         let held = self.holdings.get(&protocol)?;
         let mut best: Option<(u32, std::cmp::Reverse<u16>, Holder, PortRange)> = None;
         for (other, pair) in self.sets[set].neighbours.iter().copied() {
-            let Some(map) = held.get(&other) else {
+            let Some(map) = held.get(other) else {
                 continue;
             };
             // Held ranges in one set are disjoint: walk back from the last one starting at or
@@ -237,12 +237,13 @@ impl Bindings {
         if self.sets[set].ids.is_empty() {
             return;
         }
-        self.holdings
-            .entry(protocol)
-            .or_default()
-            .entry(set)
-            .or_default()
-            .insert(ports.first, (ports.last, holder));
+        let held = self.holdings.entry(protocol).or_default();
+        if held.len() <= set {
+            held.resize_with(set + 1, Held::new);
+        }
+        if let Some(ranges) = held.get_mut(set) {
+            ranges.insert(ports.first, (ports.last, holder));
+        }
     }
 }
 

@@ -29,6 +29,8 @@ pub struct Index<'a> {
     pub nodes: BTreeMap<&'a str, NodeInfo>,
     pub namespaces: FastMap<&'a str, &'a BTreeMap<String, String>>,
     pub classes: BTreeMap<&'a str, &'a PortMapClass>,
+    /// The same classes, for the lookup each PortMap makes by its class name.
+    pub class_by_name: FastMap<&'a str, &'a PortMapClass>,
     /// Class rows by (class, node).
     pub rows: FastMap<(&'a str, &'a str), &'a ClassNodeStatus>,
     /// EndpointSlices by (namespace, service name), each Service's in input order.
@@ -123,6 +125,7 @@ impl<'a> Index<'a> {
             addresses,
             nodes,
             namespaces,
+            class_by_name: classes.iter().map(|(n, c)| (*n, *c)).collect(),
             classes,
             rows,
             slices,

@@ -55,7 +55,7 @@ fn admit<'a>(
     let name = pm.metadata.name.clone().unwrap_or_default();
     let spec = &pm.spec;
     let ports = port_range(spec.port, spec.end_port);
-    let class = index.classes.get_key_value(spec.class_name.as_str());
+    let class = index.class_by_name.get_key_value(spec.class_name.as_str());
     let set = class.map(|(class_name, class)| bindings.set_of(class_name, class, &spec.interfaces));
     let accepted = match (class, set) {
         (Some((_, class)), Some(set)) => check(index, pm, class, ports, position, bindings, set),
