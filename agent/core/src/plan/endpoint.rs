@@ -23,7 +23,8 @@ pub const LISTED_REJECTIONS: usize = 8;
 #[derive(Debug, Default)]
 pub struct Choice<'a> {
     pub endpoint: Option<ChosenEndpoint>,
-    /// Every ranked endpoint, best first: the endpoint is the first, and [`next_nodes`] reads
+    /// Every ranked endpoint, best first, when there are two or more (a lone one is only the
+    /// endpoint, kept without a list): the endpoint is the first, and [`next_nodes`] reads
     /// where it would move from the rest without ranking them again.
     pub ranked: Vec<Candidate<'a>>,
     /// The first [`LISTED_REJECTIONS`], sorted by address, node and pod.
@@ -38,17 +39,19 @@ pub struct Choice<'a> {
 /// address. `rank`: each accepting node's place in the sorted accepting list.
 pub fn choose<'a>(index: &Index<'a>, pm: &'a PortMap, rank: &FastMap<&str, usize>) -> Choice<'a> {
     let mut ranked = Vec::new();
+    let mut lone = None;
     let mut rejected = Vec::new();
     for candidate in candidates(index, pm, rank) {
         match candidate {
-            Ok(c) => ranked.push(c),
+            Ok(c) if ranked.is_empty() && lone.is_none() => lone = Some(c),
+            Ok(c) => ranked.extend(lone.take().into_iter().chain([c])),
             Err(r) => rejected.push(r),
         }
     }
     // Candidates are whole tuples: equal ones are identical, so the first after an unstable
     // sort is the smallest, whichever equal one it is.
     ranked.sort_unstable();
-    let best = ranked.first().copied();
+    let best = lone.or_else(|| ranked.first().copied());
     rejected.sort();
     rejected.dedup();
     let rejected_count = rejected.len();
