@@ -115,6 +115,11 @@ struct Emitter<'a> {
     /// What [`Emitter::counter`] made, by chain and mapping: a mapping's rules share their
     /// counter per chain.
     counters_made: FastMap<(ChainId, String), (String, String)>,
+    /// Links whose shared arrival rules ([`Emitter::arrival`]) are added.
+    arrivals: FastSet<String>,
+    /// Links (or none, for this node's own pods) whose shared accepting rules
+    /// ([`Emitter::accepting_shared`]) are added, by the link's addresses.
+    accepted_over: FastSet<Option<(Ipv4Addr, Ipv4Addr, Ipv4Addr, Ipv4Addr)>>,
 }
 
 /// A usable link and, when it got a mark, its device name and mark.
@@ -139,6 +144,8 @@ pub fn emit(
         serving_links: BTreeSet::new(),
         links_made: FastMap::default(),
         counters_made: FastMap::default(),
+        arrivals: FastSet::default(),
+        accepted_over: FastSet::default(),
     };
     let emitting: Vec<(&ClassState, &Working)> = work
         .iter()
@@ -350,6 +357,18 @@ impl Emitter<'_> {
             return;
         }
         self.snat(d, to, snat_ports);
+        self.accepting_shared(over_link);
+    }
+
+    /// What every mapping this node accepts shares: per link it forwards over (or for its own
+    /// pods), the source NAT of either end's address, and the reply marks and rule. The state
+    /// is sorted and deduplicated in the end, so each is added once, not once per mapping.
+    fn accepting_shared(&mut self, over_link: Option<LinkEnds>) {
+        let ends = over_link.map(|l| (l.own, l.peer, l.own_ip, l.peer_ip));
+        if !self.accepted_over.insert(ends) {
+            return;
+        }
+        let local = self.facts.marks.local();
         match over_link {
             // Either end's own address as the client: see `Rule::LinkPeerSnat`.
             Some(l) => {
@@ -434,6 +453,19 @@ impl Emitter<'_> {
         let Some((l, Some((dev, mark)))) = self.link_to(class, p) else {
             return;
         };
+        self.steer(d, dev.clone(), l.own, None, ports);
+        self.dnat(d, dev.clone(), None, ep.address, translated, ports);
+        self.snat(d, ep.address, pod_ports);
+        self.arrival(dev, mark, &l);
+    }
+
+    /// What every mapping arriving over link `dev` shares: its marks, ip rules and route. The
+    /// state is sorted and deduplicated in the end, so they are added once per link instead of
+    /// once per mapping.
+    fn arrival(&mut self, dev: String, mark: u32, l: &LinkEnds) {
+        if !self.arrivals.insert(dev.clone()) {
+            return;
+        }
         let marks = self.facts.marks;
         self.push(
             ChainId::Mangle,
@@ -443,9 +475,6 @@ impl Emitter<'_> {
             },
         );
         self.push(ChainId::Mangle, Rule::RestoreReplyMark { mark });
-        self.steer(d, dev.clone(), l.own, None, ports);
-        self.dnat(d, dev.clone(), None, ep.address, translated, ports);
-        self.snat(d, ep.address, pod_ports);
         let table = marks.table(mark);
         self.state.rules.push(IpRule {
             priority: PREF_LOOP_GUARD,
