@@ -133,20 +133,7 @@ pub fn emit(
     this_node: &str,
     facts: &HostFacts,
 ) -> HostState {
-    let mut e = Emitter {
-        holders: holders::on_node(&index.node_ports, &index.host_ports, this_node, facts),
-        index,
-        facts,
-        node: this_node,
-        state: HostState::default(),
-        chains: BTreeMap::new(),
-        link_ids: BTreeMap::new(),
-        serving_links: BTreeSet::new(),
-        links_made: FastMap::default(),
-        counters_made: FastMap::default(),
-        arrivals: FastSet::default(),
-        accepted_over: FastSet::default(),
-    };
+    let mut e = Emitter::new(index, this_node, facts);
     let emitting: Vec<(&ClassState, &Working)> = work
         .iter()
         .filter(|w| w.decision.emits)
@@ -210,7 +197,24 @@ pub fn emit(
     state
 }
 
-impl Emitter<'_> {
+impl<'a> Emitter<'a> {
+    fn new(index: &'a Index<'a>, this_node: &'a str, facts: &'a HostFacts) -> Self {
+        Emitter {
+            holders: holders::on_node(&index.node_ports, &index.host_ports, this_node, facts),
+            index,
+            facts,
+            node: this_node,
+            state: HostState::default(),
+            chains: BTreeMap::new(),
+            link_ids: BTreeMap::new(),
+            serving_links: BTreeSet::new(),
+            links_made: FastMap::default(),
+            counters_made: FastMap::default(),
+            arrivals: FastSet::default(),
+            accepted_over: FastSet::default(),
+        }
+    }
+
     fn push(&mut self, chain: ChainId, rule: Rule) {
         self.chains.entry(chain).or_default().push(rule);
     }
