@@ -9,6 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::fast_hash::FastMap;
 use crate::api::{PortMapClass, Protocol};
 use crate::ir::PortRange;
 
@@ -21,6 +22,10 @@ pub struct BindingSet {
     pub by_node: BTreeMap<String, Vec<String>>,
     /// The (node, interface) pairs, as sorted ids.
     ids: Vec<u32>,
+    /// The sets sharing a pair with this one (itself included when it has a pair), by
+    /// ascending id, each with the smallest pair id they share: all a conflict check walks.
+    /// Kept up to date as sets are interned, so no check compares two sets' pairs.
+    neighbours: Vec<(SetId, u32)>,
 }
 
 /// Interned binding sets and the holdings of accepted mappings.
@@ -30,23 +35,31 @@ pub struct Bindings {
     pair_ids: BTreeMap<(String, String), u32>,
     pairs: Vec<(String, String)>,
     sets: Vec<BindingSet>,
-    by_key: BTreeMap<(String, Vec<String>), SetId>,
+    /// Sets of mappings that narrow the class's interfaces, by class: each with its sorted,
+    /// deduplicated interface list. A class has few, so a walk finds one without building a
+    /// key.
+    narrowed: FastMap<String, Vec<(Vec<String>, SetId)>>,
     /// Sets of mappings that narrow nothing, by class: the common case, looked up without
     /// allocating.
-    whole_class: BTreeMap<String, SetId>,
+    whole_class: FastMap<String, SetId>,
     /// Every interface some node of the class carries, per class.
     offered: BTreeMap<String, BTreeSet<String>>,
-    /// For each pair of sets, the smallest shared pair id (computed on demand).
-    shared: BTreeMap<(SetId, SetId), Option<u32>>,
-    /// Accepted ranges per (protocol, set): first port → (last port, holder).
-    holdings: BTreeMap<(Protocol, SetId), BTreeMap<u16, (u16, String)>>,
-    /// Sets that hold anything, per protocol.
-    held_sets: BTreeMap<Protocol, BTreeSet<SetId>>,
+    /// Accepted ranges per protocol, indexed by set (empty for a set that holds nothing): first
+    /// port → (last port, holder).
+    holdings: BTreeMap<Protocol, Vec<Held>>,
 }
+
+/// The accepted ranges of one (protocol, set): first port → (last port, holder). A holder is
+/// the mapping's position in conflict order ([`Holder`]): its name is only written out for
+/// the few mappings refused for a conflict.
+type Held = BTreeMap<u16, (u16, Holder)>;
+
+/// A mapping holding ports: its position among the index's PortMaps (in conflict order).
+pub type Holder = usize;
 
 /// A conflict: who holds which ports, and one (node, interface) both could bind.
 pub struct Conflict {
-    pub holder: String,
+    pub holder: Holder,
     pub shared_ports: PortRange,
     pub node: String,
     pub iface: String,
@@ -86,14 +99,17 @@ impl Bindings {
         if let (true, Some(id)) = (requested.is_empty(), self.whole_class.get(class_name)) {
             return *id;
         }
-        let mut wanted: Vec<String> = requested.to_vec();
-        wanted.sort();
+        let mut wanted: Vec<&str> = requested.iter().map(String::as_str).collect();
+        wanted.sort_unstable();
         wanted.dedup();
-        let key = (class_name.to_owned(), wanted);
-        if let Some(id) = self.by_key.get(&key) {
+        let known = self.narrowed.get(class_name).and_then(|sets| {
+            sets.iter()
+                .find(|(ifaces, _)| ifaces.iter().map(String::as_str).eq(wanted.iter().copied()))
+        });
+        if let (false, Some((_, id))) = (requested.is_empty(), known) {
             return *id;
         }
-        let filter: BTreeSet<&str> = key.1.iter().map(String::as_str).collect();
+        let filter: BTreeSet<&str> = wanted.iter().copied().collect();
         let mut by_node = BTreeMap::new();
         let mut ids = Vec::new();
         for (node, spec) in &class.spec.nodes {
@@ -114,11 +130,30 @@ impl Bindings {
         }
         ids.sort_unstable();
         let id = self.sets.len();
-        self.sets.push(BindingSet { by_node, ids });
+        let mut neighbours = Vec::new();
+        for (other, set) in self.sets.iter_mut().enumerate() {
+            if let Some(pair) = first_shared(&ids, &set.ids) {
+                set.neighbours.push((id, pair));
+                neighbours.push((other, pair));
+            }
+        }
+        if let Some(first) = ids.first() {
+            neighbours.push((id, *first));
+        }
+        self.sets.push(BindingSet {
+            by_node,
+            ids,
+            neighbours,
+        });
         if requested.is_empty() {
             self.whole_class.insert(class_name.to_owned(), id);
+        } else {
+            let wanted = wanted.into_iter().map(str::to_owned).collect();
+            self.narrowed
+                .entry(class_name.to_owned())
+                .or_default()
+                .push((wanted, id));
         }
-        self.by_key.insert(key, id);
         id
     }
 
@@ -151,48 +186,14 @@ impl Bindings {
         &self.sets[id]
     }
 
-    fn first_shared(&mut self, a: SetId, b: SetId) -> Option<u32> {
-        let key = (a.min(b), a.max(b));
-        if let Some(v) = self.shared.get(&key) {
-            return *v;
-        }
-        let (x, y) = (&self.sets[a].ids, &self.sets[b].ids);
-        let (mut i, mut j) = (0, 0);
-        let mut found = None;
-        while i < x.len() && j < y.len() {
-            match x[i].cmp(&y[j]) {
-                std::cmp::Ordering::Less => i += 1,
-                std::cmp::Ordering::Greater => j += 1,
-                std::cmp::Ordering::Equal => {
-                    found = Some(x[i]);
-                    break;
-                }
-            }
-        }
-        self.shared.insert(key, found);
-        found
-    }
-
     /// The conflict a new range would have: among held ranges of the same protocol in sets
     /// sharing a (node, interface) with `set`, the one on the smallest shared pair (then the
     /// highest first port). `None` when the range is free.
-    pub fn conflict(
-        &mut self,
-        protocol: Protocol,
-        set: SetId,
-        ports: PortRange,
-    ) -> Option<Conflict> {
-        let held: Vec<SetId> = self
-            .held_sets
-            .get(&protocol)
-            .map(|s| s.iter().copied().collect())
-            .unwrap_or_default();
-        let mut best: Option<(u32, std::cmp::Reverse<u16>, String, PortRange)> = None;
-        for other in held {
-            let Some(pair) = self.first_shared(set, other) else {
-                continue;
-            };
-            let Some(map) = self.holdings.get(&(protocol, other)) else {
+    pub fn conflict(&self, protocol: Protocol, set: SetId, ports: PortRange) -> Option<Conflict> {
+        let held = self.holdings.get(&protocol)?;
+        let mut best: Option<(u32, std::cmp::Reverse<u16>, Holder, PortRange)> = None;
+        for (other, pair) in self.sets[set].neighbours.iter().copied() {
+            let Some(map) = held.get(other) else {
                 continue;
             };
             // Held ranges in one set are disjoint: walk back from the last one starting at or
@@ -203,7 +204,7 @@ impl Bindings {
                     last: *last,
                 };
                 if theirs.overlaps(&ports) {
-                    let candidate = (pair, std::cmp::Reverse(*first), by.clone(), theirs);
+                    let candidate = (pair, std::cmp::Reverse(*first), *by, theirs);
                     if best
                         .as_ref()
                         .is_none_or(|b| (candidate.0, candidate.1) < (b.0, b.1))
@@ -232,14 +233,29 @@ impl Bindings {
     }
 
     /// Records an accepted range.
-    pub fn hold(&mut self, protocol: Protocol, set: SetId, ports: PortRange, holder: String) {
+    pub fn hold(&mut self, protocol: Protocol, set: SetId, ports: PortRange, holder: Holder) {
         if self.sets[set].ids.is_empty() {
             return;
         }
-        self.holdings
-            .entry((protocol, set))
-            .or_default()
-            .insert(ports.first, (ports.last, holder));
-        self.held_sets.entry(protocol).or_default().insert(set);
+        let held = self.holdings.entry(protocol).or_default();
+        if held.len() <= set {
+            held.resize_with(set + 1, Held::new);
+        }
+        if let Some(ranges) = held.get_mut(set) {
+            ranges.insert(ports.first, (ports.last, holder));
+        }
     }
+}
+
+/// The smallest id in both sorted lists.
+fn first_shared(x: &[u32], y: &[u32]) -> Option<u32> {
+    let (mut i, mut j) = (0, 0);
+    while i < x.len() && j < y.len() {
+        match x[i].cmp(&y[j]) {
+            std::cmp::Ordering::Less => i += 1,
+            std::cmp::Ordering::Greater => j += 1,
+            std::cmp::Ordering::Equal => return Some(x[i]),
+        }
+    }
+    None
 }

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use ipnet::Ipv4Net;
 use k8s_openapi::jiff::Timestamp;
 
+use super::fast_hash::FastSet;
 use super::index::Index;
 use super::reasons::{ClassReason, Outcome};
 use super::state::{Claim, ClassState, Working, valid_claims};
@@ -20,10 +21,12 @@ const LINK_ID_SPACE: u64 = 1 << 16;
 pub fn evaluate_static<'a>(index: &Index<'a>) -> BTreeMap<&'a str, ClassState<'a>> {
     let mut states: BTreeMap<&str, ClassState> = BTreeMap::new();
     for (name, class) in &index.classes {
+        let accepting = index.accepting_nodes(class);
         let mut state = ClassState {
             name,
             class,
-            accepting: index.accepting_nodes(class),
+            rank: accepting.iter().enumerate().map(|(i, n)| (*n, i)).collect(),
+            accepting,
             mode: class.spec.return_path.mode,
             subnet: None,
             vni: 0,
@@ -227,6 +230,9 @@ pub fn assign_slots(classes: &mut BTreeMap<&str, ClassState>, work: &[Working]) 
 
 /// Every pair some mapping needs, with the node that proposes it, and which are serving.
 fn collect_needed(classes: &mut BTreeMap<&str, ClassState>, work: &[Working]) {
+    // Thousands of mappings need the same few pairs with the same proposer: each such need is
+    // recorded once (recording it again changes nothing), and a hash tells a repeat.
+    let mut seen = FastSet::default();
     for w in work {
         let Some(ep) = &w.decision.endpoint else {
             continue;
@@ -234,14 +240,20 @@ fn collect_needed(classes: &mut BTreeMap<&str, ClassState>, work: &[Working]) {
         let links = w.decision.links.iter().map(|l| (l, true));
         let standby = w.decision.standby_links.iter().map(|l| (l, false));
         for (link, serving) in links.chain(standby) {
+            let proposer = pod_side(&link.key, &ep.node, &w.decision.programming_nodes);
+            if !seen.insert((link.class.as_str(), &link.key, proposer, serving)) {
+                continue;
+            }
             if let Some(state) = classes.get_mut(link.class.as_str()) {
-                let proposer = pod_side(&link.key, &ep.node, &w.decision.programming_nodes);
-                state
-                    .needed
-                    .entry(link.key.clone())
-                    .or_default()
-                    .insert(proposer.to_owned());
-                if serving {
+                // Copy a key or a name only the first time it is seen.
+                let proposers = match state.needed.get_mut(&link.key) {
+                    Some(proposers) => proposers,
+                    None => state.needed.entry(link.key.clone()).or_default(),
+                };
+                if !proposers.contains(proposer) {
+                    proposers.insert(proposer.to_owned());
+                }
+                if serving && !state.serving.contains(&link.key) {
                     state.serving.insert(link.key.clone());
                 }
             }

@@ -6,6 +6,7 @@ use std::net::Ipv4Addr;
 use ipnet::Ipv4Net;
 
 use super::MappingDecision;
+use super::fast_hash::{FastMap, FastSet};
 use super::holders::{self, Holder};
 use super::index::Index;
 use super::pod_network;
@@ -38,6 +39,7 @@ pub fn fit_nft_text(text: &str) -> String {
 }
 
 /// A usable link between a programming node and the pod's node, as seen from `this_node`.
+#[derive(Clone, Copy)]
 struct LinkEnds {
     net: Ipv4Net,
     own: Ipv4Addr,
@@ -107,7 +109,21 @@ struct Emitter<'a> {
     serving_links: BTreeSet<String>,
     /// What holds ports on this node now (host sockets, NodePorts, its Pods' hostPorts).
     holders: Vec<Holder>,
+    /// What [`Emitter::link_to`] found, by class then peer: thousands of mappings share a few
+    /// links, and each link's name is a hash.
+    links_made: FastMap<String, FastMap<String, MadeLink>>,
+    /// What [`Emitter::counter`] made, by chain and mapping: a mapping's rules share their
+    /// counter per chain.
+    counters_made: FastMap<(ChainId, String), (String, String)>,
+    /// Links whose shared arrival rules ([`Emitter::arrival`]) are added.
+    arrivals: FastSet<String>,
+    /// Links (or none, for this node's own pods) whose shared accepting rules
+    /// ([`Emitter::accepting_shared`]) are added, by the link's addresses.
+    accepted_over: FastSet<Option<(Ipv4Addr, Ipv4Addr, Ipv4Addr, Ipv4Addr)>>,
 }
+
+/// A usable link and, when it got a mark, its device name and mark.
+type MadeLink = Option<(LinkEnds, Option<(String, u32)>)>;
 
 /// Everything `this_node` must own.
 pub fn emit(
@@ -117,23 +133,15 @@ pub fn emit(
     this_node: &str,
     facts: &HostFacts,
 ) -> HostState {
-    let mut e = Emitter {
-        holders: holders::on_node(&index.node_ports, &index.host_ports, this_node, facts),
-        index,
-        facts,
-        node: this_node,
-        state: HostState::default(),
-        chains: BTreeMap::new(),
-        link_ids: BTreeMap::new(),
-        serving_links: BTreeSet::new(),
-    };
+    let mut e = Emitter::new(index, this_node, facts);
     let emitting: Vec<(&ClassState, &Working)> = work
         .iter()
         .filter(|w| w.decision.emits)
         .filter_map(|w| Some((classes.get(w.decision.class.as_str())?, w)))
         .collect();
     // Thousands of mappings share a few links: hash each (class, peer) once.
-    let serving_pairs: BTreeSet<(&str, &str)> = emitting
+    // Only the names reach the state, through the sorted set below: a hash set dedups them.
+    let serving_pairs: FastSet<(&str, &str)> = emitting
         .iter()
         .flat_map(|(class, w)| w.decision.links.iter().map(move |l| (class.name, l)))
         .filter_map(|(class, l)| Some((class, l.peer_of(this_node)?)))
@@ -153,9 +161,7 @@ pub fn emit(
     // Preflight links last, and never serving: they take only ids no real link holds, so a
     // preflight on a live cluster moves no mapping's link.
     for (class, peer) in preflight_peers(classes, this_node) {
-        if let Some(l) = usable_link(index, class, this_node, peer) {
-            e.link(class, peer, &l);
-        }
+        e.link_to(class, peer);
     }
     e.guard();
     if !e.chains.is_empty() || !e.state.links.is_empty() {
@@ -191,13 +197,36 @@ pub fn emit(
     state
 }
 
-impl Emitter<'_> {
+impl<'a> Emitter<'a> {
+    fn new(index: &'a Index<'a>, this_node: &'a str, facts: &'a HostFacts) -> Self {
+        Emitter {
+            holders: holders::on_node(&index.node_ports, &index.host_ports, this_node, facts),
+            index,
+            facts,
+            node: this_node,
+            state: HostState::default(),
+            chains: BTreeMap::new(),
+            link_ids: BTreeMap::new(),
+            serving_links: BTreeSet::new(),
+            links_made: FastMap::default(),
+            counters_made: FastMap::default(),
+            arrivals: FastSet::default(),
+            accepted_over: FastSet::default(),
+        }
+    }
+
     fn push(&mut self, chain: ChainId, rule: Rule) {
         self.chains.entry(chain).or_default().push(rule);
     }
 
+    /// The counter of the mapping's rules in `chain`, and their comment; the counter is
+    /// declared once.
     fn counter(&mut self, chain: ChainId, namespace: &str, name: &str) -> (String, String) {
-        let comment = fit_nft_text(MappingKey::new(namespace, name).as_str());
+        let key = (chain, MappingKey::new(namespace, name).into_string());
+        if let Some(made) = self.counters_made.get(&key) {
+            return made.clone();
+        }
+        let comment = fit_nft_text(&key.1);
         let counter = fit_nft_text(&format!("{}/{namespace}/{name}", chain.label()));
         self.state.nft.counters.push(Counter {
             name: counter.clone(),
@@ -205,7 +234,25 @@ impl Emitter<'_> {
             namespace: namespace.to_owned(),
             mapping: name.to_owned(),
         });
+        self.counters_made
+            .insert(key, (counter.clone(), comment.clone()));
         (counter, comment)
+    }
+
+    /// The usable link to `peer` in `class`, added (once) with its device name and mark when
+    /// it gets one. Asked again for the same link, it answers what it found the first time: the
+    /// link, its id and its mark cannot change within a pass.
+    fn link_to(&mut self, class: &ClassState, peer: &str) -> MadeLink {
+        if let Some(made) = self.links_made.get(class.name).and_then(|m| m.get(peer)) {
+            return made.clone();
+        }
+        let made = usable_link(self.index, class, self.node, peer)
+            .map(|l| (l, self.link(class, peer, &l)));
+        self.links_made
+            .entry(class.name.to_owned())
+            .or_default()
+            .insert(peer.to_owned(), made.clone());
+        made
     }
 
     fn mapping(&mut self, class: &ClassState, w: &Working) {
@@ -261,8 +308,8 @@ impl Emitter<'_> {
             };
             if ep.node == self.node {
                 self.pod_half(class, d, peer, translated, pod_ports, ports);
-            } else if let Some(l) = usable_link(self.index, class, self.node, peer) {
-                self.link(class, peer, &l);
+            } else {
+                self.link_to(class, peer);
             }
         }
     }
@@ -282,8 +329,8 @@ impl Emitter<'_> {
         let target = if ep.node == self.node {
             Some((ep.address, translated, pod_ports))
         } else {
-            usable_link(self.index, class, self.node, &ep.node).and_then(|l| {
-                self.link(class, &ep.node, &l)?;
+            self.link_to(class, &ep.node).and_then(|(l, made)| {
+                made?;
                 let target = (l.peer, None, ports);
                 over_link = Some(l);
                 Some(target)
@@ -314,6 +361,18 @@ impl Emitter<'_> {
             return;
         }
         self.snat(d, to, snat_ports);
+        self.accepting_shared(over_link);
+    }
+
+    /// What every mapping this node accepts shares: per link it forwards over (or for its own
+    /// pods), the source NAT of either end's address, and the reply marks and rule. The state
+    /// is sorted and deduplicated in the end, so each is added once, not once per mapping.
+    fn accepting_shared(&mut self, over_link: Option<LinkEnds>) {
+        let ends = over_link.map(|l| (l.own, l.peer, l.own_ip, l.peer_ip));
+        if !self.accepted_over.insert(ends) {
+            return;
+        }
+        let local = self.facts.marks.local();
         match over_link {
             // Either end's own address as the client: see `Rule::LinkPeerSnat`.
             Some(l) => {
@@ -395,12 +454,22 @@ impl Emitter<'_> {
         ports: PortRange,
     ) {
         let Some(ep) = &d.endpoint else { return };
-        let Some(l) = usable_link(self.index, class, self.node, p) else {
+        let Some((l, Some((dev, mark)))) = self.link_to(class, p) else {
             return;
         };
-        let Some((dev, mark)) = self.link(class, p, &l) else {
+        self.steer(d, dev.clone(), l.own, None, ports);
+        self.dnat(d, dev.clone(), None, ep.address, translated, ports);
+        self.snat(d, ep.address, pod_ports);
+        self.arrival(dev, mark, &l);
+    }
+
+    /// What every mapping arriving over link `dev` shares: its marks, ip rules and route. The
+    /// state is sorted and deduplicated in the end, so they are added once per link instead of
+    /// once per mapping.
+    fn arrival(&mut self, dev: String, mark: u32, l: &LinkEnds) {
+        if !self.arrivals.insert(dev.clone()) {
             return;
-        };
+        }
         let marks = self.facts.marks;
         self.push(
             ChainId::Mangle,
@@ -410,9 +479,6 @@ impl Emitter<'_> {
             },
         );
         self.push(ChainId::Mangle, Rule::RestoreReplyMark { mark });
-        self.steer(d, dev.clone(), l.own, None, ports);
-        self.dnat(d, dev.clone(), None, ep.address, translated, ports);
-        self.snat(d, ep.address, pod_ports);
         let table = marks.table(mark);
         self.state.rules.push(IpRule {
             priority: PREF_LOOP_GUARD,

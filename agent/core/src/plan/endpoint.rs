@@ -4,13 +4,15 @@ use std::net::Ipv4Addr;
 
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 
-use super::index::Index;
+use super::fast_hash::FastMap;
+use super::index::{Index, ServiceSlices};
 use super::{ChosenEndpoint, RejectedEndpoint};
 use crate::api::PortMap;
+use crate::keys::MappingKey;
 
 /// A ready endpoint as it ranks: (node's rank among the accepting nodes, pod name, node name,
 /// address, pod port). The smallest is chosen.
-type Candidate<'a> = (usize, Option<&'a str>, &'a str, Ipv4Addr, u16);
+pub type Candidate<'a> = (usize, Option<&'a str>, &'a str, Ipv4Addr, u16);
 
 /// How many rejected endpoints a decision lists (a slice may list thousands); the message
 /// counts them all.
@@ -19,8 +21,12 @@ pub const LISTED_REJECTIONS: usize = 8;
 /// The endpoint chosen for a mapping, and the ready endpoints left out because their address is
 /// not a pod address of the cluster.
 #[derive(Debug, Default)]
-pub struct Choice {
+pub struct Choice<'a> {
     pub endpoint: Option<ChosenEndpoint>,
+    /// Every ranked endpoint, best first, when there are two or more (a lone one is only the
+    /// endpoint, kept without a list): the endpoint is the first, and [`next_nodes`] reads
+    /// where it would move from the rest without ranking them again.
+    pub ranked: Vec<Candidate<'a>>,
     /// The first [`LISTED_REJECTIONS`], sorted by address, node and pod.
     pub rejected: Vec<RejectedEndpoint>,
     /// How many were rejected in all.
@@ -30,20 +36,22 @@ pub struct Choice {
 /// The endpoint of `pm`: among ready IPv4 endpoints listing the named port with the mapping's
 /// protocol whose address is a pod address of the cluster, sorted by (a) the node's rank among
 /// the accepting nodes (others after them), (b) the pod name, (c) the node name, (d) the
-/// address. `accepting` is sorted by name.
-pub fn choose(index: &Index, pm: &PortMap, accepting: &[&str]) -> Choice {
-    let mut best: Option<Candidate> = None;
+/// address. `rank`: each accepting node's place in the sorted accepting list.
+pub fn choose<'a>(index: &Index<'a>, pm: &'a PortMap, rank: &FastMap<&str, usize>) -> Choice<'a> {
+    let mut ranked = Vec::new();
+    let mut lone = None;
     let mut rejected = Vec::new();
-    for candidate in candidates(index, pm, accepting) {
+    for candidate in candidates(index, pm, rank) {
         match candidate {
-            Ok(c) => {
-                if best.is_none_or(|b| c < b) {
-                    best = Some(c);
-                }
-            }
+            Ok(c) if ranked.is_empty() && lone.is_none() => lone = Some(c),
+            Ok(c) => ranked.extend(lone.take().into_iter().chain([c])),
             Err(r) => rejected.push(r),
         }
     }
+    // Candidates are whole tuples: equal ones are identical, so the first after an unstable
+    // sort is the smallest, whichever equal one it is.
+    ranked.sort_unstable();
+    let best = lone.or_else(|| ranked.first().copied());
     rejected.sort();
     rejected.dedup();
     let rejected_count = rejected.len();
@@ -55,17 +63,21 @@ pub fn choose(index: &Index, pm: &PortMap, accepting: &[&str]) -> Choice {
             port,
             pod: pod.map(str::to_owned),
         }),
+        ranked,
         rejected,
         rejected_count,
     }
 }
 
 /// Why no endpoint of `choice` is used, when ready ones were all rejected: a sentence naming
-/// the first few and counting the rest.
-pub fn rejection_message(service: &str, choice: &Choice) -> Option<String> {
+/// the first few and counting the rest. The Service is named only when there is something to
+/// say.
+pub fn rejection_message(namespace: &str, service: &str, choice: &Choice) -> Option<String> {
     if choice.endpoint.is_some() || choice.rejected.is_empty() {
         return None;
     }
+    let service = MappingKey::new(namespace, service);
+    let service = service.as_str();
     let listed: Vec<String> = choice
         .rejected
         .iter()
@@ -89,21 +101,12 @@ pub fn rejection_message(service: &str, choice: &Choice) -> Option<String> {
     ))
 }
 
-/// The nodes the endpoint would move to next, in the order [`choose`] ranks endpoints: the
-/// nodes of the other ready endpoints, each once, leaving out `exclude`, at most `limit`.
-pub fn next_nodes<'a>(
-    index: &Index<'a>,
-    pm: &'a PortMap,
-    accepting: &[&str],
-    exclude: &[&str],
-    limit: usize,
-) -> Vec<&'a str> {
-    let mut ranked: Vec<Candidate<'a>> = candidates(index, pm, accepting)
-        .filter_map(Result::ok)
-        .collect();
-    ranked.sort_unstable();
+/// The nodes the endpoint would move to next, in the order [`choose`] ranks endpoints
+/// (`ranked`, from its [`Choice`]): the nodes of the other ready endpoints, each once, leaving
+/// out `exclude`, at most `limit`.
+pub fn next_nodes<'a>(ranked: &[Candidate<'a>], exclude: &[&str], limit: usize) -> Vec<&'a str> {
     let mut nodes: Vec<&'a str> = Vec::new();
-    for (_, _, node, _, _) in ranked {
+    for (_, _, node, _, _) in ranked.iter().copied() {
         if nodes.len() == limit {
             break;
         }
@@ -129,8 +132,7 @@ fn service_slices<'a>(
         .slices
         .get(&(namespace, service))
         .into_iter()
-        .flatten()
-        .copied()
+        .flat_map(ServiceSlices::iter)
         .filter(move |slice| slice.address_type == family)
         .filter_map(move |slice| {
             let pod_port = slice.ports.iter().flatten().find_map(|p| {
@@ -166,7 +168,7 @@ pub fn ready_ipv6_endpoints(index: &Index, pm: &PortMap) -> usize {
 fn candidates<'a>(
     index: &Index<'a>,
     pm: &'a PortMap,
-    accepting: &[&str],
+    rank: &FastMap<&str, usize>,
 ) -> impl Iterator<Item = Result<Candidate<'a>, RejectedEndpoint>> {
     let class = pm.spec.class_name.as_str();
     service_slices(index, pm, "IPv4").flat_map(move |(slice, pod_port)| {
@@ -189,8 +191,7 @@ fn candidates<'a>(
                     reason,
                 }));
             }
-            // `accepting` is sorted by name: a search, not a walk over a large class.
-            let rank = accepting.binary_search(&node).unwrap_or(accepting.len());
+            let rank = rank.get(node).copied().unwrap_or(rank.len());
             Some(Ok((rank, pod, node, address, pod_port)))
         })
     })

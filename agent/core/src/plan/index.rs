@@ -1,11 +1,13 @@
 //! Sorted lookup structures over the snapshot, built once per pass.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
+use std::collections::hash_map::Entry;
 use std::net::Ipv4Addr;
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::jiff::Timestamp;
 
+use super::fast_hash::{FastMap, FastSet};
 use super::holders::{self, Holder};
 use super::pod_network::AddressPolicy;
 use crate::api::{ClassNode, ClassNodeStatus, PortMap, PortMapClass, ReturnPathMode};
@@ -20,23 +22,27 @@ pub struct NodeInfo {
     pub internal_ip: Option<Ipv4Addr>,
 }
 
-/// Lookups over the snapshot. Every map is a BTreeMap, so iteration is sorted.
+/// Lookups over the snapshot. The maps that are iterated are BTreeMaps, so iteration is sorted;
+/// the ones asked once or more per mapping (namespaces, rows, slices, held rows, invalid
+/// interface names) are hash tables, only ever looked up.
 pub struct Index<'a> {
     pub nodes: BTreeMap<&'a str, NodeInfo>,
-    pub namespaces: BTreeMap<&'a str, &'a BTreeMap<String, String>>,
+    pub namespaces: FastMap<&'a str, &'a BTreeMap<String, String>>,
     pub classes: BTreeMap<&'a str, &'a PortMapClass>,
+    /// The same classes, for the lookup each PortMap makes by its class name.
+    pub class_by_name: FastMap<&'a str, &'a PortMapClass>,
     /// Class rows by (class, node).
-    pub rows: BTreeMap<(&'a str, &'a str), &'a ClassNodeStatus>,
-    /// EndpointSlices by (namespace, service name).
-    pub slices: BTreeMap<(&'a str, &'a str), Vec<&'a EndpointSlice>>,
+    pub rows: FastMap<(&'a str, &'a str), &'a ClassNodeStatus>,
+    /// EndpointSlices by (namespace, service name), each Service's in input order.
+    pub slices: FastMap<(&'a str, &'a str), ServiceSlices<'a>>,
     /// PortMaps in conflict order: creation time, then namespace, then name.
     pub portmaps: Vec<&'a PortMap>,
     pub cni: Option<&'a CniFacts>,
     /// Per class, its nodes whose rows report host sockets, in the class's node order: the
     /// only rows a mapping's host-clash check has to read.
-    pub held_rows: BTreeMap<&'a str, Vec<HeldRow<'a>>>,
+    pub held_rows: FastMap<&'a str, Vec<HeldRow<'a>>>,
     /// Per class, the first interface name among its nodes' lists that kuport refuses, if any.
-    pub invalid_class_interface: BTreeMap<&'a str, &'a str>,
+    pub invalid_class_interface: FastMap<&'a str, &'a str>,
     /// UDP ports every node depends on (each Vxlan class's link port, the CNI's overlay port)
     /// with what holds them, sorted.
     pub node_udp_ports: Vec<(u16, String)>,
@@ -46,6 +52,19 @@ pub struct Index<'a> {
     pub host_ports: BTreeMap<&'a str, Vec<Holder>>,
     /// Which endpoint addresses mappings may deliver to.
     pub addresses: AddressPolicy<'a>,
+}
+
+/// The EndpointSlices of one Service, in input order. Nearly every Service has one: it is held
+/// without a list of its own (a list per Service was an allocation per PortMap).
+pub struct ServiceSlices<'a> {
+    first: &'a EndpointSlice,
+    rest: Vec<&'a EndpointSlice>,
+}
+
+impl<'a> ServiceSlices<'a> {
+    pub fn iter(&self) -> impl Iterator<Item = &'a EndpointSlice> + '_ {
+        std::iter::once(self.first).chain(self.rest.iter().copied())
+    }
 }
 
 /// A class node whose row reports host sockets.
@@ -74,7 +93,7 @@ impl<'a> Index<'a> {
                 classes.entry(name).or_insert(class);
             }
         }
-        let mut rows = BTreeMap::new();
+        let mut rows = FastMap::default();
         for (name, class) in &classes {
             for row in class.status.iter().flat_map(|s| s.nodes.iter()) {
                 rows.entry((*name, row.name.as_str())).or_insert(row);
@@ -86,7 +105,8 @@ impl<'a> Index<'a> {
         // The API server cannot hold two objects with one name; an offline dump can. Keep the
         // earliest, so the result does not depend on input order.
         // Only membership is asked of this set, so its hash order reaches no output.
-        let mut seen = HashSet::with_capacity(portmaps.len());
+        let mut seen = FastSet::default();
+        seen.reserve(portmaps.len());
         portmaps.retain(|pm| seen.insert(conflict_key(pm).1));
         let held_rows = classes
             .iter()
@@ -105,6 +125,7 @@ impl<'a> Index<'a> {
             addresses,
             nodes,
             namespaces,
+            class_by_name: classes.iter().map(|(n, c)| (*n, *c)).collect(),
             classes,
             rows,
             slices,
@@ -166,8 +187,8 @@ fn nodes_by_name(snapshot: &Snapshot) -> BTreeMap<&str, NodeInfo> {
 }
 
 /// The EndpointSlices of each Service, by (namespace, Service name).
-fn slices_by_service(snapshot: &Snapshot) -> BTreeMap<(&str, &str), Vec<&EndpointSlice>> {
-    let mut slices: BTreeMap<(&str, &str), Vec<&EndpointSlice>> = BTreeMap::new();
+fn slices_by_service(snapshot: &Snapshot) -> FastMap<(&str, &str), ServiceSlices<'_>> {
+    let mut slices: FastMap<(&str, &str), ServiceSlices> = FastMap::default();
     for slice in &snapshot.endpoint_slices {
         let ns = slice.metadata.namespace.as_deref().unwrap_or_default();
         let Some(svc) = slice
@@ -178,7 +199,15 @@ fn slices_by_service(snapshot: &Snapshot) -> BTreeMap<(&str, &str), Vec<&Endpoin
         else {
             continue;
         };
-        slices.entry((ns, svc.as_str())).or_default().push(slice);
+        match slices.entry((ns, svc.as_str())) {
+            Entry::Occupied(mut more) => more.get_mut().rest.push(slice),
+            Entry::Vacant(first) => {
+                first.insert(ServiceSlices {
+                    first: slice,
+                    rest: Vec::new(),
+                });
+            }
+        }
     }
     slices
 }
@@ -186,7 +215,7 @@ fn slices_by_service(snapshot: &Snapshot) -> BTreeMap<(&str, &str), Vec<&Endpoin
 fn held_rows_of<'a>(
     class_name: &'a str,
     class: &'a PortMapClass,
-    rows: &BTreeMap<(&'a str, &'a str), &'a ClassNodeStatus>,
+    rows: &FastMap<(&'a str, &'a str), &'a ClassNodeStatus>,
 ) -> Vec<HeldRow<'a>> {
     class
         .spec

@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::bindings::{Bindings, SetId};
+use super::bindings::{Bindings, Holder, SetId};
+use super::endpoint::Candidate;
+use super::fast_hash::FastMap;
 use super::index::{HeldRow, Index};
 use super::reasons::{AcceptedReason, Outcome, ProgrammedReason};
 use super::state::{ClassState, Group, Working, standby_only};
@@ -21,23 +23,42 @@ use crate::snapshot::HostFacts;
 /// binding sets, which resolution reuses.
 pub fn admit_all<'a>(index: &Index<'a>) -> (Vec<Working<'a>>, Bindings) {
     let mut bindings = Bindings::new(index.classes.values().copied());
+    let empty = Empty::default();
     let work = index
         .portmaps
         .iter()
-        .map(|pm| admit(index, pm, &mut bindings))
+        .enumerate()
+        .map(|(position, pm)| admit(index, position, pm, &mut bindings, &empty))
         .collect();
     (work, bindings)
 }
 
-fn admit<'a>(index: &Index<'a>, pm: &'a PortMap, bindings: &mut Bindings) -> Working<'a> {
+/// The empty shared lists a decision starts with, allocated once per pass: each decision holds
+/// a reference to them until resolution gives it its own, instead of allocating (and then
+/// freeing) three empty ones per mapping.
+#[derive(Default)]
+struct Empty {
+    nodes: Arc<[String]>,
+    published: Arc<[PublishedAddress]>,
+    bindings: Arc<BTreeMap<String, Vec<String>>>,
+}
+
+/// `position`: the mapping's place in conflict order, which names it as a holder of ports.
+fn admit<'a>(
+    index: &Index<'a>,
+    position: Holder,
+    pm: &'a PortMap,
+    bindings: &mut Bindings,
+    empty: &Empty,
+) -> Working<'a> {
     let namespace = pm.metadata.namespace.clone().unwrap_or_default();
     let name = pm.metadata.name.clone().unwrap_or_default();
     let spec = &pm.spec;
     let ports = port_range(spec.port, spec.end_port);
-    let class = index.classes.get_key_value(spec.class_name.as_str());
+    let class = index.class_by_name.get_key_value(spec.class_name.as_str());
     let set = class.map(|(class_name, class)| bindings.set_of(class_name, class, &spec.interfaces));
     let accepted = match (class, set) {
-        (Some((_, class)), Some(set)) => check(index, pm, class, ports, &namespace, bindings, set),
+        (Some((_, class)), Some(set)) => check(index, pm, class, ports, position, bindings, set),
         _ => Outcome::new(
             AcceptedReason::ClassNotFound,
             format!("PortMapClass {:?} does not exist", spec.class_name),
@@ -57,12 +78,12 @@ fn admit<'a>(index: &Index<'a>, pm: &'a PortMap, bindings: &mut Bindings) -> Wor
             endpoint: None,
             rejected_endpoints: Vec::new(),
             serving_node: None,
-            programming_nodes: Arc::from([]),
+            programming_nodes: empty.nodes.clone(),
             status_writer: None,
-            published: Arc::from([]),
+            published: empty.published.clone(),
             links: Vec::new(),
             standby_links: Vec::new(),
-            bindings: Arc::default(),
+            bindings: empty.bindings.clone(),
             emits: false,
         },
         remote: false,
@@ -165,11 +186,13 @@ fn check(
     pm: &PortMap,
     class: &PortMapClass,
     ports: Option<PortRange>,
-    namespace: &str,
+    position: Holder,
     bindings: &mut Bindings,
     set: SetId,
 ) -> Outcome<AcceptedReason> {
     let spec = &pm.spec;
+    let namespace = pm.metadata.namespace.as_deref().unwrap_or_default();
+    let name = pm.metadata.name.as_deref().unwrap_or_default();
     let class_name = class.metadata.name.as_deref().unwrap_or_default();
     let ports = match admissible(index, pm, class, ports, namespace) {
         Ok(ports) => ports,
@@ -180,13 +203,12 @@ fn check(
     }
     // Earliest wins: a mapping accepted before a host socket took its port keeps it, and says
     // so; a new or changed one is refused the port.
-    let holder =
-        MappingKey::new(namespace, pm.metadata.name.as_deref().unwrap_or_default()).into_string();
-    let host_clash = held_on_accepting_node(index, class_name, spec, ports, &holder);
-    if let Some(clash) = host_clash
-        .as_ref()
-        .filter(|c| !c.yields_to.contains(&holder))
-    {
+    let host_clash = held_on_accepting_node(index, class_name, spec, ports, (namespace, name));
+    if let Some(clash) = host_clash.as_ref().filter(|c| {
+        !c.yields_to
+            .iter()
+            .any(|m| MappingKey::names(m, namespace, name))
+    }) {
         return Outcome::new(AcceptedReason::PortInUse, clash.refusal(spec.protocol));
     }
     if let Some(missing) = bindings.first_unoffered(class_name, class, &spec.interfaces) {
@@ -205,14 +227,14 @@ fn check(
             AcceptedReason::PortConflict,
             format!(
                 "{what} held by {} ({} on {}/{})",
-                c.holder,
+                holder_name(index, c.holder),
                 spec.protocol.as_str(),
                 c.node,
                 c.iface
             ),
         );
     }
-    bindings.hold(spec.protocol, set, ports, holder);
+    bindings.hold(spec.protocol, set, ports, position);
     match host_clash {
         Some(clash) => Outcome::new(
             AcceptedReason::PortAlsoHeldByHost,
@@ -226,6 +248,18 @@ fn check(
         ),
         None => Outcome::new(AcceptedReason::Valid, ""),
     }
+}
+
+/// `namespace/name` of the mapping at `position` in conflict order.
+fn holder_name(index: &Index, position: Holder) -> String {
+    let Some(pm) = index.portmaps.get(position) else {
+        return String::new();
+    };
+    MappingKey::new(
+        pm.metadata.namespace.as_deref().unwrap_or_default(),
+        pm.metadata.name.as_deref().unwrap_or_default(),
+    )
+    .into_string()
 }
 
 /// Something on an accepting node (a host socket, a NodePort, a hostPort) that holds or held
@@ -260,14 +294,14 @@ impl HostClash {
 }
 
 /// The clash that decides admission: the first (in the class's node order, then port) whose
-/// holder does not yield to `mapping`, else the first present one that does. A mapping keeps a port only
+/// holder does not yield to the mapping (`namespace`, `name`), else the first present one that does. A mapping keeps a port only
 /// where every node reporting a holder of it was already forwarding it when the holder came.
 fn held_on_accepting_node(
     index: &Index,
     class_name: &str,
     spec: &crate::api::PortMapSpec,
     ports: PortRange,
-    mapping: &str,
+    (namespace, name): (&str, &str),
 ) -> Option<HostClash> {
     let in_range = |p: i32| (i32::from(ports.first)..=i32::from(ports.last)).contains(&p);
     let held_rows = index.held_rows.get(class_name)?;
@@ -301,7 +335,11 @@ fn held_on_accepting_node(
                 yields_to: h.yields_to.clone(),
                 absent_since: h.absent_since.as_ref().map(|t| t.0.to_string()),
             };
-            if !clash.yields_to.iter().any(|m| m == mapping) {
+            if !clash
+                .yields_to
+                .iter()
+                .any(|m| MappingKey::names(m, namespace, name))
+            {
                 return Some(clash);
             }
             // A claim yielding to the mapping whose holder is gone takes nothing from it.
@@ -378,6 +416,31 @@ fn check_namespace(
     }
 }
 
+/// The classes by name, for the one lookup each mapping makes per stage (hashing a name once
+/// costs less than comparing it at each level of the sorted map).
+fn by_name<'m, 'k, 'a>(
+    classes: &'m BTreeMap<&'k str, ClassState<'a>>,
+) -> FastMap<&'k str, &'m ClassState<'a>> {
+    classes.iter().map(|(name, class)| (*name, class)).collect()
+}
+
+/// [`ClassState::slot_of`] of every pair a class has a slot for, by (class, pair): thousands of
+/// links look their slot up, and a hash finds it without comparing pair names at each level of
+/// the claims and proposals.
+fn slot_table<'m, 'a: 'm>(
+    classes: impl Iterator<Item = &'m ClassState<'a>>,
+) -> FastMap<(&'a str, &'m NodePair), (u32, bool)> {
+    let mut slots = FastMap::default();
+    for class in classes {
+        for pair in class.claims.keys().chain(class.proposals.keys()) {
+            if let Some(slot) = class.slot_of(pair) {
+                slots.entry((class.name, pair)).or_insert(slot);
+            }
+        }
+    }
+    slots
+}
+
 /// Endpoint, serving and programming nodes, bindings and needed links of accepted mappings.
 pub fn resolve_all<'a>(
     index: &Index,
@@ -388,22 +451,26 @@ pub fn resolve_all<'a>(
     // Thousands of mappings share a few groups: their node lists and binding maps are built
     // once per group and shared, not copied into each decision.
     type Shared = (Arc<[String]>, Arc<BTreeMap<String, Vec<String>>>);
-    let mut shared: BTreeMap<Group<'a>, Shared> = BTreeMap::new();
+    let mut shared: FastMap<Group<'a>, Shared> = FastMap::default();
+    let classes = by_name(classes);
     for w in work.iter_mut().filter(|w| w.decision.accepted.is_true()) {
-        let Some(class) = classes.get(w.decision.class.as_str()) else {
+        let Some(class) = classes.get(w.decision.class.as_str()).copied() else {
             continue;
         };
-        let choice = endpoint::choose(index, w.pm, &class.accepting);
-        let service = MappingKey::new(&w.decision.namespace, &w.pm.spec.service_ref.name);
-        w.endpoint_rejection = endpoint::rejection_message(service.as_str(), &choice);
+        let choice = endpoint::choose(index, w.pm, &class.rank);
+        w.endpoint_rejection = endpoint::rejection_message(
+            &w.decision.namespace,
+            &w.pm.spec.service_ref.name,
+            &choice,
+        );
         let d = &mut w.decision;
         d.endpoint = choice.endpoint;
         d.rejected_endpoints = choice.rejected;
+        let ranked = choice.ranked;
         let Some(ep) = &d.endpoint else { continue };
-        // `accepting` is sorted by name.
-        let serving = match class.accepting.binary_search(&ep.node.as_str()) {
-            Ok(i) => Some(class.accepting[i]),
-            Err(_) => class.accepting.first().copied(),
+        let serving = match class.rank.get(ep.node.as_str()) {
+            Some(i) => class.accepting.get(*i).copied(),
+            None => class.accepting.first().copied(),
         };
         let Some(serving) = serving else { continue };
         d.serving_node = Some(serving.to_owned());
@@ -430,17 +497,18 @@ pub fn resolve_all<'a>(
         d.bindings = bound;
         w.remote = d.programming_nodes.iter().any(|n| *n != ep.node);
         let all = &bindings.set(set).by_node;
-        needed_links(index, class, w, serving, all);
+        needed_links(class, w, serving, all, &ranked);
     }
 }
 
 /// Whether the mapping emits rules at all, and the serving and standby links it needs.
+/// `ranked`: the mapping's endpoints, best first.
 fn needed_links(
-    index: &Index,
     class: &ClassState,
     w: &mut Working,
     serving: &str,
     all: &BTreeMap<String, Vec<String>>,
+    ranked: &[Candidate],
 ) {
     let d = &mut w.decision;
     let Some(ep) = &d.endpoint else { return };
@@ -469,7 +537,7 @@ fn needed_links(
         }
     }
     if d.emits && class.builds_links() {
-        let alternates = endpoint_standby_links(index, w.pm, class, d);
+        let alternates = endpoint_standby_links(ranked, d);
         d.standby_links.extend(alternates);
         d.standby_links.sort();
         d.standby_links.dedup();
@@ -482,18 +550,17 @@ fn needed_links(
 /// served without a link). With them claimed and built, a pod going unready or away moves the
 /// mapping without waiting for a claim to land; only the DNAT and the new pod's arrival half
 /// follow.
-fn endpoint_standby_links(
-    index: &Index,
-    pm: &PortMap,
-    class: &ClassState,
-    d: &MappingDecision,
-) -> Vec<NeededLink> {
+fn endpoint_standby_links(ranked: &[Candidate], d: &MappingDecision) -> Vec<NeededLink> {
     let Some(ep) = &d.endpoint else {
         return Vec::new();
     };
+    // The endpoint is the first ranked: with no other, there is nowhere to move to.
+    if ranked.len() < 2 {
+        return Vec::new();
+    }
     let mut exclude: Vec<&str> = d.programming_nodes.iter().map(String::as_str).collect();
     exclude.push(ep.node.as_str());
-    let next = endpoint::next_nodes(index, pm, &class.accepting, &exclude, STANDBY_LINKS);
+    let next = endpoint::next_nodes(ranked, &exclude, STANDBY_LINKS);
     let serving: Vec<&str> = d
         .programming_nodes
         .iter()
@@ -571,13 +638,15 @@ pub fn gate_all(
 ) {
     // Published rows depend on the group alone (its nodes and interfaces, and their addresses):
     // built once per group.
-    let mut shared: BTreeMap<Group, Arc<[PublishedAddress]>> = BTreeMap::new();
+    let mut shared: FastMap<Group, Arc<[PublishedAddress]>> = FastMap::default();
+    let slots = slot_table(classes.values());
+    let classes = by_name(classes);
     for w in work.iter_mut() {
-        let class = classes.get(w.decision.class.as_str());
+        let class = classes.get(w.decision.class.as_str()).copied();
         if let Some(class) = class {
             let d = &mut w.decision;
             for link in d.links.iter_mut().chain(d.standby_links.iter_mut()) {
-                if let Some((slot, landed)) = class.slot_of(&link.key) {
+                if let Some((slot, landed)) = slots.get(&(class.name, &link.key)).copied() {
                     link.slot = Some(slot);
                     link.landed = landed;
                 }

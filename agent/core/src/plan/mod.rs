@@ -27,6 +27,7 @@ mod checks;
 mod classes;
 mod emit;
 mod endpoint;
+mod fast_hash;
 mod holders;
 mod index;
 mod mapping;
@@ -346,13 +347,44 @@ pub fn plan(snapshot: &Snapshot, this_node: &str, facts: &HostFacts, now: Timest
 /// keys are unique and an unstable sort gives the one order; sorting the keys alone and then
 /// moving each decision once avoids shuffling the large decisions through the sort.
 fn by_name(decisions: Vec<MappingDecision>) -> Vec<MappingDecision> {
-    let mut order: Vec<(usize, &str, &str)> = decisions
+    // Each key carries the first 8 bytes of both names as integers: most comparisons are
+    // decided by those alone, without a call to compare the strings.
+    let mut order: Vec<((u64, u64), usize, &str, &str)> = decisions
         .iter()
         .enumerate()
-        .map(|(i, d)| (i, d.namespace.as_str(), d.name.as_str()))
+        .map(|(i, d)| {
+            let (namespace, name) = (d.namespace.as_str(), d.name.as_str());
+            ((head(namespace), head(name)), i, namespace, name)
+        })
         .collect();
-    order.sort_unstable_by(|a, b| (a.1, a.2).cmp(&(b.1, b.2)));
-    let order: Vec<usize> = order.into_iter().map(|(i, _, _)| i).collect();
+    order.sort_unstable_by(|a, b| {
+        by_head((a.0.0, a.2), (b.0.0, b.2)).then_with(|| by_head((a.0.1, a.3), (b.0.1, b.3)))
+    });
+    let order: Vec<usize> = order.into_iter().map(|(_, i, _, _)| i).collect();
     let mut slots: Vec<Option<MappingDecision>> = decisions.into_iter().map(Some).collect();
     order.into_iter().filter_map(|i| slots[i].take()).collect()
+}
+
+/// Two strings in the order of `str`, each with its [`head`]: heads that differ decide; equal
+/// heads of strings no longer than 8 bytes mean one is a prefix of the other (the rest of the
+/// longer one is zero bytes), so the shorter sorts first; otherwise the strings decide.
+fn by_head((ha, a): (u64, &str), (hb, b): (u64, &str)) -> std::cmp::Ordering {
+    ha.cmp(&hb).then_with(|| {
+        if a.len() <= 8 && b.len() <= 8 {
+            a.len().cmp(&b.len())
+        } else {
+            a.cmp(b)
+        }
+    })
+}
+
+/// The first 8 bytes of `text`, big-endian, zero-padded. When the heads of two strings differ
+/// they order as the strings do: the first differing byte lies within the head, or the string
+/// that ends first is a prefix of the other, and its padding zero sorts below the other's
+/// nonzero byte there.
+fn head(text: &str) -> u64 {
+    let mut bytes = [0u8; 8];
+    let n = text.len().min(8);
+    bytes[..n].copy_from_slice(&text.as_bytes()[..n]);
+    u64::from_be_bytes(bytes)
 }

@@ -14,6 +14,7 @@ use ipnet::Ipv4Net;
 use k8s_openapi::api::core::v1::Node;
 
 use super::MappingDecision;
+use super::fast_hash::FastMap;
 use crate::api::{ClassNodeStatus, PortMapClass, ReturnPathMode};
 use crate::keys::MappingKey;
 use crate::snapshot::{CILIUM_HOST_ANNOTATIONS, CniFacts, HostFacts};
@@ -31,10 +32,12 @@ pub struct AddressPolicy<'a> {
     class_networks: BTreeMap<&'a str, Vec<Ipv4Net>>,
     /// Every address a Node lists and every interface address an accepting node reported in a
     /// class row, with the node (the first by name when two list one address).
-    node_addresses: BTreeMap<Ipv4Addr, &'a str>,
+    /// Only looked up, once per endpoint.
+    node_addresses: FastMap<Ipv4Addr, &'a str>,
     /// The addresses of a node's own host inside its pod CIDR ([`gateway_addresses`]), with
     /// the node.
-    gateways: BTreeMap<Ipv4Addr, &'a str>,
+    /// Only looked up, once per endpoint.
+    gateways: FastMap<Ipv4Addr, &'a str>,
     /// Every Vxlan class's link subnet, with its class, sorted.
     link_subnets: Vec<(Ipv4Net, &'a str)>,
 }
@@ -63,7 +66,7 @@ fn pod_networks(nodes: &[Node], cni: Option<&CniFacts>) -> Vec<Ipv4Net> {
 }
 
 /// Each node's CNI gateway addresses, to the node (the first by name when two claim one).
-fn gateways(nodes: &[Node]) -> BTreeMap<Ipv4Addr, &str> {
+fn gateways(nodes: &[Node]) -> FastMap<Ipv4Addr, &str> {
     let mut gateways: Vec<(Ipv4Addr, &str)> = nodes
         .iter()
         .flat_map(|n| {
@@ -72,7 +75,7 @@ fn gateways(nodes: &[Node]) -> BTreeMap<Ipv4Addr, &str> {
         })
         .collect();
     gateways.sort();
-    let mut gateway_of = BTreeMap::new();
+    let mut gateway_of = FastMap::default();
     for (address, node) in gateways {
         gateway_of.entry(address).or_insert(node);
     }
@@ -84,7 +87,8 @@ impl<'a> AddressPolicy<'a> {
     pub fn build(
         nodes: &'a [Node],
         classes: &BTreeMap<&'a str, &'a PortMapClass>,
-        rows: &BTreeMap<(&'a str, &'a str), &'a ClassNodeStatus>,
+        // Iterated in hash order: the addresses it yields are sorted (with their node) below.
+        rows: &FastMap<(&'a str, &'a str), &'a ClassNodeStatus>,
         cni: Option<&CniFacts>,
     ) -> Self {
         let class_networks = classes
@@ -102,7 +106,7 @@ impl<'a> AddressPolicy<'a> {
             })
             .filter(|(_, nets)| !nets.is_empty())
             .collect();
-        let mut node_addresses = BTreeMap::new();
+        let mut node_addresses = FastMap::default();
         let mut listed: Vec<(Ipv4Addr, &str)> = nodes
             .iter()
             .filter_map(|n| Some((n.metadata.name.as_deref()?, n.status.as_ref()?)))

@@ -15,6 +15,7 @@ use ipnet::Ipv4Net;
 use k8s_openapi::jiff::Timestamp;
 
 use super::bindings::SetId;
+use super::fast_hash::FastMap;
 use super::reasons::{ClassReason, Outcome};
 use super::{MappingDecision, NeededLink};
 use crate::api::{ClassNodeStatus, LinkClaim, PortMap, PortMapClass, Protocol, ReturnPathMode};
@@ -36,6 +37,9 @@ pub struct ClassState<'a> {
     pub class: &'a PortMapClass,
     /// Sorted by name (the serving order).
     pub accepting: Vec<&'a str>,
+    /// Each accepting node's place in `accepting`: asked for every mapping's endpoint, a hash
+    /// instead of a search comparing names.
+    pub rank: FastMap<&'a str, usize>,
     pub mode: ReturnPathMode,
     /// Parsed, masked subnet of a Vxlan class with usable settings.
     pub subnet: Option<Ipv4Net>,
