@@ -79,6 +79,29 @@ async fn write_as_newer_agent(c: &Cluster, node: &str) -> bool {
         .is_ok()
 }
 
+/// Names an interface n1 does not have in the class, and waits until n1's agent wrote its
+/// row saying so: a change of n1's own row only.
+async fn n1_writes_a_changed_row(c: &Cluster) {
+    let typed: Api<PortMapClass> = Api::all(c.client.clone());
+    let mut class = c.class().await;
+    class.spec.nodes.insert(
+        "n1".to_owned(),
+        kuport_core::api::ClassNode {
+            interfaces: vec!["eth0".to_owned(), "missing0".to_owned()],
+        },
+    );
+    typed
+        .replace("public", &PostParams::default(), &class)
+        .await
+        .expect("class replaced");
+    c.eventually("n1 wrote its changed row", || async {
+        row(&raw_status(c).await, "n1")
+            .and_then(|r| r["message"].as_str())
+            .is_some_and(|m| m.contains("missing0"))
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_older_agent_keeps_the_fields_of_a_newer_agents_row() {
     let role = kuport_realapi::agent_role().expect("the agent's ClusterRole");
@@ -108,24 +131,7 @@ async fn an_older_agent_keeps_the_fields_of_a_newer_agents_row() {
     })
     .await;
     // n1 (this version) rewrites the status for a change of its own row.
-    let typed: Api<PortMapClass> = Api::all(c.client.clone());
-    let mut class = c.class().await;
-    class.spec.nodes.insert(
-        "n1".to_owned(),
-        kuport_core::api::ClassNode {
-            interfaces: vec!["eth0".to_owned(), "missing0".to_owned()],
-        },
-    );
-    typed
-        .replace("public", &PostParams::default(), &class)
-        .await
-        .expect("class replaced");
-    c.eventually("n1 wrote its changed row", || async {
-        row(&raw_status(&c).await, "n1")
-            .and_then(|r| r["message"].as_str())
-            .is_some_and(|m| m.contains("missing0"))
-    })
-    .await;
+    n1_writes_a_changed_row(&c).await;
     let status = raw_status(&c).await;
     assert_eq!(
         row(&status, "n2").map(|r| r["futureField"].clone()),
@@ -198,24 +204,7 @@ async fn a_row_patch_whose_row_moved_is_refused_and_written_afresh() {
     assert!(!raw_status(&c).await.to_string().contains("stale"));
     // n1 changes its row: written whichever way the writer finds the row, and the inserted
     // row is left as it was.
-    let typed: Api<PortMapClass> = Api::all(c.client.clone());
-    let mut class = c.class().await;
-    class.spec.nodes.insert(
-        "n1".to_owned(),
-        kuport_core::api::ClassNode {
-            interfaces: vec!["eth0".to_owned(), "missing0".to_owned()],
-        },
-    );
-    typed
-        .replace("public", &PostParams::default(), &class)
-        .await
-        .expect("class replaced");
-    c.eventually("n1 wrote its changed row", || async {
-        row(&raw_status(&c).await, "n1")
-            .and_then(|r| r["message"].as_str())
-            .is_some_and(|m| m.contains("missing0"))
-    })
-    .await;
+    n1_writes_a_changed_row(&c).await;
     let status = raw_status(&c).await;
     assert_eq!(
         row(&status, "a-first"),
