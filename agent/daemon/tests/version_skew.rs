@@ -79,15 +79,15 @@ async fn write_as_newer_agent(c: &Cluster, node: &str) -> bool {
         .is_ok()
 }
 
-/// Names an interface n1 does not have in the class, and waits until n1's agent wrote its
-/// row saying so: a change of n1's own row only.
-async fn n1_writes_a_changed_row(c: &Cluster) {
+/// Gives n1 the interfaces `interfaces` in the class (one it does not have among them), and
+/// waits until n1's agent wrote its row saying so.
+async fn n1_writes_a_changed_row(c: &Cluster, interfaces: &[&str]) {
     let typed: Api<PortMapClass> = Api::all(c.client.clone());
     let mut class = c.class().await;
     class.spec.nodes.insert(
         "n1".to_owned(),
         kuport_core::api::ClassNode {
-            interfaces: vec!["eth0".to_owned(), "missing0".to_owned()],
+            interfaces: interfaces.iter().map(|i| (*i).to_owned()).collect(),
         },
     );
     typed
@@ -102,17 +102,12 @@ async fn n1_writes_a_changed_row(c: &Cluster) {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_older_agent_keeps_the_fields_of_a_newer_agents_row() {
+/// n2's agent is replaced by a newer one, which writes fields this version does not know; n1
+/// (this version) then writes a change of its own row (`interfaces`): the newer fields stay.
+/// Returns the cluster, still running, for what the caller checks more.
+async fn newer_fields_survive_a_write_of_n1(test: &str, interfaces: &[&str]) -> Option<Cluster> {
     let role = kuport_realapi::agent_role().expect("the agent's ClusterRole");
-    let Some(mut c) = Cluster::empty_on(
-        Target::Real(Box::new(role)),
-        "an_older_agent_keeps_the_fields_of_a_newer_agents_row",
-    )
-    .await
-    else {
-        return;
-    };
+    let mut c = Cluster::empty_on(Target::Real(Box::new(role)), test).await?;
     apply_next_versions_class_crd(&c.client).await;
     c.seed().await;
     for i in 1..=3 {
@@ -124,14 +119,12 @@ async fn an_older_agent_keeps_the_fields_of_a_newer_agents_row() {
         row(&raw_status(&c).await, "n2").is_some()
     })
     .await;
-    // n2's agent is replaced by a newer one, which writes the field this version does not know.
     c.stop("n2").await;
     c.eventually("the newer agent's write lands", || {
         write_as_newer_agent(&c, "n2")
     })
     .await;
-    // n1 (this version) rewrites the status for a change of its own row.
-    n1_writes_a_changed_row(&c).await;
+    n1_writes_a_changed_row(&c, interfaces).await;
     let status = raw_status(&c).await;
     assert_eq!(
         row(&status, "n2").map(|r| r["futureField"].clone()),
@@ -143,7 +136,34 @@ async fn an_older_agent_keeps_the_fields_of_a_newer_agents_row() {
         row(&status, "n1").map(|r| r["futureField"].clone()),
         Some(Value::Null)
     );
+    Some(c)
+}
+
+/// A change of n1's row alone is written as a patch of that row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_agent_keeps_the_fields_of_a_newer_agents_row() {
+    let test = "an_older_agent_keeps_the_fields_of_a_newer_agents_row";
+    let Some(mut c) = newer_fields_survive_a_write_of_n1(test, &["eth0", "missing0"]).await else {
+        return;
+    };
     assert!(programmed_true(&c).await, "the mapping stays programmed");
+    c.stop_all().await;
+}
+
+/// n1 left with no interface of the class leaves the ready nodes: a shared change, written by
+/// compare-and-swap of the whole status, with the fields this version does not know grafted
+/// back (`plan/unknown_fields.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_agents_shared_write_keeps_the_fields_of_a_newer_agents_row() {
+    let test = "an_older_agents_shared_write_keeps_the_fields_of_a_newer_agents_row";
+    let Some(mut c) = newer_fields_survive_a_write_of_n1(test, &["missing0"]).await else {
+        return;
+    };
+    let ready = raw_status(&c).await["readyNodes"].clone();
+    assert!(
+        !ready.to_string().contains("\"n1\""),
+        "n1 left the ready nodes, so the write was a shared one: {ready}"
+    );
     c.stop_all().await;
 }
 
@@ -204,7 +224,7 @@ async fn a_row_patch_whose_row_moved_is_refused_and_written_afresh() {
     assert!(!raw_status(&c).await.to_string().contains("stale"));
     // n1 changes its row: written whichever way the writer finds the row, and the inserted
     // row is left as it was.
-    n1_writes_a_changed_row(&c).await;
+    n1_writes_a_changed_row(&c, &["eth0", "missing0"]).await;
     let status = raw_status(&c).await;
     assert_eq!(
         row(&status, "a-first"),
