@@ -283,7 +283,7 @@ fn caught(s: &Scenario, variant: Variant, invariant: &str) {
 /// The class written, as JSON, when `path` is a class status write replacing the object
 /// (a compare-and-swap); a JSON patch (an array of operations) is not one.
 fn class_status_body(path: &str, body: &bytes::Bytes) -> Option<serde_json::Value> {
-    (path.contains("/portmapclasses/") && path.ends_with("/status"))
+    is_class_status(path)
         .then(|| serde_json::from_slice::<serde_json::Value>(body).ok())
         .flatten()
         .filter(serde_json::Value::is_object)
@@ -292,9 +292,14 @@ fn class_status_body(path: &str, body: &bytes::Bytes) -> Option<serde_json::Valu
 /// The operations of a class status write sent as a JSON patch (what one node alone changed),
 /// when `path` is a class status write and `body` one.
 fn class_status_patch(path: &str, body: &bytes::Bytes) -> Option<Vec<serde_json::Value>> {
-    (path.contains("/portmapclasses/") && path.ends_with("/status"))
+    is_class_status(path)
         .then(|| serde_json::from_slice::<Vec<serde_json::Value>>(body).ok())
         .flatten()
+}
+
+/// Whether `path` is a class's status subresource.
+fn is_class_status(path: &str) -> bool {
+    path.contains("/portmapclasses/") && path.ends_with("/status")
 }
 
 #[test]

@@ -376,7 +376,7 @@ pub fn portmap_status_equivalent(a: &PortMapStatus, b: &PortMapStatus) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use kuport_testkit::cluster::{ready_condition as cond, timestamp as ts};
 
     use super::*;
@@ -385,7 +385,8 @@ mod tests {
     /// The version a test agent stamps into its rows.
     const VERSION: &str = "1.2.3";
 
-    fn row(node: &str) -> ClassNodeStatus {
+    /// A ready row of `node` and nothing else (the row patch tests use it too).
+    pub(in crate::plan) fn row(node: &str) -> ClassNodeStatus {
         ClassNodeStatus {
             name: node.into(),
             ready: true,
@@ -393,7 +394,8 @@ mod tests {
         }
     }
 
-    fn link(key: &str, slot: i32) -> LinkClaim {
+    /// The claim of pair `key` ("a/b") at `slot` of the default link subnet.
+    pub(in crate::plan) fn link(key: &str, slot: i32) -> LinkClaim {
         LinkClaim {
             key: key.into(),
             peers: key.split('/').map(str::to_owned).collect(),

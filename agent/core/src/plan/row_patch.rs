@@ -135,24 +135,7 @@ mod tests {
     use kuport_testkit::cluster::timestamp as ts;
 
     use super::*;
-
-    fn row(node: &str) -> ClassNodeStatus {
-        ClassNodeStatus {
-            name: node.into(),
-            ready: true,
-            ..Default::default()
-        }
-    }
-
-    fn claim(key: &str, slot: i32) -> LinkClaim {
-        LinkClaim {
-            key: key.into(),
-            peers: key.split('/').map(str::to_owned).collect(),
-            subnet: format!("169.254.77.{}/31", slot * 2),
-            slot,
-            unused_since: None,
-        }
-    }
+    use crate::plan::merge::tests::{link as claim, row};
 
     fn stored() -> PortMapClassStatus {
         PortMapClassStatus {
