@@ -196,7 +196,7 @@ fn land_half_of_the_needed_claims(snap: &mut Snapshot) {
         .portmaps
         .iter()
         .flat_map(|d| d.links.iter())
-        .filter_map(|l| Some((l.class.clone(), l.key.to_string(), l.slot?)))
+        .filter_map(|l| Some((l.class.to_string(), l.key.to_string(), l.slot?)))
         .collect();
     keys.sort();
     keys.dedup();

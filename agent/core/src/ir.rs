@@ -667,23 +667,23 @@ impl HostState {
 
     /// Sorts and deduplicates every collection, so equal states compare and render equal.
     pub fn normalise(&mut self) {
-        self.nft.counters.sort();
+        self.nft.counters.sort_unstable();
         self.nft.counters.dedup();
         self.nft.hairpin_sources = Ipv4Net::aggregate(&self.nft.hairpin_sources);
-        self.nft.hairpin_external.sort();
+        self.nft.hairpin_external.sort_unstable();
         self.nft.hairpin_external.dedup();
         self.nft.chains.sort_by_key(|(chain, _)| *chain);
         for (_, rules) in &mut self.nft.chains {
-            rules.sort();
+            rules.sort_unstable();
             rules.dedup();
         }
-        self.links.sort();
+        self.links.sort_unstable();
         self.links.dedup();
-        self.rules.sort();
+        self.rules.sort_unstable();
         self.rules.dedup();
-        self.routes.sort();
+        self.routes.sort_unstable();
         self.routes.dedup();
-        self.valid_mark_interfaces.sort();
+        self.valid_mark_interfaces.sort_unstable();
         self.valid_mark_interfaces.dedup();
     }
 

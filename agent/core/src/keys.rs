@@ -12,6 +12,8 @@ use std::borrow::Borrow;
 use std::cmp::Ordering;
 use std::fmt;
 use std::hash::{Hash, Hasher};
+use std::ops::Deref;
+use std::sync::Arc;
 
 use serde::{Serialize, Serializer};
 
@@ -19,8 +21,9 @@ use serde::{Serialize, Serializer};
 /// `/` (Kubernetes node names cannot), so the text splits back into the same two names.
 #[derive(Clone, Debug)]
 pub struct NodePair {
-    /// `a/b`.
-    text: String,
+    /// `a/b`, shared by the pair's clones: a pair is named by every mapping that needs its
+    /// link.
+    text: Arc<str>,
     /// Where the `/` is.
     split: usize,
 }
@@ -39,7 +42,7 @@ impl NodePair {
         text.push('/');
         text.push_str(second);
         Some(Self {
-            text,
+            text: Arc::from(text),
             split: first.len(),
         })
     }
@@ -115,7 +118,7 @@ macro_rules! text_key {
     ($key:ty) => {
         impl PartialEq for $key {
             fn eq(&self, other: &Self) -> bool {
-                self.text == other.text
+                self.as_str() == other.as_str()
             }
         }
 
@@ -129,50 +132,50 @@ macro_rules! text_key {
 
         impl Ord for $key {
             fn cmp(&self, other: &Self) -> Ordering {
-                self.text.cmp(&other.text)
+                self.as_str().cmp(other.as_str())
             }
         }
 
         impl Hash for $key {
             fn hash<H: Hasher>(&self, state: &mut H) {
-                self.text.as_str().hash(state);
+                self.as_str().hash(state);
             }
         }
 
         impl fmt::Display for $key {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(&self.text)
+                f.write_str(self.as_str())
             }
         }
 
         impl Serialize for $key {
             fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-                serializer.serialize_str(&self.text)
+                serializer.serialize_str(self.as_str())
             }
         }
 
         // Sound because the key orders, compares and hashes by its text.
         impl Borrow<str> for $key {
             fn borrow(&self) -> &str {
-                &self.text
+                self.as_str()
             }
         }
 
         impl PartialEq<str> for $key {
             fn eq(&self, other: &str) -> bool {
-                self.text == other
+                self.as_str() == other
             }
         }
 
         impl PartialEq<&str> for $key {
             fn eq(&self, other: &&str) -> bool {
-                self.text == *other
+                self.as_str() == *other
             }
         }
 
         impl PartialEq<String> for $key {
             fn eq(&self, other: &String) -> bool {
-                self.text == *other
+                self.as_str() == *other
             }
         }
     };
@@ -180,6 +183,101 @@ macro_rules! text_key {
 
 text_key!(NodePair);
 text_key!(MappingKey);
+text_key!(Name);
+
+/// A node, class or namespace name that many plan values hold: a class's name in each of its
+/// thousands of mappings and links, a node's in every mapping it serves. Cloning one copies a
+/// pointer instead of the text (the plan pass allocated a string per copy). It compares, sorts,
+/// hashes, prints and serialises exactly as the string it holds.
+#[derive(Clone)]
+pub struct Name {
+    text: Arc<str>,
+}
+
+impl Name {
+    /// The name as text.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+}
+
+impl Default for Name {
+    fn default() -> Self {
+        Self::from("")
+    }
+}
+
+impl From<&str> for Name {
+    fn from(text: &str) -> Self {
+        Self {
+            text: Arc::from(text),
+        }
+    }
+}
+
+impl From<String> for Name {
+    fn from(text: String) -> Self {
+        Self {
+            text: Arc::from(text),
+        }
+    }
+}
+
+impl From<&String> for Name {
+    fn from(text: &String) -> Self {
+        Self::from(text.as_str())
+    }
+}
+
+impl From<Name> for String {
+    fn from(name: Name) -> Self {
+        name.as_str().to_owned()
+    }
+}
+
+impl Deref for Name {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.text
+    }
+}
+
+impl AsRef<str> for Name {
+    fn as_ref(&self) -> &str {
+        &self.text
+    }
+}
+
+impl fmt::Debug for Name {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Name {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        String::deserialize(deserializer).map(Self::from)
+    }
+}
+
+impl PartialEq<Name> for str {
+    fn eq(&self, other: &Name) -> bool {
+        self == other.as_str()
+    }
+}
+
+impl PartialEq<Name> for &str {
+    fn eq(&self, other: &Name) -> bool {
+        *self == other.as_str()
+    }
+}
+
+impl PartialEq<Name> for String {
+    fn eq(&self, other: &Name) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
 
 #[cfg(test)]
 mod tests {

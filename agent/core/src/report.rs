@@ -242,18 +242,18 @@ impl PlanReport {
 
 fn portmap(d: &MappingDecision) -> PortMapReport {
     PortMapReport {
-        namespace: d.namespace.clone(),
+        namespace: d.namespace.to_string(),
         name: d.name.clone(),
         accepted: condition(&d.accepted, d.accepted.is_true()),
         programmed: d.programmed.as_ref().map(|p| condition(p, p.is_true())),
         endpoint: d.endpoint.as_ref().map(|e| EndpointReport {
-            node: e.node.clone(),
+            node: e.node.to_string(),
             address: e.address.to_string(),
             port: e.port,
         }),
-        serving_node: d.serving_node.clone(),
-        programming_nodes: d.programming_nodes.to_vec(),
-        status_writer: d.status_writer.clone(),
+        serving_node: d.serving_node.as_deref().map(str::to_owned),
+        programming_nodes: d.programming_nodes.iter().map(|n| n.to_string()).collect(),
+        status_writer: d.status_writer.as_deref().map(str::to_owned),
         published: d
             .published
             .iter()
@@ -270,7 +270,7 @@ fn portmap(d: &MappingDecision) -> PortMapReport {
 
 fn mapping_link(l: &NeededLink) -> MappingLinkReport {
     MappingLinkReport {
-        class: l.class.clone(),
+        class: l.class.to_string(),
         key: l.key.to_string(),
         slot: l.slot,
         landed: l.landed,

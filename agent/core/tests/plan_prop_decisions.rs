@@ -35,7 +35,7 @@ proptest! {
             let got: BTreeSet<(String, String)> = p
                 .portmaps
                 .iter()
-                .map(|d| (d.namespace.clone(), d.name.clone()))
+                .map(|d| (d.namespace.to_string(), d.name.clone()))
                 .collect();
             prop_assert_eq!(p.portmaps.len(), m.portmaps.len());
             prop_assert_eq!(&got, &wanted);
@@ -95,7 +95,7 @@ proptest! {
                 writers.entry((w.namespace.clone(), w.name.clone())).or_default().push(node);
             }
             for d in &p.portmaps {
-                decided.insert((d.namespace.clone(), d.name.clone()), d.status_writer.clone());
+                decided.insert((d.namespace.to_string(), d.name.clone()), d.status_writer.as_deref().map(str::to_owned));
             }
         }
         for (key, nodes) in &writers {

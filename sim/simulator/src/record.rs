@@ -91,8 +91,8 @@ fn decisions(plan: &Plan) -> Vec<Decision> {
             (
                 format!("{}/{}", d.namespace, d.name),
                 d.endpoint.as_ref().map(|e| format!("{e:?}")),
-                d.serving_node.clone(),
-                d.status_writer.clone(),
+                d.serving_node.as_deref().map(str::to_owned),
+                d.status_writer.as_deref().map(str::to_owned),
             )
         })
         .collect()

@@ -315,7 +315,7 @@ fn a_writer_rule_letting_every_node_write_is_caught() {
                     && p.metadata.name.as_deref() == Some(&d.name)
             });
             plan.writes.portmaps.push(kuport_core::plan::PortMapWrite {
-                namespace: d.namespace.clone(),
+                namespace: d.namespace.to_string(),
                 name: d.name.clone(),
                 status: stored.and_then(|p| p.status.clone()).unwrap_or_default(),
             });

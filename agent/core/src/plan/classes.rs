@@ -11,7 +11,7 @@ use super::reasons::{ClassReason, Outcome};
 use super::state::{Claim, ClassState, Working, valid_claims};
 use super::{ClaimView, ClassDecision, GcKind, Writes};
 use crate::api::{MAX_VNI, PortMapClass, ReturnPathMode, is_preflight};
-use crate::keys::NodePair;
+use crate::keys::{Name, NodePair};
 
 /// Link ids are the VNI's low 16 bits.
 const LINK_ID_SPACE: u64 = 1 << 16;
@@ -195,7 +195,7 @@ fn link_ids_overlap(a: u32, a_len: u32, b: u32, b_len: u32) -> bool {
 pub(super) fn pod_side<'a>(
     pair: &'a NodePair,
     endpoint_node: &'a str,
-    programming: &[String],
+    programming: &[Name],
 ) -> &'a str {
     let (a, b) = pair.nodes();
     if a == endpoint_node || b == endpoint_node {

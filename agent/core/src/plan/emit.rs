@@ -17,7 +17,7 @@ use crate::ir::{
     PREF_LOOP_GUARD, PREF_REPLY, PortRange, RP_FILTER_LOOSE, Route, Rule, SnatRule, SteerRule,
     VXLAN_OVERHEAD,
 };
-use crate::keys::{MappingKey, NodePair};
+use crate::keys::{MappingKey, Name, NodePair};
 use crate::snapshot::HostFacts;
 use crate::text::short_hash;
 
@@ -275,7 +275,7 @@ impl<'a> Emitter<'a> {
             self.accepting(class, d, translated, pod_ports, ports);
         }
         if ep.node == self.node {
-            let peers: Vec<String> = d
+            let peers: Vec<Name> = d
                 .programming_nodes
                 .iter()
                 .filter(|p| **p != self.node && binds(p))

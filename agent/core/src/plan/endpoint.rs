@@ -58,7 +58,7 @@ pub fn choose<'a>(index: &Index<'a>, pm: &'a PortMap, rank: &FastMap<&str, usize
     rejected.truncate(LISTED_REJECTIONS);
     Choice {
         endpoint: best.map(|(_, pod, node, address, port)| ChosenEndpoint {
-            node: node.to_owned(),
+            node: index.name(node),
             address,
             port,
             pod: pod.map(str::to_owned),

@@ -11,6 +11,7 @@ use super::fast_hash::{FastMap, FastSet};
 use super::holders::{self, Holder};
 use super::pod_network::AddressPolicy;
 use crate::api::{ClassNode, ClassNodeStatus, PortMap, PortMapClass, ReturnPathMode};
+use crate::keys::Name;
 use crate::snapshot::{CniFacts, SERVICE_NAME_LABEL, Snapshot, node_internal_ip, node_is_ready};
 
 static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
@@ -52,6 +53,9 @@ pub struct Index<'a> {
     pub host_ports: BTreeMap<&'a str, Vec<Holder>>,
     /// Which endpoint addresses mappings may deliver to.
     pub addresses: AddressPolicy<'a>,
+    /// The names of nodes, classes and namespaces, each allocated once per pass and shared by
+    /// every decision that holds it. Only looked up.
+    names: FastMap<&'a str, Name>,
 }
 
 /// The EndpointSlices of one Service, in input order. Nearly every Service has one: it is held
@@ -118,7 +122,9 @@ impl<'a> Index<'a> {
             .collect();
         let cni = snapshot.cni.as_ref();
         let addresses = AddressPolicy::build(&snapshot.nodes, &classes, &rows, cni);
+        let names = shared_names(&nodes, &namespaces, &classes);
         Index {
+            names,
             node_udp_ports: node_udp_ports(&classes, cni),
             node_ports: holders::node_ports(&snapshot.services),
             host_ports: holders::host_ports(&snapshot.pods),
@@ -133,6 +139,15 @@ impl<'a> Index<'a> {
             cni,
             held_rows,
             invalid_class_interface,
+        }
+    }
+
+    /// `text` as a shared [`Name`]: the pass's copy for a node, class or namespace it knows, a
+    /// new one for any other text.
+    pub fn name(&self, text: &str) -> Name {
+        match self.names.get(text) {
+            Some(name) => name.clone(),
+            None => Name::from(text),
         }
     }
 
@@ -163,6 +178,24 @@ impl<'a> Index<'a> {
 }
 
 /// Each Node's readiness and InternalIP, by name.
+/// One [`Name`] for each node (a Node object's or one a class names), class and namespace.
+fn shared_names<'a>(
+    nodes: &BTreeMap<&'a str, NodeInfo>,
+    namespaces: &FastMap<&'a str, &'a BTreeMap<String, String>>,
+    classes: &BTreeMap<&'a str, &'a PortMapClass>,
+) -> FastMap<&'a str, Name> {
+    let class_nodes = classes.values().flat_map(|c| c.spec.nodes.keys());
+    let texts = (nodes.keys().copied())
+        .chain(namespaces.keys().copied())
+        .chain(classes.keys().copied())
+        .chain(class_nodes.map(String::as_str));
+    let mut names = FastMap::default();
+    for text in texts {
+        names.entry(text).or_insert_with(|| Name::from(text));
+    }
+    names
+}
+
 fn nodes_by_name(snapshot: &Snapshot) -> BTreeMap<&str, NodeInfo> {
     let mut nodes = BTreeMap::new();
     for node in &snapshot.nodes {

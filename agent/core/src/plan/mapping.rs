@@ -16,7 +16,7 @@ use crate::api::{
     ServingMode,
 };
 use crate::ir::PortRange;
-use crate::keys::{MappingKey, NodePair};
+use crate::keys::{MappingKey, Name, NodePair};
 use crate::snapshot::HostFacts;
 
 /// Admission of every PortMap, walking them in conflict order. Also returns the interned
@@ -38,7 +38,7 @@ pub fn admit_all<'a>(index: &Index<'a>) -> (Vec<Working<'a>>, Bindings) {
 /// freeing) three empty ones per mapping.
 #[derive(Default)]
 struct Empty {
-    nodes: Arc<[String]>,
+    nodes: Arc<[Name]>,
     published: Arc<[PublishedAddress]>,
     bindings: Arc<BTreeMap<String, Vec<String>>>,
 }
@@ -51,7 +51,7 @@ fn admit<'a>(
     bindings: &mut Bindings,
     empty: &Empty,
 ) -> Working<'a> {
-    let namespace = pm.metadata.namespace.clone().unwrap_or_default();
+    let namespace = index.name(pm.metadata.namespace.as_deref().unwrap_or_default());
     let name = pm.metadata.name.clone().unwrap_or_default();
     let spec = &pm.spec;
     let ports = port_range(spec.port, spec.end_port);
@@ -69,7 +69,7 @@ fn admit<'a>(
         decision: MappingDecision {
             namespace,
             name,
-            class: spec.class_name.clone(),
+            class: index.name(&spec.class_name),
             protocol: spec.protocol,
             ports,
             generation: pm.metadata.generation,
@@ -450,8 +450,9 @@ pub fn resolve_all<'a>(
 ) {
     // Thousands of mappings share a few groups: their node lists and binding maps are built
     // once per group and shared, not copied into each decision.
-    type Shared = (Arc<[String]>, Arc<BTreeMap<String, Vec<String>>>);
+    type Shared = (Arc<[Name]>, Arc<BTreeMap<String, Vec<String>>>);
     let mut shared: FastMap<Group<'a>, Shared> = FastMap::default();
+    let mut pairs = PairCache::default();
     let classes = by_name(classes);
     for w in work.iter_mut().filter(|w| w.decision.accepted.is_true()) {
         let Some(class) = classes.get(w.decision.class.as_str()).copied() else {
@@ -473,10 +474,10 @@ pub fn resolve_all<'a>(
             None => class.accepting.first().copied(),
         };
         let Some(serving) = serving else { continue };
-        d.serving_node = Some(serving.to_owned());
+        d.serving_node = Some(index.name(serving));
         let single = class.class.spec.serving_mode == ServingMode::Single;
         let Some(set) = w.set else {
-            d.programming_nodes = programming_nodes(class, serving);
+            d.programming_nodes = programming_nodes(index, class, serving);
             continue;
         };
         let group = (class.name, set, single.then_some(serving));
@@ -484,11 +485,16 @@ pub fn resolve_all<'a>(
         let (nodes, bound) = shared
             .entry(group)
             .or_insert_with(|| {
-                let nodes = programming_nodes(class, serving);
+                let nodes = programming_nodes(index, class, serving);
                 let all = &bindings.set(set).by_node;
                 let bound = nodes
                     .iter()
-                    .map(|n| (n.clone(), all.get(n).cloned().unwrap_or_default()))
+                    .map(|n| {
+                        (
+                            n.to_string(),
+                            all.get(n.as_str()).cloned().unwrap_or_default(),
+                        )
+                    })
                     .collect();
                 (nodes, Arc::new(bound))
             })
@@ -497,7 +503,7 @@ pub fn resolve_all<'a>(
         d.bindings = bound;
         w.remote = d.programming_nodes.iter().any(|n| *n != ep.node);
         let all = &bindings.set(set).by_node;
-        needed_links(class, w, serving, all, &ranked);
+        needed_links(class, w, serving, all, &ranked, &mut pairs);
     }
 }
 
@@ -509,6 +515,7 @@ fn needed_links(
     serving: &str,
     all: &BTreeMap<String, Vec<String>>,
     ranked: &[Candidate],
+    pairs: &mut PairCache,
 ) {
     let d = &mut w.decision;
     let Some(ep) = &d.endpoint else { return };
@@ -520,8 +527,8 @@ fn needed_links(
             .programming_nodes
             .iter()
             // A node binding nothing emits nothing, so it needs no link.
-            .filter(|p| **p != ep.node && d.bindings.get(*p).is_some_and(|i| !i.is_empty()))
-            .filter_map(|p| NodePair::new(p, &ep.node))
+            .filter(|p| **p != ep.node && d.bindings.get(p.as_str()).is_some_and(|i| !i.is_empty()))
+            .filter_map(|p| pairs.get(p, &ep.node))
             .map(|key| NeededLink {
                 class: d.class.clone(),
                 key,
@@ -533,11 +540,11 @@ fn needed_links(
         d.links.dedup();
         let single = class.class.spec.serving_mode == ServingMode::Single;
         if single && serving != ep.node {
-            d.standby_links = standby_links(d, &class.accepting, all, &ep.node);
+            d.standby_links = standby_links(d, &class.accepting, all, &ep.node, pairs);
         }
     }
     if d.emits && class.builds_links() {
-        let alternates = endpoint_standby_links(ranked, d);
+        let alternates = endpoint_standby_links(ranked, d, pairs);
         d.standby_links.extend(alternates);
         d.standby_links.sort();
         d.standby_links.dedup();
@@ -550,7 +557,11 @@ fn needed_links(
 /// served without a link). With them claimed and built, a pod going unready or away moves the
 /// mapping without waiting for a claim to land; only the DNAT and the new pod's arrival half
 /// follow.
-fn endpoint_standby_links(ranked: &[Candidate], d: &MappingDecision) -> Vec<NeededLink> {
+fn endpoint_standby_links(
+    ranked: &[Candidate],
+    d: &MappingDecision,
+    pairs: &mut PairCache,
+) -> Vec<NeededLink> {
     let Some(ep) = &d.endpoint else {
         return Vec::new();
     };
@@ -558,17 +569,18 @@ fn endpoint_standby_links(ranked: &[Candidate], d: &MappingDecision) -> Vec<Need
     if ranked.len() < 2 {
         return Vec::new();
     }
-    let mut exclude: Vec<&str> = d.programming_nodes.iter().map(String::as_str).collect();
+    let mut exclude: Vec<&str> = d.programming_nodes.iter().map(Name::as_str).collect();
     exclude.push(ep.node.as_str());
     let next = endpoint::next_nodes(ranked, &exclude, STANDBY_LINKS);
     let serving: Vec<&str> = d
         .programming_nodes
         .iter()
-        .map(String::as_str)
+        .map(Name::as_str)
         .filter(|p| d.bindings.get(*p).is_some_and(|i| !i.is_empty()))
         .collect();
     next.iter()
-        .flat_map(|node| serving.iter().filter_map(move |p| NodePair::new(p, node)))
+        .flat_map(|node| serving.iter().map(move |p| (*p, *node)))
+        .filter_map(|(p, node)| pairs.get(p, node))
         .filter(|key| !d.links.iter().any(|l| l.key == *key))
         .map(|key| NeededLink {
             class: d.class.clone(),
@@ -579,11 +591,35 @@ fn endpoint_standby_links(ranked: &[Candidate], d: &MappingDecision) -> Vec<Need
         .collect()
 }
 
+/// The node pairs of one pass, each made once: thousands of mappings need links between the
+/// same few nodes, and making a pair allocates its text (a clone shares it). Only looked up.
+#[derive(Default)]
+struct PairCache {
+    pairs: FastMap<Name, FastMap<Name, Option<NodePair>>>,
+}
+
+impl PairCache {
+    /// [`NodePair::new`]`(a, b)`.
+    fn get(&mut self, a: &str, b: &str) -> Option<NodePair> {
+        // A pair is the same from either end: one entry serves both orders.
+        let (a, b) = if a <= b { (a, b) } else { (b, a) };
+        if let Some(pair) = self.pairs.get(a).and_then(|by_b| by_b.get(b)) {
+            return pair.clone();
+        }
+        let pair = NodePair::new(a, b);
+        self.pairs
+            .entry(Name::from(a))
+            .or_default()
+            .insert(Name::from(b), pair.clone());
+        pair
+    }
+}
+
 /// Single: the serving node; Multi: every accepting node.
-fn programming_nodes(class: &ClassState, serving: &str) -> Arc<[String]> {
+fn programming_nodes(index: &Index, class: &ClassState, serving: &str) -> Arc<[Name]> {
     match class.class.spec.serving_mode {
-        ServingMode::Single => Arc::from([serving.to_owned()]),
-        ServingMode::Multi => class.accepting.iter().map(|n| (*n).to_owned()).collect(),
+        ServingMode::Single => Arc::from([index.name(serving)]),
+        ServingMode::Multi => class.accepting.iter().map(|n| index.name(n)).collect(),
     }
 }
 
@@ -609,13 +645,14 @@ fn standby_links(
     accepting: &[&str],
     bound: &BTreeMap<String, Vec<String>>,
     pod_node: &str,
+    pairs: &mut PairCache,
 ) -> Vec<NeededLink> {
     let mut links: Vec<NeededLink> = accepting
         .iter()
         .filter(|n| **n != pod_node && !d.programming_nodes.iter().any(|p| p == *n))
         .filter(|n| bound.get(**n).is_some_and(|i| !i.is_empty()))
         .take(STANDBY_LINKS)
-        .filter_map(|n| NodePair::new(n, pod_node))
+        .filter_map(|n| pairs.get(n, pod_node))
         .map(|key| NeededLink {
             class: d.class.clone(),
             key,
@@ -793,7 +830,7 @@ fn node_gates(
     }
     d.programming_nodes
         .iter()
-        .find(|node| d.bindings.get(*node).is_none_or(Vec::is_empty))
+        .find(|node| d.bindings.get(node.as_str()).is_none_or(Vec::is_empty))
         .map(|node| {
             Outcome::new(
                 R::NoInterfaceOnNode,
@@ -936,7 +973,7 @@ fn kernel_refusal(
         return None;
     }
     let mapping = MappingKey::new(&d.namespace, &d.name);
-    let mut nodes: Vec<&str> = d.programming_nodes.iter().map(String::as_str).collect();
+    let mut nodes: Vec<&str> = d.programming_nodes.iter().map(Name::as_str).collect();
     nodes.push(ep.node.as_str());
     nodes.sort_unstable();
     nodes.dedup();
@@ -1015,14 +1052,14 @@ fn published(
 
 /// The serving node; else the endpoint's node; else the class's first accepting node; else the
 /// cluster's first Node by name.
-fn status_writer(index: &Index, class: Option<&ClassState>, d: &MappingDecision) -> Option<String> {
+fn status_writer(index: &Index, class: Option<&ClassState>, d: &MappingDecision) -> Option<Name> {
     d.serving_node
         .clone()
         .or_else(|| d.endpoint.as_ref().map(|e| e.node.clone()))
         .or_else(|| {
             class
                 .and_then(|c| c.accepting.first())
-                .map(|n| (*n).to_owned())
+                .map(|n| index.name(n))
         })
-        .or_else(|| index.first_node().map(str::to_owned))
+        .or_else(|| index.first_node().map(|n| index.name(n)))
 }

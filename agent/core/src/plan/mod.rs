@@ -51,7 +51,7 @@ use serde::Serialize;
 
 use crate::api::{ClassNodeStatus, PortMapStatus, Protocol, PublishedAddress};
 use crate::ir::{HostState, PortRange};
-use crate::keys::NodePair;
+use crate::keys::{Name, NodePair};
 use crate::snapshot::{HostFacts, Snapshot};
 
 pub use emit::fit_nft_text;
@@ -83,11 +83,11 @@ pub struct Plan {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct MappingDecision {
     /// Namespace of the PortMap.
-    pub namespace: String,
+    pub namespace: Name,
     /// Name of the PortMap.
     pub name: String,
     /// The class asked for.
-    pub class: String,
+    pub class: Name,
     /// The protocol.
     pub protocol: Protocol,
     /// The ports clients dial; `None` when the spec's ports are not a valid range.
@@ -106,13 +106,13 @@ pub struct MappingDecision {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub rejected_endpoints: Vec<RejectedEndpoint>,
     /// The serving node (only when an endpoint was chosen and a node accepts).
-    pub serving_node: Option<String>,
+    pub serving_node: Option<Name>,
     /// The nodes that program the mapping (Single: the serving node; Multi: every accepting
     /// node), sorted. Shared by every mapping with the same nodes: a Multi class's mappings all
     /// have the same list.
-    pub programming_nodes: Arc<[String]>,
+    pub programming_nodes: Arc<[Name]>,
     /// The one node that writes this mapping's status.
-    pub status_writer: Option<String>,
+    pub status_writer: Option<Name>,
     /// Where the port answers, sorted by node then interface. Shared by every mapping with the
     /// same bindings.
     pub published: Arc<[PublishedAddress]>,
@@ -136,7 +136,7 @@ pub struct MappingDecision {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ChosenEndpoint {
     /// The pod's node.
-    pub node: String,
+    pub node: Name,
     /// The pod's address.
     pub address: Ipv4Addr,
     /// The pod's port for the named Service port.
@@ -164,7 +164,7 @@ pub struct RejectedEndpoint {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 pub struct NeededLink {
     /// The class the link belongs to.
-    pub class: String,
+    pub class: Name,
     /// The node pair (sorted and joined by `/` when printed).
     pub key: NodePair,
     /// The slot, when claimed (landed or proposed in this plan).
@@ -347,35 +347,36 @@ pub fn plan(snapshot: &Snapshot, this_node: &str, facts: &HostFacts, now: Timest
 /// keys are unique and an unstable sort gives the one order; sorting the keys alone and then
 /// moving each decision once avoids shuffling the large decisions through the sort.
 fn by_name(decisions: Vec<MappingDecision>) -> Vec<MappingDecision> {
-    // Each key carries the first 8 bytes of both names as integers: most comparisons are
-    // decided by those alone, without a call to compare the strings.
-    let mut order: Vec<((u64, u64), usize, &str, &str)> = decisions
+    // Each key carries the first 8 bytes of both names as one integer: sorted by it alone, a
+    // comparison is one integer compare. Heads that differ order as the names do, so only
+    // runs with equal heads are sorted again by the whole names: a run of one namespace head
+    // whose namespaces differ past it, and a run of equal name heads within one namespace.
+    let mut order: Vec<(u128, usize)> = decisions
         .iter()
         .enumerate()
         .map(|(i, d)| {
-            let (namespace, name) = (d.namespace.as_str(), d.name.as_str());
-            ((head(namespace), head(name)), i, namespace, name)
+            let heads = (u128::from(head(&d.namespace)) << 64) | u128::from(head(&d.name));
+            (heads, i)
         })
         .collect();
-    order.sort_unstable_by(|a, b| {
-        by_head((a.0.0, a.2), (b.0.0, b.2)).then_with(|| by_head((a.0.1, a.3), (b.0.1, b.3)))
-    });
-    let order: Vec<usize> = order.into_iter().map(|(_, i, _, _)| i).collect();
+    order.sort_unstable_by_key(|(heads, _)| *heads);
+    let names = |i: usize| (decisions[i].namespace.as_str(), decisions[i].name.as_str());
+    let by_names = |a: &(u128, usize), b: &(u128, usize)| names(a.1).cmp(&names(b.1));
+    for namespace_run in order.chunk_by_mut(|a, b| a.0 >> 64 == b.0 >> 64) {
+        let first = names(namespace_run[0].1).0;
+        if namespace_run.iter().any(|(_, i)| names(*i).0 != first) {
+            namespace_run.sort_unstable_by(by_names);
+            continue;
+        }
+        for name_run in namespace_run.chunk_by_mut(|a, b| a.0 == b.0) {
+            if name_run.len() > 1 {
+                name_run.sort_unstable_by(by_names);
+            }
+        }
+    }
+    let order: Vec<usize> = order.into_iter().map(|(_, i)| i).collect();
     let mut slots: Vec<Option<MappingDecision>> = decisions.into_iter().map(Some).collect();
     order.into_iter().filter_map(|i| slots[i].take()).collect()
-}
-
-/// Two strings in the order of `str`, each with its [`head`]: heads that differ decide; equal
-/// heads of strings no longer than 8 bytes mean one is a prefix of the other (the rest of the
-/// longer one is zero bytes), so the shorter sorts first; otherwise the strings decide.
-fn by_head((ha, a): (u64, &str), (hb, b): (u64, &str)) -> std::cmp::Ordering {
-    ha.cmp(&hb).then_with(|| {
-        if a.len() <= 8 && b.len() <= 8 {
-            a.len().cmp(&b.len())
-        } else {
-            a.cmp(b)
-        }
-    })
 }
 
 /// The first 8 bytes of `text`, big-endian, zero-padded. When the heads of two strings differ
@@ -387,4 +388,66 @@ fn head(text: &str) -> u64 {
     let n = text.len().min(8);
     bytes[..n].copy_from_slice(&text.as_bytes()[..n]);
     u64::from_be_bytes(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::api::Protocol;
+
+    fn decision(namespace: &str, name: &str) -> MappingDecision {
+        MappingDecision {
+            namespace: Name::from(namespace),
+            name: name.to_owned(),
+            class: Name::from("c"),
+            protocol: Protocol::Udp,
+            ports: None,
+            generation: None,
+            accepted: Outcome::new(AcceptedReason::Valid, ""),
+            programmed: None,
+            endpoint: None,
+            rejected_endpoints: Vec::new(),
+            serving_node: None,
+            programming_nodes: Arc::from([]),
+            status_writer: None,
+            published: Arc::from([]),
+            links: Vec::new(),
+            standby_links: Vec::new(),
+            bindings: Arc::default(),
+            emits: false,
+        }
+    }
+
+    /// Names that share their first 8 bytes, are prefixes of each other, or are shorter than 8:
+    /// every case where the integer heads alone do not decide.
+    fn a_name() -> impl Strategy<Value = String> {
+        ("(namespac|names|ab|a|)", "[a-c/-]{0,10}").prop_map(|(head, tail)| head + &tail)
+    }
+
+    proptest! {
+        #[test]
+        fn decisions_come_out_in_name_order_whatever_the_input_order(
+            pairs in proptest::collection::btree_set((a_name(), a_name()), 0..60),
+            seed in any::<u64>(),
+        ) {
+            let mut input: Vec<(String, String)> = pairs.iter().cloned().collect();
+            // Shuffle deterministically from the seed (the plan's input order is arbitrary).
+            let mut state = seed | 1;
+            for i in (1..input.len()).rev() {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                input.swap(i, (state % (i as u64 + 1)) as usize);
+            }
+            let decisions = input.iter().map(|(ns, n)| decision(ns, n)).collect();
+            let got: Vec<(String, String)> = by_name(decisions)
+                .into_iter()
+                .map(|d| (d.namespace.to_string(), d.name))
+                .collect();
+            let want: Vec<(String, String)> = pairs.into_iter().collect();
+            prop_assert_eq!(got, want);
+        }
+    }
 }

@@ -157,7 +157,7 @@ fn portmap_write(w: &Working, now: Timestamp) -> PortMapWrite {
     let status = PortMapStatus {
         observed_generation: d.generation,
         endpoint: d.endpoint.as_ref().map(|e| EndpointStatus {
-            node: e.node.clone(),
+            node: e.node.to_string(),
             address: e.address.to_string(),
             port: i32::from(e.port),
             pod: e.pod.clone(),
@@ -167,7 +167,7 @@ fn portmap_write(w: &Working, now: Timestamp) -> PortMapWrite {
         conditions,
     };
     PortMapWrite {
-        namespace: d.namespace.clone(),
+        namespace: d.namespace.to_string(),
         name: d.name.clone(),
         status,
     }

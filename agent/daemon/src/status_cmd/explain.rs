@@ -150,7 +150,7 @@ pub fn explain(
         .iter()
         .find(|d| d.namespace == namespace && d.name == name)?;
     let mut mapping = mapping_view(pm);
-    let needed = d.endpoint.iter().map(|e| e.node.clone()).collect();
+    let needed = d.endpoint.iter().map(|e| e.node.to_string()).collect();
     let agents = agents(dump, selector, &needed, now);
     check_mapping(&mut mapping, &plan, plan_complete(dump), &agents);
     let class = snapshot

@@ -448,7 +448,7 @@ fn needed_nodes(snapshot: &Snapshot, plan: &Plan) -> BTreeSet<String> {
     let computed = plan
         .portmaps
         .iter()
-        .filter_map(|d| Some(d.endpoint.as_ref()?.node.clone()));
+        .filter_map(|d| Some(d.endpoint.as_ref()?.node.to_string()));
     named.chain(written).chain(computed).collect()
 }
 
@@ -538,14 +538,14 @@ pub(super) fn check_mapping(m: &mut MappingView, plan: &Plan, complete: bool, ag
             _ => None,
         })
     };
-    m.status_writer = d.status_writer.clone();
+    m.status_writer = d.status_writer.as_deref().map(str::to_owned);
     m.writer_running = d.status_writer.as_deref().and_then(running);
     // The other nodes that program a part of it: the accepting nodes, and the pod's node (its
     // half of the return link), when the pod is elsewhere.
     let others: BTreeSet<&str> = d
         .programming_nodes
         .iter()
-        .map(String::as_str)
+        .map(|n| n.as_str())
         .chain(d.endpoint.as_ref().map(|e| e.node.as_str()))
         .filter(|n| Some(*n) != d.status_writer.as_deref())
         .collect();
@@ -562,7 +562,7 @@ pub(super) fn check_mapping(m: &mut MappingView, plan: &Plan, complete: bool, ag
                 .map(|p| conditions::status(p.is_true()).to_owned()),
             endpoint: d.endpoint.as_ref().map(|e| EndpointView {
                 pod: e.pod.clone(),
-                node: e.node.clone(),
+                node: e.node.to_string(),
                 address: e.address.to_string(),
                 port: i32::from(e.port),
             }),
