@@ -376,7 +376,11 @@ fn by_name(decisions: Vec<MappingDecision>) -> Vec<MappingDecision> {
     }
     let order: Vec<usize> = order.into_iter().map(|(_, i)| i).collect();
     let mut slots: Vec<Option<MappingDecision>> = decisions.into_iter().map(Some).collect();
-    order.into_iter().filter_map(|i| slots[i].take()).collect()
+    // Sized up front: collected from a filter, the list would grow by doubling, copying every
+    // decision made so far at each step.
+    let mut sorted = Vec::with_capacity(slots.len());
+    sorted.extend(order.into_iter().filter_map(|i| slots[i].take()));
+    sorted
 }
 
 /// The first 8 bytes of `text`, big-endian, zero-padded. When the heads of two strings differ
