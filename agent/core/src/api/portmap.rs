@@ -189,8 +189,9 @@ pub struct PortMapStatus {
 
     /// Where the port answers once Programmed is True: one row per programming node and
     /// interface it binds, sorted by node then interface.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub published: Vec<PublishedAddress>,
+    // Shared, not copied: the plan gives every mapping of one group the same rows.
+    #[serde(default, skip_serializing_if = "published_is_empty")]
+    pub published: std::sync::Arc<[PublishedAddress]>,
 
     /// The published addresses joined by commas, each once, at most four and then "… +N" for
     /// the rest ("?" for an address not resolved yet): what the Published column shows. Derived
@@ -242,4 +243,8 @@ pub struct PublishedAddress {
     #[serde(default)]
     #[schemars(length(max = 15))]
     pub address: String,
+}
+
+fn published_is_empty(rows: &std::sync::Arc<[PublishedAddress]>) -> bool {
+    rows.is_empty()
 }

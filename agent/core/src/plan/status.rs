@@ -162,7 +162,7 @@ fn portmap_write(w: &Working, now: Timestamp) -> PortMapWrite {
             port: i32::from(e.port),
             pod: e.pod.clone(),
         }),
-        published: d.published.to_vec(),
+        published: d.published.clone(),
         published_summary: crate::summary::published_summary(&d.published),
         conditions,
     };
