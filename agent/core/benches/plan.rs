@@ -1,8 +1,10 @@
 //! Plan benchmark (`spec/targets.md`: 10,000 PortMaps, 500 nodes, 10,000 endpoints, one core,
 //! release build, median of at least 10 runs, ≤ 50 ms per pass, growing O(n log n)).
 //!
-//! `cargo bench -p kuport-core --bench plan` times `plan()` for one node on the full-size cluster
-//! and on one a tenth of its size, and prints the workload's counts.
+//! `cargo bench -p kuport-core --bench plan` times the agent's pass (`plan_with` and
+//! `Detail::Written`) for one node on the full-size cluster and on one a tenth of its size, and
+//! prints the workload's counts. `KUPORT_BENCH_DETAIL=full` measures `kuport plan`'s pass
+//! (`Detail::Full`: every mapping's messages) instead.
 //!
 //! `KUPORT_BENCH_ONE_PASS=1` (or `=<nodes>x<portmaps>`) builds the full-size cluster and runs exactly one measured plan
 //! pass (for `valgrind --tool=callgrind`; building the cluster plans once too, so collect only
@@ -13,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use kuport_core::api::{LinkClaim, PortMapClass};
 use kuport_core::ir::Rule;
-use kuport_core::plan::{AcceptedReason, Plan, ProgrammedReason, plan};
+use kuport_core::plan::{AcceptedReason, Detail, Plan, ProgrammedReason, plan, plan_with};
 use kuport_core::snapshot::{HostFacts, Snapshot};
 use kuport_testkit::cluster::{CREATED, cilium, now, typed};
 use kuport_testkit::objects::{self, endpoint, link_claim, node_row, pm, slice};
@@ -271,12 +273,25 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-/// Times `plan()` for `node`; returns the median in milliseconds.
+/// The pass measured: the agent's, unless `KUPORT_BENCH_DETAIL=full`.
+fn detail() -> Detail {
+    match std::env::var("KUPORT_BENCH_DETAIL").as_deref() {
+        Ok("full") => Detail::Full,
+        _ => Detail::Written,
+    }
+}
+
+/// One pass as measured.
+fn pass(snap: &Snapshot, node: &str, facts: &HostFacts) -> Plan {
+    plan_with(snap, node, facts, now(), detail())
+}
+
+/// Times a pass for `node`; returns the median in milliseconds.
 fn measure(label: &str, size: &Size, node: usize) -> f64 {
     let snap = cluster(size);
     let facts = facts(node);
     let name = node_name(node);
-    let first = plan(&snap, &name, &facts, now());
+    let first = pass(&snap, &name, &facts);
     let c = counts(&snap, &first);
     let dnat = first
         .host_state
@@ -287,12 +302,12 @@ fn measure(label: &str, size: &Size, node: usize) -> f64 {
         .filter(|r| matches!(r, Rule::Dnat(_)))
         .count();
     for _ in 0..WARMUP {
-        black_box(plan(black_box(&snap), &name, &facts, now()));
+        black_box(pass(black_box(&snap), &name, &facts));
     }
     let mut times: Vec<Duration> = (0..RUNS)
         .map(|_| {
             let start = Instant::now();
-            black_box(plan(black_box(&snap), &name, &facts, now()));
+            black_box(pass(black_box(&snap), &name, &facts));
             start.elapsed()
         })
         .collect();
@@ -399,5 +414,5 @@ fn main() {
 /// (`--toggle-collect=plan::one_pass`).
 #[inline(never)]
 fn one_pass(snap: &Snapshot, node: &str, facts: &HostFacts) -> Plan {
-    plan(snap, node, facts, now())
+    pass(snap, node, facts)
 }

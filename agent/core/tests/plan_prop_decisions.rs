@@ -10,7 +10,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::jiff::Timestamp;
-use kuport_core::plan::AcceptedReason;
+use kuport_core::plan::{AcceptedReason, Detail, plan_with};
 use proptest::prelude::*;
 
 use common::inputs::*;
@@ -157,6 +157,36 @@ proptest! {
                 "{}/{} refused with {:?} but no earlier accepted mapping clashes",
                 d.namespace, d.name, d.accepted.message
             );
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// The agent's pass ([`Detail::Written`]) is `kuport plan`'s ([`Detail::Full`]) with the
+    /// condition messages and published rows left out only for the mappings another node
+    /// writes the status of: the same reasons, endpoints, links, rules and writes, and every
+    /// sentence this node writes.
+    #[test]
+    fn the_agents_pass_leaves_out_only_what_other_nodes_write(m in model()) {
+        let snap = snapshot(&m);
+        for node in plan_nodes(&m) {
+            let full = plan_of(&m, &snap, node);
+            let lean = plan_with(&snap, node, &host_facts(&m, node), now(), Detail::Written);
+            let mut expected = full.clone();
+            for d in &mut expected.portmaps {
+                if d.status_writer.as_deref() == Some(node) {
+                    continue;
+                }
+                if let Some(p) = d.programmed.as_mut() {
+                    p.message.clear();
+                }
+                d.published = std::sync::Arc::from([]);
+            }
+            prop_assert_eq!(&lean, &expected, "node {}", node);
+            // Whatever this node writes is spelled out in full.
+            prop_assert_eq!(&lean.writes, &full.writes);
         }
     }
 }

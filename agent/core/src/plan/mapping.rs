@@ -8,9 +8,9 @@ use super::bindings::{Bindings, Holder, SetId};
 use super::endpoint::Candidate;
 use super::fast_hash::FastMap;
 use super::index::{HeldRow, Index};
-use super::reasons::{AcceptedReason, Outcome, ProgrammedReason};
+use super::reasons::{AcceptedReason, Outcome, ProgrammedReason, Say};
 use super::state::{ClassState, Group, Working, standby_only};
-use super::{MappingDecision, NeededLink, endpoint, selector};
+use super::{Detail, MappingDecision, NeededLink, endpoint, selector};
 use crate::api::{
     MAX_PORT, MIN_PORT, PortMap, PortMapClass, Protocol, PublishedAddress, ReturnPathMode,
     ServingMode,
@@ -672,6 +672,7 @@ pub fn gate_all(
     work: &mut [Working],
     this_node: &str,
     facts: &HostFacts,
+    detail: Detail,
 ) {
     // Published rows depend on the group alone (its nodes and interfaces, and their addresses):
     // built once per group.
@@ -689,8 +690,11 @@ pub fn gate_all(
                 }
             }
         }
+        w.decision.status_writer = status_writer(index, class, &w.decision);
+        let writes_here = w.decision.status_writer.as_deref() == Some(this_node);
+        let say = Say(detail == Detail::Full || writes_here);
         if let (true, Some(class)) = (w.decision.accepted.is_true(), class) {
-            let mut outcome = programmed(index, class, w);
+            let mut outcome = programmed(index, class, w, say);
             // A node whose kernel refused its part never acknowledges it (nor finds the link
             // up): the refusal, in the kernel's words, says more than the missing ack.
             let explained_by_refusal = outcome.is_true()
@@ -704,7 +708,8 @@ pub fn gate_all(
                 outcome = Outcome::new(ProgrammedReason::HostRefused, message);
             }
             w.decision.programmed = Some(outcome);
-            if w.decision.emits {
+            // Published rows are read by the status alone (and `kuport plan`).
+            if w.decision.emits && say.says() {
                 let d = &w.decision;
                 let rows = match w.group {
                     Some(group) => shared
@@ -716,78 +721,86 @@ pub fn gate_all(
                 w.decision.published = rows;
             }
         }
-        w.decision.status_writer = status_writer(index, class, &w.decision);
     }
 }
 
-fn programmed(index: &Index, class: &ClassState, w: &Working) -> Outcome<ProgrammedReason> {
+fn programmed(
+    index: &Index,
+    class: &ClassState,
+    w: &Working,
+    say: Say,
+) -> Outcome<ProgrammedReason> {
     use ProgrammedReason as R;
     let d = &w.decision;
     if let (None, Some(rejection)) = (&d.endpoint, &w.endpoint_rejection) {
-        return Outcome::new(R::EndpointNotAllowed, rejection.clone());
+        return Outcome::new(R::EndpointNotAllowed, say.message(|| rejection.clone()));
     }
     let Some(ep) = &d.endpoint else {
         let ipv6 = match endpoint::ready_ipv6_endpoints(index, w.pm) {
             0 => String::new(),
-            n => format!(
+            n => say.message(|| format!(
                 "; it lists {n} ready IPv6 endpoint(s), and kuport delivers to IPv4 endpoints only (IPv6 is not supported yet)"
-            ),
+            )),
         };
         return Outcome::new(
             R::NoReadyEndpoint,
-            format!(
-                "service {}/{} has no ready IPv4 endpoint for its {} port {:?}{ipv6}",
-                d.namespace,
-                w.pm.spec.service_ref.name,
-                d.protocol.as_str(),
-                w.pm.spec.service_ref.port
-            ),
+            say.message(|| {
+                format!(
+                    "service {}/{} has no ready IPv4 endpoint for its {} port {:?}{ipv6}",
+                    d.namespace,
+                    w.pm.spec.service_ref.name,
+                    d.protocol.as_str(),
+                    w.pm.spec.service_ref.port
+                )
+            }),
         );
     };
     if class.accepting.is_empty() {
         return Outcome::new(
             R::NodeNotReady,
-            format!("class {} selects no ready accepting node", class.name),
+            say.message(|| format!("class {} selects no ready accepting node", class.name)),
         );
     }
     if let Some(ports) = d.ports.filter(|p| p.is_range() && p.first != ep.port) {
         return Outcome::new(
             R::RangeTranslation,
-            format!(
+            say.message(|| format!(
                 "ports {ports} are delivered port for port, but service port {:?} targets pod port {}",
                 w.pm.spec.service_ref.port, ep.port
-            ),
+            )),
         );
     }
     let serving = d.serving_node.as_deref().unwrap_or_default();
     if w.remote && class.mode == ReturnPathMode::None {
         return Outcome::new(
             R::ReturnPathUnavailable,
-            format!(
+            say.message(|| format!(
                 "the pod runs on {} but serving node {serving} has no return path to it: class {} has returnPath None",
                 ep.node, class.name
-            ),
+            )),
         );
     }
     if let (true, Some(invalid)) = (w.remote, &class.invalid) {
         return Outcome::new(
             R::ReturnPathUnavailable,
-            format!(
-                "class {} builds no return links ({}): {}",
-                class.name, invalid.reason, invalid.message
-            ),
+            say.message(|| {
+                format!(
+                    "class {} builds no return links ({}): {}",
+                    class.name, invalid.reason, invalid.message
+                )
+            }),
         );
     }
-    if let Some(failed) = node_gates(index, class, w, serving) {
+    if let Some(failed) = node_gates(index, class, w, serving, say) {
         return failed;
     }
-    if let Some(failed) = link_gates(index, class, w) {
+    if let Some(failed) = link_gates(index, class, w, say) {
         return failed;
     }
-    if let Some(failed) = link_end_gates(index, class, w) {
+    if let Some(failed) = link_end_gates(index, class, w, say) {
         return failed;
     }
-    Outcome::new(R::AllNodesReady, firewall_note(index, class.name, d))
+    Outcome::new(R::AllNodesReady, firewall_note(index, class.name, d, say))
 }
 
 /// Every programming node has reported a ready row and binds one of the mapping's interfaces.
@@ -796,6 +809,7 @@ fn node_gates(
     class: &ClassState,
     w: &Working,
     serving: &str,
+    say: Say,
 ) -> Option<Outcome<ProgrammedReason>> {
     use ProgrammedReason as R;
     let d = &w.decision;
@@ -811,18 +825,20 @@ fn node_gates(
             None => {
                 return Some(Outcome::new(
                     R::NodeNotReady,
-                    format!(
-                        "{} {node} has not reported its row in class {} yet",
-                        role(node),
-                        class.name
-                    ),
+                    say.message(|| {
+                        format!(
+                            "{} {node} has not reported its row in class {} yet",
+                            role(node),
+                            class.name
+                        )
+                    }),
                 ));
             }
             Some(row) if !row.ready => {
                 let why = row.message.as_deref().unwrap_or("no reason given");
                 return Some(Outcome::new(
                     R::NodeNotReady,
-                    format!("{} {node} is not ready: {why}", role(node)),
+                    say.message(|| format!("{} {node} is not ready: {why}", role(node))),
                 ));
             }
             Some(_) => {}
@@ -834,18 +850,25 @@ fn node_gates(
         .map(|node| {
             Outcome::new(
                 R::NoInterfaceOnNode,
-                format!(
-                    "{} {node} binds none of the requested interfaces {}",
-                    role(node),
-                    w.pm.spec.interfaces.join(", ")
-                ),
+                say.message(|| {
+                    format!(
+                        "{} {node} binds none of the requested interfaces {}",
+                        role(node),
+                        w.pm.spec.interfaces.join(", ")
+                    )
+                }),
             )
         })
 }
 
 /// For a remote pod, every link the mapping needs has landed and both its ends have an
 /// InternalIP.
-fn link_gates(index: &Index, class: &ClassState, w: &Working) -> Option<Outcome<ProgrammedReason>> {
+fn link_gates(
+    index: &Index,
+    class: &ClassState,
+    w: &Working,
+    say: Say,
+) -> Option<Outcome<ProgrammedReason>> {
     use ProgrammedReason as R;
     if !w.remote {
         return None;
@@ -853,22 +876,24 @@ fn link_gates(index: &Index, class: &ClassState, w: &Working) -> Option<Outcome<
     for link in &w.decision.links {
         if !link.landed {
             let message = if class.exhausted.contains(&link.key) {
-                format!(
-                    "return link for {} is not claimed yet: no /31 is free in {} of class {}",
-                    link.key,
-                    class.subnet.map(|s| s.to_string()).unwrap_or_default(),
-                    class.name
-                )
+                say.message(|| {
+                    format!(
+                        "return link for {} is not claimed yet: no /31 is free in {} of class {}",
+                        link.key,
+                        class.subnet.map(|s| s.to_string()).unwrap_or_default(),
+                        class.name
+                    )
+                })
             } else {
                 // Only the pair's pod-side node proposes the claim: name it, since a claim that
                 // never comes means that node's agent is not running.
                 let endpoint = w.decision.endpoint.as_ref().map_or("", |e| e.node.as_str());
                 let proposer =
                     super::classes::pod_side(&link.key, endpoint, &w.decision.programming_nodes);
-                format!(
+                say.message(|| format!(
                     "return link for {} is not claimed yet: node {proposer} proposes it (if this stays, its agent is not running or cannot write the class status)",
                     link.key
-                )
+                ))
             };
             return Some(Outcome::new(R::ReturnPathUnavailable, message));
         }
@@ -876,10 +901,12 @@ fn link_gates(index: &Index, class: &ClassState, w: &Working) -> Option<Outcome<
         if let Some(node) = [a, b].into_iter().find(|n| index.internal_ip(n).is_none()) {
             return Some(Outcome::new(
                 R::ReturnPathUnavailable,
-                format!(
-                    "return link for {} cannot be built: node {node} has no IPv4 InternalIP",
-                    link.key
-                ),
+                say.message(|| {
+                    format!(
+                        "return link for {} cannot be built: node {node} has no IPv4 InternalIP",
+                        link.key
+                    )
+                }),
             ));
         }
     }
@@ -894,6 +921,7 @@ fn link_end_gates(
     index: &Index,
     class: &ClassState,
     w: &Working,
+    say: Say,
 ) -> Option<Outcome<ProgrammedReason>> {
     use ProgrammedReason as R;
     if !w.remote {
@@ -908,9 +936,9 @@ fn link_end_gates(
                 .row(class.name, end)
                 .and_then(|row| row.links.iter().find(|l| l.peer == peer));
             let entry = match entry {
-                None => return Some(unacknowledged(class, &link.key, end, None)),
+                None => return Some(unacknowledged(class, &link.key, end, None, say)),
                 Some(e) if Some(e.slot) != slot => {
-                    return Some(unacknowledged(class, &link.key, end, Some(e.slot)));
+                    return Some(unacknowledged(class, &link.key, end, Some(e.slot), say));
                 }
                 Some(e) => e,
             };
@@ -921,10 +949,12 @@ fn link_end_gates(
                     .unwrap_or("its probes get no answer");
                 down = Some(Outcome::new(
                     R::ReturnLinkDown,
-                    format!(
-                        "return link {} is down as node {end} sees it: {why}",
-                        link.key
-                    ),
+                    say.message(|| {
+                        format!(
+                            "return link {} is down as node {end} sees it: {why}",
+                            link.key
+                        )
+                    }),
                 ));
             }
         }
@@ -937,15 +967,16 @@ fn unacknowledged(
     key: &NodePair,
     node: &str,
     slot: Option<i32>,
+    say: Say,
 ) -> Outcome<ProgrammedReason> {
     let message = match slot {
-        None => format!(
+        None => say.message(|| format!(
             "node {node} has not reported its end of return link {key} in class {}: is its kuport agent running? (kuport status lists the agents)",
             class.name
-        ),
-        Some(old) => format!(
+        )),
+        Some(old) => say.message(|| format!(
             "node {node} reports its end of return link {key} at slot {old}, not the link's current slot: its agent has not applied the current claim yet"
-        ),
+        )),
     };
     Outcome::new(ProgrammedReason::NotAcknowledged, message)
 }
@@ -1002,7 +1033,10 @@ fn kernel_refusal(
 
 /// Programmed, but a programming node reported that its own firewall is known to drop mapped
 /// traffic: say so, since kuport cannot see past that firewall's rules.
-fn firewall_note(index: &Index, class: &str, d: &MappingDecision) -> String {
+fn firewall_note(index: &Index, class: &str, d: &MappingDecision, say: Say) -> String {
+    if !say.says() {
+        return String::new();
+    }
     let notes: Vec<String> = d
         .programming_nodes
         .iter()

@@ -311,12 +311,37 @@ pub struct GcAction {
 
 /// Computes the plan of `this_node`.
 pub fn plan(snapshot: &Snapshot, this_node: &str, facts: &HostFacts, now: Timestamp) -> Plan {
+    plan_with(snapshot, this_node, facts, now, Detail::Full)
+}
+
+/// How much of what only people read a plan spells out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Detail {
+    /// Every mapping's condition messages and published rows: `kuport plan` (its JSON), `kuport
+    /// status`, the tests.
+    Full,
+    /// Condition messages and published rows only of the mappings whose status this node
+    /// writes: the agent's pass. Every other mapping's are written by its own status writer,
+    /// and spelling them out cost a formatted sentence per unprogrammed mapping of the
+    /// cluster. Everything else (reasons, endpoints, links, rules, writes) is the same as
+    /// [`Detail::Full`]'s.
+    Written,
+}
+
+/// [`plan`] with the given [`Detail`].
+pub fn plan_with(
+    snapshot: &Snapshot,
+    this_node: &str,
+    facts: &HostFacts,
+    now: Timestamp,
+    detail: Detail,
+) -> Plan {
     let index = index::Index::build(snapshot);
     let mut classes = classes::evaluate_static(&index);
     let (mut decisions, bindings) = mapping::admit_all(&index);
     mapping::resolve_all(&index, &classes, &bindings, &mut decisions);
     classes::assign_slots(&mut classes, &decisions);
-    mapping::gate_all(&index, &classes, &mut decisions, this_node, facts);
+    mapping::gate_all(&index, &classes, &mut decisions, this_node, facts, detail);
 
     let host_state = emit::emit(&index, &classes, &decisions, this_node, facts);
     let mut writes = status::writes(

@@ -130,6 +130,23 @@ reason_names!(ClassReason {
     SubnetExhausted
 });
 
+/// Whether a condition's message is written out ([`super::Detail`]): a pass writes the
+/// sentences only of the mappings whose status its node writes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Say(pub bool);
+
+impl Say {
+    /// `sentence()` when messages are written, else an empty message.
+    pub fn message(self, sentence: impl FnOnce() -> String) -> String {
+        if self.0 { sentence() } else { String::new() }
+    }
+
+    /// True when messages are written.
+    pub fn says(self) -> bool {
+        self.0
+    }
+}
+
 /// The computed value of one condition: true only for the success reason.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Outcome<R> {

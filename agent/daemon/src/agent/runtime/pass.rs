@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use kuport_core::api::PortMapClass;
 use kuport_core::ir::{HostState, Rule};
-use kuport_core::plan::{Plan, Writes, plan};
+use kuport_core::plan::{Detail, Plan, Writes, plan_with};
 use kuport_core::snapshot::{HostFacts, KernelRefusal, Snapshot};
 use kuport_host::probe::ProbeTarget;
 use kuport_host::{ApplyReport, Host, Refusal};
@@ -208,13 +208,13 @@ async fn compute_plan(
     let now = clock.now();
     if blocking {
         return tokio::task::spawn_blocking(move || {
-            let plan = plan(&snapshot, &node, &facts, now);
+            let plan = plan_with(&snapshot, &node, &facts, now, Detail::Written);
             (plan, snapshot, facts)
         })
         .await
         .map_err(|e| PassError::Plan(e.to_string()));
     }
-    std::panic::catch_unwind(|| plan(&snapshot, &node, &facts, now))
+    std::panic::catch_unwind(|| plan_with(&snapshot, &node, &facts, now, Detail::Written))
         .map(|plan| (plan, snapshot, facts))
         .map_err(|_| PassError::Plan("the plan panicked".to_owned()))
 }
