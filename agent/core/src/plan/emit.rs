@@ -30,6 +30,19 @@ pub fn fit_nft_text(text: &str) -> String {
     if text.len() <= NFT_TEXT_MAX {
         return text.to_owned();
     }
+    shortened(text)
+}
+
+/// [`fit_nft_text`] of a text already owned: kept as it is when it fits.
+fn fit_nft_text_owned(text: String) -> String {
+    if text.len() <= NFT_TEXT_MAX {
+        return text;
+    }
+    shortened(&text)
+}
+
+/// A text longer than nft allows, cut and tagged with a hash of the whole.
+fn shortened(text: &str) -> String {
     let hash = short_hash(text);
     let mut cut = NFT_TEXT_MAX - hash.len() - 1;
     while !text.is_char_boundary(cut) {
@@ -114,7 +127,7 @@ struct Emitter<'a> {
     links_made: FastMap<String, FastMap<String, MadeLink>>,
     /// What [`Emitter::counter`] made, by chain and mapping: a mapping's rules share their
     /// counter per chain.
-    counters_made: FastMap<(ChainId, String), (String, String)>,
+    counters_made: FastMap<(ChainId, *const MappingDecision), (String, String)>,
     /// Links whose shared arrival rules ([`Emitter::arrival`]) are added.
     arrivals: FastSet<String>,
     /// Links (or none, for this node's own pods) whose shared accepting rules
@@ -220,19 +233,20 @@ impl<'a> Emitter<'a> {
     }
 
     /// The counter of the mapping's rules in `chain`, and their comment; the counter is
-    /// declared once.
-    fn counter(&mut self, chain: ChainId, namespace: &str, name: &str) -> (String, String) {
-        let key = (chain, MappingKey::new(namespace, name).into_string());
+    /// declared once. Made ones are found by the decision's address (decisions do not move
+    /// while the rules are emitted), so asking again allocates no key.
+    fn counter(&mut self, chain: ChainId, d: &MappingDecision) -> (String, String) {
+        let key = (chain, std::ptr::from_ref(d));
         if let Some(made) = self.counters_made.get(&key) {
             return made.clone();
         }
-        let comment = fit_nft_text(&key.1);
-        let counter = fit_nft_text(&format!("{}/{namespace}/{name}", chain.label()));
+        let comment = fit_nft_text_owned(MappingKey::new(&d.namespace, &d.name).into_string());
+        let counter = fit_nft_text_owned(format!("{}/{}/{}", chain.label(), d.namespace, d.name));
         self.state.nft.counters.push(Counter {
             name: counter.clone(),
             chain,
-            namespace: namespace.to_owned(),
-            mapping: name.to_owned(),
+            namespace: d.namespace.to_string(),
+            mapping: d.name.clone(),
         });
         self.counters_made
             .insert(key, (counter.clone(), comment.clone()));
@@ -572,7 +586,7 @@ impl<'a> Emitter<'a> {
         to_port: Option<u16>,
         ports: PortRange,
     ) {
-        let (counter, comment) = self.counter(ChainId::Pre, &d.namespace, &d.name);
+        let (counter, comment) = self.counter(ChainId::Pre, d);
         let rule = HairpinRule {
             daddr,
             protocol: d.protocol,
@@ -595,7 +609,7 @@ impl<'a> Emitter<'a> {
         to_port: Option<u16>,
         ports: PortRange,
     ) {
-        let (counter, comment) = self.counter(ChainId::Pre, &d.namespace, &d.name);
+        let (counter, comment) = self.counter(ChainId::Pre, d);
         let rule = DnatRule {
             iif,
             mark,
@@ -610,7 +624,7 @@ impl<'a> Emitter<'a> {
     }
 
     fn snat(&mut self, d: &MappingDecision, daddr: Ipv4Addr, ports: PortRange) {
-        let (counter, comment) = self.counter(ChainId::Post, &d.namespace, &d.name);
+        let (counter, comment) = self.counter(ChainId::Post, d);
         let rule = SnatRule {
             daddr,
             protocol: d.protocol,

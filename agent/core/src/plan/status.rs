@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
+use super::fast_hash::FastMap;
 use super::holders::{self, Holder};
 use super::index::Index;
 use super::pod_network;
@@ -16,7 +17,7 @@ use super::{
 };
 use crate::api::{
     ClassNodeStatus, CniInfo, EndpointStatus, HeldPort, LinkEndStatus, PortMapClass, PortMapStatus,
-    Protocol, conditions,
+    Protocol, PublishedAddress, conditions,
 };
 use crate::ir::{HostState, VXLAN_OVERHEAD};
 use crate::keys::{MappingKey, NodePair};
@@ -84,15 +85,24 @@ pub fn writes(
     now: Timestamp,
 ) -> Writes {
     let mut writes = Writes::default();
+    // The summary depends on the published rows alone, which mappings of one group share:
+    // made once per shared list (looked up by its address, never iterated).
+    let mut summaries: FastMap<*const PublishedAddress, Option<String>> = FastMap::default();
     for w in work
         .iter()
         .filter(|w| w.decision.status_writer.as_deref() == Some(this_node))
     {
-        writes.portmaps.push(portmap_write(w, now));
+        let published = &w.decision.published;
+        let summary = summaries
+            .entry(published.as_ptr())
+            .or_insert_with(|| crate::summary::published_summary(published))
+            .clone();
+        writes.portmaps.push(portmap_write(w, summary, now));
     }
+    // One write per PortMap name: an unstable sort gives the one order, moving less.
     writes
         .portmaps
-        .sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        .sort_unstable_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     for state in classes
         .values()
         .filter(|s| s.class.spec.nodes.contains_key(this_node))
@@ -127,7 +137,7 @@ pub fn writes(
     writes
 }
 
-fn portmap_write(w: &Working, now: Timestamp) -> PortMapWrite {
+fn portmap_write(w: &Working, published_summary: Option<String>, now: Timestamp) -> PortMapWrite {
     let d = &w.decision;
     let stored =
         w.pm.status
@@ -163,7 +173,7 @@ fn portmap_write(w: &Working, now: Timestamp) -> PortMapWrite {
             pod: e.pod.clone(),
         }),
         published: d.published.clone(),
-        published_summary: crate::summary::published_summary(&d.published),
+        published_summary,
         conditions,
     };
     PortMapWrite {
