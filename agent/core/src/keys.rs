@@ -201,37 +201,11 @@ impl Name {
     }
 }
 
-impl Default for Name {
-    fn default() -> Self {
-        Self::from("")
-    }
-}
-
 impl From<&str> for Name {
     fn from(text: &str) -> Self {
         Self {
             text: Arc::from(text),
         }
-    }
-}
-
-impl From<String> for Name {
-    fn from(text: String) -> Self {
-        Self {
-            text: Arc::from(text),
-        }
-    }
-}
-
-impl From<&String> for Name {
-    fn from(text: &String) -> Self {
-        Self::from(text.as_str())
-    }
-}
-
-impl From<Name> for String {
-    fn from(name: Name) -> Self {
-        name.as_str().to_owned()
     }
 }
 
@@ -243,27 +217,9 @@ impl Deref for Name {
     }
 }
 
-impl AsRef<str> for Name {
-    fn as_ref(&self) -> &str {
-        &self.text
-    }
-}
-
 impl fmt::Debug for Name {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(self.as_str(), f)
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for Name {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        String::deserialize(deserializer).map(Self::from)
-    }
-}
-
-impl PartialEq<Name> for str {
-    fn eq(&self, other: &Name) -> bool {
-        self == other.as_str()
     }
 }
 
@@ -335,6 +291,28 @@ mod tests {
             .collect();
         assert_eq!(by_pair, by_text);
         assert!(NodePair::new("a-x", "b") < NodePair::new("a", "b"));
+    }
+
+    #[test]
+    fn a_name_behaves_as_its_text() {
+        let names = ["b", "a-x", "a", "a/b", ""];
+        let mut shared: Vec<Name> = names.iter().map(|n| Name::from(*n)).collect();
+        shared.sort();
+        let mut texts = names.to_vec();
+        texts.sort();
+        assert_eq!(shared.iter().map(Name::as_str).collect::<Vec<_>>(), texts);
+        let name = Name::from("edge-a");
+        assert_eq!(serde_json::to_string(&name).unwrap(), "\"edge-a\"");
+        assert_eq!(format!("{name} {name:?}"), "edge-a \"edge-a\"");
+        let (text, owned) = ("edge-a", String::from("edge-a"));
+        assert!(name == text);
+        assert!(text == name);
+        assert!(owned == name);
+        // Found by its text in a table keyed by names (Borrow<str> hashes as the text).
+        let table: std::collections::HashMap<Name, u8> = [(name.clone(), 1)].into();
+        assert_eq!(table.get("edge-a"), Some(&1));
+        // A clone shares the text rather than copying it.
+        assert!(std::ptr::eq(name.as_str(), name.clone().as_str()));
     }
 
     #[test]

@@ -177,7 +177,6 @@ impl<'a> Index<'a> {
     }
 }
 
-/// Each Node's readiness and InternalIP, by name.
 /// One [`Name`] for each node (a Node object's or one a class names), class and namespace.
 fn shared_names<'a>(
     nodes: &BTreeMap<&'a str, NodeInfo>,
@@ -196,6 +195,7 @@ fn shared_names<'a>(
     names
 }
 
+/// Each Node's readiness and InternalIP, by name.
 fn nodes_by_name(snapshot: &Snapshot) -> BTreeMap<&str, NodeInfo> {
     let mut nodes = BTreeMap::new();
     for node in &snapshot.nodes {
