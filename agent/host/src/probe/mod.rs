@@ -179,7 +179,10 @@ async fn probe_link(
         full: None,
     };
     let jitter = Jitter::new(&task.target.device);
-    let mut buf = vec![0u8; 65536];
+    // Room for any datagram (nothing is cut short), but never zeroed: the kernel writes only
+    // what arrives, so a link's buffer costs the pages its probes touch, not 64 KiB resident
+    // on each of hundreds of links.
+    let mut buf: Vec<u8> = Vec::with_capacity(RECEIVE_CAPACITY);
     let mut round: u64 = 0;
     let mut next = Instant::now() + jitter.start(task.settings.interval);
     loop {
@@ -189,13 +192,22 @@ async fn probe_link(
                 task.round(&socket, round).await;
                 next = Instant::now() + jitter.interval(task.settings.interval, round);
             }
-            received = socket.recv_from(&mut buf) => {
-                if let Ok((len, from)) = received && from == peer {
-                    task.received(&socket, &mut buf[..len]).await;
+            received = receive(&socket, &mut buf) => {
+                if let Ok(from) = received && from == peer {
+                    task.received(&socket, &mut buf).await;
                 }
             }
         }
     }
+}
+
+/// The largest datagram a probe socket takes whole.
+const RECEIVE_CAPACITY: usize = 65536;
+
+/// Receives one datagram into `buf` (its contents replaced), from whom.
+async fn receive(socket: &UdpSocket, buf: &mut Vec<u8>) -> std::io::Result<SocketAddr> {
+    buf.clear();
+    socket.recv_buf_from(buf).await.map(|(_, from)| from)
 }
 
 async fn bind(target: &ProbeTarget, retry: Duration) -> UdpSocket {
