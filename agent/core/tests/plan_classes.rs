@@ -249,6 +249,13 @@ fn exhausted_subnet_stops_new_pairs_only() {
         "{}",
         p.message
     );
+    // No other agent's step is pending: the status is written at once, never held back.
+    let writes = c.plan("edge-a").writes.portmaps;
+    let gs2 = writes
+        .iter()
+        .find(|w| w.name == "gs2")
+        .expect("edge-a writes gs2");
+    assert!(!gs2.settling);
     // The landed pair keeps working.
     let edge = c.plan("edge-a");
     assert_eq!(edge.host_state.links.len(), 1);
@@ -481,25 +488,40 @@ fn only_the_next_accepting_nodes_in_serving_order_keep_standby_links() {
     );
 }
 
+fn gc_of(c: &Cluster, node: &str) -> Vec<(String, GcKind)> {
+    c.plan(node)
+        .writes
+        .gc
+        .into_iter()
+        .map(|g| (g.key, g.action))
+        .collect()
+}
+
 #[test]
 fn standby_claims_are_never_collected() {
     let c = standby_cluster("169.254.77.0/24", false)
         .claim("public", "edge-a/worker-b", 0)
         .claim_unused_since("public", "edge-c/worker-b", 1, "2026-05-01T00:00:00Z");
-    for edge in ["edge-a", "edge-c"] {
-        let gc: Vec<(String, GcKind)> = c
-            .plan(edge)
-            .writes
-            .gc
-            .into_iter()
-            .map(|g| (g.key, g.action))
-            .collect();
-        assert_eq!(
-            gc,
-            [("edge-c/worker-b".into(), GcKind::ClearUnused)],
-            "{edge}: a standby claim is needed, so it is cleared, not dropped"
-        );
-    }
+    assert_eq!(
+        gc_of(&c, "edge-c"),
+        [("edge-c/worker-b".into(), GcKind::ClearUnused)],
+        "a standby claim is needed, so it is cleared, not dropped"
+    );
+}
+
+/// Each claim is looked after by one accepting node: the pair's own accepting node, else (it
+/// no longer accepts) the class's first accepting node. The others leave it alone, so a pod
+/// move's marks are one write, not one per accepting node.
+#[test]
+fn one_accepting_node_collects_each_claim() {
+    let c = standby_cluster("169.254.77.0/24", false)
+        .claim_unused_since("public", "edge-c/worker-b", 1, "2026-05-01T00:00:00Z")
+        .claim("public", "edge-z/worker-q", 2);
+    let mark = ("edge-z/worker-q".to_owned(), GcKind::MarkUnused);
+    let clear = ("edge-c/worker-b".to_owned(), GcKind::ClearUnused);
+    assert_eq!(gc_of(&c, "edge-a"), [mark], "edge-z accepts for no class");
+    assert_eq!(gc_of(&c, "worker-b"), [], "only accepting nodes collect");
+    assert_eq!(gc_of(&c, "edge-c"), [clear]);
 }
 
 #[test]

@@ -423,6 +423,30 @@ fn remote_pod_waits_for_its_claim_then_programs() {
     assert_eq!(d.status_writer.as_deref(), Some("edge-a"));
 }
 
+/// `settling` marks a status that waits only for another agent's next step (the claim its
+/// pod-side node proposes, an end not yet acknowledged), which the agent may hold back for a
+/// moment; a link found down or a working mapping is no such step.
+#[test]
+fn settling_marks_only_the_step_another_agent_takes_next() {
+    let settling = |c: &Cluster| {
+        let plan = c.plan("edge-a");
+        let write = plan.writes.portmaps.iter().find(|w| w.name == "gs");
+        write.expect("edge-a writes the status of gs").settling
+    };
+    let c = edge_and_worker()
+        .endpoint("games", "gs", "gs-0", "worker-b", "10.244.1.5", 3000)
+        .portmap(pm("games", "gs", "public", 3000));
+    assert!(settling(&c), "the claim is proposed, not landed");
+    let c = c.claim("public", "edge-a/worker-b", 0);
+    assert!(settling(&c), "landed, not acknowledged");
+    let down = c
+        .clone()
+        .link_ends("public", "edge-a/worker-b", 0, Some(false));
+    assert!(!settling(&down), "a link found down is written at once");
+    let up = c.link_ends("public", "edge-a/worker-b", 0, Some(true));
+    assert!(!settling(&up));
+}
+
 #[test]
 fn a_link_end_without_internal_ip_is_reported() {
     let c = Cluster::new()

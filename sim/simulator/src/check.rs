@@ -120,7 +120,10 @@ pub fn quiesce(world: &mut World, limit: Duration) -> Result<(), WorldError> {
         }
         return Ok(());
     }
-    // Converged: a quiet spell must write nothing (no ping-pong between writers).
+    // Converged: a write an agent holds back for the one that usually follows (ends taken
+    // down, claims marked: `kuport::agent::status::SETTLE`) lands within that time, once.
+    world.run_for(kuport::agent::status::SETTLE + step)?;
+    // Then a quiet spell must write nothing (no ping-pong between writers).
     let writes_before = status_writes(world);
     world.run_for(Duration::from_secs(5))?;
     let writes_after = status_writes(world);

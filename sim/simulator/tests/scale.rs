@@ -112,9 +112,11 @@ fn measure(count: usize) -> (Vec<u64>, Vec<u64>) {
         total as f64 / wrote.max(1) as f64
     );
     // 8.29 when every class write was a compare-and-swap that most writers of one change lost
-    // (a 409, a read, another write); what only one node writes is a guarded patch now.
+    // (a 409, a read, another write); 3.02 once what only one node writes was a guarded patch;
+    // now new claims test the claim list alone, one node collects each claim, and writes
+    // nobody waits for are held for the one that follows (`docs/decisions.md`).
     assert!(
-        total <= 4 * wrote,
+        total <= 2 * wrote,
         "{count} nodes: {total} requests for {wrote} nodes whose status changed"
     );
     (requests, writers)

@@ -318,6 +318,7 @@ fn a_writer_rule_letting_every_node_write_is_caught() {
                 namespace: d.namespace.to_string(),
                 name: d.name.clone(),
                 status: stored.and_then(|p| p.status.clone()).unwrap_or_default(),
+                settling: false,
             });
         }
     });

@@ -90,6 +90,7 @@ fn admit<'a>(
         set,
         group: None,
         endpoint_rejection: None,
+        settling: false,
     }
 }
 
@@ -707,6 +708,7 @@ pub fn gate_all(
             {
                 outcome = Outcome::new(ProgrammedReason::HostRefused, message);
             }
+            w.settling = settling(class, &w.decision, &outcome);
             w.decision.programmed = Some(outcome);
             // Published rows are read by the status alone (and `kuport plan`).
             if w.decision.emits && say.says() {
@@ -721,6 +723,22 @@ pub fn gate_all(
                 w.decision.published = rows;
             }
         }
+    }
+}
+
+/// Whether `outcome` only waits for another agent's next step, one round trip away: the
+/// claim of a needed link proposed (its pod-side node writes it next) but not landed, or an end
+/// of a landed link not acknowledged yet (that end's agent builds it and says so next).
+fn settling(class: &ClassState, d: &MappingDecision, outcome: &Outcome<ProgrammedReason>) -> bool {
+    match outcome.reason {
+        ProgrammedReason::NotAcknowledged => true,
+        // The first link not landed decides the reason; a full subnet is no step in progress.
+        ProgrammedReason::ReturnPathUnavailable => d
+            .links
+            .iter()
+            .find(|l| !l.landed)
+            .is_some_and(|l| !class.exhausted.contains(&l.key)),
+        _ => false,
     }
 }
 

@@ -246,6 +246,12 @@ pub struct PortMapWrite {
     pub name: String,
     /// The full desired status; conditions keep their `lastTransitionTime` unless they flipped.
     pub status: PortMapStatus,
+    /// `Programmed` is false only while another agent takes the protocol's next step (a claim
+    /// proposed but not landed, a link end not acknowledged yet): a state that usually lasts
+    /// one round trip, which the agent does not write over a `Programmed=True` unless it lasts
+    /// (`agent.md`, "Status writes"). Not part of the plan's JSON.
+    #[serde(skip)]
+    pub settling: bool,
 }
 
 /// This node's row in one class, and the class's Ready condition as this node computes it (a

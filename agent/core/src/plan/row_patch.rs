@@ -8,8 +8,14 @@
 //! or cleared) or the removal of a claim (its collection). Each operation is guarded by a
 //! `test` of the key at the index it touches, so if another node's write moved the list
 //! meanwhile the server refuses the whole patch (422) and the agent merges into a fresh read
-//! instead. A new claim takes a slot, the Ready condition, `readyNodes`, the summary and the
-//! refusals are computed from every row: any change to those goes through compare-and-swap.
+//! instead.
+//!
+//! A new claim takes a slot, which is unique only if no other writer changed the claim list
+//! meanwhile: [`claims_patch`] replaces the whole list under a `test` of the whole list as
+//! stored, a compare-and-swap of that list alone, so the rows other nodes patch at the same
+//! moment do not make it fail. The Ready condition, `readyNodes`, the summary and the
+//! refusals are computed from every row: any change to those goes through compare-and-swap of
+//! the whole object.
 
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -117,6 +123,90 @@ fn claim_ops(stored: &[LinkClaim], merged: &[LinkClaim]) -> Option<Vec<Value>> {
     Some(ops)
 }
 
+/// The patch of a write whose shared part is the claim list alone (new claims, or a claim's
+/// slot changed) besides this node's own row: the row's guarded operations, then a `test` that
+/// the list is still `stored_links` and its replacement by `merged_links`. The two lists are
+/// the JSON as the server holds it and as it is to be written (fields this version does not
+/// know kept), not this version's reading of it: the test compares the whole list. `None` when
+/// anything else shared differs, another row differs, or the server holds no list (a patch
+/// cannot test that a list is absent).
+pub fn claims_patch(
+    stored: &PortMapClassStatus,
+    merged: &PortMapClassStatus,
+    node: &str,
+    stored_links: &Value,
+    merged_links: &Value,
+) -> Option<Vec<Value>> {
+    let rest_same = PortMapClassStatus {
+        nodes: Vec::new(),
+        links: Vec::new(),
+        ..stored.clone()
+    } == PortMapClassStatus {
+        nodes: Vec::new(),
+        links: Vec::new(),
+        ..merged.clone()
+    };
+    if !rest_same || stored.links == merged.links || !stored_links.is_array() {
+        return None;
+    }
+    let mut ops = row_ops(&stored.nodes, &merged.nodes, node)?;
+    ops.push(json!({"op": "test", "path": "/status/links", "value": stored_links}));
+    ops.push(json!({"op": "replace", "path": "/status/links", "value": merged_links}));
+    Some(ops)
+}
+
+/// Whether all `merged` changes of `stored` is what nobody waits for: ends of return links this
+/// node took down left out of its row (or the row itself gone), and `unusedSince` set on claims.
+/// Such a change may wait for the node's next write that someone does wait for, which usually
+/// comes within a round trip during a move (the new link's acknowledgement), so that the two
+/// become one write and a mark does not meet the new pod's node's claims. False when nothing
+/// changed.
+pub fn settles_only(stored: &PortMapClassStatus, merged: &PortMapClassStatus, node: &str) -> bool {
+    let rest_same = PortMapClassStatus {
+        nodes: Vec::new(),
+        links: Vec::new(),
+        ..stored.clone()
+    } == PortMapClassStatus {
+        nodes: Vec::new(),
+        links: Vec::new(),
+        ..merged.clone()
+    };
+    let others = |rows: &[ClassNodeStatus]| -> Vec<ClassNodeStatus> {
+        rows.iter().filter(|r| r.name != node).cloned().collect()
+    };
+    let row_settles = match (
+        stored.nodes.iter().find(|r| r.name == node),
+        merged.nodes.iter().find(|r| r.name == node),
+    ) {
+        (_, None) => true,
+        (None, Some(_)) => false,
+        (Some(old), Some(new)) => {
+            let ends_only_gone = new.links.iter().all(|l| old.links.contains(l));
+            let unlinked = |r: &ClassNodeStatus| ClassNodeStatus {
+                links: Vec::new(),
+                last_pass_time: None,
+                ..r.clone()
+            };
+            ends_only_gone && unlinked(old) == unlinked(new)
+        }
+    };
+    let marks_only = stored.links.len() == merged.links.len()
+        && stored.links.iter().zip(&merged.links).all(|(old, new)| {
+            old == new
+                || (old.unused_since.is_none()
+                    && new.unused_since.is_some()
+                    && LinkClaim {
+                        unused_since: None,
+                        ..new.clone()
+                    } == *old)
+        });
+    stored != merged
+        && rest_same
+        && others(&stored.nodes) == others(&merged.nodes)
+        && row_settles
+        && marks_only
+}
+
 fn test(path: &str, value: &str) -> Value {
     json!({"op": "test", "path": path, "value": value})
 }
@@ -135,6 +225,7 @@ mod tests {
     use kuport_testkit::cluster::timestamp as ts;
 
     use super::*;
+    use crate::api::LinkEndStatus;
     use crate::plan::merge::tests::{link as claim, row};
 
     fn stored() -> PortMapClassStatus {
@@ -216,6 +307,125 @@ mod tests {
             ("m", &empty, &first),
         ] {
             assert_eq!(unshared_patch(from, merged, node), None);
+        }
+    }
+
+    fn json(links: &[LinkClaim]) -> Value {
+        serde_json::to_value(links).expect("claims serialise")
+    }
+
+    fn claims_ops(stored: &PortMapClassStatus, merged: &PortMapClassStatus) -> Option<Vec<Value>> {
+        claims_patch(
+            stored,
+            merged,
+            "m",
+            &json(&stored.links),
+            &json(&merged.links),
+        )
+    }
+
+    /// New claims (and a claim's slot given up for a serving pair) with this node's row: the
+    /// claim list replaced under a test of the whole list, and the row patched as usual.
+    #[test]
+    fn new_claims_replace_the_list_it_was_computed_from() {
+        let stored = stored();
+        let mut merged = stored.clone();
+        merged.links.push(claim("q/z", 3));
+        merged.links[1].slot = 7;
+        merged.nodes[1].message = Some("link built".into());
+        let ops = claims_ops(&stored, &merged).expect("a claims patch");
+        assert_eq!(applied(&stored, &ops).as_ref(), Ok(&merged), "{ops:?}");
+        // Another node's row patched meanwhile does not make it fail, and stays.
+        let mut meanwhile = stored.clone();
+        meanwhile.nodes[2].ready = false;
+        let mut both = merged.clone();
+        both.nodes[2].ready = false;
+        assert_eq!(applied(&meanwhile, &ops), Ok(both));
+        // Another claim landed or marked meanwhile: the slots may clash, so it fails whole.
+        let mut landed = stored.clone();
+        landed.links.push(claim("r/z", 3));
+        let mut marked = stored.clone();
+        marked.links[0].unused_since = Some(Time(ts("2026-01-02T00:00:00Z")));
+        for moved in [landed, marked] {
+            assert!(applied(&moved, &ops).is_err(), "{ops:?}");
+        }
+    }
+
+    /// Anything shared besides the claims, another node's row, no claim change at all, or a
+    /// list the server does not hold: no claims patch.
+    #[test]
+    fn a_claims_patch_is_only_for_claims() {
+        let stored = stored();
+        let mut claim_and_ready = stored.clone();
+        claim_and_ready.links.push(claim("q/z", 3));
+        claim_and_ready.ready_nodes.remove(1);
+        let mut claim_and_other_row = stored.clone();
+        claim_and_other_row.links.push(claim("q/z", 3));
+        claim_and_other_row.nodes[2].ready = false;
+        let mut row_only = stored.clone();
+        row_only.nodes[1].message = Some("changed".into());
+        for merged in [&claim_and_ready, &claim_and_other_row, &row_only] {
+            assert_eq!(claims_ops(&stored, merged), None);
+        }
+        let mut first = stored.clone();
+        first.links.push(claim("q/z", 3));
+        assert_eq!(
+            claims_patch(&stored, &first, "m", &Value::Null, &json(&first.links)),
+            None
+        );
+    }
+
+    /// What may wait for the node's next write: its link ends taken down, its row gone,
+    /// claims marked unused. Anything else, a new end or a mark cleared above all (someone
+    /// waits for those), is written at once.
+    #[test]
+    fn only_ends_taken_down_and_marks_set_may_wait() {
+        let mut stored = stored();
+        for at in [1, 2] {
+            stored.nodes[at].links.push(LinkEndStatus {
+                peer: "p".into(),
+                slot: 1,
+                ..Default::default()
+            });
+        }
+        let mut ends_gone = stored.clone();
+        ends_gone.nodes[1].links.clear();
+        let mut row_gone = stored.clone();
+        row_gone.nodes.remove(1);
+        let mut marked = stored.clone();
+        marked.links[0].unused_since = Some(Time(ts("2026-01-02T00:00:00Z")));
+        let mut both = marked.clone();
+        both.nodes[1].links.clear();
+        both.nodes[1].last_pass_time = Some(Time(ts("2026-01-02T00:00:00Z")));
+        for merged in [&ends_gone, &row_gone, &marked, &both] {
+            assert!(settles_only(&stored, merged, "m"), "{merged:?}");
+        }
+        let mut end_added = stored.clone();
+        end_added.nodes[1].links.push(LinkEndStatus {
+            peer: "q".into(),
+            slot: 9,
+            ..Default::default()
+        });
+        let mut cleared = marked.clone();
+        cleared.links[0].unused_since = None;
+        let mut not_ready = ends_gone.clone();
+        not_ready.nodes[1].ready = false;
+        let mut new_claim = stored.clone();
+        new_claim.links.push(claim("q/z", 3));
+        let mut other_row = stored.clone();
+        other_row.nodes[2].links.clear();
+        let mut added = stored.clone();
+        added.nodes.insert(1, row("b"));
+        for (node, from, merged) in [
+            ("m", &stored, &end_added),
+            ("m", &marked, &cleared),
+            ("m", &stored, &not_ready),
+            ("m", &stored, &new_claim),
+            ("m", &stored, &other_row),
+            ("b", &stored, &added),
+            ("m", &stored, &stored),
+        ] {
+            assert!(!settles_only(from, merged, node), "{merged:?}");
         }
     }
 

@@ -145,6 +145,9 @@ pub struct Working<'a> {
     pub group: Option<Group<'a>>,
     /// Why no endpoint is used although ready ones exist (none is a pod address).
     pub endpoint_rejection: Option<String>,
+    /// `Programmed` is false only while another agent takes the protocol's next step (see
+    /// [`super::PortMapWrite::settling`]).
+    pub settling: bool,
 }
 
 /// Class, binding set, and the serving node of a Single class (a Multi class programs every

@@ -130,7 +130,7 @@ pub fn writes(
             }
         }
         if state.accepting.contains(&this_node) {
-            writes.gc.extend(gc(state, now));
+            writes.gc.extend(gc(state, this_node, now));
         }
     }
     writes.refusals = kernel_refusal_writes(work, this_node, facts);
@@ -180,6 +180,7 @@ fn portmap_write(w: &Working, published_summary: Option<String>, now: Timestamp)
         namespace: d.namespace.to_string(),
         name: d.name.clone(),
         status,
+        settling: w.settling,
     }
 }
 
@@ -669,9 +670,13 @@ fn row_warnings(found: &[String]) -> Vec<String> {
     warnings
 }
 
-fn gc(state: &ClassState, now: Timestamp) -> Vec<GcAction> {
+/// The collection of the claims `this_node` looks after (see [`collector`]).
+fn gc(state: &ClassState, this_node: &str, now: Timestamp) -> Vec<GcAction> {
     let mut actions = Vec::new();
     for (key, claim) in &state.claims {
+        if collector(state, key) != Some(this_node) {
+            continue;
+        }
         // Standby pairs count as needed: their claims are what lets the serving node move
         // without waiting, so they are never aged out while their nodes could serve.
         let needed = state.builds_links() && state.needed.contains_key(key);
@@ -691,6 +696,21 @@ fn gc(state: &ClassState, now: Timestamp) -> Vec<GcAction> {
         }
     }
     actions
+}
+
+/// The one accepting node that marks, clears and drops the claim of `key`: the first of its
+/// two nodes that accepts for the class, else the class's first accepting node. Every node
+/// finds the same one from the same snapshot, so a pod move's marks are written once, not by
+/// every accepting node at the same moment (each of those writes but the first would find its
+/// elements changed and read the class again).
+fn collector<'a>(state: &ClassState<'a>, key: &NodePair) -> Option<&'a str> {
+    let (a, b) = key.nodes();
+    state
+        .accepting
+        .iter()
+        .find(|n| **n == a || **n == b)
+        .or_else(|| state.accepting.first())
+        .copied()
 }
 
 #[cfg(test)]

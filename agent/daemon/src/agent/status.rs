@@ -23,9 +23,10 @@ use kuport_core::api::{PortMap, PortMapClass, PortMapStatus, conditions};
 use kuport_core::plan::merge::{
     ClassMerge, ClassPart, class_parts, merge_class_status, portmap_status_equivalent,
 };
-use kuport_core::plan::row_patch::unshared_patch;
+use kuport_core::plan::row_patch::{claims_patch, settles_only, unshared_patch};
 use kuport_core::plan::unknown_fields::keep_unknown_fields;
 use kuport_core::plan::{AcceptedReason, PortMapWrite, Writes};
+use tokio::time::Instant;
 
 use super::events::{EventSink, PendingEvent};
 
@@ -58,6 +59,26 @@ pub struct StatusOutcome {
     /// A newer pass's writes arrived before these finished: the writes not yet sent were left
     /// to it (the counts above cover only what was done).
     pub superseded: bool,
+    /// Writes held back (see [`SETTLE`]), each with when it is due.
+    pub held: Vec<(Held, Instant)>,
+}
+
+/// How long a status write nobody waits for is held back: a mapping's `Programmed=True`
+/// turning false only while another agent takes the protocol's next step (a claim proposed, an
+/// end to acknowledge), and a class row change of ends taken down and claims marked unused.
+/// During a pod move each of these is followed within a round trip by the write that matters
+/// (`Programmed=True` again, the new link's acknowledgement), which then goes out alone or
+/// carries the held change with it: one write instead of two or three, and no Event for a flip
+/// that was never seen. A state that lasts is written once this is over.
+pub const SETTLE: Duration = Duration::from_secs(1);
+
+/// The object of a held write.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Held {
+    /// A PortMap, by namespace and name.
+    PortMap(String, String),
+    /// A class status.
+    Class(String),
 }
 
 /// PortMap status writes in flight at once.
@@ -70,6 +91,12 @@ impl StatusOutcome {
         self.recompute += other.recompute;
         self.errors.extend(other.errors);
         self.superseded |= other.superseded;
+        self.held.extend(other.held);
+    }
+
+    /// When the first held write is due.
+    pub fn held_until(&self) -> Option<Instant> {
+        self.held.iter().map(|(_, due)| *due).min()
     }
 }
 
@@ -88,6 +115,11 @@ pub(crate) struct StatusWriter {
     /// watched object first and reads a fresh one only after a 409. Without it, every class
     /// write reads first.
     raw_classes: Option<Store<DynamicObject>>,
+    /// Writes held back, each with when it was first held (see [`SETTLE`]).
+    holds: Mutex<BTreeMap<Held, Instant>>,
+    /// This writer's last class write the watch may not have delivered yet, by class: the
+    /// `resourceVersion` it was merged into and the server's answer.
+    class_answers: Mutex<BTreeMap<String, (String, DynamicObject)>>,
 }
 
 /// A PortMap status write that the API server accepted: the `resourceVersion` it replaced and
@@ -109,6 +141,18 @@ enum RowPatch {
     Accounted,
     /// The row was not where the patch said: merge into a fresh read.
     Moved,
+}
+
+/// Where the copy of a class a write merges into comes from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ClassCopy {
+    /// The watch, which may lag.
+    Watched,
+    /// The server's answer to this writer's last write, which the watch has not delivered
+    /// yet: this writer's part as it stands, nothing to ask again.
+    Answer,
+    /// A read just now.
+    Read,
 }
 
 /// What this writer last wrote over the watched version of a PortMap.
@@ -136,6 +180,8 @@ impl StatusWriter {
             api_timeout,
             echoes: Mutex::new(BTreeMap::new()),
             raw_classes: None,
+            holds: Mutex::new(BTreeMap::new()),
+            class_answers: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -146,14 +192,33 @@ impl StatusWriter {
     }
 
     /// The class `class` as the untyped watch holds it, typed and raw.
-    fn watched_class(&self, class: &str) -> Option<(PortMapClass, DynamicObject)> {
-        let raw = self.raw_classes.as_ref()?.get(&ObjectRef::new_with(
+    fn watched_class(&self, class: &str) -> Option<(PortMapClass, DynamicObject, ClassCopy)> {
+        let watched = self.raw_classes.as_ref()?.get(&ObjectRef::new_with(
             class,
             ApiResource::erase::<PortMapClass>(&()),
         ))?;
-        let raw = (*raw).clone();
+        let mut raw = (*watched).clone();
+        // The watch has not delivered this writer's last write yet when it still shows the
+        // version that write was merged into: the server's answer to it is the newer copy (a
+        // merge into the older one would only meet a 422 or a 409, and a read).
+        let mut answers = self
+            .class_answers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut copy = ClassCopy::Watched;
+        match answers.get(class) {
+            Some((base, answer)) if raw.metadata.resource_version.as_ref() == Some(base) => {
+                raw = answer.clone();
+                copy = ClassCopy::Answer;
+            }
+            Some(_) => {
+                answers.remove(class);
+            }
+            None => {}
+        }
+        drop(answers);
         let typed = raw.clone().try_parse::<PortMapClass>().ok()?;
-        Some((typed, raw))
+        Some((typed, raw, copy))
     }
 
     /// Writes everything in `writes`; one failed write never stops the others. Before it sends
@@ -210,6 +275,12 @@ impl StatusWriter {
                     outcome.unchanged += 1;
                     continue;
                 }
+                if settles_only(&stored, &merged.status, &self.node)
+                    && let Some(due) = self.hold(Held::Class(class.clone()))
+                {
+                    outcome.held.push((Held::Class(class.clone()), due));
+                    continue;
+                }
             }
             self.write_class(&class, &part, now, &mut outcome, superseded)
                 .await;
@@ -217,7 +288,22 @@ impl StatusWriter {
                 break;
             }
         }
+        if !outcome.superseded {
+            // A hold not renewed by these writes is over: written, or no longer wanted.
+            self.holds
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .retain(|key, _| outcome.held.iter().any(|(held, _)| held == key));
+        }
         outcome
+    }
+
+    /// Holds back the write of `key` (see [`SETTLE`]): when it is due, if it is not yet.
+    fn hold(&self, key: Held) -> Option<Instant> {
+        let now = Instant::now();
+        let mut holds = self.holds.lock().unwrap_or_else(PoisonError::into_inner);
+        let due = *holds.entry(key).or_insert(now) + SETTLE;
+        (now < due).then_some(due)
     }
 
     /// Drops the echoes the watch has caught up with (the stored object moved past the version
@@ -256,6 +342,14 @@ impl StatusWriter {
         let stored = current.status.clone().unwrap_or_default();
         if portmap_status_equivalent(&stored, &w.status) {
             outcome.unchanged += 1;
+            return outcome;
+        }
+        let key = Held::PortMap(w.namespace.clone(), w.name.clone());
+        if w.settling
+            && programmed_true(&stored)
+            && let Some(due) = self.hold(key.clone())
+        {
+            outcome.held.push((key, due));
             return outcome;
         }
         match self.echo(w, &current) {
@@ -361,16 +455,12 @@ impl StatusWriter {
                 outcome.superseded = true;
                 return;
             }
-            let watched = (attempt == 0).then(|| self.watched_class(class)).flatten();
-            let from_watch = watched.is_some();
-            let read = match watched {
-                Some(watched) => Some(watched),
-                None => self.read_class(&api, class, outcome).await,
-            };
-            let Some((fresh, raw)) = read else {
+            let Some((fresh, raw, copy)) = self.class_copy(&api, class, attempt, outcome).await
+            else {
                 return;
             };
             let stored = fresh.status.clone().unwrap_or_default();
+            let base = raw.metadata.resource_version.clone();
             let merged = merge_class_status(&fresh, &self.node, AGENT_VERSION, part, now);
             if !merged.dropped.is_empty() {
                 tracing::debug!(
@@ -380,26 +470,15 @@ impl StatusWriter {
                 outcome.recompute += 1;
             }
             if merged.status == stored {
-                if from_watch {
+                if copy == ClassCopy::Watched {
                     // The pass saw something to change: the watch may lag, so ask the server.
                     continue;
                 }
                 outcome.unchanged += 1;
                 return;
             }
-            if let Some(ops) = unshared_patch(&stored, &merged.status, &self.node) {
-                match self.patch_unshared(&api, class, ops, outcome).await {
-                    RowPatch::Written(answer) => {
-                        let answer = Ok(Ok(*answer));
-                        self.class_write_answered(answer, &what, &fresh, merged, outcome);
-                        return;
-                    }
-                    RowPatch::Accounted => return,
-                    RowPatch::Moved => continue,
-                }
-            }
-            let body = match class_status_body(raw, &stored, &merged.status, &self.node) {
-                Ok(body) => body,
+            let (patch, body) = match class_write_form(raw, &stored, &merged.status, &self.node) {
+                Ok(form) => form,
                 Err(e) => {
                     outcome
                         .errors
@@ -407,17 +486,44 @@ impl StatusWriter {
                     return;
                 }
             };
+            if let Some(ops) = patch {
+                match self.patch_unshared(&api, class, ops, outcome).await {
+                    RowPatch::Written(answer) => {
+                        let answer = Ok(Ok(*answer));
+                        self.class_write_answered(answer, base, &what, &fresh, merged, outcome);
+                        return;
+                    }
+                    RowPatch::Accounted => return,
+                    RowPatch::Moved => continue,
+                }
+            }
             let result = tokio::time::timeout(
                 self.api_timeout,
                 api.replace_status(class, &PostParams::default(), &body),
             )
             .await;
-            if !self.class_write_answered(result, &what, &fresh, merged, outcome) {
+            if !self.class_write_answered(result, base, &what, &fresh, merged, outcome) {
                 return;
             }
         }
         // Still conflicting after several fresh reads: let the next pass try again.
         outcome.recompute += 1;
+    }
+
+    /// The copy of `class` to merge into: on the first attempt the watched one (or this
+    /// writer's last answer), else a fresh read.
+    async fn class_copy(
+        &self,
+        api: &Api<DynamicObject>,
+        class: &str,
+        attempt: usize,
+        outcome: &mut StatusOutcome,
+    ) -> Option<(PortMapClass, DynamicObject, ClassCopy)> {
+        if let Some(watched) = (attempt == 0).then(|| self.watched_class(class)).flatten() {
+            return Some(watched);
+        }
+        let (typed, raw) = self.read_class(api, class, outcome).await?;
+        Some((typed, raw, ClassCopy::Read))
     }
 
     /// Writes what this node alone changed in the status of `class` (`ops`, from
@@ -478,13 +584,20 @@ impl StatusWriter {
     fn class_write_answered(
         &self,
         result: Result<Result<DynamicObject, kube::Error>, tokio::time::error::Elapsed>,
+        base: Option<String>,
         what: &str,
         fresh: &PortMapClass,
         merged: ClassMerge,
         outcome: &mut StatusOutcome,
     ) -> bool {
         match result {
-            Ok(Ok(_)) => {
+            Ok(Ok(answer)) => {
+                if let (Some(base), Some(class)) = (base, answer.metadata.name.clone()) {
+                    self.class_answers
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .insert(class, (base, answer));
+                }
                 self.metrics
                     .record_write(WriteKind::Class, WriteResult::Written);
                 outcome.written += 1;
@@ -613,6 +726,14 @@ impl StatusWriter {
 
 /// An Event's note for a condition: `Programmed is False: <message>`, or without the colon
 /// when the condition has no message (success reasons).
+/// Whether a stored status says the mapping works.
+fn programmed_true(status: &PortMapStatus) -> bool {
+    status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == conditions::PROGRAMMED && c.status == "True")
+}
+
 fn note(type_: &str, c: &Condition) -> String {
     if c.message.is_empty() {
         format!("{type_} is {} ({})", c.status, c.reason)
@@ -637,6 +758,30 @@ fn to_report<'a>(stored: &[Condition], new: &'a [Condition], type_: &str) -> Opt
     // accepted mapping whose port a host socket now also wants.
     old.is_none_or(|o| o.status != new.status || o.reason != new.reason)
         .then_some(new)
+}
+
+/// How a class status write goes: the patch, when one says it (what this node alone changed,
+/// or that and new claims: `kuport_core::plan::row_patch`), and the body a compare-and-swap
+/// would replace the status with otherwise.
+fn class_write_form(
+    raw: DynamicObject,
+    stored: &PortMapClassStatus,
+    merged: &PortMapClassStatus,
+    node: &str,
+) -> Result<(Option<Vec<serde_json::Value>>, DynamicObject), serde_json::Error> {
+    // The claim list as the server holds it, unknown fields and all: what a claims patch tests.
+    let stored_links = raw.data["status"]["links"].clone();
+    let body = class_status_body(raw, stored, merged, node)?;
+    let patch = unshared_patch(stored, merged, node).or_else(|| {
+        claims_patch(
+            stored,
+            merged,
+            node,
+            &stored_links,
+            &body.data["status"]["links"],
+        )
+    });
+    Ok((patch, body))
 }
 
 /// The body of a class status write: the class as read (`raw`, whose status this version read

@@ -324,10 +324,12 @@ impl<H: Host> Agent<H> {
             tracing::debug!("status writes superseded by a newer pass's");
             return;
         }
+        let held_until = status.held_until();
         let outcome = PassOutcome {
             failed: (!status.errors.is_empty()).then_some(PassError::Status(status.errors)),
             refused: writing.refused,
             recompute: status.recompute > 0,
+            held_until,
         };
         self.end_pass(writing.pass, outcome, in_flight, schedule);
     }

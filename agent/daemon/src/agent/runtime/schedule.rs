@@ -78,6 +78,11 @@ impl Schedule {
             self.retry_at = None;
             self.retry_delay = self.retry_min;
         }
+        // A held status write is due then: a pass at that time writes it if it still stands
+        // (no backoff: nothing failed).
+        if let Some(due) = outcome.held_until {
+            self.retry_at = Some(self.retry_at.map_or(due, |at| at.min(due)));
+        }
     }
 
     /// Whether no pass has started yet (the first runs as soon as the watches synced).
@@ -169,6 +174,8 @@ pub(super) struct PassOutcome {
     pub refused: bool,
     /// Some status must be recomputed from fresher inputs: run again soon.
     pub recompute: bool,
+    /// A status write was held back until then (`status.rs`, "held"): pass again then.
+    pub held_until: Option<Instant>,
 }
 
 impl PassOutcome {
@@ -178,6 +185,7 @@ impl PassOutcome {
             failed: Some(error),
             refused: false,
             recompute: false,
+            held_until: None,
         }
     }
 }
@@ -203,6 +211,7 @@ mod tests {
             failed: failed.then(|| PassError::Status(vec!["refused".to_owned()])),
             refused,
             recompute: false,
+            held_until: None,
         }
     }
 
@@ -302,6 +311,29 @@ mod tests {
         assert!(in_flight.take_for_schedule(newest));
     }
 
+    /// A held status write brings a pass at its due time, without backing off the retries.
+    #[test]
+    fn a_held_write_passes_again_when_due() {
+        let (mut s, t0) = schedule();
+        assert!(s.start_pass(false, t0));
+        let due = t0 + Duration::from_secs(1);
+        let held = PassOutcome {
+            held_until: Some(due),
+            ..outcome(false, false)
+        };
+        s.end_pass(&held, true, t0);
+        assert_eq!(s.retry_at(), Some(due));
+        assert_eq!(s.retry_delay(), Duration::from_millis(200));
+        // A failure's retry comes first when it is sooner.
+        s.start_pass(false, t0);
+        let both = PassOutcome {
+            held_until: Some(due),
+            ..outcome(true, false)
+        };
+        s.end_pass(&both, true, t0);
+        assert_eq!(s.retry_at(), Some(t0 + Duration::from_millis(200)));
+    }
+
     #[test]
     fn a_recompute_retries_soon_without_owing_a_verify() {
         let (mut s, t0) = schedule();
@@ -310,6 +342,7 @@ mod tests {
             failed: None,
             refused: false,
             recompute: true,
+            held_until: None,
         };
         s.end_pass(&recompute, true, t0);
         assert_eq!(s.retry_at(), Some(t0 + Duration::from_millis(200)));
