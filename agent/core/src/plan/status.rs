@@ -704,13 +704,15 @@ fn gc(state: &ClassState, this_node: &str, now: Timestamp) -> Vec<GcAction> {
 /// every accepting node at the same moment (each of those writes but the first would find its
 /// elements changed and read the class again).
 fn collector<'a>(state: &ClassState<'a>, key: &NodePair) -> Option<&'a str> {
+    // The pair's names are sorted, and so is the accepting list.
     let (a, b) = key.nodes();
-    state
-        .accepting
-        .iter()
-        .find(|n| **n == a || **n == b)
-        .or_else(|| state.accepting.first())
-        .copied()
+    let accepting = |n: &str| {
+        let at = state.accepting.binary_search(&n).ok()?;
+        state.accepting.get(at).copied()
+    };
+    accepting(a)
+        .or_else(|| accepting(b))
+        .or_else(|| state.accepting.first().copied())
 }
 
 #[cfg(test)]
