@@ -4,10 +4,13 @@
 //! computed from: a 409 means the plan read a stale object, so the pass is re-run on fresher
 //! inputs rather than the body replayed. Class statuses are shared by every accepting node, so
 //! this node merges only its own part (its row, its link proposals, its GC actions, the Ready
-//! condition when it differs) into a freshly read object and writes it with compare-and-swap,
-//! re-reading and re-merging on 409. What to write is decided in `kuport_core::plan::merge`,
-//! without I/O, so the simulator and the property tests merge with the agent's own code; this
-//! module does the requests, the retries, the metrics and the Events.
+//! condition when it differs) into the watched object (or its own last answer, or a fresh
+//! read) and writes what it alone changed as a guarded JSON patch, new claims as a patch
+//! testing the claim list, anything else with compare-and-swap, re-reading and re-merging when
+//! the server refuses. A write nobody waits for is held back up to [`SETTLE`] for the one that
+//! follows. What to write is decided in `kuport_core::plan::merge` and `row_patch`, without
+//! I/O, so the simulator and the property tests merge with the agent's own code; this module
+//! does the requests, the retries, the holds, the metrics and the Events.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
