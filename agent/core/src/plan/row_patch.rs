@@ -31,21 +31,23 @@ pub fn unshared_patch(
     merged: &PortMapClassStatus,
     node: &str,
 ) -> Option<Vec<Value>> {
-    let shared_same = PortMapClassStatus {
-        nodes: Vec::new(),
-        links: Vec::new(),
-        ..stored.clone()
-    } == PortMapClassStatus {
-        nodes: Vec::new(),
-        links: Vec::new(),
-        ..merged.clone()
-    };
-    if !shared_same {
+    if !same_beside_rows_and_claims(stored, merged) {
         return None;
     }
     let mut ops = row_ops(&stored.nodes, &merged.nodes, node)?;
     ops.extend(claim_ops(&stored.links, &merged.links)?);
     (!ops.is_empty()).then_some(ops)
+}
+
+/// Whether the two statuses differ at most in their rows and claims: nothing computed from
+/// every row (the Ready condition, `readyNodes`, the summary) nor the refusals changed.
+fn same_beside_rows_and_claims(stored: &PortMapClassStatus, merged: &PortMapClassStatus) -> bool {
+    let rest = |s: &PortMapClassStatus| PortMapClassStatus {
+        nodes: Vec::new(),
+        links: Vec::new(),
+        ..s.clone()
+    };
+    rest(stored) == rest(merged)
 }
 
 /// The operations on `status.nodes`: at most this node's row, replaced, added in name order or
@@ -137,15 +139,7 @@ pub fn claims_patch(
     stored_links: &Value,
     merged_links: &Value,
 ) -> Option<Vec<Value>> {
-    let rest_same = PortMapClassStatus {
-        nodes: Vec::new(),
-        links: Vec::new(),
-        ..stored.clone()
-    } == PortMapClassStatus {
-        nodes: Vec::new(),
-        links: Vec::new(),
-        ..merged.clone()
-    };
+    let rest_same = same_beside_rows_and_claims(stored, merged);
     if !rest_same || stored.links == merged.links || !stored_links.is_array() {
         return None;
     }
@@ -162,15 +156,7 @@ pub fn claims_patch(
 /// become one write and a mark does not meet the new pod's node's claims. False when nothing
 /// changed.
 pub fn settles_only(stored: &PortMapClassStatus, merged: &PortMapClassStatus, node: &str) -> bool {
-    let rest_same = PortMapClassStatus {
-        nodes: Vec::new(),
-        links: Vec::new(),
-        ..stored.clone()
-    } == PortMapClassStatus {
-        nodes: Vec::new(),
-        links: Vec::new(),
-        ..merged.clone()
-    };
+    let rest_same = same_beside_rows_and_claims(stored, merged);
     let others = |rows: &[ClassNodeStatus]| -> Vec<ClassNodeStatus> {
         rows.iter().filter(|r| r.name != node).cloned().collect()
     };
