@@ -4,10 +4,9 @@
 //! computed from: a 409 means the plan read a stale object, so the pass is re-run on fresher
 //! inputs rather than the body replayed. Class statuses are shared by every accepting node, so
 //! this node merges only its own part (its row, its link proposals, its GC actions, the Ready
-//! condition when it differs) into the watched object (or its own last answer, or a fresh
-//! read) and writes what it alone changed as a guarded JSON patch, new claims as a patch
-//! testing the claim list, anything else with compare-and-swap, re-reading and re-merging when
-//! the server refuses. A write nobody waits for is held back up to [`SETTLE`] for the one that
+//! condition when it differs) into the watched object (or a fresh read) and writes what it
+//! alone changed as a guarded JSON patch, new claims as a patch testing the claim list,
+//! anything else with compare-and-swap, re-reading and re-merging when the server refuses. A write nobody waits for is held back up to [`SETTLE`] for the one that
 //! follows. What to write is decided in `kuport_core::plan::merge` and `row_patch`, without
 //! I/O, so the simulator and the property tests merge with the agent's own code; this module
 //! does the requests, the retries, the holds, the metrics and the Events.
@@ -120,9 +119,6 @@ pub(crate) struct StatusWriter {
     raw_classes: Option<Store<DynamicObject>>,
     /// Writes held back, each with when it was first held (see [`SETTLE`]).
     holds: Mutex<BTreeMap<Held, Instant>>,
-    /// This writer's last class write the watch may not have delivered yet, by class: the
-    /// `resourceVersion` it was merged into and the server's answer.
-    class_answers: Mutex<BTreeMap<String, (String, DynamicObject)>>,
 }
 
 /// A PortMap status write that the API server accepted: the `resourceVersion` it replaced and
@@ -144,18 +140,6 @@ enum RowPatch {
     Accounted,
     /// The row was not where the patch said: merge into a fresh read.
     Moved,
-}
-
-/// Where the copy of a class a write merges into comes from.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum ClassCopy {
-    /// The watch, which may lag.
-    Watched,
-    /// The server's answer to this writer's last write, which the watch has not delivered
-    /// yet: this writer's part as it stands, nothing to ask again.
-    Answer,
-    /// A read just now.
-    Read,
 }
 
 /// What this writer last wrote over the watched version of a PortMap.
@@ -184,7 +168,6 @@ impl StatusWriter {
             echoes: Mutex::new(BTreeMap::new()),
             raw_classes: None,
             holds: Mutex::new(BTreeMap::new()),
-            class_answers: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -195,33 +178,14 @@ impl StatusWriter {
     }
 
     /// The class `class` as the untyped watch holds it, typed and raw.
-    fn watched_class(&self, class: &str) -> Option<(PortMapClass, DynamicObject, ClassCopy)> {
-        let watched = self.raw_classes.as_ref()?.get(&ObjectRef::new_with(
+    fn watched_class(&self, class: &str) -> Option<(PortMapClass, DynamicObject)> {
+        let raw = self.raw_classes.as_ref()?.get(&ObjectRef::new_with(
             class,
             ApiResource::erase::<PortMapClass>(&()),
         ))?;
-        let mut raw = (*watched).clone();
-        // The watch has not delivered this writer's last write yet when it still shows the
-        // version that write was merged into: the server's answer to it is the newer copy (a
-        // merge into the older one would only meet a 422 or a 409, and a read).
-        let mut answers = self
-            .class_answers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let mut copy = ClassCopy::Watched;
-        match answers.get(class) {
-            Some((base, answer)) if raw.metadata.resource_version.as_ref() == Some(base) => {
-                raw = answer.clone();
-                copy = ClassCopy::Answer;
-            }
-            Some(_) => {
-                answers.remove(class);
-            }
-            None => {}
-        }
-        drop(answers);
+        let raw = (*raw).clone();
         let typed = raw.clone().try_parse::<PortMapClass>().ok()?;
-        Some((typed, raw, copy))
+        Some((typed, raw))
     }
 
     /// Writes everything in `writes`; one failed write never stops the others. Before it sends
@@ -458,12 +422,12 @@ impl StatusWriter {
                 outcome.superseded = true;
                 return;
             }
-            let Some((fresh, raw, copy)) = self.class_copy(&api, class, attempt, outcome).await
+            let Some((fresh, raw, from_watch)) =
+                self.class_copy(&api, class, attempt, outcome).await
             else {
                 return;
             };
             let stored = fresh.status.clone().unwrap_or_default();
-            let base = raw.metadata.resource_version.clone();
             let merged = merge_class_status(&fresh, &self.node, AGENT_VERSION, part, now);
             if !merged.dropped.is_empty() {
                 tracing::debug!(
@@ -473,7 +437,7 @@ impl StatusWriter {
                 outcome.recompute += 1;
             }
             if merged.status == stored {
-                if copy == ClassCopy::Watched {
+                if from_watch {
                     // The pass saw something to change: the watch may lag, so ask the server.
                     continue;
                 }
@@ -493,7 +457,7 @@ impl StatusWriter {
                 match self.patch_unshared(&api, class, ops, outcome).await {
                     RowPatch::Written(answer) => {
                         let answer = Ok(Ok(*answer));
-                        self.class_write_answered(answer, base, &what, &fresh, merged, outcome);
+                        self.class_write_answered(answer, &what, &fresh, merged, outcome);
                         return;
                     }
                     RowPatch::Accounted => return,
@@ -505,7 +469,7 @@ impl StatusWriter {
                 api.replace_status(class, &PostParams::default(), &body),
             )
             .await;
-            if !self.class_write_answered(result, base, &what, &fresh, merged, outcome) {
+            if !self.class_write_answered(result, &what, &fresh, merged, outcome) {
                 return;
             }
         }
@@ -513,20 +477,20 @@ impl StatusWriter {
         outcome.recompute += 1;
     }
 
-    /// The copy of `class` to merge into: on the first attempt the watched one (or this
-    /// writer's last answer), else a fresh read.
+    /// The copy of `class` to merge into, and whether it is the watched one (which may lag):
+    /// on the first attempt the watched one, else a fresh read.
     async fn class_copy(
         &self,
         api: &Api<DynamicObject>,
         class: &str,
         attempt: usize,
         outcome: &mut StatusOutcome,
-    ) -> Option<(PortMapClass, DynamicObject, ClassCopy)> {
-        if let Some(watched) = (attempt == 0).then(|| self.watched_class(class)).flatten() {
-            return Some(watched);
+    ) -> Option<(PortMapClass, DynamicObject, bool)> {
+        if let Some((typed, raw)) = (attempt == 0).then(|| self.watched_class(class)).flatten() {
+            return Some((typed, raw, true));
         }
         let (typed, raw) = self.read_class(api, class, outcome).await?;
-        Some((typed, raw, ClassCopy::Read))
+        Some((typed, raw, false))
     }
 
     /// Writes what this node alone changed in the status of `class` (`ops`, from
@@ -587,20 +551,13 @@ impl StatusWriter {
     fn class_write_answered(
         &self,
         result: Result<Result<DynamicObject, kube::Error>, tokio::time::error::Elapsed>,
-        base: Option<String>,
         what: &str,
         fresh: &PortMapClass,
         merged: ClassMerge,
         outcome: &mut StatusOutcome,
     ) -> bool {
         match result {
-            Ok(Ok(answer)) => {
-                if let (Some(base), Some(class)) = (base, answer.metadata.name.clone()) {
-                    self.class_answers
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .insert(class, (base, answer));
-                }
+            Ok(Ok(_)) => {
                 self.metrics
                     .record_write(WriteKind::Class, WriteResult::Written);
                 outcome.written += 1;
