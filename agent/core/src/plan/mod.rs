@@ -249,7 +249,7 @@ pub struct PortMapWrite {
     /// `Programmed` is false only while another agent takes the protocol's next step (a claim
     /// proposed but not landed, a link end not acknowledged yet): a state that usually lasts
     /// one round trip, which the agent does not write over a `Programmed=True` unless it lasts
-    /// (`agent.md`, "Status writes"). Not part of the plan's JSON.
+    /// (`docs/operations.md`, "Status writes"). Not part of the plan's JSON.
     #[serde(skip)]
     pub settling: bool,
 }

@@ -50,6 +50,14 @@ fn same_beside_rows_and_claims(stored: &PortMapClassStatus, merged: &PortMapClas
     rest(stored) == rest(merged)
 }
 
+/// Whether every row but `node`'s is the same in both lists.
+fn other_rows_same(stored: &[ClassNodeStatus], merged: &[ClassNodeStatus], node: &str) -> bool {
+    let others = |rows: &[ClassNodeStatus]| -> Vec<ClassNodeStatus> {
+        rows.iter().filter(|r| r.name != node).cloned().collect()
+    };
+    others(stored) == others(merged)
+}
+
 /// The operations on `status.nodes`: at most this node's row, replaced, added in name order or
 /// removed; `None` when another row differs.
 fn row_ops(
@@ -57,10 +65,7 @@ fn row_ops(
     merged: &[ClassNodeStatus],
     node: &str,
 ) -> Option<Vec<Value>> {
-    let others = |rows: &[ClassNodeStatus]| -> Vec<ClassNodeStatus> {
-        rows.iter().filter(|r| r.name != node).cloned().collect()
-    };
-    if others(stored) != others(merged) {
+    if !other_rows_same(stored, merged, node) {
         return None;
     }
     let before = stored.iter().position(|r| r.name == node);
@@ -139,8 +144,10 @@ pub fn claims_patch(
     stored_links: &Value,
     merged_links: &Value,
 ) -> Option<Vec<Value>> {
-    let rest_same = same_beside_rows_and_claims(stored, merged);
-    if !rest_same || stored.links == merged.links || !stored_links.is_array() {
+    if !same_beside_rows_and_claims(stored, merged)
+        || stored.links == merged.links
+        || !stored_links.is_array()
+    {
         return None;
     }
     let mut ops = row_ops(&stored.nodes, &merged.nodes, node)?;
@@ -149,17 +156,14 @@ pub fn claims_patch(
     Some(ops)
 }
 
-/// Whether all `merged` changes of `stored` is what nobody waits for: ends of return links this
-/// node took down left out of its row (or the row itself gone), and `unusedSince` set on claims.
+/// Whether everything `merged` changes of `stored` is what nobody waits for: ends of return
+/// links this node took down left out of its row (or the row itself gone), and `unusedSince`
+/// set on claims.
 /// Such a change may wait for the node's next write that someone does wait for, which usually
 /// comes within a round trip during a move (the new link's acknowledgement), so that the two
 /// become one write and a mark does not meet the new pod's node's claims. False when nothing
 /// changed.
 pub fn settles_only(stored: &PortMapClassStatus, merged: &PortMapClassStatus, node: &str) -> bool {
-    let rest_same = same_beside_rows_and_claims(stored, merged);
-    let others = |rows: &[ClassNodeStatus]| -> Vec<ClassNodeStatus> {
-        rows.iter().filter(|r| r.name != node).cloned().collect()
-    };
     let row_settles = match (
         stored.nodes.iter().find(|r| r.name == node),
         merged.nodes.iter().find(|r| r.name == node),
@@ -187,8 +191,8 @@ pub fn settles_only(stored: &PortMapClassStatus, merged: &PortMapClassStatus, no
                     } == *old)
         });
     stored != merged
-        && rest_same
-        && others(&stored.nodes) == others(&merged.nodes)
+        && same_beside_rows_and_claims(stored, merged)
+        && other_rows_same(&stored.nodes, &merged.nodes, node)
         && row_settles
         && marks_only
 }
@@ -366,13 +370,14 @@ mod tests {
     /// waits for those), is written at once.
     #[test]
     fn only_ends_taken_down_and_marks_set_may_wait() {
+        let end = |peer: &str, slot| LinkEndStatus {
+            peer: peer.into(),
+            slot,
+            ..Default::default()
+        };
         let mut stored = stored();
         for at in [1, 2] {
-            stored.nodes[at].links.push(LinkEndStatus {
-                peer: "p".into(),
-                slot: 1,
-                ..Default::default()
-            });
+            stored.nodes[at].links.push(end("p", 1));
         }
         let mut ends_gone = stored.clone();
         ends_gone.nodes[1].links.clear();
@@ -387,11 +392,7 @@ mod tests {
             assert!(settles_only(&stored, merged, "m"), "{merged:?}");
         }
         let mut end_added = stored.clone();
-        end_added.nodes[1].links.push(LinkEndStatus {
-            peer: "q".into(),
-            slot: 9,
-            ..Default::default()
-        });
+        end_added.nodes[1].links.push(end("q", 9));
         let mut cleared = marked.clone();
         cleared.links[0].unused_since = None;
         let mut not_ready = ends_gone.clone();
