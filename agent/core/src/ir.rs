@@ -12,7 +12,7 @@ use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
 
 use crate::api::Protocol;
-use crate::keys::MappingKey;
+use crate::keys::{MappingKey, Name};
 
 /// nftables table kuport owns (family `ip`).
 pub const TABLE: &str = "kuport";
@@ -338,7 +338,7 @@ pub struct SteerRule {
     /// node, where the arrival link's mark is already in the flow.
     pub mark: Option<u32>,
     /// The mapping.
-    pub comment: String,
+    pub comment: Name,
 }
 
 /// A DNAT rule. It matches only steered packets (the stand-in address, and on an accepting node
@@ -359,9 +359,9 @@ pub struct DnatRule {
     /// New destination port: set only for a single port translated to a different pod port.
     pub to_port: Option<u16>,
     /// Named counter of the mapping in this chain.
-    pub counter: String,
+    pub counter: Name,
     /// The mapping (`namespace/name`, cut to nft's 128 bytes).
-    pub comment: String,
+    pub comment: Name,
 }
 
 /// One published address of a mapping, served to clients inside the cluster: the steering of
@@ -383,9 +383,9 @@ pub struct HairpinRule {
     /// New destination port, as [`DnatRule::to_port`].
     pub to_port: Option<u16>,
     /// The mapping's named counter in kup-pre (a hairpin flow counts as any new flow does).
-    pub counter: String,
+    pub counter: Name,
     /// The mapping.
-    pub comment: String,
+    pub comment: Name,
 }
 
 /// An identity SNAT rule.
@@ -399,9 +399,9 @@ pub struct SnatRule {
     /// Destination ports matched (after DNAT).
     pub ports: PortRange,
     /// Named counter of the mapping in this chain.
-    pub counter: String,
+    pub counter: Name,
     /// The mapping.
-    pub comment: String,
+    pub comment: Name,
 }
 
 /// A named counter object: one per mapping and chain, so counts survive rule changes.
@@ -410,13 +410,13 @@ pub struct Counter {
     /// Object name (`pre/<namespace>/<name>`, cut with a hash suffix when too long). Counter
     /// objects carry no comment: the `nftables` crate's counter object has no such field, and the
     /// name already says which mapping it counts.
-    pub name: String,
+    pub name: Name,
     /// The chain whose rules reference it.
     pub chain: ChainId,
     /// The mapping's namespace.
-    pub namespace: String,
+    pub namespace: Name,
     /// The mapping's name.
-    pub mapping: String,
+    pub mapping: Name,
 }
 
 /// kuport's nftables table.
@@ -478,7 +478,7 @@ impl NftTable {
                     _ => continue,
                 };
                 if let Some(owner) = by_counter.get(counter.as_str()) {
-                    by_comment.insert(comment.clone(), owner.clone());
+                    by_comment.insert(comment.to_string(), owner.clone());
                 }
             }
         }
@@ -517,10 +517,10 @@ impl RuleOwners {
     /// The mapping a rule belongs to; `None` for rules of no mapping.
     pub fn of_rule(&self, rule: &Rule) -> Option<&String> {
         match rule {
-            Rule::Dnat(d) => self.by_counter.get(&d.counter),
-            Rule::Hairpin(h) => self.by_counter.get(&h.counter),
-            Rule::IdentitySnat(s) => self.by_counter.get(&s.counter),
-            Rule::Steer(st) | Rule::MarkRequest(st) => self.by_comment.get(&st.comment),
+            Rule::Dnat(d) => self.by_counter.get(d.counter.as_str()),
+            Rule::Hairpin(h) => self.by_counter.get(h.counter.as_str()),
+            Rule::IdentitySnat(s) => self.by_counter.get(s.counter.as_str()),
+            Rule::Steer(st) | Rule::MarkRequest(st) => self.by_comment.get(st.comment.as_str()),
             _ => None,
         }
     }
@@ -652,7 +652,7 @@ impl HostState {
             .iter()
             .filter_map(|r| match r {
                 Rule::Dnat(d) if d.mark.is_some() => Some(ProgrammedPort {
-                    mapping: d.comment.clone(),
+                    mapping: d.comment.to_string(),
                     protocol: d.protocol,
                     first: d.ports.first,
                     last: d.ports.last,
@@ -736,7 +736,7 @@ impl HostState {
                 _ => true,
             });
         }
-        let dnats: Vec<(String, String)> = out
+        let dnats: Vec<(String, Name)> = out
             .nft
             .rules(ChainId::Pre)
             .iter()

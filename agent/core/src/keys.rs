@@ -15,7 +15,7 @@ use std::hash::{Hash, Hasher};
 use std::ops::Deref;
 use std::sync::Arc;
 
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// Two distinct node names, sorted bytewise, rendered `a/b`. Neither name is empty or holds a
 /// `/` (Kubernetes node names cannot), so the text splits back into the same two names.
@@ -186,8 +186,9 @@ text_key!(MappingKey);
 text_key!(Name);
 
 /// A node, class or namespace name that many plan values hold: a class's name in each of its
-/// thousands of mappings and links, a node's in every mapping it serves. Cloning one copies a
-/// pointer instead of the text (the plan pass allocated a string per copy). It compares, sorts,
+/// thousands of mappings and links, a node's in every mapping it serves; and any other text
+/// many values repeat, such as a mapping's counter name and comment in each of its rules.
+/// Cloning one copies a pointer instead of the text (the plan pass allocated a string per copy). It compares, sorts,
 /// hashes, prints and serialises exactly as the string it holds.
 #[derive(Clone)]
 pub struct Name {
@@ -206,6 +207,20 @@ impl From<&str> for Name {
         Self {
             text: Arc::from(text),
         }
+    }
+}
+
+impl From<String> for Name {
+    fn from(text: String) -> Self {
+        Self {
+            text: Arc::from(text),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Name {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        String::deserialize(deserializer).map(Self::from)
     }
 }
 

@@ -377,7 +377,7 @@ fn out(state: &HostState, p: &mut Packet, t: &mut Trace) {
     }
     if let Some(h) = hairpin_of(state, p) {
         p.ct_mark = set_bits(state, p.ct_mark, h.mark);
-        t.counters.push(h.counter.clone());
+        t.counters.push(h.counter.to_string());
         p.daddr = h.to;
         p.dport = h.to_port.unwrap_or(p.dport);
         t.dnat = Some((p.daddr, p.dport));
@@ -399,7 +399,7 @@ fn dnat(state: &HostState, p: &mut Packet, t: &mut Trace) {
             && p.protocol == r.protocol
             && in_ports(r.ports, p.dport)
         {
-            t.counters.push(r.counter.clone());
+            t.counters.push(r.counter.to_string());
             p.daddr = r.to;
             p.dport = r.to_port.unwrap_or(p.dport);
             t.dnat = Some((p.daddr, p.dport));
@@ -410,7 +410,7 @@ fn dnat(state: &HostState, p: &mut Packet, t: &mut Trace) {
         return;
     }
     if let Some(h) = hairpin_of(state, p).filter(|h| p.ct_mark & mask == h.mark) {
-        t.counters.push(h.counter.clone());
+        t.counters.push(h.counter.to_string());
         p.daddr = h.to;
         p.dport = h.to_port.unwrap_or(p.dport);
         t.dnat = Some((p.daddr, p.dport));
@@ -458,7 +458,7 @@ fn identity_snat(state: &HostState, p: &Packet, t: &mut Trace) {
             && p.protocol == r.protocol
             && in_ports(r.ports, p.dport)
         {
-            t.counters.push(r.counter.clone());
+            t.counters.push(r.counter.to_string());
             t.identity_snat = true;
             return;
         }

@@ -290,7 +290,10 @@ async fn a_refused_mapping_is_reported_and_the_others_keep_working() {
         ("n2", "games/game")
     );
     // n2 delivers the other mapping to the pod and nothing of the refused one.
-    let comments: Vec<String> = dnats(&n2).into_iter().map(|d| d.comment).collect();
+    let comments: Vec<String> = dnats(&n2)
+        .into_iter()
+        .map(|d| d.comment.to_string())
+        .collect();
     assert_eq!(comments, ["games/other"]);
     assert_eq!(
         c.agent("n2")

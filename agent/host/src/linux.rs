@@ -386,8 +386,8 @@ pub fn label_counters(
         .filter_map(|c| {
             let r = readings.iter().find(|r| r.name == c.name)?;
             Some(MappingCounter {
-                namespace: c.namespace.clone(),
-                name: c.mapping.clone(),
+                namespace: c.namespace.to_string(),
+                name: c.mapping.to_string(),
                 chain: c.chain,
                 packets: r.packets,
                 bytes: r.bytes,

@@ -512,8 +512,8 @@ mod tests {
             ports,
             to: to.parse().expect("ip"),
             to_port: None,
-            counter: format!("pre/games/{name}"),
-            comment: format!("games/{name}"),
+            counter: format!("pre/games/{name}").into(),
+            comment: format!("games/{name}").into(),
         })
     }
 
@@ -522,14 +522,14 @@ mod tests {
             daddr: to.parse().expect("ip"),
             protocol: Protocol::Udp,
             ports,
-            counter: format!("post/games/{name}"),
-            comment: format!("games/{name}"),
+            counter: format!("post/games/{name}").into(),
+            comment: format!("games/{name}").into(),
         })
     }
 
     fn counter(chain: ChainId, name: &str) -> Counter {
         Counter {
-            name: format!("{}/games/{name}", chain.label()),
+            name: format!("{}/games/{name}", chain.label()).into(),
             chain,
             namespace: "games".into(),
             mapping: name.into(),

@@ -489,7 +489,7 @@ fn with_refused_mapping(state: &HostState) -> HostState {
     for c in &state.nft.counters {
         if c.namespace == "games" && c.mapping == "gs" {
             out.nft.counters.push(Counter {
-                name: long(c.chain.label()),
+                name: long(c.chain.label()).into(),
                 mapping: "bad".into(),
                 ..c.clone()
             });
@@ -501,13 +501,13 @@ fn with_refused_mapping(state: &HostState) -> HostState {
             .filter_map(|r| match r.clone() {
                 Rule::Dnat(mut d) if d.comment == "games/gs" => {
                     d.comment = "games/bad".into();
-                    d.counter = long(chain.label());
+                    d.counter = long(chain.label()).into();
                     d.ports = up(d.ports);
                     Some(Rule::Dnat(d))
                 }
                 Rule::IdentitySnat(mut n) if n.comment == "games/gs" => {
                     n.comment = "games/bad".into();
-                    n.counter = long(chain.label());
+                    n.counter = long(chain.label()).into();
                     n.ports = up(n.ports);
                     Some(Rule::IdentitySnat(n))
                 }

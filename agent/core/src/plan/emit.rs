@@ -127,7 +127,9 @@ struct Emitter<'a> {
     links_made: FastMap<String, FastMap<String, MadeLink>>,
     /// What [`Emitter::counter`] made, by chain and mapping: a mapping's rules share their
     /// counter per chain.
-    counters_made: FastMap<(ChainId, *const MappingDecision), (String, String)>,
+    counters_made: FastMap<(ChainId, *const MappingDecision), Name>,
+    /// Each mapping's comment ([`Emitter::comment`]), which all its rules carry.
+    comments_made: FastMap<*const MappingDecision, Name>,
     /// Links whose shared arrival rules ([`Emitter::arrival`]) are added.
     arrivals: FastSet<String>,
     /// Links (or none, for this node's own pods) whose shared accepting rules
@@ -223,6 +225,7 @@ impl<'a> Emitter<'a> {
             serving_links: BTreeSet::new(),
             links_made: FastMap::default(),
             counters_made: FastMap::default(),
+            comments_made: FastMap::default(),
             arrivals: FastSet::default(),
             accepted_over: FastSet::default(),
         }
@@ -234,23 +237,40 @@ impl<'a> Emitter<'a> {
 
     /// The counter of the mapping's rules in `chain`, and their comment; the counter is
     /// declared once. Made ones are found by the decision's address (decisions do not move
-    /// while the rules are emitted), so asking again allocates no key.
-    fn counter(&mut self, chain: ChainId, d: &MappingDecision) -> (String, String) {
+    /// while the rules are emitted), so asking again allocates no key, and every rule shares
+    /// one copy of each text.
+    fn counter(&mut self, chain: ChainId, d: &MappingDecision) -> (Name, Name) {
+        let comment = self.comment(d);
         let key = (chain, std::ptr::from_ref(d));
         if let Some(made) = self.counters_made.get(&key) {
-            return made.clone();
+            return (made.clone(), comment);
         }
-        let comment = fit_nft_text_owned(MappingKey::new(&d.namespace, &d.name).into_string());
-        let counter = fit_nft_text_owned(format!("{}/{}/{}", chain.label(), d.namespace, d.name));
+        let counter = Name::from(fit_nft_text_owned(format!(
+            "{}/{}/{}",
+            chain.label(),
+            d.namespace,
+            d.name
+        )));
         self.state.nft.counters.push(Counter {
             name: counter.clone(),
             chain,
-            namespace: d.namespace.to_string(),
-            mapping: d.name.clone(),
+            namespace: d.namespace.clone(),
+            mapping: Name::from(d.name.as_str()),
         });
-        self.counters_made
-            .insert(key, (counter.clone(), comment.clone()));
+        self.counters_made.insert(key, counter.clone());
         (counter, comment)
+    }
+
+    /// The comment of every rule of the mapping: `namespace/name`, cut to fit nft.
+    fn comment(&mut self, d: &MappingDecision) -> Name {
+        self.comments_made
+            .entry(std::ptr::from_ref(d))
+            .or_insert_with(|| {
+                Name::from(fit_nft_text_owned(
+                    MappingKey::new(&d.namespace, &d.name).into_string(),
+                ))
+            })
+            .clone()
     }
 
     /// The usable link to `peer` in `class`, added (once) with its device name and mark when
@@ -543,10 +563,10 @@ impl<'a> Emitter<'a> {
             let drop = Rule::guard_drop(port);
             if let Rule::GuardDrop { counter, .. } = &drop {
                 self.state.nft.counters.push(Counter {
-                    name: counter.clone(),
+                    name: Name::from(counter.as_str()),
                     chain: ChainId::Guard,
-                    namespace: String::new(),
-                    mapping: String::new(),
+                    namespace: Name::from(""),
+                    mapping: Name::from(""),
                 });
             }
             self.push(ChainId::Guard, drop);
@@ -561,7 +581,7 @@ impl<'a> Emitter<'a> {
         mark: Option<u32>,
         ports: PortRange,
     ) {
-        let comment = fit_nft_text(MappingKey::new(&d.namespace, &d.name).as_str());
+        let comment = self.comment(d);
         let rule = SteerRule {
             iif,
             daddr,

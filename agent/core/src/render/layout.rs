@@ -196,12 +196,12 @@ fn build(table: &NftTable, with_owners: bool) -> Planned {
         crate::ir::RuleOwners::default()
     };
     for counter in &table.counters {
-        b.planned.layout.counters.insert(counter.name.clone());
+        b.planned.layout.counters.insert(counter.name.to_string());
         if let Some(owner) = owners.of_counter(&counter.name) {
             b.planned
                 .owners
                 .counters
-                .insert(counter.name.clone(), owner.clone());
+                .insert(counter.name.to_string(), owner.clone());
         }
     }
     let mut plain: BTreeMap<ChainId, Vec<String>> = BTreeMap::new();

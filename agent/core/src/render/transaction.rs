@@ -359,11 +359,11 @@ mod tests {
                 ports: PortRange::single(port),
                 to: format!("10.244.1.{}", i + 5).parse().expect("ip"),
                 to_port: None,
-                counter: format!("pre/games/{name}"),
-                comment: format!("games/{name}"),
+                counter: format!("pre/games/{name}").into(),
+                comment: format!("games/{name}").into(),
             }));
             counters.push(Counter {
-                name: format!("pre/games/{name}"),
+                name: format!("pre/games/{name}").into(),
                 chain: ChainId::Pre,
                 namespace: "games".into(),
                 mapping: (*name).into(),
