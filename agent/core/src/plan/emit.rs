@@ -245,12 +245,13 @@ impl<'a> Emitter<'a> {
         if let Some(made) = self.counters_made.get(&key) {
             return (made.clone(), comment);
         }
-        let counter = Name::from(fit_nft_text_owned(format!(
-            "{}/{}/{}",
-            chain.label(),
-            d.namespace,
-            d.name
-        )));
+        // `chain/namespace/name`, joined by hand: `format!` cost more than the rest of this.
+        let label = chain.label();
+        let mut text = String::with_capacity(label.len() + d.namespace.len() + d.name.len() + 2);
+        for part in [label, "/", &d.namespace, "/", &d.name] {
+            text.push_str(part);
+        }
+        let counter = Name::from(fit_nft_text_owned(text));
         self.state.nft.counters.push(Counter {
             name: counter.clone(),
             chain,

@@ -97,7 +97,12 @@ impl<'a> Index<'a> {
                 classes.entry(name).or_insert(class);
             }
         }
-        let mut rows = FastMap::default();
+        // Sized up front: growing a map of thousands rehashes it several times.
+        let row_count = classes
+            .values()
+            .map(|c| c.status.as_ref().map_or(0, |s| s.nodes.len()))
+            .sum();
+        let mut rows = FastMap::with_capacity_and_hasher(row_count, Default::default());
         for (name, class) in &classes {
             for row in class.status.iter().flat_map(|s| s.nodes.iter()) {
                 rows.entry((*name, row.name.as_str())).or_insert(row);
@@ -188,7 +193,7 @@ fn shared_names<'a>(
         .chain(namespaces.keys().copied())
         .chain(classes.keys().copied())
         .chain(class_nodes.map(String::as_str));
-    let mut names = FastMap::default();
+    let mut names = FastMap::with_capacity_and_hasher(texts.size_hint().0, Default::default());
     for text in texts {
         names.entry(text).or_insert_with(|| Name::from(text));
     }
@@ -221,7 +226,8 @@ fn nodes_by_name(snapshot: &Snapshot) -> BTreeMap<&str, NodeInfo> {
 
 /// The EndpointSlices of each Service, by (namespace, Service name).
 fn slices_by_service(snapshot: &Snapshot) -> FastMap<(&str, &str), ServiceSlices<'_>> {
-    let mut slices: FastMap<(&str, &str), ServiceSlices> = FastMap::default();
+    let mut slices: FastMap<(&str, &str), ServiceSlices> =
+        FastMap::with_capacity_and_hasher(snapshot.endpoint_slices.len(), Default::default());
     for slice in &snapshot.endpoint_slices {
         let ns = slice.metadata.namespace.as_deref().unwrap_or_default();
         let Some(svc) = slice
