@@ -31,8 +31,8 @@ pub struct BindingSet {
 /// Interned binding sets and the holdings of accepted mappings.
 #[derive(Default)]
 pub struct Bindings {
-    /// (node, interface) → id, ids in sorted order of the pair.
-    pair_ids: BTreeMap<(String, String), u32>,
+    /// node → interface → id, ids in sorted order of the pair (looked up by borrowed names).
+    pair_ids: BTreeMap<String, BTreeMap<String, u32>>,
     pairs: Vec<(String, String)>,
     sets: Vec<BindingSet>,
     /// Sets of mappings that narrow the class's interfaces, by class: each with its sorted,
@@ -49,10 +49,53 @@ pub struct Bindings {
     holdings: BTreeMap<Protocol, Vec<Held>>,
 }
 
-/// The accepted ranges of one (protocol, set): first port → (last port, holder). A holder is
-/// the mapping's position in conflict order ([`Holder`]): its name is only written out for
-/// the few mappings refused for a conflict.
-type Held = BTreeMap<u16, (u16, Holder)>;
+/// The accepted ranges of one (protocol, set).
+#[derive(Default)]
+struct Held {
+    /// First port → (last port, holder). A holder is the mapping's position in conflict order
+    /// ([`Holder`]): its name is only written out for the few mappings refused for a conflict.
+    ranges: BTreeMap<u16, (u16, Holder)>,
+    /// Every held port as a bit, for the first [`SETS_WITH_BITS`] sets: nearly every mapping
+    /// asks for ports no other mapping holds, and a bit test says so without searching the
+    /// ranges (the search was most of admitting a mapping).
+    bits: Option<PortBits>,
+}
+
+/// How many sets (per protocol) keep their held ports as bits: 8 KiB each, so a pass with
+/// thousands of distinct sets still spends at most 1 MiB on them.
+const SETS_WITH_BITS: SetId = 64;
+
+/// One bit per port number.
+struct PortBits(Box<[u64]>);
+
+impl PortBits {
+    const WORDS: usize = (u16::MAX as usize + 1) / 64;
+
+    fn new() -> Self {
+        Self(vec![0; Self::WORDS].into_boxed_slice())
+    }
+
+    fn set(&mut self, ports: PortRange) {
+        for port in ports.first..=ports.last {
+            let (word, bit) = (usize::from(port) / 64, port % 64);
+            if let Some(w) = self.0.get_mut(word) {
+                *w |= 1 << bit;
+            }
+        }
+    }
+
+    /// Whether any port of `ports` is set.
+    fn any(&self, ports: PortRange) -> bool {
+        let (first, last) = (usize::from(ports.first), usize::from(ports.last));
+        (first / 64..=last / 64).any(|word| {
+            let low = if word == first / 64 { first % 64 } else { 0 };
+            let high = if word == last / 64 { last % 64 } else { 63 };
+            // Bits low..=high of the word.
+            let mask = (u64::MAX >> (63 - high)) & (u64::MAX << low);
+            self.0.get(word).is_some_and(|w| w & mask != 0)
+        })
+    }
+}
 
 /// A mapping holding ports: its position among the index's PortMaps (in conflict order).
 pub type Holder = usize;
@@ -77,11 +120,13 @@ impl Bindings {
             }
         }
         let pairs: Vec<(String, String)> = all.into_iter().collect();
-        let pair_ids = pairs
-            .iter()
-            .enumerate()
-            .map(|(i, p)| (p.clone(), i as u32))
-            .collect();
+        let mut pair_ids: BTreeMap<String, BTreeMap<String, u32>> = BTreeMap::new();
+        for (id, (node, iface)) in (0u32..).zip(&pairs) {
+            pair_ids
+                .entry(node.clone())
+                .or_default()
+                .insert(iface.clone(), id);
+        }
         Bindings {
             pair_ids,
             pairs,
@@ -121,11 +166,12 @@ impl Bindings {
                 .collect();
             ifaces.sort();
             ifaces.dedup();
-            for iface in &ifaces {
-                if let Some(id) = self.pair_ids.get(&(node.clone(), iface.clone())) {
-                    ids.push(*id);
-                }
-            }
+            let node_ids = self.pair_ids.get(node);
+            ids.extend(
+                ifaces
+                    .iter()
+                    .filter_map(|iface| node_ids.and_then(|n| n.get(iface)).copied()),
+            );
             by_node.insert(node.clone(), ifaces);
         }
         ids.sort_unstable();
@@ -193,12 +239,15 @@ impl Bindings {
         let held = self.holdings.get(&protocol)?;
         let mut best: Option<(u32, std::cmp::Reverse<u16>, Holder, PortRange)> = None;
         for (other, pair) in self.sets[set].neighbours.iter().copied() {
-            let Some(map) = held.get(other) else {
+            let Some(held) = held.get(other) else {
                 continue;
             };
+            if held.bits.as_ref().is_some_and(|bits| !bits.any(ports)) {
+                continue;
+            }
             // Held ranges in one set are disjoint: walk back from the last one starting at or
             // before our last port while they could still reach our first port.
-            for (first, (last, by)) in map.range(..=ports.last).rev() {
+            for (first, (last, by)) in held.ranges.range(..=ports.last).rev() {
                 let theirs = PortRange {
                     first: *first,
                     last: *last,
@@ -239,10 +288,13 @@ impl Bindings {
         }
         let held = self.holdings.entry(protocol).or_default();
         if held.len() <= set {
-            held.resize_with(set + 1, Held::new);
+            held.resize_with(set + 1, Held::default);
         }
-        if let Some(ranges) = held.get_mut(set) {
-            ranges.insert(ports.first, (ports.last, holder));
+        if let Some(held) = held.get_mut(set) {
+            held.ranges.insert(ports.first, (ports.last, holder));
+            if set < SETS_WITH_BITS {
+                held.bits.get_or_insert_with(PortBits::new).set(ports);
+            }
         }
     }
 }
@@ -258,4 +310,55 @@ fn first_shared(x: &[u32], y: &[u32]) -> Option<u32> {
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        /// The bit test says a port range is held exactly when one of its ports was set,
+        /// ranges crossing word boundaries and the highest port included.
+        #[test]
+        fn port_bits_tell_held_ports(
+            held in proptest::collection::vec((prop_oneof![0u16..600, 65_000u16..], 0u16..100), 0..12),
+            asked in (prop_oneof![0u16..600, 65_000u16..], 0u16..100),
+        ) {
+            let range = |(first, len): (u16, u16)| PortRange {
+                first,
+                last: first.saturating_add(len),
+            };
+            let mut bits = PortBits::new();
+            let mut naive = BTreeSet::new();
+            for h in held.iter().copied().map(range) {
+                bits.set(h);
+                naive.extend(h.first..=h.last);
+            }
+            let asked = range(asked);
+            let expected = (asked.first..=asked.last).any(|p| naive.contains(&p));
+            prop_assert_eq!(bits.any(asked), expected);
+        }
+    }
+
+    #[test]
+    fn port_bits_edges() {
+        let mut bits = PortBits::new();
+        let one = |p| PortRange { first: p, last: p };
+        bits.set(one(63));
+        bits.set(one(u16::MAX));
+        assert!(bits.any(one(63)));
+        assert!(!bits.any(one(62)) && !bits.any(one(64)));
+        assert!(bits.any(PortRange { first: 0, last: 63 }));
+        assert!(bits.any(PortRange {
+            first: 60,
+            last: 200
+        }));
+        assert!(!bits.any(PortRange {
+            first: 64,
+            last: 65534
+        }));
+        assert!(bits.any(one(u16::MAX)));
+    }
 }

@@ -26,6 +26,7 @@ pub fn evaluate_static<'a>(index: &Index<'a>) -> BTreeMap<&'a str, ClassState<'a
             name,
             class,
             rank: accepting.iter().enumerate().map(|(i, n)| (*n, i)).collect(),
+            accepting_names: accepting.iter().map(|n| index.name(n)).collect(),
             accepting,
             mode: class.spec.return_path.mode,
             subnet: None,

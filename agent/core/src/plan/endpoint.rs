@@ -6,6 +6,7 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 
 use super::fast_hash::FastMap;
 use super::index::{Index, ServiceSlices};
+use super::state::ClassState;
 use super::{ChosenEndpoint, RejectedEndpoint};
 use crate::api::PortMap;
 use crate::keys::MappingKey;
@@ -37,7 +38,8 @@ pub struct Choice<'a> {
 /// protocol whose address is a pod address of the cluster, sorted by (a) the node's rank among
 /// the accepting nodes (others after them), (b) the pod name, (c) the node name, (d) the
 /// address. `rank`: each accepting node's place in the sorted accepting list.
-pub fn choose<'a>(index: &Index<'a>, pm: &'a PortMap, rank: &FastMap<&str, usize>) -> Choice<'a> {
+pub fn choose<'a>(index: &Index<'a>, pm: &'a PortMap, class: &ClassState) -> Choice<'a> {
+    let rank = &class.rank;
     let mut ranked = Vec::new();
     let mut lone = None;
     let mut rejected = Vec::new();
@@ -57,8 +59,12 @@ pub fn choose<'a>(index: &Index<'a>, pm: &'a PortMap, rank: &FastMap<&str, usize
     let rejected_count = rejected.len();
     rejected.truncate(LISTED_REJECTIONS);
     Choice {
-        endpoint: best.map(|(_, pod, node, address, port)| ChosenEndpoint {
-            node: index.name(node),
+        endpoint: best.map(|(rank, pod, node, address, port)| ChosenEndpoint {
+            // An endpoint on an accepting node has its name at its rank already.
+            node: match class.accepting_names.get(rank) {
+                Some(name) => name.clone(),
+                None => index.name(node),
+            },
             address,
             port,
             pod: pod.map(str::to_owned),

@@ -30,8 +30,9 @@ pub struct Index<'a> {
     pub nodes: BTreeMap<&'a str, NodeInfo>,
     pub namespaces: FastMap<&'a str, &'a BTreeMap<String, String>>,
     pub classes: BTreeMap<&'a str, &'a PortMapClass>,
-    /// The same classes, for the lookup each PortMap makes by its class name.
-    pub class_by_name: FastMap<&'a str, &'a PortMapClass>,
+    /// The same classes, for the lookup each PortMap makes by its class name, with the class's
+    /// shared name (the one lookup finds both).
+    pub class_by_name: FastMap<&'a str, (&'a PortMapClass, Name)>,
     /// Class rows by (class, node).
     pub rows: FastMap<(&'a str, &'a str), &'a ClassNodeStatus>,
     /// EndpointSlices by (namespace, service name), each Service's in input order.
@@ -128,6 +129,15 @@ impl<'a> Index<'a> {
         let cni = snapshot.cni.as_ref();
         let addresses = AddressPolicy::build(&snapshot.nodes, &classes, &rows, cni);
         let names = shared_names(&nodes, &namespaces, &classes);
+        let class_by_name = classes
+            .iter()
+            .map(|(n, c)| {
+                (
+                    *n,
+                    (*c, names.get(n).cloned().unwrap_or_else(|| Name::from(*n))),
+                )
+            })
+            .collect();
         Index {
             names,
             node_udp_ports: node_udp_ports(&classes, cni),
@@ -136,7 +146,7 @@ impl<'a> Index<'a> {
             addresses,
             nodes,
             namespaces,
-            class_by_name: classes.iter().map(|(n, c)| (*n, *c)).collect(),
+            class_by_name,
             classes,
             rows,
             slices,

@@ -55,7 +55,8 @@ fn admit<'a>(
     let name = pm.metadata.name.clone().unwrap_or_default();
     let spec = &pm.spec;
     let ports = port_range(spec.port, spec.end_port);
-    let class = index.class_by_name.get_key_value(spec.class_name.as_str());
+    let found = index.class_by_name.get_key_value(spec.class_name.as_str());
+    let class = found.map(|(class_name, (class, _))| (*class_name, *class));
     let set = class.map(|(class_name, class)| bindings.set_of(class_name, class, &spec.interfaces));
     let accepted = match (class, set) {
         (Some((_, class)), Some(set)) => check(index, pm, class, ports, position, bindings, set),
@@ -69,7 +70,10 @@ fn admit<'a>(
         decision: MappingDecision {
             namespace,
             name,
-            class: index.name(&spec.class_name),
+            class: match found {
+                Some((_, (_, class_name))) => class_name.clone(),
+                None => index.name(&spec.class_name),
+            },
             protocol: spec.protocol,
             ports,
             generation: pm.metadata.generation,
@@ -459,7 +463,7 @@ pub fn resolve_all<'a>(
         let Some(class) = classes.get(w.decision.class.as_str()).copied() else {
             continue;
         };
-        let choice = endpoint::choose(index, w.pm, &class.rank);
+        let choice = endpoint::choose(index, w.pm, class);
         w.endpoint_rejection = endpoint::rejection_message(
             &w.decision.namespace,
             &w.pm.spec.service_ref.name,
@@ -470,12 +474,14 @@ pub fn resolve_all<'a>(
         d.rejected_endpoints = choice.rejected;
         let ranked = choice.ranked;
         let Some(ep) = &d.endpoint else { continue };
-        let serving = match class.rank.get(ep.node.as_str()) {
-            Some(i) => class.accepting.get(*i).copied(),
-            None => class.accepting.first().copied(),
+        let rank = class.rank.get(ep.node.as_str()).copied().unwrap_or(0);
+        let (Some(serving), Some(serving_name)) =
+            (class.accepting.get(rank), class.accepting_names.get(rank))
+        else {
+            continue;
         };
-        let Some(serving) = serving else { continue };
-        d.serving_node = Some(index.name(serving));
+        let serving = *serving;
+        d.serving_node = Some(serving_name.clone());
         let single = class.class.spec.serving_mode == ServingMode::Single;
         let Some(set) = w.set else {
             d.programming_nodes = programming_nodes(index, class, serving);

@@ -20,7 +20,7 @@ use super::reasons::{ClassReason, Outcome};
 use super::{MappingDecision, NeededLink};
 use crate::api::{ClassNodeStatus, LinkClaim, PortMap, PortMapClass, Protocol, ReturnPathMode};
 use crate::ir::LINK_PREFIX;
-use crate::keys::NodePair;
+use crate::keys::{Name, NodePair};
 use crate::snapshot::{HostFacts, KernelRefusal};
 use crate::text::short_hash;
 
@@ -40,6 +40,9 @@ pub struct ClassState<'a> {
     /// Each accepting node's place in `accepting`: asked for every mapping's endpoint, a hash
     /// instead of a search comparing names.
     pub rank: FastMap<&'a str, usize>,
+    /// `accepting` as the pass's shared names: each mapping's serving node (and each endpoint
+    /// on an accepting node) takes its copy from here, found by rank, not by hashing the name.
+    pub accepting_names: Vec<Name>,
     pub mode: ReturnPathMode,
     /// Parsed, masked subnet of a Vxlan class with usable settings.
     pub subnet: Option<Ipv4Net>,
