@@ -1,5 +1,6 @@
 //! Sorted lookup structures over the snapshot, built once per pass.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::collections::hash_map::Entry;
 use std::net::Ipv4Addr;
@@ -10,6 +11,7 @@ use k8s_openapi::jiff::Timestamp;
 use super::fast_hash::{FastMap, FastSet};
 use super::holders::{self, Holder};
 use super::pod_network::AddressPolicy;
+use super::selector;
 use crate::api::{ClassNode, ClassNodeStatus, PortMap, PortMapClass, ReturnPathMode};
 use crate::keys::Name;
 use crate::snapshot::{CniFacts, SERVICE_NAME_LABEL, Snapshot, node_internal_ip, node_is_ready};
@@ -57,6 +59,22 @@ pub struct Index<'a> {
     /// The names of nodes, classes and namespaces, each allocated once per pass and shared by
     /// every decision that holds it. Only looked up.
     names: FastMap<&'a str, Name>,
+    /// What each class's namespace selector said of each namespace asked about, by class then
+    /// namespace: thousands of mappings share a few (class, namespace) pairs. Only looked up.
+    selections: RefCell<FastMap<String, FastMap<String, Selection>>>,
+}
+
+/// What a class's namespace selector says of one namespace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Selection {
+    /// Selected (or the class selects every namespace).
+    Selected,
+    /// The namespace has no Namespace object, so no selector can match it.
+    NotFound,
+    /// The selector does not match the namespace's labels.
+    NotSelected,
+    /// The selector cannot be parsed: it selects nothing.
+    Unparsable,
 }
 
 /// The EndpointSlices of one Service, in input order. Nearly every Service has one: it is held
@@ -154,6 +172,7 @@ impl<'a> Index<'a> {
             cni,
             held_rows,
             invalid_class_interface,
+            selections: RefCell::default(),
         }
     }
 
@@ -164,6 +183,38 @@ impl<'a> Index<'a> {
             Some(name) => name.clone(),
             None => Name::from(text),
         }
+    }
+
+    /// What the namespace selector of `class` (named `class_name`) says of `namespace`,
+    /// worked out once per pass for each pair.
+    pub fn namespace_selection(
+        &self,
+        class: &PortMapClass,
+        class_name: &str,
+        namespace: &str,
+    ) -> Selection {
+        let selector = class.spec.namespace_selector.as_ref();
+        if selector::is_empty(selector) {
+            return Selection::Selected;
+        }
+        let mut selections = self.selections.borrow_mut();
+        if let Some(known) = selections.get(class_name).and_then(|c| c.get(namespace)) {
+            return *known;
+        }
+        let selection = match (selector, self.namespaces.get(namespace)) {
+            (_, None) => Selection::NotFound,
+            (None, Some(_)) => Selection::Selected,
+            (Some(selector), Some(labels)) => match selector::matches(selector, labels) {
+                Some(true) => Selection::Selected,
+                Some(false) => Selection::NotSelected,
+                None => Selection::Unparsable,
+            },
+        };
+        selections
+            .entry(class_name.to_owned())
+            .or_default()
+            .insert(namespace.to_owned(), selection);
+        selection
     }
 
     /// The class's accepting nodes: named in the class, with a Ready Node object, sorted.

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use super::bindings::{Bindings, Holder, SetId};
 use super::endpoint::Candidate;
 use super::fast_hash::FastMap;
-use super::index::{HeldRow, Index};
+use super::index::{HeldRow, Index, Selection};
 use super::reasons::{AcceptedReason, Outcome, ProgrammedReason, Say};
 use super::state::{ClassState, Group, Working, standby_only};
-use super::{Detail, MappingDecision, NeededLink, endpoint, selector};
+use super::{Detail, MappingDecision, NeededLink, endpoint};
 use crate::api::{
     MAX_PORT, MIN_PORT, PortMap, PortMapClass, Protocol, PublishedAddress, ReturnPathMode,
     ServingMode,
@@ -398,24 +398,17 @@ fn check_namespace(
     class_name: &str,
     namespace: &str,
 ) -> Option<Outcome<AcceptedReason>> {
-    let selector = class.spec.namespace_selector.as_ref();
-    if selector::is_empty(selector) {
-        return None;
-    }
-    let selector = selector?;
     let refuse =
         |message: String| Some(Outcome::new(AcceptedReason::NamespaceNotSelected, message));
-    let Some(labels) = index.namespaces.get(namespace) else {
-        return refuse(format!(
+    match index.namespace_selection(class, class_name, namespace) {
+        Selection::Selected => None,
+        Selection::NotFound => refuse(format!(
             "namespace {namespace} was not found, so the selector of class {class_name} cannot match it"
-        ));
-    };
-    match selector::matches(selector, labels) {
-        Some(true) => None,
-        Some(false) => refuse(format!(
+        )),
+        Selection::NotSelected => refuse(format!(
             "namespace {namespace} does not match the namespace selector of class {class_name}"
         )),
-        None => refuse(format!(
+        Selection::Unparsable => refuse(format!(
             "the namespace selector of class {class_name} cannot be parsed, so it selects no namespace"
         )),
     }

@@ -2,6 +2,7 @@
 //! claims it proposes and the garbage collection it performs.
 
 use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -168,7 +169,7 @@ fn portmap_write(w: &Working, published_summary: Option<String>, now: Timestamp)
         observed_generation: d.generation,
         endpoint: d.endpoint.as_ref().map(|e| EndpointStatus {
             node: e.node.to_string(),
-            address: e.address.to_string(),
+            address: ipv4_text(e.address),
             port: i32::from(e.port),
             pod: e.pod.clone(),
         }),
@@ -182,6 +183,25 @@ fn portmap_write(w: &Working, published_summary: Option<String>, now: Timestamp)
         status,
         settling: w.settling,
     }
+}
+
+/// `address` in dotted decimal, as `to_string` writes it at a tenth of the cost (it went
+/// through the formatting machinery four times per address, for every status this node writes).
+fn ipv4_text(address: Ipv4Addr) -> String {
+    let mut text = String::with_capacity(15);
+    for (i, octet) in address.octets().into_iter().enumerate() {
+        if i > 0 {
+            text.push('.');
+        }
+        if octet >= 100 {
+            text.push(char::from(b'0' + octet / 100));
+        }
+        if octet >= 10 {
+            text.push(char::from(b'0' + octet / 10 % 10));
+        }
+        text.push(char::from(b'0' + octet % 10));
+    }
+    text
 }
 
 /// This node's row in a class and the class's Ready condition as this node computes it.
@@ -734,6 +754,29 @@ mod tests {
             .as_u64()
             .and_then(|n| usize::try_from(n).ok())
             .unwrap_or_else(|| panic!("{path} has no {key}"))
+    }
+
+    #[test]
+    fn ipv4_text_is_to_string() {
+        let samples = [
+            0u32,
+            1,
+            9,
+            10,
+            99,
+            100,
+            255,
+            0x0a00_0001,
+            0xc0a8_6465,
+            u32::MAX,
+        ];
+        for bits in samples
+            .into_iter()
+            .chain((0..4096u32).map(|i| i.wrapping_mul(2_654_435_761)))
+        {
+            let address = Ipv4Addr::from(bits);
+            assert_eq!(ipv4_text(address), address.to_string());
+        }
     }
 
     #[test]
