@@ -12,7 +12,7 @@ use crate::hostbench::Measurement;
 use crate::routed::{self, Via};
 use crate::runner::Runner;
 use crate::scenario::{self, Step};
-use crate::sys::Lab;
+use crate::sys::{self, Lab};
 
 const SCENARIO: &str = r#"
 name: bench
@@ -150,6 +150,8 @@ pub enum Part {
     All,
     /// Only the link health rows (probe cost, a broken link reported).
     Links,
+    /// Only the TCP throughput rows, with the offload experiment.
+    Tcp,
 }
 
 pub async fn run(
@@ -183,6 +185,12 @@ pub async fn run(
 
 async fn measure(runner: &mut Runner<'_>, part: Part) -> Result<Vec<Measurement>> {
     let mut out = Vec::new();
+    if part == Part::Tcp {
+        let (client, edge) = raw_mesh_responders(runner).await?;
+        out.extend(throughput(runner, client, &edge).await?);
+        out.push(with_gro(runner, client).await?);
+        return Ok(out);
+    }
     if part == Part::All {
         out.extend(datapath(runner).await?);
     }
@@ -191,9 +199,9 @@ async fn measure(runner: &mut Runner<'_>, part: Part) -> Result<Vec<Measurement>
     Ok(out)
 }
 
-/// Throughput, round trips and endpoint changes.
-async fn datapath(runner: &mut Runner<'_>) -> Result<Vec<Measurement>> {
-    // The raw mesh: a responder on worker-b's own mesh address, asked from edge-a over wt0.
+/// The raw mesh's responders: on worker-b's own mesh address, asked from edge-a over wt0.
+/// Returns the internet client's and edge-a's namespaces.
+async fn raw_mesh_responders(runner: &mut Runner<'_>) -> Result<(&'static str, String)> {
     let worker = runner.topo.node("worker-b")?.ns.clone();
     let echo = runner.topo.bin("kuport-echo");
     runner
@@ -204,9 +212,15 @@ async fn datapath(runner: &mut Runner<'_>) -> Result<Vec<Measurement>> {
         .spawn(&worker, "raw-tcp", &echo, &["serve", "tcp", "7000"])?;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let edge = runner.topo.node("edge-a")?.ns.clone();
-    let client = crate::topology::CLIENT_NS;
+    Ok((crate::topology::CLIENT_NS, edge))
+}
+
+/// Throughput, round trips and endpoint changes.
+async fn datapath(runner: &mut Runner<'_>) -> Result<Vec<Measurement>> {
+    let (client, edge) = raw_mesh_responders(runner).await?;
     let mut out = Vec::new();
     out.extend(throughput(runner, client, &edge).await?);
+    out.push(with_gro(runner, client).await?);
     out.push(udp_rtt(runner, client, &edge).await?);
     out.push(endpoint_unready(runner, client).await?);
     out.push(pod_moved(runner, client).await?);
@@ -372,6 +386,103 @@ async fn over_plain_vxlan(
         note: format!(
             "median {k:.0} vs {v:.0} Mbit/s; the baseline dials {} over a VXLAN link between the edge and the pod's node inside wt0 (the encapsulation the return link uses, kernel defaults) with plain routes: what is left between the two is kuport's rules and NAT",
             path.target
+        ),
+    })
+}
+
+/// The devices a mapped packet is forwarded through on the edge and the pod's node: their
+/// veths (toward the client's router, the pod and the mesh's underlay) and kuport's link
+/// devices, by namespace; `wt0`, the userspace mesh's TUN, is left as it is.
+fn forwarding_devices(runner: &Runner<'_>) -> Result<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    for node in ["edge-a", "worker-b"] {
+        let ns = runner.topo.node(node)?.ns.clone();
+        let listed = sys::exec(&ns, "ip", &["-o", "-d", "link", "show"])?;
+        out.extend(
+            forwarding_device_names(&listed)
+                .into_iter()
+                .map(|dev| (ns.clone(), dev)),
+        );
+    }
+    Ok(out)
+}
+
+/// The veths and kuport link devices in an `ip -o -d link show` listing.
+fn forwarding_device_names(listing: &str) -> Vec<String> {
+    listing
+        .lines()
+        .filter_map(|line| {
+            let name = line.split(": ").nth(1)?;
+            let name = name.split('@').next().unwrap_or(name);
+            (line.contains(" veth ") || name.starts_with("kup-")).then(|| name.to_owned())
+        })
+        .collect()
+}
+
+/// Generic receive offload on or off on every device given.
+fn set_gro(devices: &[(String, String)], on: bool) -> Result<()> {
+    let state = if on { "on" } else { "off" };
+    for (ns, dev) in devices {
+        sys::exec(ns, "ethtool", &["-K", dev, "gro", state])
+            .with_context(|| format!("ethtool -K {dev} gro {state} in {ns}"))?;
+    }
+    Ok(())
+}
+
+/// Whether generic receive offload is on for `dev` in `ns`.
+fn gro_is_on(ns: &str, dev: &str) -> Result<bool> {
+    let features = sys::exec(ns, "ethtool", &["-k", dev])?;
+    Ok(features
+        .lines()
+        .any(|l| l.trim_start().starts_with("generic-receive-offload: on")))
+}
+
+/// The mapping with GRO turned on for every veth and link device it is forwarded through,
+/// alternating with the kernel's defaults (GRO off on the veths, on on the VXLAN links): the
+/// forwarded segments would cross the DNATs, the routing and the encapsulation as fewer, larger
+/// packets (segmented again only before the mesh's TUN, which takes no offload).
+async fn with_gro(runner: &Runner<'_>, client: &str) -> Result<Measurement> {
+    let devices = forwarding_devices(runner)?;
+    let defaults: Vec<bool> = devices
+        .iter()
+        .map(|(ns, dev)| gro_is_on(ns, dev))
+        .collect::<Result<_>>()?;
+    let off: Vec<(String, String)> = devices
+        .iter()
+        .zip(&defaults)
+        .filter(|(_, on)| !**on)
+        .map(|(d, _)| d.clone())
+        .collect();
+    let (mut default, mut gro) = (Vec::new(), Vec::new());
+    let result = async {
+        for _ in 0..THROUGHPUT_SAMPLES {
+            default.push(bulk(runner, client, "203.0.113.1:3000").await?);
+            set_gro(&off, true)?;
+            let sample = bulk(runner, client, "203.0.113.1:3000").await;
+            set_gro(&off, false)?;
+            gro.push(sample?);
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    // Back to the defaults whatever happened (the calls above may have stopped in between).
+    let restored = set_gro(&off, false);
+    result?;
+    restored?;
+    let (d, g) = (percentile(&default, 50.0), percentile(&gro, 50.0));
+    let names: Vec<&str> = off.iter().map(|(_, dev)| dev.as_str()).collect();
+    Ok(Measurement {
+        name: "TCP bulk throughput, mapping with GRO on every forwarding veth and link ÷ the same mapping with the kernel's defaults".into(),
+        value: g / d,
+        unit: "ratio".into(),
+        samples: THROUGHPUT_SAMPLES,
+        baseline: Some(d),
+        target: String::new(),
+        met: None,
+        note: format!(
+            "median {g:.0} vs {d:.0} Mbit/s, alternating; GRO turned on for {} (off by default; the other {} devices on the path had it on already), then off again",
+            names.join(", "),
+            devices.len() - off.len()
         ),
     })
 }
@@ -791,4 +902,20 @@ async fn node_not_ready(runner: &mut Runner<'_>, client: &str) -> Result<Measure
         &samples,
         "from the Node status write to the first UDP answer on the newly serving edge's address (and back), probing every 10 ms",
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forwarding_devices_are_the_veths_and_links() {
+        let listing = "\
+1: lo: <LOOPBACK,UP,LOWER_UP> mtu 65536 qdisc noqueue state UNKNOWN mode DEFAULT group default qlen 1000\\    link/loopback 00:00:00:00:00:00 brd 00:00:00:00:00:00 promiscuity 0 minmtu 0 maxmtu 0 addrgenmode eui64
+2: eth0@if12: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc noqueue state UP mode DEFAULT group default qlen 1000\\    link/ether 4e:1a:00:00:00:01 brd ff:ff:ff:ff:ff:ff link-netns kl-ul promiscuity 0 minmtu 68 maxmtu 65535 \\    veth addrgenmode eui64
+3: wt0: <POINTOPOINT,MULTICAST,NOARP,UP,LOWER_UP> mtu 1420 qdisc fq_codel state UNKNOWN mode DEFAULT group default qlen 500\\    link/none  promiscuity 0 minmtu 0 maxmtu 65535 \\    tun type tun pi off vnet_hdr off multi_queue off addrgenmode random
+4: kup-3f2a9c1d: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1370 qdisc noqueue state UNKNOWN mode DEFAULT group default qlen 1000\\    link/ether 02:6b:00:00:00:02 brd ff:ff:ff:ff:ff:ff promiscuity 0 minmtu 68 maxmtu 65535 \\    vxlan id 6242 remote 100.64.0.2 local 100.64.0.1 srcport 0 0 dstport 4791 nolearning ttl auto ageing 300 noudpcsum noudp6zerocsumtx noudp6zerocsumrx addrgenmode eui64
+";
+        assert_eq!(forwarding_device_names(listing), ["eth0", "kup-3f2a9c1d"]);
+    }
 }

@@ -18,6 +18,8 @@ const TOOLS: &[(&str, &str)] = &[
     // Inspecting and deleting conntrack entries by hand in scenarios' controls (never used by
     // the agent, which speaks ctnetlink itself).
     ("conntrack", "conntrack"),
+    // The bench's offload experiment turns GRO on and off on the forwarding devices.
+    ("ethtool", "ethtool"),
 ];
 
 /// The binaries the lab runs, all from the same build as the lab itself.
