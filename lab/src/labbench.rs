@@ -342,7 +342,13 @@ async fn status_reads(runner: &mut Runner<'_>, reason: &str) -> Result<()> {
 /// The routed path exists only for this measurement and is removed again whatever happens.
 async fn throughput(runner: &mut Runner<'_>, client: &str, edge: &str) -> Result<Vec<Measurement>> {
     let mut path = routed::RoutedPath::build(runner, "edge-a", "games/game-0", Via::Mesh)?;
-    let out = throughput_samples(runner, client, edge, &path).await;
+    let mut out = throughput_samples(runner, client, edge, &path).await;
+    if let Ok(rows) = out.as_mut() {
+        match routed_with_gro(runner, client, &path).await {
+            Ok(row) => rows.push(row),
+            Err(e) => out = Err(e),
+        }
+    }
     let left = path.remove(runner);
     let mut out = out?;
     if !left.is_empty() {
@@ -435,6 +441,68 @@ fn gro_is_on(ns: &str, dev: &str) -> Result<bool> {
     Ok(features
         .lines()
         .any(|l| l.trim_start().starts_with("generic-receive-offload: on")))
+}
+
+/// The devices of [`forwarding_devices`] that have GRO off, turned on while `run` runs and off
+/// again whatever it came to.
+async fn gro_on_while<T>(
+    runner: &Runner<'_>,
+    run: impl std::future::Future<Output = Result<T>>,
+) -> Result<(T, Vec<(String, String)>, usize)> {
+    let devices = forwarding_devices(runner)?;
+    let mut off = Vec::new();
+    for (ns, dev) in &devices {
+        if !gro_is_on(ns, dev)? {
+            off.push((ns.clone(), dev.clone()));
+        }
+    }
+    let result = match set_gro(&off, true) {
+        Ok(()) => run.await,
+        Err(e) => Err(e),
+    };
+    let restored = set_gro(&off, false);
+    let value = result?;
+    restored?;
+    let already_on = devices.len() - off.len();
+    Ok((value, off, already_on))
+}
+
+/// The mapping against the same hops routed (at the link's MTU: [`throughput_samples`] left
+/// the path locked to it), both with GRO on every forwarding device, alternating: whether the
+/// gap to the routed path closes when the emulated NICs and the pods' veths merge segments as
+/// a real node's NIC does.
+async fn routed_with_gro(
+    runner: &Runner<'_>,
+    client: &str,
+    path: &routed::RoutedPath,
+) -> Result<Measurement> {
+    let bytes = BULK_BYTES as u64;
+    let samples = async {
+        let (mut through, mut routed) = (Vec::new(), Vec::new());
+        for _ in 0..THROUGHPUT_SAMPLES {
+            through.push(bulk(runner, client, "203.0.113.1:3000").await?);
+            let before = path.counters()?;
+            routed.push(bulk(runner, client, &path.target).await?);
+            path.counters()?.check_since(&before, bytes, false)?;
+        }
+        anyhow::Ok((through, routed))
+    };
+    let ((through, routed), on, already_on) = gro_on_while(runner, samples).await?;
+    let (k, r) = (percentile(&through, 50.0), percentile(&routed, 50.0));
+    let names: Vec<&str> = on.iter().map(|(_, dev)| dev.as_str()).collect();
+    Ok(Measurement {
+        name: "TCP bulk throughput, mapping ÷ the same hops routed at the return link's MTU, both with GRO on every forwarding veth and link".into(),
+        value: k / r,
+        unit: "ratio".into(),
+        samples: THROUGHPUT_SAMPLES,
+        baseline: Some(r),
+        target: String::new(),
+        met: None,
+        note: format!(
+            "median {k:.0} vs {r:.0} Mbit/s, alternating; GRO turned on for {} ({already_on} more devices on the path had it on already), then off again",
+            names.join(", ")
+        ),
+    })
 }
 
 /// The mapping with GRO turned on for every veth and link device it is forwarded through,
