@@ -982,7 +982,7 @@ mod tests {
 1: lo: <LOOPBACK,UP,LOWER_UP> mtu 65536 qdisc noqueue state UNKNOWN mode DEFAULT group default qlen 1000\\    link/loopback 00:00:00:00:00:00 brd 00:00:00:00:00:00 promiscuity 0 minmtu 0 maxmtu 0 addrgenmode eui64
 2: eth0@if12: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc noqueue state UP mode DEFAULT group default qlen 1000\\    link/ether 4e:1a:00:00:00:01 brd ff:ff:ff:ff:ff:ff link-netns kl-ul promiscuity 0 minmtu 68 maxmtu 65535 \\    veth addrgenmode eui64
 3: wt0: <POINTOPOINT,MULTICAST,NOARP,UP,LOWER_UP> mtu 1420 qdisc fq_codel state UNKNOWN mode DEFAULT group default qlen 500\\    link/none  promiscuity 0 minmtu 0 maxmtu 65535 \\    tun type tun pi off vnet_hdr off multi_queue off addrgenmode random
-4: kup-3f2a9c1d: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1370 qdisc noqueue state UNKNOWN mode DEFAULT group default qlen 1000\\    link/ether 02:6b:00:00:00:02 brd ff:ff:ff:ff:ff:ff promiscuity 0 minmtu 68 maxmtu 65535 \\    vxlan id 6242 remote 100.64.0.2 local 100.64.0.1 srcport 0 0 dstport 4791 nolearning ttl auto ageing 300 noudpcsum noudp6zerocsumtx noudp6zerocsumrx addrgenmode eui64
+4: kup-3f2a9c1d: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1370 qdisc noqueue state UNKNOWN mode DEFAULT group default qlen 1000\\    link/ether 02:6b:00:00:00:02 brd ff:ff:ff:ff:ff:ff promiscuity 0 minmtu 68 maxmtu 65535 \\    vxlan id 6242 remote 100.64.0.2 local 100.64.0.1 srcport 0 0 dstport 4791 nolearning ttl auto ageing 300 udpcsum noudp6zerocsumtx noudp6zerocsumrx addrgenmode eui64
 ";
         assert_eq!(forwarding_device_names(listing), ["eth0", "kup-3f2a9c1d"]);
     }
