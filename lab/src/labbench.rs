@@ -372,14 +372,7 @@ async fn over_plain_vxlan(
     client: &str,
     path: &routed::RoutedPath,
 ) -> Result<Measurement> {
-    let bytes = BULK_BYTES as u64;
-    let (mut through, mut plain) = (Vec::new(), Vec::new());
-    for _ in 0..THROUGHPUT_SAMPLES {
-        through.push(bulk(runner, client, "203.0.113.1:3000").await?);
-        let before = path.counters()?;
-        plain.push(bulk(runner, client, &path.target).await?);
-        path.counters()?.check_since(&before, bytes, false)?;
-    }
+    let (through, plain) = mapping_then_path(runner, client, path).await?;
     let (k, v) = (percentile(&through, 50.0), percentile(&plain, 50.0));
     Ok(Measurement {
         name: "TCP bulk throughput, mapping ÷ the same hops routed over a plain VXLAN link in the mesh (no kuport rule)".into(),
@@ -476,17 +469,7 @@ async fn routed_with_gro(
     client: &str,
     path: &routed::RoutedPath,
 ) -> Result<Measurement> {
-    let bytes = BULK_BYTES as u64;
-    let samples = async {
-        let (mut through, mut routed) = (Vec::new(), Vec::new());
-        for _ in 0..THROUGHPUT_SAMPLES {
-            through.push(bulk(runner, client, "203.0.113.1:3000").await?);
-            let before = path.counters()?;
-            routed.push(bulk(runner, client, &path.target).await?);
-            path.counters()?.check_since(&before, bytes, false)?;
-        }
-        anyhow::Ok((through, routed))
-    };
+    let samples = mapping_then_path(runner, client, path);
     let ((through, routed), on, already_on) = gro_on_while(runner, samples).await?;
     let (k, r) = (percentile(&through, 50.0), percentile(&routed, 50.0));
     let names: Vec<&str> = on.iter().map(|(_, dev)| dev.as_str()).collect();
@@ -555,6 +538,25 @@ async fn with_gro(runner: &Runner<'_>, client: &str) -> Result<Measurement> {
     })
 }
 
+/// `THROUGHPUT_SAMPLES` bulk transfers through the mapping and over `path`, in turn (Mbit/s
+/// each); every transfer over the path is checked by its counters to have crossed it and no
+/// kuport link.
+async fn mapping_then_path(
+    runner: &Runner<'_>,
+    client: &str,
+    path: &routed::RoutedPath,
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    let bytes = BULK_BYTES as u64;
+    let (mut through, mut other) = (Vec::new(), Vec::new());
+    for _ in 0..THROUGHPUT_SAMPLES {
+        through.push(bulk(runner, client, "203.0.113.1:3000").await?);
+        let before = path.counters()?;
+        other.push(bulk(runner, client, &path.target).await?);
+        path.counters()?.check_since(&before, bytes, false)?;
+    }
+    Ok((through, other))
+}
+
 /// One bulk transfer each way from `ns` to `target`, in Mbit/s.
 async fn bulk(runner: &Runner<'_>, ns: &str, target: &str) -> Result<f64> {
     let bulk = BULK_BYTES.to_string();
@@ -597,20 +599,13 @@ async fn throughput_samples(
     edge: &str,
     path: &routed::RoutedPath,
 ) -> Result<Vec<Measurement>> {
-    let bytes = BULK_BYTES as u64;
     let (through, routed, raw) = alternating_bulk(runner, client, edge, path).await?;
     // Then the same hops at the link's MTU, alternating with the mapping again: what is left
     // between the two is not the link's smaller packets. Last, because the ends remember the
     // lower path MTU.
     let link_mtu = routed::edge_link_mtu(path)?;
     path.lock_mtu(link_mtu)?;
-    let (mut through_again, mut routed_small) = (Vec::new(), Vec::new());
-    for _ in 0..THROUGHPUT_SAMPLES {
-        through_again.push(bulk(runner, client, "203.0.113.1:3000").await?);
-        let before = path.counters()?;
-        routed_small.push(bulk(runner, client, &path.target).await?);
-        path.counters()?.check_since(&before, bytes, false)?;
-    }
+    let (through_again, routed_small) = mapping_then_path(runner, client, path).await?;
     let (k, b, r) = (
         percentile(&through, 50.0),
         percentile(&routed, 50.0),
