@@ -172,6 +172,38 @@ fn unparsable_selector_selects_nothing() {
 }
 
 #[test]
+fn each_class_selects_a_namespace_for_itself() {
+    // Many mappings of one namespace, in two classes whose selectors disagree about it, and in
+    // both orders of creation: what one class's selector said is never taken for the other's.
+    let mut c = cluster();
+    c.push_class(
+        "games-only-not",
+        "2026-01-01T00:00:00Z",
+        json!({"nodes": nodes_json(&[("w1", &["wt0"])]), "returnPath": {"mode": "None"},
+               "namespaceSelector": {"matchExpressions": [
+                   {"key": "kuport.wlz.li/public", "operator": "DoesNotExist"}]}}),
+        Value::Null,
+    );
+    let c = c
+        .portmap(pm("games", "a1", "public", 3000))
+        .portmap(pm("games", "b1", "games-only-not", 3100))
+        .portmap(pm("games", "a2", "public", 3200))
+        .portmap(pm("games", "b2", "games-only-not", 3300))
+        .portmap(pm("other", "c1", "games-only-not", 3400))
+        .portmap(pm("other", "d1", "public", 3500));
+    for (ns, name, want) in [
+        ("games", "a1", A::Valid),
+        ("games", "a2", A::Valid),
+        ("games", "b1", A::NamespaceNotSelected),
+        ("games", "b2", A::NamespaceNotSelected),
+        ("other", "c1", A::Valid),
+        ("other", "d1", A::NamespaceNotSelected),
+    ] {
+        assert_eq!(accepted(&c, ns, name).0, want, "{ns}/{name}");
+    }
+}
+
+#[test]
 fn empty_selector_selects_every_namespace() {
     let c = cluster().portmap(pm("other", "x", "open", 3000));
     assert_eq!(accepted(&c, "other", "x").0, A::Valid);

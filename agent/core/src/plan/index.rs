@@ -194,17 +194,16 @@ impl<'a> Index<'a> {
         namespace: &str,
     ) -> Selection {
         let selector = class.spec.namespace_selector.as_ref();
-        if selector::is_empty(selector) {
+        let (false, Some(selector)) = (selector::is_empty(selector), selector) else {
             return Selection::Selected;
-        }
+        };
         let mut selections = self.selections.borrow_mut();
         if let Some(known) = selections.get(class_name).and_then(|c| c.get(namespace)) {
             return *known;
         }
-        let selection = match (selector, self.namespaces.get(namespace)) {
-            (_, None) => Selection::NotFound,
-            (None, Some(_)) => Selection::Selected,
-            (Some(selector), Some(labels)) => match selector::matches(selector, labels) {
+        let selection = match self.namespaces.get(namespace) {
+            None => Selection::NotFound,
+            Some(labels) => match selector::matches(selector, labels) {
                 Some(true) => Selection::Selected,
                 Some(false) => Selection::NotSelected,
                 None => Selection::Unparsable,
