@@ -442,13 +442,7 @@ async fn gro_on_while<T>(
     runner: &Runner<'_>,
     run: impl std::future::Future<Output = Result<T>>,
 ) -> Result<(T, Vec<(String, String)>, usize)> {
-    let devices = forwarding_devices(runner)?;
-    let mut off = Vec::new();
-    for (ns, dev) in &devices {
-        if !gro_is_on(ns, dev)? {
-            off.push((ns.clone(), dev.clone()));
-        }
-    }
+    let (off, already_on) = gro_off_devices(runner)?;
     let result = match set_gro(&off, true) {
         Ok(()) => run.await,
         Err(e) => Err(e),
@@ -456,8 +450,20 @@ async fn gro_on_while<T>(
     let restored = set_gro(&off, false);
     let value = result?;
     restored?;
-    let already_on = devices.len() - off.len();
     Ok((value, off, already_on))
+}
+
+/// The forwarding devices ([`forwarding_devices`]) with GRO off, and how many have it on.
+fn gro_off_devices(runner: &Runner<'_>) -> Result<(Vec<(String, String)>, usize)> {
+    let devices = forwarding_devices(runner)?;
+    let mut off = Vec::new();
+    for (ns, dev) in &devices {
+        if !gro_is_on(ns, dev)? {
+            off.push((ns.clone(), dev.clone()));
+        }
+    }
+    let already_on = devices.len() - off.len();
+    Ok((off, already_on))
 }
 
 /// The mapping against the same hops routed (at the link's MTU: [`throughput_samples`] left
@@ -493,17 +499,7 @@ async fn routed_with_gro(
 /// forwarded segments would cross the DNATs, the routing and the encapsulation as fewer, larger
 /// packets (segmented again only before the mesh's TUN, which takes no offload).
 async fn with_gro(runner: &Runner<'_>, client: &str) -> Result<Measurement> {
-    let devices = forwarding_devices(runner)?;
-    let defaults: Vec<bool> = devices
-        .iter()
-        .map(|(ns, dev)| gro_is_on(ns, dev))
-        .collect::<Result<_>>()?;
-    let off: Vec<(String, String)> = devices
-        .iter()
-        .zip(&defaults)
-        .filter(|(_, on)| !**on)
-        .map(|(d, _)| d.clone())
-        .collect();
+    let (off, already_on) = gro_off_devices(runner)?;
     let (mut default, mut gro) = (Vec::new(), Vec::new());
     let result = async {
         for _ in 0..THROUGHPUT_SAMPLES {
@@ -531,9 +527,8 @@ async fn with_gro(runner: &Runner<'_>, client: &str) -> Result<Measurement> {
         target: String::new(),
         met: None,
         note: format!(
-            "median {g:.0} vs {d:.0} Mbit/s, alternating; GRO turned on for {} (off by default; the other {} devices on the path had it on already), then off again",
-            names.join(", "),
-            devices.len() - off.len()
+            "median {g:.0} vs {d:.0} Mbit/s, alternating; GRO turned on for {} (off by default; the other {already_on} devices on the path had it on already), then off again",
+            names.join(", ")
         ),
     })
 }
