@@ -6,16 +6,96 @@
 //! give byte-identical renderings.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 
 use crate::api::Protocol;
 use crate::keys::{MappingKey, Name};
 
-/// nftables table kuport owns (family `ip`).
+/// nftables table kuport owns: one per address family (`ip kuport`, `ip6 kuport`).
 pub const TABLE: &str = "kuport";
+
+/// An address family: which of kuport's two tables a rule is in, which ip rules and routes a
+/// netlink request names, and how nft spells the family's matches.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+pub enum Family {
+    /// IPv4: `table ip kuport`.
+    #[default]
+    #[serde(rename = "IPv4")]
+    V4,
+    /// IPv6: `table ip6 kuport`.
+    #[serde(rename = "IPv6")]
+    V6,
+}
+
+impl Family {
+    /// Both families, IPv4 first.
+    pub const ALL: [Family; 2] = [Family::V4, Family::V6];
+
+    /// The family of an address.
+    pub fn of(addr: IpAddr) -> Family {
+        match addr {
+            IpAddr::V4(_) => Family::V4,
+            IpAddr::V6(_) => Family::V6,
+        }
+    }
+
+    /// True for IPv4 (the serialised default, left out of the JSON).
+    pub fn is_v4(&self) -> bool {
+        *self == Family::V4
+    }
+
+    /// The table's family as nft writes it, and the keyword of its address matches (`ip
+    /// daddr`, `ip6 daddr`).
+    pub fn nft(self) -> &'static str {
+        match self {
+            Family::V4 => "ip",
+            Family::V6 => "ip6",
+        }
+    }
+
+    /// nft's type of an address of the family.
+    pub fn addr_type(self) -> &'static str {
+        match self {
+            Family::V4 => "ipv4_addr",
+            Family::V6 => "ipv6_addr",
+        }
+    }
+
+    /// The stand-in address steering moves a mapped destination to.
+    pub fn stand_in(self) -> IpAddr {
+        match self {
+            Family::V4 => IpAddr::V4(STAND_IN),
+            Family::V6 => IpAddr::V6(STAND_IN6),
+        }
+    }
+
+    /// The longest prefix of the family (32, 128).
+    pub fn max_prefix(self) -> u8 {
+        match self {
+            Family::V4 => 32,
+            Family::V6 => 128,
+        }
+    }
+
+    /// The family's name as Kubernetes writes it (`IPv4`, `IPv6`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::V4 => "IPv4",
+            Family::V6 => "IPv6",
+        }
+    }
+}
+
+impl std::fmt::Display for Family {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
 /// Routing tables kuport owns are numbered from here: `LINK_TABLE_BASE + link id`.
 pub const LINK_TABLE_BASE: u32 = 0x6b70_0000;
 /// The address every mapped destination is moved to before a host firewall sees it (the
@@ -26,12 +106,30 @@ pub const STAND_IN: Ipv4Addr = Ipv4Addr::new(169, 254, 107, 1);
 /// The block [`STAND_IN`] belongs to.
 pub const STAND_IN_BLOCK: (Ipv4Addr, u8) = (Ipv4Addr::new(169, 254, 107, 0), 24);
 
+/// The IPv6 stand-in: an address of the discard-only prefix `100::/64` (RFC 6666), which no
+/// network routes and no host holds, so it can never be a client's or a pod's destination.
+pub const STAND_IN6: Ipv6Addr = Ipv6Addr::new(0x100, 0, 0, 0, 0, 0, 0x6b70, 1);
+/// The block [`STAND_IN6`] belongs to: refused as a class's IPv6 link subnet.
+pub const STAND_IN6_BLOCK: (Ipv6Addr, u8) = (Ipv6Addr::new(0x100, 0, 0, 0, 0, 0, 0, 0), 64);
+
 /// True for an address in [`STAND_IN_BLOCK`]: kuport refuses it as a node's or an interface's
 /// address, since steering would move traffic for it onto the stand-in.
 pub fn in_stand_in_block(addr: Ipv4Addr) -> bool {
     let (block, len) = STAND_IN_BLOCK;
     let mask = u32::MAX << (32 - u32::from(len));
     u32::from(addr) & mask == u32::from(block) & mask
+}
+
+/// True for an address in either family's stand-in block.
+pub fn in_any_stand_in_block(addr: IpAddr) -> bool {
+    match addr {
+        IpAddr::V4(a) => in_stand_in_block(a),
+        IpAddr::V6(a) => {
+            let (block, len) = STAND_IN6_BLOCK;
+            let mask = u128::MAX << (128 - u32::from(len));
+            u128::from(a) & mask == u128::from(block) & mask
+        }
+    }
 }
 /// ip rule priority of the loop guard (link mark to the peer's InternalIP → main).
 pub const PREF_LOOP_GUARD: u32 = 101;
@@ -302,11 +400,11 @@ pub enum Rule {
         /// The flow mark (the local mark).
         mark: u32,
         /// The client address translated: the InternalIP of one end of the link.
-        client: Ipv4Addr,
+        client: IpAddr,
         /// The pod node's end of the link: the DNAT target.
-        peer_end: Ipv4Addr,
+        peer_end: IpAddr,
         /// This node's end of the link: the new source.
-        own_end: Ipv4Addr,
+        own_end: IpAddr,
     },
     /// kup-post: identity source NAT claiming a kuport flow before any CNI masquerade.
     IdentitySnat(SnatRule),
@@ -329,7 +427,7 @@ pub struct SteerRule {
     /// Input interface matched.
     pub iif: String,
     /// The node's own address matched (the interface's address, or the link end).
-    pub daddr: Ipv4Addr,
+    pub daddr: IpAddr,
     /// Protocol matched.
     pub protocol: Protocol,
     /// Destination ports matched.
@@ -355,7 +453,7 @@ pub struct DnatRule {
     /// Destination ports matched.
     pub ports: PortRange,
     /// New destination address.
-    pub to: Ipv4Addr,
+    pub to: IpAddr,
     /// New destination port: set only for a single port translated to a different pod port.
     pub to_port: Option<u16>,
     /// Named counter of the mapping in this chain.
@@ -371,7 +469,7 @@ pub struct DnatRule {
 #[serde(rename_all = "camelCase")]
 pub struct HairpinRule {
     /// The published address (a bound interface's own address).
-    pub daddr: Ipv4Addr,
+    pub daddr: IpAddr,
     /// Protocol matched.
     pub protocol: Protocol,
     /// Destination ports matched.
@@ -379,7 +477,7 @@ pub struct HairpinRule {
     /// The flow mark written (the local mark).
     pub mark: u32,
     /// New destination address: the mapping's DNAT target.
-    pub to: Ipv4Addr,
+    pub to: IpAddr,
     /// New destination port, as [`DnatRule::to_port`].
     pub to_port: Option<u16>,
     /// The mapping's named counter in kup-pre (a hairpin flow counts as any new flow does).
@@ -393,7 +491,7 @@ pub struct HairpinRule {
 #[serde(rename_all = "camelCase")]
 pub struct SnatRule {
     /// Destination address matched (after DNAT).
-    pub daddr: Ipv4Addr,
+    pub daddr: IpAddr,
     /// Protocol matched.
     pub protocol: Protocol,
     /// Destination ports matched (after DNAT).
@@ -419,9 +517,12 @@ pub struct Counter {
     pub mapping: Name,
 }
 
-/// kuport's nftables table.
+/// One of kuport's nftables tables: every address in it is of its family.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NftTable {
+    /// The table's family (`ip kuport` or `ip6 kuport`); left out of the JSON for IPv4.
+    #[serde(default, skip_serializing_if = "Family::is_v4")]
+    pub family: Family,
     /// The mark bits the rules read and write.
     #[serde(default)]
     pub marks: MarkLayout,
@@ -432,7 +533,7 @@ pub struct NftTable {
     /// The pod networks a hairpin client's address must lie in (aggregated, sorted): the
     /// `hairpin-sources` set. Empty: no pod is steered by its destination alone.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub hairpin_sources: Vec<Ipv4Net>,
+    pub hairpin_sources: Vec<IpNet>,
     /// The interfaces a hairpin client's packet must not arrive on (sorted): the node's bound
     /// interfaces and its underlay device, where a pod address could only be spoofed. A pod's
     /// own device is not named: its name is the CNI's (a bridge, a veth per pod), and the route
@@ -443,6 +544,32 @@ pub struct NftTable {
 }
 
 impl NftTable {
+    /// Sorts and deduplicates every collection.
+    pub fn normalise(&mut self) {
+        self.counters.sort_unstable();
+        self.counters.dedup();
+        self.hairpin_sources = IpNet::aggregate(&self.hairpin_sources);
+        self.hairpin_external.sort_unstable();
+        self.hairpin_external.dedup();
+        self.chains.sort_by_key(|(chain, _)| *chain);
+        for (_, rules) in &mut self.chains {
+            rules.sort_unstable();
+            rules.dedup();
+        }
+    }
+
+    /// An empty table of `family`.
+    pub fn empty(family: Family) -> Self {
+        Self {
+            family,
+            ..Self::default()
+        }
+    }
+
+    fn empty_v6() -> Self {
+        Self::empty(Family::V6)
+    }
+
     /// True when the node needs no table at all.
     pub fn is_empty(&self) -> bool {
         self.counters.is_empty() && self.chains.iter().all(|(_, rules)| rules.is_empty())
@@ -503,6 +630,47 @@ impl NftTable {
             rules.retain(|r| owners.of_rule(r).is_none_or(|o| !mappings.contains(o)));
         }
         out
+    }
+}
+
+impl NftTable {
+    /// This table without the rules that lead into the `gone` links (see
+    /// [`HostState::without_links`]).
+    fn cut_links(&mut self, gone: &[&Link]) {
+        let on_gone = |iif: &str| gone.iter().any(|l| l.name == iif);
+        let far_end = |to: IpAddr| {
+            gone.iter().any(|l| {
+                IpAddr::V4(l.peer_address) == to || l.peer_address6.map(IpAddr::V6) == Some(to)
+            })
+        };
+        let gone_mark = |mark: u32| gone.iter().any(|l| l.mark == mark);
+        for (_, rules) in &mut self.chains {
+            rules.retain(|r| match r {
+                Rule::Dnat(d) => !on_gone(&d.iif) && !far_end(d.to),
+                Rule::Hairpin(h) => !far_end(h.to),
+                Rule::LinkPeerSnat { peer_end, .. } => !far_end(*peer_end),
+                Rule::IdentitySnat(s) => !far_end(s.daddr),
+                Rule::SaveArrivalLink { iface, .. } => !on_gone(iface),
+                Rule::RestoreReplyMark { mark } => !gone_mark(*mark),
+                _ => true,
+            });
+        }
+        let dnats: Vec<(String, Name)> = self
+            .rules(ChainId::Pre)
+            .iter()
+            .filter_map(|r| match r {
+                Rule::Dnat(d) => Some((d.iif.clone(), d.comment.clone())),
+                _ => None,
+            })
+            .collect();
+        for (_, rules) in &mut self.chains {
+            rules.retain(|r| match r {
+                Rule::Steer(st) | Rule::MarkRequest(st) => {
+                    dnats.iter().any(|(i, c)| *i == st.iif && *c == st.comment)
+                }
+                _ => true,
+            });
+        }
     }
 }
 
@@ -567,6 +735,13 @@ pub struct Link {
     pub address: Ipv4Net,
     /// The peer's end of the /31.
     pub peer_address: Ipv4Addr,
+    /// This node's inner IPv6 address (a /127 of the class's IPv6 link subnet): present when
+    /// the link carries IPv6 mappings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address6: Option<Ipv6Net>,
+    /// The peer's inner IPv6 address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_address6: Option<Ipv6Addr>,
     /// Link MTU; unknown without host facts.
     pub mtu: Option<u32>,
     /// The link's mark (and routing table number).
@@ -583,14 +758,17 @@ pub struct Link {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct IpRule {
+    /// The family (`ip rule` or `ip -6 rule`); left out of the JSON for IPv4.
+    #[serde(default, skip_serializing_if = "Family::is_v4")]
+    pub family: Family,
     /// Rule priority.
     pub priority: u32,
     /// Packet mark matched, under `fwmask`.
     pub fwmark: u32,
     /// The bits of the packet mark compared (kuport's mask).
     pub fwmask: u32,
-    /// Destination matched, when any.
-    pub to: Option<Ipv4Net>,
+    /// Destination matched, when any (of the rule's family).
+    pub to: Option<IpNet>,
     /// Table looked up (254 = main).
     pub table: u32,
 }
@@ -601,19 +779,26 @@ pub struct IpRule {
 pub struct Route {
     /// Routing table.
     pub table: u32,
-    /// Destination; `None` is the default route.
-    pub to: Option<Ipv4Net>,
+    /// Destination; `None` is the default route (of the gateway's family).
+    pub to: Option<IpNet>,
     /// Gateway.
-    pub via: Ipv4Addr,
+    pub via: IpAddr,
     /// Output device.
     pub dev: String,
 }
 
 /// Everything kuport must own on one node.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostState {
     /// The `ip kuport` table.
     pub nft: NftTable,
+    /// The `ip6 kuport` table: the IPv6 twin of every IPv4 mapping rule; left out of the JSON
+    /// when empty.
+    #[serde(
+        default = "NftTable::empty_v6",
+        skip_serializing_if = "NftTable::is_empty"
+    )]
+    pub nft6: NftTable,
     /// Return links, sorted by name.
     pub links: Vec<Link>,
     /// ip rules, sorted.
@@ -642,14 +827,60 @@ pub struct ProgrammedPort {
     pub last: u16,
 }
 
+impl Default for HostState {
+    fn default() -> Self {
+        Self {
+            nft: NftTable::empty(Family::V4),
+            nft6: NftTable::empty(Family::V6),
+            links: Vec::new(),
+            rules: Vec::new(),
+            routes: Vec::new(),
+            valid_mark_interfaces: Vec::new(),
+        }
+    }
+}
+
 impl HostState {
+    /// Both tables, IPv4 first.
+    pub fn tables(&self) -> [&NftTable; 2] {
+        [&self.nft, &self.nft6]
+    }
+
+    /// Both tables, mutably.
+    pub fn tables_mut(&mut self) -> [&mut NftTable; 2] {
+        [&mut self.nft, &mut self.nft6]
+    }
+
+    /// The table of `family`.
+    pub fn table(&self, family: Family) -> &NftTable {
+        match family {
+            Family::V4 => &self.nft,
+            Family::V6 => &self.nft6,
+        }
+    }
+
+    /// The table of `family`, mutably.
+    pub fn table_mut(&mut self, family: Family) -> &mut NftTable {
+        match family {
+            Family::V4 => &mut self.nft,
+            Family::V6 => &mut self.nft6,
+        }
+    }
+
+    /// Every rule of both tables.
+    pub fn all_rules(&self) -> impl Iterator<Item = &Rule> {
+        self.tables()
+            .into_iter()
+            .flat_map(|t| t.chains.iter().flat_map(|(_, rules)| rules.iter()))
+    }
+
     /// The ports this state captures as an accepting node (steered DNAT), by mapping: what a
     /// host socket that appears later must yield to (earliest wins).
     pub fn accepting_ports(&self) -> Vec<ProgrammedPort> {
         let mut out: Vec<ProgrammedPort> = self
-            .nft
-            .rules(ChainId::Pre)
-            .iter()
+            .tables()
+            .into_iter()
+            .flat_map(|t| t.rules(ChainId::Pre))
             .filter_map(|r| match r {
                 Rule::Dnat(d) if d.mark.is_some() => Some(ProgrammedPort {
                     mapping: d.comment.to_string(),
@@ -667,15 +898,8 @@ impl HostState {
 
     /// Sorts and deduplicates every collection, so equal states compare and render equal.
     pub fn normalise(&mut self) {
-        self.nft.counters.sort_unstable();
-        self.nft.counters.dedup();
-        self.nft.hairpin_sources = Ipv4Net::aggregate(&self.nft.hairpin_sources);
-        self.nft.hairpin_external.sort_unstable();
-        self.nft.hairpin_external.dedup();
-        self.nft.chains.sort_by_key(|(chain, _)| *chain);
-        for (_, rules) in &mut self.nft.chains {
-            rules.sort_unstable();
-            rules.dedup();
+        for table in self.tables_mut() {
+            table.normalise();
         }
         self.links.sort_unstable();
         self.links.dedup();
@@ -690,20 +914,26 @@ impl HostState {
     /// The mappings (`namespace/name`) that lost at least one rule in `cut`, a reduced copy of
     /// this state: who a refused link or a refused rule takes out.
     pub fn mappings_cut_by(&self, cut: &HostState) -> BTreeSet<String> {
-        let kept: BTreeSet<&Rule> = cut
-            .nft
-            .chains
-            .iter()
-            .flat_map(|(_, rules)| rules.iter())
-            .collect();
-        let owners = self.nft.owners();
-        self.nft
-            .chains
-            .iter()
-            .flat_map(|(_, rules)| rules.iter())
-            .filter(|r| !kept.contains(r))
-            .filter_map(|r| owners.of_rule(r).cloned())
-            .collect()
+        let mut out = BTreeSet::new();
+        for family in Family::ALL {
+            let kept: BTreeSet<&Rule> = cut
+                .table(family)
+                .chains
+                .iter()
+                .flat_map(|(_, rules)| rules.iter())
+                .collect();
+            let table = self.table(family);
+            let owners = table.owners();
+            out.extend(
+                table
+                    .chains
+                    .iter()
+                    .flat_map(|(_, rules)| rules.iter())
+                    .filter(|r| !kept.contains(r))
+                    .filter_map(|r| owners.of_rule(r).cloned()),
+            );
+        }
+        out
     }
 
     /// This state without the named links and everything that leads into them: the rules on
@@ -721,37 +951,11 @@ impl HostState {
             return self.clone();
         }
         let on_gone = |iif: &str| gone.iter().any(|l| l.name == iif);
-        let far_end = |to: Ipv4Addr| gone.iter().any(|l| l.peer_address == to);
         let gone_mark = |mark: u32| gone.iter().any(|l| l.mark == mark);
         let mut out = self.clone();
         out.links.retain(|l| !names.contains(&l.name));
-        for (_, rules) in &mut out.nft.chains {
-            rules.retain(|r| match r {
-                Rule::Dnat(d) => !on_gone(&d.iif) && !far_end(d.to),
-                Rule::Hairpin(h) => !far_end(h.to),
-                Rule::LinkPeerSnat { peer_end, .. } => !far_end(*peer_end),
-                Rule::IdentitySnat(s) => !far_end(s.daddr),
-                Rule::SaveArrivalLink { iface, .. } => !on_gone(iface),
-                Rule::RestoreReplyMark { mark } => !gone_mark(*mark),
-                _ => true,
-            });
-        }
-        let dnats: Vec<(String, Name)> = out
-            .nft
-            .rules(ChainId::Pre)
-            .iter()
-            .filter_map(|r| match r {
-                Rule::Dnat(d) => Some((d.iif.clone(), d.comment.clone())),
-                _ => None,
-            })
-            .collect();
-        for (_, rules) in &mut out.nft.chains {
-            rules.retain(|r| match r {
-                Rule::Steer(st) | Rule::MarkRequest(st) => {
-                    dnats.iter().any(|(i, c)| *i == st.iif && *c == st.comment)
-                }
-                _ => true,
-            });
+        for table in out.tables_mut() {
+            table.cut_links(&gone);
         }
         out.rules.retain(|r| !gone_mark(r.fwmark));
         out.routes.retain(|r| !on_gone(&r.dev));

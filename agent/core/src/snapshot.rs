@@ -2,7 +2,7 @@
 //! can read.
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -140,6 +140,10 @@ pub struct HostFacts {
     /// The IPv4 address of each interface that resolved (interfaces the classes give this node).
     #[serde(default)]
     pub interfaces: BTreeMap<String, Ipv4Addr>,
+    /// The IPv6 address a client can reach each such interface at (not link-local; the first
+    /// the kernel lists), for those that have one.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub interfaces6: BTreeMap<String, Ipv6Addr>,
     /// The device carrying this node's InternalIP (return links are bound to it).
     #[serde(default)]
     pub underlay_device: Option<String>,
@@ -162,10 +166,10 @@ pub struct HostFacts {
     /// example a forward chain whose policy is drop).
     #[serde(default)]
     pub firewall_warnings: Vec<String>,
-    /// Every IPv4 address on this host, sorted: an endpoint at one of them is never delivered
-    /// to (the CNI's gateway address lies inside the node's pod CIDR).
+    /// Every address on this host, either family, sorted: an endpoint at one of them is never
+    /// delivered to (the CNI's gateway address lies inside the node's pod CIDR).
     #[serde(default)]
-    pub local_addresses: Vec<Ipv4Addr>,
+    pub local_addresses: Vec<IpAddr>,
     /// The ports this node captured as an accepting node in the datapath it last applied, by
     /// mapping. A host socket first seen on one of them yields to that mapping (earliest wins).
     #[serde(default)]
@@ -250,6 +254,14 @@ impl HostFacts {
             .get(name)
             .copied()
             .filter(|a| !crate::ir::in_stand_in_block(*a))
+    }
+
+    /// The IPv6 address of a class interface, unless it lies in kuport's IPv6 stand-in block.
+    pub fn interface_address6(&self, name: &str) -> Option<Ipv6Addr> {
+        self.interfaces6
+            .get(name)
+            .copied()
+            .filter(|a| !crate::ir::in_any_stand_in_block(IpAddr::V6(*a)))
     }
 }
 

@@ -68,6 +68,7 @@ mod tests {
             node: node.into(),
             interface: interface.into(),
             address: address.into(),
+            address6: String::new(),
         }
     }
 

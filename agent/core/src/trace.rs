@@ -11,11 +11,12 @@
 //! an established flow is not steered and not DNATed by kuport's rules (NAT chains see only a
 //! flow's first packet): conntrack's binding translates it, which the caller knows.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use crate::api::Protocol;
 use crate::ir::{
-    ChainId, HairpinRule, HostState, LINK_PREFIX, MAIN_TABLE, PortRange, Rule, STAND_IN, SteerRule,
+    ChainId, Family, HairpinRule, HostState, LINK_PREFIX, MAIN_TABLE, NftTable, PortRange, Rule,
+    SteerRule,
 };
 
 /// What conntrack knows of a packet's flow when it reaches kuport's chains.
@@ -36,9 +37,9 @@ pub struct Packet {
     /// The interface it arrives on.
     pub iif: String,
     /// Source address.
-    pub saddr: Ipv4Addr,
-    /// Destination address.
-    pub daddr: Ipv4Addr,
+    pub saddr: IpAddr,
+    /// Destination address (of the source's family: the packet's family picks the table).
+    pub daddr: IpAddr,
     /// TCP or UDP.
     pub protocol: Protocol,
     /// Destination port.
@@ -52,15 +53,15 @@ pub struct Packet {
     /// Its flow's conntrack state.
     pub ct_state: CtState,
     /// The node's own addresses (`fib daddr type local`).
-    pub local: Vec<Ipv4Addr>,
+    pub local: Vec<IpAddr>,
     /// The broadcast addresses of the node's subnets (`fib daddr type broadcast`, besides
     /// 255.255.255.255 and 0.0.0.0/8, which always are).
-    pub broadcast: Vec<Ipv4Addr>,
+    pub broadcast: Vec<IpAddr>,
     /// Anycast addresses in the node's local table (`fib daddr type anycast`).
-    pub anycast: Vec<Ipv4Addr>,
+    pub anycast: Vec<IpAddr>,
     /// The destination before steering moved it to the stand-in (conntrack's original tuple),
     /// set by the tracer.
-    pub original_daddr: Option<Ipv4Addr>,
+    pub original_daddr: Option<IpAddr>,
     /// Sent by one of the node's own processes: it passes the output hook (kup-out), never
     /// prerouting.
     pub local_out: bool,
@@ -89,7 +90,8 @@ impl Packet {
     /// broadcast and 0.0.0.0/8 first, then multicast, then the local table).
     pub fn daddr_type(&self) -> AddrType {
         let d = self.daddr;
-        if d.is_broadcast() || d.octets()[0] == 0 {
+        let limited = matches!(d, IpAddr::V4(v4) if v4.is_broadcast() || v4.octets()[0] == 0);
+        if limited {
             AddrType::Broadcast
         } else if d.is_multicast() {
             AddrType::Multicast
@@ -109,15 +111,15 @@ impl Packet {
     /// A first packet of a new flow, unmarked.
     pub fn new(
         iif: &str,
-        saddr: Ipv4Addr,
-        daddr: Ipv4Addr,
+        saddr: impl Into<IpAddr>,
+        daddr: impl Into<IpAddr>,
         protocol: Protocol,
         dport: u16,
     ) -> Self {
         Self {
             iif: iif.to_owned(),
-            saddr,
-            daddr,
+            saddr: saddr.into(),
+            daddr: daddr.into(),
             protocol,
             dport,
             meta_mark: 0,
@@ -135,11 +137,21 @@ impl Packet {
 
     /// A first packet one of the node's own processes sends (the output hook; its source is
     /// the address the kernel chose).
-    pub fn local(saddr: Ipv4Addr, daddr: Ipv4Addr, protocol: Protocol, dport: u16) -> Self {
+    pub fn local(
+        saddr: impl Into<IpAddr>,
+        daddr: impl Into<IpAddr>,
+        protocol: Protocol,
+        dport: u16,
+    ) -> Self {
         Self {
             local_out: true,
             ..Self::new("lo", saddr, daddr, protocol, dport)
         }
+    }
+
+    /// The packet's family: which of kuport's tables and ip rules it meets.
+    pub fn family(&self) -> Family {
+        Family::of(self.saddr)
     }
 
     /// The same packet leaving by `oif` after routing.
@@ -171,7 +183,7 @@ pub enum RouteDecision {
         /// The table.
         table: u32,
         /// The next hop.
-        via: Ipv4Addr,
+        via: IpAddr,
         /// The device.
         dev: String,
     },
@@ -192,7 +204,7 @@ pub struct Trace {
     /// Moved to the stand-in address by the steering stage.
     pub steered: bool,
     /// The destination after DNAT (address, port), when a DNAT rule took it.
-    pub dnat: Option<(Ipv4Addr, u16)>,
+    pub dnat: Option<(IpAddr, u16)>,
     /// An identity SNAT claimed the flow (its source is kept, no masquerade).
     pub identity_snat: bool,
     /// The source kuport translated the flow to: the node's address on the pod's interface
@@ -200,13 +212,13 @@ pub struct Trace {
     /// `snat_to`), or this node's link end for the pod node's own request.
     pub masquerade: bool,
     /// The source address an SNAT rule wrote (the link end), when one did.
-    pub snat_to: Option<Ipv4Addr>,
+    pub snat_to: Option<IpAddr>,
     /// The packet mark after prerouting.
     pub meta_mark: u32,
     /// The flow's conntrack mark after prerouting.
     pub ct_mark: u32,
     /// The destination the route is looked up for.
-    pub daddr: Ipv4Addr,
+    pub daddr: IpAddr,
     /// The route kuport's ip rules chose (none for a dropped packet).
     pub route: Option<RouteDecision>,
     /// Named counters the packet passed, in order.
@@ -250,6 +262,11 @@ pub fn trace(state: &HostState, packet: &Packet) -> Trace {
     t
 }
 
+/// The table of the packet's family.
+fn table<'a>(state: &'a HostState, p: &Packet) -> &'a NftTable {
+    state.table(p.family())
+}
+
 /// Writes kuport's bits of a mark word, keeping the others.
 fn set_bits(state: &HostState, word: u32, value: u32) -> u32 {
     (word & !state.nft.marks.mask) | value
@@ -259,7 +276,7 @@ fn set_bits(state: &HostState, word: u32, value: u32) -> u32 {
 /// on untracked; anything else the node would receive on a link port is dropped.
 fn guard(state: &HostState, p: &mut Packet, t: &mut Trace) -> bool {
     let kind = p.daddr_type();
-    for rule in state.nft.rules(ChainId::Guard) {
+    for rule in table(state, p).rules(ChainId::Guard) {
         match rule {
             Rule::GuardAllow {
                 device,
@@ -268,7 +285,7 @@ fn guard(state: &HostState, p: &mut Packet, t: &mut Trace) -> bool {
             } if p.iif == *device
                 && p.protocol == Protocol::Udp
                 && p.dport == *port
-                && peers.contains(&p.saddr)
+                && matches!(p.saddr, IpAddr::V4(a) if peers.contains(&a))
                 && kind == AddrType::Local =>
             {
                 t.untracked = true;
@@ -295,7 +312,7 @@ fn mangle(state: &HostState, p: &mut Packet) {
     if p.ct_state == CtState::Untracked {
         return;
     }
-    for rule in state.nft.rules(ChainId::Mangle) {
+    for rule in table(state, p).rules(ChainId::Mangle) {
         match rule {
             Rule::RestoreReplyMark { mark } if p.reply && p.ct_mark & mask == *mark => {
                 p.meta_mark = set_bits(state, p.meta_mark, *mark);
@@ -317,7 +334,7 @@ fn mangle(state: &HostState, p: &mut Packet) {
 /// set one), the flow mark, the stand-in.
 fn steer(state: &HostState, p: &mut Packet, t: &mut Trace) {
     let mask = state.nft.marks.mask;
-    for rule in state.nft.rules(ChainId::Steer) {
+    for rule in table(state, p).rules(ChainId::Steer) {
         match rule {
             Rule::MarkRequest(r) if steer_matches(r, p) && p.meta_mark & !mask == 0 => {
                 let mark = r.mark.unwrap_or(state.nft.marks.local());
@@ -327,7 +344,7 @@ fn steer(state: &HostState, p: &mut Packet, t: &mut Trace) {
                 if let Some(mark) = r.mark {
                     p.ct_mark = set_bits(state, p.ct_mark, mark);
                 }
-                p.daddr = STAND_IN;
+                p.daddr = p.family().stand_in();
                 t.steered = true;
             }
             _ => {}
@@ -339,9 +356,8 @@ fn steer(state: &HostState, p: &mut Packet, t: &mut Trace) {
     // The hairpin lookups come after the interfaces' own in the chain.
     let from_pod = p.ct_state == CtState::New
         && !p.reply
-        && !state.nft.hairpin_external.contains(&p.iif)
-        && state
-            .nft
+        && !table(state, p).hairpin_external.contains(&p.iif)
+        && table(state, p)
             .hairpin_sources
             .iter()
             .any(|n| n.contains(&p.saddr));
@@ -351,7 +367,7 @@ fn steer(state: &HostState, p: &mut Packet, t: &mut Trace) {
         }
         p.ct_mark = set_bits(state, p.ct_mark, h.mark);
         p.original_daddr = Some(p.daddr);
-        p.daddr = STAND_IN;
+        p.daddr = p.family().stand_in();
         t.steered = true;
     }
 }
@@ -359,14 +375,17 @@ fn steer(state: &HostState, p: &mut Packet, t: &mut Trace) {
 /// The hairpin element a packet's destination (before steering) falls in.
 fn hairpin_of<'a>(state: &'a HostState, p: &Packet) -> Option<&'a HairpinRule> {
     let daddr = p.original_daddr.unwrap_or(p.daddr);
-    state.nft.rules(ChainId::Pre).iter().find_map(|r| match r {
-        Rule::Hairpin(h)
-            if h.daddr == daddr && h.protocol == p.protocol && in_ports(h.ports, p.dport) =>
-        {
-            Some(h)
-        }
-        _ => None,
-    })
+    table(state, p)
+        .rules(ChainId::Pre)
+        .iter()
+        .find_map(|r| match r {
+            Rule::Hairpin(h)
+                if h.daddr == daddr && h.protocol == p.protocol && in_ports(h.ports, p.dport) =>
+            {
+                Some(h)
+            }
+            _ => None,
+        })
 }
 
 /// kup-out: the node's own first packet to one of its published addresses is DNATed as a
@@ -391,10 +410,10 @@ fn dnat(state: &HostState, p: &mut Packet, t: &mut Trace) {
     if p.ct_state != CtState::New {
         return;
     }
-    for rule in state.nft.rules(ChainId::Pre) {
+    for rule in table(state, p).rules(ChainId::Pre) {
         if let Rule::Dnat(r) = rule
             && p.iif == r.iif
-            && p.daddr == STAND_IN
+            && p.daddr == p.family().stand_in()
             && r.mark.is_none_or(|m| p.ct_mark & mask == m)
             && p.protocol == r.protocol
             && in_ports(r.ports, p.dport)
@@ -406,7 +425,7 @@ fn dnat(state: &HostState, p: &mut Packet, t: &mut Trace) {
             return;
         }
     }
-    if p.daddr != STAND_IN || p.original_daddr.is_none() {
+    if p.daddr != p.family().stand_in() || p.original_daddr.is_none() {
         return;
     }
     if let Some(h) = hairpin_of(state, p).filter(|h| p.ct_mark & mask == h.mark) {
@@ -424,12 +443,11 @@ fn identity_snat(state: &HostState, p: &Packet, t: &mut Trace) {
         return;
     }
     let mask = state.nft.marks.mask;
-    let original_saddr_pod = state
-        .nft
+    let original_saddr_pod = table(state, p)
         .hairpin_sources
         .iter()
         .any(|n| n.contains(&p.saddr));
-    for rule in state.nft.rules(ChainId::Post) {
+    for rule in table(state, p).rules(ChainId::Post) {
         match rule {
             Rule::HairpinMasquerade { mark }
                 if p.ct_mark & mask == *mark
@@ -451,7 +469,7 @@ fn identity_snat(state: &HostState, p: &Packet, t: &mut Trace) {
             _ => {}
         }
     }
-    for rule in state.nft.rules(ChainId::Post) {
+    for rule in table(state, p).rules(ChainId::Post) {
         if let Rule::IdentitySnat(r) = rule
             && p.ct_mark & state.nft.marks.mask != 0
             && p.daddr == r.daddr
@@ -481,7 +499,8 @@ fn in_ports(ports: PortRange, port: u16) -> bool {
 /// kuport's ip rules in priority order; the first whose mark (and destination) matches picks
 /// the table.
 fn route(state: &HostState, p: &Packet) -> RouteDecision {
-    let mut rules: Vec<_> = state.rules.iter().collect();
+    let family = p.family();
+    let mut rules: Vec<_> = state.rules.iter().filter(|r| r.family == family).collect();
     rules.sort_by_key(|r| r.priority);
     let chosen = rules.into_iter().find(|r| {
         p.meta_mark & r.fwmask == r.fwmark && r.to.is_none_or(|net| net.contains(&p.daddr))
@@ -495,6 +514,7 @@ fn route(state: &HostState, p: &Packet) -> RouteDecision {
     let found = state
         .routes
         .iter()
+        .filter(|r| Family::of(r.via) == family)
         .find(|r| r.table == rule.table && r.to.is_none_or(|net| net.contains(&p.daddr)));
     match found {
         Some(r) => RouteDecision::Via {

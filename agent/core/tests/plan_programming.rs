@@ -145,7 +145,7 @@ fn no_ready_endpoint_variants() {
         let (reason, msg) = programmed(&c, "games", "gs");
         assert_eq!(reason, P::NoReadyEndpoint, "{what}");
         assert!(
-            msg.contains("service games/gs has no ready IPv4 endpoint"),
+            msg.contains("service games/gs has no ready endpoint"),
             "{what}: {msg}"
         );
         let plan = c.plan("edge-a");
@@ -910,41 +910,4 @@ fn the_next_endpoints_node_keeps_a_standby_link_so_an_endpoint_change_waits_for_
         Some(P::AllNodesReady)
     );
     assert!(moved.writes.claims.is_empty(), "{:?}", moved.writes.claims);
-}
-
-/// An IPv6-only Service is told that kuport delivers to IPv4 only, not that it has no endpoint;
-/// a dual-stack one is programmed on its IPv4 endpoint and says nothing of IPv6.
-#[test]
-fn an_ipv6_only_service_is_told_ipv6_is_not_supported() {
-    use kuport_testkit::objects::{endpoint, slice};
-    let v6 = |c: &mut Cluster| {
-        let object = slice("games", "gs-v6", "gs")
-            .ipv6()
-            .port("game", "UDP", 3000)
-            .endpoint(endpoint("fd00:10:244:1::5", "worker-b").ready(true))
-            .object();
-        c.snapshot.endpoint_slices.push(typed(object, "slice"));
-    };
-    let mut only = edge_and_worker().portmap(pm("games", "gs", "public", 3000));
-    v6(&mut only);
-    let (reason, msg) = programmed(&only, "games", "gs");
-    assert_eq!(reason, P::NoReadyEndpoint);
-    assert!(
-        msg.contains("has no ready IPv4 endpoint")
-            && msg.contains("1 ready IPv6 endpoint(s)")
-            && msg.contains("IPv6 is not supported yet"),
-        "{msg}"
-    );
-    let mut dual = edge_and_worker()
-        .endpoint("games", "gs", "gs-0", "worker-b", "10.244.1.5", 3000)
-        .portmap(pm("games", "gs", "public", 3000));
-    v6(&mut dual);
-    let plan = dual.plan("edge-a");
-    let d = decision(&plan, "games", "gs");
-    assert_eq!(
-        d.endpoint.as_ref().map(|e| e.address.to_string()),
-        Some("10.244.1.5".to_owned())
-    );
-    let (_, msg) = programmed(&dual, "games", "gs");
-    assert!(!msg.contains("IPv6"), "{msg}");
 }

@@ -124,6 +124,7 @@ fn schema_defaults_fill_a_minimal_class_like_the_guide_says() {
     );
     assert_eq!(
         defaulted["spec"]["returnPath"]["vxlan"],
-        json!({"vni": 4242, "port": 4790, "subnet": "169.254.77.0/24"})
+        json!({"vni": 4242, "port": 4790, "subnet": "169.254.77.0/24",
+               "ipv6Subnet": "fd6b:7570::/96"})
     );
 }

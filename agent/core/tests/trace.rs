@@ -3,7 +3,7 @@
 //! link frames. The unprivileged twin of the lab's probes; each check also shows the tracer
 //! noticing a rule taken away.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use kuport_core::api::Protocol;
 use kuport_core::ir::{ChainId, HostState, MAIN_TABLE, Rule};
@@ -11,13 +11,13 @@ use kuport_core::trace::{CtState, Packet, RouteDecision, trace};
 use kuport_testkit::cluster::*;
 use serde_json::json;
 
-const CLIENT: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
-const EDGE_PUBLIC: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 9);
-const EDGE_MESH: Ipv4Addr = Ipv4Addr::new(100, 64, 0, 1);
-const WORKER_MESH: Ipv4Addr = Ipv4Addr::new(100, 64, 0, 2);
-const POD: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 5);
+const CLIENT: IpAddr = IpAddr::V4(Ipv4Addr::new(198, 51, 100, 10));
+const EDGE_PUBLIC: IpAddr = IpAddr::V4(Ipv4Addr::new(203, 0, 113, 9));
+const EDGE_MESH: IpAddr = IpAddr::V4(Ipv4Addr::new(100, 64, 0, 1));
+const WORKER_MESH: IpAddr = IpAddr::V4(Ipv4Addr::new(100, 64, 0, 2));
+const POD: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 244, 1, 5));
 
-fn ip(text: &str) -> Ipv4Addr {
+fn ip(text: &str) -> IpAddr {
     text.parse().expect("ipv4")
 }
 
@@ -45,7 +45,7 @@ fn worker() -> HostState {
         .host_state
 }
 
-fn request(iif: &str, daddr: Ipv4Addr, local: &[Ipv4Addr]) -> Packet {
+fn request(iif: &str, daddr: IpAddr, local: &[IpAddr]) -> Packet {
     let mut p = Packet::new(iif, CLIENT, daddr, Protocol::Udp, 3000);
     p.local = local.to_vec();
     p
@@ -73,7 +73,7 @@ fn the_accepting_node_steers_a_clients_request_into_the_link_with_its_source_kep
     assert!(t.steered && t.dropped.is_none(), "{t:?}");
     assert_eq!(
         t.dnat,
-        Some((link.peer_address, 3000)),
+        Some((IpAddr::V4(link.peer_address), 3000)),
         "to the pod node's link end"
     );
     assert_eq!(t.ct_mark, local, "the flow remembers it came in here");
@@ -87,7 +87,10 @@ fn the_accepting_node_steers_a_clients_request_into_the_link_with_its_source_kep
     // The same from a VPN client on wt0.
     let mut vpn = request("wt0", EDGE_MESH, &[EDGE_PUBLIC, EDGE_MESH]);
     vpn.saddr = ip("100.64.1.1");
-    assert_eq!(trace(&edge, &vpn).dnat, Some((link.peer_address, 3000)));
+    assert_eq!(
+        trace(&edge, &vpn).dnat,
+        Some((IpAddr::V4(link.peer_address), 3000))
+    );
 
     // Control: without the steering stage nothing is DNATed (DNAT takes steered packets only).
     let unsteered = without(&edge, ChainId::Steer, |r| matches!(r, Rule::Steer(_)));
@@ -100,7 +103,11 @@ fn the_accepting_node_steers_a_clients_request_into_the_link_with_its_source_kep
 fn the_pod_node_delivers_to_the_pod_and_sends_the_reply_back_over_the_link() {
     let worker = worker();
     let link = worker.links[0].clone();
-    let mut arrival = request("", link.address.addr(), &[WORKER_MESH, link.address.addr()]);
+    let mut arrival = request(
+        "",
+        IpAddr::V4(link.address.addr()),
+        &[WORKER_MESH, IpAddr::V4(link.address.addr())],
+    );
     arrival.iif = link.name.clone();
     let t = trace(&worker, &arrival);
     assert!(t.steered, "{t:?}");
@@ -122,7 +129,7 @@ fn the_pod_node_delivers_to_the_pod_and_sends_the_reply_back_over_the_link() {
         r.route,
         Some(RouteDecision::Via {
             table: worker.nft.marks.table(link.mark),
-            via: link.peer_address,
+            via: IpAddr::V4(link.peer_address),
             dev: link.name.clone(),
         })
     );
@@ -159,7 +166,7 @@ fn forwarded_traffic_is_untouched() {
 fn the_link_guard_admits_only_link_peers() {
     let edge = edge();
     let port = edge.links[0].port;
-    let frame = |from: Ipv4Addr| {
+    let frame = |from: IpAddr| {
         let mut p = Packet::new("wt0", from, EDGE_MESH, Protocol::Udp, port);
         p.local = vec![EDGE_PUBLIC, EDGE_MESH];
         p
@@ -297,7 +304,11 @@ fn later_packets_of_a_steered_flow_keep_the_request_mark_but_are_not_steered_aga
     // the arrival link's mark.
     let worker = worker();
     let link = worker.links[0].clone();
-    let mut arrival = request("", link.address.addr(), &[WORKER_MESH, link.address.addr()]);
+    let mut arrival = request(
+        "",
+        IpAddr::V4(link.address.addr()),
+        &[WORKER_MESH, IpAddr::V4(link.address.addr())],
+    );
     arrival.iif = link.name.clone();
     let t = trace(&worker, &arrival);
     assert!(t.steered);
@@ -313,7 +324,7 @@ fn the_link_guard_drops_broadcast_multicast_and_anycast_frames_even_from_a_peer(
     let mesh_broadcast = ip("100.64.255.255");
     let public_broadcast = ip("203.0.113.255");
     let anycast = ip("100.64.0.0");
-    let frame = |iif: &str, from: Ipv4Addr, to: Ipv4Addr| {
+    let frame = |iif: &str, from: IpAddr, to: IpAddr| {
         let mut p = Packet::new(iif, from, to, Protocol::Udp, port);
         p.local = vec![EDGE_PUBLIC, EDGE_MESH];
         p.broadcast = vec![mesh_broadcast, public_broadcast];
@@ -324,7 +335,7 @@ fn the_link_guard_drops_broadcast_multicast_and_anycast_frames_even_from_a_peer(
     let neighbour = ip("203.0.113.254");
     for (iif, from, to) in [
         ("wt0", stranger, mesh_broadcast),
-        ("wt0", stranger, Ipv4Addr::BROADCAST),
+        ("wt0", stranger, IpAddr::V4(Ipv4Addr::BROADCAST)),
         ("wt0", stranger, ip("224.0.0.1")),
         ("wt0", stranger, ip("0.0.0.0")),
         ("wt0", stranger, anycast),
@@ -332,7 +343,7 @@ fn the_link_guard_drops_broadcast_multicast_and_anycast_frames_even_from_a_peer(
         ("enp1s0", neighbour, ip("239.1.2.3")),
         // A link peer is let in only with a unicast frame to the node.
         ("wt0", WORKER_MESH, mesh_broadcast),
-        ("wt0", WORKER_MESH, Ipv4Addr::BROADCAST),
+        ("wt0", WORKER_MESH, IpAddr::V4(Ipv4Addr::BROADCAST)),
         ("wt0", WORKER_MESH, ip("224.0.0.1")),
         ("wt0", WORKER_MESH, anycast),
     ] {

@@ -5,7 +5,7 @@
 //! flows and the node's other connections are untouched, and a spoofed pod address or a port
 //! nobody published is not taken. Each case also shows the tracer noticing its rule taken away.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use kuport_core::api::Protocol;
 use kuport_core::ir::{ChainId, HostState, MarkLayout, Rule};
@@ -13,16 +13,16 @@ use kuport_core::trace::{CtState, Packet, RouteDecision, trace};
 use kuport_testkit::cluster::*;
 use serde_json::json;
 
-const EDGE_PUBLIC: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 9);
-const EDGE_MESH: Ipv4Addr = Ipv4Addr::new(100, 64, 0, 1);
-const WORKER_MESH: Ipv4Addr = Ipv4Addr::new(100, 64, 0, 2);
-const THIRD_MESH: Ipv4Addr = Ipv4Addr::new(100, 64, 0, 3);
+const EDGE_PUBLIC: IpAddr = IpAddr::V4(Ipv4Addr::new(203, 0, 113, 9));
+const EDGE_MESH: IpAddr = IpAddr::V4(Ipv4Addr::new(100, 64, 0, 1));
+const WORKER_MESH: IpAddr = IpAddr::V4(Ipv4Addr::new(100, 64, 0, 2));
+const THIRD_MESH: IpAddr = IpAddr::V4(Ipv4Addr::new(100, 64, 0, 3));
 /// A pod on edge-a (the accepting node), not the endpoint.
-const EDGE_POD: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 7);
+const EDGE_POD: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 244, 0, 7));
 /// The endpoint of the same-node cases, on edge-a.
-const LOCAL_ENDPOINT: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 5);
+const LOCAL_ENDPOINT: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 244, 0, 5));
 /// The endpoint of the cross-node cases, on worker-b.
-const REMOTE_ENDPOINT: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 5);
+const REMOTE_ENDPOINT: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 244, 1, 5));
 
 fn local_mark() -> u32 {
     MarkLayout::default().local()
@@ -77,7 +77,7 @@ fn worker() -> HostState {
 }
 
 /// A first packet from a pod of the node, arriving on the CNI's device.
-fn from_pod(saddr: Ipv4Addr, daddr: Ipv4Addr, protocol: Protocol, dport: u16) -> Packet {
+fn from_pod(saddr: IpAddr, daddr: IpAddr, protocol: Protocol, dport: u16) -> Packet {
     let mut p = Packet::new("cilium_host", saddr, daddr, protocol, dport);
     p.local = vec![EDGE_PUBLIC, EDGE_MESH];
     p
@@ -101,7 +101,11 @@ fn a_pod_on_the_accepting_node_reaches_the_remote_pod_with_its_own_address() {
         let p = from_pod(EDGE_POD, published, Protocol::Udp, 3000).leaving_by(&link.name);
         let t = trace(&edge, &p);
         assert!(t.steered, "{published}: {t:?}");
-        assert_eq!(t.dnat, Some((link.peer_address, 3000)), "{published}");
+        assert_eq!(
+            t.dnat,
+            Some((IpAddr::V4(link.peer_address), 3000)),
+            "{published}"
+        );
         assert_eq!(
             t.ct_mark,
             local_mark(),
@@ -119,11 +123,11 @@ fn a_pod_on_the_accepting_node_reaches_the_remote_pod_with_its_own_address() {
     let mut arrived = Packet::new(
         &wlink.name,
         EDGE_POD,
-        wlink.address.addr(),
+        IpAddr::V4(wlink.address.addr()),
         Protocol::Udp,
         3000,
     );
-    arrived.local = vec![wlink.address.addr()];
+    arrived.local = vec![IpAddr::V4(wlink.address.addr())];
     let t = trace(&worker, &arrived);
     assert_eq!(t.dnat, Some((REMOTE_ENDPOINT, 3000)));
     assert!(t.identity_snat);
@@ -167,7 +171,7 @@ fn only_a_pod_of_the_node_dialing_a_published_port_is_steered() {
     let t = trace(
         &edge,
         &from_pod(
-            Ipv4Addr::new(192, 0, 2, 80),
+            IpAddr::V4(Ipv4Addr::new(192, 0, 2, 80)),
             EDGE_PUBLIC,
             Protocol::Udp,
             3000,
@@ -190,11 +194,15 @@ fn the_accepting_nodes_own_process_is_translated_in_the_output_hook() {
     for published in [EDGE_PUBLIC, EDGE_MESH] {
         let p = Packet::local(published, published, Protocol::Udp, 3000).leaving_by(&link.name);
         let t = trace(&edge, &p);
-        assert_eq!(t.dnat, Some((link.peer_address, 3000)), "{published}");
+        assert_eq!(
+            t.dnat,
+            Some((IpAddr::V4(link.peer_address), 3000)),
+            "{published}"
+        );
         assert_eq!(t.ct_mark, local_mark());
         if published == EDGE_MESH {
             // Its InternalIP: the pod node's loop guard would send the reply over the mesh.
-            assert_eq!(t.snat_to, Some(link.address.addr()), "{t:?}");
+            assert_eq!(t.snat_to, Some(IpAddr::V4(link.address.addr())), "{t:?}");
         } else {
             assert!(
                 t.identity_snat && t.snat_to.is_none(),
@@ -228,8 +236,8 @@ fn the_pod_nodes_own_request_takes_the_link_end_as_its_source_and_its_reply_the_
     let mut p = Packet::new("wt0", WORKER_MESH, EDGE_MESH, Protocol::Udp, 3000);
     p.local = vec![EDGE_PUBLIC, EDGE_MESH];
     let t = trace(&edge, &p.leaving_by(&link.name));
-    assert_eq!(t.dnat, Some((link.peer_address, 3000)));
-    assert_eq!(t.snat_to, Some(link.address.addr()), "{t:?}");
+    assert_eq!(t.dnat, Some((IpAddr::V4(link.peer_address), 3000)));
+    assert_eq!(t.snat_to, Some(IpAddr::V4(link.address.addr())), "{t:?}");
     assert!(!t.identity_snat);
     // A third node keeps its own address.
     let mut third = p.clone();
@@ -240,10 +248,10 @@ fn the_pod_nodes_own_request_takes_the_link_end_as_its_source_and_its_reply_the_
     // and the pod's reply to it goes back over the link.
     let worker = worker();
     let wlink = worker.links[0].clone();
-    let own_end = wlink.address.addr();
+    let own_end = IpAddr::V4(wlink.address.addr());
     let mut arrived = Packet::new(
         &wlink.name,
-        link.address.addr(),
+        IpAddr::V4(link.address.addr()),
         own_end,
         Protocol::Udp,
         3000,
@@ -255,7 +263,7 @@ fn the_pod_nodes_own_request_takes_the_link_end_as_its_source_and_its_reply_the_
     let mut reply = Packet::new(
         "cilium_host",
         REMOTE_ENDPOINT,
-        link.address.addr(),
+        IpAddr::V4(link.address.addr()),
         Protocol::Udp,
         40000,
     );

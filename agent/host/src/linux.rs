@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use kuport_core::ir::{ChainId, HostState, MarkLayout};
+use kuport_core::ir::{ChainId, Family, HostState, MarkLayout, NftTable};
 use kuport_core::snapshot::HostFacts;
 use tokio::sync::mpsc;
 
@@ -83,6 +83,8 @@ impl HostEvents {
             MulticastGroup::Ipv4Ifaddr,
             MulticastGroup::Ipv4Route,
             MulticastGroup::Ipv4Rule,
+            MulticastGroup::Ipv6Route,
+            MulticastGroup::Ipv6Rule,
         ])
         .map_err(HostError::Socket)?;
         tokio::spawn(conn);
@@ -268,24 +270,30 @@ impl<N: netlink::Netlink> Host for LinuxHost<N> {
             ));
             applied = cut;
         }
-        let table = applied.nft.clone();
-        let nft = match self.blocking(move |nft| nft.apply(&table)).await {
-            Ok(nft) => nft,
-            Err(e) => {
-                // The new links stay down; links the kernel's remaining table no longer
-                // guards (someone removed it) go down until a transaction succeeds.
-                self.close_unguarded_links().await;
-                return Err(e);
+        for family in Family::ALL {
+            let table = applied.table(family).clone();
+            let nft = match self
+                .blocking(move |nft| nft.sibling(family).apply(&table))
+                .await
+            {
+                Ok(nft) => nft,
+                Err(e) => {
+                    // The new links stay down; links the kernel's remaining table no longer
+                    // guards (someone removed it) go down until a transaction succeeds.
+                    self.close_unguarded_links().await;
+                    return Err(e);
+                }
+            };
+            report.nft_changed |= nft.changed;
+            report.nft_lines += nft.lines;
+            report.nft_listed |= nft.listed;
+            let cut = Refusal::mappings_of(&nft.refused);
+            if !cut.is_empty() {
+                let table = applied.table_mut(family);
+                *table = table.without_mappings(&cut);
             }
-        };
-        report.nft_changed = nft.changed;
-        report.nft_lines = nft.lines;
-        report.nft_listed = nft.listed;
-        let cut = Refusal::mappings_of(&nft.refused);
-        if !cut.is_empty() {
-            applied.nft = applied.nft.without_mappings(&cut);
+            report.refused.extend(nft.refused);
         }
-        report.refused.extend(nft.refused);
         // Guarded now: the links come up (and get their routes after).
         netlink::bring_up(
             &self.netlink,
@@ -312,7 +320,10 @@ impl<N: netlink::Netlink> Host for LinuxHost<N> {
         let mut report = ApplyReport::default();
         // Links before the table: no link outlives its guard.
         netlink::remove_unwanted_links(&self.netlink, &[], &mut report).await?;
-        self.blocking(|nft| nft.teardown()).await?;
+        for family in Family::ALL {
+            self.blocking(move |nft| nft.sibling(family).teardown())
+                .await?;
+        }
         netlink::reconcile_rules(&self.netlink, &[], self.marks, &mut report).await?;
         netlink::reconcile_routes(&self.netlink, &[], &mut report).await?;
         self.applied = None;
@@ -363,22 +374,57 @@ impl<N: netlink::Netlink> Host for LinuxHost<N> {
     }
 
     async fn counters(&self) -> Result<Vec<MappingCounter>, HostError> {
-        let readings = self.blocking(|nft| nft.counters()).await?;
-        Ok(label_counters(self.applied.as_ref(), &readings))
+        let mut out = Vec::new();
+        for family in Family::ALL {
+            let wanted = self
+                .applied
+                .as_ref()
+                .is_some_and(|a| !a.table(family).counters.is_empty());
+            if !wanted {
+                continue;
+            }
+            let readings = self
+                .blocking(move |nft| nft.sibling(family).counters())
+                .await?;
+            out.extend(label_counters(
+                self.applied.as_ref().map(|a| a.table(family)),
+                &readings,
+            ));
+        }
+        Ok(sum_families(out))
     }
+}
+
+/// One reading per mapping and chain: a mapping served over both families counts in both
+/// tables, and its metrics are the sum.
+fn sum_families(readings: Vec<MappingCounter>) -> Vec<MappingCounter> {
+    let mut summed: std::collections::BTreeMap<(String, String, ChainId), MappingCounter> =
+        std::collections::BTreeMap::new();
+    for r in readings {
+        let key = (r.namespace.clone(), r.name.clone(), r.chain);
+        match summed.get_mut(&key) {
+            Some(s) => {
+                s.packets += r.packets;
+                s.bytes += r.bytes;
+            }
+            None => {
+                summed.insert(key, r);
+            }
+        }
+    }
+    summed.into_values().collect()
 }
 
 /// Names counter readings after the mappings of the last applied IR (a long name is cut with a
 /// hash, so the name alone cannot be split back).
 pub fn label_counters(
-    state: Option<&HostState>,
+    table: Option<&NftTable>,
     readings: &[nft::CounterReading],
 ) -> Vec<MappingCounter> {
-    let Some(state) = state else {
+    let Some(table) = table else {
         return Vec::new();
     };
-    state
-        .nft
+    table
         .counters
         .iter()
         // The link guard's counter belongs to no mapping.

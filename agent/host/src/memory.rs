@@ -182,6 +182,7 @@ mod tests {
             rules: rules
                 .iter()
                 .map(|p| IpRule {
+                    family: kuport_core::ir::Family::V4,
                     priority: *p,
                     fwmark: 0x01,
                     fwmask: 0xff,

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 
-use kuport_core::ir::{ChainId, MarkLayout, NftTable, Rule, TABLE};
+use kuport_core::ir::{ChainId, Family, MarkLayout, NftTable, Rule, TABLE};
 use kuport_core::render::layout::{Planned, chain_header, layout, parse_listing};
 use kuport_core::render::{Transaction, rule_text};
 use serde_json::Value;
@@ -138,21 +138,32 @@ fn warn_once(message: &str) {
     });
 }
 
-/// What kuport last knew of the kernel's nftables, and at which ruleset generation.
+/// What kuport last knew of the kernel's nftables, and at which ruleset generation: per family
+/// (indexed by [`slot`]), shared by the two [`Nft`]s of a host, so one's commit does not make
+/// the other list its table again.
 #[derive(Debug, Default)]
 struct Seen {
-    /// kuport's table (`None`: absent) as it stood at `generation`.
-    table: Option<(u32, Option<Arc<Planned>>)>,
+    /// kuport's table (`None`: absent) as it stood at a generation.
+    table: [Option<(u32, Option<Arc<Planned>>)>; 2],
     /// The last desired table and its layout: a pass that wants the same table (most of them)
     /// does not lay 5,000 mappings out again.
-    planned: Option<(NftTable, Arc<Planned>)>,
+    planned: [Option<(NftTable, Arc<Planned>)>; 2],
     /// The host firewall's warnings as they stood at a generation.
     warnings: Option<(u32, Vec<String>)>,
 }
 
-/// kuport's nftables table, through an [`NftRunner`].
+/// The index of a family's entries in [`Seen`].
+fn slot(family: Family) -> usize {
+    match family {
+        Family::V4 => 0,
+        Family::V6 => 1,
+    }
+}
+
+/// kuport's nftables table of one family, through an [`NftRunner`].
 #[derive(Clone, Debug)]
 pub struct Nft {
+    family: Family,
     runner: Arc<dyn NftRunner>,
     seen: Arc<Mutex<Seen>>,
     committers: Arc<Committers>,
@@ -197,10 +208,25 @@ impl Nft {
     /// nft reached through `runner`.
     pub fn with_runner(runner: Arc<dyn NftRunner>) -> Self {
         Self {
+            family: Family::V4,
             runner,
             seen: Arc::default(),
             committers: Arc::default(),
         }
+    }
+
+    /// The same nft for the table of `family`: it shares what this one knows of the ruleset,
+    /// so a commit of either is known to both.
+    pub fn sibling(&self, family: Family) -> Self {
+        Self {
+            family,
+            ..self.clone()
+        }
+    }
+
+    /// The family of the table this one manages.
+    pub fn family(&self) -> Family {
+        self.family
     }
 
     /// The `nft` processes this host ran lately, whose commits are its own.
@@ -227,7 +253,7 @@ impl Nft {
 
     /// kuport's table as the kernel lists it, parsed; `None` when the table is absent.
     pub fn read(&self) -> Result<Option<kuport_core::render::Listing>, HostError> {
-        self.read_with(&["list", "table", "ip", TABLE])
+        self.read_with(&["list", "table", self.family.nft(), TABLE])
     }
 
     fn read_with(&self, args: &[&str]) -> Result<Option<kuport_core::render::Listing>, HostError> {
@@ -253,7 +279,7 @@ impl Nft {
     /// listed. The second value says whether it was listed.
     fn current(&self, generation: Option<u32>) -> Result<(Option<Arc<Planned>>, bool), HostError> {
         if let Some(g) = generation
-            && let Some((seen_at, table)) = &self.seen().table
+            && let Some((seen_at, table)) = &self.seen().table[slot(self.family)]
             && *seen_at == g
         {
             return Ok((table.clone(), false));
@@ -268,7 +294,21 @@ impl Nft {
     }
 
     fn remember(&self, generation: Option<u32>, table: Option<Arc<Planned>>) {
-        self.seen().table = generation.map(|g| (g, table));
+        self.seen().table[slot(self.family)] = generation.map(|g| (g, table));
+    }
+
+    /// Our own commit moved the generation from `before` to `after`: the other family's table,
+    /// seen at `before`, is unchanged at `after`.
+    fn carry_sibling(&self, before: u32, after: u32) {
+        let other = slot(match self.family {
+            Family::V4 => Family::V6,
+            Family::V6 => Family::V4,
+        });
+        if let Some((seen_at, _)) = &mut self.seen().table[other]
+            && *seen_at == before
+        {
+            *seen_at = after;
+        }
     }
 
     /// Brings the kernel's table to `desired`, sending only what differs. Nothing is sent
@@ -277,6 +317,15 @@ impl Nft {
     /// every refused line of a batch at once, so one retry is the rule); a refusal of anything
     /// that belongs to no mapping fails the whole apply and the kernel keeps its previous table.
     pub fn apply(&self, desired: &NftTable) -> Result<NftApplied, HostError> {
+        if desired.family != self.family {
+            return Err(HostError::Nft {
+                op: "apply transaction",
+                detail: format!(
+                    "an {} table handed to the {} table's writer",
+                    desired.family, self.family
+                ),
+            });
+        }
         let before = self.runner.generation();
         let (current, listed) = self.current(before)?;
         let held = current.as_deref().map(|c| &c.layout);
@@ -298,6 +347,9 @@ impl Nft {
         let ours =
             matches!((before, after), (Some(b), Some(a)) if a == b || a == b.wrapping_add(1));
         let lines = transaction.line_count();
+        if ours && let (Some(b), Some(a)) = (before, after) {
+            self.carry_sibling(b, a);
+        }
         self.remember(
             if ours { after } else { None },
             transaction.into_committed(),
@@ -339,13 +391,13 @@ impl Nft {
 
     /// The layout of `desired`, reused when it is the table the last apply wanted.
     fn planned(&self, desired: &NftTable) -> Arc<Planned> {
-        if let Some((table, planned)) = &self.seen().planned
+        if let Some((table, planned)) = &self.seen().planned[slot(self.family)]
             && table == desired
         {
             return planned.clone();
         }
         let planned = Arc::new(layout(desired));
-        self.seen().planned = Some((desired.clone(), planned.clone()));
+        self.seen().planned[slot(self.family)] = Some((desired.clone(), planned.clone()));
         planned
     }
 
@@ -357,10 +409,10 @@ impl Nft {
     /// Removes kuport's table, if present.
     pub fn teardown(&self) -> Result<bool, HostError> {
         self.remember(None, None);
-        match self
-            .runner
-            .run(&["-f", "-"], Some(&format!("delete table ip {TABLE}\n")))
-        {
+        match self.runner.run(
+            &["-f", "-"],
+            Some(&format!("delete table {} {TABLE}\n", self.family.nft())),
+        ) {
             Ok(_) => Ok(true),
             Err(detail) if absent(&detail) => Ok(false),
             Err(detail) => Err(HostError::Nft {
@@ -374,7 +426,7 @@ impl Nft {
     /// without a hook (its rules then never run); check every chain really hooked. The terse
     /// listing leaves the elements out.
     fn check_hooks(&self) -> Result<(), HostError> {
-        let listing = self.read_with(&["-t", "list", "table", "ip", TABLE])?;
+        let listing = self.read_with(&["-t", "list", "table", self.family.nft(), TABLE])?;
         let hooked = listing.is_some_and(|l| {
             ChainId::ALL.iter().all(|c| {
                 l.layout
@@ -409,7 +461,8 @@ impl Nft {
             return Ok(BTreeSet::new());
         };
         // The guard's rules name no mark: any layout renders them alike.
-        let drops = |port: u16| rule_text(&Rule::guard_drop(port), MarkLayout::default());
+        let drops =
+            |port: u16| rule_text(&Rule::guard_drop(port), MarkLayout::default(), Family::V4);
         Ok(chain
             .rules
             .iter()
@@ -427,7 +480,9 @@ impl Nft {
 
     /// Every named counter in kuport's table, sorted by name: one `nft list counters`.
     pub fn counters(&self) -> Result<Vec<CounterReading>, HostError> {
-        let Some(listing) = self.read_with(&["list", "counters", "table", "ip", TABLE])? else {
+        let Some(listing) =
+            self.read_with(&["list", "counters", "table", self.family.nft(), TABLE])?
+        else {
             return Ok(Vec::new());
         };
         Ok(listing
@@ -472,7 +527,7 @@ impl Nft {
 pub fn forward_drop_warnings(json: &Value) -> Vec<String> {
     let mut out: Vec<String> = objects(json, "chain")
         .filter(|c| c["hook"] == "forward" && c["policy"] == "drop")
-        .filter(|c| !(c["family"] == "ip" && c["table"] == TABLE))
+        .filter(|c| !((c["family"] == "ip" || c["family"] == "ip6") && c["table"] == TABLE))
         .map(|c| {
             format!(
                 "the host firewall's chain {} {} {} (forward hook, priority {}) drops forwarded packets by default: mapped traffic is forwarded to the pod and needs a rule there that accepts it",
@@ -558,6 +613,7 @@ mod tests {
         }
         let mut state = kuport_core::ir::HostState {
             nft: NftTable {
+                family: Family::V4,
                 marks: Default::default(),
                 counters,
                 chains: vec![

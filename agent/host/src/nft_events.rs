@@ -31,8 +31,10 @@ const SUBSYS: u16 = 10;
 const MSG_NEWGEN: u16 = 15;
 /// `NLMSG_OVERRUN`.
 const NLMSG_OVERRUN: u16 = 4;
-/// `NFPROTO_IPV4`: kuport's table is `ip`.
+/// `NFPROTO_IPV4`: kuport's IPv4 table is `ip`.
 const FAMILY_IP: u8 = 2;
+/// `NFPROTO_IPV6`: kuport's IPv6 table is `ip6`.
+const FAMILY_IP6: u8 = 10;
 /// `NFTA_GEN_PROC_PID`.
 const GEN_PROC_PID: u16 = 2;
 const HEADER: usize = 16;
@@ -74,6 +76,8 @@ pub(crate) struct Transactions {
     touched: Vec<String>,
     count: usize,
     removed: bool,
+    /// Which of kuport's tables were touched: the IPv4 one, the IPv6 one.
+    tables: (bool, bool),
 }
 
 impl Transactions {
@@ -108,8 +112,16 @@ impl Transactions {
             return self.close(pid, own);
         }
         let (verb, noun, name_attr) = describe(op)?;
-        if msg[HEADER] != FAMILY_IP || attribute(msg, 1).map(c_str) != Some(TABLE) {
+        let family = msg[HEADER];
+        if (family != FAMILY_IP && family != FAMILY_IP6)
+            || attribute(msg, 1).map(c_str) != Some(TABLE)
+        {
             return None;
+        }
+        if family == FAMILY_IP {
+            self.tables.0 = true;
+        } else {
+            self.tables.1 = true;
         }
         self.count += 1;
         self.removed |= verb == "deleted";
@@ -129,7 +141,12 @@ impl Transactions {
             return None;
         }
         let more = taken.count - taken.touched.len();
-        let mut what = format!("table ip {TABLE}: {}", taken.touched.join(", "));
+        let table = match taken.tables {
+            (true, true) => format!("tables ip and ip6 {TABLE}"),
+            (false, true) => format!("table ip6 {TABLE}"),
+            _ => format!("table ip {TABLE}"),
+        };
+        let mut what = format!("{table}: {}", taken.touched.join(", "));
         if more > 0 {
             what.push_str(&format!(" and {more} more"));
         }
@@ -332,16 +349,27 @@ mod tests {
         let mut t = Transactions::default();
         let ours = datagram(&[object(14, "kuport", 2, "dnat_tcp"), newgen(Some(1234))]);
         assert!(t.feed(&ours, &own).is_empty(), "the agent's own nft");
-        // Another table of the ip family, and a table named kuport of another family.
+        // Another table of the ip family, and a table named kuport of another family (inet).
         let foreign = datagram(&[
             object(2, "filter", 1, "filter"),
-            msg(2, 10, &[(1, name("kuport"))]),
+            msg(2, 1, &[(1, name("kuport"))]),
             newgen(Some(77)),
         ]);
         assert!(t.feed(&foreign, &own).is_empty());
         // Control: the same commit by another process is an event.
         let theirs = datagram(&[object(14, "kuport", 2, "dnat_tcp"), newgen(Some(1235))]);
         assert_eq!(t.feed(&theirs, &own).len(), 1);
+        // kuport's IPv6 table is kuport's too.
+        let v6 = datagram(&[
+            msg(14, FAMILY_IP6, &[(1, name("kuport")), (2, name("kup-pre"))]),
+            newgen(Some(1236)),
+        ]);
+        let events = t.feed(&v6, &own);
+        assert_eq!(events.len(), 1);
+        assert!(
+            events[0].what.starts_with("table ip6 kuport: "),
+            "{events:?}"
+        );
     }
 
     #[test]

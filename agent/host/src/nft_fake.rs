@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use kuport_core::ir::{ChainId, TABLE};
+use kuport_core::ir::{ChainId, Family, TABLE};
 use kuport_core::render::layout::chain_header;
 use serde_json::{Value, json};
 
@@ -52,8 +52,10 @@ pub struct FakeTable {
 /// What the fake holds and records.
 #[derive(Debug, Default)]
 pub struct FakeState {
-    /// kuport's table, when it exists.
+    /// kuport's IPv4 table, when it exists.
     pub table: Option<FakeTable>,
+    /// kuport's IPv6 table, when it exists.
+    pub table6: Option<FakeTable>,
     /// Transactions committed.
     pub committed: usize,
     /// Transactions refused.
@@ -95,41 +97,52 @@ impl NftRunner for FakeNft {
         if let Some(message) = &state.unavailable {
             return Err(message.clone());
         }
+        let family = |f: &str| Family::ALL.into_iter().find(|x| x.nft() == f);
         match args {
-            ["list", "table", "ip", name] if *name == TABLE => {
+            ["list", "table", f, name] if *name == TABLE => {
+                let f = family(f).ok_or_else(|| no_such_table(Family::V4))?;
                 state.listed += 1;
                 state
-                    .table
+                    .of(f)
                     .as_ref()
-                    .map(|t| list(t, true))
-                    .ok_or_else(no_such_table)
+                    .map(|t| list(f, t, true))
+                    .ok_or_else(|| no_such_table(f))
             }
-            ["-t", "list", "table", "ip", name] if *name == TABLE => state
-                .table
-                .as_ref()
-                .map(|t| list(t, false))
-                .ok_or_else(no_such_table),
-            ["list", "counters", "table", "ip", name] if *name == TABLE => state
-                .table
-                .as_ref()
-                .map(list_counters)
-                .ok_or_else(no_such_table),
+            ["-t", "list", "table", f, name] if *name == TABLE => {
+                let f = family(f).ok_or_else(|| no_such_table(Family::V4))?;
+                state
+                    .of(f)
+                    .as_ref()
+                    .map(|t| list(f, t, false))
+                    .ok_or_else(|| no_such_table(f))
+            }
+            ["list", "counters", "table", f, name] if *name == TABLE => {
+                let f = family(f).ok_or_else(|| no_such_table(Family::V4))?;
+                state
+                    .of(f)
+                    .as_ref()
+                    .map(|t| list_counters(f, t))
+                    .ok_or_else(|| no_such_table(f))
+            }
             ["-j", "list", "chains"] => {
                 state.chains_listed += 1;
-                Ok(state
-                    .table
-                    .as_ref()
-                    .map_or_else(|| json!({"nftables": []}), list_json)
-                    .to_string())
+                let mut items = vec![json!({"metainfo": {}})];
+                for f in Family::ALL {
+                    if let Some(t) = state.of(f) {
+                        items.extend(list_json(f, t));
+                    }
+                }
+                Ok(json!({ "nftables": items }).to_string())
             }
             ["-f", "-"] => {
                 let script = stdin.unwrap_or_default();
                 match transact(&state, script) {
-                    Ok(table) => {
-                        if table != state.table {
+                    Ok((table, table6)) => {
+                        if table != state.table || table6 != state.table6 {
                             state.generation += 1;
                         }
                         state.table = table;
+                        state.table6 = table6;
                         state.committed += 1;
                         Ok(String::new())
                     }
@@ -152,14 +165,27 @@ impl NftRunner for FakeNft {
     }
 }
 
-fn no_such_table() -> String {
-    format!("Error: No such file or directory\nlist table ip {TABLE}")
+impl FakeState {
+    /// The table of `family`.
+    pub fn of(&self, family: Family) -> &Option<FakeTable> {
+        match family {
+            Family::V4 => &self.table,
+            Family::V6 => &self.table6,
+        }
+    }
+}
+
+fn no_such_table(family: Family) -> String {
+    format!(
+        "Error: No such file or directory\nlist table {} {TABLE}",
+        family.nft()
+    )
 }
 
 /// The listing as nft prints it. Elements come in reverse order, several to a line, as the
 /// kernel's own order and nft's line filling would give: a reader must not depend on either.
-fn list(table: &FakeTable, elements: bool) -> String {
-    let mut text = format!("table ip {TABLE} {{\n");
+fn list(family: Family, table: &FakeTable, elements: bool) -> String {
+    let mut text = format!("table {} {TABLE} {{\n", family.nft());
     for (name, (p, b)) in &table.counters {
         text.push_str(&format!(
             "\tcounter {name} {{\n\t\tpackets {p} bytes {b}\n\t}}\n\n"
@@ -214,8 +240,8 @@ fn list(table: &FakeTable, elements: bool) -> String {
     text
 }
 
-fn list_counters(table: &FakeTable) -> String {
-    let mut text = format!("table ip {TABLE} {{\n");
+fn list_counters(family: Family, table: &FakeTable) -> String {
+    let mut text = format!("table {} {TABLE} {{\n", family.nft());
     for (name, (p, b)) in &table.counters {
         text.push_str(&format!(
             "\tcounter {name} {{\n\t\tpackets {p} bytes {b}\n\t}}\n"
@@ -225,35 +251,44 @@ fn list_counters(table: &FakeTable) -> String {
     text
 }
 
-fn list_json(table: &FakeTable) -> Value {
-    let mut items = vec![json!({"metainfo": {}})];
+fn list_json(family: Family, table: &FakeTable) -> Vec<Value> {
+    let f = family.nft();
+    let mut items = Vec::new();
     for (name, c) in &table.chains {
-        items.push(
-            json!({"chain": {"family": "ip", "table": TABLE, "name": name,
-            "type": c.kind, "hook": c.hook, "prio": c.priority, "policy": "accept"}}),
-        );
+        items.push(json!({"chain": {"family": f, "table": TABLE, "name": name,
+            "type": c.kind, "hook": c.hook, "prio": c.priority, "policy": "accept"}}));
     }
     for (name, (packets, bytes)) in &table.counters {
         items.push(
-            json!({"counter": {"family": "ip", "table": TABLE, "name": name,
+            json!({"counter": {"family": f, "table": TABLE, "name": name,
             "packets": packets, "bytes": bytes}}),
         );
     }
-    json!({ "nftables": items })
+    items
 }
+
+/// Both tables, as a transaction leaves them.
+type Tables = (Option<FakeTable>, Option<FakeTable>);
 
 /// Runs a script on a copy of the table: the new table, or nft's errors for every refused line
 /// (`/dev/stdin:<line>:1-1: Error: …`), in which case nothing changes.
-fn transact(state: &FakeState, script: &str) -> Result<Option<FakeTable>, String> {
-    let mut table = state.table.clone();
+fn transact(state: &FakeState, script: &str) -> Result<Tables, String> {
+    let (mut table, mut table6) = (state.table.clone(), state.table6.clone());
     let mut errors = Vec::new();
     for (i, line) in script.lines().enumerate() {
-        if let Err(e) = command(&mut table, &state.refuse, line) {
+        // The table a line names: `<verb> [<kind>] ip6 kuport …` or `… ip kuport …`.
+        let v6 = line.contains(&format!(" ip6 {TABLE}"));
+        let (target, family) = if v6 {
+            (&mut table6, Family::V6)
+        } else {
+            (&mut table, Family::V4)
+        };
+        if let Err(e) = command(target, family, &state.refuse, line) {
             errors.push(format!("/dev/stdin:{}:1-1: Error: {e}\n{line}", i + 1));
         }
     }
     if errors.is_empty() {
-        Ok(table)
+        Ok((table, table6))
     } else {
         Err(errors.join("\n"))
     }
@@ -273,10 +308,11 @@ fn stores_named(rule: &str) -> impl Iterator<Item = &str> {
 /// Applies one transaction line to `table`, or says why nft would refuse it.
 fn command(
     table: &mut Option<FakeTable>,
+    family: Family,
     refuse: &[(String, String)],
     line: &str,
 ) -> Result<(), String> {
-    let prefix = format!("ip {TABLE}");
+    let prefix = format!("{} {TABLE}", family.nft());
     let rest = |verb: &str| line.strip_prefix(&format!("{verb} {prefix} "));
     if line == format!("add table {prefix}") {
         table.get_or_insert_with(FakeTable::default);

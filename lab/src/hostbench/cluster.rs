@@ -142,7 +142,7 @@ pub fn host_state(snap: &Snapshot, target_last: bool) -> Result<HostState> {
             Rule::IdentitySnat(s) => Some((s.ports.first, s.daddr)),
             _ => None,
         });
-    let want = Some((TARGET_PORT, TARGET_POD));
+    let want = Some((TARGET_PORT, std::net::IpAddr::V4(TARGET_POD)));
     if target_last && (last_pre != want || last_post != want) {
         bail!(
             "the target mapping is not last in both nat chains (kup-pre ends with {last_pre:?}, \

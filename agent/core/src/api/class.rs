@@ -12,8 +12,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    DEFAULT_VXLAN_PORT, DEFAULT_VXLAN_SUBNET, DEFAULT_VXLAN_VNI, MAX_PORT, MAX_VNI, MIN_PORT,
-    Protocol,
+    DEFAULT_VXLAN_PORT, DEFAULT_VXLAN_SUBNET, DEFAULT_VXLAN_SUBNET6, DEFAULT_VXLAN_VNI, MAX_PORT,
+    MAX_VNI, MIN_PORT, Protocol,
 };
 
 /// The cluster's shape as kuport sees it: which nodes accept traffic, on which interfaces, which
@@ -288,6 +288,14 @@ pub struct VxlanSettings {
     #[serde(default = "default_subnet")]
     #[schemars(length(max = 18))]
     pub subnet: String,
+
+    /// IPv6 prefix (at most /96) the links' inner IPv6 addresses come from: each end's IPv6
+    /// address is this prefix with its IPv4 link address as the low 32 bits, so classes with
+    /// distinct IPv4 subnets never share an IPv6 link address. Used only by links that carry
+    /// IPv6 mappings.
+    #[serde(default = "default_subnet6", rename = "ipv6Subnet")]
+    #[schemars(length(max = 43))]
+    pub subnet6: String,
 }
 
 impl Default for VxlanSettings {
@@ -296,8 +304,13 @@ impl Default for VxlanSettings {
             vni: default_vni(),
             port: default_vxlan_port(),
             subnet: default_subnet(),
+            subnet6: default_subnet6(),
         }
     }
+}
+
+fn default_subnet6() -> String {
+    DEFAULT_VXLAN_SUBNET6.to_owned()
 }
 
 fn default_vni() -> i32 {
@@ -396,6 +409,19 @@ pub struct ClassNodeStatus {
         "additionalProperties" = {"type": "string", "maxLength": 15}
     ))]
     pub addresses: BTreeMap<String, String>,
+
+    /// The IPv6 address a client can reach each class interface at on this node, for those that
+    /// have one (IPv6 mappings are published there).
+    #[serde(
+        default,
+        rename = "ipv6Addresses",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    #[schemars(extend(
+        "maxProperties" = 16,
+        "additionalProperties" = {"type": "string", "maxLength": 45}
+    ))]
+    pub addresses6: BTreeMap<String, String>,
 
     /// What the agent read of the CNI's configuration; absent when none was found.
     #[serde(default, skip_serializing_if = "Option::is_none")]

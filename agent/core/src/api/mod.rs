@@ -32,6 +32,9 @@ pub const DEFAULT_VXLAN_VNI: i32 = 4242;
 pub const DEFAULT_VXLAN_PORT: i32 = 4790;
 /// Default link address space: link-local, so no other route is touched.
 pub const DEFAULT_VXLAN_SUBNET: &str = "169.254.77.0/24";
+/// Default IPv6 prefix of the links' inner IPv6 addresses (a unique local prefix: "kp" in its
+/// global ID); each end's IPv4 link address is its low 32 bits.
+pub const DEFAULT_VXLAN_SUBNET6: &str = "fd6b:7570::/96";
 /// The interface names kuport accepts, as a schema pattern: the kernel's rules (1 to 15 bytes,
 /// no `/`, `:` or whitespace, not `.` or `..`) narrowed to characters nft reads literally inside
 /// a quoted name (no quote, backslash or `*` wildcard) and no leading dot.

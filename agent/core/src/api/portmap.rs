@@ -214,9 +214,19 @@ pub struct EndpointStatus {
     #[schemars(length(max = 253))]
     pub node: String,
 
-    /// The pod's IPv4 address.
-    #[schemars(length(max = 15))]
+    /// The pod's address: IPv4 when the Service lists IPv4 endpoints, else IPv6.
+    #[schemars(length(max = 45))]
     pub address: String,
+
+    /// The same pod's IPv6 address, when the Service is dual-stack: the mapping is served over
+    /// IPv6 too.
+    #[serde(
+        default,
+        rename = "ipv6Address",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(length(max = 45))]
+    pub address6: Option<String>,
 
     /// The pod's port: the number the EndpointSlice lists for the named Service port.
     pub port: i32,
@@ -243,6 +253,16 @@ pub struct PublishedAddress {
     #[serde(default)]
     #[schemars(length(max = 15))]
     pub address: String,
+
+    /// The interface's IPv6 address, when the mapping is served over IPv6 and the interface
+    /// has one a client can reach.
+    #[serde(
+        default,
+        rename = "ipv6Address",
+        skip_serializing_if = "String::is_empty"
+    )]
+    #[schemars(length(max = 45))]
+    pub address6: String,
 }
 
 fn published_is_empty(rows: &std::sync::Arc<[PublishedAddress]>) -> bool {

@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use k8s_openapi::jiff::Timestamp;
 
 use super::fast_hash::FastSet;
@@ -30,6 +30,7 @@ pub fn evaluate_static<'a>(index: &Index<'a>) -> BTreeMap<&'a str, ClassState<'a
             accepting,
             mode: class.spec.return_path.mode,
             subnet: None,
+            subnet6: None,
             vni: 0,
             port: 0,
             usable_slots: 0,
@@ -46,8 +47,9 @@ pub fn evaluate_static<'a>(index: &Index<'a>) -> BTreeMap<&'a str, ClassState<'a
         };
         if state.mode == ReturnPathMode::Vxlan {
             match parse_settings(class) {
-                Ok((subnet, vni, port, usable)) => {
+                Ok(((subnet, subnet6), vni, port, usable)) => {
                     state.subnet = Some(subnet);
+                    state.subnet6 = Some(subnet6);
                     state.vni = vni;
                     state.port = port;
                     state.usable_slots = usable;
@@ -84,7 +86,38 @@ pub fn evaluate_static<'a>(index: &Index<'a>) -> BTreeMap<&'a str, ClassState<'a
     states
 }
 
-fn parse_settings(class: &PortMapClass) -> Result<(Ipv4Net, u32, u16, u32), String> {
+/// The class's IPv6 link prefix: at most a /96 (the IPv4 link address fills the low 32
+/// bits), a unicast prefix that is neither link-local nor kuport's stand-in block.
+fn parse_subnet6(text: &str) -> Result<Ipv6Net, String> {
+    let subnet: Ipv6Net = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("returnPath.vxlan.ipv6Subnet {text:?} is not an IPv6 CIDR"))?;
+    if subnet.prefix_len() > 96 {
+        return Err(format!(
+            "returnPath.vxlan.ipv6Subnet {subnet} is longer than /96: the IPv4 link address fills its low 32 bits"
+        ));
+    }
+    let (block, len) = crate::ir::STAND_IN6_BLOCK;
+    let reserved = Ipv6Net::new(block, len).map_err(|e| e.to_string())?;
+    let first = subnet.network();
+    let link_local = first.segments()[0] & 0xffc0 == 0xfe80;
+    if first.is_multicast() || first.is_loopback() || first.is_unspecified() || link_local {
+        return Err(format!(
+            "returnPath.vxlan.ipv6Subnet {subnet} is not a unicast prefix links can route"
+        ));
+    }
+    if subnet.contains(&reserved.network()) || reserved.contains(&first) {
+        return Err(format!(
+            "returnPath.vxlan.ipv6Subnet {subnet} overlaps {reserved}, which kuport reserves for its IPv6 stand-in address"
+        ));
+    }
+    Ok(subnet.trunc())
+}
+
+type Settings = ((Ipv4Net, Ipv6Net), u32, u16, u32);
+
+fn parse_settings(class: &PortMapClass) -> Result<Settings, String> {
     let vxlan = &class.spec.return_path.vxlan;
     let subnet: Ipv4Net = vxlan.subnet.trim().parse().map_err(|_| {
         format!(
@@ -112,10 +145,11 @@ fn parse_settings(class: &PortMapClass) -> Result<(Ipv4Net, u32, u16, u32), Stri
         .ok()
         .filter(|p| *p != 0)
         .ok_or_else(|| format!("returnPath.vxlan.port {} is outside 1..65535", vxlan.port))?;
+    let subnet6 = parse_subnet6(&vxlan.subnet6)?;
     let subnet_slots = 1u64 << (31 - u32::from(subnet.prefix_len()));
     let vni_room = u64::from(MAX_VNI as u32 - vni) + 1;
     let usable = subnet_slots.min(vni_room).min(u64::from(u32::MAX)) as u32;
-    Ok((subnet.trunc(), vni, port, usable))
+    Ok(((subnet.trunc(), subnet6), vni, port, usable))
 }
 
 /// `ReturnPathOverlap`: a class whose link ids include kuport's local mark, or whose link ids or

@@ -1,9 +1,9 @@
 //! Emission: what this node must own, by role (`datapath.md`, "Rules by role").
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::MappingDecision;
 use super::fast_hash::{FastMap, FastSet};
@@ -13,7 +13,7 @@ use super::pod_network;
 use super::state::{ClassState, Working, link_name, yields_to};
 use crate::api::is_preflight;
 use crate::ir::{
-    ChainId, Counter, DnatRule, HairpinRule, HostState, IpRule, LINK_TTL, Link, MAIN_TABLE,
+    ChainId, Counter, DnatRule, Family, HairpinRule, HostState, IpRule, LINK_TTL, Link, MAIN_TABLE,
     PREF_LOOP_GUARD, PREF_REPLY, PortRange, RP_FILTER_LOOSE, Route, Rule, SnatRule, SteerRule,
     VXLAN_OVERHEAD,
 };
@@ -57,9 +57,31 @@ struct LinkEnds {
     net: Ipv4Net,
     own: Ipv4Addr,
     peer: Ipv4Addr,
+    /// The ends' inner IPv6 addresses (the class's IPv6 prefix with the IPv4 end as its low
+    /// bits): used once an IPv6 mapping crosses the link.
+    own6: Option<Ipv6Addr>,
+    peer6: Option<Ipv6Addr>,
     own_ip: Ipv4Addr,
     peer_ip: Ipv4Addr,
     slot: u32,
+}
+
+impl LinkEnds {
+    /// This node's end in `family`.
+    fn own_in(&self, family: Family) -> Option<IpAddr> {
+        match family {
+            Family::V4 => Some(IpAddr::V4(self.own)),
+            Family::V6 => self.own6.map(IpAddr::V6),
+        }
+    }
+
+    /// The peer's end in `family`.
+    fn peer_in(&self, family: Family) -> Option<IpAddr> {
+        match family {
+            Family::V4 => Some(IpAddr::V4(self.peer)),
+            Family::V6 => self.peer6.map(IpAddr::V6),
+        }
+    }
 }
 
 /// The link between `this_node` and `peer`, if its claim landed and both ends have an
@@ -85,6 +107,8 @@ fn usable_link(index: &Index, class: &ClassState, this_node: &str, peer: &str) -
         net,
         own,
         peer: peer_addr,
+        own6: class.link_address6(own),
+        peer6: class.link_address6(peer_addr),
         own_ip: index.internal_ip(this_node)?,
         peer_ip: index.internal_ip(peer)?,
         slot,
@@ -114,7 +138,8 @@ struct Emitter<'a> {
     facts: &'a HostFacts,
     node: &'a str,
     state: HostState,
-    chains: BTreeMap<ChainId, Vec<Rule>>,
+    /// Each table's chains, by family.
+    chains: BTreeMap<(Family, ChainId), Vec<Rule>>,
     /// Link ids handed out in this plan, by link name.
     link_ids: BTreeMap<String, u32>,
     /// Names of the links this node builds for serving pairs: when ids run short, their ids on
@@ -127,15 +152,18 @@ struct Emitter<'a> {
     links_made: FastMap<String, FastMap<String, MadeLink>>,
     /// What [`Emitter::counter`] made, by chain and mapping: a mapping's rules share their
     /// counter per chain.
-    counters_made: FastMap<(ChainId, *const MappingDecision), Name>,
+    counters_made: FastMap<(Family, ChainId, *const MappingDecision), Name>,
     /// Each mapping's comment ([`Emitter::comment`]), which all its rules carry.
     comments_made: FastMap<*const MappingDecision, Name>,
-    /// Links whose shared arrival rules ([`Emitter::arrival`]) are added.
-    arrivals: FastSet<String>,
+    /// Links whose shared arrival rules ([`Emitter::arrival`]) are added, per family.
+    arrivals: FastSet<(Family, String)>,
     /// Links (or none, for this node's own pods) whose shared accepting rules
-    /// ([`Emitter::accepting_shared`]) are added, by the link's addresses.
-    accepted_over: FastSet<Option<(Ipv4Addr, Ipv4Addr, Ipv4Addr, Ipv4Addr)>>,
+    /// ([`Emitter::accepting_shared`]) are added, by family and the link's addresses.
+    accepted_over: FastSet<(Family, Option<LinkAddresses>)>,
 }
+
+/// A link's ends and its nodes' InternalIPs: (own end, peer end, own InternalIP, peer's).
+type LinkAddresses = (Ipv4Addr, Ipv4Addr, Ipv4Addr, Ipv4Addr);
 
 /// A usable link and, when it got a mark, its device name and mark.
 type MadeLink = Option<(LinkEnds, Option<(String, u32)>)>;
@@ -179,37 +207,65 @@ pub fn emit(
         e.link_to(class, peer);
     }
     e.guard();
-    if !e.chains.is_empty() || !e.state.links.is_empty() {
-        e.push(ChainId::Fwd, Rule::ClampMssOut);
-        e.push(ChainId::Fwd, Rule::ClampMssIn);
-    }
-    let mut state = e.state;
-    state.nft.marks = facts.marks;
-    let hairpins = e
-        .chains
-        .get(&ChainId::Pre)
-        .is_some_and(|rules| rules.iter().any(|r| matches!(r, Rule::Hairpin(_))));
-    if hairpins {
-        state.nft.hairpin_sources = Ipv4Net::aggregate(&index.addresses.all_pod_networks());
-        // Where a pod address can only be spoofed: the interfaces this node accepts on (every
-        // one that has a hairpin entry is among them) and the underlay.
-        state.nft.hairpin_external = state
+    e.finish(index)
+}
+
+impl Emitter<'_> {
+    /// The state: both tables' chains, the MSS clamps, the hairpin sets per family, the links'
+    /// IPv6 ends where IPv6 crosses them.
+    fn finish(mut self, index: &Index) -> HostState {
+        for family in Family::ALL {
+            let has_rules = self.chains.keys().any(|(f, _)| *f == family);
+            if has_rules || (family == Family::V4 && !self.state.links.is_empty()) {
+                self.push_in(family, ChainId::Fwd, Rule::ClampMssOut);
+                self.push_in(family, ChainId::Fwd, Rule::ClampMssIn);
+            }
+        }
+        let pod_networks = index.addresses.all_pod_networks();
+        let external: Vec<String> = self
+            .state
             .valid_mark_interfaces
             .iter()
             .cloned()
-            .chain(facts.underlay_device.clone())
+            .chain(self.facts.underlay_device.clone())
             .collect();
-    }
-    if state.nft.hairpin_sources.is_empty() {
-        // No pod is steered by its destination without a pod network to check it against,
-        // and the masquerade reads the same set.
-        if let Some(post) = e.chains.get_mut(&ChainId::Post) {
-            post.retain(|r| !matches!(r, Rule::HairpinMasquerade { .. }));
+        let mut state = self.state;
+        for family in Family::ALL {
+            let mut chains: BTreeMap<ChainId, Vec<Rule>> = self
+                .chains
+                .iter()
+                .filter(|((f, _), _)| *f == family)
+                .map(|((_, c), rules)| (*c, rules.clone()))
+                .collect();
+            let table = state.table_mut(family);
+            table.family = family;
+            table.marks = self.facts.marks;
+            let hairpins = chains
+                .get(&ChainId::Pre)
+                .is_some_and(|rules| rules.iter().any(|r| matches!(r, Rule::Hairpin(_))));
+            if hairpins {
+                let of_family: Vec<IpNet> = pod_networks
+                    .iter()
+                    .filter(|n| Family::of(n.addr()) == family)
+                    .copied()
+                    .collect();
+                table.hairpin_sources = IpNet::aggregate(&of_family);
+                // Where a pod address can only be spoofed: the interfaces this node accepts on
+                // (every one that has a hairpin entry is among them) and the underlay.
+                table.hairpin_external = external.clone();
+            }
+            if table.hairpin_sources.is_empty() {
+                // No pod is steered by its destination without a pod network to check it
+                // against, and the masquerade reads the same set.
+                if let Some(post) = chains.get_mut(&ChainId::Post) {
+                    post.retain(|r| !matches!(r, Rule::HairpinMasquerade { .. }));
+                }
+            }
+            table.chains = chains.into_iter().collect();
         }
+        state.normalise();
+        state
     }
-    state.nft.chains = e.chains.into_iter().collect();
-    state.normalise();
-    state
 }
 
 impl<'a> Emitter<'a> {
@@ -231,17 +287,22 @@ impl<'a> Emitter<'a> {
         }
     }
 
+    /// A rule of the IPv4 table (the guard's, which the IPv4 underlay alone carries).
     fn push(&mut self, chain: ChainId, rule: Rule) {
-        self.chains.entry(chain).or_default().push(rule);
+        self.push_in(Family::V4, chain, rule);
+    }
+
+    fn push_in(&mut self, family: Family, chain: ChainId, rule: Rule) {
+        self.chains.entry((family, chain)).or_default().push(rule);
     }
 
     /// The counter of the mapping's rules in `chain`, and their comment; the counter is
     /// declared once. Made ones are found by the decision's address (decisions do not move
     /// while the rules are emitted), so asking again allocates no key, and every rule shares
     /// one copy of each text.
-    fn counter(&mut self, chain: ChainId, d: &MappingDecision) -> (Name, Name) {
+    fn counter(&mut self, family: Family, chain: ChainId, d: &MappingDecision) -> (Name, Name) {
         let comment = self.comment(d);
-        let key = (chain, std::ptr::from_ref(d));
+        let key = (family, chain, std::ptr::from_ref(d));
         if let Some(made) = self.counters_made.get(&key) {
             return (made.clone(), comment);
         }
@@ -252,7 +313,7 @@ impl<'a> Emitter<'a> {
             text.push_str(part);
         }
         let counter = Name::from(fit_nft_text_owned(text));
-        self.state.nft.counters.push(Counter {
+        self.state.table_mut(family).counters.push(Counter {
             name: counter.clone(),
             chain,
             namespace: d.namespace.clone(),
@@ -349,8 +410,9 @@ impl<'a> Emitter<'a> {
         }
     }
 
-    /// The accepting role: steer each bound interface's own address, DNAT the steered packets
-    /// to the pod (local) or to the pod node's end of the link, claim the flow's source NAT.
+    /// The accepting role, in each family the endpoint has: steer each bound interface's own
+    /// address, DNAT the steered packets to the pod (local) or to the pod node's end of the
+    /// link, claim the flow's source NAT.
     fn accepting(
         &mut self,
         class: &ClassState,
@@ -361,28 +423,53 @@ impl<'a> Emitter<'a> {
     ) {
         let Some(ep) = &d.endpoint else { return };
         let mut over_link = None;
-        let target = if ep.node == self.node {
-            Some((ep.address, translated, pod_ports))
-        } else {
-            self.link_to(class, &ep.node).and_then(|(l, made)| {
-                made?;
-                let target = (l.peer, None, ports);
-                over_link = Some(l);
-                Some(target)
-            })
-        };
-        let Some((to, to_port, snat_ports)) = target else {
-            return;
-        };
+        if ep.node != self.node {
+            let Some((l, Some((dev, _)))) = self.link_to(class, &ep.node) else {
+                return;
+            };
+            over_link = Some((l, dev));
+        }
+        for family in Family::ALL {
+            let Some(pod) = ep.address_in(family) else {
+                continue;
+            };
+            let target = match &over_link {
+                None => Some((pod, translated, pod_ports)),
+                Some((l, _)) => l.peer_in(family).map(|peer| (peer, None, ports)),
+            };
+            let Some(target) = target else { continue };
+            if self.accept_in(family, class, d, target, ports) {
+                if family == Family::V6
+                    && let Some((l, dev)) = &over_link
+                {
+                    self.carry_v6(dev, l);
+                }
+                self.accepting_shared(family, over_link.as_ref().map(|(l, _)| *l));
+            }
+        }
+    }
+
+    /// The accepting rules of one family toward `to` (and its port): true when an interface
+    /// of this node captures the mapping in that family.
+    fn accept_in(
+        &mut self,
+        family: Family,
+        class: &ClassState,
+        d: &MappingDecision,
+        (to, to_port, snat_ports): (IpAddr, Option<u16>, PortRange),
+        ports: PortRange,
+    ) -> bool {
         let local = self.facts.marks.local();
         let ifaces = d.bindings.get(self.node).cloned().unwrap_or_default();
         let mut any = false;
         for iface in ifaces {
             // Only packets addressed to the interface's own address are captured: an
-            // interface whose address is unknown captures nothing.
-            let Some(addr) = self.facts.interface_address(&iface) else {
-                continue;
+            // interface whose address (in this family) is unknown captures nothing.
+            let addr = match family {
+                Family::V4 => self.facts.interface_address(&iface).map(IpAddr::V4),
+                Family::V6 => self.facts.interface_address6(&iface).map(IpAddr::V6),
             };
+            let Some(addr) = addr else { continue };
             if self.held_here(class.name, d, addr, ports) {
                 continue;
             }
@@ -392,42 +479,68 @@ impl<'a> Emitter<'a> {
             self.hairpin(d, addr, local, to, to_port, ports);
             any = true;
         }
-        if !any {
-            return;
+        if any {
+            self.snat(d, to, snat_ports);
         }
-        self.snat(d, to, snat_ports);
-        self.accepting_shared(over_link);
+        any
     }
 
-    /// What every mapping this node accepts shares: per link it forwards over (or for its own
-    /// pods), the source NAT of either end's address, and the reply marks and rule. The state
-    /// is sorted and deduplicated in the end, so each is added once, not once per mapping.
-    fn accepting_shared(&mut self, over_link: Option<LinkEnds>) {
+    /// The link's inner IPv6 ends, set once an IPv6 mapping crosses it.
+    fn carry_v6(&mut self, dev: &str, l: &LinkEnds) {
+        let Some(link) = self.state.links.iter_mut().find(|k| k.name == dev) else {
+            return;
+        };
+        if link.address6.is_none() {
+            link.address6 = l.own6.and_then(|a| Ipv6Net::new(a, 127).ok());
+            link.peer_address6 = l.peer6;
+        }
+    }
+
+    /// What every mapping this node accepts shares: per family and link it forwards over (or
+    /// for its own pods), the source NAT of either end's address, and the reply marks and rule.
+    /// The state is sorted and deduplicated in the end, so each is added once, not once per
+    /// mapping.
+    fn accepting_shared(&mut self, family: Family, over_link: Option<LinkEnds>) {
         let ends = over_link.map(|l| (l.own, l.peer, l.own_ip, l.peer_ip));
-        if !self.accepted_over.insert(ends) {
+        if !self.accepted_over.insert((family, ends)) {
             return;
         }
         let local = self.facts.marks.local();
         match over_link {
-            // Either end's own address as the client: see `Rule::LinkPeerSnat`.
-            Some(l) => {
+            // Either end's own address as the client: see `Rule::LinkPeerSnat`. The ends'
+            // InternalIPs are IPv4 (the underlay is), so only the IPv4 table has these.
+            Some(l) if family == Family::V4 => {
                 for client in [l.own_ip, l.peer_ip] {
                     let rule = Rule::LinkPeerSnat {
                         mark: local,
-                        client,
-                        peer_end: l.peer,
-                        own_end: l.own,
+                        client: IpAddr::V4(client),
+                        peer_end: IpAddr::V4(l.peer),
+                        own_end: IpAddr::V4(l.own),
                     };
-                    self.push(ChainId::Post, rule);
+                    self.push_in(family, ChainId::Post, rule);
                 }
             }
+            Some(_) => {}
             // A pod of this node dialing a pod of this node: see `Rule::HairpinMasquerade`.
-            None => self.push(ChainId::Post, Rule::HairpinMasquerade { mark: local }),
+            None => self.push_in(
+                family,
+                ChainId::Post,
+                Rule::HairpinMasquerade { mark: local },
+            ),
         }
-        self.push(ChainId::Mangle, Rule::RestoreReplyMark { mark: local });
+        self.push_in(
+            family,
+            ChainId::Mangle,
+            Rule::RestoreReplyMark { mark: local },
+        );
         // Steering marks only a flow's first packet; strict rp_filter checks every one.
-        self.push(ChainId::Mangle, Rule::RestoreRequestMark { mark: local });
+        self.push_in(
+            family,
+            ChainId::Mangle,
+            Rule::RestoreRequestMark { mark: local },
+        );
         self.state.rules.push(IpRule {
+            family,
             priority: PREF_REPLY,
             fwmark: local,
             fwmask: self.facts.marks.mask,
@@ -443,13 +556,7 @@ impl<'a> Emitter<'a> {
     /// in which every agent, this one included, would otherwise accept and capture the port:
     /// sshd's traffic would reach the pod, and the capture would then count as "forwarded
     /// before the holder was seen".
-    fn held_here(
-        &self,
-        class: &str,
-        d: &MappingDecision,
-        addr: Ipv4Addr,
-        ports: PortRange,
-    ) -> bool {
+    fn held_here(&self, class: &str, d: &MappingDecision, addr: IpAddr, ports: PortRange) -> bool {
         // Holders are sorted by protocol then port: only those in the range are looked at (a
         // cluster may have thousands of NodePorts).
         let from = self
@@ -458,7 +565,7 @@ impl<'a> Emitter<'a> {
         let mut in_range = self.holders[from..]
             .iter()
             .take_while(|h| h.protocol == d.protocol && h.port <= ports.last)
-            .filter(|h| h.address.is_unspecified() || h.address == addr)
+            .filter(|h| h.address.is_unspecified() || IpAddr::V4(h.address) == addr)
             .peekable();
         if in_range.peek().is_none() {
             return false;
@@ -478,7 +585,8 @@ impl<'a> Emitter<'a> {
         })
     }
 
-    /// The pod node's half of the link from programming node `p`.
+    /// The pod node's half of the link from programming node `p`, in each family the endpoint
+    /// has.
     fn pod_half(
         &mut self,
         class: &ClassState,
@@ -492,37 +600,53 @@ impl<'a> Emitter<'a> {
         let Some((l, Some((dev, mark)))) = self.link_to(class, p) else {
             return;
         };
-        self.steer(d, dev.clone(), l.own, None, ports);
-        self.dnat(d, dev.clone(), None, ep.address, translated, ports);
-        self.snat(d, ep.address, pod_ports);
-        self.arrival(dev, mark, &l);
+        for family in Family::ALL {
+            let (Some(pod), Some(own)) = (ep.address_in(family), l.own_in(family)) else {
+                continue;
+            };
+            self.steer(d, dev.clone(), own, None, ports);
+            self.dnat(d, dev.clone(), None, pod, translated, ports);
+            self.snat(d, pod, pod_ports);
+            if family == Family::V6 {
+                self.carry_v6(&dev, &l);
+            }
+            self.arrival(family, dev.clone(), mark, &l);
+        }
     }
 
-    /// What every mapping arriving over link `dev` shares: its marks, ip rules and route. The
-    /// state is sorted and deduplicated in the end, so they are added once per link instead of
-    /// once per mapping.
-    fn arrival(&mut self, dev: String, mark: u32, l: &LinkEnds) {
-        if !self.arrivals.insert(dev.clone()) {
+    /// What every mapping arriving over link `dev` in `family` shares: its marks, ip rules and
+    /// route. The state is sorted and deduplicated in the end, so they are added once per link
+    /// instead of once per mapping.
+    fn arrival(&mut self, family: Family, dev: String, mark: u32, l: &LinkEnds) {
+        if !self.arrivals.insert((family, dev.clone())) {
             return;
         }
+        let Some(via) = l.peer_in(family) else { return };
         let marks = self.facts.marks;
-        self.push(
+        self.push_in(
+            family,
             ChainId::Mangle,
             Rule::SaveArrivalLink {
                 iface: dev.clone(),
                 mark,
             },
         );
-        self.push(ChainId::Mangle, Rule::RestoreReplyMark { mark });
+        self.push_in(family, ChainId::Mangle, Rule::RestoreReplyMark { mark });
         let table = marks.table(mark);
+        if family == Family::V4 {
+            // The loop guard: a reply to the peer's InternalIP (IPv4, as the underlay is)
+            // leaves by the main table, not back into the link.
+            self.state.rules.push(IpRule {
+                family,
+                priority: PREF_LOOP_GUARD,
+                fwmark: mark,
+                fwmask: marks.mask,
+                to: Ipv4Net::new(l.peer_ip, 32).ok().map(IpNet::V4),
+                table: MAIN_TABLE,
+            });
+        }
         self.state.rules.push(IpRule {
-            priority: PREF_LOOP_GUARD,
-            fwmark: mark,
-            fwmask: marks.mask,
-            to: Ipv4Net::new(l.peer_ip, 32).ok(),
-            table: MAIN_TABLE,
-        });
-        self.state.rules.push(IpRule {
+            family,
             priority: PREF_REPLY,
             fwmark: mark,
             fwmask: marks.mask,
@@ -532,7 +656,7 @@ impl<'a> Emitter<'a> {
         self.state.routes.push(Route {
             table,
             to: None,
-            via: l.peer,
+            via,
             dev,
         });
     }
@@ -578,10 +702,11 @@ impl<'a> Emitter<'a> {
         &mut self,
         d: &MappingDecision,
         iif: String,
-        daddr: Ipv4Addr,
+        daddr: IpAddr,
         mark: Option<u32>,
         ports: PortRange,
     ) {
+        let family = Family::of(daddr);
         let comment = self.comment(d);
         let rule = SteerRule {
             iif,
@@ -592,22 +717,23 @@ impl<'a> Emitter<'a> {
             comment,
         };
         if mark.is_some() {
-            self.push(ChainId::Steer, Rule::MarkRequest(rule.clone()));
+            self.push_in(family, ChainId::Steer, Rule::MarkRequest(rule.clone()));
         }
-        self.push(ChainId::Steer, Rule::Steer(rule));
+        self.push_in(family, ChainId::Steer, Rule::Steer(rule));
     }
 
     /// The published address `daddr` of the mapping for clients inside the cluster.
     fn hairpin(
         &mut self,
         d: &MappingDecision,
-        daddr: Ipv4Addr,
+        daddr: IpAddr,
         mark: u32,
-        to: Ipv4Addr,
+        to: IpAddr,
         to_port: Option<u16>,
         ports: PortRange,
     ) {
-        let (counter, comment) = self.counter(ChainId::Pre, d);
+        let family = Family::of(daddr);
+        let (counter, comment) = self.counter(family, ChainId::Pre, d);
         let rule = HairpinRule {
             daddr,
             protocol: d.protocol,
@@ -618,7 +744,7 @@ impl<'a> Emitter<'a> {
             counter,
             comment,
         };
-        self.push(ChainId::Pre, Rule::Hairpin(rule));
+        self.push_in(family, ChainId::Pre, Rule::Hairpin(rule));
     }
 
     fn dnat(
@@ -626,11 +752,12 @@ impl<'a> Emitter<'a> {
         d: &MappingDecision,
         iif: String,
         mark: Option<u32>,
-        to: Ipv4Addr,
+        to: IpAddr,
         to_port: Option<u16>,
         ports: PortRange,
     ) {
-        let (counter, comment) = self.counter(ChainId::Pre, d);
+        let family = Family::of(to);
+        let (counter, comment) = self.counter(family, ChainId::Pre, d);
         let rule = DnatRule {
             iif,
             mark,
@@ -641,11 +768,12 @@ impl<'a> Emitter<'a> {
             counter,
             comment,
         };
-        self.push(ChainId::Pre, Rule::Dnat(rule));
+        self.push_in(family, ChainId::Pre, Rule::Dnat(rule));
     }
 
-    fn snat(&mut self, d: &MappingDecision, daddr: Ipv4Addr, ports: PortRange) {
-        let (counter, comment) = self.counter(ChainId::Post, d);
+    fn snat(&mut self, d: &MappingDecision, daddr: IpAddr, ports: PortRange) {
+        let family = Family::of(daddr);
+        let (counter, comment) = self.counter(family, ChainId::Post, d);
         let rule = SnatRule {
             daddr,
             protocol: d.protocol,
@@ -653,7 +781,7 @@ impl<'a> Emitter<'a> {
             counter,
             comment,
         };
-        self.push(ChainId::Post, Rule::IdentitySnat(rule));
+        self.push_in(family, ChainId::Post, Rule::IdentitySnat(rule));
     }
 
     /// The id of link `name`: the one it already carries on the host when that is still free,
@@ -713,6 +841,8 @@ impl<'a> Emitter<'a> {
             remote: l.peer_ip,
             address: Ipv4Net::new(l.own, 31).unwrap_or(l.net),
             peer_address: l.peer,
+            address6: None,
+            peer_address6: None,
             mtu,
             mark,
             ttl: LINK_TTL,

@@ -1,6 +1,6 @@
 //! Endpoint choice: one pod per mapping, identical on every agent.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv6Addr};
 
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 
@@ -13,7 +13,7 @@ use crate::keys::MappingKey;
 
 /// A ready endpoint as it ranks: (node's rank among the accepting nodes, pod name, node name,
 /// address, pod port). The smallest is chosen.
-pub type Candidate<'a> = (usize, Option<&'a str>, &'a str, Ipv4Addr, u16);
+pub type Candidate<'a> = (usize, Option<&'a str>, &'a str, IpAddr, u16);
 
 /// How many rejected endpoints a decision lists (a slice may list thousands); the message
 /// counts them all.
@@ -34,16 +34,24 @@ pub struct Choice<'a> {
     pub rejected_count: usize,
 }
 
-/// The endpoint of `pm`: among ready IPv4 endpoints listing the named port with the mapping's
+/// The endpoint of `pm`: among ready endpoints listing the named port with the mapping's
 /// protocol whose address is a pod address of the cluster, sorted by (a) the node's rank among
 /// the accepting nodes (others after them), (b) the pod name, (c) the node name, (d) the
 /// address. `rank`: each accepting node's place in the sorted accepting list.
+///
+/// The IPv4 endpoints are ranked when the Service lists any for the port, else the IPv6 ones
+/// (an IPv6-only Service). A dual-stack Service's chosen pod is served over IPv6 too, at the
+/// IPv6 address its IPv6 slices list for the same pod ([`Self::address6`]).
 pub fn choose<'a>(index: &Index<'a>, pm: &'a PortMap, class: &ClassState) -> Choice<'a> {
     let rank = &class.rank;
     let mut ranked = Vec::new();
     let mut lone = None;
     let mut rejected = Vec::new();
-    for candidate in candidates(index, pm, rank) {
+    let mut family = "IPv4";
+    if service_slices(index, pm, family).next().is_none() {
+        family = "IPv6";
+    }
+    for candidate in candidates(index, pm, rank, family) {
         match candidate {
             Ok(c) if ranked.is_empty() && lone.is_none() => lone = Some(c),
             Ok(c) => ranked.extend(lone.take().into_iter().chain([c])),
@@ -66,6 +74,10 @@ pub fn choose<'a>(index: &Index<'a>, pm: &'a PortMap, class: &ClassState) -> Cho
                 None => index.name(node),
             },
             address,
+            address6: match (address, pod) {
+                (IpAddr::V4(_), Some(pod)) => address6(index, pm, (node, pod, port)),
+                _ => None,
+            },
             port,
             pod: pod.map(str::to_owned),
         }),
@@ -159,32 +171,43 @@ fn is_ready(ep: &Endpoint) -> bool {
     ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true)
 }
 
-/// How many ready IPv6 endpoints the mapping's Service lists for its named port and protocol:
-/// kuport delivers to IPv4 only, so a Service with only these must be told so, not that it has
-/// no endpoint at all.
-pub fn ready_ipv6_endpoints(index: &Index, pm: &PortMap) -> usize {
-    service_slices(index, pm, "IPv6")
+/// The IPv6 address of the chosen pod (`node`, `pod`, pod port) in the Service's IPv6 slices:
+/// ready, on the same node with the same pod port, and a pod address of the cluster. `None`
+/// when the pod has none (an IPv4-only Service), so the mapping is served over IPv4 alone.
+fn address6(index: &Index, pm: &PortMap, (node, pod, port): (&str, &str, u16)) -> Option<Ipv6Addr> {
+    let class = pm.spec.class_name.as_str();
+    let mut found: Vec<Ipv6Addr> = service_slices(index, pm, "IPv6")
+        .filter(|(_, pod_port)| *pod_port == port)
         .flat_map(|(slice, _)| slice.endpoints.iter().flatten())
-        .filter(|ep| is_ready(ep))
-        .count()
+        .filter(|ep| is_ready(ep) && ep.node_name.as_deref() == Some(node))
+        .filter(|ep| ep.target_ref.as_ref().and_then(|t| t.name.as_deref()) == Some(pod))
+        .filter_map(|ep| ep.addresses.first()?.parse::<Ipv6Addr>().ok())
+        .filter(|a| index.addresses.verdict(class, IpAddr::V6(*a)).is_ok())
+        .collect();
+    // Two slices naming the same pod with different addresses: the smallest, on every agent.
+    found.sort_unstable();
+    found.first().copied()
 }
 
-/// Every ready IPv4 endpoint of the mapping's Service that lists its named port with its
-/// protocol: ranked when its address is a pod address of the cluster, else rejected.
+/// Every ready endpoint of `family` of the mapping's Service that lists its named port with
+/// its protocol: ranked when its address is a pod address of the cluster, else rejected.
 fn candidates<'a>(
     index: &Index<'a>,
     pm: &'a PortMap,
     rank: &FastMap<&str, usize>,
+    family: &'static str,
 ) -> impl Iterator<Item = Result<Candidate<'a>, RejectedEndpoint>> {
     let class = pm.spec.class_name.as_str();
-    service_slices(index, pm, "IPv4").flat_map(move |(slice, pod_port)| {
+    let v6 = family == "IPv6";
+    service_slices(index, pm, family).flat_map(move |(slice, pod_port)| {
         slice.endpoints.iter().flatten().filter_map(move |ep| {
             let ready = is_ready(ep);
             let node = ep.node_name.as_deref()?;
             let address = ep
                 .addresses
                 .first()
-                .and_then(|a| a.parse::<Ipv4Addr>().ok())?;
+                .and_then(|a| a.parse::<IpAddr>().ok())
+                .filter(|a| a.is_ipv6() == v6)?;
             if !ready {
                 return None;
             }

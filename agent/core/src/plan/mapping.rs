@@ -676,7 +676,9 @@ pub fn gate_all(
 ) {
     // Published rows depend on the group alone (its nodes and interfaces, and their addresses):
     // built once per group.
-    let mut shared: FastMap<Group, Arc<[PublishedAddress]>> = FastMap::default();
+    // By binding set, and whether the mapping is served over IPv6 (its rows then name each
+    // interface's IPv6 address too).
+    let mut shared: FastMap<(Group, bool), Arc<[PublishedAddress]>> = FastMap::default();
     let slots = slot_table(classes.values());
     let classes = by_name(classes);
     for w in work.iter_mut() {
@@ -712,9 +714,10 @@ pub fn gate_all(
             // Published rows are read by the status alone (and `kuport plan`).
             if w.decision.emits && say.says() {
                 let d = &w.decision;
+                let v6 = d.endpoint.as_ref().is_some_and(|e| e.v6().is_some());
                 let rows = match w.group {
                     Some(group) => shared
-                        .entry(group)
+                        .entry((group, v6))
                         .or_insert_with(|| published(index, class, d, this_node, facts))
                         .clone(),
                     None => published(index, class, d, this_node, facts),
@@ -753,17 +756,11 @@ fn programmed(
         return Outcome::new(R::EndpointNotAllowed, say.message(|| rejection.clone()));
     }
     let Some(ep) = &d.endpoint else {
-        let ipv6 = match endpoint::ready_ipv6_endpoints(index, w.pm) {
-            0 => String::new(),
-            n => say.message(|| format!(
-                "; it lists {n} ready IPv6 endpoint(s), and kuport delivers to IPv4 endpoints only (IPv6 is not supported yet)"
-            )),
-        };
         return Outcome::new(
             R::NoReadyEndpoint,
             say.message(|| {
                 format!(
-                    "service {}/{} has no ready IPv4 endpoint for its {} port {:?}{ipv6}",
+                    "service {}/{} has no ready endpoint for its {} port {:?}",
                     d.namespace,
                     w.pm.spec.service_ref.name,
                     d.protocol.as_str(),
@@ -1081,19 +1078,32 @@ fn published(
     facts: &HostFacts,
 ) -> Arc<[PublishedAddress]> {
     let mut rows = Vec::new();
+    let ep = d.endpoint.as_ref();
+    let (v4, v6) = (
+        ep.is_none_or(|e| e.v4().is_some()),
+        ep.is_some_and(|e| e.v6().is_some()),
+    );
     for (node, ifaces) in d.bindings.iter() {
+        let row = (node != this_node)
+            .then(|| index.row(class.name, node))
+            .flatten();
         for iface in ifaces {
-            let address = if node == this_node {
-                facts.interface_address(iface).map(|a| a.to_string())
+            let (address, address6) = if node == this_node {
+                (
+                    facts.interface_address(iface).map(|a| a.to_string()),
+                    facts.interface_address6(iface).map(|a| a.to_string()),
+                )
             } else {
-                index
-                    .row(class.name, node)
-                    .and_then(|r| r.addresses.get(iface).cloned())
+                (
+                    row.and_then(|r| r.addresses.get(iface).cloned()),
+                    row.and_then(|r| r.addresses6.get(iface).cloned()),
+                )
             };
             rows.push(PublishedAddress {
                 node: node.clone(),
                 interface: iface.clone(),
-                address: address.unwrap_or_default(),
+                address: address.filter(|_| v4).unwrap_or_default(),
+                address6: address6.filter(|_| v6).unwrap_or_default(),
             });
         }
     }

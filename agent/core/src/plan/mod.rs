@@ -43,7 +43,7 @@ pub mod unknown_fields;
 pub use status::limits;
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
@@ -137,19 +137,54 @@ pub struct MappingDecision {
 pub struct ChosenEndpoint {
     /// The pod's node.
     pub node: Name,
-    /// The pod's address.
-    pub address: Ipv4Addr,
+    /// The pod's address: IPv4 when the Service lists IPv4 endpoints, else IPv6.
+    pub address: IpAddr,
+    /// The same pod's IPv6 address, when the Service is dual-stack and lists one for it: the
+    /// mapping is then served over IPv6 too.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub address6: Option<Ipv6Addr>,
     /// The pod's port for the named Service port.
     pub port: u16,
     /// The pod's name (`targetRef.name`), when the slice says.
     pub pod: Option<String>,
 }
 
+impl ChosenEndpoint {
+    /// The pod's IPv4 address, when the mapping serves IPv4.
+    pub fn v4(&self) -> Option<Ipv4Addr> {
+        match self.address {
+            IpAddr::V4(a) => Some(a),
+            IpAddr::V6(_) => None,
+        }
+    }
+
+    /// The pod's IPv6 address, when the mapping serves IPv6.
+    pub fn v6(&self) -> Option<Ipv6Addr> {
+        match self.address {
+            IpAddr::V6(a) => Some(a),
+            IpAddr::V4(_) => self.address6,
+        }
+    }
+
+    /// The pod's address in `family`, when the mapping serves it.
+    pub fn address_in(&self, family: crate::ir::Family) -> Option<IpAddr> {
+        match family {
+            crate::ir::Family::V4 => self.v4().map(IpAddr::V4),
+            crate::ir::Family::V6 => self.v6().map(IpAddr::V6),
+        }
+    }
+
+    /// Every address of the pod the mapping serves, IPv4 first.
+    pub fn addresses(&self) -> impl Iterator<Item = IpAddr> {
+        std::iter::once(self.address).chain(self.address6.map(IpAddr::V6))
+    }
+}
+
 /// A ready endpoint the mapping does not use: its address is not a pod address of the cluster.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 pub struct RejectedEndpoint {
     /// Its address.
-    pub address: Ipv4Addr,
+    pub address: IpAddr,
     /// The node the slice names.
     pub node: String,
     /// The pod the slice names, if any.

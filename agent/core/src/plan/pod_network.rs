@@ -8,9 +8,9 @@
 //! of the cluster and is none of the addresses below.
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Node;
 
 use super::MappingDecision;
@@ -27,24 +27,24 @@ const LISTED_NETWORKS: usize = 4;
 pub struct AddressPolicy<'a> {
     /// The cluster's pod networks: every Node's `spec.podCIDRs` and the CNI's cluster pool,
     /// sorted and deduplicated.
-    pod_networks: Vec<Ipv4Net>,
+    pod_networks: Vec<IpNet>,
     /// Per class, the extra pod networks its `spec.podNetworks` names.
-    class_networks: BTreeMap<&'a str, Vec<Ipv4Net>>,
+    class_networks: BTreeMap<&'a str, Vec<IpNet>>,
     /// Every address a Node lists and every interface address an accepting node reported in a
     /// class row, with the node (the first by name when two list one address).
     /// Only looked up, once per endpoint.
-    node_addresses: FastMap<Ipv4Addr, &'a str>,
+    node_addresses: FastMap<IpAddr, &'a str>,
     /// The addresses of a node's own host inside its pod CIDR ([`gateway_addresses`]), with
     /// the node.
     /// Only looked up, once per endpoint.
-    gateways: FastMap<Ipv4Addr, &'a str>,
-    /// Every Vxlan class's link subnet, with its class, sorted.
-    link_subnets: Vec<(Ipv4Net, &'a str)>,
+    gateways: FastMap<IpAddr, &'a str>,
+    /// Every Vxlan class's link subnets (IPv4 and IPv6), with its class, sorted.
+    link_subnets: Vec<(IpNet, &'a str)>,
 }
 
 /// The cluster's pod networks: every Node's pod CIDRs and the CNI's own pool, sorted.
-fn pod_networks(nodes: &[Node], cni: Option<&CniFacts>) -> Vec<Ipv4Net> {
-    let mut pod_networks: Vec<Ipv4Net> = nodes
+fn pod_networks(nodes: &[Node], cni: Option<&CniFacts>) -> Vec<IpNet> {
+    let mut pod_networks: Vec<IpNet> = nodes
         .iter()
         .filter_map(|n| n.spec.as_ref())
         .flat_map(|spec| {
@@ -66,8 +66,8 @@ fn pod_networks(nodes: &[Node], cni: Option<&CniFacts>) -> Vec<Ipv4Net> {
 }
 
 /// Each node's CNI gateway addresses, to the node (the first by name when two claim one).
-fn gateways(nodes: &[Node]) -> FastMap<Ipv4Addr, &str> {
-    let mut gateways: Vec<(Ipv4Addr, &str)> = nodes
+fn gateways(nodes: &[Node]) -> FastMap<IpAddr, &str> {
+    let mut gateways: Vec<(IpAddr, &str)> = nodes
         .iter()
         .flat_map(|n| {
             let name = n.metadata.name.as_deref().unwrap_or_default();
@@ -94,7 +94,7 @@ impl<'a> AddressPolicy<'a> {
         let class_networks = classes
             .iter()
             .map(|(name, class)| {
-                let mut nets: Vec<Ipv4Net> = class
+                let mut nets: Vec<IpNet> = class
                     .spec
                     .pod_networks
                     .iter()
@@ -107,7 +107,7 @@ impl<'a> AddressPolicy<'a> {
             .filter(|(_, nets)| !nets.is_empty())
             .collect();
         let mut node_addresses = FastMap::default();
-        let mut listed: Vec<(Ipv4Addr, &str)> = nodes
+        let mut listed: Vec<(IpAddr, &str)> = nodes
             .iter()
             .filter_map(|n| Some((n.metadata.name.as_deref()?, n.status.as_ref()?)))
             .flat_map(|(name, status)| {
@@ -127,10 +127,16 @@ impl<'a> AddressPolicy<'a> {
         for (address, node) in listed {
             node_addresses.entry(address).or_insert(node);
         }
-        let mut link_subnets: Vec<(Ipv4Net, &str)> = classes
+        let mut link_subnets: Vec<(IpNet, &str)> = classes
             .iter()
             .filter(|(_, c)| c.spec.return_path.mode == ReturnPathMode::Vxlan)
-            .filter_map(|(name, c)| Some((parse_net(&c.spec.return_path.vxlan.subnet)?, *name)))
+            .flat_map(|(name, c)| {
+                let vxlan = &c.spec.return_path.vxlan;
+                [parse_net(&vxlan.subnet), parse_net(&vxlan.subnet6)]
+                    .into_iter()
+                    .flatten()
+                    .map(move |net| (net, *name))
+            })
             .collect();
         link_subnets.sort();
         Self {
@@ -144,8 +150,8 @@ impl<'a> AddressPolicy<'a> {
 
     /// Every pod network the cluster knows (the Nodes' and the CNI's, and every class's
     /// `spec.podNetworks`), sorted: the addresses a client inside the cluster's pods has.
-    pub fn all_pod_networks(&self) -> Vec<Ipv4Net> {
-        let mut nets: Vec<Ipv4Net> = self
+    pub fn all_pod_networks(&self) -> Vec<IpNet> {
+        let mut nets: Vec<IpNet> = self
             .pod_networks
             .iter()
             .chain(self.class_networks.values().flatten())
@@ -158,27 +164,16 @@ impl<'a> AddressPolicy<'a> {
 
     /// Whether a mapping of `class` may deliver to `address`; the refusal says why, as a
     /// phrase completing "the endpoint address 10.0.0.1 is ...".
-    pub fn verdict(&self, class: &str, address: Ipv4Addr) -> Result<(), String> {
-        if address.is_loopback() {
-            return Err("a loopback address".to_owned());
-        }
-        if address.is_unspecified()
-            || address.is_broadcast()
-            || address.is_multicast()
-            || address.octets()[0] >= 240
-        {
-            return Err("not a unicast address".to_owned());
-        }
-        if crate::ir::in_stand_in_block(address) {
-            let (block, len) = crate::ir::STAND_IN_BLOCK;
-            return Err(format!("inside {block}/{len}, kuport's stand-in block"));
+    pub fn verdict(&self, class: &str, address: IpAddr) -> Result<(), String> {
+        if let Some(refusal) = special_address(address) {
+            return Err(refusal);
         }
         if let Some((net, owner)) = self.link_subnets.iter().find(|(n, _)| n.contains(&address)) {
             return Err(format!(
                 "inside {net}, the return-link subnet of class {owner}"
             ));
         }
-        if address.is_link_local() {
+        if is_link_local(address) {
             return Err("a link-local address".to_owned());
         }
         if let Some(node) = self.node_addresses.get(&address) {
@@ -224,20 +219,65 @@ impl<'a> AddressPolicy<'a> {
     }
 }
 
+/// Why an address is never a pod's whatever the cluster says: loopback, not unicast, inside a
+/// stand-in block, an IPv4 address written as IPv6.
+fn special_address(address: IpAddr) -> Option<String> {
+    if address.is_loopback() {
+        return Some("a loopback address".to_owned());
+    }
+    let not_unicast = match address {
+        IpAddr::V4(a) => a.is_broadcast() || a.octets()[0] >= 240,
+        IpAddr::V6(_) => false,
+    };
+    if address.is_unspecified() || address.is_multicast() || not_unicast {
+        return Some("not a unicast address".to_owned());
+    }
+    if let IpAddr::V6(a) = address
+        && a.to_ipv4_mapped().is_some()
+    {
+        return Some("an IPv4-mapped IPv6 address".to_owned());
+    }
+    if crate::ir::in_any_stand_in_block(address) {
+        let (block, len) = match address {
+            IpAddr::V4(_) => {
+                let (b, l) = crate::ir::STAND_IN_BLOCK;
+                (IpAddr::V4(b), l)
+            }
+            IpAddr::V6(_) => {
+                let (b, l) = crate::ir::STAND_IN6_BLOCK;
+                (IpAddr::V6(b), l)
+            }
+        };
+        return Some(format!("inside {block}/{len}, kuport's stand-in block"));
+    }
+    None
+}
+
+/// 169.254.0.0/16 or fe80::/10.
+fn is_link_local(address: IpAddr) -> bool {
+    match address {
+        IpAddr::V4(a) => a.is_link_local(),
+        IpAddr::V6(a) => a.segments()[0] & 0xffc0 == 0xfe80,
+    }
+}
+
 /// Addresses of a node's own host inside its pod CIDR, which no Node address lists: the first
 /// address of each of its pod CIDRs (where bridge and point-to-point CNIs put the node's
 /// gateway) and the `cilium_host` address Cilium's annotation names. The node that translates
 /// to an endpoint also refuses any address of its own host (`local_endpoint`); these are known
 /// to every agent at once, so no node forwards toward them at all.
-fn gateway_addresses(node: &Node) -> Vec<Ipv4Addr> {
+fn gateway_addresses(node: &Node) -> Vec<IpAddr> {
     let spec = node.spec.as_ref();
     let cidrs = spec
         .into_iter()
         .flat_map(|s| s.pod_cidrs.iter().flatten().chain(s.pod_cidr.iter()));
     let first = cidrs
         .filter_map(|c| parse_net(c))
-        .filter(|n| n.prefix_len() < 31)
-        .map(|n| Ipv4Addr::from(u32::from(n.network()) + 1));
+        .filter(|n| n.prefix_len() + 1 < n.max_prefix_len())
+        .map(|n| match n {
+            IpNet::V4(n) => IpAddr::V4(Ipv4Addr::from(u32::from(n.network()) + 1)),
+            IpNet::V6(n) => IpAddr::V6(Ipv6Addr::from(u128::from(n.network()) + 1)),
+        });
     let annotated = node
         .metadata
         .annotations
@@ -251,9 +291,10 @@ fn gateway_addresses(node: &Node) -> Vec<Ipv4Addr> {
     first.chain(annotated).collect()
 }
 
-/// An IPv4 CIDR as written (host bits allowed, as in `podCIDR` values); `None` otherwise.
-fn parse_net(text: &str) -> Option<Ipv4Net> {
-    text.trim().parse::<Ipv4Net>().ok().map(|n| n.trunc())
+/// A CIDR of either family as written (host bits allowed, as in `podCIDR` values); `None`
+/// otherwise.
+fn parse_net(text: &str) -> Option<IpNet> {
+    text.trim().parse::<IpNet>().ok().map(|n| n.trunc())
 }
 
 /// On the node that translates a mapping to its endpoint (the endpoint's node), why it must not:
@@ -263,10 +304,9 @@ fn parse_net(text: &str) -> Option<Ipv4Net> {
 /// the host firewall. The node leaves the mapping out and reports why in the class status.
 pub fn local_endpoint(d: &MappingDecision, this_node: &str, facts: &HostFacts) -> Option<String> {
     let ep = d.endpoint.as_ref().filter(|ep| ep.node == this_node)?;
-    facts
-        .local_addresses
-        .contains(&ep.address)
-        .then(|| local_endpoint_message(ep.address))
+    ep.addresses()
+        .find(|a| facts.local_addresses.contains(a))
+        .map(local_endpoint_message)
 }
 
 /// What the endpoint's node reports when it refuses an endpoint at its own address. The
@@ -274,7 +314,7 @@ pub fn local_endpoint(d: &MappingDecision, this_node: &str, facts: &HostFacts) -
 /// this function on the same endpoint), and stop forwarding such a mapping into the link: the
 /// pod node leaves out the half that would take the traffic off the link, so it would
 /// otherwise be delivered to the pod node's own link address.
-pub fn local_endpoint_message(address: Ipv4Addr) -> String {
+pub fn local_endpoint_message(address: IpAddr) -> String {
     format!(
         "the endpoint address {address} is an address of this host, not a pod's: kuport delivers only to pods"
     )
@@ -293,9 +333,11 @@ pub fn refused_as_local(class: &PortMapClass, d: &MappingDecision) -> bool {
         return false;
     }
     let mapping = MappingKey::new(&d.namespace, &d.name);
-    let message = local_endpoint_message(ep.address);
-    status
-        .refused
-        .iter()
-        .any(|r| r.node == ep.node && mapping == r.mapping && r.message == message)
+    ep.addresses().any(|address| {
+        let message = local_endpoint_message(address);
+        status
+            .refused
+            .iter()
+            .any(|r| r.node == ep.node && mapping == r.mapping && r.message == message)
+    })
 }

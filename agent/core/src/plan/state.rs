@@ -9,9 +9,9 @@
 //! its writes from the same [`ClassState`]s and [`Working`]s.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use k8s_openapi::jiff::Timestamp;
 
 use super::bindings::SetId;
@@ -46,6 +46,8 @@ pub struct ClassState<'a> {
     pub mode: ReturnPathMode,
     /// Parsed, masked subnet of a Vxlan class with usable settings.
     pub subnet: Option<Ipv4Net>,
+    /// Parsed, masked IPv6 link prefix of the same class (at most a /96).
+    pub subnet6: Option<Ipv6Net>,
     pub vni: u32,
     pub port: u16,
     /// How many /31 slots can be used (bounded by the subnet and by the VNI space).
@@ -100,6 +102,15 @@ impl ClassState<'_> {
         let base = u32::from(subnet.network()).checked_add(slot.checked_mul(2)?)?;
         let net = Ipv4Net::new(Ipv4Addr::from(base), 31).ok()?;
         Some((net, Ipv4Addr::from(base), Ipv4Addr::from(base + 1)))
+    }
+
+    /// The IPv6 address of a link end whose IPv4 link address is `v4`: the class's IPv6 prefix
+    /// with `v4` as its low 32 bits.
+    pub fn link_address6(&self, v4: Ipv4Addr) -> Option<Ipv6Addr> {
+        let prefix = self.subnet6?;
+        Some(Ipv6Addr::from(
+            u128::from(prefix.network()) | u128::from(u32::from(v4)),
+        ))
     }
 }
 

@@ -169,7 +169,11 @@ fn portmap_write(w: &Working, published_summary: Option<String>, now: Timestamp)
         observed_generation: d.generation,
         endpoint: d.endpoint.as_ref().map(|e| EndpointStatus {
             node: e.node.to_string(),
-            address: ipv4_text(e.address),
+            address: match e.address {
+                std::net::IpAddr::V4(a) => ipv4_text(a),
+                std::net::IpAddr::V6(a) => a.to_string(),
+            },
+            address6: e.address6.map(|a| a.to_string()),
             port: i32::from(e.port),
             pod: e.pod.clone(),
         }),
@@ -238,7 +242,11 @@ fn class_row(
     let underlay_mtu = facts.underlay_mtu.and_then(|m| i32::try_from(m).ok());
     // A node serves on the interfaces it has: ready while at least one resolves, with the
     // missing ones named (the datapath serves on what exists, so status says the same).
-    let ready = missing.is_none() || !addresses.is_empty();
+    let ready = missing.is_none()
+        || !addresses.is_empty()
+        || interfaces
+            .iter()
+            .any(|i| facts.interface_address6(i).is_some());
     let row = ClassNodeStatus {
         name: this_node.to_owned(),
         ready,
@@ -246,6 +254,10 @@ fn class_row(
         underlay_mtu,
         link_mtu: underlay_mtu.map(|m| m - VXLAN_OVERHEAD as i32),
         addresses,
+        addresses6: interfaces
+            .iter()
+            .filter_map(|i| Some((i.clone(), facts.interface_address6(i)?.to_string())))
+            .collect(),
         held_ports,
         warnings: row_warnings(&facts.firewall_warnings),
         cni: snapshot.cni.as_ref().map(cni_info),
@@ -404,6 +416,8 @@ fn interface_addresses(
             Some(addr) => {
                 addresses.insert(iface.clone(), addr.to_string());
             }
+            // An interface with an IPv6 address alone is there: it serves IPv6 mappings.
+            None if facts.interface_address6(iface).is_some() => {}
             None => missing.push(format!("interface {iface} not present")),
         }
     }

@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
-use crate::ir::{ChainId, HairpinRule, MarkLayout, NftTable, PortRange, Rule, STAND_IN, TABLE};
+use crate::ir::{ChainId, Family, HairpinRule, MarkLayout, NftTable, PortRange, Rule, TABLE};
 
 use super::{
     HAIRPIN_EXTERNAL, HAIRPIN_SOURCES, NEW_FLOW, masked_cmp, masked_eq, masked_set, quote,
@@ -52,6 +52,9 @@ pub struct Chain {
 /// kuport's table: what is compared with the kernel and diffed into a transaction.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Layout {
+    /// The table's family (`ip kuport`, `ip6 kuport`): kept by an empty layout too, so a
+    /// transaction to it deletes the right table.
+    pub family: Family,
     /// Named counters.
     pub counters: BTreeSet<String>,
     /// Sets and maps by name.
@@ -63,9 +66,17 @@ pub struct Layout {
 }
 
 impl Layout {
-    /// True when the node needs no table.
+    /// True when the node needs no table (of this family).
     pub fn is_empty(&self) -> bool {
         self.counters.is_empty() && self.stores.is_empty() && self.chains.is_empty()
+    }
+
+    /// An empty layout of `family`.
+    pub fn empty(family: Family) -> Self {
+        Self {
+            family,
+            ..Self::default()
+        }
     }
 
     /// Elements across every store.
@@ -132,21 +143,66 @@ fn mark_tag(mark: Option<u32>) -> String {
     }
 }
 
-const STEER_KEY: &str = "iifname . ip daddr . meta l4proto . th dport";
-const STEER_TYPE: &str = "ifname . ipv4_addr . inet_proto . inet_service";
 const PRE_KEY: &str = "iifname . meta l4proto . th dport";
 const PRE_TYPE: &str = "ifname . inet_proto . inet_service";
-const POST_KEY: &str = "ip daddr . meta l4proto . th dport";
-const POST_TYPE: &str = "ipv4_addr . inet_proto . inet_service";
-/// A hairpin element's key: the published address, as the packet carries it before steering.
-const HAIRPIN_KEY: &str = "ip daddr . meta l4proto . th dport";
-/// The same key after steering moved the packet to the stand-in: conntrack's original tuple.
-const HAIRPIN_ORIGINAL_KEY: &str = "ct original ip daddr . meta l4proto . th dport";
-const HAIRPIN_TYPE: &str = "ipv4_addr . inet_proto . inet_service";
+
+/// The family-specific words of the lookups, written once per table.
+struct Words {
+    /// `ip` or `ip6`.
+    ip: &'static str,
+    /// The stand-in address.
+    stand_in: std::net::IpAddr,
+    steer_key: String,
+    steer_type: String,
+    /// The identity SNAT's key; a hairpin element's key is the same (the published address as
+    /// the packet carries it before steering).
+    daddr_key: String,
+    daddr_type: String,
+    /// A hairpin key after steering moved the packet to the stand-in: conntrack's original
+    /// tuple.
+    hairpin_original_key: String,
+    /// A DNAT target's type: address and port, or the address alone (a range keeps its ports).
+    to_port_type: String,
+    to_type: &'static str,
+}
+
+impl Words {
+    fn of(family: Family) -> Self {
+        let ip = family.nft();
+        let addr = family.addr_type();
+        Self {
+            ip,
+            stand_in: family.stand_in(),
+            steer_key: format!("iifname . {ip} daddr . meta l4proto . th dport"),
+            steer_type: format!("ifname . {addr} . inet_proto . inet_service"),
+            daddr_key: format!("{ip} daddr . meta l4proto . th dport"),
+            daddr_type: format!("{addr} . inet_proto . inet_service"),
+            hairpin_original_key: format!("ct original {ip} daddr . meta l4proto . th dport"),
+            to_port_type: format!("{addr} . inet_service"),
+            to_type: addr,
+        }
+    }
+
+    fn to_type(&self, width: Width) -> &str {
+        match width {
+            Width::Port => &self.to_port_type,
+            Width::Range => self.to_type,
+        }
+    }
+
+    /// The DNAT statement: nft maps to an address and port only with the family named.
+    fn dnat(&self, width: Width) -> String {
+        match width {
+            Width::Port => format!("dnat {} to", self.ip),
+            Width::Range => "dnat to".to_owned(),
+        }
+    }
+}
 
 /// Builds a [`Planned`] layout from the IR.
 struct Builder {
     marks: MarkLayout,
+    words: Words,
     /// Whether to record owners (only tracing a refusal needs them).
     with_owners: bool,
     planned: Planned,
@@ -176,10 +232,14 @@ pub fn layout_with_owners(table: &NftTable) -> Planned {
 
 fn build(table: &NftTable, with_owners: bool) -> Planned {
     if table.is_empty() {
-        return Planned::default();
+        return Planned {
+            layout: Layout::empty(table.family),
+            owners: Owners::default(),
+        };
     }
     let mut b = Builder {
         marks: table.marks,
+        words: Words::of(table.family),
         with_owners,
         planned: Planned::default(),
         steer: BTreeSet::new(),
@@ -189,21 +249,14 @@ fn build(table: &NftTable, with_owners: bool) -> Planned {
         hairpin_sources: !table.hairpin_sources.is_empty(),
         taken: BTreeMap::new(),
     };
+    b.planned.layout.family = table.family;
     b.sources(table);
     let owners = if with_owners {
         table.owners()
     } else {
         crate::ir::RuleOwners::default()
     };
-    for counter in &table.counters {
-        b.planned.layout.counters.insert(counter.name.to_string());
-        if let Some(owner) = owners.of_counter(&counter.name) {
-            b.planned
-                .owners
-                .counters
-                .insert(counter.name.to_string(), owner.clone());
-        }
-    }
+    b.counters(table, &owners);
     let mut plain: BTreeMap<ChainId, Vec<String>> = BTreeMap::new();
     for chain in ChainId::ALL {
         for rule in table.rules(chain) {
@@ -241,10 +294,11 @@ fn build(table: &NftTable, with_owners: bool) -> Planned {
                     let stores = [(format!("{group}-count"), Some(quote(&s.counter)))];
                     b.place(&group, &stores, &prefix, s.ports, &owner);
                 }
-                other => plain
-                    .entry(chain)
-                    .or_default()
-                    .push(rule_text(other, table.marks)),
+                other => plain.entry(chain).or_default().push(rule_text(
+                    other,
+                    table.marks,
+                    table.family,
+                )),
             }
         }
     }
@@ -252,6 +306,22 @@ fn build(table: &NftTable, with_owners: bool) -> Planned {
 }
 
 impl Builder {
+    /// The table's named counters, each with its mapping when owners are recorded.
+    fn counters(&mut self, table: &NftTable, owners: &crate::ir::RuleOwners) {
+        for counter in &table.counters {
+            self.planned
+                .layout
+                .counters
+                .insert(counter.name.to_string());
+            if let Some(owner) = owners.of_counter(&counter.name) {
+                self.planned
+                    .owners
+                    .counters
+                    .insert(counter.name.to_string(), owner.clone());
+            }
+        }
+    }
+
     /// One published address of a mapping: an element of the `hairpin-<width>` set and of its
     /// count and target maps, all under one key.
     fn hairpin_rule(&mut self, h: &HairpinRule, owner: &str) {
@@ -283,7 +353,7 @@ impl Builder {
             .hairpin_sources
             .iter()
             .map(|net| {
-                let key = if net.prefix_len() == 32 {
+                let key = if net.prefix_len() == net.max_prefix_len() {
                     net.addr().to_string()
                 } else {
                     net.to_string()
@@ -295,7 +365,7 @@ impl Builder {
             HAIRPIN_SOURCES.to_owned(),
             Store {
                 map: false,
-                type_text: "ipv4_addr".to_owned(),
+                type_text: table.family.addr_type().to_owned(),
                 flags: Width::Range.flags().to_owned(),
                 extra: Vec::new(),
                 elements,
@@ -403,22 +473,23 @@ impl Builder {
         let mut rules = Vec::new();
         for (mark, width) in std::mem::take(&mut self.steer) {
             let set = format!("steer-{}-{}", mark_tag(mark), width.label());
-            self.declare(&set, false, STEER_TYPE.to_owned(), width);
+            self.declare(&set, false, self.words.steer_type.clone(), width);
             // Only a new flow's first packet: a reply never is one, so the node's own
             // connections from a port in a mapped range keep their replies; later packets of a
             // steered flow are translated by conntrack's NAT.
-            let mut steer = format!("{NEW_FLOW} {STEER_KEY} @{set} ");
+            let key = &self.words.steer_key;
+            let mut steer = format!("{NEW_FLOW} {key} @{set} ");
             if let Some(mark) = mark {
                 // Only a packet no other datapath marked takes kuport's mark (netbird checks
                 // its own exact value later), so strict rp_filter follows kuport's fwmark rule.
                 rules.push(format!(
-                    "{NEW_FLOW} {STEER_KEY} @{set} {} {}",
+                    "{NEW_FLOW} {key} @{set} {} {}",
                     masked_cmp("meta mark", !marks.mask, false, 0),
                     masked_set("meta mark", marks, mark)
                 ));
                 let _ = write!(steer, "{} ", masked_set("ct mark", marks, mark));
             }
-            let _ = write!(steer, "ip daddr set {STAND_IN}");
+            let _ = write!(steer, "{} daddr set {}", self.words.ip, self.words.stand_in);
             rules.push(steer);
         }
         rules
@@ -430,10 +501,7 @@ impl Builder {
         let mut rules = Vec::new();
         for (mark, width) in std::mem::take(&mut self.pre) {
             let group = format!("pre-{}-{}", mark_tag(mark), width.label());
-            let to_type = match width {
-                Width::Port => "ipv4_addr . inet_service",
-                Width::Range => "ipv4_addr",
-            };
+            let to_type = self.words.to_type(width).to_owned();
             self.declare(
                 &format!("{group}-count"),
                 true,
@@ -451,14 +519,11 @@ impl Builder {
                 // nft maps to an address and port only after a transport protocol match.
                 rule.push_str("meta l4proto { tcp, udp } ");
             }
-            let _ = write!(rule, "ip daddr {STAND_IN} ");
+            let _ = write!(rule, "{} daddr {} ", self.words.ip, self.words.stand_in);
             if let Some(mark) = mark {
                 let _ = write!(rule, "{} ", masked_eq("ct mark", marks, mark));
             }
-            let dnat = match width {
-                Width::Port => "dnat ip to",
-                Width::Range => "dnat to",
-            };
+            let dnat = self.words.dnat(width);
             let _ = write!(
                 rule,
                 "counter name {PRE_KEY} map @{group}-count {dnat} {PRE_KEY} map @{group}-to"
@@ -478,46 +543,48 @@ impl Builder {
         let (mut steer, mut pre, mut out) = (Vec::new(), Vec::new(), Vec::new());
         for (mark, width) in std::mem::take(&mut self.hairpin) {
             let group = format!("hairpin-{}", width.label());
-            let to_type = match width {
-                Width::Port => "ipv4_addr . inet_service",
-                Width::Range => "ipv4_addr",
-            };
-            self.declare(&group, false, HAIRPIN_TYPE.to_owned(), width);
+            let key_type = self.words.daddr_type.clone();
+            let to_type = self.words.to_type(width).to_owned();
+            self.declare(&group, false, key_type.clone(), width);
             self.declare(
                 &format!("{group}-count"),
                 true,
-                format!("{HAIRPIN_TYPE} : counter"),
+                format!("{key_type} : counter"),
                 width,
             );
             self.declare(
                 &format!("{group}-to"),
                 true,
-                format!("{HAIRPIN_TYPE} : {to_type}"),
+                format!("{key_type} : {to_type}"),
                 width,
             );
-            let (l4, dnat) = match width {
-                // nft maps to an address and port only after a transport protocol match.
-                Width::Port => ("meta l4proto { tcp, udp } ", "dnat ip to"),
-                Width::Range => ("", "dnat to"),
+            // nft maps to an address and port only after a transport protocol match.
+            let l4 = match width {
+                Width::Port => "meta l4proto { tcp, udp } ",
+                Width::Range => "",
             };
+            let dnat = self.words.dnat(width);
+            let (ip, stand_in) = (self.words.ip, self.words.stand_in);
+            let key = &self.words.daddr_key;
+            let original = &self.words.hairpin_original_key;
             let flow_mark = masked_set("ct mark", marks, mark);
             if self.hairpin_sources {
                 let from_pod = format!(
-                    "{NEW_FLOW} ip saddr @{HAIRPIN_SOURCES} iifname != @{HAIRPIN_EXTERNAL} {HAIRPIN_KEY} @{group}"
+                    "{NEW_FLOW} {ip} saddr @{HAIRPIN_SOURCES} iifname != @{HAIRPIN_EXTERNAL} {key} @{group}"
                 );
                 steer.push(format!(
                     "{from_pod} {} {}",
                     masked_cmp("meta mark", !marks.mask, false, 0),
                     masked_set("meta mark", marks, mark)
                 ));
-                steer.push(format!("{from_pod} {flow_mark} ip daddr set {STAND_IN}"));
+                steer.push(format!("{from_pod} {flow_mark} {ip} daddr set {stand_in}"));
                 pre.push(format!(
-                    "{l4}ip daddr {STAND_IN} {} counter name {HAIRPIN_ORIGINAL_KEY} map @{group}-count {dnat} {HAIRPIN_ORIGINAL_KEY} map @{group}-to",
+                    "{l4}{ip} daddr {stand_in} {} counter name {original} map @{group}-count {dnat} {original} map @{group}-to",
                     masked_eq("ct mark", marks, mark)
                 ));
             }
             out.push(format!(
-                "{l4}{HAIRPIN_KEY} @{group} {flow_mark} counter name {HAIRPIN_KEY} map @{group}-count {dnat} {HAIRPIN_KEY} map @{group}-to"
+                "{l4}{key} @{group} {flow_mark} counter name {key} map @{group}-count {dnat} {key} map @{group}-to"
             ));
         }
         (steer, pre, out)
@@ -529,10 +596,13 @@ impl Builder {
         let mut rules = Vec::new();
         for width in std::mem::take(&mut self.post) {
             let map = format!("post-{}-count", width.label());
-            self.declare(&map, true, format!("{POST_TYPE} : counter"), width);
+            let key_type = &self.words.daddr_type;
+            self.declare(&map, true, format!("{key_type} : counter"), width);
             rules.push(format!(
-                "{} counter name {POST_KEY} map @{map} snat to ip saddr",
+                "{} counter name {} map @{map} snat to {} saddr",
                 masked_cmp("ct mark", marks.mask, true, 0),
+                self.words.daddr_key,
+                self.words.ip,
             ));
         }
         rules
@@ -638,7 +708,7 @@ pub fn listing_text(layout: &Layout, values: &BTreeMap<String, (u64, u64)>) -> S
             blocks.push(chain_block(name, c));
         }
     }
-    let mut head = format!("table ip {TABLE} {{\n");
+    let mut head = format!("table {} {TABLE} {{\n", layout.family.nft());
     for line in &layout.extra {
         let _ = writeln!(head, "\t{line}");
     }
@@ -681,9 +751,17 @@ pub struct Listing {
 pub fn parse_listing(text: &str) -> Result<Listing, String> {
     let mut out = Listing::default();
     let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
-    match lines.next() {
-        Some(l) if l == format!("table ip {TABLE} {{") => {}
-        other => return Err(format!("expected `table ip {TABLE} {{`, found {other:?}")),
+    let first = lines.next();
+    let family = Family::ALL
+        .into_iter()
+        .find(|f| first == Some(format!("table {} {TABLE} {{", f.nft()).as_str()));
+    match family {
+        Some(family) => out.layout.family = family,
+        None => {
+            return Err(format!(
+                "expected `table ip {TABLE} {{` or `table ip6 {TABLE} {{`, found {first:?}"
+            ));
+        }
     }
     while let Some(line) = lines.next() {
         if line == "}" {

@@ -7,7 +7,7 @@
 
 use std::fmt::Write as _;
 
-use crate::ir::{ChainId, DnatRule, LINK_PREFIX, MarkLayout, NftTable, Rule, STAND_IN, SteerRule};
+use crate::ir::{ChainId, DnatRule, Family, LINK_PREFIX, MarkLayout, NftTable, Rule, SteerRule};
 
 pub mod layout;
 pub mod transaction;
@@ -80,11 +80,25 @@ pub const NEW_FLOW: &str = "ct state new";
 /// every one of them on a link port unless the frame is a link peer's unicast.
 pub const RECEIVED_TYPES: &str = "{ local, broadcast, anycast, multicast }";
 
+/// `ip` or `ip6`, for an address of the family.
+fn ip_of(addr: std::net::IpAddr) -> &'static str {
+    Family::of(addr).nft()
+}
+
+/// An address and port as nft writes a NAT target: `[addr]:port` for IPv6.
+fn addr_port(addr: std::net::IpAddr, port: u16) -> String {
+    match addr {
+        std::net::IpAddr::V4(a) => format!("{a}:{port}"),
+        std::net::IpAddr::V6(a) => format!("[{a}]:{port}"),
+    }
+}
+
 /// The match part of a steering rule, with a trailing space.
 fn steer_match(r: &SteerRule) -> String {
     format!(
-        "{NEW_FLOW} iifname {} ip daddr {} {} dport {} ",
+        "{NEW_FLOW} iifname {} {} daddr {} {} dport {} ",
         quote(&r.iif),
+        ip_of(r.daddr),
         r.daddr,
         r.protocol.lower(),
         r.ports
@@ -93,8 +107,9 @@ fn steer_match(r: &SteerRule) -> String {
 
 /// One rule as nft lists it (and as a transaction adds it: nft reads its own listing back):
 /// one arm per rule kind, the whole grammar kuport writes in one place (the longer rules in
-/// functions of their own below).
-pub fn rule_text(rule: &Rule, marks: MarkLayout) -> String {
+/// functions of their own below). `family` is the table's: a rule without an address of its
+/// own (the hairpin masquerade) is spelled for it.
+pub fn rule_text(rule: &Rule, marks: MarkLayout, family: Family) -> String {
     match rule {
         Rule::GuardAllow {
             device,
@@ -137,26 +152,31 @@ pub fn rule_text(rule: &Rule, marks: MarkLayout) -> String {
         Rule::Dnat(r) => dnat_text(r, marks),
         Rule::Hairpin(r) => hairpin_text(r),
         Rule::HairpinMasquerade { mark } => format!(
-            "{} ct original ip saddr @{HAIRPIN_SOURCES} oifname != \"{LINK_PREFIX}*\" counter packets 0 bytes 0 masquerade",
-            masked_eq("ct mark", marks, *mark)
+            "{} ct original {} saddr @{HAIRPIN_SOURCES} oifname != \"{LINK_PREFIX}*\" counter packets 0 bytes 0 masquerade",
+            masked_eq("ct mark", marks, *mark),
+            family.nft()
         ),
         Rule::LinkPeerSnat {
             mark,
             client,
             peer_end,
             own_end,
-        } => format!(
-            "{} ip saddr {client} ip daddr {peer_end} counter packets 0 bytes 0 snat to {own_end}",
-            masked_eq("ct mark", marks, *mark)
-        ),
+        } => {
+            let ip = ip_of(*client);
+            format!(
+                "{} {ip} saddr {client} {ip} daddr {peer_end} counter packets 0 bytes 0 snat to {own_end}",
+                masked_eq("ct mark", marks, *mark)
+            )
+        }
         Rule::IdentitySnat(r) => format!(
-            "{} ip daddr {} {} dport {} counter name {} snat to ip saddr comment {}",
+            "{} {ip} daddr {} {} dport {} counter name {} snat to {ip} saddr comment {}",
             masked_cmp("ct mark", marks.mask, true, 0),
             r.daddr,
             r.protocol.lower(),
             r.ports,
             quote(&r.counter),
-            quote(&r.comment)
+            quote(&r.comment),
+            ip = ip_of(r.daddr),
         ),
     }
 }
@@ -170,11 +190,12 @@ pub const HAIRPIN_EXTERNAL: &str = "hairpin-external";
 /// of the `hairpin-*` set and maps behind constant lookup rules (`layout`).
 fn hairpin_text(r: &crate::ir::HairpinRule) -> String {
     let to = match r.to_port {
-        Some(port) => format!("{}:{port}", r.to),
+        Some(port) => addr_port(r.to, port),
         None => r.to.to_string(),
     };
     format!(
-        "hairpin ip daddr {} {} dport {} dnat to {to} comment {}",
+        "hairpin {} daddr {} {} dport {} dnat to {to} comment {}",
+        ip_of(r.daddr),
         r.daddr,
         r.protocol.lower(),
         r.ports,
@@ -203,9 +224,12 @@ fn steer_text(r: &SteerRule, marks: MarkLayout) -> String {
     if let Some(mark) = r.mark {
         let _ = write!(text, "{} ", masked_set("ct mark", marks, mark));
     }
+    let family = Family::of(r.daddr);
     let _ = write!(
         text,
-        "ip daddr set {STAND_IN} comment {}",
+        "{} daddr set {} comment {}",
+        family.nft(),
+        family.stand_in(),
         quote(&r.comment)
     );
     text
@@ -214,7 +238,13 @@ fn steer_text(r: &SteerRule, marks: MarkLayout) -> String {
 /// A DNAT rule: the stand-in address (and the link's mark) on the mapped ports, counted, to
 /// the pod.
 fn dnat_text(r: &DnatRule, marks: MarkLayout) -> String {
-    let mut text = format!("iifname {} ip daddr {STAND_IN} ", quote(&r.iif));
+    let family = Family::of(r.to);
+    let mut text = format!(
+        "iifname {} {} daddr {} ",
+        quote(&r.iif),
+        family.nft(),
+        family.stand_in()
+    );
     if let Some(mark) = r.mark {
         let _ = write!(text, "{} ", masked_eq("ct mark", marks, mark));
     }
@@ -227,7 +257,7 @@ fn dnat_text(r: &DnatRule, marks: MarkLayout) -> String {
     );
     match r.to_port {
         Some(port) => {
-            let _ = write!(text, "dnat to {}:{port}", r.to);
+            let _ = write!(text, "dnat to {}", addr_port(r.to, port));
         }
         None => {
             let _ = write!(text, "dnat to {}", r.to);

@@ -11,7 +11,7 @@ use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use crate::ir::{ChainId, NftTable, TABLE};
+use crate::ir::{ChainId, Family, NftTable, TABLE};
 
 use super::layout::{Layout, Planned, element_text, layout, layout_with_owners};
 
@@ -177,47 +177,64 @@ pub fn transaction_lines<'a>(
     planned: &'a Planned,
 ) -> Vec<(String, LineOf<'a>)> {
     let desired = &planned.layout;
-    let mut out = Lines::default();
+    // The family is the planned table's: an empty layout keeps it too.
+    let t = table_ref(desired.family);
+    let mut out = Lines {
+        lines: Vec::new(),
+        table: t.clone(),
+    };
     if desired.is_empty() {
         if current.is_some() {
-            out.structure(format!("delete table ip {TABLE}"));
+            out.structure(format!("delete table {t}"));
         }
-        return out.0;
+        return out.lines;
     }
-    let empty = Layout::default();
+    let empty = Layout {
+        family: desired.family,
+        ..Layout::default()
+    };
     let current = match current {
         Some(c) if needs_recreate(c, desired) => {
-            out.structure(format!("add table ip {TABLE}"));
-            out.structure(format!("delete table ip {TABLE}"));
+            out.structure(format!("add table {t}"));
+            out.structure(format!("delete table {t}"));
             &empty
         }
         Some(c) => c,
         None => &empty,
     };
-    out.structure(format!("add table ip {TABLE}"));
+    out.structure(format!("add table {t}"));
     out.add_chains_and_stores(current, desired);
     out.add_counters(current, planned);
     out.delete_changed_elements(current, desired);
     out.add_elements(current, planned);
     out.rewrite_changed_chains(current, desired);
     out.delete_vanished(current, desired);
-    out.0
+    out.lines
+}
+
+/// `ip kuport` or `ip6 kuport`: how every line names the table.
+pub fn table_ref(family: Family) -> String {
+    format!("{} {TABLE}", family.nft())
 }
 
 /// Transaction lines as they are written, each with what it belongs to.
-#[derive(Default)]
-struct Lines<'a>(Vec<(String, LineOf<'a>)>);
+struct Lines<'a> {
+    lines: Vec<(String, LineOf<'a>)>,
+    /// The table every line names ([`table_ref`]).
+    table: String,
+}
 
 impl<'a> Lines<'a> {
     fn structure(&mut self, line: String) {
-        self.0.push((line, LineOf::Structure));
+        self.lines.push((line, LineOf::Structure));
     }
 
     /// The chains and stores `current` lacks, before anything names them.
     fn add_chains_and_stores(&mut self, current: &Layout, desired: &Layout) {
         for chain in ChainId::ALL {
             if !current.chains.contains_key(chain.name()) {
-                self.structure(add_chain(chain));
+                let line = add_chain(&self.table, chain);
+                self.structure(line);
             }
         }
         for (name, store) in &desired.stores {
@@ -228,10 +245,11 @@ impl<'a> Lines<'a> {
                 } else {
                     format!(" flags {};", store.flags)
                 };
-                self.structure(format!(
-                    "add {kind} ip {TABLE} {name} {{ type {};{flags} }}",
-                    store.type_text
-                ));
+                let line = format!(
+                    "add {kind} {} {name} {{ type {};{flags} }}",
+                    self.table, store.type_text
+                );
+                self.structure(line);
             }
         }
     }
@@ -246,7 +264,8 @@ impl<'a> Lines<'a> {
                 .counters
                 .get(name)
                 .map_or(LineOf::Structure, |m| LineOf::Mapping(m));
-            self.0.push((format!("add counter ip {TABLE} {name}"), of));
+            let line = format!("add counter {} {name}", self.table);
+            self.lines.push((line, of));
         }
     }
 
@@ -259,7 +278,8 @@ impl<'a> Lines<'a> {
             };
             for (key, value) in &store.elements {
                 if want.elements.get(key) != Some(value) {
-                    self.structure(format!("delete element ip {TABLE} {name} {{ {key} }}"));
+                    let line = format!("delete element {} {name} {{ {key} }}", self.table);
+                    self.structure(line);
                 }
             }
         }
@@ -278,13 +298,12 @@ impl<'a> Lines<'a> {
                     .elements
                     .get(&(name.clone(), key.clone()))
                     .map_or(LineOf::Structure, |m| LineOf::Mapping(m));
-                self.0.push((
-                    format!(
-                        "add element ip {TABLE} {name} {{ {} }}",
-                        element_text(key, value)
-                    ),
-                    of,
-                ));
+                let line = format!(
+                    "add element {} {name} {{ {} }}",
+                    self.table,
+                    element_text(key, value)
+                );
+                self.lines.push((line, of));
             }
         }
     }
@@ -299,10 +318,12 @@ impl<'a> Lines<'a> {
                 continue;
             }
             if have.is_some_and(|c| !c.rules.is_empty()) {
-                self.structure(format!("flush chain ip {TABLE} {}", chain.name()));
+                let line = format!("flush chain {} {}", self.table, chain.name());
+                self.structure(line);
             }
             for rule in want_rules {
-                self.structure(format!("add rule ip {TABLE} {} {rule}", chain.name()));
+                let line = format!("add rule {} {} {rule}", self.table, chain.name());
+                self.structure(line);
             }
         }
     }
@@ -320,19 +341,21 @@ impl<'a> Lines<'a> {
             } else {
                 "set"
             };
-            self.structure(format!("delete {kind} ip {TABLE} {name}"));
+            let line = format!("delete {kind} {} {name}", self.table);
+            self.structure(line);
         }
         for name in current.counters.difference(&desired.counters) {
-            self.structure(format!("delete counter ip {TABLE} {name}"));
+            let line = format!("delete counter {} {name}", self.table);
+            self.structure(line);
         }
     }
 }
 
 /// `add chain` for a base chain: the priority always as a number (nft accepts a string
 /// priority in JSON, reports success and creates a chain with no hook).
-fn add_chain(chain: ChainId) -> String {
+fn add_chain(table: &str, chain: ChainId) -> String {
     format!(
-        "add chain ip {TABLE} {} {{ type {} hook {} priority {}; policy accept; }}",
+        "add chain {table} {} {{ type {} hook {} priority {}; policy accept; }}",
         chain.name(),
         chain.chain_type(),
         chain.hook().name(),
@@ -370,6 +393,7 @@ mod tests {
             });
         }
         NftTable {
+            family: Default::default(),
             marks: Default::default(),
             counters,
             chains: vec![

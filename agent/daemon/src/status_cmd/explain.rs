@@ -270,7 +270,7 @@ fn endpoint_step(d: &MappingDecision, pm: &PortMap, namespace: &str) -> Step {
             lines.extend(rejected_lines(d));
             lines
         }
-        None => vec![format!("{service} has no ready IPv4 endpoint")],
+        None => vec![format!("{service} has no ready endpoint")],
     };
     if d.endpoint.is_some() && !d.rejected_endpoints.is_empty() {
         details.push("skipped, not pod addresses of the cluster:".to_owned());

@@ -1,6 +1,6 @@
 //! The kernel's conntrack table over ctnetlink (`NETLINK_NETFILTER`, subsystem
-//! `NFNL_SUBSYS_CTNETLINK`): a dump of the IPv4 table and the delete of one entry by its
-//! original tuple. Hand-written, like the nftables generation request: kuport needs two
+//! `NFNL_SUBSYS_CTNETLINK`): a dump of the table (IPv4 and IPv6) and the delete of one entry by
+//! its original tuple. Hand-written, like the nftables generation request: kuport needs two
 //! requests and five attributes of the answer, parsed without an allocation per attribute (a
 //! busy node's table holds a hundred thousand entries). Needs `CAP_NET_ADMIN` in the node's
 //! network namespace, which the agent already has for everything else.
@@ -9,7 +9,7 @@
 //! attributes whose 4-byte headers are in host byte order and whose values are in network
 //! byte order; nested attributes carry `NLA_F_NESTED` in their type.
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr as IpSocketAddr};
 
 use kuport_core::api::Protocol;
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
@@ -31,7 +31,9 @@ const NLM_F_ACK: u16 = 0x4;
 const NLM_F_DUMP: u16 = 0x300;
 const HEADER: usize = 16;
 const NFGENMSG: usize = 4;
+const AF_UNSPEC: u8 = 0;
 const AF_INET: u8 = 2;
+const AF_INET6: u8 = 10;
 
 const NLA_F_NESTED: u16 = 0x8000;
 const NLA_TYPE_MASK: u16 = 0x3fff;
@@ -45,6 +47,8 @@ const CTA_TUPLE_IP: u16 = 1;
 const CTA_TUPLE_PROTO: u16 = 2;
 const CTA_IP_V4_SRC: u16 = 1;
 const CTA_IP_V4_DST: u16 = 2;
+const CTA_IP_V6_SRC: u16 = 3;
+const CTA_IP_V6_DST: u16 = 4;
 const CTA_PROTO_NUM: u16 = 1;
 const CTA_PROTO_SRC_PORT: u16 = 2;
 const CTA_PROTO_DST_PORT: u16 = 3;
@@ -168,7 +172,7 @@ impl Ctnetlink {
 
 // ---- requests ----
 
-fn message(kind: u16, flags: u16, seq: u32, attrs: &[u8]) -> Vec<u8> {
+fn message(kind: u16, flags: u16, seq: u32, family: u8, attrs: &[u8]) -> Vec<u8> {
     let len = (HEADER + NFGENMSG + attrs.len()) as u32;
     let mut msg = Vec::with_capacity(len as usize);
     msg.extend_from_slice(&len.to_ne_bytes());
@@ -176,8 +180,8 @@ fn message(kind: u16, flags: u16, seq: u32, attrs: &[u8]) -> Vec<u8> {
     msg.extend_from_slice(&flags.to_ne_bytes());
     msg.extend_from_slice(&seq.to_ne_bytes());
     msg.extend_from_slice(&0u32.to_ne_bytes()); // port id: the kernel fills it in
-    // nfgenmsg: IPv4, NFNETLINK_V0, resource id 0.
-    msg.extend_from_slice(&[AF_INET, 0, 0, 0]);
+    // nfgenmsg: the family, NFNETLINK_V0, resource id 0.
+    msg.extend_from_slice(&[family, 0, 0, 0]);
     msg.extend_from_slice(attrs);
     msg
 }
@@ -205,9 +209,9 @@ fn pad(buf: &mut Vec<u8>) {
     }
 }
 
-/// A dump of the IPv4 table.
+/// A dump of the whole table: both families (`AF_UNSPEC` filters none out).
 fn dump_request(seq: u32) -> Vec<u8> {
-    message(CT_GET, NLM_F_REQUEST | NLM_F_DUMP, seq, &[])
+    message(CT_GET, NLM_F_REQUEST | NLM_F_DUMP, seq, AF_UNSPEC, &[])
 }
 
 /// The delete of `flow`'s entry: its original tuple, its zone when not the default, and its
@@ -216,8 +220,16 @@ fn delete_request(seq: u32, flow: &Flow) -> Vec<u8> {
     let mut attrs = Vec::with_capacity(64);
     nested(&mut attrs, CTA_TUPLE_ORIG, |t| {
         nested(t, CTA_TUPLE_IP, |ip| {
-            attr(ip, CTA_IP_V4_SRC, &flow.source.ip().octets());
-            attr(ip, CTA_IP_V4_DST, &flow.destination.ip().octets());
+            match (flow.source.ip(), flow.destination.ip()) {
+                (IpAddr::V4(src), IpAddr::V4(dst)) => {
+                    attr(ip, CTA_IP_V4_SRC, &src.octets());
+                    attr(ip, CTA_IP_V4_DST, &dst.octets());
+                }
+                (src, dst) => {
+                    attr(ip, CTA_IP_V6_SRC, &v6_octets(src));
+                    attr(ip, CTA_IP_V6_DST, &v6_octets(dst));
+                }
+            }
         });
         nested(t, CTA_TUPLE_PROTO, |p| {
             attr(p, CTA_PROTO_NUM, &[protocol_number(flow.protocol)]);
@@ -235,7 +247,21 @@ fn delete_request(seq: u32, flow: &Flow) -> Vec<u8> {
     if let Some(id) = flow.id {
         attr(&mut attrs, CTA_ID, &id.to_be_bytes());
     }
-    message(CT_DELETE, NLM_F_REQUEST | NLM_F_ACK, seq, &attrs)
+    let family = if flow.source.is_ipv4() {
+        AF_INET
+    } else {
+        AF_INET6
+    };
+    message(CT_DELETE, NLM_F_REQUEST | NLM_F_ACK, seq, family, &attrs)
+}
+
+/// An address's 16 bytes as an IPv6 tuple names it (an IPv4 one as IPv4-mapped, which a flow
+/// of one family never mixes).
+fn v6_octets(addr: IpAddr) -> [u8; 16] {
+    match addr {
+        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+        IpAddr::V6(a) => a.octets(),
+    }
 }
 
 fn protocol_number(protocol: Protocol) -> u8 {
@@ -362,13 +388,18 @@ fn be32(value: &[u8]) -> Option<u32> {
     Some(u32::from_be_bytes(value.get(..4)?.try_into().ok()?))
 }
 
-fn ipv4(value: &[u8]) -> Option<Ipv4Addr> {
+fn ipv4(value: &[u8]) -> Option<IpAddr> {
     let b: [u8; 4] = value.get(..4)?.try_into().ok()?;
-    Some(Ipv4Addr::from(b))
+    Some(IpAddr::V4(Ipv4Addr::from(b)))
+}
+
+fn ipv6(value: &[u8]) -> Option<IpAddr> {
+    let b: [u8; 16] = value.get(..16)?.try_into().ok()?;
+    Some(IpAddr::V6(Ipv6Addr::from(b)))
 }
 
 /// One direction's tuple: (protocol number, source, destination).
-fn parse_tuple(buf: &[u8]) -> Option<(u8, SocketAddrV4, SocketAddrV4)> {
+fn parse_tuple(buf: &[u8]) -> Option<(u8, IpSocketAddr, IpSocketAddr)> {
     let (mut src, mut dst, mut proto, mut sport, mut dport) = (None, None, None, None, None);
     for (kind, value) in attrs(buf) {
         match kind {
@@ -377,6 +408,8 @@ fn parse_tuple(buf: &[u8]) -> Option<(u8, SocketAddrV4, SocketAddrV4)> {
                     match kind {
                         CTA_IP_V4_SRC => src = ipv4(value),
                         CTA_IP_V4_DST => dst = ipv4(value),
+                        CTA_IP_V6_SRC => src = ipv6(value),
+                        CTA_IP_V6_DST => dst = ipv6(value),
                         _ => {}
                     }
                 }
@@ -396,15 +429,16 @@ fn parse_tuple(buf: &[u8]) -> Option<(u8, SocketAddrV4, SocketAddrV4)> {
     }
     Some((
         proto?,
-        SocketAddrV4::new(src?, sport?),
-        SocketAddrV4::new(dst?, dport?),
+        IpSocketAddr::new(src?, sport?),
+        IpSocketAddr::new(dst?, dport?),
     ))
 }
 
-/// The flow of one `IPCTNL_MSG_CT_NEW` payload; `None` for anything but an IPv4 TCP or UDP
-/// entry with both tuples.
+/// The flow of one `IPCTNL_MSG_CT_NEW` payload; `None` for anything but an IPv4 or IPv6 TCP
+/// or UDP entry with both tuples.
 fn parse_flow(payload: &[u8]) -> Option<Flow> {
-    if *payload.first()? != AF_INET {
+    let family = *payload.first()?;
+    if family != AF_INET && family != AF_INET6 {
         return None;
     }
     let (mut orig, mut reply, mut mark, mut zone, mut id) = (None, None, 0, 0, None);
@@ -420,6 +454,10 @@ fn parse_flow(payload: &[u8]) -> Option<Flow> {
     }
     let (number, source, destination) = orig?;
     let (_, reply_source, _) = reply?;
+    // The tuples' addresses must be of the entry's family.
+    if source.is_ipv6() != (family == AF_INET6) || reply_source.is_ipv6() != source.is_ipv6() {
+        return None;
+    }
     let protocol = match number {
         IPPROTO_TCP => Protocol::Tcp,
         IPPROTO_UDP => Protocol::Udp,
@@ -455,6 +493,36 @@ mod tests {
         t
     }
 
+    /// An IPv6 UDP entry: 2001:db8:198::10 dialing 2001:db8:203::9, DNATed to fd00:10:244:1::5.
+    fn entry6() -> Vec<u8> {
+        let v6 = |text: &str| text.parse::<Ipv6Addr>().expect("ipv6").octets();
+        let tuple6 = |src: [u8; 16], sport: u16, dst: [u8; 16], dport: u16| {
+            let mut t = Vec::new();
+            nested(&mut t, CTA_TUPLE_IP, |ip| {
+                attr(ip, CTA_IP_V6_SRC, &src);
+                attr(ip, CTA_IP_V6_DST, &dst);
+            });
+            nested(&mut t, CTA_TUPLE_PROTO, |p| {
+                attr(p, CTA_PROTO_NUM, &[IPPROTO_UDP]);
+                attr(p, CTA_PROTO_SRC_PORT, &sport.to_be_bytes());
+                attr(p, CTA_PROTO_DST_PORT, &dport.to_be_bytes());
+            });
+            t
+        };
+        let (client, node, pod) = (
+            v6("2001:db8:198::10"),
+            v6("2001:db8:203::9"),
+            v6("fd00:10:244:1::5"),
+        );
+        let mut attrs = Vec::new();
+        let orig = tuple6(client, 40000, node, 3000);
+        let reply = tuple6(pod, 3000, client, 40000);
+        nested(&mut attrs, CTA_TUPLE_ORIG, |b| b.extend_from_slice(&orig));
+        nested(&mut attrs, CTA_TUPLE_REPLY, |b| b.extend_from_slice(&reply));
+        attr(&mut attrs, CTA_MARK, &1u32.to_be_bytes());
+        message(CT_NEW, 2, 7, AF_INET6, &attrs)
+    }
+
     fn entry(family: u8, proto: u8, mark: u32, zone: Option<u16>) -> Vec<u8> {
         let mut attrs = Vec::new();
         let orig = tuple(proto, [198, 51, 100, 10], 40000, [203, 0, 113, 9], 3000);
@@ -467,13 +535,13 @@ mod tests {
         if let Some(zone) = zone {
             attr(&mut attrs, CTA_ZONE, &zone.to_be_bytes());
         }
-        let mut msg = message(CT_NEW, 2, 7, &attrs);
+        let mut msg = message(CT_NEW, 2, 7, AF_INET, &attrs);
         msg[HEADER] = family;
         msg
     }
 
     fn done() -> Vec<u8> {
-        let mut msg = message(NLMSG_DONE, 2, 7, &[]);
+        let mut msg = message(NLMSG_DONE, 2, 7, AF_INET, &[]);
         msg.truncate(HEADER + 4);
         let len = msg.len() as u32;
         msg[..4].copy_from_slice(&len.to_ne_bytes());
@@ -493,7 +561,7 @@ mod tests {
     }
 
     #[test]
-    fn a_dump_request_is_a_get_of_the_ipv4_table() {
+    fn a_dump_request_is_a_get_of_both_families() {
         let msg = dump_request(9);
         let mut want = Vec::new();
         want.extend_from_slice(&20u32.to_ne_bytes());
@@ -501,7 +569,7 @@ mod tests {
         want.extend_from_slice(&0x0301u16.to_ne_bytes());
         want.extend_from_slice(&9u32.to_ne_bytes());
         want.extend_from_slice(&0u32.to_ne_bytes());
-        want.extend_from_slice(&[2, 0, 0, 0]);
+        want.extend_from_slice(&[AF_UNSPEC, 0, 0, 0]);
         assert_eq!(msg, want);
     }
 
@@ -568,14 +636,33 @@ mod tests {
     }
 
     #[test]
-    fn a_dump_yields_ipv4_tcp_and_udp_entries_until_done() {
+    fn a_dump_yields_tcp_and_udp_entries_of_both_families_until_done() {
         let mut buf = entry(AF_INET, IPPROTO_UDP, 0x1bd01, None);
         buf.extend(entry(AF_INET, IPPROTO_TCP, 0, Some(7)));
         buf.extend(entry(AF_INET, 1, 0x1, None)); // ICMP: not a flow kuport translates
-        buf.extend(entry(10, IPPROTO_UDP, 0x1, None)); // IPv6 family: left out
+        buf.extend(entry(AF_INET6, IPPROTO_UDP, 0x1, None)); // IPv6 header, IPv4 tuples: left out
+        buf.extend(entry6());
         let mut flows = Vec::new();
         assert_eq!(parse_dump(&buf, &mut flows), Ok(false), "not done yet");
-        assert_eq!(flows.len(), 2);
+        assert_eq!(flows.len(), 3);
+        let v6 = &flows[2];
+        assert_eq!(v6.source, "[2001:db8:198::10]:40000".parse().expect("addr"));
+        assert_eq!(
+            v6.reply_source,
+            "[fd00:10:244:1::5]:3000".parse().expect("addr")
+        );
+        // Its delete names the IPv6 tuple in an IPv6 message.
+        let delete = delete_request(4, v6);
+        assert_eq!(delete[HEADER], AF_INET6);
+        assert!(
+            delete.windows(16).any(|w| w
+                == "2001:db8:198::10"
+                    .parse::<Ipv6Addr>()
+                    .expect("ipv6")
+                    .octets()),
+            "the client's address is in the tuple"
+        );
+        flows.truncate(2);
         let udp = &flows[0];
         assert_eq!(udp.protocol, Protocol::Udp);
         assert_eq!(udp.source, "198.51.100.10:40000".parse().expect("addr"));
@@ -605,11 +692,11 @@ mod tests {
         let mut attrs = Vec::new();
         let orig = tuple(IPPROTO_UDP, [1, 2, 3, 4], 1, [5, 6, 7, 8], 2);
         nested(&mut attrs, CTA_TUPLE_ORIG, |b| b.extend_from_slice(&orig));
-        let msg = message(CT_NEW, 2, 1, &attrs);
+        let msg = message(CT_NEW, 2, 1, AF_INET, &attrs);
         assert_eq!(parse_flow(&msg[HEADER..]), None, "no reply tuple");
         let mut short = Vec::new();
         attr(&mut short, CTA_MARK, &[1, 2]);
-        let msg = message(CT_NEW, 2, 1, &short);
+        let msg = message(CT_NEW, 2, 1, AF_INET, &short);
         assert_eq!(parse_flow(&msg[HEADER..]), None);
         // An attribute whose length runs past the buffer ends the walk.
         assert_eq!(attrs_of_len(&[8, 0, 1, 0, 1, 2]), 0);

@@ -4,7 +4,7 @@
 //! client, every 20 ms) would keep reaching the old pod address after its mapping was deleted
 //! or its endpoint moved (an address another tenant's pod may get next), and a flow that first
 //! arrived while the port was not mapped yet would stay on the node itself. So after each apply
-//! that changed what the node translates, the host lists the IPv4 conntrack table and deletes
+//! that changed what the node translates, the host lists the conntrack table and deletes
 //! the entries whose translation is not what the node now programs; the next packet of such a
 //! flow is a new flow and meets the current rules.
 //!
@@ -18,26 +18,26 @@ pub mod kernel;
 mod tests;
 
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, SocketAddr};
 
 use kuport_core::api::Protocol;
 use kuport_core::ir::{ChainId, DnatRule, HostState, PortRange, Rule, SteerRule};
 
 pub use kernel::KernelConntrack;
 
-/// One IPv4 TCP or UDP conntrack entry, as far as kuport judges it.
+/// One TCP or UDP conntrack entry (IPv4 or IPv6), as far as kuport judges it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Flow {
     /// The protocol.
     pub protocol: Protocol,
     /// Original direction, source: the client.
-    pub source: SocketAddrV4,
+    pub source: SocketAddr,
     /// Original direction, destination: what the client dialed (on the pod's node, the link
     /// end the accepting node sent it to).
-    pub destination: SocketAddrV4,
+    pub destination: SocketAddr,
     /// Reply direction, source: where the flow really goes (the DNAT target; the destination
     /// itself when the flow is not translated).
-    pub reply_source: SocketAddrV4,
+    pub reply_source: SocketAddr,
     /// The conntrack mark (every bit; kuport judges only its own).
     pub mark: u32,
     /// The conntrack zone (0 is the default zone).
@@ -60,7 +60,7 @@ pub struct Deleted {
 
 /// The conntrack table of the current network namespace.
 pub trait ConntrackTable: Send + Sync {
-    /// Every IPv4 TCP and UDP entry.
+    /// Every TCP and UDP entry, both families.
     fn flows(&self) -> Result<Vec<Flow>, String>;
     /// Deletes these entries, each by its original tuple, zone and id.
     fn delete(&self, flows: &[Flow]) -> Deleted;
@@ -73,7 +73,7 @@ struct Target {
     /// the arrival link's on the pod's node.
     mark: u32,
     /// The DNAT target address.
-    to: Ipv4Addr,
+    to: IpAddr,
     /// The DNAT target port; `None` keeps the dialed port.
     to_port: Option<u16>,
 }
@@ -88,9 +88,9 @@ pub struct Translations {
     mask: u32,
     /// Single ports: (destination address, protocol, port) → targets (more than one only when
     /// two interfaces share an address).
-    ports: BTreeMap<(Ipv4Addr, Protocol, u16), Vec<Target>>,
+    ports: BTreeMap<(IpAddr, Protocol, u16), Vec<Target>>,
     /// Port ranges, few, sorted.
-    ranges: Vec<(Ipv4Addr, Protocol, PortRange, Target)>,
+    ranges: Vec<(IpAddr, Protocol, PortRange, Target)>,
 }
 
 impl Translations {
@@ -101,15 +101,19 @@ impl Translations {
             ..Self::default()
         };
         let dnats: Vec<&DnatRule> = state
-            .nft
-            .rules(ChainId::Pre)
-            .iter()
+            .tables()
+            .into_iter()
+            .flat_map(|t| t.rules(ChainId::Pre))
             .filter_map(|r| match r {
                 Rule::Dnat(d) => Some(d),
                 _ => None,
             })
             .collect();
-        for rule in state.nft.rules(ChainId::Steer) {
+        let steering = state
+            .tables()
+            .into_iter()
+            .flat_map(|t| t.rules(ChainId::Steer));
+        for rule in steering {
             let Rule::Steer(steer) = rule else { continue };
             let Some(target) = target_of(state, steer, &dnats, mask) else {
                 continue;
@@ -145,20 +149,19 @@ impl Translations {
         let ours = flow.mark & self.mask;
         let dport = flow.destination.port();
         let mut targets = self
-            .targets(*flow.destination.ip(), flow.protocol, dport)
+            .targets(flow.destination.ip(), flow.protocol, dport)
             .peekable();
         if targets.peek().is_none() {
             return ours != 0;
         }
         !targets.any(|t| {
-            ours == t.mark
-                && flow.reply_source == SocketAddrV4::new(t.to, t.to_port.unwrap_or(dport))
+            ours == t.mark && flow.reply_source == SocketAddr::new(t.to, t.to_port.unwrap_or(dport))
         })
     }
 
     fn targets(
         &self,
-        addr: Ipv4Addr,
+        addr: IpAddr,
         protocol: Protocol,
         port: u16,
     ) -> impl Iterator<Item = &Target> {
@@ -208,7 +211,7 @@ fn target_of(
 /// What one sweep of the table came to.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Sweep {
-    /// IPv4 TCP and UDP entries listed.
+    /// TCP and UDP entries listed.
     pub listed: usize,
     /// Stale entries deleted.
     pub cleared: usize,

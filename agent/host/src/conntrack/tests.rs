@@ -269,7 +269,7 @@ fn host_with(state: &HostState, table: &FakeConntrack) -> LinuxHost<FakeNetlink>
 #[tokio::test]
 async fn the_host_clears_stale_flows_after_an_apply_that_moved_them_and_only_then() {
     let before = golden("accepting-remote-pod");
-    let client = |port: u16| -> SocketAddrV4 { format!("{CLIENT}:{port}").parse().expect("addr") };
+    let client = |port: u16| -> SocketAddr { format!("{CLIENT}:{port}").parse().expect("addr") };
     let over_link = |port, reply: &str| Flow {
         source: client(port),
         ..udp("203.0.113.9:3000", reply, 0x1)

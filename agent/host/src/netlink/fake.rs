@@ -6,11 +6,11 @@
 //! kernel. Every request is recorded, and one request can be made to fail once.
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::num::NonZeroI32;
 use std::sync::{Mutex, MutexGuard};
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net};
 use kuport_core::ir::{IpRule, Link, Route};
 use rtnetlink::packet_core::ErrorMessage;
 
@@ -34,11 +34,11 @@ pub fn errno(code: i32) -> rtnetlink::Error {
 #[derive(Debug, Default)]
 pub struct FakeKernel {
     pub links: BTreeMap<u32, KernelLink>,
-    pub addresses: BTreeMap<u32, Vec<Ipv4Net>>,
+    pub addresses: BTreeMap<u32, Vec<IpNet>>,
     pub rules: Vec<KernelRule>,
     pub routes: Vec<KernelRoute>,
     /// Permanent neighbour entries: (link index, address) → MAC.
-    pub neighbours: BTreeMap<(u32, Ipv4Addr), [u8; 6]>,
+    pub neighbours: BTreeMap<(u32, IpAddr), [u8; 6]>,
     /// Every request, in order, as `"<request> <object>"`.
     pub calls: Vec<String>,
     /// The request (its name as in `calls`, without the object) that fails once with EPERM.
@@ -83,7 +83,7 @@ impl FakeNetlink {
             },
         );
         if let Some(a) = address {
-            k.addresses.insert(index, vec![a]);
+            k.addresses.insert(index, vec![IpNet::V4(a)]);
         }
         index
     }
@@ -135,7 +135,7 @@ impl Netlink for FakeNetlink {
 
     async fn addresses(
         &self,
-    ) -> Result<std::collections::BTreeMap<u32, Vec<Ipv4Net>>, rtnetlink::Error> {
+    ) -> Result<std::collections::BTreeMap<u32, Vec<IpNet>>, rtnetlink::Error> {
         let k = self.request("list-addresses", "")?;
         Ok(k.addresses.clone())
     }
@@ -188,16 +188,22 @@ impl Netlink for FakeNetlink {
         Ok(())
     }
 
-    async fn delete_addresses(&self, index: u32) -> Result<(), rtnetlink::Error> {
-        let mut k = self.request("delete-addresses", index)?;
+    async fn delete_address(&self, index: u32, address: IpNet) -> Result<(), rtnetlink::Error> {
+        let mut k = self.request("delete-address", format!("{index} {address}"))?;
         k.existing(index)?;
-        k.addresses.remove(&index);
+        let list = k.addresses.entry(index).or_default();
+        let at = list
+            .iter()
+            .position(|a| *a == address)
+            .ok_or_else(|| errno(ENOENT))?;
+        list.remove(at);
         // Routes through an address's subnet go with it; kuport's routes name a gateway on it.
-        k.routes.retain(|r| r.oif != Some(index));
+        k.routes
+            .retain(|r| r.oif != Some(index) || r.via.is_none_or(|gw| !address.contains(&gw)));
         Ok(())
     }
 
-    async fn add_address(&self, index: u32, address: Ipv4Net) -> Result<(), rtnetlink::Error> {
+    async fn add_address(&self, index: u32, address: IpNet) -> Result<(), rtnetlink::Error> {
         let mut k = self.request("add-address", format!("{index} {address}"))?;
         k.existing(index)?;
         let list = k.addresses.entry(index).or_default();
@@ -231,7 +237,7 @@ impl Netlink for FakeNetlink {
     async fn set_neighbour(
         &self,
         index: u32,
-        address: Ipv4Addr,
+        address: IpAddr,
         mac: [u8; 6],
     ) -> Result<(), rtnetlink::Error> {
         let mut k = self.request("set-neighbour", format!("{index} {address}"))?;
@@ -269,6 +275,7 @@ impl Netlink for FakeNetlink {
     async fn add_rule(&self, rule: &IpRule) -> Result<(), rtnetlink::Error> {
         let mut k = self.request("add-rule", format!("{rule:?}"))?;
         let kernel = KernelRule {
+            family: rule.family,
             priority: rule.priority,
             fwmark: Some(rule.fwmark),
             fwmask: rule.fwmask,

@@ -2,13 +2,13 @@
 //! and the parsing of what the kernel lists back into kuport's plain types.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use futures_util::TryStreamExt;
-use ipnet::Ipv4Net;
-use kuport_core::ir::{IpRule, Link, Route};
+use ipnet::IpNet;
+use kuport_core::ir::{Family, IpRule, Link, Route};
 use netlink_packet_route::AddressFamily;
-use netlink_packet_route::address::AddressAttribute;
+use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage};
 use netlink_packet_route::link::{
     AfSpecInet, AfSpecUnspec, InetDevConf, InfoData, InfoKind, InfoVxlan, LinkAttribute, LinkFlags,
     LinkInfo, LinkMessage,
@@ -87,8 +87,29 @@ fn parse_link(msg: &LinkMessage) -> KernelLink {
     link
 }
 
+/// The address (with prefix) of an address message, either family. A point-to-point IPv4
+/// address lists the peer as Address: Local is this end's (an IPv6 one lists only Address).
+fn address_of(msg: &AddressMessage) -> Option<IpNet> {
+    if msg.header.family != AddressFamily::Inet && msg.header.family != AddressFamily::Inet6 {
+        return None;
+    }
+    let find = |want_local: bool| {
+        msg.attributes.iter().find_map(|a| match (a, want_local) {
+            (AddressAttribute::Local(v), true) | (AddressAttribute::Address(v), false) => Some(*v),
+            _ => None,
+        })
+    };
+    let addr = find(true).or_else(|| find(false))?;
+    IpNet::new(addr, msg.header.prefix_len).ok()
+}
+
 pub(super) fn parse_rule(msg: &RuleMessage) -> KernelRule {
     let mut rule = KernelRule {
+        family: if msg.header.family == AddressFamily::Inet6 {
+            Family::V6
+        } else {
+            Family::V4
+        },
         priority: 0,
         fwmark: None,
         fwmask: u32::MAX,
@@ -102,11 +123,11 @@ pub(super) fn parse_rule(msg: &RuleMessage) -> KernelRule {
             RuleAttribute::FwMask(m) => rule.fwmask = *m,
             RuleAttribute::Priority(p) => rule.priority = *p,
             RuleAttribute::Table(t) => rule.table = *t,
-            RuleAttribute::Destination(IpAddr::V4(d)) => dst = Some(*d),
+            RuleAttribute::Destination(d) => dst = Some(*d),
             _ => {}
         }
     }
-    rule.to = dst.and_then(|d| Ipv4Net::new(d, msg.header.dst_len).ok());
+    rule.to = dst.and_then(|d| IpNet::new(d, msg.header.dst_len).ok());
     rule
 }
 
@@ -121,14 +142,16 @@ pub(super) fn parse_route(msg: &RouteMessage) -> KernelRoute {
     for a in &msg.attributes {
         match a {
             RouteAttribute::Table(t) => route.table = *t,
-            RouteAttribute::Gateway(RouteAddress::Inet(g)) => route.via = Some(*g),
+            RouteAttribute::Gateway(RouteAddress::Inet(g)) => route.via = Some(IpAddr::V4(*g)),
+            RouteAttribute::Gateway(RouteAddress::Inet6(g)) => route.via = Some(IpAddr::V6(*g)),
             RouteAttribute::Oif(i) => route.oif = Some(*i),
-            RouteAttribute::Destination(RouteAddress::Inet(d)) => dst = Some(*d),
+            RouteAttribute::Destination(RouteAddress::Inet(d)) => dst = Some(IpAddr::V4(*d)),
+            RouteAttribute::Destination(RouteAddress::Inet6(d)) => dst = Some(IpAddr::V6(*d)),
             _ => {}
         }
     }
     route.to = match (dst, msg.header.destination_prefix_length) {
-        (Some(d), len) if len > 0 => Ipv4Net::new(d, len).ok(),
+        (Some(d), len) if len > 0 => IpNet::new(d, len).ok(),
         _ => None,
     };
     route
@@ -147,23 +170,11 @@ impl Netlink for RtNetlink {
         Ok(out)
     }
 
-    async fn addresses(&self) -> Result<BTreeMap<u32, Vec<Ipv4Net>>, rtnetlink::Error> {
+    async fn addresses(&self) -> Result<BTreeMap<u32, Vec<IpNet>>, rtnetlink::Error> {
         let mut stream = self.handle.address().get().execute();
-        let mut out: BTreeMap<u32, Vec<Ipv4Net>> = BTreeMap::new();
+        let mut out: BTreeMap<u32, Vec<IpNet>> = BTreeMap::new();
         while let Some(msg) = stream.try_next().await? {
-            if msg.header.family != AddressFamily::Inet {
-                continue;
-            }
-            let v4 = |want_local: bool| {
-                msg.attributes.iter().find_map(|a| match (a, want_local) {
-                    (AddressAttribute::Local(IpAddr::V4(v)), true)
-                    | (AddressAttribute::Address(IpAddr::V4(v)), false) => Some(*v),
-                    _ => None,
-                })
-            };
-            // A point-to-point address lists the peer as Address: Local is this end's.
-            let addr = v4(true).or_else(|| v4(false));
-            if let Some(net) = addr.and_then(|a| Ipv4Net::new(a, msg.header.prefix_len).ok()) {
+            if let Some(net) = address_of(&msg) {
                 out.entry(msg.header.index).or_default().push(net);
             }
         }
@@ -187,7 +198,7 @@ impl Netlink for RtNetlink {
         self.handle.link().del(index).execute().await
     }
 
-    async fn delete_addresses(&self, index: u32) -> Result<(), rtnetlink::Error> {
+    async fn delete_address(&self, index: u32, address: IpNet) -> Result<(), rtnetlink::Error> {
         let mut stream = self
             .handle
             .address()
@@ -195,19 +206,26 @@ impl Netlink for RtNetlink {
             .set_link_index_filter(index)
             .execute();
         while let Some(msg) = stream.try_next().await? {
-            if msg.header.family == AddressFamily::Inet {
+            if address_of(&msg) == Some(address) {
                 self.handle.address().del(msg).execute().await?;
             }
         }
         Ok(())
     }
 
-    async fn add_address(&self, index: u32, address: Ipv4Net) -> Result<(), rtnetlink::Error> {
-        self.handle
+    async fn add_address(&self, index: u32, address: IpNet) -> Result<(), rtnetlink::Error> {
+        let mut req = self
+            .handle
             .address()
-            .add(index, IpAddr::V4(address.addr()), address.prefix_len())
-            .execute()
-            .await
+            .add(index, address.addr(), address.prefix_len());
+        if address.addr().is_ipv6() {
+            // Both ends are fixed and unique within the class subnet: duplicate address
+            // detection would only hold the address tentative (unusable) for a second or more.
+            req.message_mut()
+                .attributes
+                .push(AddressAttribute::Flags(AddressFlags::Nodad));
+        }
+        req.execute().await
     }
 
     async fn set_mtu(&self, index: u32, mtu: u32) -> Result<(), rtnetlink::Error> {
@@ -228,12 +246,12 @@ impl Netlink for RtNetlink {
     async fn set_neighbour(
         &self,
         index: u32,
-        address: Ipv4Addr,
+        address: IpAddr,
         mac: [u8; 6],
     ) -> Result<(), rtnetlink::Error> {
         self.handle
             .neighbours()
-            .add(index, IpAddr::V4(address))
+            .add(index, address)
             .link_layer_address(&mac)
             .replace()
             .execute()
@@ -256,10 +274,12 @@ impl Netlink for RtNetlink {
     }
 
     async fn rules(&self) -> Result<Vec<(KernelRule, RuleMessage)>, rtnetlink::Error> {
-        let mut stream = self.handle.rule().get(IpVersion::V4).execute();
         let mut out = Vec::new();
-        while let Some(msg) = stream.try_next().await? {
-            out.push((parse_rule(&msg), msg));
+        for version in [IpVersion::V4, IpVersion::V6] {
+            let mut stream = self.handle.rule().get(version).execute();
+            while let Some(msg) = stream.try_next().await? {
+                out.push((parse_rule(&msg), msg));
+            }
         }
         Ok(out)
     }
@@ -269,33 +289,46 @@ impl Netlink for RtNetlink {
     }
 
     async fn add_rule(&self, rule: &IpRule) -> Result<(), rtnetlink::Error> {
-        let mut req = self
+        let req = self
             .handle
             .rule()
             .add()
-            .v4()
             .priority(rule.priority)
             .fw_mark(rule.fwmark)
             .table_id(rule.table)
             // rtnetlink leaves the action unspecified otherwise, which the kernel lists as
             // `lookup N none` and which routes nothing.
             .action(RuleAction::ToTable);
-        if let Some(to) = rule.to {
-            req = req.destination_prefix(to.addr(), to.prefix_len());
+        let fwmask = RuleAttribute::FwMask(rule.fwmask);
+        match rule.family {
+            Family::V4 => {
+                let mut req = req.v4();
+                if let Some(IpNet::V4(to)) = rule.to {
+                    req = req.destination_prefix(to.addr(), to.prefix_len());
+                }
+                req.message_mut().attributes.push(fwmask);
+                req.execute().await
+            }
+            Family::V6 => {
+                let mut req = req.v6();
+                if let Some(IpNet::V6(to)) = rule.to {
+                    req = req.destination_prefix(to.addr(), to.prefix_len());
+                }
+                req.message_mut().attributes.push(fwmask);
+                req.execute().await
+            }
         }
-        req.message_mut()
-            .attributes
-            .push(RuleAttribute::FwMask(rule.fwmask));
-        req.execute().await
     }
 
     async fn routes(&self) -> Result<Vec<(KernelRoute, RouteMessage)>, rtnetlink::Error> {
-        let mut query = RouteMessage::default();
-        query.header.address_family = AddressFamily::Inet;
-        let mut stream = self.handle.route().get(query).execute();
         let mut out = Vec::new();
-        while let Some(msg) = stream.try_next().await? {
-            out.push((parse_route(&msg), msg));
+        for family in [AddressFamily::Inet, AddressFamily::Inet6] {
+            let mut query = RouteMessage::default();
+            query.header.address_family = family;
+            let mut stream = self.handle.route().get(query).execute();
+            while let Some(msg) = stream.try_next().await? {
+                out.push((parse_route(&msg), msg));
+            }
         }
         Ok(out)
     }
@@ -305,13 +338,28 @@ impl Netlink for RtNetlink {
     }
 
     async fn add_route(&self, route: &Route, oif: u32) -> Result<(), rtnetlink::Error> {
-        let mut builder = RouteMessageBuilder::<Ipv4Addr>::new()
-            .table_id(route.table)
-            .output_interface(oif)
-            .gateway(route.via);
-        if let Some(to) = route.to {
-            builder = builder.destination_prefix(to.addr(), to.prefix_len());
-        }
-        self.handle.route().add(builder.build()).execute().await
+        let message = match (route.via, route.to) {
+            (IpAddr::V4(via), to) => {
+                let mut b = RouteMessageBuilder::<Ipv4Addr>::new()
+                    .table_id(route.table)
+                    .output_interface(oif)
+                    .gateway(via);
+                if let Some(IpNet::V4(to)) = to {
+                    b = b.destination_prefix(to.addr(), to.prefix_len());
+                }
+                b.build()
+            }
+            (IpAddr::V6(via), to) => {
+                let mut b = RouteMessageBuilder::<Ipv6Addr>::new()
+                    .table_id(route.table)
+                    .output_interface(oif)
+                    .gateway(via);
+                if let Some(IpNet::V6(to)) = to {
+                    b = b.destination_prefix(to.addr(), to.prefix_len());
+                }
+                b.build()
+            }
+        };
+        self.handle.route().add(message).execute().await
     }
 }

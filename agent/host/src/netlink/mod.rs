@@ -10,11 +10,12 @@ pub mod kernel;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 use kuport_core::ir::{
-    IpRule, LINK_PREFIX, LINK_TABLE_BASE, Link, MarkLayout, PREF_LOOP_GUARD, PREF_REPLY, Route,
+    Family, IpRule, LINK_PREFIX, LINK_TABLE_BASE, Link, MarkLayout, PREF_LOOP_GUARD, PREF_REPLY,
+    Route,
 };
 use kuport_core::snapshot::HostFacts;
 
@@ -61,23 +62,24 @@ pub struct VxlanFacts {
     pub learning: Option<bool>,
 }
 
-/// An IPv4 ip rule as the kernel lists it (any rule, kuport's or not).
+/// An ip rule as the kernel lists it (any rule, kuport's or not; either family).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KernelRule {
+    pub family: Family,
     pub priority: u32,
     pub fwmark: Option<u32>,
     /// `u32::MAX` when the rule carries no mask (the kernel's default).
     pub fwmask: u32,
     pub table: u32,
-    pub to: Option<Ipv4Net>,
+    pub to: Option<IpNet>,
 }
 
-/// An IPv4 route as the kernel lists it (any table).
+/// A route as the kernel lists it (any table, either family).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KernelRoute {
     pub table: u32,
-    pub to: Option<Ipv4Net>,
-    pub via: Option<Ipv4Addr>,
+    pub to: Option<IpNet>,
+    pub via: Option<IpAddr>,
     pub oif: Option<u32>,
 }
 
@@ -99,10 +101,10 @@ pub trait Netlink: Send + Sync {
     type RouteHandle: Send;
 
     fn links(&self) -> impl Future<Output = Result<Vec<KernelLink>, rtnetlink::Error>> + Send;
-    /// IPv4 addresses (with prefix) by link index.
+    /// Addresses of both families (with prefix) by link index, in the kernel's order.
     fn addresses(
         &self,
-    ) -> impl Future<Output = Result<BTreeMap<u32, Vec<Ipv4Net>>, rtnetlink::Error>> + Send;
+    ) -> impl Future<Output = Result<BTreeMap<u32, Vec<IpNet>>, rtnetlink::Error>> + Send;
     /// Creates `want` as a VXLAN device bound to `dev_index`, down, with [`link_mac`].
     fn create_vxlan(
         &self,
@@ -110,15 +112,17 @@ pub trait Netlink: Send + Sync {
         dev_index: u32,
     ) -> impl Future<Output = Result<(), rtnetlink::Error>> + Send;
     fn delete_link(&self, index: u32) -> impl Future<Output = Result<(), rtnetlink::Error>> + Send;
-    /// Deletes every IPv4 address of a link.
-    fn delete_addresses(
+    /// Deletes one address of a link.
+    fn delete_address(
         &self,
         index: u32,
+        address: IpNet,
     ) -> impl Future<Output = Result<(), rtnetlink::Error>> + Send;
+    /// Adds an address to a link (an IPv6 one without duplicate address detection).
     fn add_address(
         &self,
         index: u32,
-        address: Ipv4Net,
+        address: IpNet,
     ) -> impl Future<Output = Result<(), rtnetlink::Error>> + Send;
     fn set_mtu(
         &self,
@@ -131,7 +135,7 @@ pub trait Netlink: Send + Sync {
     fn set_neighbour(
         &self,
         index: u32,
-        address: Ipv4Addr,
+        address: IpAddr,
         mac: [u8; 6],
     ) -> impl Future<Output = Result<(), rtnetlink::Error>> + Send;
     fn set_devconf(
@@ -173,7 +177,7 @@ pub async fn links(net: &impl Netlink) -> Result<Vec<KernelLink>, HostError> {
 async fn addresses(
     net: &impl Netlink,
     stage: HostStage,
-) -> Result<BTreeMap<u32, Vec<Ipv4Net>>, HostError> {
+) -> Result<BTreeMap<u32, Vec<IpNet>>, HostError> {
     net.addresses()
         .await
         .map_err(nl(stage, "list", "addresses"))
@@ -204,23 +208,31 @@ pub async fn facts(
         }
     }
     for name in interfaces {
-        let found = links
+        let Some(found) = links
             .iter()
             .find(|l| &l.name == name)
             .and_then(|l| addrs.get(&l.index))
-            .and_then(|a| a.first());
-        if let Some(net) = found {
-            facts.interfaces.insert(name.clone(), net.addr());
+        else {
+            continue;
+        };
+        if let Some(v4) = found.iter().find_map(|n| match n.addr() {
+            IpAddr::V4(a) => Some(a),
+            IpAddr::V6(_) => None,
+        }) {
+            facts.interfaces.insert(name.clone(), v4);
+        }
+        if let Some(v6) = found.iter().find_map(|n| published_v6(n.addr())) {
+            facts.interfaces6.insert(name.clone(), v6);
         }
     }
-    let mut local: Vec<Ipv4Addr> = addrs.values().flatten().map(|n| n.addr()).collect();
+    let mut local: Vec<IpAddr> = addrs.values().flatten().map(|n| n.addr()).collect();
     local.sort();
     local.dedup();
     facts.local_addresses = local;
     if let Some(ip) = internal_ip {
         let holder = addrs
             .iter()
-            .find(|(_, nets)| nets.iter().any(|n| n.addr() == ip))
+            .find(|(_, nets)| nets.iter().any(|n| n.addr() == IpAddr::V4(ip)))
             .map(|(i, _)| *i);
         if let Some(link) = holder.and_then(|i| links.iter().find(|l| l.index == i)) {
             facts.underlay_device = Some(link.name.clone());
@@ -236,6 +248,20 @@ pub async fn facts(
         .node_checks
         .push(crate::node_checks::internal_ip(internal_ip, underlay));
     Ok(facts)
+}
+
+/// An interface's IPv6 address a mapping may publish: one a client can reach (not link-local,
+/// loopback, multicast or unspecified, nor kuport's stand-in block), the first the kernel
+/// lists.
+fn published_v6(addr: IpAddr) -> Option<Ipv6Addr> {
+    let IpAddr::V6(a) = addr else { return None };
+    let link_local = a.segments()[0] & 0xffc0 == 0xfe80;
+    let usable = !(link_local
+        || a.is_loopback()
+        || a.is_multicast()
+        || a.is_unspecified()
+        || kuport_core::ir::in_any_stand_in_block(addr));
+    usable.then_some(a)
 }
 
 fn link_matches(k: &KernelLink, want: &Link, dev_index: u32) -> bool {
@@ -329,9 +355,13 @@ pub async fn bring_up(
             // ends build a link at about the same time; when one end's first ARP request left
             // before the other end's device existed, the kernel asked again only after its 1 s
             // retransmit time, and the first answers through a new serving edge took 1.1 s.
-            net.set_neighbour(k.index, want.peer_address, peer_mac(want))
-                .await
-                .map_err(nl(stage, "set the peer's neighbour entry on", &want.name))?;
+            let peers = std::iter::once(IpAddr::V4(want.peer_address))
+                .chain(want.peer_address6.map(IpAddr::V6));
+            for peer in peers {
+                net.set_neighbour(k.index, peer, peer_mac(want))
+                    .await
+                    .map_err(nl(stage, "set the peer's neighbour entry on", &want.name))?;
+            }
         }
     }
     Ok(())
@@ -466,19 +496,33 @@ async fn configure_link(
 ) -> Result<bool, HostError> {
     let stage = HostStage::Links;
     let addrs = addresses(net, stage).await?;
-    let have: Vec<Ipv4Net> = addrs.get(&k.index).cloned().unwrap_or_default();
-    let readdress = have != [want.address];
+    // The kernel's own IPv6 link-local address of the device is not kuport's to touch.
+    let have: Vec<IpNet> = addrs
+        .get(&k.index)
+        .into_iter()
+        .flatten()
+        .filter(|n| !matches!(n.addr(), IpAddr::V6(a) if a.segments()[0] & 0xffc0 == 0xfe80))
+        .copied()
+        .collect();
+    let want_addrs: Vec<IpNet> = std::iter::once(IpNet::V4(want.address))
+        .chain(want.address6.map(IpNet::V6))
+        .collect();
+    let readdress = have.len() != want_addrs.len() || have.iter().any(|a| !want_addrs.contains(a));
     if readdress {
-        net.delete_addresses(k.index).await.map_err(nl(
-            stage,
-            "delete addresses of",
-            &want.name,
-        ))?;
-        net.add_address(k.index, want.address).await.map_err(nl(
-            stage,
-            "add address to",
-            &want.name,
-        ))?;
+        for gone in have.iter().filter(|a| !want_addrs.contains(a)) {
+            net.delete_address(k.index, *gone).await.map_err(nl(
+                stage,
+                "delete an address of",
+                &want.name,
+            ))?;
+        }
+        for new in want_addrs.iter().filter(|a| !have.contains(a)) {
+            net.add_address(k.index, *new).await.map_err(nl(
+                stage,
+                "add an address to",
+                &want.name,
+            ))?;
+        }
         report.links_updated += 1;
     }
     if let Some(mtu) = want.mtu.filter(|m| k.mtu != Some(*m)) {
@@ -543,6 +587,7 @@ async fn owned_rules<N: Netlink>(
             .fwmark
             .filter(|m| owned_rule(k.priority, *m, k.fwmask, marks))?;
         let rule = IpRule {
+            family: k.family,
             priority: k.priority,
             fwmark,
             fwmask: k.fwmask,
@@ -613,7 +658,7 @@ async fn owned_routes<N: Netlink>(
             let route = Route {
                 table: k.table,
                 to: k.to,
-                via: k.via.unwrap_or(Ipv4Addr::UNSPECIFIED),
+                via: k.via.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
                 dev: k
                     .oif
                     .and_then(|i| names.get(&i).cloned())

@@ -2,7 +2,9 @@
 //! refused, and at which stage a failure is reported. The root tests in `tests/kernel.rs` check
 //! the same against the real kernel.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
+
+use ipnet::Ipv4Net;
 
 use kuport_core::ir::{ChainId, HostState};
 
@@ -114,14 +116,16 @@ async fn golden_states_are_built_in_full_and_a_second_apply_changes_nothing() {
             assert!(k.up, "{case}: {} is up", want.name);
             assert_eq!(k.mtu, want.mtu, "{case}: {} mtu", want.name);
             assert_eq!(k.rp_filter, Some(i32::from(want.rp_filter)));
-            assert_eq!(net.kernel().addresses[&k.index], [want.address]);
+            assert_eq!(net.kernel().addresses[&k.index], [IpNet::V4(want.address)]);
             // The entry names the MAC the peer's agent gives its own end of the /31.
             let peer_end = Link {
                 address: Ipv4Net::new(want.peer_address, 31).expect("net"),
                 ..want.clone()
             };
             assert_eq!(
-                net.kernel().neighbours.get(&(k.index, want.peer_address)),
+                net.kernel()
+                    .neighbours
+                    .get(&(k.index, IpAddr::V4(want.peer_address))),
                 Some(&link_mac(&peer_end)),
                 "{case}: {} holds its peer's MAC without asking ARP",
                 want.name
@@ -147,6 +151,7 @@ async fn foreign_links_rules_and_routes_survive_apply_and_teardown() {
     let foreign_rules = vec![
         // Another datapath's rule at kuport's priority, under its own mask.
         KernelRule {
+            family: Family::V4,
             priority: PREF_REPLY,
             fwmark: Some(0x200),
             fwmask: 0xf00,
@@ -155,6 +160,7 @@ async fn foreign_links_rules_and_routes_survive_apply_and_teardown() {
         },
         // A rule at another priority with a mark kuport's mask would match.
         KernelRule {
+            family: Family::V4,
             priority: 105,
             fwmark: Some(2),
             fwmask: 0xff,
@@ -211,6 +217,7 @@ async fn drift_is_repaired_and_counted() {
         k.addresses
             .insert(b, vec!["10.9.9.9/24".parse().expect("net")]);
         k.rules.push(KernelRule {
+            family: Family::V4,
             priority: PREF_REPLY,
             fwmark: Some(LINK_TABLE_BASE + 2),
             fwmask: u32::MAX,
@@ -235,7 +242,9 @@ async fn drift_is_repaired_and_counted() {
     assert_eq!(rules, sorted(&state.rules));
     assert_eq!(routes, sorted(&state.routes));
     assert_eq!(
-        net.kernel().neighbours.get(&(b, second.peer_address)),
+        net.kernel()
+            .neighbours
+            .get(&(b, IpAddr::V4(second.peer_address))),
         Some(&peer_mac(second)),
         "the downed link's neighbour entry is back"
     );
@@ -454,7 +463,9 @@ async fn a_refused_guard_leaves_the_new_links_down_and_nothing_routed_through_th
     for want in &state.links {
         let index = net.link(&want.name).expect("link").index;
         assert_eq!(
-            net.kernel().neighbours.get(&(index, want.peer_address)),
+            net.kernel()
+                .neighbours
+                .get(&(index, IpAddr::V4(want.peer_address))),
             Some(&peer_mac(want)),
             "{} came up with its peer's entry",
             want.name
@@ -573,7 +584,9 @@ fn the_fake_refuses_what_the_kernel_refuses() {
             off_subnet.is_err(),
             "a gateway off the link's subnet is refused"
         );
-        net.add_address(idx, link.address).await.expect("address");
+        net.add_address(idx, IpNet::V4(link.address))
+            .await
+            .expect("address");
         net.add_route(&state.routes[0], idx).await.expect("route");
         net.delete_link(idx).await.expect("delete");
         assert!(net.kernel().routes.is_empty(), "a link's routes go with it");
@@ -582,6 +595,7 @@ fn the_fake_refuses_what_the_kernel_refuses() {
 
 fn rule(priority: u32, fwmark: u32) -> IpRule {
     IpRule {
+        family: Family::V4,
         priority,
         fwmark,
         fwmask: 0xff,

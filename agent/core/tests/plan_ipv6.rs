@@ -1,0 +1,368 @@
+//! IPv6: a dual-stack or IPv6-only Service is served over IPv6 on every interface that has an
+//! IPv6 address, in kuport's `ip6` table, with links carrying inner IPv6 over the IPv4 mesh.
+
+use std::net::{IpAddr, Ipv6Addr};
+
+use kuport_core::api::Protocol;
+use kuport_core::ir::{ChainId, Family, HostState, MAIN_TABLE, PREF_REPLY, Rule};
+use kuport_core::plan::ProgrammedReason as P;
+use kuport_core::render::nft_text;
+use kuport_core::snapshot::HostFacts;
+use kuport_core::trace::{Packet, RouteDecision, trace};
+use kuport_testkit::cluster::*;
+use kuport_testkit::objects::{endpoint, slice};
+use serde_json::json;
+
+const EDGE_PUBLIC6: &str = "2001:db8:203::9";
+const CLIENT6: &str = "2001:db8:198::10";
+const POD6_EDGE: &str = "fd00:10:244::5";
+const POD6_WORKER: &str = "fd00:10:244:1::5";
+
+fn v6(text: &str) -> IpAddr {
+    text.parse().expect("ipv6")
+}
+
+/// The IPv6 slice of service `gs` listing pod `pod` on `node` at `address`.
+fn slice6(c: &mut Cluster, pod: &str, node: &str, address: &str) {
+    let object = slice("games", &format!("gs-v6-{pod}"), "gs")
+        .ipv6()
+        .port("game", "UDP", 3000)
+        .endpoint(endpoint(address, node).pod("games", pod).ready(true))
+        .object();
+    c.snapshot.endpoint_slices.push(typed(object, "slice"));
+}
+
+/// edge-a and worker-b as in [`edge_and_worker`], each Node also advertising an IPv6 pod CIDR
+/// (as a dual-stack cluster's Nodes do).
+fn dual_stack_cluster() -> Cluster {
+    let mut c = edge_and_worker();
+    for (node, cidr) in c
+        .snapshot
+        .nodes
+        .iter_mut()
+        .zip(["fd00:10:244::/64", "fd00:10:244:1::/64"])
+    {
+        let spec = node.spec.get_or_insert_default();
+        spec.pod_cidrs.get_or_insert_default().push(cidr.to_owned());
+    }
+    c
+}
+
+fn edge_facts() -> HostFacts {
+    let mut f = facts(
+        &[("enp1s0", "203.0.113.9"), ("wt0", "100.64.0.1")],
+        "wt0",
+        1400,
+    );
+    f.interfaces6
+        .insert("enp1s0".to_owned(), EDGE_PUBLIC6.parse().expect("ipv6"));
+    f
+}
+
+fn worker_facts() -> HostFacts {
+    facts(&[("wt0", "100.64.0.2")], "wt0", 1400)
+}
+
+fn dnat_targets(state: &HostState, family: Family) -> Vec<(String, IpAddr)> {
+    state
+        .table(family)
+        .rules(ChainId::Pre)
+        .iter()
+        .filter_map(|r| match r {
+            Rule::Dnat(d) => Some((d.iif.clone(), d.to)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn steered(state: &HostState, family: Family) -> Vec<(String, IpAddr)> {
+    state
+        .table(family)
+        .rules(ChainId::Steer)
+        .iter()
+        .filter_map(|r| match r {
+            Rule::Steer(s) => Some((s.iif.clone(), s.daddr)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_dual_stack_service_on_the_accepting_node_is_served_over_both_families() {
+    let mut c = dual_stack_cluster()
+        .endpoint("games", "gs", "gs-0", "edge-a", "10.244.0.5", 3000)
+        .portmap(pm("games", "gs", "public", 3000));
+    slice6(&mut c, "gs-0", "edge-a", POD6_EDGE);
+    let plan = c.plan_with("edge-a", &edge_facts());
+    let d = decision(&plan, "games", "gs");
+    let ep = d.endpoint.as_ref().expect("endpoint");
+    assert_eq!(ep.address, "10.244.0.5".parse::<IpAddr>().expect("ip"));
+    assert_eq!(ep.address6, Some(POD6_EDGE.parse().expect("ipv6")));
+    assert_eq!(
+        d.programmed.as_ref().map(|p| p.reason),
+        Some(P::AllNodesReady)
+    );
+
+    let state = &plan.host_state;
+    // IPv4 as before, on both interfaces.
+    assert_eq!(steered(state, Family::V4).len(), 2);
+    // IPv6 only where the interface has an IPv6 address, to the pod's IPv6 address.
+    assert_eq!(
+        steered(state, Family::V6),
+        [("enp1s0".to_owned(), v6(EDGE_PUBLIC6))]
+    );
+    assert_eq!(
+        dnat_targets(state, Family::V6),
+        [("enp1s0".to_owned(), v6(POD6_EDGE))]
+    );
+    assert_eq!(state.nft6.family, Family::V6);
+    assert!(
+        state
+            .rules
+            .iter()
+            .any(|r| r.family == Family::V6 && r.priority == PREF_REPLY && r.table == MAIN_TABLE),
+        "{:?}",
+        state.rules
+    );
+    // The published row names the interface's IPv6 address; wt0 has none.
+    let rows: Vec<(&str, &str, &str)> = d
+        .published
+        .iter()
+        .map(|p| {
+            (
+                p.interface.as_str(),
+                p.address.as_str(),
+                p.address6.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("enp1s0", "203.0.113.9", EDGE_PUBLIC6),
+            ("wt0", "100.64.0.1", "")
+        ]
+    );
+    // The status names both addresses of the pod.
+    let write = plan
+        .writes
+        .portmaps
+        .iter()
+        .find(|w| w.name == "gs")
+        .expect("status write");
+    let endpoint = write.status.endpoint.as_ref().expect("endpoint status");
+    assert_eq!(endpoint.address, "10.244.0.5");
+    assert_eq!(endpoint.address6.as_deref(), Some(POD6_EDGE));
+    // The IPv6 table as nft lists it.
+    let text = nft_text(&state.nft6);
+    assert!(text.starts_with("table ip6 kuport {"), "{text}");
+    assert!(text.contains("ip6 daddr set 100::6b70:1"), "{text}");
+    assert!(
+        text.contains("\"enp1s0\" . 2001:db8:203::9 . udp . 3000"),
+        "{text}"
+    );
+    assert!(text.contains("fd00:10:244::5 . 3000"), "{text}");
+    assert!(
+        !nft_text(&state.nft).contains("2001:db8"),
+        "no IPv6 in the ip table"
+    );
+}
+
+#[test]
+fn an_ipv6_only_service_is_served_over_ipv6_alone() {
+    let mut c = dual_stack_cluster().portmap(pm("games", "gs", "public", 3000));
+    slice6(&mut c, "gs-0", "edge-a", POD6_EDGE);
+    let plan = c.plan_with("edge-a", &edge_facts());
+    let d = decision(&plan, "games", "gs");
+    let ep = d
+        .endpoint
+        .as_ref()
+        .expect("an IPv6-only Service has an endpoint");
+    assert_eq!(ep.address, v6(POD6_EDGE));
+    assert_eq!(ep.v4(), None);
+    assert_eq!(
+        d.programmed.as_ref().map(|p| p.reason),
+        Some(P::AllNodesReady)
+    );
+    assert!(dnat_targets(&plan.host_state, Family::V4).is_empty());
+    assert_eq!(
+        dnat_targets(&plan.host_state, Family::V6),
+        [("enp1s0".to_owned(), v6(POD6_EDGE))]
+    );
+    // Published only over IPv6: no IPv4 address is claimed for it.
+    assert!(
+        d.published.iter().all(|p| p.address.is_empty()),
+        "{:?}",
+        d.published
+    );
+}
+
+/// An IPv6 endpoint outside the cluster's IPv6 pod networks, or at a node's own address, is
+/// refused as an IPv4 one is.
+#[test]
+fn ipv6_endpoints_pass_the_same_address_policy() {
+    for (address, reason) in [
+        ("fd00:99::5", "outside the cluster's pod networks"),
+        ("fe80::5", "a link-local address"),
+        ("::1", "a loopback address"),
+        ("::ffff:10.244.0.5", "an IPv4-mapped IPv6 address"),
+        ("100::6b70:1", "kuport's stand-in block"),
+        (
+            "fd6b:7570::a9fe:4d00",
+            "the return-link subnet of class public",
+        ),
+    ] {
+        let mut c = dual_stack_cluster().portmap(pm("games", "gs", "public", 3000));
+        slice6(&mut c, "gs-0", "edge-a", address);
+        let plan = c.plan_with("edge-a", &edge_facts());
+        let d = decision(&plan, "games", "gs");
+        assert!(d.endpoint.is_none(), "{address} must not be used");
+        assert_eq!(d.rejected_endpoints.len(), 1, "{address}");
+        assert!(
+            d.rejected_endpoints[0].reason.contains(reason),
+            "{address}: {}",
+            d.rejected_endpoints[0].reason
+        );
+        assert!(plan.host_state.nft6.is_empty());
+    }
+    // Control: a pod address of the cluster is used.
+    let mut c = dual_stack_cluster().portmap(pm("games", "gs", "public", 3000));
+    slice6(&mut c, "gs-0", "edge-a", POD6_EDGE);
+    assert!(
+        decision(&c.plan_with("edge-a", &edge_facts()), "games", "gs")
+            .endpoint
+            .is_some()
+    );
+}
+
+/// A dual-stack pod on another node: the accepting node DNATs IPv6 to the pod node's inner
+/// IPv6 end of the link, the pod's node DNATs what arrives over the link to the pod, and the
+/// reply is routed back into the link by an IPv6 rule and route; the link carries both.
+#[test]
+fn a_dual_stack_pod_across_a_link_is_reached_over_ipv6_with_the_client_kept() {
+    let mut c = dual_stack_cluster()
+        .endpoint("games", "gs", "gs-0", "worker-b", "10.244.1.5", 3000)
+        .portmap(pm("games", "gs", "public", 3000))
+        .claim_built("public", "edge-a/worker-b", 0);
+    slice6(&mut c, "gs-0", "worker-b", POD6_WORKER);
+    let edge = c.plan_with("edge-a", &edge_facts()).host_state;
+    let worker = c.plan_with("worker-b", &worker_facts()).host_state;
+
+    let link = &edge.links[0];
+    // Slot 0 of 169.254.77.0/24: edge-a (first by name) has .0, worker-b .1; the IPv6 ends
+    // carry those in the low 32 bits of fd6b:7570::/96.
+    let own6: Ipv6Addr = "fd6b:7570::a9fe:4d00".parse().expect("ipv6");
+    let peer6: Ipv6Addr = "fd6b:7570::a9fe:4d01".parse().expect("ipv6");
+    assert_eq!(
+        link.address6.map(|n| (n.addr(), n.prefix_len())),
+        Some((own6, 127))
+    );
+    assert_eq!(link.peer_address6, Some(peer6));
+    assert_eq!(
+        dnat_targets(&edge, Family::V6),
+        [("enp1s0".to_owned(), IpAddr::V6(peer6))]
+    );
+    let wlink = &worker.links[0];
+    assert_eq!(wlink.address6.map(|n| n.addr()), Some(peer6));
+    assert_eq!(
+        steered(&worker, Family::V6),
+        [(wlink.name.clone(), IpAddr::V6(peer6))]
+    );
+    assert_eq!(
+        dnat_targets(&worker, Family::V6),
+        [(wlink.name.clone(), v6(POD6_WORKER))]
+    );
+
+    // The client's packet, traced through both nodes' rules.
+    let mut request = Packet::new("enp1s0", v6(CLIENT6), v6(EDGE_PUBLIC6), Protocol::Udp, 3000);
+    request.local = vec![v6(EDGE_PUBLIC6)];
+    let t = trace(&edge, &request);
+    assert!(t.steered, "{t:?}");
+    assert_eq!(t.dnat, Some((IpAddr::V6(peer6), 3000)));
+    assert!(t.identity_snat, "the client's address is kept: {t:?}");
+    let mut arrived = Packet::new(
+        &wlink.name,
+        v6(CLIENT6),
+        IpAddr::V6(peer6),
+        Protocol::Udp,
+        3000,
+    );
+    arrived.local = vec![IpAddr::V6(peer6)];
+    let t = trace(&worker, &arrived);
+    assert_eq!(t.dnat, Some((v6(POD6_WORKER), 3000)));
+    assert!(t.identity_snat, "{t:?}");
+    // The pod's reply takes the link's mark and leaves by the link's IPv6 route.
+    let mut reply = Packet::new("lxc0", v6(POD6_WORKER), v6(CLIENT6), Protocol::Udp, 40000);
+    reply.reply = true;
+    reply.ct_state = kuport_core::trace::CtState::Established;
+    reply.ct_mark = t.ct_mark;
+    let t = trace(&worker, &reply);
+    assert_eq!(
+        t.route,
+        Some(RouteDecision::Via {
+            table: worker
+                .rules
+                .iter()
+                .find(|r| r.family == Family::V6 && r.table != MAIN_TABLE)
+                .expect("v6 rule")
+                .table,
+            via: IpAddr::V6(own6),
+            dev: wlink.name.clone(),
+        })
+    );
+    // Control: an IPv4-only Service leaves the links without IPv6 and the ip6 table empty.
+    let v4_only = dual_stack_cluster()
+        .endpoint("games", "gs", "gs-0", "worker-b", "10.244.1.5", 3000)
+        .portmap(pm("games", "gs", "public", 3000))
+        .claim_built("public", "edge-a/worker-b", 0);
+    let edge = v4_only.plan_with("edge-a", &edge_facts()).host_state;
+    assert_eq!(edge.links[0].address6, None);
+    assert!(edge.nft6.is_empty());
+    assert!(edge.rules.iter().all(|r| r.family == Family::V4));
+}
+
+#[test]
+fn a_class_ipv6_link_prefix_is_validated() {
+    for (prefix, said) in [
+        ("fd00::/100", "longer than /96"),
+        ("10.0.0.0/8", "not an IPv6 CIDR"),
+        ("fe80::/64", "not a unicast prefix"),
+        ("100::/48", "stand-in"),
+    ] {
+        let mut c = dual_stack_cluster();
+        let class = c.class_mut("public");
+        class.spec.return_path.vxlan.subnet6 = prefix.to_owned();
+        let plan = c.plan_with("edge-a", &edge_facts());
+        let class = plan
+            .classes
+            .iter()
+            .find(|c| c.name == "public")
+            .expect("class");
+        assert_eq!(class.ready.reason.as_str(), "InvalidSubnet", "{prefix}");
+        assert!(
+            class.ready.message.contains(said),
+            "{prefix}: {}",
+            class.ready.message
+        );
+    }
+    // Control: the default and a custom /64 are valid.
+    let mut c = dual_stack_cluster();
+    c.class_mut("public").spec.return_path.vxlan.subnet6 = "fd12:3456::/64".to_owned();
+    let plan = c.plan_with("edge-a", &edge_facts());
+    let class = plan
+        .classes
+        .iter()
+        .find(|c| c.name == "public")
+        .expect("class");
+    assert_eq!(class.ready.reason.as_str(), "Valid");
+    assert_eq!(
+        serde_json::to_value(
+            &dual_stack_cluster().snapshot.classes[0]
+                .spec
+                .return_path
+                .vxlan
+        )
+        .expect("json")["ipv6Subnet"],
+        json!("fd6b:7570::/96")
+    );
+}
