@@ -22,6 +22,7 @@ use kuport_testkit::objects;
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
+use crate::scenario::IpFamily;
 use crate::topology::PodInfo;
 
 /// How often the lab renews each live node's Lease (kubelet's default is 10 s; the real
@@ -227,13 +228,14 @@ impl Cluster {
         &self,
         name: &str,
         internal_ip: Ipv4Addr,
-        pod_cidr: &str,
+        pod_cidrs: &[&str],
         ready: bool,
     ) -> Result<()> {
+        let first = pod_cidrs.first().context("a Node needs a pod CIDR")?;
         self.apply(json!({
             "apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
-            "spec": {"podCIDR": pod_cidr, "podCIDRs": [pod_cidr]},
+            "spec": {"podCIDR": first, "podCIDRs": pod_cidrs},
             "status": node_status(internal_ip, ready, self.real),
         }))
         .await?;
@@ -322,23 +324,34 @@ impl Cluster {
         Ok(())
     }
 
-    /// The Service (created when the scenario's objects did not) and its one EndpointSlice,
-    /// listing `pods` with their readiness and node; against the real control plane, the
-    /// Service and the pods' Pod objects, from which the real controller writes the slices.
+    /// The Service (created when the scenario's objects did not) and its EndpointSlice of each
+    /// of its `families`, listing `pods` with their readiness and node; against the real control
+    /// plane, the Service and the pods' Pod objects, from which the real controller writes the
+    /// slices (IPv4 only: the real control plane is single-stack).
     pub async fn sync_service(
         &self,
         namespace: &str,
         service: &str,
         pods: &[&PodInfo],
+        families: &[IpFamily],
     ) -> Result<()> {
-        self.ensure_service(namespace, service, pods).await?;
+        if self.real && families != [IpFamily::IPv4] {
+            bail!(
+                "Service {namespace}/{service}: ipFamilies {families:?} needs the API server model (--apiserver real runs a single-stack IPv4 control plane)"
+            );
+        }
+        self.ensure_service(namespace, service, pods, families)
+            .await?;
         if self.real {
             for pod in pods {
                 self.sync_pod(namespace, service, pod).await?;
             }
             return Ok(());
         }
-        self.write_slice(namespace, service, pods).await
+        for family in families {
+            self.write_slice(namespace, service, pods, *family).await?;
+        }
+        Ok(())
     }
 
     /// Kubelet's part for one pod: its Pod object bound to its node (created again when it
@@ -405,6 +418,7 @@ impl Cluster {
         namespace: &str,
         service: &str,
         pods: &[&PodInfo],
+        families: &[IpFamily],
     ) -> Result<()> {
         let ports = service_ports(pods);
         if self
@@ -416,22 +430,57 @@ impl Cluster {
                 .iter()
                 .map(|p| json!({"name": p["name"], "protocol": p["protocol"], "port": p["port"], "targetPort": p["port"]}))
                 .collect();
-            self.apply(json!({
+            let mut svc = json!({
                 "apiVersion": "v1", "kind": "Service",
                 "metadata": {"name": service, "namespace": namespace},
                 "spec": {"ports": svc_ports, "selector": {"app": service}},
-            }))
-            .await?;
+            });
+            // A Service of the default family is written as before; any other says its families
+            // as the API server would have completed them.
+            if families != [IpFamily::IPv4] {
+                let policy = match families.len() {
+                    1 => "SingleStack",
+                    _ => "RequireDualStack",
+                };
+                svc["spec"]["ipFamilies"] =
+                    json!(families.iter().map(|f| f.as_str()).collect::<Vec<_>>());
+                svc["spec"]["ipFamilyPolicy"] = json!(policy);
+            }
+            self.apply(svc).await?;
         }
         Ok(())
     }
 
-    async fn write_slice(&self, namespace: &str, service: &str, pods: &[&PodInfo]) -> Result<()> {
-        let mut slice = objects::slice(namespace, &format!("{service}-lab"), service)
+    /// The slice of `family` (`<service>-lab` for IPv4, `<service>-lab-v6` for IPv6) listing
+    /// the pods of that family, each at its address of that family.
+    async fn write_slice(
+        &self,
+        namespace: &str,
+        service: &str,
+        pods: &[&PodInfo],
+        family: IpFamily,
+    ) -> Result<()> {
+        let pods: Vec<&PodInfo> = pods
+            .iter()
+            .copied()
+            .filter(|p| p.spec.has_family(family))
+            .collect();
+        let (name, v6) = match family {
+            IpFamily::IPv4 => (format!("{service}-lab"), false),
+            IpFamily::IPv6 => (format!("{service}-lab-v6"), true),
+        };
+        let mut slice = objects::slice(namespace, &name, service)
             .label("endpointslice.kubernetes.io/managed-by", "kuport-lab")
-            .ports(service_ports(pods));
+            .ports(service_ports(&pods));
+        if v6 {
+            slice = slice.ipv6();
+        }
         for pod in pods {
-            let endpoint = objects::endpoint(&pod.ip.to_string(), &pod.node)
+            let address = match family {
+                IpFamily::IPv4 => pod.ip.to_string(),
+                IpFamily::IPv6 => pod.ip6.to_string(),
+            };
+            let endpoint = objects::endpoint(&address, &pod.node)
                 .ready(pod.ready)
                 .condition("serving", pod.ready)
                 .condition("terminating", false)

@@ -21,6 +21,7 @@ mod scenario;
 mod sys;
 mod topology;
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -74,6 +75,13 @@ enum Command {
     Run(RunArgs),
     /// Remove everything a lab created (namespaces, processes), by the names and pids recorded.
     Down,
+    /// Load and check scenario files without running them (no root needed): prints `ok
+    /// <file> (<scenario>)` for each, or the first error naming the file and the field.
+    Check {
+        /// Scenario files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
     /// Start a real Kubernetes cluster in the lab's network: containerd, kubelet and
     /// kube-proxy in every node namespace, the control plane of e2e/controlplane with the
     /// scheduler and every controller; import the images given; write the cluster's
@@ -104,6 +112,9 @@ fn main() -> ExitCode {
         return code;
     }
     let cli = Cli::parse();
+    if let Some(Command::Check { files }) = &cli.command {
+        return check(files);
+    }
     if !rustix::process::geteuid().is_root() {
         return not_root(&args);
     }
@@ -118,6 +129,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }),
         Some(Command::Bench { write, only }) => bench(write, only.as_deref()),
+        Some(Command::Check { files }) => Ok(check(&files)),
         Some(Command::Cluster(args)) => localcluster::run(args),
         Some(Command::Bins) => prereq::binaries().map(|dir| {
             println!("{}", dir.display());
@@ -169,6 +181,18 @@ fn run(args: RunArgs) -> Result<ExitCode> {
         );
     }
     let scenarios = load_scenarios(files)?;
+    if apiserver == runner::ApiServer::Real
+        && let Some(s) = scenarios.iter().find(|s| {
+            s.pods
+                .iter()
+                .any(|p| p.ip_families != [scenario::IpFamily::IPv4])
+        })
+    {
+        anyhow::bail!(
+            "scenario {}: ipFamilies other than [IPv4] need the API server model: --apiserver real runs a single-stack IPv4 control plane",
+            s.name
+        );
+    }
     prereq::ensure_tools()?;
     let bins = prereq::binaries()?;
     let image = match &agent_image {
@@ -211,6 +235,24 @@ fn run(args: RunArgs) -> Result<ExitCode> {
         image.keep();
     }
     finish(&report, report_path, keep)
+}
+
+/// `check`: loads every file as `run` would, creating nothing; exit 2 on the first that does not
+/// load.
+fn check(files: &[PathBuf]) -> ExitCode {
+    for f in files {
+        match scenario::load(f) {
+            Ok(s) => {
+                // A reader that went away (`| head`) is no failure of the files.
+                let _ = writeln!(std::io::stdout(), "ok {} ({})", f.display(), s.name);
+            }
+            Err(e) => {
+                eprintln!("kuport-lab: {e:#}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    ExitCode::SUCCESS
 }
 
 /// The scenarios of `files`, or of every file in the scenarios directory when none is named.
@@ -298,8 +340,8 @@ fn print_keep(topo: &topology::Topology) {
     }
     for (key, p) in &topo.pods {
         println!(
-            "  pod {:<13} ip netns exec {} bash    ({} on {})",
-            key, p.ns, p.ip, p.node
+            "  pod {:<13} ip netns exec {} bash    ({} and {} on {})",
+            key, p.ns, p.ip, p.ip6, p.node
         );
     }
     println!(

@@ -1,13 +1,13 @@
 //! A probe: a real client dials a node's address and checks who answered and what the pod saw.
 
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
-use crate::scenario::{Expect, PodSees, Probe, Protocol};
-use crate::topology::{CLIENT_IP, CLIENT_NS, Topology};
+use crate::scenario::{Expect, IpFamily, PodSees, Probe, Protocol};
+use crate::topology::{CLIENT_IP, CLIENT_IP6, CLIENT_NS, Topology};
 
 /// What one `kuport-echo ask` said.
 #[derive(Debug, Default)]
@@ -41,28 +41,66 @@ fn parse(line: &str) -> Answer {
     a
 }
 
-/// Where a probe starts: the namespace and the client's own address.
-fn source(topo: &Topology, from: &str) -> Result<(String, Ipv4Addr)> {
+/// Where a probe starts: the namespace and the client's own address in `family`.
+fn source(topo: &Topology, from: &str, family: IpFamily) -> Result<(String, IpAddr)> {
+    let v6 = family == IpFamily::IPv6;
     if from == "internet" {
-        return Ok((CLIENT_NS.to_string(), CLIENT_IP));
+        let ip = if v6 {
+            IpAddr::V6(CLIENT_IP6)
+        } else {
+            IpAddr::V4(CLIENT_IP)
+        };
+        return Ok((CLIENT_NS.to_string(), ip));
     }
     if from.starts_with("vpn:") {
+        if v6 {
+            bail!("probe from {from}: the mesh is IPv4 only, a VPN client has no IPv6 address");
+        }
         let m = topo.mesh_member(from)?;
-        return Ok((m.ns.clone(), m.mesh));
+        return Ok((m.ns.clone(), IpAddr::V4(m.mesh)));
     }
     if let Some(pod) = from.strip_prefix("pod:") {
         let p = topo
             .pods
             .get(pod)
             .with_context(|| format!("no pod {pod}"))?;
-        return Ok((p.ns.clone(), p.ip));
+        let ip = if v6 {
+            IpAddr::V6(p.ip6)
+        } else {
+            IpAddr::V4(p.ip)
+        };
+        return Ok((p.ns.clone(), ip));
     }
     if let Some(node) = from.strip_prefix("node:") {
-        // The node's own connection: over the mesh, it leaves from the node's mesh address.
+        // The node's own connection: over the mesh, it leaves from the node's mesh address;
+        // over IPv6 (no mesh), from its public address, or a worker's pod gateway (the kernel
+        // picks: give such a probe `podSees: any`).
         let n = topo.node(node)?;
-        return Ok((n.ns.clone(), n.mesh));
+        let ip = match (v6, n.public6) {
+            (false, _) => IpAddr::V4(n.mesh),
+            (true, Some(public6)) => IpAddr::V6(public6),
+            (true, None) => IpAddr::V6(n.pod_gateway6),
+        };
+        return Ok((n.ns.clone(), ip));
     }
     bail!("probe from {from}: use internet, vpn:<client>, pod:<namespace>/<name> or node:<name>")
+}
+
+/// The address a probe dials: a pod's own (`to.pod`) or a node interface's, in `to.family`.
+fn target(topo: &Topology, p: &Probe) -> Result<IpAddr> {
+    match &p.to.pod {
+        Some(pod) => {
+            let info = topo
+                .pods
+                .get(pod)
+                .with_context(|| format!("probe to pod {pod}: no such pod"))?;
+            Ok(match p.to.family {
+                IpFamily::IPv4 => IpAddr::V4(info.ip),
+                IpFamily::IPv6 => IpAddr::V6(info.ip6),
+            })
+        }
+        None => topo.address_in(&p.to.node, &p.to.interface, p.to.family),
+    }
 }
 
 /// `ip` arguments running one `kuport-echo ask` from namespace `ns`.
@@ -145,17 +183,9 @@ pub async fn run(topo: &Topology, p: &Probe) -> (bool, Value) {
 }
 
 async fn run_inner(topo: &Topology, p: &Probe) -> Result<(bool, Value)> {
-    let (ns, client_ip) = source(topo, &p.from)?;
-    let addr = match &p.to.pod {
-        Some(pod) => {
-            topo.pods
-                .get(pod)
-                .with_context(|| format!("probe to pod {pod}: no such pod"))?
-                .ip
-        }
-        None => topo.address_of(&p.to.node, &p.to.interface)?,
-    };
-    let dialed = SocketAddr::V4(SocketAddrV4::new(addr, p.port));
+    let (ns, client_ip) = source(topo, &p.from, p.to.family)?;
+    let addr = target(topo, p)?;
+    let dialed = SocketAddr::new(addr, p.port);
     let target = Dialed {
         ns: &ns,
         dialed,
@@ -191,8 +221,8 @@ async fn run_inner(topo: &Topology, p: &Probe) -> Result<(bool, Value)> {
 struct Dialed<'a> {
     ns: &'a str,
     dialed: SocketAddr,
-    addr: Ipv4Addr,
-    client_ip: Ipv4Addr,
+    addr: IpAddr,
+    client_ip: IpAddr,
 }
 
 /// `withinSeconds`: short asks until one matches; the detail gives `afterMillis`, when the
@@ -285,22 +315,16 @@ fn detail_of(p: &Probe, answer: &Answer, dialed: SocketAddr, attempts: u32) -> V
 /// fragmentation needed at the expected MTU.
 /// A refusal (ICMP error or RST) that came from the address dialed: one from the pod or the
 /// link address would mean the mapping leaked an inside address.
-fn refused_by(answer: &Answer, addr: Ipv4Addr) -> bool {
+fn refused_by(answer: &Answer, addr: IpAddr) -> bool {
     answer.outcome == "refused" && answer.from.as_deref() == Some(addr.to_string().as_str())
 }
 
-fn judge(
-    p: &Probe,
-    answer: &Answer,
-    dialed: SocketAddr,
-    addr: Ipv4Addr,
-    client_ip: Ipv4Addr,
-) -> bool {
+fn judge(p: &Probe, answer: &Answer, dialed: SocketAddr, addr: IpAddr, client_ip: IpAddr) -> bool {
     let client_own = answer
         .client
         .as_deref()
         .and_then(|c| c.parse::<SocketAddr>().ok())
-        .is_some_and(|c| c.ip() == std::net::IpAddr::V4(client_ip));
+        .is_some_and(|c| c.ip() == client_ip);
     match p.expect {
         Expect::Reply => {
             let from_dialed = answer.from.as_deref() == Some(dialed.to_string().as_str());
@@ -309,7 +333,7 @@ fn judge(
                 .peer
                 .as_deref()
                 .and_then(|a| a.parse::<SocketAddr>().ok())
-                .is_some_and(|a| a.ip() == std::net::IpAddr::V4(client_ip));
+                .is_some_and(|a| a.ip() == client_ip);
             answer.outcome == "reply"
                 && from_dialed
                 && p.answered_by
@@ -344,7 +368,7 @@ pub struct Looped {
     /// The address dialed, which must be the one answering.
     pub dialed: SocketAddr,
     /// The client's own address, which the pod must see.
-    client_ip: Ipv4Addr,
+    client_ip: IpAddr,
 }
 
 /// Prepares `p` (which expects a reply) for a loop; each ask waits at most `timeout_ms`.
@@ -352,9 +376,8 @@ pub fn prepare_loop(topo: &Topology, p: &Probe, timeout_ms: u64) -> Result<Loope
     if p.expect != Expect::Reply {
         bail!("a probe loop counts replies: the probe must expect one");
     }
-    let (ns, client_ip) = source(topo, &p.from)?;
-    let addr = topo.address_of(&p.to.node, &p.to.interface)?;
-    let dialed = SocketAddr::V4(SocketAddrV4::new(addr, p.port));
+    let (ns, client_ip) = source(topo, &p.from, p.to.family)?;
+    let dialed = SocketAddr::new(target(topo, p)?, p.port);
     let mut args = ask_args(topo, &ns, p.protocol, dialed, timeout_ms);
     if let Some(port) = p.source_port {
         args.extend(["--source-port".into(), port.to_string()]);
@@ -382,7 +405,7 @@ pub async fn ask_looped(l: &Looped) -> bool {
 }
 
 fn judge_looped(answer: &Answer, l: &Looped) -> bool {
-    let client_ip = std::net::IpAddr::V4(l.client_ip);
+    let client_ip = l.client_ip;
     let addr_ip = |s: &Option<String>| {
         s.as_deref()
             .and_then(|a| a.parse::<SocketAddr>().ok())
@@ -405,8 +428,8 @@ mod tests {
         let p: Probe = serde_saphyr::from_str(yaml).expect("a probe expecting no answer");
         assert_eq!(p.expect, Expect::NoAnswer);
         let dialed: SocketAddr = "192.0.2.1:3000".parse().expect("addr");
-        let addr: Ipv4Addr = "192.0.2.1".parse().expect("ip");
-        let client: Ipv4Addr = "198.51.100.7".parse().expect("ip");
+        let addr: IpAddr = "192.0.2.1".parse().expect("ip");
+        let client: IpAddr = "198.51.100.7".parse().expect("ip");
         let judged = |line: &str| judge(&p, &parse(line), dialed, addr, client);
         assert!(judged("timeout"));
         assert!(judged("refused from=192.0.2.1"));
@@ -425,8 +448,8 @@ mod tests {
         let p: Probe = serde_saphyr::from_str(yaml).expect("a probe recording the source");
         assert_eq!(p.pod_sees, PodSees::Any);
         let dialed: SocketAddr = "192.0.2.1:3000".parse().expect("addr");
-        let addr: Ipv4Addr = "192.0.2.1".parse().expect("ip");
-        let mesh: Ipv4Addr = "100.64.0.1".parse().expect("ip");
+        let addr: IpAddr = "192.0.2.1".parse().expect("ip");
+        let mesh: IpAddr = "100.64.0.1".parse().expect("ip");
         let judged = |line: &str| judge(&p, &parse(line), dialed, addr, mesh);
         // The node dialed its own public address: the kernel chose that address as source,
         // and the pod saw a translated one; both recorded, neither judged.
@@ -464,5 +487,43 @@ mod tests {
         ] {
             assert!(!judge_looped(&parse(bad), &l), "{bad}");
         }
+    }
+
+    #[test]
+    fn an_ipv6_probe_is_judged_against_the_clients_ipv6_address() {
+        let yaml = "from: internet\nto: {node: a, interface: enp1s0, family: IPv6}\nprotocol: TCP\nport: 3000\nexpect: reply\n";
+        let p: Probe = serde_saphyr::from_str(yaml).expect("an IPv6 probe");
+        assert_eq!(p.to.family, IpFamily::IPv6);
+        let dialed: SocketAddr = "[2001:db8:203::1]:3000".parse().expect("addr");
+        let judged = |line: &str| judge(&p, &parse(line), dialed, dialed.ip(), CLIENT_IP6.into());
+        assert!(judged(
+            "reply from=[2001:db8:203::1]:3000 peer=[2001:db8:198::10]:40000 port=3000 client=[2001:db8:198::10]:40000"
+        ));
+        for bad in [
+            // The pod saw the node's pod gateway (masqueraded), not the client.
+            "reply from=[2001:db8:203::1]:3000 peer=[fd00:10:244:1::1]:40000 client=[2001:db8:198::10]:40000",
+            // An IPv4 client's address is not the IPv6 client's.
+            "reply from=[2001:db8:203::1]:3000 peer=198.51.100.10:40000 client=198.51.100.10:40000",
+            "reply from=[fd00:10:244:1::10]:3000 peer=[2001:db8:198::10]:40000 client=[2001:db8:198::10]:40000",
+            "refused from=2001:db8:203::1",
+        ] {
+            assert!(!judged(bad), "{bad}");
+        }
+        let refused: Probe =
+            serde_saphyr::from_str(&yaml.replace("reply", "refused")).expect("a refusal");
+        assert!(judge(
+            &refused,
+            &parse("refused from=2001:db8:203::1"),
+            dialed,
+            dialed.ip(),
+            CLIENT_IP6.into()
+        ));
+        assert!(!judge(
+            &refused,
+            &parse("refused from=fd00:10:244:1::10"),
+            dialed,
+            dialed.ip(),
+            CLIENT_IP6.into()
+        ));
     }
 }

@@ -222,7 +222,12 @@ impl Runner<'_> {
         }
         for node in &self.topo.nodes {
             cluster
-                .register_node(&node.name, node.mesh, &node.pod_cidr, true)
+                .register_node(
+                    &node.name,
+                    node.mesh,
+                    &node_pod_cidrs(&self.topo, node),
+                    true,
+                )
                 .await?;
         }
         for listener in self.topo.scenario.host.listeners.clone() {
@@ -255,6 +260,7 @@ impl Runner<'_> {
             self.cluster()?.ensure_namespace(&pod.namespace).await?;
             topology::start_pod(self.lab, &mut self.topo, &pod, &pod.node)?;
         }
+        topology::check_ipv6(&self.topo)?;
         let services: Vec<(String, String)> = self
             .topo
             .pods
@@ -277,8 +283,17 @@ impl Runner<'_> {
             .values()
             .filter(|p| p.spec.namespace == namespace && p.spec.service.as_deref() == Some(service))
             .collect();
+        // The scenario's pods of one Service agree on their families (the scenario checks).
+        let families = self
+            .topo
+            .scenario
+            .pods
+            .iter()
+            .find(|p| p.namespace == namespace && p.service.as_deref() == Some(service))
+            .map(|p| p.ip_families.clone())
+            .unwrap_or_else(|| vec![scenario::IpFamily::IPv4]);
         self.cluster()?
-            .sync_service(namespace, service, &pods)
+            .sync_service(namespace, service, &pods, &families)
             .await
     }
 
@@ -955,6 +970,19 @@ impl Runner<'_> {
                     .with_context(|| format!("no pod {pod}"))?
                     .ip
                     .to_string(),
+                Some(("pod6", pod)) => self
+                    .topo
+                    .pods
+                    .get(pod)
+                    .with_context(|| format!("no pod {pod}"))?
+                    .ip6
+                    .to_string(),
+                Some(("public6", node)) => self
+                    .topo
+                    .node(node)?
+                    .public6
+                    .with_context(|| format!("node {node} has no public address"))?
+                    .to_string(),
                 Some(("mesh", node)) => self.topo.node(node)?.mesh.to_string(),
                 Some(("public", node)) => self
                     .topo
@@ -1141,12 +1169,24 @@ impl Runner<'_> {
     }
 }
 
+/// A Node's `spec.podCIDRs`: its IPv4 pod CIDR, and its IPv6 pod prefix too when the scenario
+/// lists a pod in an IPv6 slice (a dual-stack cluster; an IPv4 one is written as before).
+fn node_pod_cidrs<'a>(topo: &Topology, node: &'a topology::NodeInfo) -> Vec<&'a str> {
+    let mut cidrs = vec![node.pod_cidr.as_str()];
+    if topo.uses_ipv6() {
+        cidrs.push(node.pod_cidr6.as_str());
+    }
+    cidrs
+}
+
 /// The placeholders [`Runner::expand`] replaces in `hostExec`, `kubectl`, `kuportStatus` and
 /// `kuportPreflight` commands, with what each takes; `docs/lab.md` documents every one (a unit test checks).
 pub const PLACEHOLDERS: &[(&str, &str)] = &[
     ("pod", "<ns>/<name>"),
     ("mesh", "<node>"),
     ("public", "<node>"),
+    ("pod6", "<ns>/<name>"),
+    ("public6", "<node>"),
     ("wg", "<member>"),
     ("wgkey", "<member>"),
 ];

@@ -125,12 +125,45 @@ pub struct PodSpec {
     pub service: Option<String>,
     #[serde(default)]
     pub ports: Vec<PodPort>,
+    /// Extension: the IP families of the Service's EndpointSlices listing this pod, in the
+    /// Service's order (`[IPv4]`, `[IPv6]`, `[IPv4, IPv6]` or `[IPv6, IPv4]`; default `[IPv4]`).
+    /// Every pod has an address of each family; this picks the slices it is listed in. Pods of
+    /// one Service must agree.
+    #[serde(default = "ipv4_only")]
+    pub ip_families: Vec<IpFamily>,
 }
 
 impl PodSpec {
     pub fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
     }
+
+    /// Whether the pod is listed in its Service's slices of `family`.
+    pub fn has_family(&self, family: IpFamily) -> bool {
+        self.ip_families.contains(&family)
+    }
+}
+
+/// An IP family, written as the API writes it (`IPv4`, `IPv6`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+pub enum IpFamily {
+    #[default]
+    IPv4,
+    IPv6,
+}
+
+impl IpFamily {
+    /// The API's spelling (a Service's `ipFamilies`, a slice's `addressType`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IpFamily::IPv4 => "IPv4",
+            IpFamily::IPv6 => "IPv6",
+        }
+    }
+}
+
+fn ipv4_only() -> Vec<IpFamily> {
+    vec![IpFamily::IPv4]
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -330,6 +363,11 @@ pub struct Target {
     /// traffic does; `node` and `interface` are then left out.
     #[serde(default)]
     pub pod: Option<String>,
+    /// Extension: the address family dialed (`IPv4`, the default, or `IPv6`): the node's
+    /// interface's (or the pod's) IPv6 address, from the client's IPv6 address. The mesh is
+    /// IPv4 only, so `wt0` and VPN clients take `IPv4`.
+    #[serde(default)]
+    pub family: IpFamily,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -575,9 +613,11 @@ fn validate(s: &Scenario) -> Result<()> {
             bail!("node {} listed twice", n.name);
         }
     }
+    check_pod_families(s)?;
     let mut tcp_source_ports = std::collections::BTreeSet::new();
     for probe in s.steps.iter().flat_map(probes_of) {
         check_periods(probe)?;
+        check_probe_family(probe)?;
         let Some(port) = probe.source_port else {
             continue;
         };
@@ -633,6 +673,59 @@ fn check_periods(p: &Probe) -> Result<()> {
         ),
         _ => Ok(()),
     }
+}
+
+/// A pod's `ipFamilies`: one or two distinct families, and the same list for every pod of one
+/// Service (a Service has one `ipFamilies`).
+fn check_pod_families(s: &Scenario) -> Result<()> {
+    for (i, pod) in s.pods.iter().enumerate() {
+        let f = &pod.ip_families;
+        if f.is_empty() || f.len() > 2 || (f.len() == 2 && f[0] == f[1]) {
+            bail!(
+                "pod {}: ipFamilies takes [IPv4], [IPv6], [IPv4, IPv6] or [IPv6, IPv4], not {f:?}",
+                pod.key()
+            );
+        }
+        let same_service = |o: &&PodSpec| {
+            o.namespace == pod.namespace && o.service.is_some() && o.service == pod.service
+        };
+        if let Some(other) = s.pods[..i]
+            .iter()
+            .filter(same_service)
+            .find(|o| o.ip_families != *f)
+        {
+            bail!(
+                "pods {} and {} of Service {}: ipFamilies {:?} and {:?} differ (a Service has one list)",
+                other.key(),
+                pod.key(),
+                pod.service.as_deref().unwrap_or_default(),
+                other.ip_families,
+                f
+            );
+        }
+    }
+    Ok(())
+}
+
+/// An IPv6 probe dials a public interface or a pod: the mesh (`wt0`, VPN clients) is IPv4.
+fn check_probe_family(p: &Probe) -> Result<()> {
+    if p.to.family != IpFamily::IPv6 {
+        return Ok(());
+    }
+    if p.to.pod.is_none() && p.to.interface == "wt0" {
+        bail!(
+            "probe to port {}: family IPv6 on wt0: the mesh is IPv4 only",
+            p.port
+        );
+    }
+    if p.from.starts_with("vpn:") {
+        bail!(
+            "probe to port {} from {}: family IPv6: VPN clients reach the cluster over the mesh, which is IPv4 only",
+            p.port,
+            p.from
+        );
+    }
+    Ok(())
 }
 
 /// The probes of a step, those of `parallel` and `rollingRestart` included.
@@ -862,5 +955,82 @@ steps:
         let s: Scenario = serde_saphyr::from_str(yaml).expect("parses");
         let err = validate(&s).expect_err("unknown node");
         assert!(format!("{err}").contains("node b"), "{err}");
+    }
+
+    /// A scenario with `pods` (YAML flow entries) and one probe step.
+    fn with_pods_and_probe(pods: &str, probe: &str) -> Result<Scenario> {
+        let yaml = format!(
+            "name: x\ncni: cilium-tunnel\nnodes: [{{name: a, public: true}}, {{name: b}}]\nvpnClients: [v]\npods: [{pods}]\nsteps:\n  - probe: {{{probe}}}\n"
+        );
+        let s: Scenario = serde_saphyr::from_str(&yaml)?;
+        validate(&s)?;
+        Ok(s)
+    }
+
+    const PROBE: &str =
+        "from: internet, to: {node: a, interface: enp1s0}, protocol: UDP, port: 1, expect: reply";
+
+    #[test]
+    fn ip_families_default_to_ipv4_and_take_the_four_lists() {
+        let s = with_pods_and_probe("{namespace: n, name: p, node: b, service: s}", PROBE)
+            .expect("no ipFamilies");
+        assert_eq!(s.pods[0].ip_families, vec![IpFamily::IPv4]);
+        assert!(s.pods[0].has_family(IpFamily::IPv4) && !s.pods[0].has_family(IpFamily::IPv6));
+        for (yaml, want) in [
+            ("[IPv4]", vec![IpFamily::IPv4]),
+            ("[IPv6]", vec![IpFamily::IPv6]),
+            ("[IPv4, IPv6]", vec![IpFamily::IPv4, IpFamily::IPv6]),
+            ("[IPv6, IPv4]", vec![IpFamily::IPv6, IpFamily::IPv4]),
+        ] {
+            let pod = format!("{{namespace: n, name: p, node: b, service: s, ipFamilies: {yaml}}}");
+            let s = with_pods_and_probe(&pod, PROBE).unwrap_or_else(|e| panic!("{yaml}: {e:#}"));
+            assert_eq!(s.pods[0].ip_families, want, "{yaml}");
+        }
+    }
+
+    #[test]
+    fn a_bad_ip_family_list_is_refused() {
+        let pod = |families: &str| {
+            format!("{{namespace: n, name: p, node: b, service: s, ipFamilies: {families}}}")
+        };
+        for bad in ["[IPv5]", "[ipv6]", "IPv6", "[inet6]"] {
+            assert!(with_pods_and_probe(&pod(bad), PROBE).is_err(), "{bad}");
+        }
+        for bad in ["[]", "[IPv6, IPv6]", "[IPv4, IPv6, IPv4]"] {
+            let err = with_pods_and_probe(&pod(bad), PROBE).expect_err(bad);
+            assert!(
+                format!("{err}").contains("ipFamilies takes"),
+                "{bad}: {err}"
+            );
+        }
+        let two = "{namespace: n, name: p, node: b, service: s, ipFamilies: [IPv4, IPv6]}, {namespace: n, name: q, node: a, service: s}";
+        let err = with_pods_and_probe(two, PROBE).expect_err("two lists for one Service");
+        assert!(format!("{err}").contains("differ"), "{err}");
+        let other_service = "{namespace: n, name: p, node: b, service: s, ipFamilies: [IPv6]}, {namespace: n, name: q, node: a, service: t}";
+        with_pods_and_probe(other_service, PROBE).expect("two Services, two lists");
+    }
+
+    #[test]
+    fn a_probe_dials_ipv4_unless_told_ipv6_and_never_over_the_mesh() {
+        let pod = "{namespace: n, name: p, node: b, service: s, ipFamilies: [IPv4, IPv6]}";
+        let probe_of = |s: &Scenario| match &s.steps[0] {
+            Step::Probe(p) => p.clone(),
+            _ => panic!("not a probe"),
+        };
+        let s = with_pods_and_probe(pod, PROBE).expect("IPv4 by default");
+        assert_eq!(probe_of(&s).to.family, IpFamily::IPv4);
+        let v6 = "from: internet, to: {node: a, interface: enp1s0, family: IPv6}, protocol: TCP, port: 1, expect: reply, podSees: client";
+        let s = with_pods_and_probe(pod, v6).expect("IPv6 to a public interface");
+        assert_eq!(probe_of(&s).to.family, IpFamily::IPv6);
+        let to_pod = "from: \"pod:n/p\", to: {pod: n/p, family: IPv6}, protocol: UDP, port: 1, expect: reply, podSees: any";
+        with_pods_and_probe(pod, to_pod).expect("IPv6 to a pod");
+        let mesh = "from: internet, to: {node: a, interface: wt0, family: IPv6}, protocol: UDP, port: 1, expect: reply";
+        let err = with_pods_and_probe(pod, mesh).expect_err("IPv6 on wt0");
+        assert!(format!("{err}").contains("IPv4 only"), "{err}");
+        let vpn = "from: \"vpn:v\", to: {node: a, interface: enp1s0, family: IPv6}, protocol: UDP, port: 1, expect: reply";
+        let err = with_pods_and_probe(pod, vpn).expect_err("IPv6 from a VPN client");
+        assert!(format!("{err}").contains("IPv4 only"), "{err}");
+        let bad = "from: internet, to: {node: a, interface: enp1s0, family: IPv7}, protocol: UDP, port: 1, expect: reply";
+        assert!(with_pods_and_probe(pod, bad).is_err());
     }
 }

@@ -1,24 +1,31 @@
 //! The fake cluster's network: underlay bridge, WireGuard mesh, internet side, CNI emulation and
-//! pods, all as network namespaces. Addresses come from documentation ranges only.
+//! pods, all as network namespaces. Addresses come from documentation ranges (IPv4 and IPv6) and
+//! the IPv6 unique local range only. Every element but the mesh and the VPN clients has an IPv6
+//! address beside its IPv4 one (an IPv6 address's last groups read like its IPv4 twin's last
+//! octets, written as hexadecimal: 2001:db8:203::10 is not ::a).
 //!
-//! | what                | namespace         | addresses                                   |
-//! |---------------------|-------------------|---------------------------------------------|
-//! | underlay bridge     | `kl-ul`           | `br0` 192.0.2.254/24 (API server, dead-end gateway) |
-//! | node i (1-based)    | `kl-<node>`       | `ul0` 192.0.2.i, `wt0` 100.64.0.i/16, pods 10.244.i.0/24, `enp1s0` 203.0.113.i |
-//! | VPN client j        | `kl-vpn-<name>`   | `ul0` 192.0.2.(100+j), `wt0` 100.64.1.j/16   |
-//! | internet router     | `kl-inet`         | 198.51.100.1/24, 203.0.113.254/24            |
-//! | internet client     | `kl-client`       | 198.51.100.10                                |
-//! | pod                 | `kl-pod-<k>`      | 10.244.i.(10+k)                              |
+//! | what                | namespace         | IPv4                                        | IPv6 |
+//! |---------------------|-------------------|---------------------------------------------|------|
+//! | underlay bridge     | `kl-ul`           | `br0` 192.0.2.254/24 (API server, dead-end gateway) | `br0` 2001:db8:192::fe/64 (dead-end gateway) |
+//! | node i (1-based)    | `kl-<node>`       | `ul0` 192.0.2.i, `wt0` 100.64.0.i/16, pods 10.244.i.0/24 (gateway 10.244.i.1), `enp1s0` 203.0.113.i | `ul0` 2001:db8:192::i/64, pods fd00:10:244:i::/64 (gateway fd00:10:244:i::1), `enp1s0` 2001:db8:203::i/64; none on `wt0` |
+//! | VPN client j        | `kl-vpn-<name>`   | `ul0` 192.0.2.(100+j), `wt0` 100.64.1.j/16   | none (IPv6 off) |
+//! | internet router     | `kl-inet`         | 198.51.100.1/24, 203.0.113.254/24            | 2001:db8:198::1/64, 2001:db8:203::fe/64 |
+//! | internet client     | `kl-client`       | 198.51.100.10                                | 2001:db8:198::10/64 |
+//! | pod k               | `kl-pod-<k>`      | 10.244.i.(9+k)                               | fd00:10:244:i::(9+k) |
+//!
+//! IPv6 is on in every namespace but the VPN clients' (`Lab::add_namespace` turns it off), with
+//! duplicate address detection, router advertisements and autoconf off, so every address is
+//! usable at once and none appears by itself; nodes and the router forward IPv6.
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use kuport_core::ir::{LINK_PREFIX, PREF_LOOP_GUARD, PREF_REPLY, TABLE};
 
-use crate::scenario::{Cni, Firewall, NodeSpec, PodSpec, Protocol, RpFilter, Scenario};
+use crate::scenario::{Cni, Firewall, IpFamily, NodeSpec, PodSpec, Protocol, RpFilter, Scenario};
 use crate::sys::{self, Lab, exec, ip, ip_in, ip_line, sh};
 
 pub const UL_NS: &str = "kl-ul";
@@ -26,6 +33,12 @@ pub const INET_NS: &str = "kl-inet";
 pub const CLIENT_NS: &str = "kl-client";
 pub const API_ADDR: &str = "192.0.2.254:6443";
 pub const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
+/// The internet client's IPv6 address, 2001:db8:198::10.
+pub const CLIENT_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x198, 0, 0, 0, 0, 0x10);
+/// The internet router's IPv6 address on the public segment (the public nodes' gateway).
+pub const ROUTER_PUBLIC6: &str = "2001:db8:203::fe";
+/// Every node's IPv6 pod prefix lies in this one (node i: fd00:10:244:i::/64).
+pub const POD_SUPERNET6: &str = "fd00:10:244::/48";
 /// netbird marks its own WireGuard packets with this and keeps them out of its table.
 pub const MESH_FWMARK: &str = "0x1bd00";
 pub const MESH_TABLE: &str = "7120";
@@ -40,6 +53,8 @@ pub struct MeshMember {
     pub mesh: Ipv4Addr,
     /// The pod CIDR WireGuard also allows from this peer (native routing), if any.
     pub pod_cidr: Option<String>,
+    /// Its IPv6 pod prefix, allowed the same way (the tunnel is IPv4, its inner packets not).
+    pub pod_cidr6: Option<String>,
     pub wg_pid: i32,
     pub key: PathBuf,
     pub public_key: String,
@@ -55,6 +70,12 @@ pub struct NodeInfo {
     pub mesh: Ipv4Addr,
     pub pod_cidr: String,
     pub pod_gateway: Ipv4Addr,
+    /// `enp1s0`'s IPv6 address (2001:db8:203::i), when public.
+    pub public6: Option<Ipv6Addr>,
+    /// The IPv6 pod prefix, fd00:10:244:i::/64.
+    pub pod_cidr6: String,
+    /// The node's IPv6 address on its pod network, fd00:10:244:i::1.
+    pub pod_gateway6: Ipv6Addr,
 }
 
 #[derive(Clone, Debug)]
@@ -62,6 +83,9 @@ pub struct PodInfo {
     pub spec: PodSpec,
     pub ns: String,
     pub ip: Ipv4Addr,
+    /// Its IPv6 address: fd00:10:244:i::h for 10.244.i.h (every pod has one, whatever its
+    /// Service's families).
+    pub ip6: Ipv6Addr,
     pub node: String,
     pub ready: bool,
     /// Responders by (protocol, first port), with their pids.
@@ -106,6 +130,31 @@ impl Topology {
             "wt0" => Ok(n.mesh),
             other => bail!("the lab gives nodes enp1s0 and wt0, not {other}"),
         }
+    }
+
+    /// The address a client dials for `node`'s `interface` in `family` (`wt0` is IPv4 only).
+    pub fn address_in(&self, node: &str, interface: &str, family: IpFamily) -> Result<IpAddr> {
+        if family == IpFamily::IPv4 {
+            return self.address_of(node, interface).map(IpAddr::V4);
+        }
+        let n = self.node(node)?;
+        match interface {
+            "enp1s0" => n
+                .public6
+                .map(IpAddr::V6)
+                .with_context(|| format!("node {node} is not public (no enp1s0)")),
+            "wt0" => bail!("the mesh (wt0) is IPv4 only: no IPv6 address on {node}'s wt0"),
+            other => bail!("the lab gives nodes enp1s0 and wt0, not {other}"),
+        }
+    }
+
+    /// Whether any pod of the scenario is listed in an IPv6 slice (the cluster is then
+    /// dual-stack to the API: its Nodes list their IPv6 pod prefix too).
+    pub fn uses_ipv6(&self) -> bool {
+        self.scenario
+            .pods
+            .iter()
+            .any(|p| p.has_family(IpFamily::IPv6))
     }
 
     pub fn bin(&self, name: &str) -> String {
@@ -185,23 +234,26 @@ fn add_node(
             &format!("net.ipv4.conf.default.rp_filter={rp}"),
         ],
     )?;
+    enable_ipv6(&ns, true)?;
     let underlay_ip = Ipv4Addr::new(192, 0, 2, index);
     attach_underlay(&ns, &format!("u{index}"), underlay_ip)?;
-    let public = if spec.public {
-        let addr = Ipv4Addr::new(203, 0, 113, index);
-        ip_line(&format!(
-            "link add enp1s0 netns {ns} type veth peer name p{index} netns {INET_NS}"
-        ))?;
-        ip_in(INET_NS, &format!("link set p{index} master pub0 up"))?;
-        ip_in(&ns, &format!("addr add {addr}/24 dev enp1s0"))?;
-        ip_in(&ns, "link set enp1s0 up")?;
-        ip_in(&ns, "route add default via 203.0.113.254 dev enp1s0")?;
-        Some(addr)
-    } else {
-        // A worker's own egress: an underlay gateway that does not forward, so a reply
-        // taking the wrong route is lost as on a real site.
-        ip_in(&ns, "route add default via 192.0.2.254 dev ul0")?;
-        None
+    ip_in(
+        &ns,
+        &format!("addr add {} dev ul0 nodad", underlay6(index)?),
+    )?;
+    let public = spec.public.then(|| Ipv4Addr::new(203, 0, 113, index));
+    let public6 = match public {
+        Some(addr) => Some(add_public_port(&ns, index, addr)?),
+        None => {
+            // A worker's own egress: an underlay gateway that does not forward, so a reply
+            // taking the wrong route is lost as on a real site (for IPv6 too).
+            ip_in(&ns, "route add default via 192.0.2.254 dev ul0")?;
+            ip_in(
+                &ns,
+                &format!("-6 route add default via {UNDERLAY_GW6} dev ul0"),
+            )?;
+            None
+        }
     };
     let mesh = Ipv4Addr::new(100, 64, 0, index);
     let pod_cidr = format!("10.244.{index}.0/24");
@@ -213,6 +265,7 @@ fn add_node(
         underlay: underlay_ip,
         mesh,
         pod_cidr: (cni_mode != Cni::CiliumTunnel).then(|| pod_cidr.clone()),
+        pod_cidr6: (cni_mode != Cni::CiliumTunnel).then(|| format!("fd00:10:244:{index}::/64")),
         wg_pid,
         key,
         public_key,
@@ -226,8 +279,79 @@ fn add_node(
         mesh,
         pod_cidr,
         pod_gateway: Ipv4Addr::new(10, 244, index, 1),
+        public6,
+        pod_cidr6: format!("fd00:10:244:{index}::/64"),
+        pod_gateway6: pod_address6(index, 1)?,
     });
 
+    Ok(())
+}
+
+/// A public node's `enp1s0` on the internet segment: 203.0.113.i/24 and 2001:db8:203::i/64, each
+/// family's default route via the internet router. Returns the IPv6 address.
+fn add_public_port(ns: &str, index: u8, addr: Ipv4Addr) -> Result<Ipv6Addr> {
+    let addr6: Ipv6Addr = format!("2001:db8:203::{index}")
+        .parse()
+        .context("a public IPv6 address")?;
+    ip_line(&format!(
+        "link add enp1s0 netns {ns} type veth peer name p{index} netns {INET_NS}"
+    ))?;
+    ip_in(INET_NS, &format!("link set p{index} master pub0 up"))?;
+    ip_in(ns, &format!("addr add {addr}/24 dev enp1s0"))?;
+    ip_in(ns, &format!("addr add {addr6}/64 dev enp1s0 nodad"))?;
+    ip_in(ns, "link set enp1s0 up")?;
+    ip_in(ns, "route add default via 203.0.113.254 dev enp1s0")?;
+    ip_in(
+        ns,
+        &format!("-6 route add default via {ROUTER_PUBLIC6} dev enp1s0"),
+    )?;
+    Ok(addr6)
+}
+
+/// The underlay's IPv6 gateway (on `kl-ul`'s `br0`), which does not forward either.
+const UNDERLAY_GW6: &str = "2001:db8:192::fe";
+
+/// Node `index`'s IPv6 address on the underlay, with its prefix length.
+fn underlay6(index: u8) -> Result<String> {
+    let addr: Ipv6Addr = format!("2001:db8:192::{index}")
+        .parse()
+        .context("an underlay IPv6 address")?;
+    Ok(format!("{addr}/64"))
+}
+
+/// Address `host` of node `index`'s IPv6 pod prefix, written as its IPv4 twin reads:
+/// 10.244.i.h is fd00:10:244:i::h (the digits read as hexadecimal).
+pub fn pod_address6(index: u8, host: u8) -> Result<Ipv6Addr> {
+    format!("fd00:10:244:{index}::{host}")
+        .parse()
+        .with_context(|| format!("the IPv6 pod address {host} of node {index}"))
+}
+
+/// Turns IPv6 on in a namespace the lab made (`Lab::add_namespace` turns it off): no duplicate
+/// address detection (addresses are usable at once), no router advertisements or autoconf (no
+/// address or route appears by itself), and forwarding on a router.
+pub fn enable_ipv6(ns: &str, router: bool) -> Result<()> {
+    let mut settings = Vec::new();
+    for conf in ["all", "default"] {
+        // MLD's unsolicited reports all at once when a link comes up (1 ms apart, not up to 1 s),
+        // so none crosses a link a scenario counts frames on later.
+        for (key, value) in [
+            ("accept_dad", 0),
+            ("accept_ra", 0),
+            ("autoconf", 0),
+            ("mldv2_unsolicited_report_interval", 1),
+            ("mldv1_unsolicited_report_interval", 1),
+        ] {
+            settings.push(format!("net.ipv6.conf.{conf}.{key}={value}"));
+        }
+    }
+    settings.push(format!("net.ipv6.conf.all.forwarding={}", u8::from(router)));
+    for conf in ["all", "default", "lo"] {
+        settings.push(format!("net.ipv6.conf.{conf}.disable_ipv6=0"));
+    }
+    let mut args = vec!["-qw"];
+    args.extend(settings.iter().map(String::as_str));
+    exec(ns, "sysctl", &args)?;
     Ok(())
 }
 
@@ -245,6 +369,7 @@ fn add_vpn_client(lab: &mut Lab, topo: &mut Topology, index: u8, name: &str) -> 
         underlay: underlay_ip,
         mesh: Ipv4Addr::new(100, 64, 1, index),
         pod_cidr: None,
+        pod_cidr6: None,
         wg_pid,
         key,
         public_key,
@@ -257,8 +382,10 @@ fn add_vpn_client(lab: &mut Lab, topo: &mut Topology, index: u8, name: &str) -> 
 fn underlay(lab: &mut Lab) -> Result<()> {
     lab.add_namespace(UL_NS)?;
     exec(UL_NS, "sysctl", &["-qw", "net.ipv4.ip_forward=0"])?;
+    enable_ipv6(UL_NS, false)?;
     ip_in(UL_NS, "link add br0 type bridge")?;
     ip_in(UL_NS, "addr add 192.0.2.254/24 dev br0")?;
+    ip_in(UL_NS, &format!("addr add {UNDERLAY_GW6}/64 dev br0 nodad"))?;
     ip_in(UL_NS, "link set br0 up")?;
     Ok(())
 }
@@ -266,13 +393,19 @@ fn underlay(lab: &mut Lab) -> Result<()> {
 fn internet(lab: &mut Lab) -> Result<()> {
     lab.add_namespace(INET_NS)?;
     exec(INET_NS, "sysctl", &["-qw", "net.ipv4.ip_forward=1"])?;
-    for (br, addr) in [("cli0", "198.51.100.1/24"), ("pub0", "203.0.113.254/24")] {
+    enable_ipv6(INET_NS, true)?;
+    for (br, addr, addr6) in [
+        ("cli0", "198.51.100.1/24", "2001:db8:198::1/64"),
+        ("pub0", "203.0.113.254/24", "2001:db8:203::fe/64"),
+    ] {
         ip_in(INET_NS, &format!("link add {br} type bridge"))?;
         ip_in(INET_NS, &format!("addr add {addr} dev {br}"))?;
+        ip_in(INET_NS, &format!("addr add {addr6} dev {br} nodad"))?;
         ip_in(INET_NS, &format!("link set {br} up"))?;
     }
     lab.add_namespace(CLIENT_NS)?;
     exec(CLIENT_NS, "sysctl", &["-qw", "net.ipv4.tcp_tw_reuse=1"])?;
+    enable_ipv6(CLIENT_NS, false)?;
     ip_line(&format!(
         "link add c0 netns {CLIENT_NS} type veth peer name ci0 netns {INET_NS}"
     ))?;
@@ -280,6 +413,8 @@ fn internet(lab: &mut Lab) -> Result<()> {
     ip_in(CLIENT_NS, &format!("addr add {CLIENT_IP}/24 dev c0"))?;
     ip_in(CLIENT_NS, "link set c0 up")?;
     ip_in(CLIENT_NS, "route add default via 198.51.100.1")?;
+    ip_in(CLIENT_NS, &format!("addr add {CLIENT_IP6}/64 dev c0 nodad"))?;
+    ip_in(CLIENT_NS, "-6 route add default via 2001:db8:198::1 dev c0")?;
     Ok(())
 }
 
@@ -350,11 +485,11 @@ pub fn configure_mesh(topo: &Topology, me: &MeshMember) -> Result<()> {
     }
     for peer in topo.mesh.iter().filter(|p| p.name != me.name) {
         let mut allowed = format!("{}/32", peer.mesh);
-        if let Some(cidr) = &peer.pod_cidr
-            && me.is_node
-        {
-            allowed.push(',');
-            allowed.push_str(cidr);
+        if me.is_node {
+            for cidr in peer.pod_cidr.iter().chain(&peer.pod_cidr6) {
+                allowed.push(',');
+                allowed.push_str(cidr);
+            }
         }
         args.extend([
             "peer".into(),
@@ -408,6 +543,11 @@ fn mesh_routes(topo: &Topology, me: &MeshMember) -> Result<()> {
                 &format!("route replace {cidr} via {} dev wt0", peer.mesh),
             )?;
         }
+        // wt0 is a layer-3 device: the IPv6 pod prefix needs no next hop, WireGuard picks the
+        // peer by its allowed IPs.
+        if let Some(cidr6) = &peer.pod_cidr6 {
+            ip_in(&me.ns, &format!("-6 route replace {cidr6} dev wt0"))?;
+        }
     }
     Ok(())
 }
@@ -423,42 +563,14 @@ fn cni(topo: &Topology, node: &NodeInfo) -> Result<()> {
             ns,
             &format!("addr add {}/24 dev cilium_host", node.pod_gateway),
         )?;
+        ip_in(
+            ns,
+            &format!("addr add {}/64 dev cilium_host nodad", node.pod_gateway6),
+        )?;
         ip_in(ns, "link set cilium_host up")?;
     }
     if cni == Cni::CiliumTunnel {
-        ip_in(
-            ns,
-            &format!(
-                "link add cilium_vxlan type vxlan id 2 dstport 8472 local {} dev wt0",
-                node.mesh
-            ),
-        )?;
-        ip_in(ns, "link set cilium_vxlan mtu 1370 up")?;
-        for peer in topo.nodes.iter().filter(|p| p.name != node.name) {
-            sys::run(
-                "ip",
-                &[
-                    "netns",
-                    "exec",
-                    ns,
-                    "bridge",
-                    "fdb",
-                    "append",
-                    "00:00:00:00:00:00",
-                    "dev",
-                    "cilium_vxlan",
-                    "dst",
-                    &peer.mesh.to_string(),
-                ],
-            )?;
-            ip_in(
-                ns,
-                &format!(
-                    "route add {} via {} dev cilium_vxlan onlink",
-                    peer.pod_cidr, peer.pod_gateway
-                ),
-            )?;
-        }
+        cilium_vxlan(topo, node)?;
     }
     let rules = match cni {
         Cni::CiliumTunnel | Cni::CiliumNative => format!(
@@ -471,10 +583,96 @@ fn cni(topo: &Topology, node: &NodeInfo) -> Result<()> {
             .to_string(),
     };
     let table = format!(
-        "table ip cni {{\n chain post {{\n  type nat hook postrouting priority srcnat; policy accept;\n{rules}\n }}\n}}\n"
+        "table ip cni {{\n chain post {{\n  type nat hook postrouting priority srcnat; policy accept;\n{rules}\n }}\n}}\n{}",
+        cni_table6(cni, node)
     );
     sys::run_with_input("ip", &["netns", "exec", ns, "nft", "-f", "-"], &table)?;
     mark_keyed_neighbours(topo, node)
+}
+
+/// Cilium's overlay on one node: `cilium_vxlan` over the mesh (UDP 8472 between mesh
+/// addresses, a fixed MAC), flooding to every peer, and each peer's pod CIDR and IPv6 pod prefix
+/// routed through it to the peer's gateway.
+fn cilium_vxlan(topo: &Topology, node: &NodeInfo) -> Result<()> {
+    let ns = &node.ns;
+    ip_in(
+        ns,
+        &format!(
+            "link add cilium_vxlan address {} type vxlan id 2 dstport 8472 local {} dev wt0",
+            vxlan_mac(node.index),
+            node.mesh
+        ),
+    )?;
+    ip_in(ns, "link set cilium_vxlan mtu 1370 up")?;
+    for peer in topo.nodes.iter().filter(|p| p.name != node.name) {
+        sys::run(
+            "ip",
+            &[
+                "netns",
+                "exec",
+                ns,
+                "bridge",
+                "fdb",
+                "append",
+                "00:00:00:00:00:00",
+                "dev",
+                "cilium_vxlan",
+                "dst",
+                &peer.mesh.to_string(),
+            ],
+        )?;
+        ip_in(
+            ns,
+            &format!(
+                "route add {} via {} dev cilium_vxlan onlink",
+                peer.pod_cidr, peer.pod_gateway
+            ),
+        )?;
+        // The IPv6 pod prefix through the same tunnel to the peer's IPv6 gateway, whose
+        // neighbour entry is written (neighbour discovery over the overlay would not answer
+        // for an address of the peer's cilium_host, as ARP does), from this node's own.
+        ip_in(
+            ns,
+            &format!(
+                "-6 neigh replace {} lladdr {} dev cilium_vxlan nud permanent",
+                peer.pod_gateway6,
+                vxlan_mac(peer.index)
+            ),
+        )?;
+        ip_in(
+            ns,
+            &format!(
+                "-6 route add {} via {} dev cilium_vxlan onlink src {}",
+                peer.pod_cidr6, peer.pod_gateway6, node.pod_gateway6
+            ),
+        )?;
+    }
+    Ok(())
+}
+
+/// Node `index`'s `cilium_vxlan` MAC address, fixed so its peers can write their IPv6 neighbour
+/// entry for its gateway.
+fn vxlan_mac(index: u8) -> String {
+    format!("02:c1:00:00:00:{index:02x}")
+}
+
+/// The CNI's IPv6 masquerade, shaped as its IPv4 one (Cilium masquerades IPv6 too; kindnet's
+/// IPv6 masquerade covers pod traffic to non-pod destinations; link-local IPv6 destinations are
+/// never routed, so its 169.254.0.0/16 rule has no twin).
+fn cni_table6(cni: Cni, node: &NodeInfo) -> String {
+    let rules = match cni {
+        Cni::CiliumTunnel | Cni::CiliumNative => format!(
+            "oifname \"cilium_host\" ip6 saddr != {cidr} counter masquerade\n\
+             ip6 saddr {POD_SUPERNET6} oifname != \"cilium_*\" ip6 daddr != {POD_SUPERNET6} counter masquerade",
+            cidr = node.pod_cidr6
+        ),
+        Cni::Kindnet => {
+            format!("ip6 saddr {POD_SUPERNET6} ip6 daddr != {POD_SUPERNET6} counter masquerade")
+        }
+    };
+    format!(
+        "table ip6 cni {{\n chain post {{\n  type nat hook postrouting priority srcnat; policy accept;\n{rules}\n }}\n}}\n"
+    )
 }
 
 /// The mark-keyed rules of datapaths that share the mark word with kuport, so a collision with
@@ -567,7 +765,7 @@ pub fn talos_table(open: &[String]) -> Result<String> {
          \t\tiifname \"lo\" accept\n\
          \t\tct state != new accept\n\
          \t\tfib daddr type != local accept\n\
-         \t\tmeta l4proto icmp accept\n\
+         \t\tmeta l4proto {{ icmp, ipv6-icmp }} accept\n\
          {accepts}\
          \t\tcounter name \"dropped\" drop\n\
          \t}}\n\
@@ -592,6 +790,36 @@ fn check_mesh(topo: &Topology) -> Result<()> {
                     b.name
                 );
             }
+        }
+    }
+    Ok(())
+}
+
+/// IPv6 reaches every element before anything else runs: the internet client each public
+/// node's `enp1s0`, and every pod from its own node. (Across nodes is the scenario's business:
+/// a host firewall may close the CNI's overlay on purpose; `lab/tests/cli.rs` proves it for
+/// every CNI emulation.)
+pub fn check_ipv6(topo: &Topology) -> Result<()> {
+    // (namespace, who pings, what it pings, the address)
+    let mut checks: Vec<(&str, String, String, Ipv6Addr)> = Vec::new();
+    for n in &topo.nodes {
+        if let Some(public6) = n.public6 {
+            let what = format!("{}'s enp1s0", n.name);
+            checks.push((CLIENT_NS, "the internet client".into(), what, public6));
+        }
+    }
+    for (key, pod) in &topo.pods {
+        let from = topo.node(&pod.node)?;
+        let who = format!("node {}", from.name);
+        checks.push((&from.ns, who, format!("pod {key}"), pod.ip6));
+    }
+    for (ns, who, what, addr) in checks {
+        let target = addr.to_string();
+        let ok = sys::wait_until(Duration::from_secs(5), || {
+            exec(ns, "ping", &["-6", "-c1", "-W1", &target]).is_ok()
+        });
+        if !ok {
+            bail!("IPv6: {who} cannot reach {what} at {target}");
         }
     }
     Ok(())
@@ -639,8 +867,10 @@ pub fn start_pod(lab: &mut Lab, topo: &mut Topology, spec: &PodSpec, node: &str)
     let k = topo.next_pod;
     let host_octet = u8::try_from(9 + k).context("too many pods in one scenario")?;
     let pod_ip = Ipv4Addr::new(10, 244, n.index, host_octet);
+    let pod_ip6 = pod_address6(n.index, host_octet)?;
     let ns = format!("kl-pod-{k}");
     lab.add_namespace(&ns)?;
+    enable_ipv6(&ns, false)?;
     let host_if = if topo.scenario.cni.is_cilium() {
         format!("lxc{k}")
     } else {
@@ -652,7 +882,36 @@ pub fn start_pod(lab: &mut Lab, topo: &mut Topology, spec: &PodSpec, node: &str)
     ))?;
     ip_in(&ns, &format!("addr add {pod_ip}/24 dev eth0"))?;
     ip_in(&ns, "link set eth0 up")?;
+    pod_network(topo, &n, &ns, &host_if, pod_ip, pod_ip6)?;
+    let mut pod = PodInfo {
+        spec: spec.clone(),
+        ns,
+        ip: pod_ip,
+        ip6: pod_ip6,
+        node: node.to_string(),
+        ready: true,
+        responders: BTreeMap::new(),
+    };
+    for port in spec.ports.clone() {
+        start_responder(lab, topo, &mut pod, port.protocol, port.port)?;
+    }
+    topo.pods.insert(spec.key(), pod);
+    Ok(())
+}
+
+/// A pod's side of the CNI emulation, both families: under Cilium a port of `cilium_host`
+/// (hairpin on) and default routes via the node's gateway addresses; under kindnet a
+/// point-to-point veth with the gateway addresses on the host side and host routes to the pod.
+fn pod_network(
+    topo: &Topology,
+    n: &NodeInfo,
+    ns: &str,
+    host_if: &str,
+    pod_ip: Ipv4Addr,
+    pod_ip6: Ipv6Addr,
+) -> Result<()> {
     if topo.scenario.cni.is_cilium() {
+        ip_in(ns, &format!("addr add {pod_ip6}/64 dev eth0 nodad"))?;
         ip_in(&n.ns, &format!("link set {host_if} master cilium_host up"))?;
         // Hairpin mode, as kubelet (`--hairpin-mode`) and the bridge CNI plugin set it on a
         // pod's bridge port: with `br_netfilter` loaded, a pod's frame DNATed back to that
@@ -662,9 +921,12 @@ pub fn start_pod(lab: &mut Lab, topo: &mut Topology, spec: &PodSpec, node: &str)
             &n.ns,
             &format!("link set {host_if} type bridge_slave hairpin on"),
         )?;
-        ip_in(&ns, &format!("route add default via {}", n.pod_gateway))?;
+        ip_in(ns, &format!("route add default via {}", n.pod_gateway))?;
+        ip_in(ns, &format!("-6 route add default via {}", n.pod_gateway6))?;
     } else {
-        // kindnet: a point-to-point veth per pod, the gateway address on every host side.
+        // kindnet: a point-to-point veth per pod, the gateway address on every host side
+        // (IPv6: the pod's own /128, everything else via the gateway).
+        ip_in(ns, &format!("addr add {pod_ip6}/128 dev eth0 nodad"))?;
         ip_in(
             &n.ns,
             &format!("addr add {}/32 dev {host_if}", n.pod_gateway),
@@ -672,22 +934,22 @@ pub fn start_pod(lab: &mut Lab, topo: &mut Topology, spec: &PodSpec, node: &str)
         ip_in(&n.ns, &format!("link set {host_if} up"))?;
         ip_in(&n.ns, &format!("route add {pod_ip}/32 dev {host_if}"))?;
         ip_in(
-            &ns,
+            ns,
             &format!("route add default via {} dev eth0 onlink", n.pod_gateway),
         )?;
+        ip_in(
+            &n.ns,
+            &format!("addr add {}/128 dev {host_if} nodad", n.pod_gateway6),
+        )?;
+        ip_in(&n.ns, &format!("-6 route add {pod_ip6}/128 dev {host_if}"))?;
+        ip_in(
+            ns,
+            &format!(
+                "-6 route add default via {} dev eth0 onlink",
+                n.pod_gateway6
+            ),
+        )?;
     }
-    let mut pod = PodInfo {
-        spec: spec.clone(),
-        ns,
-        ip: pod_ip,
-        node: node.to_string(),
-        ready: true,
-        responders: BTreeMap::new(),
-    };
-    for port in spec.ports.clone() {
-        start_responder(lab, topo, &mut pod, port.protocol, port.port)?;
-    }
-    topo.pods.insert(spec.key(), pod);
     Ok(())
 }
 

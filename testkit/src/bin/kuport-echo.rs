@@ -4,9 +4,12 @@
 //!
 //! ```text
 //! kuport-echo serve <udp|tcp> <first-port>[-<last-port>] [--tag T]
-//!     answer "peer=<ip>:<port> port=<local port>" (plus " tag=T": which responder answered)
-//! kuport-echo ask <udp|tcp> <ip>:<port> [--timeout-ms N] [--bulk N] [--size N] [--df on|off]
-//!                 [--source-port N]
+//!     answer "peer=<ip>:<port> port=<local port>" (plus " tag=T": which responder answered);
+//!     IPv4 and IPv6 on one socket per port (`::` with IPV6_V6ONLY off, `0.0.0.0` where the
+//!     kernel has no IPv6); an IPv6 peer is written `[<ip>]:<port>`, an IPv4 one (IPv4-mapped
+//!     on the socket) as plain IPv4
+//! kuport-echo ask <udp|tcp> <ip>:<port>|[<ipv6>]:<port> [--timeout-ms N] [--bulk N] [--size N]
+//!                 [--df on|off] [--source-port N]
 //!     prints "reply from=<ip:port> <answer> client=<ip:port> rtt_us=N", "refused" (exit 3),
 //!     "timeout" (exit 4) or "fragneeded mtu=N" (exit 5)
 //! ```
@@ -14,16 +17,21 @@
 //! ephemeral one, so a test can put a connection's replies on a port of its choosing.
 //! `--size` pads a UDP datagram to that many payload bytes; `--df off` lets the kernel fragment it
 //! (IP_PMTUDISC_DONT), `--df on` (the default) sets DF on every datagram (IP_PMTUDISC_DO), so a
-//! router on the path answers "fragmentation needed", reported with the path MTU it named.
+//! router on the path answers "fragmentation needed", reported with the path MTU it named (for
+//! IPv6, IPV6_MTU_DISCOVER: no router fragments, `--df off` lets the client itself fragment, and
+//! "packet too big" is reported the same way).
 //! A UDP probe uses a connected socket: the kernel delivers a reply only when it comes from the
-//! exact address and port dialed, and reports an ICMP port-unreachable as "refused".
+//! exact address and port dialed, and reports an ICMP (or ICMPv6) port-unreachable as "refused".
 //! `--source-port` (UDP) sends from that port, so successive asks are one flow to conntrack, as
 //! a client sending from one socket is.
 
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::os::fd::OwnedFd;
 use std::process::ExitCode;
 use std::time::Duration;
+
+use rustix::net::SocketType;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -67,22 +75,28 @@ fn serve(args: &[String]) -> Result<u8, String> {
     let mut threads = Vec::new();
     for port in ports(spec)? {
         let tag = tag.clone();
-        let addr = SocketAddr::from(([0, 0, 0, 0], port));
         match proto {
             "udp" => {
-                let sock = UdpSocket::bind(addr).map_err(|e| format!("bind udp {port}: {e}"))?;
+                let sock: UdpSocket = bind_any(SocketType::DGRAM, port)
+                    .map_err(|e| format!("bind udp {port}: {e}"))?
+                    .into();
                 threads.push(std::thread::spawn(move || {
                     let mut buf = vec![0u8; 65536];
                     while let Ok((n, peer)) = sock.recv_from(&mut buf) {
-                        let answer = format!("peer={peer} port={port} len={n}{tag}");
+                        let answer = format!("peer={} port={port} len={n}{tag}", unmapped(peer));
                         log(&answer);
                         let _ = sock.send_to(answer.as_bytes(), peer);
                     }
                 }));
             }
             "tcp" => {
-                let listener =
-                    TcpListener::bind(addr).map_err(|e| format!("bind tcp {port}: {e}"))?;
+                let listener: TcpListener = bind_any(SocketType::STREAM, port)
+                    .and_then(|fd| {
+                        rustix::net::listen(&fd, 128)?;
+                        Ok(fd)
+                    })
+                    .map_err(|e| format!("bind tcp {port}: {e}"))?
+                    .into();
                 threads.push(std::thread::spawn(move || {
                     for stream in listener.incoming().flatten() {
                         let tag = tag.clone();
@@ -100,8 +114,49 @@ fn serve(args: &[String]) -> Result<u8, String> {
     Ok(0)
 }
 
+/// A socket of `kind` bound to `port` on every address of both families: `::` with IPV6_V6ONLY
+/// off, or `0.0.0.0` when the kernel has no IPv6 at all.
+fn bind_any(kind: SocketType, port: u16) -> std::io::Result<OwnedFd> {
+    use rustix::net::{AddressFamily, sockopt};
+    let fd = match rustix::net::socket(AddressFamily::INET6, kind, None) {
+        Ok(fd) => {
+            sockopt::set_ipv6_v6only(&fd, false)?;
+            fd
+        }
+        Err(e) if e == rustix::io::Errno::AFNOSUPPORT => {
+            let fd = rustix::net::socket(AddressFamily::INET, kind, None)?;
+            if kind == SocketType::STREAM {
+                sockopt::set_socket_reuseaddr(&fd, true)?;
+            }
+            rustix::net::bind(&fd, &SocketAddr::from(([0, 0, 0, 0], port)))?;
+            return Ok(fd);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if kind == SocketType::STREAM {
+        // As std's TcpListener: a port whose last connection is in TIME_WAIT can be bound.
+        sockopt::set_socket_reuseaddr(&fd, true)?;
+    }
+    rustix::net::bind(&fd, &SocketAddr::from(([0u16; 8], port)))?;
+    Ok(fd)
+}
+
+/// A peer as the pod saw it: an IPv4 client reaching the dual-stack socket arrives IPv4-mapped
+/// (`::ffff:a.b.c.d`) and is written as the plain IPv4 address it is.
+fn unmapped(peer: SocketAddr) -> SocketAddr {
+    match peer {
+        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
+            Some(v4) => SocketAddr::from((v4, v6.port())),
+            None => peer,
+        },
+        v4 => v4,
+    }
+}
+
 fn answer_tcp(stream: TcpStream, port: u16, tag: &str) {
-    let Ok(peer) = stream.peer_addr() else { return };
+    let Ok(peer) = stream.peer_addr().map(unmapped) else {
+        return;
+    };
     let mut reader = BufReader::new(match stream.try_clone() {
         Ok(s) => s,
         Err(_) => return,
@@ -199,14 +254,15 @@ fn ask(args: &[String]) -> Result<u8, String> {
     }
 }
 
-/// The source of the ICMP error queued on a socket (IP_RECVERR's offender address).
-fn icmp_source(sock: &UdpSocket) -> Option<std::net::Ipv4Addr> {
-    use nix::sys::socket::{ControlMessageOwned, MsgFlags, SockaddrIn, recvmsg};
+/// The source of the ICMP or ICMPv6 error queued on a socket (IP_RECVERR's or IPV6_RECVERR's
+/// offender address).
+fn icmp_source(sock: &UdpSocket) -> Option<IpAddr> {
+    use nix::sys::socket::{ControlMessageOwned, MsgFlags, SockaddrStorage, recvmsg};
     use std::os::fd::AsRawFd;
     let mut buf = [0u8; 2048];
     let mut iov = [std::io::IoSliceMut::new(&mut buf)];
-    let mut cmsg = nix::cmsg_space!(nix::libc::sock_extended_err, nix::libc::sockaddr_in);
-    let msg = recvmsg::<SockaddrIn>(
+    let mut cmsg = nix::cmsg_space!(nix::libc::sock_extended_err, nix::libc::sockaddr_in6);
+    let msg = recvmsg::<SockaddrStorage>(
         sock.as_raw_fd(),
         &mut iov,
         Some(&mut cmsg),
@@ -214,9 +270,12 @@ fn icmp_source(sock: &UdpSocket) -> Option<std::net::Ipv4Addr> {
     )
     .ok()?;
     msg.cmsgs().ok()?.find_map(|c| match c {
-        ControlMessageOwned::Ipv4RecvErr(_, Some(addr)) => {
-            Some(std::net::Ipv4Addr::from(u32::from_be(addr.sin_addr.s_addr)))
-        }
+        ControlMessageOwned::Ipv4RecvErr(_, Some(addr)) => Some(IpAddr::from(
+            std::net::Ipv4Addr::from(u32::from_be(addr.sin_addr.s_addr)),
+        )),
+        ControlMessageOwned::Ipv6RecvErr(_, Some(addr)) => Some(IpAddr::from(
+            std::net::Ipv6Addr::from(addr.sin6_addr.s6_addr),
+        )),
         _ => None,
     })
 }
@@ -224,7 +283,7 @@ fn icmp_source(sock: &UdpSocket) -> Option<std::net::Ipv4Addr> {
 /// Why a probe got no answer.
 enum Outcome {
     /// An ICMP port-unreachable (naming its sender) or, for TCP, a reset.
-    Refused(Option<std::net::Ipv4Addr>),
+    Refused(Option<IpAddr>),
     /// A router on the path said "fragmentation needed" and named this MTU.
     FragNeeded(u32),
     Io(std::io::Error),
@@ -257,18 +316,7 @@ fn ask_udp(
     df: bool,
     source_port: u16,
 ) -> Result<String, Outcome> {
-    use rustix::net::sockopt::{Ipv4PathMtuDiscovery, set_ip_mtu_discover};
-    let sock = UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], source_port)))?;
-    let pmtu = if df {
-        Ipv4PathMtuDiscovery::DO
-    } else {
-        Ipv4PathMtuDiscovery::DONT
-    };
-    set_ip_mtu_discover(&sock, pmtu).map_err(std::io::Error::from)?;
-    // Queue ICMP errors with the address of the host that sent them, so "refused" can say who
-    // refused: through a mapping it must be the address the client dialed.
-    nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::Ipv4RecvErr, &true)
-        .map_err(std::io::Error::from)?;
+    let sock = udp_socket(target, df, source_port)?;
     sock.connect(target)?;
     sock.set_read_timeout(Some(timeout))?;
     let mut payload = b"hello\n".to_vec();
@@ -277,9 +325,16 @@ fn ask_udp(
     }
     let frag_needed =
         |e: &std::io::Error| e.raw_os_error() == Some(rustix::io::Errno::MSGSIZE.raw_os_error());
+    let path_mtu = |sock: &UdpSocket| {
+        match target {
+            SocketAddr::V4(_) => rustix::net::sockopt::ip_mtu(sock),
+            SocketAddr::V6(_) => rustix::net::sockopt::ipv6_mtu(sock),
+        }
+        .unwrap_or(0)
+    };
     if let Err(e) = sock.send(&payload) {
         return Err(match frag_needed(&e) {
-            true => Outcome::FragNeeded(rustix::net::sockopt::ip_mtu(&sock).unwrap_or(0)),
+            true => Outcome::FragNeeded(path_mtu(&sock)),
             false => e.into(),
         });
     }
@@ -288,11 +343,7 @@ fn ask_udp(
     // report shows where the reply came from rather than assuming it.
     let (n, from) = match sock.recv_from(&mut buf) {
         Ok(got) => got,
-        Err(e) if frag_needed(&e) => {
-            return Err(Outcome::FragNeeded(
-                rustix::net::sockopt::ip_mtu(&sock).unwrap_or(0),
-            ));
-        }
+        Err(e) if frag_needed(&e) => return Err(Outcome::FragNeeded(path_mtu(&sock))),
         Err(e) if e.kind() == ErrorKind::ConnectionRefused => {
             return Err(Outcome::Refused(icmp_source(&sock)));
         }
@@ -305,6 +356,37 @@ fn ask_udp(
     ))
 }
 
+/// The asking UDP socket, of `target`'s family, bound to `source_port` (0: an ephemeral one):
+/// DF set or not (path MTU discovery on or off), and ICMP errors queued with the address of the
+/// host that sent them, so "refused" can say who refused: through a mapping it must be the
+/// address the client dialed.
+fn udp_socket(target: SocketAddr, df: bool, source_port: u16) -> std::io::Result<UdpSocket> {
+    use nix::sys::socket::{setsockopt, sockopt};
+    use rustix::net::sockopt::{Ipv4PathMtuDiscovery, Ipv6PathMtuDiscovery};
+    match target {
+        SocketAddr::V4(_) => {
+            let sock = UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], source_port)))?;
+            let pmtu = match df {
+                true => Ipv4PathMtuDiscovery::DO,
+                false => Ipv4PathMtuDiscovery::DONT,
+            };
+            rustix::net::sockopt::set_ip_mtu_discover(&sock, pmtu)?;
+            setsockopt(&sock, sockopt::Ipv4RecvErr, &true).map_err(std::io::Error::from)?;
+            Ok(sock)
+        }
+        SocketAddr::V6(_) => {
+            let sock = UdpSocket::bind(SocketAddr::from(([0u16; 8], source_port)))?;
+            let pmtu = match df {
+                true => Ipv6PathMtuDiscovery::DO,
+                false => Ipv6PathMtuDiscovery::DONT,
+            };
+            rustix::net::sockopt::set_ipv6_mtu_discover(&sock, pmtu)?;
+            setsockopt(&sock, sockopt::Ipv6RecvErr, &true).map_err(std::io::Error::from)?;
+            Ok(sock)
+        }
+    }
+}
+
 /// A TCP connection to `target` from `source_port` (0: an ephemeral port), given up after
 /// `timeout`.
 fn connect_tcp(
@@ -312,14 +394,24 @@ fn connect_tcp(
     timeout: Duration,
     source_port: u16,
 ) -> std::io::Result<TcpStream> {
-    use rustix::net::{AddressFamily, SocketType, sockopt};
+    use rustix::net::{AddressFamily, sockopt};
     if source_port == 0 {
         return TcpStream::connect_timeout(&target, timeout);
     }
-    let fd = rustix::net::socket(AddressFamily::INET, SocketType::STREAM, None)?;
+    let (family, any) = match target {
+        SocketAddr::V4(_) => (
+            AddressFamily::INET,
+            SocketAddr::from(([0, 0, 0, 0], source_port)),
+        ),
+        SocketAddr::V6(_) => (
+            AddressFamily::INET6,
+            SocketAddr::from(([0u16; 8], source_port)),
+        ),
+    };
+    let fd = rustix::net::socket(family, SocketType::STREAM, None)?;
     // A port the last run left in TIME_WAIT can still be bound.
     sockopt::set_socket_reuseaddr(&fd, true)?;
-    rustix::net::bind(&fd, &SocketAddr::from(([0, 0, 0, 0], source_port)))?;
+    rustix::net::bind(&fd, &any)?;
     // A blocking connect gives up after the send timeout, with EINPROGRESS.
     sockopt::set_socket_timeout(&fd, sockopt::Timeout::Send, Some(timeout))?;
     match rustix::net::connect(&fd, &target) {
@@ -338,10 +430,7 @@ fn ask_tcp(
     // A reset is matched to the socket by the whole connection, so it came from the target.
     let mut stream = match connect_tcp(target, timeout, source_port) {
         Err(e) if e.kind() == ErrorKind::ConnectionRefused => {
-            return Err(Outcome::Refused(match target.ip() {
-                std::net::IpAddr::V4(ip) => Some(ip),
-                std::net::IpAddr::V6(_) => None,
-            }));
+            return Err(Outcome::Refused(Some(target.ip())));
         }
         other => other?,
     };
