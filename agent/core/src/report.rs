@@ -57,6 +57,10 @@ pub struct EndpointReport {
     pub node: String,
     pub address: String,
     pub port: u16,
+    /// The same pod's IPv6 address when the mapping is also served over IPv6 (added with
+    /// IPv6; absent otherwise).
+    #[serde(rename = "ipv6Address", skip_serializing_if = "Option::is_none")]
+    pub address6: Option<String>,
 }
 
 /// `{node, interface, address}`.
@@ -65,6 +69,10 @@ pub struct PublishedReport {
     pub node: String,
     pub interface: String,
     pub address: String,
+    /// The interface's IPv6 address, when the mapping is served over IPv6 there (added with
+    /// IPv6; absent otherwise).
+    #[serde(rename = "ipv6Address", skip_serializing_if = "String::is_empty")]
+    pub address6: String,
 }
 
 /// A link a mapping needs: `{class, key, slot, landed}`.
@@ -98,6 +106,9 @@ pub struct ClassLinkReport {
 #[derive(Clone, Debug, Serialize)]
 pub struct HostReport {
     pub nftables: String,
+    /// `table ip6 kuport` as nft lists it (added with IPv6; absent when the node has none).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub nftables6: String,
     pub links: Vec<LinkReport>,
     pub rules: Vec<RuleReport>,
     pub routes: Vec<RouteReport>,
@@ -114,6 +125,9 @@ pub struct LinkReport {
     pub remote: String,
     pub address: String,
     pub mtu: Option<u32>,
+    /// This node's inner IPv6 end, when IPv6 mappings cross the link (added with IPv6).
+    #[serde(rename = "address6", skip_serializing_if = "Option::is_none")]
+    pub address6: Option<String>,
 }
 
 /// `{priority, fwmark, fwmask, to, table}`.
@@ -126,6 +140,9 @@ pub struct RuleReport {
     pub fwmask: String,
     pub to: Option<String>,
     pub table: u32,
+    /// `IPv6` for an `ip -6 rule` (added with IPv6; absent for IPv4).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub family: Option<&'static str>,
 }
 
 /// `{table, to, via, dev}`.
@@ -197,6 +214,7 @@ impl PlanReport {
             classes: plan.classes.iter().map(class).collect(),
             host: HostReport {
                 nftables: nft_text(&plan.host_state.nft),
+                nftables6: nft_text(&plan.host_state.nft6),
                 links: plan.host_state.links.iter().map(link).collect(),
                 rules: plan.host_state.rules.iter().map(rule).collect(),
                 routes: plan.host_state.routes.iter().map(route).collect(),
@@ -250,6 +268,7 @@ fn portmap(d: &MappingDecision) -> PortMapReport {
             node: e.node.to_string(),
             address: e.address.to_string(),
             port: e.port,
+            address6: e.address6.map(|a| a.to_string()),
         }),
         serving_node: d.serving_node.as_deref().map(str::to_owned),
         programming_nodes: d.programming_nodes.iter().map(|n| n.to_string()).collect(),
@@ -261,6 +280,7 @@ fn portmap(d: &MappingDecision) -> PortMapReport {
                 node: p.node.clone(),
                 interface: p.interface.clone(),
                 address: p.address.clone(),
+                address6: p.address6.clone(),
             })
             .collect(),
         links: d.links.iter().map(mapping_link).collect(),
@@ -304,6 +324,7 @@ fn link(l: &Link) -> LinkReport {
         remote: l.remote.to_string(),
         address: l.address.to_string(),
         mtu: l.mtu,
+        address6: l.address6.map(|a| a.to_string()),
     }
 }
 
@@ -314,6 +335,7 @@ fn rule(r: &IpRule) -> RuleReport {
         fwmask: format!("{:#010x}", r.fwmask),
         to: r.to.map(|t| t.to_string()),
         table: r.table,
+        family: (r.family == crate::ir::Family::V6).then_some("IPv6"),
     }
 }
 

@@ -19,11 +19,16 @@ fn golden(case: &str, plan: &Plan) {
         + "\n";
     // The IR itself, so the host layer's kernel tests apply exactly these states.
     let ir = serde_json::to_string_pretty(&plan.host_state).expect("json") + "\n";
-    for (file, actual) in [
+    let mut files = vec![
         (format!("{case}.nft"), nft),
         (format!("{case}.host.json"), host),
         (format!("{case}.ir.json"), ir),
-    ] {
+    ];
+    // The IPv6 table, for the cases that have one.
+    if !plan.host_state.nft6.is_empty() {
+        files.push((format!("{case}.nft6"), nft_text(&plan.host_state.nft6)));
+    }
+    for (file, actual) in files {
         let path = format!("{dir}/{file}");
         if std::env::var_os("KUPORT_BLESS").is_some() {
             std::fs::write(&path, &actual).expect("write golden file");
@@ -151,6 +156,93 @@ fn accepting_node_with_remote_pod() {
         "the accepting node replies by the main table"
     );
     golden("accepting-remote-pod", &plan);
+}
+
+/// [`remote_single`] with the pod dual-stack: the Nodes advertise IPv6 pod CIDRs and the
+/// Service an IPv6 slice for the same pod.
+fn remote_dual_stack() -> Cluster {
+    remote_single().with_ipv6_pod_cidrs().endpoint6(
+        "games",
+        "gs",
+        "gs-0",
+        "worker-b",
+        "fd00:10:244:1::5",
+        3000,
+    )
+}
+
+fn host_facts_dual_stack() -> kuport_core::snapshot::HostFacts {
+    let mut f = host_facts();
+    f.interfaces6.insert(
+        "enp1s0".to_owned(),
+        "2001:db8:203::9".parse().expect("ipv6"),
+    );
+    f
+}
+
+#[test]
+fn dual_stack_accepting_node_with_remote_pod() {
+    let plan = remote_dual_stack().plan_with("edge-a", &host_facts_dual_stack());
+    let state = &plan.host_state;
+    let link = &state.links[0];
+    let peer6 = link.peer_address6.expect("the link carries IPv6");
+    let (dnats, hairpins) = dnats_and_hairpins(state.nft6.rules(ChainId::Pre));
+    assert_eq!(dnats.len(), 1, "enp1s0 alone has an IPv6 address");
+    assert!(
+        dnats
+            .iter()
+            .chain(&hairpins)
+            .all(|r| matches!(r, Rule::Dnat(d) if d.to == peer6)
+                || matches!(r, Rule::Hairpin(h) if h.to == peer6))
+    );
+    assert_eq!(
+        state.nft.rules(ChainId::Pre),
+        remote_single()
+            .plan_with("edge-a", &host_facts())
+            .host_state
+            .nft
+            .rules(ChainId::Pre),
+        "IPv4 unchanged"
+    );
+    golden("dual-stack-accepting-remote-pod", &plan);
+}
+
+#[test]
+fn dual_stack_pod_node() {
+    let plan = remote_dual_stack().plan_with("worker-b", &facts(&[], "wt0", 1420));
+    let state = &plan.host_state;
+    assert_eq!(
+        state.rules.len(),
+        3,
+        "the IPv4 loop guard and reply rule, and the IPv6 reply rule"
+    );
+    assert_eq!(state.routes.len(), 2, "the link's route in each family");
+    golden("dual-stack-pod-node", &plan);
+}
+
+#[test]
+fn dual_stack_same_node_with_hairpin() {
+    let c = edge_and_worker()
+        .with_ipv6_pod_cidrs()
+        .endpoint("games", "gs", "gs-0", "edge-a", "10.244.0.5", 3000)
+        .endpoint6("games", "gs", "gs-0", "edge-a", "fd00:10:244::5", 3000)
+        .portmap(pm("games", "gs", "public", 3000));
+    let plan = c.plan_with("edge-a", &host_facts_dual_stack());
+    let v6 = &plan.host_state.nft6;
+    assert_eq!(
+        v6.hairpin_sources
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        ["fd00:10:244::/63"],
+        "the IPv6 pod networks, aggregated"
+    );
+    assert!(
+        v6.rules(ChainId::Post)
+            .iter()
+            .any(|r| matches!(r, Rule::HairpinMasquerade { .. }))
+    );
+    golden("dual-stack-same-node", &plan);
 }
 
 #[test]

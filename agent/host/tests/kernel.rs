@@ -13,7 +13,9 @@ use kuport_core::api::{Protocol, checks};
 use kuport_core::ir::HostState;
 use kuport_core::snapshot::HostFacts;
 use kuport_host::{FactsQuery, Host, LinuxHost};
-use netns::{GOLDEN, block_on, child, foreign_state, golden_ir, golden_nft, namespace, sh};
+use netns::{
+    GOLDEN, block_on, child, foreign_state, golden_ir, golden_nft, golden_nft6, namespace, sh,
+};
 
 const TESTS: &[netns::Test] = &[
     (
@@ -131,15 +133,25 @@ fn child_apply_golden() {
             netns::table_of(&golden_nft(&case)),
             "{case}: nft listing"
         );
+        let listing6 = sh("nft list table ip6 kuport 2>/dev/null || true");
+        assert_eq!(
+            netns::table_of(&listing6),
+            netns::table_of(&golden_nft6(&case)),
+            "{case}: nft listing of the IPv6 table"
+        );
         check_links(&state);
         check_rules_and_routes(&state);
         let counters = host.counters().await.expect("counters");
+        // A mapping served over both families counts in both tables, read as one.
         let per_mapping = state
             .nft
             .counters
             .iter()
+            .chain(&state.nft6.counters)
             .filter(|c| c.chain != kuport_core::ir::ChainId::Guard)
-            .count();
+            .map(|c| (c.chain, &c.namespace, &c.mapping))
+            .collect::<std::collections::BTreeSet<_>>()
+            .len();
         assert_eq!(
             counters.len(),
             per_mapping,
@@ -209,12 +221,40 @@ fn check_links(state: &HostState) {
             "{}: {neigh:?}",
             l.name
         );
+        check_link6(l, &mac);
     }
+}
+
+/// A link IPv6 mappings cross: its inner IPv6 end (usable at once: no duplicate address
+/// detection) and the peer's as a permanent neighbour with the same MAC as its IPv4 end.
+fn check_link6(l: &kuport_core::ir::Link, mac: &str) {
+    let addrs = sh(&format!("ip -6 -o addr show dev {} scope global", l.name));
+    let (Some(own), Some(peer)) = (l.address6, l.peer_address6) else {
+        assert!(
+            addrs.trim().is_empty(),
+            "{}: no IPv6 wanted: {addrs}",
+            l.name
+        );
+        return;
+    };
+    assert!(addrs.contains(&own.to_string()), "{}: {addrs}", l.name);
+    assert!(!addrs.contains("tentative"), "{}: {addrs}", l.name);
+    let neigh = sh(&format!("ip -6 neigh show dev {}", l.name));
+    assert!(
+        neigh.contains(&format!("{peer} lladdr {mac} PERMANENT")),
+        "{}: {neigh:?}",
+        l.name
+    );
 }
 
 fn check_rules_and_routes(state: &HostState) {
     let rules = sh("ip rule list");
+    let rules6 = sh("ip -6 rule list");
     for r in &state.rules {
+        let listed = match r.family {
+            kuport_core::ir::Family::V4 => &rules,
+            kuport_core::ir::Family::V6 => &rules6,
+        };
         let to =
             r.to.map(|t| {
                 format!(
@@ -237,21 +277,26 @@ fn check_rules_and_routes(state: &HostState) {
             r.priority, r.fwmark, r.fwmask
         );
         assert!(
-            rules.lines().any(|l| l.trim_end() == line),
-            "missing `{line}` in\n{rules}"
+            listed.lines().any(|l| l.trim_end() == line),
+            "missing `{line}` in\n{listed}"
         );
     }
     let ours = rules
         .lines()
+        .chain(rules6.lines())
         .filter(|l| l.starts_with("101:") || l.starts_with("102:"))
         .count();
-    assert_eq!(ours, state.rules.len(), "{rules}");
+    assert_eq!(ours, state.rules.len(), "{rules}{rules6}");
     for r in &state.routes {
-        let routes = sh(&format!("ip route show table {}", r.table));
-        assert_eq!(
-            routes.trim(),
-            format!("default via {} dev {} proto static", r.via, r.dev),
-            "table {}",
+        let six = if r.via.is_ipv6() { "-6 " } else { "" };
+        let routes = sh(&format!("ip {six}route show table {}", r.table));
+        assert!(
+            routes.lines().any(|l| {
+                // ip lists an IPv6 route with its metric.
+                let l = l.trim().trim_end_matches(" metric 1024 pref medium");
+                l == format!("default via {} dev {} proto static", r.via, r.dev)
+            }),
+            "table {}: {routes}",
             r.table
         );
     }

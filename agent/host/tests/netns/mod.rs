@@ -46,6 +46,15 @@ pub fn golden_ir(case: &str) -> kuport_core::ir::HostState {
     serde_json::from_str(&text).expect("golden IR")
 }
 
+/// The golden IPv6 table of `case`; empty for a case without one.
+pub fn golden_nft6(case: &str) -> String {
+    let path = format!(
+        "{}/../core/testdata/golden/{case}.nft6",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    std::fs::read_to_string(&path).unwrap_or_default()
+}
+
 pub fn golden_nft(case: &str) -> String {
     let path = format!(
         "{}/../core/testdata/golden/{case}.nft",
@@ -66,7 +75,7 @@ pub fn table_of(listing: &str) -> Option<kuport_core::render::Layout> {
 }
 
 /// Every golden case.
-pub const GOLDEN: [&str; 7] = [
+pub const GOLDEN: [&str; 10] = [
     "empty",
     "same-node-single-port",
     "same-node-range",
@@ -74,6 +83,9 @@ pub const GOLDEN: [&str; 7] = [
     "pod-node-single",
     "pod-node-multi-two-links",
     "both-roles-multi",
+    "dual-stack-accepting-remote-pod",
+    "dual-stack-pod-node",
+    "dual-stack-same-node",
 ];
 
 /// Normalised listings of everything on the host that is not kuport's: other nft tables (no
