@@ -366,3 +366,48 @@ fn a_class_ipv6_link_prefix_is_validated() {
         json!("fd6b:7570::/96")
     );
 }
+
+/// A serving node that forwards no IPv6 says so in the row's checks; a mapping served over IPv6
+/// there is programmed (its IPv4 half works) with the reason in its message, and an IPv4-only
+/// mapping is not told about IPv6.
+#[test]
+fn a_node_without_ipv6_forwarding_is_named_in_the_status_of_its_ipv6_mappings() {
+    let failed = json!({"name": "ipv6Forward", "ok": false,
+        "message": "net.ipv6.conf.all.forwarding is 0: the node forwards no IPv6 packet"});
+    let with_check = |mut c: Cluster| {
+        let status = c.class_mut("public").status.as_mut().expect("status");
+        let row = status
+            .nodes
+            .iter_mut()
+            .find(|r| r.name == "edge-a")
+            .expect("row");
+        row.checks.push(typed(failed.clone(), "check"));
+        c
+    };
+    let mut dual = dual_stack_cluster()
+        .endpoint("games", "gs", "gs-0", "edge-a", "10.244.0.5", 3000)
+        .portmap(pm("games", "gs", "public", 3000));
+    slice6(&mut dual, "gs-0", "edge-a", POD6_EDGE);
+    let plan = with_check(dual).plan_with("edge-a", &edge_facts());
+    let p = decision(&plan, "games", "gs")
+        .programmed
+        .clone()
+        .expect("programmed");
+    assert_eq!(p.reason, P::AllNodesReady);
+    assert!(
+        p.message
+            .contains("on node edge-a, net.ipv6.conf.all.forwarding is 0"),
+        "{}",
+        p.message
+    );
+    // Control: the same node and check, an IPv4-only Service.
+    let v4 = dual_stack_cluster()
+        .endpoint("games", "gs", "gs-0", "edge-a", "10.244.0.5", 3000)
+        .portmap(pm("games", "gs", "public", 3000));
+    let plan = with_check(v4).plan_with("edge-a", &edge_facts());
+    let p = decision(&plan, "games", "gs")
+        .programmed
+        .clone()
+        .expect("programmed");
+    assert!(!p.message.contains("ipv6"), "{}", p.message);
+}

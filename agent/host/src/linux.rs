@@ -364,10 +364,12 @@ impl<N: netlink::Netlink> Host for LinuxHost<N> {
                     a.valid_mark_interfaces.clone(),
                 )
             });
+        let serves_ipv6 = self.applied.as_ref().is_some_and(|a| !a.nft6.is_empty());
         facts.node_checks.extend(node_checks::sysctl_checks(
             std::path::Path::new(node_checks::PROC_SYS),
             &links,
             &capturing,
+            serves_ipv6,
         ));
         facts.node_checks.sort();
         Ok(facts)

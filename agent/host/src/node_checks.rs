@@ -17,15 +17,49 @@ pub const PROC_SYS: &str = "/proc/sys";
 /// Devices named in a message before "and N more".
 const NAMED: usize = 4;
 
-/// The sysctl checks: ip_forward, the rp_filter of `links` (kuport's link devices) and the
-/// src_valid_mark of `capturing` (the interfaces that capture mapped ports), read under
-/// `proc_sys`.
-pub fn sysctl_checks(proc_sys: &Path, links: &[String], capturing: &[String]) -> Vec<NodeCheck> {
+/// The sysctl checks: ip_forward (and IPv6 forwarding when `serves_ipv6`: the node programs
+/// IPv6 mappings), the rp_filter of `links` (kuport's link devices) and the src_valid_mark of
+/// `capturing` (the interfaces that capture mapped ports), read under `proc_sys`.
+pub fn sysctl_checks(
+    proc_sys: &Path,
+    links: &[String],
+    capturing: &[String],
+    serves_ipv6: bool,
+) -> Vec<NodeCheck> {
     vec![
         ip_forward(proc_sys),
+        ipv6_forward(proc_sys, serves_ipv6),
         rp_filter(proc_sys, links),
         src_valid_mark(proc_sys, capturing),
     ]
+}
+
+/// `net.ipv6.conf.all.forwarding`, on a node that programs IPv6 mappings: without it no IPv6
+/// request reaches a pod (IPv4 mappings are not affected).
+fn ipv6_forward(proc_sys: &Path, serves_ipv6: bool) -> NodeCheck {
+    let name = checks::IPV6_FORWARD;
+    if !serves_ipv6 {
+        return check(
+            name,
+            None,
+            "not checked: this node programs no IPv6 mapping".to_owned(),
+        );
+    }
+    match read_int(proc_sys, "net/ipv6/conf/all/forwarding") {
+        Ok(1) => check(
+            name,
+            Some(true),
+            "net.ipv6.conf.all.forwarding is 1".to_owned(),
+        ),
+        Ok(v) => check(
+            name,
+            Some(false),
+            format!(
+                "net.ipv6.conf.all.forwarding is {v}: the node forwards no IPv6 packet, so no IPv6 client reaches a pod through it; set it to 1"
+            ),
+        ),
+        Err(e) => check(name, None, format!("not checked: {e}")),
+    }
 }
 
 fn check(name: &str, ok: Option<bool>, message: String) -> NodeCheck {
@@ -246,7 +280,7 @@ mod tests {
             ("net/ipv4/conf/kup-1/rp_filter", "2"),
             ("net/ipv4/conf/wt0/src_valid_mark", "1"),
         ]);
-        let got = sysctl_checks(dir.path(), &names(&["kup-1"]), &names(&["wt0"]));
+        let got = sysctl_checks(dir.path(), &names(&["kup-1"]), &names(&["wt0"]), false);
         assert_eq!(got.len(), 3);
         for c in &got {
             assert_eq!(c.ok, Some(true), "{c:?}");
@@ -254,9 +288,21 @@ mod tests {
     }
 
     #[test]
+    fn ipv6_forwarding_is_checked_only_where_ipv6_is_served() {
+        let off = proc_sys(&[("net/ipv6/conf/all/forwarding", "0")]);
+        let c = ipv6_forward(off.path(), true);
+        assert_eq!(c.ok, Some(false));
+        assert!(c.message.contains("forwarding is 0"), "{}", c.message);
+        let c = ipv6_forward(off.path(), false);
+        assert_eq!(c.ok, None, "no IPv6 mapping here: {}", c.message);
+        let on = proc_sys(&[("net/ipv6/conf/all/forwarding", "1")]);
+        assert_eq!(ipv6_forward(on.path(), true).ok, Some(true));
+    }
+
+    #[test]
     fn forwarding_off_fails() {
         let dir = proc_sys(&[("net/ipv4/ip_forward", "0")]);
-        let got = sysctl_checks(dir.path(), &[], &[]);
+        let got = sysctl_checks(dir.path(), &[], &[], false);
         let c = find(&got, checks::IP_FORWARD);
         assert_eq!(c.ok, Some(false));
         assert!(c.message.contains("ip_forward is 0"), "{}", c.message);
@@ -312,7 +358,7 @@ mod tests {
     #[test]
     fn what_cannot_be_read_is_not_checked_and_says_why() {
         let dir = proc_sys(&[("net/ipv4/ip_forward", "yes")]);
-        let got = sysctl_checks(dir.path(), &names(&["kup-1"]), &[]);
+        let got = sysctl_checks(dir.path(), &names(&["kup-1"]), &[], false);
         for c in &got {
             assert_eq!(c.ok, None, "{c:?}");
             assert!(c.message.starts_with("not checked: "), "{}", c.message);

@@ -475,7 +475,7 @@ pub struct ClassNodeStatus {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct NodeCheck {
-    /// What is checked, for example ipForward, rpFilter, srcValidMark, internalIP,
+    /// What is checked, for example ipForward, ipv6Forward, rpFilter, srcValidMark, internalIP,
     /// cniOverlayPort or cniHostRouting.
     #[schemars(length(max = 63))]
     pub name: String,

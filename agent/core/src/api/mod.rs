@@ -73,6 +73,8 @@ pub fn is_preflight(class: &PortMapClass) -> bool {
 pub mod checks {
     /// `net.ipv4.ip_forward` is 1.
     pub const IP_FORWARD: &str = "ipForward";
+    /// `net.ipv6.conf.all.forwarding` is 1, on a node that serves IPv6 mappings.
+    pub const IPV6_FORWARD: &str = "ipv6Forward";
     /// The effective `rp_filter` of kuport's links is not strict.
     pub const RP_FILTER: &str = "rpFilter";
     /// `src_valid_mark` is 1 on the interfaces that capture mapped ports.

@@ -13,7 +13,7 @@ use super::state::{ClassState, Group, Working, standby_only};
 use super::{Detail, MappingDecision, NeededLink, endpoint};
 use crate::api::{
     MAX_PORT, MIN_PORT, PortMap, PortMapClass, Protocol, PublishedAddress, ReturnPathMode,
-    ServingMode,
+    ServingMode, checks,
 };
 use crate::ir::PortRange;
 use crate::keys::{MappingKey, Name, NodePair};
@@ -1051,6 +1051,7 @@ fn firewall_note(index: &Index, class: &str, d: &MappingDecision, say: Say) -> S
     if !say.says() {
         return String::new();
     }
+    let v6 = d.endpoint.as_ref().is_some_and(|e| e.v6().is_some());
     let notes: Vec<String> = d
         .programming_nodes
         .iter()
@@ -1058,9 +1059,16 @@ fn firewall_note(index: &Index, class: &str, d: &MappingDecision, say: Say) -> S
         .flat_map(|(node, row)| {
             // A ready row with a message: some of the node's interfaces are missing.
             let missing = row.message.as_ref().filter(|_| row.ready);
+            // A mapping served over IPv6 on a node that forwards no IPv6: its IPv4 half works.
+            let no_ipv6 = row
+                .checks
+                .iter()
+                .filter(|c| v6 && c.name == checks::IPV6_FORWARD && c.ok == Some(false))
+                .map(|c| &c.message);
             missing
                 .into_iter()
                 .chain(&row.warnings)
+                .chain(no_ipv6)
                 .map(move |w| format!("on node {node}, {w}"))
         })
         .collect();
