@@ -34,14 +34,18 @@ pub fn published_summary(published: &[PublishedAddress]) -> Option<String> {
     }
     let mut addresses: Vec<&str> = Vec::with_capacity(published.len());
     for p in published {
-        let a = if p.address.is_empty() {
-            UNRESOLVED
-        } else {
-            p.address.as_str()
+        // A row of an IPv6-only mapping has only its IPv6 address; a dual-stack one both.
+        let a = match (p.address.as_str(), p.address6.as_str()) {
+            ("", "") => [Some(UNRESOLVED), None],
+            ("", v6) => [Some(v6), None],
+            (v4, "") => [Some(v4), None],
+            (v4, v6) => [Some(v4), Some(v6)],
         };
         // The same address bound on two interfaces (or two unresolved rows) is one place.
-        if !addresses.contains(&a) {
-            addresses.push(a);
+        for a in a.into_iter().flatten() {
+            if !addresses.contains(&a) {
+                addresses.push(a);
+            }
         }
     }
     Some(bounded_join(&addresses))
@@ -70,6 +74,18 @@ mod tests {
             address: address.into(),
             address6: String::new(),
         }
+    }
+
+    #[test]
+    fn a_row_served_over_ipv6_shows_its_ipv6_address_after_the_ipv4_one() {
+        let mut dual = row("edge-a", "enp1s0", "203.0.113.1");
+        dual.address6 = "2001:db8:203::1".to_owned();
+        let mut only6 = row("edge-b", "enp1s0", "");
+        only6.address6 = "2001:db8:203::2".to_owned();
+        assert_eq!(
+            published_summary(&[dual, only6]).as_deref(),
+            Some("203.0.113.1,2001:db8:203::1,2001:db8:203::2")
+        );
     }
 
     #[test]

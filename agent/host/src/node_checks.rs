@@ -279,9 +279,10 @@ mod tests {
             ("net/ipv4/conf/all/src_valid_mark", "0"),
             ("net/ipv4/conf/kup-1/rp_filter", "2"),
             ("net/ipv4/conf/wt0/src_valid_mark", "1"),
+            ("net/ipv6/conf/all/forwarding", "1"),
         ]);
-        let got = sysctl_checks(dir.path(), &names(&["kup-1"]), &names(&["wt0"]), false);
-        assert_eq!(got.len(), 3);
+        let got = sysctl_checks(dir.path(), &names(&["kup-1"]), &names(&["wt0"]), true);
+        assert_eq!(got.len(), 4);
         for c in &got {
             assert_eq!(c.ok, Some(true), "{c:?}");
         }

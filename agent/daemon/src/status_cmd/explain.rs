@@ -257,11 +257,14 @@ fn endpoint_step(d: &MappingDecision, pm: &PortMap, namespace: &str) -> Step {
             "{service}: not chosen, the mapping is not accepted"
         )],
         Some(e) => vec![format!(
-            "{service}: pod {} on {}, {}:{}",
+            "{service}: pod {} on {}, {}:{}{}",
             e.pod.as_deref().unwrap_or("(unnamed)"),
             e.node,
             e.address,
-            e.port
+            e.port,
+            e.address6
+                .map(|a| format!(" and [{a}]:{}", e.port))
+                .unwrap_or_default()
         )],
         None if !d.rejected_endpoints.is_empty() => {
             let mut lines = vec![format!(
@@ -339,10 +342,11 @@ fn programmed_details(d: &MappingDecision) -> Vec<String> {
         .published
         .iter()
         .map(|p| {
-            let a = if p.address.is_empty() {
-                "(address not reported yet)"
-            } else {
-                p.address.as_str()
+            let a = match (p.address.as_str(), p.address6.as_str()) {
+                ("", "") => "(address not reported yet)".to_owned(),
+                (v4, "") => v4.to_owned(),
+                ("", v6) => v6.to_owned(),
+                (v4, v6) => format!("{v4} and {v6}"),
             };
             format!("published {a} on {} {}", p.node, p.interface)
         })

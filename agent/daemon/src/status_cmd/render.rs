@@ -55,6 +55,9 @@ pub struct EndpointView {
     pub node: String,
     pub address: String,
     pub port: i32,
+    /// The pod's IPv6 address when the mapping is served over IPv6 too.
+    #[serde(rename = "ipv6Address", skip_serializing_if = "Option::is_none")]
+    pub address6: Option<String>,
 }
 
 /// One mapping, as its status says.
@@ -232,11 +235,16 @@ pub(super) fn mapping_view(pm: &PortMap) -> MappingView {
         published: status
             .published
             .iter()
-            .map(|p| {
-                if p.address.is_empty() {
-                    kuport_core::summary::UNRESOLVED.to_owned()
+            .flat_map(|p| {
+                let addresses: Vec<String> = [&p.address, &p.address6]
+                    .into_iter()
+                    .filter(|a| !a.is_empty())
+                    .cloned()
+                    .collect();
+                if addresses.is_empty() {
+                    vec![kuport_core::summary::UNRESOLVED.to_owned()]
                 } else {
-                    p.address.clone()
+                    addresses
                 }
             })
             .collect(),
@@ -245,6 +253,7 @@ pub(super) fn mapping_view(pm: &PortMap) -> MappingView {
             node: e.node,
             address: e.address,
             port: e.port,
+            address6: e.address6,
         }),
         accepted: condition(&status.conditions, conditions::ACCEPTED).map(ConditionView::of),
         programmed,
@@ -565,6 +574,7 @@ pub(super) fn check_mapping(m: &mut MappingView, plan: &Plan, complete: bool, ag
                 node: e.node.to_string(),
                 address: e.address.to_string(),
                 port: i32::from(e.port),
+                address6: e.address6.map(|a| a.to_string()),
             }),
         };
         if m.current && m.accepted.is_some() {
@@ -676,7 +686,13 @@ fn endpoint_text(e: Option<&EndpointView>) -> String {
         || "-".to_owned(),
         |e| {
             let pod = e.pod.as_deref().unwrap_or("(unnamed pod)");
-            format!("{pod} on {} ({}:{})", e.node, e.address, e.port)
+            match &e.address6 {
+                Some(v6) => format!(
+                    "{pod} on {} ({}:{}, [{v6}]:{})",
+                    e.node, e.address, e.port, e.port
+                ),
+                None => format!("{pod} on {} ({}:{})", e.node, e.address, e.port),
+            }
         },
     )
 }
