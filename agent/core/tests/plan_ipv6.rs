@@ -63,28 +63,27 @@ fn worker_facts() -> HostFacts {
     facts(&[("wt0", "100.64.0.2")], "wt0", 1400)
 }
 
-fn dnat_targets(state: &HostState, family: Family) -> Vec<(String, IpAddr)> {
+/// (input interface, address) of each DNAT rule (its target) or steering rule (the address it
+/// captures) in the table of `family`.
+fn pairs(state: &HostState, family: Family, chain: ChainId) -> Vec<(String, IpAddr)> {
     state
         .table(family)
-        .rules(ChainId::Pre)
+        .rules(chain)
         .iter()
         .filter_map(|r| match r {
             Rule::Dnat(d) => Some((d.iif.clone(), d.to)),
+            Rule::Steer(s) => Some((s.iif.clone(), s.daddr)),
             _ => None,
         })
         .collect()
 }
 
+fn dnat_targets(state: &HostState, family: Family) -> Vec<(String, IpAddr)> {
+    pairs(state, family, ChainId::Pre)
+}
+
 fn steered(state: &HostState, family: Family) -> Vec<(String, IpAddr)> {
-    state
-        .table(family)
-        .rules(ChainId::Steer)
-        .iter()
-        .filter_map(|r| match r {
-            Rule::Steer(s) => Some((s.iif.clone(), s.daddr)),
-            _ => None,
-        })
-        .collect()
+    pairs(state, family, ChainId::Steer)
 }
 
 #[test]
