@@ -74,14 +74,6 @@ impl Family {
         }
     }
 
-    /// The longest prefix of the family (32, 128).
-    pub fn max_prefix(self) -> u8 {
-        match self {
-            Family::V4 => 32,
-            Family::V6 => 128,
-        }
-    }
-
     /// The family's name as Kubernetes writes it (`IPv4`, `IPv6`).
     pub fn name(self) -> &'static str {
         match self {
@@ -865,13 +857,6 @@ impl HostState {
             Family::V4 => &mut self.nft,
             Family::V6 => &mut self.nft6,
         }
-    }
-
-    /// Every rule of both tables.
-    pub fn all_rules(&self) -> impl Iterator<Item = &Rule> {
-        self.tables()
-            .into_iter()
-            .flat_map(|t| t.chains.iter().flat_map(|(_, rules)| rules.iter()))
     }
 
     /// The ports this state captures as an accepting node (steered DNAT), by mapping: what a

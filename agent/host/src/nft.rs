@@ -224,11 +224,6 @@ impl Nft {
         }
     }
 
-    /// The family of the table this one manages.
-    pub fn family(&self) -> Family {
-        self.family
-    }
-
     /// The `nft` processes this host ran lately, whose commits are its own.
     pub fn committers(&self) -> Arc<Committers> {
         self.committers.clone()
@@ -702,6 +697,38 @@ mod tests {
         assert!(!applied.listed);
         assert_eq!(held(&nft), Some(layout(&moved).layout));
         assert_eq!(fake.lock().committed, 2);
+    }
+
+    /// The IPv4 and IPv6 writers share what they know of the ruleset: one's commit is not
+    /// taken for another program's by the other, which would list its table again.
+    #[test]
+    fn a_commit_of_the_other_familys_table_is_not_a_foreign_change() {
+        let (fake, nft) = fake();
+        let nft6 = nft.sibling(Family::V6);
+        let v4 = table();
+        let mut v6 = table();
+        v6.family = Family::V6;
+        for (_, rules) in &mut v6.chains {
+            for rule in rules.iter_mut() {
+                match rule {
+                    Rule::Dnat(d) => d.to = "fd00::5".parse().expect("ipv6"),
+                    Rule::IdentitySnat(s) => s.daddr = "fd00::5".parse().expect("ipv6"),
+                    _ => {}
+                }
+            }
+        }
+        nft.apply(&v4).expect("v4");
+        nft6.apply(&v6).expect("v6");
+        assert!(fake.lock().table6.is_some(), "the IPv6 table is written");
+        let listed = fake.lock().listed;
+        let again = nft.apply(&v4).expect("v4 again");
+        let again6 = nft6.apply(&v6).expect("v6 again");
+        assert!(!again.listed && !again6.listed && !again.changed && !again6.changed);
+        assert_eq!(fake.lock().listed, listed, "neither table listed again");
+        // Control: another program's commit makes both list.
+        fake.lock().generation += 1;
+        assert!(nft.apply(&v4).expect("v4 after").listed);
+        assert!(nft6.apply(&v6).expect("v6 after").listed);
     }
 
     #[test]
