@@ -367,7 +367,7 @@ async fn defaults_from_the_crd_are_applied_on_create(target: Target) {
     );
     assert_eq!(
         spec["returnPath"]["vxlan"],
-        json!({"vni": 4242, "port": 4790, "subnet": "169.254.77.0/24"})
+        json!({"vni": 4242, "port": 4790, "subnet": "169.254.77.0/24", "ipv6Subnet": "fd6b:7570::/96"})
     );
     // A partial window gets the missing bound from the field default.
     let mut partial = class_spec();
