@@ -362,6 +362,17 @@ pub enum Rule {
         /// The link's mark.
         mark: u32,
     },
+    /// kup-mangle (IPv6 only): a request arriving over link `iface` also carries the link's mark
+    /// in its packet mark, so a mark-aware reverse-path check (`fib saddr . mark . iif`, IPv6's
+    /// strict filter: IPv6 has no `rp_filter` sysctl to loosen per link) finds its way back
+    /// into the link; the pod-address rules at the loop guard's priority keep the request
+    /// itself going to the pod.
+    MarkArrival {
+        /// The link device.
+        iface: String,
+        /// The link's mark.
+        mark: u32,
+    },
     /// kup-fwd: clamp TCP MSS to the route MTU of packets leaving through a kuport link.
     ClampMssOut,
     /// kup-fwd: clamp TCP MSS to the route MTU of packets arriving from a kuport link.
@@ -642,7 +653,9 @@ impl NftTable {
                 Rule::Hairpin(h) => !far_end(h.to),
                 Rule::LinkPeerSnat { peer_end, .. } => !far_end(*peer_end),
                 Rule::IdentitySnat(s) => !far_end(s.daddr),
-                Rule::SaveArrivalLink { iface, .. } => !on_gone(iface),
+                Rule::SaveArrivalLink { iface, .. } | Rule::MarkArrival { iface, .. } => {
+                    !on_gone(iface)
+                }
                 Rule::RestoreReplyMark { mark } => !gone_mark(*mark),
                 _ => true,
             });

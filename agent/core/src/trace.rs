@@ -221,6 +221,11 @@ pub struct Trace {
     pub daddr: IpAddr,
     /// The route kuport's ip rules chose (none for a dropped packet).
     pub route: Option<RouteDecision>,
+    /// The route back to the packet's source under its mark after prerouting: what a
+    /// mark-aware strict reverse-path check (`fib saddr . mark . iif oif`, or `rp_filter` with
+    /// `src_valid_mark`) looks up; it passes when the route leaves by the arrival interface.
+    /// None for a dropped packet or one of the node's own.
+    pub reverse_route: Option<RouteDecision>,
     /// Named counters the packet passed, in order.
     pub counters: Vec<String>,
 }
@@ -240,6 +245,7 @@ pub fn trace(state: &HostState, packet: &Packet) -> Trace {
         ct_mark: p.ct_mark,
         daddr: p.daddr,
         route: None,
+        reverse_route: None,
         counters: Vec::new(),
     };
     if p.local_out {
@@ -258,6 +264,9 @@ pub fn trace(state: &HostState, packet: &Packet) -> Trace {
     t.ct_mark = p.ct_mark;
     t.daddr = p.daddr;
     t.route = Some(route(state, &p));
+    if !p.local_out {
+        t.reverse_route = Some(route_to(state, p.family(), p.meta_mark, p.saddr));
+    }
     identity_snat(state, &p, &mut t);
     t
 }
@@ -306,7 +315,8 @@ fn guard(state: &HostState, p: &mut Packet, t: &mut Trace) -> bool {
 }
 
 /// kup-mangle: a reply takes its flow's mark, and so does a later request no other datapath
-/// marked; a request over a link records the link's. Untracked packets have no flow.
+/// marked; a request over a link records the link's (and, in IPv6, carries it). Untracked
+/// packets have no flow.
 fn mangle(state: &HostState, p: &mut Packet) {
     let mask = state.nft.marks.mask;
     if p.ct_state == CtState::Untracked {
@@ -324,6 +334,9 @@ fn mangle(state: &HostState, p: &mut Packet) {
             }
             Rule::SaveArrivalLink { iface, mark } if !p.reply && p.iif == *iface => {
                 p.ct_mark = set_bits(state, p.ct_mark, *mark);
+            }
+            Rule::MarkArrival { iface, mark } if !p.reply && p.iif == *iface => {
+                p.meta_mark = set_bits(state, p.meta_mark, *mark);
             }
             _ => {}
         }
@@ -499,12 +512,16 @@ fn in_ports(ports: PortRange, port: u16) -> bool {
 /// kuport's ip rules in priority order; the first whose mark (and destination) matches picks
 /// the table.
 fn route(state: &HostState, p: &Packet) -> RouteDecision {
-    let family = p.family();
+    route_to(state, p.family(), p.meta_mark, p.daddr)
+}
+
+/// kuport's ip rules and routes for a lookup of `daddr` under packet mark `mark`.
+fn route_to(state: &HostState, family: Family, mark: u32, daddr: IpAddr) -> RouteDecision {
     let mut rules: Vec<_> = state.rules.iter().filter(|r| r.family == family).collect();
     rules.sort_by_key(|r| r.priority);
-    let chosen = rules.into_iter().find(|r| {
-        p.meta_mark & r.fwmask == r.fwmark && r.to.is_none_or(|net| net.contains(&p.daddr))
-    });
+    let chosen = rules
+        .into_iter()
+        .find(|r| mark & r.fwmask == r.fwmark && r.to.is_none_or(|net| net.contains(&daddr)));
     let Some(rule) = chosen else {
         return RouteDecision::Main;
     };
@@ -515,7 +532,7 @@ fn route(state: &HostState, p: &Packet) -> RouteDecision {
         .routes
         .iter()
         .filter(|r| Family::of(r.via) == family)
-        .find(|r| r.table == rule.table && r.to.is_none_or(|net| net.contains(&p.daddr)));
+        .find(|r| r.table == rule.table && r.to.is_none_or(|net| net.contains(&daddr)));
     match found {
         Some(r) => RouteDecision::Via {
             table: r.table,

@@ -213,8 +213,8 @@ fn dual_stack_pod_node() {
     let state = &plan.host_state;
     assert_eq!(
         state.rules.len(),
-        3,
-        "the IPv4 loop guard and reply rule, and the IPv6 reply rule"
+        4,
+        "the IPv4 loop guard and reply rule, the IPv6 pod-by-main and reply rules"
     );
     assert_eq!(state.routes.len(), 2, "the link's route in each family");
     golden("dual-stack-pod-node", &plan);

@@ -410,3 +410,51 @@ fn a_node_without_ipv6_forwarding_is_named_in_the_status_of_its_ipv6_mappings() 
         .expect("programmed");
     assert!(!p.message.contains("ipv6"), "{}", p.message);
 }
+
+/// IPv6 has no `rp_filter` sysctl kuport could loosen on its links: a strict check is a
+/// `fib saddr . mark . iif` rule (firewalld's default IPv6_rpfilter). On the pod node, the
+/// request over the link must find the link as the route back to the client under its packet
+/// mark, and still be routed to the pod; the pod's reply, carrying the link's mark, must find
+/// the pod's side as the route back to the pod.
+#[test]
+fn ipv6_link_arrivals_pass_a_mark_aware_strict_reverse_path_check() {
+    let mut c = dual_stack_cluster()
+        .endpoint("games", "gs", "gs-0", "worker-b", "10.244.1.5", 3000)
+        .portmap(pm("games", "gs", "public", 3000))
+        .claim_built("public", "edge-a/worker-b", 0);
+    slice6(&mut c, "gs-0", "worker-b", POD6_WORKER);
+    let worker = c.plan_with("worker-b", &worker_facts()).host_state;
+    let wlink = &worker.links[0];
+    let own6 = IpAddr::V6(wlink.address6.expect("the link carries IPv6").addr());
+    let back_into_link = RouteDecision::Via {
+        table: worker
+            .rules
+            .iter()
+            .find(|r| r.table != MAIN_TABLE)
+            .expect("link rule")
+            .table,
+        via: IpAddr::V6(wlink.peer_address6.expect("peer end")),
+        dev: wlink.name.clone(),
+    };
+    let mut arrived = Packet::new(&wlink.name, v6(CLIENT6), own6, Protocol::Udp, 3000);
+    arrived.local = vec![own6];
+    let t = trace(&worker, &arrived);
+    assert_eq!(t.dnat, Some((v6(POD6_WORKER), 3000)));
+    assert_eq!(t.route, Some(RouteDecision::Main), "on to the pod: {t:?}");
+    assert_eq!(t.reverse_route, Some(back_into_link.clone()), "{t:?}");
+    // A later packet of the flow (conntrack's binding already translated it) is marked again:
+    // the mark is per packet.
+    let mut later = arrived.later(t.ct_mark);
+    later.daddr = v6(POD6_WORKER);
+    let t = trace(&worker, &later);
+    assert_eq!(t.route, Some(RouteDecision::Main), "{t:?}");
+    assert_eq!(t.reverse_route, Some(back_into_link.clone()), "{t:?}");
+
+    let mut reply = Packet::new("lxc0", v6(POD6_WORKER), v6(CLIENT6), Protocol::Udp, 40000);
+    reply.reply = true;
+    reply.ct_state = kuport_core::trace::CtState::Established;
+    reply.ct_mark = t.ct_mark;
+    let t = trace(&worker, &reply);
+    assert_eq!(t.route, Some(back_into_link), "{t:?}");
+    assert_eq!(t.reverse_route, Some(RouteDecision::Main), "{t:?}");
+}

@@ -259,7 +259,8 @@ fn check_rules_and_routes(state: &HostState) {
             r.to.map(|t| {
                 format!(
                     "to {} ",
-                    if t.prefix_len() == 32 {
+                    // `ip rule` prints a host route's address alone.
+                    if t.prefix_len() == t.max_prefix_len() {
                         t.addr().to_string()
                     } else {
                         t.to_string()

@@ -609,9 +609,25 @@ impl<'a> Emitter<'a> {
             self.snat(d, pod, pod_ports);
             if family == Family::V6 {
                 self.carry_v6(&dev, &l);
+                self.route_pod_by_main(mark, pod);
             }
             self.arrival(family, dev.clone(), mark, &l);
         }
+    }
+
+    /// IPv6 requests arriving over a link carry its mark (`Rule::MarkArrival`), which would
+    /// send them back into the link; the pod's address under that mark is looked up in the
+    /// main table instead, for the request and for a strict reverse-path check of the pod's
+    /// reply (which carries the mark too).
+    fn route_pod_by_main(&mut self, mark: u32, pod: IpAddr) {
+        self.state.rules.push(IpRule {
+            family: Family::of(pod),
+            priority: PREF_LOOP_GUARD,
+            fwmark: mark,
+            fwmask: self.facts.marks.mask,
+            to: Some(IpNet::from(pod)),
+            table: MAIN_TABLE,
+        });
     }
 
     /// What every mapping arriving over link `dev` in `family` shares: its marks, ip rules and
@@ -631,6 +647,16 @@ impl<'a> Emitter<'a> {
                 mark,
             },
         );
+        if family == Family::V6 {
+            self.push_in(
+                family,
+                ChainId::Mangle,
+                Rule::MarkArrival {
+                    iface: dev.clone(),
+                    mark,
+                },
+            );
+        }
         self.push_in(family, ChainId::Mangle, Rule::RestoreReplyMark { mark });
         let table = marks.table(mark);
         if family == Family::V4 {

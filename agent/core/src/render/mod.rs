@@ -143,6 +143,11 @@ pub fn rule_text(rule: &Rule, marks: MarkLayout, family: Family) -> String {
             quote(iface),
             masked_set("ct mark", marks, *mark)
         ),
+        Rule::MarkArrival { iface, mark } => format!(
+            "iifname {} ct direction original counter packets 0 bytes 0 {}",
+            quote(iface),
+            masked_set("meta mark", marks, *mark)
+        ),
         Rule::ClampMssOut => {
             format!("oifname \"{LINK_PREFIX}*\" tcp flags syn tcp option maxseg size set rt mtu")
         }
