@@ -510,16 +510,20 @@ pub fn configure_mesh(topo: &Topology, me: &MeshMember) -> Result<()> {
         return Ok(());
     }
     mesh_routes(topo, me)?;
-    let rules = ip_in(&me.ns, "rule show")?;
-    if !rules.contains("105:") {
-        ip_in(
-            &me.ns,
-            "rule add pref 105 lookup main suppress_prefixlength 0",
-        )?;
-        ip_in(
-            &me.ns,
-            &format!("rule add pref 110 not fwmark {MESH_FWMARK} lookup {MESH_TABLE}"),
-        )?;
+    // netbird installs its two rules in both families (the IPv6 mesh table holds only an exit
+    // node's default route here: the mesh itself is IPv4).
+    for family in ["", "-6 "] {
+        let rules = ip_in(&me.ns, &format!("{family}rule show"))?;
+        if !rules.contains("105:") {
+            ip_in(
+                &me.ns,
+                &format!("{family}rule add pref 105 lookup main suppress_prefixlength 0"),
+            )?;
+            ip_in(
+                &me.ns,
+                &format!("{family}rule add pref 110 not fwmark {MESH_FWMARK} lookup {MESH_TABLE}"),
+            )?;
+        }
     }
     Ok(())
 }
@@ -536,6 +540,14 @@ fn mesh_routes(topo: &Topology, me: &MeshMember) -> Result<()> {
         &me.ns,
         &format!("route replace {dest} dev wt0 table {MESH_TABLE}"),
     )?;
+    if topo.scenario.mesh.exit_node {
+        // An exit node takes the IPv6 default as well: a reply kuport does not route leaves
+        // into wt0, whose peers allow no such destination, and is lost.
+        ip_in(
+            &me.ns,
+            &format!("-6 route replace default dev wt0 table {MESH_TABLE}"),
+        )?;
+    }
     for peer in topo.mesh.iter().filter(|p| p.name != me.name && p.is_node) {
         if let Some(cidr) = &peer.pod_cidr {
             ip_in(
@@ -719,6 +731,9 @@ fn host_filters(topo: &Topology, node: &NodeInfo) -> Result<()> {
     if let Some(Firewall::Talos) = topo.scenario.host.firewall {
         tables.push_str(&talos_table(&topo.scenario.host.open)?);
     }
+    if topo.scenario.host.rp_filter == RpFilter::Strict {
+        tables.push_str(RPFILTER6_TABLE);
+    }
     if tables.is_empty() {
         return Ok(());
     }
@@ -729,6 +744,18 @@ fn host_filters(topo: &Topology, node: &NodeInfo) -> Result<()> {
     )?;
     Ok(())
 }
+
+/// IPv6 has no `rp_filter` sysctl: a strict reverse-path check is an nftables `fib` rule, shaped
+/// as firewalld's `IPv6_rpfilter` (its default): after the mangle hooks, so the packet's mark
+/// counts in the lookup, drop a packet whose source is not routed back out of the interface it
+/// came in on (neighbour discovery excepted).
+pub const RPFILTER6_TABLE: &str = "table inet lab-rpfilter6 {\n\
+     \tchain pre {\n\
+     \t\ttype filter hook prerouting priority filter + 10; policy accept;\n\
+     \t\tmeta nfproto ipv6 icmpv6 type { nd-router-advert, nd-neighbor-solicit } accept\n\
+     \t\tmeta nfproto ipv6 fib saddr . mark . iif oif missing counter drop\n\
+     \t}\n\
+     }\n";
 
 /// netbird's shape: mark mesh traffic for the node itself at -150 (only while its destination
 /// is still local), and drop forwarded mesh traffic whose mark is not exactly netbird's.
@@ -796,13 +823,19 @@ fn check_mesh(topo: &Topology) -> Result<()> {
 }
 
 /// IPv6 reaches every element before anything else runs: the internet client each public
-/// node's `enp1s0`, and every pod from its own node. (Across nodes is the scenario's business:
+/// node's `enp1s0` (unless the mesh is an exit node), and every pod from its own node. (Across nodes is the scenario's business:
 /// a host firewall may close the CNI's overlay on purpose; `lab/tests/cli.rs` proves it for
 /// every CNI emulation.)
 pub fn check_ipv6(topo: &Topology) -> Result<()> {
     // (namespace, who pings, what it pings, the address)
     let mut checks: Vec<(&str, String, String, Ipv6Addr)> = Vec::new();
-    for n in &topo.nodes {
+    // Behind an exit node the node's own answers route into the mesh: only what kuport maps
+    // is reachable from the internet, which is the scenario's to prove.
+    let nodes = match topo.scenario.mesh.exit_node {
+        true => &[][..],
+        false => &topo.nodes[..],
+    };
+    for n in nodes {
         if let Some(public6) = n.public6 {
             let what = format!("{}'s enp1s0", n.name);
             checks.push((CLIENT_NS, "the internet client".into(), what, public6));
