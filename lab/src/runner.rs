@@ -303,7 +303,16 @@ impl Runner<'_> {
         let ns = self.topo.node(&l.node)?.ns.clone();
         let what = format!("host-listener-{}-{}-{}", l.node, l.protocol.lower(), l.port);
         let port = l.port.to_string();
-        let pid = topology::spawn_echo(self.lab, &self.topo, &ns, &what, l.protocol, &port, &what)?;
+        let address = l.address.as_deref().map(|a| self.expand(a)).transpose()?;
+        let pid = topology::spawn_echo_on(
+            self.lab,
+            &self.topo,
+            &ns,
+            &what,
+            l.protocol,
+            &port,
+            address.as_deref(),
+        )?;
         self.host_listeners
             .insert((l.node.clone(), l.protocol, l.port), pid);
         Ok(pid)

@@ -95,6 +95,10 @@ pub struct HostListener {
     pub node: String,
     pub protocol: Protocol,
     pub port: u16,
+    /// Bind this address alone (a daemon with one listen address) instead of every address of
+    /// both families; `${...}` placeholders are expanded, as in `hostExec`.
+    #[serde(default)]
+    pub address: Option<String>,
 }
 
 /// Host firewalls the lab can emulate.

@@ -1023,12 +1023,40 @@ pub fn spawn_echo(
     ports: &str,
     tag: &str,
 ) -> Result<i32> {
-    let pid = lab.spawn(
+    spawn_echo_args(
+        lab,
+        topo,
         ns,
         what,
-        &topo.bin("kuport-echo"),
         &["serve", protocol.lower(), ports, "--tag", tag],
-    )?;
+    )
+}
+
+/// A host listener: an echo server tagged with its own name, on `address` alone when given.
+pub fn spawn_echo_on(
+    lab: &mut Lab,
+    topo: &Topology,
+    ns: &str,
+    what: &str,
+    protocol: Protocol,
+    ports: &str,
+    address: Option<&str>,
+) -> Result<i32> {
+    let mut args = vec!["serve", protocol.lower(), ports, "--tag", what];
+    if let Some(address) = address {
+        args.extend(["--bind", address]);
+    }
+    spawn_echo_args(lab, topo, ns, what, &args)
+}
+
+fn spawn_echo_args(
+    lab: &mut Lab,
+    topo: &Topology,
+    ns: &str,
+    what: &str,
+    args: &[&str],
+) -> Result<i32> {
+    let pid = lab.spawn(ns, what, &topo.bin("kuport-echo"), args)?;
     let log = lab.log_path(what);
     if !sys::wait_until(Duration::from_secs(5), || {
         std::fs::read_to_string(&log).is_ok_and(|s| s.contains("ready"))

@@ -271,8 +271,10 @@ impl HostFacts {
 pub struct HostSocket {
     /// TCP (a listener) or UDP (an unconnected socket).
     pub protocol: Protocol,
-    /// The local address it is bound to; `0.0.0.0` for every address (IPv4 or dual-stack `::`).
-    pub address: Ipv4Addr,
+    /// The local address it is bound to: `0.0.0.0` for every address (IPv4 or `::`, which is
+    /// taken as every address of both families), an IPv4 address, or an IPv6 one (a socket
+    /// bound to one IPv6 address holds the port there only).
+    pub address: IpAddr,
     /// The local port.
     pub port: u16,
     /// Who holds it, when the agent knows (its own health and metrics listeners).

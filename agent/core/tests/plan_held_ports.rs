@@ -167,6 +167,33 @@ fn a_hostport_of_a_pod_on_the_accepting_node_is_refused_naming_the_pod() {
 }
 
 #[test]
+fn a_hostport_on_the_accepting_interfaces_ipv6_address_is_refused_and_another_is_not() {
+    let mut f = edge_facts();
+    f.interfaces6.insert(
+        "enp1s0".to_owned(),
+        "2001:db8:203::9".parse().expect("ipv6"),
+    );
+    let at = |host_ip: &str| {
+        attacker(8443)
+            .host_port_pod("ingress", "nginx-0", "edge-a", "TCP", 8443, Some(host_ip))
+            .land_rows("edge-a", &f)
+    };
+    let (reason, message) = accepted(&at("2001:db8:203::9"), "team-b", "steal");
+    assert_eq!(reason, A::PortInUse, "{message}");
+    assert!(
+        message.contains("hostPort of Pod ingress/nginx-0"),
+        "{message}"
+    );
+    // Control: an IPv6 address the mapping does not bind holds nothing it captures.
+    assert_eq!(
+        accepted(&at("2001:db8:999::1"), "team-b", "steal").0,
+        A::Valid
+    );
+    // `::` is every address, as `0.0.0.0` is.
+    assert_eq!(accepted(&at("::"), "team-b", "steal").0, A::PortInUse);
+}
+
+#[test]
 fn the_default_window_keeps_the_nodeport_range_and_node_service_ports_back() {
     let spans: Vec<String> = DEFAULT_SYSTEM_RESERVED
         .iter()

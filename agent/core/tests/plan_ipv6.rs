@@ -458,3 +458,59 @@ fn ipv6_link_arrivals_pass_a_mark_aware_strict_reverse_path_check() {
     assert_eq!(t.route, Some(back_into_link), "{t:?}");
     assert_eq!(t.reverse_route, Some(RouteDecision::Main), "{t:?}");
 }
+
+/// A host socket bound to the accepting interface's IPv6 address holds the port there, as one
+/// bound to its IPv4 address does: the class row reports it, the node does not capture IPv6
+/// traffic to it meanwhile, and admission refuses the mapping once the row says so. A socket
+/// on an address the mapping does not bind holds nothing.
+#[test]
+fn a_host_socket_on_an_accepting_interfaces_ipv6_address_holds_the_port() {
+    use kuport_core::plan::AcceptedReason as A;
+    use kuport_core::snapshot::HostSocket;
+    let mut c = dual_stack_cluster()
+        .endpoint("games", "gs", "gs-0", "edge-a", "10.244.0.5", 3000)
+        .portmap(pm("games", "gs", "public", 3000));
+    slice6(&mut c, "gs-0", "edge-a", POD6_EDGE);
+    let sock = |address: &str| HostSocket {
+        protocol: Protocol::Udp,
+        address: address.parse().expect("ip"),
+        port: 3000,
+        holder: None,
+    };
+    // Control first: a socket on another IPv6 address leaves the port to the mapping.
+    let mut elsewhere = edge_facts();
+    elsewhere.sockets = vec![sock("2001:db8:999::1")];
+    let plan = c.plan_with("edge-a", &elsewhere);
+    assert!(plan.writes.class_rows[0].row.held_ports.is_empty());
+    assert_eq!(steered(&plan.host_state, Family::V6).len(), 1);
+
+    let mut f = edge_facts();
+    f.sockets = vec![sock(EDGE_PUBLIC6), sock("2001:db8:999::1")];
+    let plan = c.plan_with("edge-a", &f);
+    let row = plan.writes.class_rows[0].row.clone();
+    let held: Vec<(&str, &str)> = row
+        .held_ports
+        .iter()
+        .map(|h| (h.address.as_str(), h.holder.as_str()))
+        .collect();
+    assert_eq!(
+        held,
+        [(EDGE_PUBLIC6, "host UDP socket [2001:db8:203::9]:3000")]
+    );
+    assert!(
+        steered(&plan.host_state, Family::V6).is_empty(),
+        "not captured over IPv6 while admission has not seen the socket"
+    );
+
+    let status = c.class_mut("public").status.get_or_insert_default();
+    status.nodes.retain(|r| r.name != "edge-a");
+    status.nodes.push(row);
+    let plan = c.plan_with("edge-a", &f);
+    let d = decision(&plan, "games", "gs");
+    assert_eq!(d.accepted.reason, A::PortInUse, "{}", d.accepted.message);
+    assert!(
+        d.accepted.message.contains("[2001:db8:203::9]:3000"),
+        "{}",
+        d.accepted.message
+    );
+}

@@ -2,7 +2,7 @@
 //! sockets, read from `/proc/net/{tcp,udp,tcp6,udp6}` of the agent's network namespace. A
 //! mapping on one of their ports would take their traffic, so the plan refuses such ports.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::Path;
 
 use kuport_core::api::Protocol;
@@ -13,9 +13,9 @@ use crate::error::HostError;
 /// `st` of a listening TCP socket in `/proc/net/tcp`.
 const TCP_LISTEN: &str = "0A";
 
-/// Every TCP listener and unconnected UDP socket bound to an IPv4 address, to every address
-/// (`0.0.0.0`, or `::` on a dual-stack socket), or to an IPv4-mapped IPv6 address. Sorted,
-/// without duplicates. A missing table (IPv6 disabled) is not an error.
+/// Every TCP listener and unconnected UDP socket: bound to every address (`0.0.0.0`, or `::`,
+/// which `/proc` does not say is IPv6-only, so it is taken as both families), to an IPv4 address
+/// (an IPv4-mapped IPv6 one included), or to an IPv6 address. Sorted, without duplicates. A missing table (IPv6 disabled) is not an error.
 pub fn read(proc_net: &Path) -> Result<Vec<HostSocket>, HostError> {
     let mut sockets = Vec::new();
     for (file, protocol) in [
@@ -74,7 +74,7 @@ fn parse_line(line: &str, protocol: Protocol) -> Option<HostSocket> {
         // A connected UDP socket takes datagrams from its peer only.
         Protocol::Udp => remote_port == 0,
     };
-    let address = local?;
+    let address = local;
     (open && local_port != 0).then_some(HostSocket {
         protocol,
         address,
@@ -84,9 +84,9 @@ fn parse_line(line: &str, protocol: Protocol) -> Option<HostSocket> {
 }
 
 /// `ADDR:PORT` in the kernel's hex: the address as the kernel's 32-bit words printed in host
-/// byte order, the port big-endian. The address is `None` for an IPv6 address that is neither
-/// `::` nor IPv4-mapped (the datapath is IPv4).
-fn endpoint(field: &str) -> Option<(Option<Ipv4Addr>, u16)> {
+/// byte order, the port big-endian. `::` reads as `0.0.0.0` and an IPv4-mapped address as its
+/// IPv4 address.
+fn endpoint(field: &str) -> Option<(IpAddr, u16)> {
     let (addr, port) = field.split_once(':')?;
     let port = u16::from_str_radix(port, 16).ok()?;
     let words: Vec<[u8; 4]> = addr
@@ -98,17 +98,17 @@ fn endpoint(field: &str) -> Option<(Option<Ipv4Addr>, u16)> {
         })
         .collect::<Option<_>>()?;
     let addr = match words.as_slice() {
-        [v4] => Some(Ipv4Addr::from(*v4)),
+        [v4] => IpAddr::V4(Ipv4Addr::from(*v4)),
         [a, b, c, d] => {
             let mut octets = [0u8; 16];
             for (i, w) in [a, b, c, d].into_iter().enumerate() {
                 octets[i * 4..i * 4 + 4].copy_from_slice(w);
             }
-            let v6 = std::net::Ipv6Addr::from(octets);
-            if v6.is_unspecified() {
-                Some(Ipv4Addr::UNSPECIFIED)
-            } else {
-                v6.to_ipv4_mapped()
+            let v6 = Ipv6Addr::from(octets);
+            match v6.to_ipv4_mapped() {
+                _ if v6.is_unspecified() => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                Some(v4) => IpAddr::V4(v4),
+                None => IpAddr::V6(v6),
             }
         }
         _ => return None,
@@ -154,13 +154,14 @@ mod tests {
             (v4([203, 0, 113, 1], 22), v4([198, 51, 100, 9], 50000), "01"),
         ]);
         let got = parse(&text, Protocol::Tcp);
-        let seen: Vec<(Ipv4Addr, u16)> = got.iter().map(|s| (s.address, s.port)).collect();
+        let seen: Vec<(IpAddr, u16)> = got.iter().map(|s| (s.address, s.port)).collect();
+        let any = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
         assert_eq!(
             seen,
             [
-                (Ipv4Addr::UNSPECIFIED, 22),
-                (Ipv4Addr::new(203, 0, 113, 1), 8080),
-                (Ipv4Addr::LOCALHOST, 8081),
+                (any, 22),
+                (IpAddr::V4(Ipv4Addr::new(203, 0, 113, 1)), 8080),
+                (IpAddr::V4(Ipv4Addr::LOCALHOST), 8081),
             ]
         );
     }
@@ -175,36 +176,37 @@ mod tests {
         assert_eq!(got.len(), 1);
         assert_eq!(
             (got[0].address, got[0].port),
-            (Ipv4Addr::UNSPECIFIED, 51820)
+            (IpAddr::V4(Ipv4Addr::UNSPECIFIED), 51820)
         );
     }
 
     #[test]
-    fn ipv6_any_and_mapped_count_as_ipv4_and_others_do_not() {
+    fn ipv6_any_and_mapped_read_as_ipv4_and_other_ipv6_addresses_are_kept() {
         let text = table(&[
             (
-                v6(std::net::Ipv6Addr::UNSPECIFIED, 10250),
-                v6(std::net::Ipv6Addr::UNSPECIFIED, 0),
+                v6(Ipv6Addr::UNSPECIFIED, 10250),
+                v6(Ipv6Addr::UNSPECIFIED, 0),
                 "0A",
             ),
             (
                 v6(Ipv4Addr::new(203, 0, 113, 1).to_ipv6_mapped(), 443),
-                v6(std::net::Ipv6Addr::UNSPECIFIED, 0),
+                v6(Ipv6Addr::UNSPECIFIED, 0),
                 "0A",
             ),
             (
-                v6("fd00::1".parse().expect("v6"), 9000),
-                v6(std::net::Ipv6Addr::UNSPECIFIED, 0),
+                v6("2001:db8:203::1".parse().expect("v6"), 9000),
+                v6(Ipv6Addr::UNSPECIFIED, 0),
                 "0A",
             ),
         ]);
         let got = parse(&text, Protocol::Tcp);
-        let seen: Vec<(Ipv4Addr, u16)> = got.iter().map(|s| (s.address, s.port)).collect();
+        let seen: Vec<(IpAddr, u16)> = got.iter().map(|s| (s.address, s.port)).collect();
         assert_eq!(
             seen,
             [
-                (Ipv4Addr::UNSPECIFIED, 10250),
-                (Ipv4Addr::new(203, 0, 113, 1), 443)
+                (IpAddr::V4(Ipv4Addr::UNSPECIFIED), 10250),
+                (IpAddr::V4(Ipv4Addr::new(203, 0, 113, 1)), 443),
+                ("2001:db8:203::1".parse().expect("v6"), 9000),
             ]
         );
     }
@@ -213,7 +215,7 @@ mod tests {
     fn the_agents_own_tcp_listeners_are_named_as_the_agents() {
         let sock = |protocol, port| HostSocket {
             protocol,
-            address: Ipv4Addr::UNSPECIFIED,
+            address: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
             port,
             holder: None,
         };

@@ -3,11 +3,11 @@
 //! saw, which is the whole point of kuport: the pod must see the client's own address.
 //!
 //! ```text
-//! kuport-echo serve <udp|tcp> <first-port>[-<last-port>] [--tag T]
+//! kuport-echo serve <udp|tcp> <first-port>[-<last-port>] [--tag T] [--bind IP]
 //!     answer "peer=<ip>:<port> port=<local port>" (plus " tag=T": which responder answered);
 //!     IPv4 and IPv6 on one socket per port (`::` with IPV6_V6ONLY off, `0.0.0.0` where the
-//!     kernel has no IPv6); an IPv6 peer is written `[<ip>]:<port>`, an IPv4 one (IPv4-mapped
-//!     on the socket) as plain IPv4
+//!     kernel has no IPv6), or on address IP alone with `--bind`; an IPv6 peer is written
+//!     `[<ip>]:<port>`, an IPv4 one (IPv4-mapped on the socket) as plain IPv4
 //! kuport-echo ask <udp|tcp> <ip>:<port>|[<ipv6>]:<port> [--timeout-ms N] [--bulk N] [--size N]
 //!                 [--df on|off] [--source-port N]
 //!     prints "reply from=<ip:port> <answer> client=<ip:port> rtt_us=N", "refused" (exit 3),
@@ -72,12 +72,24 @@ fn serve(args: &[String]) -> Result<u8, String> {
         .and_then(|i| args.get(i + 1))
         .map(|t| format!(" tag={t}"))
         .unwrap_or_default();
+    let only: Option<IpAddr> = match args.iter().position(|a| a == "--bind") {
+        Some(i) => Some(
+            args.get(i + 1)
+                .and_then(|a| a.parse().ok())
+                .ok_or("--bind needs an IP address")?,
+        ),
+        None => None,
+    };
+    let bind = |kind, port| match only {
+        Some(addr) => bind_on(kind, SocketAddr::new(addr, port)),
+        None => bind_any(kind, port),
+    };
     let mut threads = Vec::new();
     for port in ports(spec)? {
         let tag = tag.clone();
         match proto {
             "udp" => {
-                let sock: UdpSocket = bind_any(SocketType::DGRAM, port)
+                let sock: UdpSocket = bind(SocketType::DGRAM, port)
                     .map_err(|e| format!("bind udp {port}: {e}"))?
                     .into();
                 threads.push(std::thread::spawn(move || {
@@ -90,7 +102,7 @@ fn serve(args: &[String]) -> Result<u8, String> {
                 }));
             }
             "tcp" => {
-                let listener: TcpListener = bind_any(SocketType::STREAM, port)
+                let listener: TcpListener = bind(SocketType::STREAM, port)
                     .and_then(|fd| {
                         rustix::net::listen(&fd, 128)?;
                         Ok(fd)
@@ -116,6 +128,22 @@ fn serve(args: &[String]) -> Result<u8, String> {
 
 /// A socket of `kind` bound to `port` on every address of both families: `::` with IPV6_V6ONLY
 /// off, or `0.0.0.0` when the kernel has no IPv6 at all.
+/// A socket of `addr`'s family bound to that address alone (a host daemon configured with one
+/// listen address).
+fn bind_on(kind: SocketType, addr: SocketAddr) -> std::io::Result<OwnedFd> {
+    use rustix::net::{AddressFamily, sockopt};
+    let family = match addr {
+        SocketAddr::V4(_) => AddressFamily::INET,
+        SocketAddr::V6(_) => AddressFamily::INET6,
+    };
+    let fd = rustix::net::socket(family, kind, None)?;
+    if kind == SocketType::STREAM {
+        sockopt::set_socket_reuseaddr(&fd, true)?;
+    }
+    rustix::net::bind(&fd, &addr)?;
+    Ok(fd)
+}
+
 fn bind_any(kind: SocketType, port: u16) -> std::io::Result<OwnedFd> {
     use rustix::net::{AddressFamily, sockopt};
     let fd = match rustix::net::socket(AddressFamily::INET6, kind, None) {

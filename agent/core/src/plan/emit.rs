@@ -565,7 +565,7 @@ impl<'a> Emitter<'a> {
         let mut in_range = self.holders[from..]
             .iter()
             .take_while(|h| h.protocol == d.protocol && h.port <= ports.last)
-            .filter(|h| h.address.is_unspecified() || IpAddr::V4(h.address) == addr)
+            .filter(|h| h.address.is_unspecified() || h.address == addr)
             .peekable();
         if in_range.peek().is_none() {
             return false;

@@ -8,7 +8,7 @@
 //! sockets, so every agent's admission agrees.
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use k8s_openapi::api::core::v1::{Pod, Service};
 
@@ -20,8 +20,8 @@ use crate::snapshot::{HostFacts, HostSocket};
 pub struct Holder {
     pub protocol: Protocol,
     pub port: u16,
-    /// `0.0.0.0` for every address of the node.
-    pub address: Ipv4Addr,
+    /// `0.0.0.0` for every address of the node (both families), else one address.
+    pub address: IpAddr,
     /// Who holds it, as a status shows it.
     pub holder: String,
 }
@@ -47,7 +47,7 @@ pub fn node_ports(services: &[Service]) -> Vec<Holder> {
                     Some(Holder {
                         protocol: protocol(p.protocol.as_deref())?,
                         port: port(p.node_port)?,
-                        address: Ipv4Addr::UNSPECIFIED,
+                        address: ANY,
                         holder: format!("NodePort of Service {name}"),
                     })
                 }
@@ -56,7 +56,7 @@ pub fn node_ports(services: &[Service]) -> Vec<Holder> {
             let health = port(spec.health_check_node_port).map(|port| Holder {
                 protocol: Protocol::Tcp,
                 port,
-                address: Ipv4Addr::UNSPECIFIED,
+                address: ANY,
                 holder: format!("health-check NodePort of Service {name}"),
             });
             ports.chain(health)
@@ -67,8 +67,16 @@ pub fn node_ports(services: &[Service]) -> Vec<Holder> {
     held
 }
 
+/// Every address of the node, in both families.
+const ANY: IpAddr = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+
+/// `::` holds every address as `0.0.0.0` does: one spelling, so the two compare equal.
+fn any_if_unspecified(addr: IpAddr) -> IpAddr {
+    if addr.is_unspecified() { ANY } else { addr }
+}
+
 /// The hostPorts of the Pods bound to each node (not yet finished), by node, each sorted. A
-/// `hostIP` that is not IPv4 holds nothing kuport captures.
+/// `hostIP` holds the port on that address only (IPv4 or IPv6).
 pub fn host_ports(pods: &[Pod]) -> BTreeMap<&str, Vec<Holder>> {
     let mut by_node: BTreeMap<&str, Vec<Holder>> = BTreeMap::new();
     for pod in pods {
@@ -99,8 +107,8 @@ pub fn host_ports(pods: &[Pod]) -> BTreeMap<&str, Vec<Holder>> {
             .flat_map(|c| c.ports.iter().flatten())
             .filter_map(|p| {
                 let address = match p.host_ip.as_deref().map(str::trim) {
-                    None | Some("") => Ipv4Addr::UNSPECIFIED,
-                    Some(ip) => ip.parse().ok()?,
+                    None | Some("") => ANY,
+                    Some(ip) => any_if_unspecified(ip.parse().ok()?),
                 };
                 Some(Holder {
                     protocol: protocol(p.protocol.as_deref())?,
@@ -140,14 +148,15 @@ pub fn on_node(
 }
 
 fn socket(s: &HostSocket) -> Holder {
+    let bound = SocketAddr::new(s.address, s.port);
     let holder = s.holder.clone().unwrap_or_else(|| match s.protocol {
-        Protocol::Tcp => format!("host TCP listener {}:{}", s.address, s.port),
-        Protocol::Udp => format!("host UDP socket {}:{}", s.address, s.port),
+        Protocol::Tcp => format!("host TCP listener {bound}"),
+        Protocol::Udp => format!("host UDP socket {bound}"),
     });
     Holder {
         protocol: s.protocol,
         port: s.port,
-        address: s.address,
+        address: any_if_unspecified(s.address),
         holder,
     }
 }

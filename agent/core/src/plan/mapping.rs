@@ -330,7 +330,10 @@ fn held_on_accepting_node(
             h.protocol == spec.protocol
                 && in_range(h.port)
                 && (h.address == "0.0.0.0"
-                    || bound().any(|i| row.addresses.get(i) == Some(&h.address)))
+                    || bound().any(|i| {
+                        row.addresses.get(i) == Some(&h.address)
+                            || row.addresses6.get(i) == Some(&h.address)
+                    }))
         });
         for h in clashes {
             let clash = HostClash {

@@ -528,8 +528,15 @@ fn held_ports(
     let class_name = class.metadata.name.as_deref().unwrap_or_default();
     let asked = AskedPorts::of_class(index, class_name);
     let holders = holders::on_node(&index.node_ports, &index.host_ports, this_node, facts);
+    // The interfaces' IPv6 addresses count too: a socket bound to one holds the port there.
+    let addresses6: Vec<String> = addresses
+        .keys()
+        .filter_map(|i| facts.interface_address6(i))
+        .map(|a| a.to_string())
+        .collect();
     let bound = |h: &Holder| {
-        h.address.is_unspecified() || addresses.values().any(|a| *a == h.address.to_string())
+        let text = h.address.to_string();
+        h.address.is_unspecified() || addresses.values().chain(&addresses6).any(|a| *a == text)
     };
     let asked_now = |h: &Holder| asked.contains(h.protocol, h.port);
     // One entry per (protocol, port, address): the first holder in sorted order names it.
