@@ -637,3 +637,53 @@ fn only_kuports_rules_are_owned() {
     assert!(owned_rule(PREF_REPLY, LINK_TABLE_BASE + 5, u32::MAX, marks));
     assert!(in_table_space(LINK_TABLE_BASE + 7) && !in_table_space(254));
 }
+
+#[tokio::test]
+async fn facts_publish_an_interfaces_first_reachable_ipv6_address() {
+    let state = golden("pod-node-multi-two-links");
+    let net = kernel_for(&state);
+    let eth0 = net.add_device("eth0", 1500, Some("192.0.2.10/24".parse().expect("net")));
+    let v6only = net.add_device("eth1", 1500, None);
+    let linklocal_only = net.add_device("eth2", 1500, None);
+    {
+        let mut k = net.kernel();
+        let nets = |list: &[&str]| -> Vec<IpNet> {
+            list.iter().map(|a| a.parse().expect("net")).collect()
+        };
+        // The kernel lists link-local and the discard-only stand-in block first here: neither
+        // is an address a client dials.
+        k.addresses.get_mut(&eth0).expect("eth0").extend(nets(&[
+            "fe80::1/64",
+            "100::6b70:1/64",
+            "2001:db8:203::9/64",
+            "2001:db8:203::a/64",
+        ]));
+        k.addresses.insert(v6only, nets(&["2001:db8:5::1/64"]));
+        k.addresses.insert(linklocal_only, nets(&["fe80::2/64"]));
+    }
+    let (_, mut host) = host(&net);
+    host.apply(&state, true).await.expect("apply");
+    let names = ["eth0".into(), "eth1".into(), "eth2".into()];
+    let f = facts(
+        &net,
+        &names,
+        Some(state.links[0].local),
+        MarkLayout::default(),
+    )
+    .await
+    .expect("facts");
+    let v6: Vec<(String, String)> = f
+        .interfaces6
+        .iter()
+        .map(|(k, v)| (k.clone(), v.to_string()))
+        .collect();
+    assert_eq!(
+        v6,
+        [
+            ("eth0".to_owned(), "2001:db8:203::9".to_owned()),
+            ("eth1".to_owned(), "2001:db8:5::1".to_owned()),
+        ]
+    );
+    // An interface with IPv6 alone publishes no IPv4 address.
+    assert_eq!(f.interfaces.keys().collect::<Vec<_>>(), ["eth0"]);
+}
