@@ -11,7 +11,7 @@ use anyhow::{Context, Result, bail};
 use crate::hostbench::Measurement;
 use crate::routed::{self, Via};
 use crate::runner::Runner;
-use crate::scenario::{self, Step};
+use crate::scenario::{self, IpFamily, Step};
 use crate::sys::{self, Lab};
 
 const SCENARIO: &str = r#"
@@ -69,12 +69,12 @@ objects: |
   metadata: {name: mover, namespace: games}
   spec: {className: public, protocol: UDP, port: 3200, serviceRef: {name: mover, port: udp}}
 pods:
-  - {namespace: games, name: game-0, node: worker-b, service: game,
+  - {namespace: games, name: game-0, node: worker-b, service: game, ipFamilies: [IPv4, IPv6],
      ports: [{name: udp, protocol: UDP, port: 3000}, {name: tcp, protocol: TCP, port: 3000}]}
   - {namespace: games, name: pair-b, node: worker-b, service: pair, ports: [{name: udp, protocol: UDP, port: 3100}]}
   - {namespace: games, name: pair-c, node: worker-c, service: pair, ports: [{name: udp, protocol: UDP, port: 3100}]}
-  - {namespace: games, name: mover-0, node: worker-b, service: mover, ports: [{name: udp, protocol: UDP, port: 3200}]}
-  - {namespace: games, name: failover-0, node: worker-c, service: failover, ports: [{name: udp, protocol: UDP, port: 3300}]}
+  - {namespace: games, name: mover-0, node: worker-b, service: mover, ipFamilies: [IPv4, IPv6], ports: [{name: udp, protocol: UDP, port: 3200}]}
+  - {namespace: games, name: failover-0, node: worker-c, service: failover, ipFamilies: [IPv4, IPv6], ports: [{name: udp, protocol: UDP, port: 3300}]}
 steps:
   - wait: {portmap: games/game, condition: Programmed, status: "True", timeoutSeconds: 60}
   - wait: {portmap: games/game-tcp, condition: Programmed, status: "True"}
@@ -152,6 +152,8 @@ pub enum Part {
     Links,
     /// Only the TCP throughput rows, with the offload experiment.
     Tcp,
+    /// Only the IPv6 rows (throughput, round trip, endpoint changes through IPv6 mappings).
+    Ipv6,
 }
 
 pub async fn run(
@@ -191,8 +193,12 @@ async fn measure(runner: &mut Runner<'_>, part: Part) -> Result<Vec<Measurement>
         out.push(with_gro(runner, client).await?);
         return Ok(out);
     }
+    if part == Part::Ipv6 {
+        return ipv6(runner).await;
+    }
     if part == Part::All {
         out.extend(datapath(runner).await?);
+        out.extend(ipv6(runner).await?);
     }
     out.push(probe_cost(runner).await?);
     out.push(link_broken(runner).await?);
@@ -221,12 +227,102 @@ async fn datapath(runner: &mut Runner<'_>) -> Result<Vec<Measurement>> {
     let mut out = Vec::new();
     out.extend(throughput(runner, client, &edge).await?);
     out.push(with_gro(runner, client).await?);
-    out.push(udp_rtt(runner, client, &edge).await?);
+    out.push(udp_rtt_in(runner, client, &edge, IpFamily::IPv4).await?);
     out.push(endpoint_unready(runner, client).await?);
-    out.push(pod_moved(runner, client).await?);
-    out.push(long_lived_flow_moved(runner, client).await?);
-    out.push(node_not_ready(runner, client).await?);
+    out.push(pod_moved_in(runner, client, IpFamily::IPv4).await?);
+    out.push(long_lived_flow_moved_in(runner, client, IpFamily::IPv4).await?);
+    out.push(node_not_ready_in(runner, client, IpFamily::IPv4).await?);
     Ok(out)
+}
+
+/// The IPv6 rows: the same mappings dialed on edge-a's public IPv6 address (their pods are
+/// dual-stack), against the same baselines, which stay IPv4 (the mesh has no IPv6).
+async fn ipv6(runner: &mut Runner<'_>) -> Result<Vec<Measurement>> {
+    let (client, edge) = raw_mesh_responders(runner).await?;
+    let mut out = ipv6_throughput(runner, client).await?;
+    out.push(udp_rtt_in(runner, client, &edge, IpFamily::IPv6).await?);
+    out.push(pod_moved_in(runner, client, IpFamily::IPv6).await?);
+    out.push(long_lived_flow_moved_in(runner, client, IpFamily::IPv6).await?);
+    out.push(node_not_ready_in(runner, client, IpFamily::IPv6).await?);
+    Ok(out)
+}
+
+/// `node`'s public address in `family` with `port`, as a client dials it.
+fn public(runner: &Runner<'_>, node: &str, family: IpFamily, port: u16) -> Result<String> {
+    let addr = runner.topo.address_in(node, "enp1s0", family)?;
+    Ok(std::net::SocketAddr::new(addr, port).to_string())
+}
+
+/// A row's name, marked for IPv6.
+fn named(name: &str, family: IpFamily) -> String {
+    match family {
+        IpFamily::IPv4 => name.to_owned(),
+        IpFamily::IPv6 => format!("IPv6: {name}"),
+    }
+}
+
+/// Bulk transfers in turn through the IPv6 mapping, over the same hops routed without kuport
+/// (IPv4), and through the IPv4 mapping.
+async fn ipv6_throughput(runner: &mut Runner<'_>, client: &str) -> Result<Vec<Measurement>> {
+    let path = routed::RoutedPath::build(runner, "edge-a", "games/game-0", Via::Mesh)?;
+    let samples = ipv6_bulk_samples(runner, client, &path).await;
+    let mut path = path;
+    let left = path.remove(runner);
+    let (v6, routed, v4) = samples?;
+    if !left.is_empty() {
+        bail!("removing the routed baseline left {}", left.join(", "));
+    }
+    let (k6, b, k4) = (
+        percentile(&v6, 50.0),
+        percentile(&routed, 50.0),
+        percentile(&v4, 50.0),
+    );
+    Ok(vec![
+        Measurement {
+            name: "IPv6: TCP bulk throughput, internet client → cross-node IPv6 mapping → pod ÷ the same hops routed without kuport".into(),
+            value: k6 / b,
+            unit: "ratio".into(),
+            samples: THROUGHPUT_SAMPLES,
+            baseline: Some(b),
+            target: "≥ 0.95".into(),
+            met: Some(k6 / b >= 0.95),
+            note: format!(
+                "median {k6:.0} vs {b:.0} Mbit/s, alternating; the baseline is the IPv4 routed path of the IPv4 row ({}): the mesh carries no IPv6, so no IPv6 path over the same hops exists without kuport's link",
+                path.target
+            ),
+        },
+        Measurement {
+            name: "IPv6: TCP bulk throughput, IPv6 mapping ÷ IPv4 mapping (same hops, same pod)".into(),
+            value: k6 / k4,
+            unit: "ratio".into(),
+            samples: THROUGHPUT_SAMPLES,
+            baseline: Some(k4),
+            target: String::new(),
+            met: None,
+            note: format!("median {k6:.0} vs {k4:.0} Mbit/s, alternating: what IPv6 costs over IPv4 through the same link (inner IPv6 headers are 20 bytes longer)"),
+        },
+    ])
+}
+
+async fn ipv6_bulk_samples(
+    runner: &Runner<'_>,
+    client: &str,
+    path: &routed::RoutedPath,
+) -> Result<(Vec<f64>, Vec<f64>, Vec<f64>)> {
+    let bytes = BULK_BYTES as u64;
+    let (v6_target, v4_target) = (
+        public(runner, "edge-a", IpFamily::IPv6, 3000)?,
+        public(runner, "edge-a", IpFamily::IPv4, 3000)?,
+    );
+    let (mut v6, mut routed, mut v4) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..THROUGHPUT_SAMPLES {
+        v6.push(bulk(runner, client, &v6_target).await?);
+        let before = path.counters()?;
+        routed.push(bulk(runner, client, &path.target).await?);
+        path.counters()?.check_since(&before, bytes, false)?;
+        v4.push(bulk(runner, client, &v4_target).await?);
+    }
+    Ok((v6, routed, v4))
 }
 
 /// The probes' own traffic on one idle link: the bytes and packets worker-c's link to edge-a
@@ -653,16 +749,25 @@ async fn throughput_samples(
     ])
 }
 
-async fn udp_rtt(runner: &Runner<'_>, client: &str, edge: &str) -> Result<Measurement> {
+async fn udp_rtt_in(
+    runner: &Runner<'_>,
+    client: &str,
+    edge: &str,
+    family: IpFamily,
+) -> Result<Measurement> {
+    let target = public(runner, "edge-a", family, 3000)?;
     let (mut through, mut raw) = (Vec::new(), Vec::new());
     for _ in 0..RTT_SAMPLES {
-        through.push(rtt(runner, client, &["udp", "203.0.113.1:3000"]).await?);
+        through.push(rtt(runner, client, &["udp", &target]).await?);
         raw.push(rtt(runner, edge, &["udp", "100.64.0.2:7000"]).await?);
     }
     let (k, r) = (percentile(&through, 50.0), percentile(&raw, 50.0));
     let added = k - r;
     Ok(Measurement {
-        name: "UDP request/response p50 RTT through a cross-node mapping − raw mesh".into(),
+        name: named(
+            "UDP request/response p50 RTT through a cross-node mapping − raw mesh",
+            family,
+        ),
         value: added,
         unit: "µs".into(),
         samples: RTT_SAMPLES,
@@ -837,7 +942,12 @@ async fn move_mover(runner: &mut Runner<'_>, i: usize) -> Result<Instant> {
 }
 
 /// One pod moving between two workers.
-async fn pod_moved(runner: &mut Runner<'_>, client: &str) -> Result<Measurement> {
+async fn pod_moved_in(
+    runner: &mut Runner<'_>,
+    client: &str,
+    family: IpFamily,
+) -> Result<Measurement> {
+    let target = public(runner, "edge-a", family, 3200)?;
     let mut samples = Vec::new();
     for i in 0..CHANGE_SAMPLES {
         tokio::time::sleep(SETTLE).await;
@@ -848,7 +958,7 @@ async fn pod_moved(runner: &mut Runner<'_>, client: &str) -> Result<Measurement>
             first_answer_from(
                 runner,
                 client,
-                "203.0.113.1:3200",
+                &target,
                 "games/mover-0",
                 t0,
                 Asking::NewFlows,
@@ -857,7 +967,10 @@ async fn pod_moved(runner: &mut Runner<'_>, client: &str) -> Result<Measurement>
         );
     }
     Ok(change_measurement(
-        "endpoint change (pod moved to another node) → first answer from the new endpoint",
+        &named(
+            "endpoint change (pod moved to another node) → first answer from the new endpoint",
+            family,
+        ),
         &samples,
         "from the EndpointSlice write to the first UDP answer from the pod on its new node, probing every 10 ms",
     ))
@@ -871,8 +984,12 @@ const LONG_FLOW_PORT: &str = "40200";
 /// is, the pod moves, and the same flow (same client port, a datagram every 20 ms) must reach
 /// it on its new node. Without the agents clearing the flow's conntrack entries it would keep
 /// its old translation until it idles out (`decisions.md`, "Stale conntrack entries").
-async fn long_lived_flow_moved(runner: &mut Runner<'_>, client: &str) -> Result<Measurement> {
-    let target = "203.0.113.1:3200";
+async fn long_lived_flow_moved_in(
+    runner: &mut Runner<'_>,
+    client: &str,
+    family: IpFamily,
+) -> Result<Measurement> {
+    let target = &public(runner, "edge-a", family, 3200)?;
     let mut samples = Vec::new();
     for i in 0..CHANGE_SAMPLES {
         tokio::time::sleep(SETTLE).await;
@@ -901,7 +1018,10 @@ async fn long_lived_flow_moved(runner: &mut Runner<'_>, client: &str) -> Result<
     }
     let (p50, p99) = (percentile(&samples, 50.0), percentile(&samples, 99.0));
     Ok(Measurement {
-        name: "long-lived UDP flow (one client port, a datagram every 20 ms), its pod moved to another node → first answer there".into(),
+        name: named(
+            "long-lived UDP flow (one client port, a datagram every 20 ms), its pod moved to another node → first answer there",
+            family,
+        ),
         value: p99,
         unit: "ms p99".into(),
         samples: samples.len(),
@@ -921,10 +1041,14 @@ const SETTLE: Duration = Duration::from_millis(500);
 /// Single serving with two accepting edges; the serving edge's Node is marked not ready and the
 /// mapping must answer on the other edge's address. Edge-a serves while it is ready (the first
 /// accepting node), so the samples alternate: edge-a not ready, then ready again.
-async fn node_not_ready(runner: &mut Runner<'_>, client: &str) -> Result<Measurement> {
+async fn node_not_ready_in(
+    runner: &mut Runner<'_>,
+    client: &str,
+    family: IpFamily,
+) -> Result<Measurement> {
     let (edge_a, edge_d) = (
-        format!("{}:3300", runner.topo.address_of("edge-a", "enp1s0")?),
-        format!("{}:3300", runner.topo.address_of("edge-d", "enp1s0")?),
+        public(runner, "edge-a", family, 3300)?,
+        public(runner, "edge-d", family, 3300)?,
     );
     let mut samples = Vec::new();
     for i in 0..CHANGE_SAMPLES {
@@ -956,7 +1080,10 @@ async fn node_not_ready(runner: &mut Runner<'_>, client: &str) -> Result<Measure
         );
     }
     Ok(change_measurement(
-        "endpoint change (serving node marked not ready) → first answer on the other edge",
+        &named(
+            "endpoint change (serving node marked not ready) → first answer on the other edge",
+            family,
+        ),
         &samples,
         "from the Node status write to the first UDP answer on the newly serving edge's address (and back), probing every 10 ms",
     ))

@@ -98,7 +98,8 @@ enum Command {
         #[arg(long)]
         write: Option<PathBuf>,
         /// Only this part: `lab` (through a fake cluster), `links` (the link health rows of the
-        /// lab part), `tcp` (its TCP throughput rows and the offload experiment) or `host`
+        /// lab part), `tcp` (its TCP throughput rows and the offload experiment), `ipv6` (its
+        /// IPv6 rows) or `host`
         /// (nft, flows, memory). With `--write`, a partial run replaces its
         /// own rows and keeps the others.
         #[arg(long)]
@@ -363,14 +364,15 @@ fn bench(write: Option<PathBuf>, only: Option<&str>) -> Result<ExitCode> {
     prereq::ensure_tools()?;
     let bins = prereq::binaries()?;
     let mut measurements = Vec::new();
-    if only.is_some_and(|o| !["lab", "links", "tcp", "host"].contains(&o)) {
-        anyhow::bail!("--only takes lab, links, tcp or host");
+    if only.is_some_and(|o| !["lab", "links", "tcp", "ipv6", "host"].contains(&o)) {
+        anyhow::bail!("--only takes lab, links, tcp, ipv6 or host");
     }
     if only != Some("host") {
         let (mut lab, original, rt) = session()?;
         let part = match only {
             Some("links") => labbench::Part::Links,
             Some("tcp") => labbench::Part::Tcp,
+            Some("ipv6") => labbench::Part::Ipv6,
             _ => labbench::Part::All,
         };
         eprintln!("kuport-lab bench: the datapath and endpoint changes through a lab");
