@@ -70,7 +70,8 @@ proptest! {
         let snap = snapshot(&m);
         for node in plan_nodes(&m) {
             let p = plan_of(&m, &snap, node);
-            let text = kuport_core::render::nft_text(&p.host_state.nft);
+            let text = kuport_core::render::nft_text(&p.host_state.nft)
+                + &kuport_core::render::nft_text(&p.host_state.nft6);
             for name in HOSTILE_IFACES.iter().filter(|n| !n.is_empty()) {
                 prop_assert!(
                     !text.contains(&format!("\"{name}\"")),

@@ -1,7 +1,7 @@
 //! What the plan's property tests compare the plan against: independent readings of the model
 //! and of a plan.
 
-use kuport_core::api::{LinkClaim, PortMapClass};
+use kuport_core::api::{LinkClaim, PortMap, PortMapClass};
 use kuport_core::plan::Plan;
 use kuport_core::snapshot::Snapshot;
 
@@ -21,6 +21,17 @@ pub fn class_of<'a>(snap: &'a Snapshot, name: &str) -> &'a PortMapClass {
         .expect("class exists")
 }
 
+/// The PortMap of a decision, as the plan read it.
+pub fn portmap_of<'a>(snap: &'a Snapshot, namespace: &str, name: &str) -> &'a PortMap {
+    snap.portmaps
+        .iter()
+        .find(|p| {
+            p.metadata.namespace.as_deref() == Some(namespace)
+                && p.metadata.name.as_deref() == Some(name)
+        })
+        .expect("decision of a known PortMap")
+}
+
 /// The claims of a class as the plan read them from its status.
 pub fn claims_of<'a>(snap: &'a Snapshot, class: &str) -> &'a [LinkClaim] {
     class_of(snap, class)
@@ -37,8 +48,8 @@ pub fn pair_key(a: &str, b: &str) -> String {
     }
 }
 
-/// The global part of a plan: mappings with published addresses blanked, and each class's
-/// name, Ready and generation.
+/// The global part of a plan: mappings with published addresses (of both families) blanked,
+/// and each class's name, Ready and generation.
 pub type GlobalPart = (
     Vec<kuport_core::plan::MappingDecision>,
     Vec<(String, String, String, Option<i64>)>,
@@ -50,6 +61,7 @@ pub fn global_part(p: &Plan) -> GlobalPart {
         let mut rows = d.published.to_vec();
         for row in &mut rows {
             row.address.clear();
+            row.address6.clear();
         }
         d.published = rows.into();
     }
