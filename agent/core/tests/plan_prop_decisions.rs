@@ -1,5 +1,7 @@
 //! Property tests of the per-PortMap decisions: a reason for every PortMap, no hostile interface
-//! name on any host, one status writer per PortMap, and port conflicts as the spec defines them.
+//! name on any host, one status writer per PortMap, port conflicts as the spec defines them, and the
+//! endpoint the spec picks in either family (a dual-stack mapping's IPv6 address its IPv4 pod's
+//! own).
 //!
 //! The cluster model is in `common/model.rs`, its objects in `common/inputs.rs`, the
 //! oracles in `common/oracles.rs`; cases per property:
@@ -164,6 +166,38 @@ proptest! {
 
 proptest! {
     #![proptest_config(config())]
+
+    /// (k) Every accepted mapping's endpoint is the one the spec picks, in either family
+    /// (`expected_endpoint`): the Service's IPv4 endpoints when any IPv4 slice lists its port,
+    /// else its IPv6 ones (an IPv6-only Service); and a dual-stack mapping's IPv6 address is
+    /// its IPv4 pod's own: an IPv6 slice of the Service lists that very pod at it, on the same
+    /// node, with the same pod port.
+    #[test]
+    fn endpoints_follow_the_oracle_in_both_families(m in model()) {
+        let snap = snapshot(&m);
+        let p = plan_of(&m, &snap, GHOST);
+        for d in p.portmaps.iter().filter(|d| d.accepted.is_true()) {
+            let pm = portmap_of(&snap, &d.namespace, &d.name);
+            let got = d.endpoint.as_ref().map(EndpointM::of);
+            prop_assert_eq!(&got, &expected_endpoint(&snap, pm), "{}/{}", d.namespace, d.name);
+            let Some((ep, address6)) = got.as_ref().and_then(|e| Some((e, e.address6?))) else {
+                continue;
+            };
+            prop_assert!(ep.address.is_ipv4(), "{}/{}: {:?}", d.namespace, d.name, ep);
+            let same_pod = snap
+                .endpoint_slices
+                .iter()
+                .filter(|s| s.address_type == "IPv6" && s.metadata.namespace == pm.metadata.namespace)
+                .filter(|s| s.ports.iter().flatten().any(|port| port.port == Some(i32::from(ep.port))))
+                .flat_map(|s| s.endpoints.iter().flatten())
+                .any(|e| {
+                    e.addresses.first().and_then(|a| a.parse().ok()) == Some(address6)
+                        && e.node_name.as_deref() == Some(ep.node.as_str())
+                        && e.target_ref.as_ref().and_then(|t| t.name.as_deref()) == ep.pod.as_deref()
+                });
+            prop_assert!(same_pod, "{}/{}: {} is not pod {:?}'s", d.namespace, d.name, address6, ep.pod);
+        }
+    }
 
     /// The agent's pass ([`Detail::Written`]) is `kuport plan`'s ([`Detail::Full`]) with the
     /// condition messages and published rows left out only for the mappings another node
