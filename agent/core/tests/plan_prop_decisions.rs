@@ -1,7 +1,7 @@
 //! Property tests of the per-PortMap decisions: a reason for every PortMap, no hostile interface
-//! name on any host, one status writer per PortMap, port conflicts as the spec defines them, and the
+//! name on any host, one status writer per PortMap, port conflicts as the spec defines them, the
 //! endpoint the spec picks in either family (a dual-stack mapping's IPv6 address its IPv4 pod's
-//! own).
+//! own), and each family's rules in its own table.
 //!
 //! The cluster model is in `common/model.rs`, its objects in `common/inputs.rs`, the
 //! oracles in `common/oracles.rs`; cases per property:
@@ -12,6 +12,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::jiff::Timestamp;
+use kuport_core::ir::Family;
 use kuport_core::plan::{AcceptedReason, Detail, plan_with};
 use proptest::prelude::*;
 
@@ -196,6 +197,27 @@ proptest! {
                         && e.target_ref.as_ref().and_then(|t| t.name.as_deref()) == ep.pod.as_deref()
                 });
             prop_assert!(same_pod, "{}/{}: {} is not pod {:?}'s", d.namespace, d.name, address6, ep.pod);
+        }
+    }
+
+    /// (l) No table mixes families, on any node: every address a rule of `ip kuport` names is
+    /// IPv4 and every one of `ip6 kuport` IPv6 (the link guard and the link-peer SNAT only in
+    /// the IPv4 table); each DNAT, hairpin and identity SNAT sends a mapping's packets only to
+    /// its pod's address in the table's family or to the far end, in that family, of the link
+    /// toward its pod; each steering rule captures only an address this node has in that
+    /// family; ip rules and routes keep to their family, IPv6 ones only beside an `ip6` table.
+    #[test]
+    fn each_family_keeps_to_its_own_table(m in model_or_linked()) {
+        let snap = snapshot(&m);
+        for node in plan_nodes(&m) {
+            let p = plan_of(&m, &snap, node);
+            let facts = host_facts(&m, node);
+            let faults: Vec<String> = Family::ALL
+                .into_iter()
+                .flat_map(|f| table_family_faults(&p, &facts, f))
+                .chain(routing_family_faults(&p))
+                .collect();
+            prop_assert!(faults.is_empty(), "node {}: {:#?}", node, faults);
         }
     }
 

@@ -7,9 +7,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use ipnet::IpNet;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kuport_core::api::{LinkClaim, PortMap, PortMapClass, ReturnPathMode};
-use kuport_core::ir::in_any_stand_in_block;
+use kuport_core::ir::{Family, Link, Rule, in_any_stand_in_block};
+use kuport_core::keys::MappingKey;
 use kuport_core::plan::{ChosenEndpoint, Plan};
-use kuport_core::snapshot::Snapshot;
+use kuport_core::snapshot::{HostFacts, Snapshot};
 
 use super::model::*;
 
@@ -342,4 +343,156 @@ pub fn expected_endpoint(snap: &Snapshot, pm: &PortMap) -> Option<EndpointM> {
         address6,
         port,
     })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The families of a host state.
+
+/// Every address a rule names. Spelled out per variant, so a new rule kind must say.
+pub fn rule_addresses(rule: &Rule) -> Vec<IpAddr> {
+    match rule {
+        Rule::GuardAllow { peers, .. } => peers.iter().map(|p| IpAddr::V4(*p)).collect(),
+        Rule::MarkRequest(s) | Rule::Steer(s) => vec![s.daddr],
+        Rule::Dnat(d) => vec![d.to],
+        Rule::Hairpin(h) => vec![h.daddr, h.to],
+        Rule::LinkPeerSnat {
+            client,
+            peer_end,
+            own_end,
+            ..
+        } => vec![*client, *peer_end, *own_end],
+        Rule::IdentitySnat(s) => vec![s.daddr],
+        Rule::GuardDrop { .. }
+        | Rule::RestoreReplyMark { .. }
+        | Rule::RestoreRequestMark { .. }
+        | Rule::SaveArrivalLink { .. }
+        | Rule::ClampMssOut
+        | Rule::ClampMssIn
+        | Rule::HairpinMasquerade { .. } => Vec::new(),
+    }
+}
+
+/// A link's end in `family`: (this node's, the peer's).
+pub fn link_ends(link: &Link, family: Family) -> (Option<IpAddr>, Option<IpAddr>) {
+    match family {
+        Family::V4 => (
+            Some(IpAddr::V4(link.address.addr())),
+            Some(IpAddr::V4(link.peer_address)),
+        ),
+        Family::V6 => (
+            link.address6.map(|a| IpAddr::V6(a.addr())),
+            link.peer_address6.map(IpAddr::V6),
+        ),
+    }
+}
+
+/// Where a mapping's packets may be sent in `family`: its pod's address in that family, or the
+/// peer's end of a link of its class toward the pod's node.
+fn allowed_target(p: &Plan, owner: Option<&String>, family: Family, to: IpAddr) -> bool {
+    let Some(d) = owner.and_then(|o| {
+        p.portmaps
+            .iter()
+            .find(|d| MappingKey::new(&d.namespace, &d.name).as_str() == o)
+    }) else {
+        return false;
+    };
+    let Some(ep) = &d.endpoint else { return false };
+    ep.address_in(family) == Some(to)
+        || p.host_state.links.iter().any(|l| {
+            l.class == d.class.as_str()
+                && l.peer == ep.node.as_str()
+                && ep.address_in(family).is_some()
+                && link_ends(l, family).1 == Some(to)
+        })
+}
+
+/// What is wrong with the families of one table of `p`: a table of the other family, an
+/// address of the other family, a rule the table's family cannot hold, a DNAT (or hairpin, or
+/// identity SNAT) toward anything but the mapping's pod or its link's far end in the family, a
+/// steering rule capturing an address that is not this node's in the family.
+pub fn table_family_faults(p: &Plan, facts: &HostFacts, family: Family) -> Vec<String> {
+    let table = p.host_state.table(family);
+    let mut out = Vec::new();
+    if table.family != family {
+        out.push(format!("the {family} table says it is {}", table.family));
+    }
+    for net in &table.hairpin_sources {
+        if Family::of(net.addr()) != family {
+            out.push(format!("hairpin source {net} in the {family} table"));
+        }
+    }
+    let owners = table.owners();
+    let own_address = |iif: &str| match family {
+        Family::V4 => facts.interface_address(iif).map(IpAddr::V4),
+        Family::V6 => facts.interface_address6(iif).map(IpAddr::V6),
+    };
+    let link_end = |iif: &str| {
+        p.host_state
+            .links
+            .iter()
+            .find(|l| l.name == iif)
+            .and_then(|l| link_ends(l, family).0)
+    };
+    for (chain, rules) in &table.chains {
+        for rule in rules {
+            let mixed = rule_addresses(rule)
+                .into_iter()
+                .any(|a| Family::of(a) != family);
+            let v4_only = matches!(
+                rule,
+                Rule::GuardAllow { .. } | Rule::GuardDrop { .. } | Rule::LinkPeerSnat { .. }
+            );
+            let target = match rule {
+                Rule::Dnat(d) => Some(d.to),
+                Rule::Hairpin(h) => Some(h.to),
+                Rule::IdentitySnat(s) => Some(s.daddr),
+                _ => None,
+            };
+            let bad_target =
+                target.is_some_and(|to| !allowed_target(p, owners.of_rule(rule), family, to));
+            let bad_capture = match rule {
+                Rule::Steer(s) | Rule::MarkRequest(s) => {
+                    own_address(&s.iif) != Some(s.daddr) && link_end(&s.iif) != Some(s.daddr)
+                }
+                Rule::Hairpin(h) => p
+                    .host_state
+                    .valid_mark_interfaces
+                    .iter()
+                    .all(|i| own_address(i) != Some(h.daddr)),
+                _ => false,
+            };
+            if mixed || (v4_only && family == Family::V6) || bad_target || bad_capture {
+                out.push(format!("{family} table, {chain:?}: {rule:?}"));
+            }
+        }
+    }
+    out
+}
+
+/// What is wrong with the families of the ip rules and routes of `p`: a destination or
+/// gateway of another family than the rule's or the route's, an IPv6 route not via a link's
+/// IPv6 end, IPv6 routing without an `ip6` table.
+pub fn routing_family_faults(p: &Plan) -> Vec<String> {
+    let s = &p.host_state;
+    let mut out = Vec::new();
+    for r in &s.rules {
+        if r.to.is_some_and(|to| Family::of(to.addr()) != r.family)
+            || (r.family == Family::V6 && s.nft6.is_empty())
+        {
+            out.push(format!("ip rule {r:?}"));
+        }
+    }
+    for r in &s.routes {
+        let via_link6 = s
+            .links
+            .iter()
+            .any(|l| l.name == r.dev && l.peer_address6.map(IpAddr::V6) == Some(r.via));
+        if r.to
+            .is_some_and(|to| Family::of(to.addr()) != Family::of(r.via))
+            || (r.via.is_ipv6() && !via_link6)
+        {
+            out.push(format!("route {r:?}"));
+        }
+    }
+    out
 }
