@@ -1,6 +1,8 @@
 //! Property tests: the plan is a function of the cluster alone. It never panics, gives the identical plan
 //! whatever the order of its input lists (both tables byte for byte), and its global part is the
-//! same on every node. The generated clusters do exercise both families.
+//! same on every node. IPv4-only Services leave IPv6 out entirely, and their IPv4 datapath is
+//! byte for byte the one of a cluster without IPv6. The generated clusters do exercise both
+//! families.
 //!
 //! The cluster model is in `common/model.rs`, its objects in `common/inputs.rs`, the
 //! oracles in `common/oracles.rs`; cases per property:
@@ -75,6 +77,43 @@ proptest! {
             let other = global_part(&plan_of(&m, &snap, node));
             prop_assert_eq!(&first.0, &other.0, "portmaps: {} vs {}", nodes[0], node);
             prop_assert_eq!(&first.1, &other.1, "classes: {} vs {}", nodes[0], node);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// (m) IPv4-only Services leave IPv6 out: with every Service listed over IPv4 alone, no
+    /// node has a rule in its `ip6` table, an IPv6 link end, an IPv6 ip rule or route, and no
+    /// endpoint an IPv6 address; and the IPv4 datapath and every decision are those of the
+    /// same cluster without any IPv6 (no IPv6 pod CIDR, no IPv6 interface address), the `ip`
+    /// table byte for byte.
+    #[test]
+    fn ipv4_only_services_leave_ipv6_out(m in model_or_linked()) {
+        let (v4, bare) = (ipv4_services_only(&m), without_ipv6(&m));
+        let (snap, bare_snap) = (snapshot(&v4), snapshot(&bare));
+        for node in plan_nodes(&m) {
+            let a = plan_of(&v4, &snap, node);
+            let b = plan_of(&bare, &bare_snap, node);
+            let s = &a.host_state;
+            prop_assert!(s.nft6.is_empty(), "node {}:\n{}", node, nft_text(&s.nft6));
+            prop_assert!(s.nft6.hairpin_sources.is_empty(), "node {}", node);
+            prop_assert!(
+                s.links.iter().all(|l| l.address6.is_none() && l.peer_address6.is_none()),
+                "node {}: {:?}", node, s.links
+            );
+            prop_assert!(s.rules.iter().all(|r| r.family == Family::V4), "node {}: {:?}", node, s.rules);
+            prop_assert!(s.routes.iter().all(|r| r.via.is_ipv4()), "node {}: {:?}", node, s.routes);
+            for d in &a.portmaps {
+                prop_assert!(
+                    d.endpoint.as_ref().is_none_or(|e| e.address.is_ipv4() && e.address6.is_none()),
+                    "{}/{}: {:?}", d.namespace, d.name, d.endpoint
+                );
+            }
+            prop_assert_eq!(nft_text(&s.nft), nft_text(&b.host_state.nft), "node {}", node);
+            prop_assert_eq!(s, &b.host_state, "node {}", node);
+            prop_assert_eq!(&a.portmaps, &b.portmaps, "node {}", node);
         }
     }
 }
