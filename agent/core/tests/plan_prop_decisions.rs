@@ -1,7 +1,8 @@
 //! Property tests of the per-PortMap decisions: a reason for every PortMap, no hostile interface
 //! name on any host, one status writer per PortMap, port conflicts as the spec defines them, the
 //! endpoint the spec picks in either family (a dual-stack mapping's IPv6 address its IPv4 pod's
-//! own), and each family's rules in its own table.
+//! own), each family's rules in its own table, and published addresses in exactly the families
+//! the endpoint serves.
 //!
 //! The cluster model is in `common/model.rs`, its objects in `common/inputs.rs`, the
 //! oracles in `common/oracles.rs`; cases per property:
@@ -218,6 +219,39 @@ proptest! {
                 .chain(routing_family_faults(&p))
                 .collect();
             prop_assert!(faults.is_empty(), "node {}: {:#?}", node, faults);
+        }
+    }
+
+    /// (n) A mapping is published in exactly the families its endpoint serves: each row names
+    /// an IPv4 address only for an endpoint with one and an IPv6 address only for an endpoint
+    /// served over IPv6; this node's own rows name its interface's address in each such family
+    /// (and nothing where it has none).
+    #[test]
+    fn published_addresses_follow_the_endpoints_families(m in model_or_linked()) {
+        let snap = snapshot(&m);
+        for node in plan_nodes(&m) {
+            let p = plan_of(&m, &snap, node);
+            let facts = host_facts(&m, node);
+            for d in &p.portmaps {
+                let Some(ep) = &d.endpoint else { continue };
+                let (v4, v6) = (ep.v4().is_some(), ep.v6().is_some());
+                for row in d.published.iter() {
+                    let mut want = (row.address.clone(), row.address6.clone());
+                    if row.node == node {
+                        let text = |a: Option<String>, serves: bool| a.filter(|_| serves).unwrap_or_default();
+                        want = (
+                            text(facts.interface_address(&row.interface).map(|a| a.to_string()), v4),
+                            text(facts.interface_address6(&row.interface).map(|a| a.to_string()), v6),
+                        );
+                    }
+                    let families_ok = (v4 || row.address.is_empty()) && (v6 || row.address6.is_empty());
+                    prop_assert!(
+                        families_ok && (row.address.clone(), row.address6.clone()) == want,
+                        "node {}: {}/{} (endpoint {:?}) publishes {:?}, want {:?}",
+                        node, d.namespace, d.name, ep, row, want
+                    );
+                }
+            }
         }
     }
 
