@@ -201,21 +201,25 @@ pub const STEADY: Scenario = Scenario {
     name: "steady",
     nodes: &["n1", "n2", "n3"],
     script: steady,
+    dual_stack: false,
 };
 pub const NODES: Scenario = Scenario {
     name: "nodes",
     nodes: &["n1", "n2", "n3", "n4"],
     script: nodes,
+    dual_stack: false,
 };
 pub const CRASHES: Scenario = Scenario {
     name: "crashes",
     nodes: &["n1", "n2", "n3"],
     script: crashes,
+    dual_stack: false,
 };
 pub const CLAIMS: Scenario = Scenario {
     name: "claims",
     nodes: &["n1", "n2", "n3", "n4", "n5"],
     script: claims,
+    dual_stack: false,
 };
 
 fn run_clean(s: &Scenario, first: u64, count: u64) {
