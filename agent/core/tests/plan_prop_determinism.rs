@@ -121,16 +121,23 @@ proptest! {
 /// What the generated clusters exercise: how many clusters have at least one of each.
 #[derive(Debug, Default)]
 struct Seen {
+    /// An endpoint at an IPv6 address (an IPv6-only Service).
     ipv6_only: usize,
+    /// An IPv4 endpoint paired with its pod's IPv6 address.
     dual_stack_paired: usize,
+    /// An IPv4 endpoint left unpaired although its Service has an IPv6 slice.
     dual_stack_unpaired: usize,
+    /// An IPv4 endpoint without an IPv6 address.
     ipv4_only: usize,
     /// For comparison: a DNAT in some node's `ip` table.
     ip_table: usize,
+    /// Rules in some node's `ip6` table.
     ip6_table: usize,
     /// For comparison: a link on some node.
     link: usize,
+    /// A link with IPv6 ends.
     ipv6_link: usize,
+    /// An IPv6 DNAT of what arrives over a link (the pod's node's half).
     ipv6_over_link: usize,
 }
 
@@ -187,10 +194,6 @@ fn count(seen: &mut Seen, m: &Model) {
     }));
 }
 
-/// The generated clusters exercise both families: enough of them have an IPv6-only mapping, a
-/// dual-stack mapping served at its pod's IPv6 address, one whose IPv6 slice does not pair, an
-/// IPv4-only one, a node with rules in its `ip6` table, a link carrying IPv6 and a pod's node
-/// taking IPv6 off a link. Without these the properties above would hold vacuously for IPv6.
 /// `count`s over `clusters` drawn from `strategy`, the same on every run (a fixed generator).
 fn seen(strategy: impl Strategy<Value = Model>, clusters: usize) -> Seen {
     let mut runner =
@@ -221,7 +224,7 @@ fn the_generated_clusters_exercise_both_families() {
         ("an IPv6-only mapping", any.ipv6_only, 15),
         ("a dual-stack mapping paired", any.dual_stack_paired, 20),
         ("a dual-stack mapping unpaired", any.dual_stack_unpaired, 10),
-        ("an IPv4-only mapping", any.ipv4_only, 20),
+        ("an IPv4 endpoint without IPv6", any.ipv4_only, 20),
         ("rules in an ip6 table", any.ip6_table, 8),
         ("a link with IPv6 ends", linked.ipv6_link, 20),
         ("IPv6 taken off a link", linked.ipv6_over_link, 20),
