@@ -514,3 +514,38 @@ fn a_host_socket_on_an_accepting_interfaces_ipv6_address_holds_the_port() {
         d.accepted.message
     );
 }
+
+/// Published rows name an interface's address only in the families the mapping is served in,
+/// whichever mapping of the same bindings the plan publishes first: a dual-stack mapping beside
+/// an IPv6-only one (`lobby`, named after it so it is published after it) on the same
+/// interfaces publishes both addresses, the IPv6-only one no IPv4 address.
+#[test]
+fn mappings_sharing_bindings_are_published_in_their_own_families() {
+    let mut c = dual_stack_cluster()
+        .endpoint("games", "gs", "gs-0", "edge-a", "10.244.0.5", 3000)
+        .endpoint6(
+            "games",
+            "lobby",
+            "lobby-0",
+            "edge-a",
+            "fd00:10:244::6",
+            3001,
+        )
+        .portmap(pm("games", "gs", "public", 3000))
+        .portmap(pm("games", "lobby", "public", 3001));
+    slice6(&mut c, "gs-0", "edge-a", POD6_EDGE);
+    let plan = c.plan_with("edge-a", &edge_facts());
+    let rows = |name: &str| -> Vec<(String, String)> {
+        decision(&plan, "games", name)
+            .published
+            .iter()
+            .filter(|p| p.interface == "enp1s0")
+            .map(|p| (p.address.clone(), p.address6.clone()))
+            .collect()
+    };
+    assert_eq!(
+        rows("gs"),
+        [("203.0.113.9".to_owned(), EDGE_PUBLIC6.to_owned())]
+    );
+    assert_eq!(rows("lobby"), [(String::new(), EDGE_PUBLIC6.to_owned())]);
+}

@@ -1,5 +1,8 @@
 //! Property tests of the per-PortMap decisions: a reason for every PortMap, no hostile interface
-//! name on any host, one status writer per PortMap, and port conflicts as the spec defines them.
+//! name on any host, one status writer per PortMap, port conflicts as the spec defines them, the
+//! endpoint the spec picks in either family (a dual-stack mapping's IPv6 address its IPv4 pod's
+//! own), each family's rules in its own table, and published addresses in exactly the families
+//! the endpoint serves.
 //!
 //! The cluster model is in `common/model.rs`, its objects in `common/inputs.rs`, the
 //! oracles in `common/oracles.rs`; cases per property:
@@ -10,6 +13,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::jiff::Timestamp;
+use kuport_core::ir::Family;
 use kuport_core::plan::{AcceptedReason, Detail, plan_with};
 use proptest::prelude::*;
 
@@ -70,7 +74,8 @@ proptest! {
         let snap = snapshot(&m);
         for node in plan_nodes(&m) {
             let p = plan_of(&m, &snap, node);
-            let text = kuport_core::render::nft_text(&p.host_state.nft);
+            let text = kuport_core::render::nft_text(&p.host_state.nft)
+                + &kuport_core::render::nft_text(&p.host_state.nft6);
             for name in HOSTILE_IFACES.iter().filter(|n| !n.is_empty()) {
                 prop_assert!(
                     !text.contains(&format!("\"{name}\"")),
@@ -163,6 +168,92 @@ proptest! {
 
 proptest! {
     #![proptest_config(config())]
+
+    /// (k) Every accepted mapping's endpoint is the one the spec picks, in either family
+    /// (`expected_endpoint`): the Service's IPv4 endpoints when any IPv4 slice lists its port,
+    /// else its IPv6 ones (an IPv6-only Service); and a dual-stack mapping's IPv6 address is
+    /// its IPv4 pod's own: an IPv6 slice of the Service lists that very pod at it, on the same
+    /// node, with the same pod port.
+    #[test]
+    fn endpoints_follow_the_oracle_in_both_families(m in model()) {
+        let snap = snapshot(&m);
+        let p = plan_of(&m, &snap, GHOST);
+        for d in p.portmaps.iter().filter(|d| d.accepted.is_true()) {
+            let pm = portmap_of(&snap, &d.namespace, &d.name);
+            let got = d.endpoint.as_ref().map(EndpointM::of);
+            prop_assert_eq!(&got, &expected_endpoint(&snap, pm), "{}/{}", d.namespace, d.name);
+            let Some((ep, address6)) = got.as_ref().and_then(|e| Some((e, e.address6?))) else {
+                continue;
+            };
+            prop_assert!(ep.address.is_ipv4(), "{}/{}: {:?}", d.namespace, d.name, ep);
+            let same_pod = snap
+                .endpoint_slices
+                .iter()
+                .filter(|s| s.address_type == "IPv6" && s.metadata.namespace == pm.metadata.namespace)
+                .filter(|s| s.ports.iter().flatten().any(|port| port.port == Some(i32::from(ep.port))))
+                .flat_map(|s| s.endpoints.iter().flatten())
+                .any(|e| {
+                    e.addresses.first().and_then(|a| a.parse().ok()) == Some(address6)
+                        && e.node_name.as_deref() == Some(ep.node.as_str())
+                        && e.target_ref.as_ref().and_then(|t| t.name.as_deref()) == ep.pod.as_deref()
+                });
+            prop_assert!(same_pod, "{}/{}: {} is not pod {:?}'s", d.namespace, d.name, address6, ep.pod);
+        }
+    }
+
+    /// (l) No table mixes families, on any node: every address a rule of `ip kuport` names is
+    /// IPv4 and every one of `ip6 kuport` IPv6 (the link guard and the link-peer SNAT only in
+    /// the IPv4 table); each DNAT, hairpin and identity SNAT sends a mapping's packets only to
+    /// its pod's address in the table's family or to the far end, in that family, of the link
+    /// toward its pod; each steering rule captures only an address this node has in that
+    /// family; ip rules and routes keep to their family, IPv6 ones only beside an `ip6` table.
+    #[test]
+    fn each_family_keeps_to_its_own_table(m in model_or_linked()) {
+        let snap = snapshot(&m);
+        for node in plan_nodes(&m) {
+            let p = plan_of(&m, &snap, node);
+            let facts = host_facts(&m, node);
+            let faults: Vec<String> = Family::ALL
+                .into_iter()
+                .flat_map(|f| table_family_faults(&p, &facts, f))
+                .chain(routing_family_faults(&p))
+                .collect();
+            prop_assert!(faults.is_empty(), "node {}: {:#?}", node, faults);
+        }
+    }
+
+    /// (n) A mapping is published in exactly the families its endpoint serves: each row names
+    /// an IPv4 address only for an endpoint with one and an IPv6 address only for an endpoint
+    /// served over IPv6; this node's own rows name its interface's address in each such family
+    /// (and nothing where it has none).
+    #[test]
+    fn published_addresses_follow_the_endpoints_families(m in model_or_linked()) {
+        let snap = snapshot(&m);
+        for node in plan_nodes(&m) {
+            let p = plan_of(&m, &snap, node);
+            let facts = host_facts(&m, node);
+            for d in &p.portmaps {
+                let Some(ep) = &d.endpoint else { continue };
+                let (v4, v6) = (ep.v4().is_some(), ep.v6().is_some());
+                for row in d.published.iter() {
+                    let mut want = (row.address.clone(), row.address6.clone());
+                    if row.node == node {
+                        let text = |a: Option<String>, serves: bool| a.filter(|_| serves).unwrap_or_default();
+                        want = (
+                            text(facts.interface_address(&row.interface).map(|a| a.to_string()), v4),
+                            text(facts.interface_address6(&row.interface).map(|a| a.to_string()), v6),
+                        );
+                    }
+                    let families_ok = (v4 || row.address.is_empty()) && (v6 || row.address6.is_empty());
+                    prop_assert!(
+                        families_ok && (row.address.clone(), row.address6.clone()) == want,
+                        "node {}: {}/{} (endpoint {:?}) publishes {:?}, want {:?}",
+                        node, d.namespace, d.name, ep, row, want
+                    );
+                }
+            }
+        }
+    }
 
     /// The agent's pass ([`Detail::Written`]) is `kuport plan`'s ([`Detail::Full`]) with the
     /// condition messages and published rows left out only for the mappings another node

@@ -74,7 +74,8 @@ fn diff(old: &HostState, new: &HostState) -> ApplyReport {
         from.iter().filter(|x| !in_.contains(x)).count()
     }
     ApplyReport {
-        nft_changed: old.nft != new.nft,
+        // Either table: an IPv6 endpoint can change while the IPv4 one stays.
+        nft_changed: old.nft != new.nft || old.nft6 != new.nft6,
         nft_lines: 0,
         nft_listed: false,
         links_created: missing(&new.links, &old.links),
@@ -102,8 +103,13 @@ impl Host for MemoryHost {
                 detail,
             });
         }
-        let owners = desired.nft.owners();
-        let present = owners.mappings_in(&desired.nft);
+        // A refused mapping's rules go from both tables, as the real host's transactions
+        // (one per family) refuse them.
+        let present: std::collections::BTreeSet<String> = desired
+            .tables()
+            .into_iter()
+            .flat_map(|t| t.owners().mappings_in(t))
+            .collect();
         let refused: Vec<Refusal> = s
             .refuse
             .iter()
@@ -112,9 +118,10 @@ impl Host for MemoryHost {
             .collect();
         let mut applied = desired.clone();
         if !refused.is_empty() {
-            applied.nft = applied
-                .nft
-                .without_mappings(&Refusal::mappings_of(&refused));
+            let cut = Refusal::mappings_of(&refused);
+            for table in applied.tables_mut() {
+                *table = table.without_mappings(&cut);
+            }
         }
         let base = match (&last, verify) {
             (Some(last), false) => last,
@@ -152,6 +159,9 @@ impl Host for MemoryHost {
         let mut facts = s.facts.clone();
         facts
             .interfaces
+            .retain(|name, _| query.interfaces.contains(name));
+        facts
+            .interfaces6
             .retain(|name, _| query.interfaces.contains(name));
         // As the real host does: the marks asked for, and each applied link's id read back
         // from its routing table.
@@ -237,6 +247,12 @@ mod tests {
             ]
             .into_iter()
             .collect(),
+            interfaces6: [
+                ("wt0".to_owned(), "fd00:64::1".parse().expect("ipv6")),
+                ("eth0".to_owned(), "2001:db8::1".parse().expect("ipv6")),
+            ]
+            .into_iter()
+            .collect(),
             underlay_device: Some("wt0".into()),
             underlay_mtu: Some(1400),
             ..HostFacts::default()
@@ -251,6 +267,21 @@ mod tests {
             .await
             .expect("facts");
         assert_eq!(got.interfaces.len(), 1);
+        assert_eq!(got.interfaces6.keys().collect::<Vec<_>>(), ["wt0"]);
         assert_eq!(got.underlay_mtu, Some(1400));
+    }
+
+    #[tokio::test]
+    async fn a_change_of_the_ip6_table_alone_is_applied() {
+        use kuport_core::ir::{ChainId, Family, Rule};
+        let mut host = MemoryHost::default();
+        let before = state(&[102]);
+        host.apply(&before, false).await.expect("apply");
+        let mut after = before.clone();
+        after.nft6.chains = vec![(ChainId::Fwd, vec![Rule::ClampMssOut])];
+        assert_eq!(after.nft6.family, Family::V6);
+        let report = host.apply(&after, false).await.expect("apply");
+        assert!(report.nft_changed);
+        assert_eq!(host.applied(), after);
     }
 }

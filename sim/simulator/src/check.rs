@@ -6,7 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use kuport_core::plan::{Plan, plan};
+use kuport_core::api::PublishedAddress;
+use kuport_core::plan::{ChosenEndpoint, MappingDecision, Plan, plan};
 use kuport_core::snapshot::Snapshot;
 
 use crate::sync::lock;
@@ -120,7 +121,12 @@ pub fn quiesce(world: &mut World, limit: Duration) -> Result<(), WorldError> {
         }
         return Ok(());
     }
-    // Converged: a write an agent holds back for the one that usually follows (ends taken
+    // Converged: the endpoints and addresses the plan converged on are where the scenario put
+    // the pods and what the hosts have.
+    for detail in pod_addresses(world)? {
+        world.violations.push(at, "pod addresses", detail);
+    }
+    // A write an agent holds back for the one that usually follows (ends taken
     // down, claims marked: `kuport::agent::status::SETTLE`) lands within that time, once.
     world.run_for(kuport::agent::status::SETTLE + step)?;
     // Then a quiet spell must write nothing (no ping-pong between writers).
@@ -155,7 +161,7 @@ fn status_writes(world: &World) -> Vec<(String, Vec<String>)> {
 pub fn differences(world: &World) -> Result<Vec<String>, WorldError> {
     let snapshot = world.snapshot()?;
     let mut out = Vec::new();
-    let mut reference: Option<Plan> = None;
+    let mut plans: Vec<(&str, Plan)> = Vec::new();
     for (name, slot) in &world.nodes {
         if !slot.running || slot.partitioned {
             continue;
@@ -166,14 +172,67 @@ pub fn differences(world: &World) -> Result<Vec<String>, WorldError> {
         if have != want.host_state {
             out.push(format!("node {name}: the host differs from the plan"));
         }
-        reference.get_or_insert(want);
+        plans.push((name, want));
     }
-    let Some(reference) = reference else {
+    let Some((_, reference)) = plans.first() else {
         return Ok(out);
     };
-    out.extend(portmap_statuses(&snapshot, &reference));
+    out.extend(agreement(&plans));
+    out.extend(portmap_statuses(&snapshot, reference));
     out.extend(class_rows(world, &snapshot));
     Ok(out)
+}
+
+/// The running agents' plans over the final objects, the first's with every other's: the same
+/// endpoint for every mapping (its IPv6 address too) and the same published addresses (IPv6
+/// ones too), whichever node computes them.
+fn agreement(plans: &[(&str, Plan)]) -> Vec<String> {
+    let Some(((first, reference), rest)) = plans.split_first() else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for (node, p) in rest {
+        for (a, b) in reference.portmaps.iter().zip(&p.portmaps) {
+            if a.endpoint != b.endpoint || a.published != b.published {
+                out.push(format!(
+                    "PortMap {}/{}: {first} plans endpoint {} published {}, {node} plans {} published {}",
+                    a.namespace,
+                    a.name,
+                    endpoint_text(a.endpoint.as_ref()),
+                    published_text(&a.published),
+                    endpoint_text(b.endpoint.as_ref()),
+                    published_text(&b.published),
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// An endpoint as the messages name it: `pod on node at address (and IPv6 address)`.
+fn endpoint_text(ep: Option<&ChosenEndpoint>) -> String {
+    let Some(ep) = ep else {
+        return "none".to_owned();
+    };
+    let pod = ep.pod.as_deref().unwrap_or("?");
+    match ep.address6 {
+        Some(a6) => format!("{pod} on {} at {} and {a6}", ep.node, ep.address),
+        None => format!("{pod} on {} at {}", ep.node, ep.address),
+    }
+}
+
+/// Published addresses as the messages name them: `node/interface address IPv6-address`.
+fn published_text(rows: &[PublishedAddress]) -> String {
+    let rows: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            format!(
+                "{}/{} {:?} {:?}",
+                r.node, r.interface, r.address, r.address6
+            )
+        })
+        .collect();
+    format!("[{}]", rows.join(", "))
 }
 
 /// Each PortMap's stored conditions carry the reasons the plan decides.
@@ -192,6 +251,9 @@ fn portmap_statuses(snapshot: &Snapshot, plan: &Plan) -> Vec<String> {
                 .and_then(|s| s.conditions.iter().find(|c| c.type_ == t))
                 .map(|c| c.reason.clone())
         };
+        if let Some(detail) = stored_addresses(pm.status.as_ref(), d) {
+            out.push(detail);
+        }
         let want_accepted = Some(d.accepted.reason.as_str().to_owned());
         let want_programmed = d.programmed.as_ref().map(|p| p.reason.as_str().to_owned());
         if stored("Accepted") != want_accepted
@@ -229,6 +291,120 @@ fn class_rows(world: &World, snapshot: &Snapshot) -> Vec<String> {
                 out.push(format!("class {name}: no row for accepting node {node}"));
             }
         }
+    }
+    out
+}
+
+/// How a PortMap's stored status differs from the plan's decision in the addresses it names:
+/// the endpoint (node, address, IPv6 address) and the published addresses (IPv4 and IPv6).
+fn stored_addresses(
+    status: Option<&kuport_core::api::PortMapStatus>,
+    d: &MappingDecision,
+) -> Option<String> {
+    let stored = status.and_then(|s| s.endpoint.as_ref()).map(|e| {
+        let address6 = e.address6.as_deref().unwrap_or_default();
+        (
+            e.node.as_str().to_owned(),
+            e.address.clone(),
+            address6.to_owned(),
+        )
+    });
+    let planned = d.endpoint.as_ref().map(|e| {
+        let address6 = e.address6.map(|a| a.to_string()).unwrap_or_default();
+        (e.node.to_string(), e.address.to_string(), address6)
+    });
+    let stored_rows = status.map(|s| &s.published[..]).unwrap_or_default();
+    if stored == planned && stored_rows == &d.published[..] {
+        return None;
+    }
+    Some(format!(
+        "PortMap {}/{}: stored endpoint {stored:?} published {}, plan says {planned:?} published {}",
+        d.namespace,
+        d.name,
+        published_text(stored_rows),
+        published_text(&d.published),
+    ))
+}
+
+/// Where the final plan's endpoints and published addresses differ from what the scenario
+/// set up: each mapping's endpoint is its Service's pod as placed ([`World::expected_endpoint`]:
+/// node, address, IPv6 address), and each published row names its node's interface address
+/// in each family the endpoint has (none in a family it lacks), a mapping served over IPv6 and
+/// programmed having at least one IPv6 address published.
+pub fn pod_addresses(world: &World) -> Result<Vec<String>, WorldError> {
+    let snapshot = world.snapshot()?;
+    let Some((name, slot)) = world
+        .nodes
+        .iter()
+        .find(|(_, s)| s.running && !s.partitioned)
+    else {
+        return Ok(Vec::new());
+    };
+    let facts = world.host_facts(name).unwrap_or_else(|| slot.facts.clone());
+    let reference = plan(&snapshot, name, &facts, world.node_now(name));
+    let mut out = Vec::new();
+    for d in reference.portmaps.iter().filter(|d| d.accepted.is_true()) {
+        let service = snapshot
+            .portmaps
+            .iter()
+            .find(|p| {
+                p.metadata.namespace.as_deref() == Some(&d.namespace)
+                    && p.metadata.name.as_deref() == Some(&d.name)
+            })
+            .map(|p| p.spec.service_ref.name.as_str());
+        let Some(placement) = service.and_then(|s| world.pods.get(s)) else {
+            continue;
+        };
+        let want = world.expected_endpoint(placement);
+        let got = d.endpoint.as_ref().map(|e| crate::world::PodEndpoint {
+            node: e.node.to_string(),
+            address: e.address,
+            address6: e.address6.map(std::net::IpAddr::V6),
+        });
+        if got != want {
+            out.push(format!(
+                "PortMap {}/{}: endpoint {got:?}, but its pod is placed at {want:?}",
+                d.namespace, d.name
+            ));
+        }
+        out.extend(published_faults(world, d));
+    }
+    Ok(out)
+}
+
+/// The published rows of `d` that do not name their node's interface address in each family
+/// the endpoint has (and only those).
+fn published_faults(world: &World, d: &MappingDecision) -> Vec<String> {
+    let Some(ep) = &d.endpoint else {
+        return Vec::new();
+    };
+    let (v4, v6) = (ep.v4().is_some(), ep.v6().is_some());
+    let mut out = Vec::new();
+    for row in d.published.iter() {
+        let facts = world.nodes.get(&row.node).map(|s| &s.facts);
+        let address = facts
+            .and_then(|f| f.interfaces.get(&row.interface))
+            .filter(|_| v4)
+            .map(ToString::to_string);
+        let address6 = facts
+            .and_then(|f| f.interfaces6.get(&row.interface))
+            .filter(|_| v6)
+            .map(ToString::to_string);
+        if row.address != address.unwrap_or_default()
+            || row.address6 != address6.unwrap_or_default()
+        {
+            out.push(format!(
+                "PortMap {}/{}: published {}/{} at {:?} {:?}, the interface's addresses in the endpoint's families are otherwise",
+                d.namespace, d.name, row.node, row.interface, row.address, row.address6
+            ));
+        }
+    }
+    let programmed = d.programmed.as_ref().is_some_and(|p| p.is_true());
+    if v6 && programmed && d.published.iter().all(|r| r.address6.is_empty()) {
+        out.push(format!(
+            "PortMap {}/{}: programmed over IPv6 but no IPv6 address is published",
+            d.namespace, d.name
+        ));
     }
     out
 }

@@ -6,13 +6,14 @@
 use std::time::Duration;
 
 use kuport::agent::PassHook;
+use kuport_core::ir::Family;
 use kuport_testkit::objects::{self, endpoint, nodes_json, vxlan_return_path};
 use serde_json::{Value, json};
 
 use crate::check::quiesce;
 use crate::net::Tamper;
 use crate::record::Violation;
-use crate::world::{World, WorldConfig, WorldError};
+use crate::world::{Stack, World, WorldConfig, WorldError, pod_address};
 
 /// A scenario's script: changes the cluster (through `World`), with faults, over simulated
 /// time. It calls [`World::changed`] after each input change.
@@ -26,6 +27,8 @@ pub struct Scenario {
     pub nodes: &'static [&'static str],
     /// What happens.
     pub script: Script,
+    /// A dual-stack cluster ([`WorldConfig::dual_stack`]).
+    pub dual_stack: bool,
 }
 
 /// A deliberately broken agent, to prove an invariant catches it.
@@ -59,6 +62,7 @@ pub fn run_seed(scenario: &Scenario, seed: u64, variant: &Variant) -> Result<See
         nodes: scenario.nodes.iter().map(|n| (*n).to_owned()).collect(),
         plan_fault: variant.plan_fault.clone(),
         wire_fault: variant.wire_fault.clone(),
+        dual_stack: scenario.dual_stack,
     })?;
     // Agents start, list and settle on the empty cluster.
     world.run_for(Duration::from_secs(1))?;
@@ -192,15 +196,31 @@ pub fn portmap(name: &str, class: &str, port: u16, service: &str) -> Value {
         .object()
 }
 
-/// The EndpointSlice of Service `<service>` with its one pod on `node` (none when `None`),
-/// ready or not.
+/// The IPv4 EndpointSlice of Service `<service>` with its one pod on `node` (none when
+/// `None`), ready or not.
 pub fn slice(service: &str, node: Option<&str>, ready: bool) -> Value {
+    slice_in(Family::V4, service, node, ready)
+}
+
+/// The name of Service `<service>`'s EndpointSlice of `family`.
+fn slice_name(family: Family, service: &str) -> String {
+    match family {
+        Family::V4 => format!("{service}-x"),
+        Family::V6 => format!("{service}-x6"),
+    }
+}
+
+/// The EndpointSlice of `family` of Service `<service>` with its one pod on `node` (none when
+/// `None`), ready or not: the same pod in either family.
+pub fn slice_in(family: Family, service: &str, node: Option<&str>, ready: bool) -> Value {
     let mut slice =
-        objects::slice("games", &format!("{service}-x"), service).port("game", "UDP", 3000);
+        objects::slice("games", &slice_name(family, service), service).port("game", "UDP", 3000);
+    if family == Family::V6 {
+        slice = slice.ipv6();
+    }
     if let Some(n) = node {
         // The pod's address is in the node's pod CIDR (`World::create_node` numbers it).
-        let host = n.trim_start_matches(|c: char| !c.is_ascii_digit());
-        let pod = endpoint(&format!("10.244.{host}.5"), n)
+        let pod = endpoint(&pod_address(n, family).to_string(), n)
             .ready(ready)
             .pod("games", &format!("{service}-0"));
         slice = slice.endpoint(pod);
@@ -208,32 +228,70 @@ pub fn slice(service: &str, node: Option<&str>, ready: bool) -> Value {
     slice.object()
 }
 
+const SLICES: (&str, &str) = ("discovery.k8s.io/v1", "EndpointSlice");
+
 impl World {
-    /// Puts Service `<service>`'s pod on `node` (or nowhere), ready or not: creates the slice
-    /// or replaces its endpoints.
+    /// Lists Service `<service>`'s pod in the families of `stack` from its next
+    /// [`World::place_pod`] on (IPv4 alone until this is called).
+    pub fn set_stack(&mut self, service: &str, stack: Stack) {
+        self.pods.entry(service.to_owned()).or_default().stack = stack;
+    }
+
+    /// Puts Service `<service>`'s pod on `node` (or nowhere), ready or not, in every family of
+    /// its stack: creates each slice or replaces its endpoints, and deletes the slice of a
+    /// family the stack no longer has. A dual-stack Service's two slices change one after the
+    /// other, in an order the seed picks, as the EndpointSlice controller writes them.
     pub fn place_pod(
         &mut self,
         service: &str,
         node: Option<&str>,
         ready: bool,
     ) -> Result<(), WorldError> {
-        let name = format!("{service}-x");
-        let want = slice(service, node, ready);
+        let mut placement = self.pods.get(service).cloned().unwrap_or_default();
+        for family in placement.listed.clone() {
+            if !placement.stack.families().contains(&family) {
+                self.delete(SLICES, Some("games"), &slice_name(family, service))?;
+                placement.listed.retain(|f| *f != family);
+            }
+        }
+        let mut families = placement.stack.families().to_vec();
+        if families.len() > 1 && self.rng.below(2) == 0 {
+            families.reverse();
+        }
+        for family in families {
+            self.write_slice(family, service, node, ready)?;
+            if !placement.listed.contains(&family) {
+                placement.listed.push(family);
+            }
+        }
+        placement.node = node.map(str::to_owned);
+        placement.ready = ready;
+        self.pods.insert(service.to_owned(), placement);
+        self.changed();
+        Ok(())
+    }
+
+    /// Creates the slice of `family` of Service `<service>` or replaces its endpoints.
+    fn write_slice(
+        &mut self,
+        family: Family,
+        service: &str,
+        node: Option<&str>,
+        ready: bool,
+    ) -> Result<(), WorldError> {
+        let name = slice_name(family, service);
+        let want = slice_in(family, service, node, ready);
         let exists = self
             .object("discovery.k8s.io/v1", "endpointslices", "games", &name)
             .is_some();
         if exists {
             let endpoints = want["endpoints"].clone();
-            self.edit(
-                ("discovery.k8s.io/v1", "EndpointSlice"),
-                Some("games"),
-                &name,
-                move |o| o["endpoints"] = endpoints.clone(),
-            )?;
+            self.edit(SLICES, Some("games"), &name, move |o| {
+                o["endpoints"] = endpoints.clone()
+            })?;
         } else {
             self.create(&want)?;
         }
-        self.changed();
         Ok(())
     }
 
@@ -295,5 +353,19 @@ mod tests {
             "targetRef": {"kind": "Pod", "name": "alpha-0", "namespace": "games"}}]);
         assert_eq!(slice("alpha", Some("n2"), false), with_pod(on_n2));
         assert_eq!(slice("alpha", None, true), with_pod(json!([])));
+    }
+
+    #[test]
+    fn an_ipv6_slice_lists_the_same_pod_in_the_nodes_ipv6_pod_cidr() {
+        let six = slice_in(Family::V6, "alpha", Some("n2"), true);
+        assert_eq!(six["metadata"]["name"], "alpha-x6");
+        assert_eq!(six["addressType"], "IPv6");
+        assert_eq!(
+            six["endpoints"][0]["addresses"],
+            json!(["fd00:10:244:2::5"])
+        );
+        assert_eq!(six["endpoints"][0]["targetRef"]["name"], "alpha-0");
+        assert_eq!(six["endpoints"][0]["nodeName"], "n2");
+        assert_eq!(six["ports"], slice("alpha", Some("n2"), true)["ports"]);
     }
 }

@@ -2,6 +2,7 @@
 //! driver that changes the cluster in-process, and the faults the scenario asks for.
 
 use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -15,6 +16,7 @@ use kube::api::{
 };
 use kuport::agent::{Agent, AgentConfig, CancellationToken, Clock, PassHook};
 use kuport_core::api::{PortMap, PortMapClass};
+use kuport_core::ir::Family;
 use kuport_core::snapshot::{CniFacts, HostFacts, Snapshot};
 use kuport_host::MemoryHost;
 use kuport_sim::apiserver::{ApiServer, SplitMix64};
@@ -59,6 +61,58 @@ pub struct WorldConfig {
     pub plan_fault: Option<PassHook>,
     /// A broken variant's wire change, applied to every agent's requests.
     pub wire_fault: Option<Tamper>,
+    /// A dual-stack cluster: every Node also advertises an IPv6 pod CIDR and every node's
+    /// public interface also has an IPv6 address ([`facts_for`]), so Services may list their
+    /// pods over IPv6.
+    pub dual_stack: bool,
+}
+
+/// The families a Service lists its pod in (one EndpointSlice each).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Stack {
+    /// IPv4 alone, as every Service of an IPv4 cluster.
+    #[default]
+    V4,
+    /// IPv4 and IPv6.
+    Dual,
+    /// IPv6 alone.
+    V6,
+}
+
+impl Stack {
+    /// Its families, IPv4 first.
+    pub fn families(self) -> &'static [Family] {
+        match self {
+            Stack::V4 => &[Family::V4],
+            Stack::Dual => &[Family::V4, Family::V6],
+            Stack::V6 => &[Family::V6],
+        }
+    }
+}
+
+/// Where the scenario put a Service's pod, and in which families it is listed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Placement {
+    /// The families the Service lists its pod in.
+    pub stack: Stack,
+    /// The pod's node; none: the Service has no pod.
+    pub node: Option<String>,
+    /// Whether the pod is ready.
+    pub ready: bool,
+    /// The families whose slice exists (a slice stays, emptied or not, until its family
+    /// leaves the stack).
+    pub listed: Vec<Family>,
+}
+
+/// A mapping's endpoint as the scenario's placement of its Service's pod predicts it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodEndpoint {
+    /// The pod's node.
+    pub node: String,
+    /// Its address: IPv4 when the Service lists IPv4, else IPv6.
+    pub address: IpAddr,
+    /// Its IPv6 address beside the IPv4 one, for a dual-stack Service.
+    pub address6: Option<IpAddr>,
 }
 
 /// One simulated cluster.
@@ -89,6 +143,8 @@ pub struct World {
     pub(crate) last_check: Duration,
     /// From each change (or burst of changes) to every agent's convergence on it.
     pub convergence: Vec<Duration>,
+    /// Where each Service's pod is, by Service (`World::place_pod`).
+    pub pods: BTreeMap<String, Placement>,
     driver_rt: tokio::runtime::Runtime,
     driver: kube::Client,
     config: WorldConfig,
@@ -110,18 +166,69 @@ fn clock(now_ms: &Arc<AtomicU64>, skew_ms: Option<Arc<AtomicI64>>) -> Clock {
 }
 
 /// The address `n` after `first` (counting on past the last octet, for clusters of hundreds).
-fn nth_after(first: std::net::Ipv4Addr, n: usize) -> std::net::Ipv4Addr {
+fn nth_after(first: Ipv4Addr, n: usize) -> Ipv4Addr {
     let n = u32::try_from(n).unwrap_or(u32::MAX);
-    std::net::Ipv4Addr::from(u32::from(first).saturating_add(n))
+    Ipv4Addr::from(u32::from(first).saturating_add(n))
 }
 
-/// The facts a node's in-memory host reports: one public interface and a mesh underlay.
-pub fn facts_for(index: usize) -> HostFacts {
+/// The IPv6 address `n` after `first`.
+fn nth_after6(first: Ipv6Addr, n: usize) -> Ipv6Addr {
+    Ipv6Addr::from(u128::from(first).saturating_add(n as u128))
+}
+
+/// The number in a node's name (`n12`: 12; none: 0): the pod CIDRs [`World::create_node`]
+/// gives it and the address [`pod_address`] gives its pods.
+fn node_number(node: &str) -> usize {
+    let digits = node.trim_start_matches(|c: char| !c.is_ascii_digit());
+    digits.parse().unwrap_or(0)
+}
+
+/// Address `host` of node `node`'s IPv6 pod /64, fd00:10:244:<number>::.
+fn pod_net6(node: &str, host: u16) -> Ipv6Addr {
+    let net = u16::try_from(node_number(node)).unwrap_or(u16::MAX);
+    Ipv6Addr::new(0xfd00, 0x10, 0x244, net, 0, 0, 0, host)
+}
+
+/// The pod CIDR of node `node` in `family`: 10.244.<number>.0/24 (counting on into 10.245
+/// past 255), fd00:10:244:<number>::/64.
+fn pod_cidr(node: &str, family: Family) -> String {
+    match family {
+        Family::V4 => {
+            let number = node_number(node);
+            format!(
+                "{}/24",
+                nth_after(Ipv4Addr::new(10, 244, 0, 0), number * 256)
+            )
+        }
+        Family::V6 => format!("{}/64", pod_net6(node, 0)),
+    }
+}
+
+/// The address in `family` of a pod on node `node`: .5 (::5) of the node's pod CIDR.
+pub fn pod_address(node: &str, family: Family) -> IpAddr {
+    match family {
+        Family::V4 => {
+            let number = node_number(node);
+            IpAddr::V4(nth_after(Ipv4Addr::new(10, 244, 0, 5), number * 256))
+        }
+        Family::V6 => IpAddr::V6(pod_net6(node, 5)),
+    }
+}
+
+/// The facts a node's in-memory host reports: one public interface (IPv4 203.0.113.<index+1>,
+/// and in a dual-stack cluster 2001:db8:203::<index+1>) and a mesh underlay.
+pub fn facts_for(index: usize, dual_stack: bool) -> HostFacts {
     let mut facts = HostFacts::default();
     facts.interfaces.insert(
         "eth0".to_owned(),
-        nth_after(std::net::Ipv4Addr::new(203, 0, 113, 1), index),
+        nth_after(Ipv4Addr::new(203, 0, 113, 1), index),
     );
+    if dual_stack {
+        facts.interfaces6.insert(
+            "eth0".to_owned(),
+            nth_after6(Ipv6Addr::new(0x2001, 0xdb8, 0x203, 0, 0, 0, 0, 1), index),
+        );
+    }
     facts.underlay_device = Some("wg0".to_owned());
     facts.underlay_mtu = Some(1420);
     facts
@@ -172,6 +279,7 @@ impl World {
             pending_change: None,
             last_check: Duration::ZERO,
             convergence: Vec::new(),
+            pods: BTreeMap::new(),
             driver_rt,
             driver,
             config,
@@ -198,7 +306,7 @@ impl World {
     }
 
     fn add_agent(&mut self, name: &str, index: usize) {
-        let facts = facts_for(index);
+        let facts = facts_for(index, self.config.dual_stack);
         let host = MemoryHost::with_facts(facts.clone());
         let slot = NodeSlot {
             host: host.clone(),
@@ -363,20 +471,19 @@ impl World {
     }
 
     /// Creates Node `name` with InternalIP 10.0.0.<index+1> (counting on into 10.0.1.0 past
-    /// 255), Ready or not, and the pod CIDR its pods' addresses come from (10.244.<the number in
-    /// its name>.0/24, as `scenario::slice` numbers them, counting on into 10.245 past 255).
+    /// 255), Ready or not, and the pod CIDRs its pods' addresses come from ([`pod_cidr`] by the
+    /// number in its name: the IPv4 one, and in a dual-stack cluster the IPv6 one after it).
     pub fn create_node(&mut self, name: &str, index: usize, ready: bool) -> Result<(), WorldError> {
-        let digits = name.trim_start_matches(|c: char| !c.is_ascii_digit());
-        let number: usize = digits.parse().unwrap_or(0);
-        let cidr = format!(
-            "{}/24",
-            nth_after(std::net::Ipv4Addr::new(10, 244, 0, 0), number * 256)
-        );
-        let internal_ip = nth_after(std::net::Ipv4Addr::new(10, 0, 0, 1), index);
+        let cidr = pod_cidr(name, Family::V4);
+        let mut cidrs = vec![cidr.clone()];
+        if self.config.dual_stack {
+            cidrs.push(pod_cidr(name, Family::V6));
+        }
+        let internal_ip = nth_after(Ipv4Addr::new(10, 0, 0, 1), index);
         self.create(&serde_json::json!({
             "apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name},
-            "spec": {"podCIDR": cidr, "podCIDRs": [cidr]},
+            "spec": {"podCIDR": cidr, "podCIDRs": cidrs},
             "status": {
                 "addresses": [{"type": "InternalIP", "address": internal_ip.to_string()}],
                 "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}],
@@ -556,6 +663,21 @@ impl World {
     pub fn node_now(&self, name: &str) -> Timestamp {
         let skew = self.nodes.get(name).map(|s| s.skew_ms.clone());
         clock(&self.now_ms, skew).now()
+    }
+
+    /// The endpoint of the mappings of a Service whose pod is placed so: the pod on its node at
+    /// [`pod_address`] in the first family of its stack, and at its IPv6 address too for a
+    /// dual-stack Service; none while the pod is not ready, nowhere, or on a node without a Node
+    /// object (nobody advertises its pod CIDR then, so its address is no pod address).
+    pub fn expected_endpoint(&self, placement: &Placement) -> Option<PodEndpoint> {
+        let node = placement.node.as_deref().filter(|_| placement.ready)?;
+        self.object("v1", "nodes", "", node)?;
+        let families = placement.stack.families();
+        Some(PodEndpoint {
+            node: node.to_owned(),
+            address: pod_address(node, families[0]),
+            address6: (placement.stack == Stack::Dual).then(|| pod_address(node, Family::V6)),
+        })
     }
 
     /// Requests every agent made so far.

@@ -73,6 +73,7 @@ fn measure(count: usize) -> (Vec<u64>, Vec<u64>) {
         nodes: nodes.clone(),
         plan_fault: None,
         wire_fault: None,
+        dual_stack: false,
     })
     .expect("the world builds");
     w.run_for(Duration::from_secs(1)).expect("agents start");

@@ -7,7 +7,7 @@ use std::time::Duration;
 use kuport_sim::apiserver::{Failure, RequestFilter};
 use kuport_simulator::record::Violation;
 use kuport_simulator::scenario::{self, Scenario, Variant, class, portmap, run_seed, seeds};
-use kuport_simulator::world::{World, WorldError};
+use kuport_simulator::world::{Stack, World, WorldError};
 
 const MAPPINGS: (&str, &str) = ("kuport.wlz.li/v1alpha1", "PortMap");
 const CLASSES: (&str, &str) = ("kuport.wlz.li/v1alpha1", "PortMapClass");
@@ -197,25 +197,179 @@ fn claims(w: &mut World) -> Result<(), WorldError> {
     Ok(())
 }
 
+/// A dual-stack cluster of n1..n3 with a Single class `public` and a Multi class `vip` on n1
+/// and n2; `alpha` dual-stack on n3, `beta` IPv6-only on n1, `gamma` IPv4-only on n2 (the
+/// control: it must stay off IPv6); five mappings.
+fn dual_stack_classes(w: &mut World) -> Result<(), WorldError> {
+    w.create(&class("public", 0, &["n1", "n2"], false))?;
+    w.create(&class("vip", 1, &["n1", "n2"], true))?;
+    w.set_stack("alpha", Stack::Dual);
+    w.set_stack("beta", Stack::V6);
+    w.place_pod("alpha", Some("n3"), true)?;
+    w.place_pod("beta", Some("n1"), true)?;
+    w.place_pod("gamma", Some("n2"), true)?;
+    w.create(&portmap("alpha", "public", 3000, "alpha"))?;
+    w.create(&portmap("beta", "public", 3001, "beta"))?;
+    w.create(&portmap("gamma", "public", 3002, "gamma"))?;
+    w.create(&portmap("alpha-vip", "vip", 4000, "alpha"))?;
+    w.create(&portmap("beta-vip", "vip", 4001, "beta"))?;
+    w.changed();
+    Ok(())
+}
+
+/// Dual-stack: pods of every family move between nodes (a dual-stack pod's two slices change
+/// one after the other, in either order) and flip readiness, under 5xx bursts and a watch cut.
+fn dual_stack(w: &mut World) -> Result<(), WorldError> {
+    dual_stack_classes(w)?;
+    pause(w, 2000)?;
+    for round in 0..6 {
+        match round {
+            1 => w
+                .api
+                .faults()
+                .fail_fraction(0.2, Failure::InternalError, RequestFilter::any()),
+            3 => {
+                w.api.faults().clear();
+                w.api.faults().close_watches();
+            }
+            _ => {}
+        }
+        let service = *w.pick(&["alpha", "beta", "gamma"]);
+        let node = *w.pick(&[Some("n1"), Some("n2"), Some("n3"), None]);
+        let ready = w.rng.below(4) != 0;
+        w.place_pod(service, node, ready)?;
+        pause(w, 1500)?;
+    }
+    Ok(())
+}
+
+/// Dual-stack failover: a Multi class `vip` on n1..n3 and a Single class `public` on n1 and n2;
+/// `alpha` dual-stack on n4, `beta` IPv6-only on n3. In an order the seed picks: an accepting
+/// node goes not ready and comes back (the serving node moves, the Multi class loses and regains
+/// a programming node); a pod's node fails and its pod is rescheduled elsewhere; an agent
+/// crashes while a pod moves; a dual-stack node joins and takes a pod; `vip` turns Single or
+/// Multi; `alpha` changes families (IPv4-only, IPv6-only or dual-stack again).
+fn dual_stack_failover(w: &mut World) -> Result<(), WorldError> {
+    w.create(&class("vip", 1, &["n1", "n2", "n3"], true))?;
+    w.create(&class("public", 0, &["n1", "n2"], false))?;
+    w.set_stack("alpha", Stack::Dual);
+    w.set_stack("beta", Stack::V6);
+    w.place_pod("alpha", Some("n4"), true)?;
+    w.place_pod("beta", Some("n3"), true)?;
+    w.create(&portmap("alpha-vip", "vip", 4000, "alpha"))?;
+    w.create(&portmap("beta-vip", "vip", 4001, "beta"))?;
+    w.create(&portmap("alpha", "public", 3000, "alpha"))?;
+    w.create(&portmap("beta", "public", 3001, "beta"))?;
+    w.changed();
+    pause(w, 2000)?;
+    let mut events: Vec<usize> = (0..6).collect();
+    for i in (1..events.len()).rev() {
+        events.swap(i, w.rng.below(i + 1));
+    }
+    for event in events {
+        failover_event(w, event)?;
+        w.changed();
+        pause(w, 1500)?;
+    }
+    Ok(())
+}
+
+fn failover_event(w: &mut World, event: usize) -> Result<(), WorldError> {
+    match event {
+        0 => {
+            let node = *w.pick(&["n1", "n2", "n3"]);
+            w.set_node_ready(node, false)?;
+            w.changed();
+            pause(w, 1500)?;
+            w.set_node_ready(node, true)?;
+        }
+        1 => {
+            // The pod's node fails; its pod comes up on another node.
+            let service = *w.pick(&["alpha", "beta"]);
+            let from = w.pods[service]
+                .node
+                .clone()
+                .unwrap_or_else(|| "n4".to_owned());
+            w.set_node_ready(&from, false)?;
+            let to = elsewhere(w, &from);
+            w.place_pod(service, Some(to), true)?;
+            pause(w, 1500)?;
+            w.set_node_ready(&from, true)?;
+        }
+        2 => {
+            let victim = *w.pick(&["n1", "n2", "n3"]);
+            w.crash(victim);
+            let node = *w.pick(&["n1", "n2", "n3", "n4"]);
+            w.place_pod("alpha", Some(node), true)?;
+            pause(w, 1500)?;
+            w.restart(victim);
+        }
+        3 => {
+            w.add_node("n5")?;
+            pause(w, 500)?;
+            let service = *w.pick(&["alpha", "beta"]);
+            w.place_pod(service, Some("n5"), true)?;
+        }
+        4 => {
+            let mode = *w.pick(&["Single", "Multi"]);
+            w.edit(CLASSES, None, "vip", |c| {
+                c["spec"]["servingMode"] = mode.into()
+            })?;
+        }
+        _ => {
+            let stack = *w.pick(&[Stack::V4, Stack::V6, Stack::Dual]);
+            let node = w.pods["alpha"].node.clone();
+            w.set_stack("alpha", stack);
+            w.place_pod("alpha", node.as_deref(), true)?;
+        }
+    }
+    Ok(())
+}
+
+/// A node other than `from` among n1..n4, picked by the seed.
+fn elsewhere(w: &mut World, from: &str) -> &'static str {
+    let others: Vec<&'static str> = ["n1", "n2", "n3", "n4"]
+        .into_iter()
+        .filter(|n| *n != from)
+        .collect();
+    others[w.rng.below(others.len())]
+}
+
 pub const STEADY: Scenario = Scenario {
     name: "steady",
     nodes: &["n1", "n2", "n3"],
     script: steady,
+    dual_stack: false,
 };
 pub const NODES: Scenario = Scenario {
     name: "nodes",
     nodes: &["n1", "n2", "n3", "n4"],
     script: nodes,
+    dual_stack: false,
 };
 pub const CRASHES: Scenario = Scenario {
     name: "crashes",
     nodes: &["n1", "n2", "n3"],
     script: crashes,
+    dual_stack: false,
 };
 pub const CLAIMS: Scenario = Scenario {
     name: "claims",
     nodes: &["n1", "n2", "n3", "n4", "n5"],
     script: claims,
+    dual_stack: false,
+};
+pub const DUAL_STACK: Scenario = Scenario {
+    name: "dual-stack",
+    nodes: &["n1", "n2", "n3"],
+    script: dual_stack,
+    dual_stack: true,
+};
+pub const DUAL_STACK_FAILOVER: Scenario = Scenario {
+    name: "dual-stack failover",
+    nodes: &["n1", "n2", "n3", "n4"],
+    script: dual_stack_failover,
+    dual_stack: true,
 };
 
 fn run_clean(s: &Scenario, first: u64, count: u64) {
@@ -249,8 +403,18 @@ fn concurrent_claims_with_skewed_clocks_are_collected_after_a_day() {
 }
 
 #[test]
+fn dual_stack_pods_move_across_nodes_and_families() {
+    run_clean(&DUAL_STACK, 5_000, 100);
+}
+
+#[test]
+fn dual_stack_nodes_fail_over_and_services_change_families() {
+    run_clean(&DUAL_STACK_FAILOVER, 6_000, 60);
+}
+
+#[test]
 fn a_seed_replays_exactly() {
-    for s in [&STEADY, &CRASHES] {
+    for s in [&STEADY, &CRASHES, &DUAL_STACK] {
         let first = run_seed(s, 77, &Variant::default()).expect("run");
         let again = run_seed(s, 77, &Variant::default()).expect("replay");
         assert_eq!(first.digest, again.digest, "{}: seed 77 replays", s.name);
@@ -266,11 +430,16 @@ fn a_seed_replays_exactly() {
 // ---- deliberately broken agents: each invariant must catch its bug, naming a seed ----
 
 fn caught(s: &Scenario, variant: Variant, invariant: &str) {
+    caught_saying(s, variant, invariant, "");
+}
+
+/// [`caught`], by a violation of `invariant` whose detail says `saying`.
+fn caught_saying(s: &Scenario, variant: Variant, invariant: &str, saying: &str) {
     let summary = scenario::run(s, &seeds(9_000, 3), &variant);
-    let found = summary
-        .failures
-        .iter()
-        .find(|(_, v)| v.iter().any(|v| v.invariant == invariant));
+    let found = summary.failures.iter().find(|(_, v)| {
+        v.iter()
+            .any(|v| v.invariant == invariant && v.detail.contains(saying))
+    });
     let Some((seed, _)) = found else {
         panic!(
             "the broken variant went unnoticed by \"{invariant}\": {}",
@@ -406,4 +575,33 @@ fn a_merge_that_overwrites_other_nodes_rows_is_caught() {
         wire_fault: Some(wire_fault),
     };
     caught(&STEADY, variant, "nothing lost");
+}
+
+#[test]
+fn a_status_that_leaves_out_the_ipv6_addresses_is_caught() {
+    // Every agent writes its PortMap statuses without their IPv6 addresses (the endpoint's and
+    // the published ones), while its datapath serves IPv6 and every reason is right: only the
+    // check of the stored addresses against the plan sees it.
+    let plan_fault: kuport::agent::PassHook = std::sync::Arc::new(|_snapshot, plan| {
+        for w in &mut plan.writes.portmaps {
+            if let Some(ep) = &mut w.status.endpoint {
+                ep.address6 = None;
+            }
+            let mut rows = w.status.published.to_vec();
+            for row in &mut rows {
+                row.address6.clear();
+            }
+            w.status.published = rows.into();
+        }
+    });
+    let variant = Variant {
+        plan_fault: Some(plan_fault),
+        wire_fault: None,
+    };
+    caught_saying(
+        &DUAL_STACK_FAILOVER,
+        variant,
+        "convergence",
+        "stored endpoint",
+    );
 }

@@ -679,9 +679,9 @@ pub fn gate_all(
 ) {
     // Published rows depend on the group alone (its nodes and interfaces, and their addresses):
     // built once per group.
-    // By binding set, and whether the mapping is served over IPv6 (its rows then name each
-    // interface's IPv6 address too).
-    let mut shared: FastMap<(Group, bool), Arc<[PublishedAddress]>> = FastMap::default();
+    // By binding set, and the families the mapping is served in (its rows name each
+    // interface's address in those alone: an IPv6-only mapping's rows no IPv4 address).
+    let mut shared: FastMap<(Group, bool, bool), Arc<[PublishedAddress]>> = FastMap::default();
     let slots = slot_table(classes.values());
     let classes = by_name(classes);
     for w in work.iter_mut() {
@@ -717,10 +717,10 @@ pub fn gate_all(
             // Published rows are read by the status alone (and `kuport plan`).
             if w.decision.emits && say.says() {
                 let d = &w.decision;
-                let v6 = d.endpoint.as_ref().is_some_and(|e| e.v6().is_some());
+                let (v4, v6) = published_families(d);
                 let rows = match w.group {
                     Some(group) => shared
-                        .entry((group, v6))
+                        .entry((group, v4, v6))
                         .or_insert_with(|| published(index, class, d, this_node, facts))
                         .clone(),
                     None => published(index, class, d, this_node, facts),
@@ -1081,6 +1081,16 @@ fn firewall_note(index: &Index, class: &str, d: &MappingDecision, say: Say) -> S
     format!("programmed, but {}", notes.join("; "))
 }
 
+/// The families a mapping's rows are published in: IPv4 unless its endpoint has none (an
+/// IPv6-only Service), IPv6 when its endpoint is served over IPv6.
+fn published_families(d: &MappingDecision) -> (bool, bool) {
+    let ep = d.endpoint.as_ref();
+    (
+        ep.is_none_or(|e| e.v4().is_some()),
+        ep.is_some_and(|e| e.v6().is_some()),
+    )
+}
+
 fn published(
     index: &Index,
     class: &ClassState,
@@ -1089,11 +1099,7 @@ fn published(
     facts: &HostFacts,
 ) -> Arc<[PublishedAddress]> {
     let mut rows = Vec::new();
-    let ep = d.endpoint.as_ref();
-    let (v4, v6) = (
-        ep.is_none_or(|e| e.v4().is_some()),
-        ep.is_some_and(|e| e.v6().is_some()),
-    );
+    let (v4, v6) = published_families(d);
     for (node, ifaces) in d.bindings.iter() {
         let row = (node != this_node)
             .then(|| index.row(class.name, node))

@@ -14,6 +14,12 @@ use super::model::*;
 pub fn node_json(n: &NodeM) -> Value {
     let ip = n.ip.map(|ip| format!("100.64.0.{ip}"));
     let mut node = objects::node(n.name, ip.as_deref(), n.ready);
+    if let Some(pod6) = n.pod6
+        && let Some(i) = NODES.iter().position(|x| *x == n.name)
+        && let Some(cidrs) = node["spec"]["podCIDRs"].as_array_mut()
+    {
+        cidrs.push(json!(pod_cidr6(i, pod6)));
+    }
     let status = &mut node["status"];
     if n.noise
         && let Some(addresses) = status["addresses"].as_array_mut()
@@ -67,6 +73,9 @@ pub fn class_json(c: &ClassM) -> Value {
     }
     if let Some(subnet) = &c.subnet {
         vxlan["subnet"] = json!(subnet);
+    }
+    if let Some(subnet6) = c.subnet6 {
+        vxlan["ipv6Subnet"] = json!(subnet6);
     }
     let mut spec = json!({
         "nodes": nodes,
@@ -160,7 +169,8 @@ pub fn slice_json(s: &SliceM, i: usize) -> Value {
         .endpoints
         .iter()
         .map(|e| {
-            let mut ep = json!({"addresses": e.address.iter().collect::<Vec<_>>()});
+            let addresses: Vec<String> = e.address.iter().map(|a| a.text(s.ipv6)).collect();
+            let mut ep = json!({"addresses": addresses});
             if let Some(node) = e.node {
                 ep["nodeName"] = json!(node);
             }
@@ -249,7 +259,7 @@ pub fn base_snapshot(m: &Model) -> Snapshot {
             .slices
             .iter()
             .cloned()
-            .chain(m.portmaps.iter().filter_map(pod_slice))
+            .chain(m.portmaps.iter().flat_map(pod_slices))
             .enumerate()
             .map(|(i, s)| serde_json::from_value(slice_json(&s, i)).expect("slice deserialises"))
             .collect(),
@@ -296,6 +306,16 @@ pub fn host_facts(m: &Model, node: &str) -> HostFacts {
                 (
                     (*i).to_owned(),
                     format!("192.0.2.{a}").parse().expect("ipv4"),
+                )
+            })
+            .collect(),
+        interfaces6: f
+            .interfaces6
+            .iter()
+            .map(|(i, a)| {
+                (
+                    (*i).to_owned(),
+                    format!("2001:db8::{a:x}").parse().expect("ipv6"),
                 )
             })
             .collect(),

@@ -3,6 +3,11 @@
 //! objects as the plan reads them, a shuffler of every input list, and the oracles the
 //! properties compare against.
 //!
+//! Services are IPv4-only, IPv6-only or dual-stack (an IPv6 slice beside the IPv4 one, listing
+//! the same pods or off by one fact the pairing must notice); Nodes advertise IPv6 pod CIDRs,
+//! hosts have IPv6 addresses on some accepting interfaces, classes name IPv6 link prefixes
+//! (valid or not). [`linked_model`] leans toward return links, which `model` builds rarely.
+//!
 //! Clusters hold API-valid objects (one object per name, one class row per node, one claim per
 //! key) with invalid contents; before planning, up to two rounds of every node's status writes
 //! are applied as the agents write them (PortMap statuses replaced by their writer; each node's
@@ -80,6 +85,23 @@ pub const SUBNETS: [&str; 15] = [
     "fd00::/64",
     "",
 ];
+/// IPv6 link prefixes: valid ones (the default among them, and one overlapping the pods of
+/// `NODES[3]`, whose IPv6 endpoints it then rules out), and invalid ones.
+pub const SUBNETS6: [&str; 11] = [
+    "fd6b:7570::/96",
+    "fd00:77::/64",
+    "fd12:3456:789a::/96",
+    " fd00:78::/80 ",
+    "fd00:10:244:3::/64",
+    "fd00::/100",
+    "10.0.0.0/8",
+    "fe80::/64",
+    "100::/48",
+    "garbage",
+    "",
+];
+/// How many of [`SUBNETS6`] are valid (they come first).
+pub const VALID_SUBNETS6: usize = 5;
 
 pub fn now() -> Timestamp {
     NOW.parse().expect("NOW parses")
@@ -112,6 +134,17 @@ pub struct NodeM {
     pub ip: Option<u8>,
     /// An IPv6 InternalIP and an ExternalIP listed before the IPv4 InternalIP.
     pub noise: bool,
+    /// The IPv6 pod CIDR the Node also advertises, as a dual-stack cluster's Nodes do.
+    pub pod6: Option<Pod6M>,
+}
+
+/// A Node's IPv6 pod CIDR.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pod6M {
+    /// Its own /64 ([`pod_cidr6`]): only pods on it are there.
+    Own,
+    /// The whole pool, `fd00:10:244::/48`, as every Node's `10.244.0.0/16` is in the model.
+    Pool,
 }
 
 #[derive(Clone, Debug)]
@@ -162,6 +195,8 @@ pub struct ClassM {
     pub vni: Option<i32>,
     pub port: Option<i32>,
     pub subnet: Option<String>,
+    /// `returnPath.vxlan.ipv6Subnet`; none: the default.
+    pub subnet6: Option<&'static str>,
     pub rows: Vec<RowM>,
     pub claims: Vec<ClaimM>,
 }
@@ -181,11 +216,87 @@ pub struct PmM {
     /// A ready pod behind the PortMap's Service (its node, and its port when it differs from
     /// `port`), listed in a slice of its own.
     pub pod: Option<(&'static str, Option<i32>)>,
+    /// The families that pod is listed in.
+    pub stack: Stack,
+    /// How the IPv6 slice of a dual-stack pod lists it.
+    pub twin: TwinM,
+}
+
+/// The families a Service lists its pods in: IPv4-only, IPv6-only, or dual-stack (an IPv4
+/// slice and an IPv6 slice naming the same pods, as the EndpointSlice controller writes them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stack {
+    V4,
+    V6,
+    Dual,
+}
+
+/// How a dual-stack Service's IPv6 slice lists the pods of its IPv4 slice: the same way (the
+/// plan pairs each pod with its IPv6 address), or off by one fact the pairing must notice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TwinM {
+    Same,
+    /// Every endpoint on this node instead.
+    OtherNode(&'static str),
+    /// Every port one higher.
+    OtherPort,
+    /// Every endpoint naming another pod.
+    OtherPod,
+    /// Every endpoint not ready.
+    NotReady,
+    /// The pods listed twice, in two IPv6 slices with different addresses (as while the
+    /// controller moves endpoints between slices): the smallest address counts.
+    Twice,
+}
+
+/// An endpoint's address, written in the family of its slice.
+#[derive(Clone, Debug)]
+pub enum AddrM {
+    /// `10.244.<net>.<host>`, or `fd00:10:244:<net>::<host>` in an IPv6 slice: in the pod
+    /// CIDR of `NODES[net]` when that Node advertises its own ([`pod_cidr6`]), where host 1 is
+    /// the CNI's gateway.
+    Pod {
+        net: u8,
+        host: u8,
+    },
+    /// The same, in the other family: an address the slice's family does not hold.
+    OtherFamily {
+        net: u8,
+        host: u8,
+    },
+    Garbage,
+}
+
+impl AddrM {
+    /// The address as a slice of `ipv6` lists it.
+    pub fn text(&self, ipv6: bool) -> String {
+        match *self {
+            AddrM::Pod { net, host } => pod_address(net, host, ipv6),
+            AddrM::OtherFamily { net, host } => pod_address(net, host, !ipv6),
+            AddrM::Garbage => "garbage".to_owned(),
+        }
+    }
+}
+
+pub fn pod_address(net: u8, host: u8, ipv6: bool) -> String {
+    if ipv6 {
+        format!("fd00:10:244:{net:x}::{host:x}")
+    } else {
+        format!("10.244.{net}.{host}")
+    }
+}
+
+/// The IPv6 pod CIDR of `NODES[i]`.
+pub fn pod_cidr6(i: usize, pod6: Pod6M) -> String {
+    match pod6 {
+        Pod6M::Own => format!("fd00:10:244:{i:x}::/64"),
+        Pod6M::Pool => "fd00:10:244::/48".to_owned(),
+    }
 }
 
 #[derive(Clone, Debug)]
 pub struct EpM {
-    pub address: Option<String>,
+    pub address: Option<AddrM>,
     pub node: Option<&'static str>,
     pub ready: Option<bool>,
     pub pod: Option<&'static str>,
@@ -205,6 +316,8 @@ pub struct SliceM {
 #[derive(Clone, Debug)]
 pub struct FactsM {
     pub interfaces: Vec<(&'static str, u8)>,
+    /// IPv6 addresses (`2001:db8::<n>`) of some of the interfaces that have an IPv4 one.
+    pub interfaces6: Vec<(&'static str, u8)>,
     pub device: Option<&'static str>,
     pub mtu: Option<u32>,
 }
@@ -233,11 +346,16 @@ pub fn time() -> impl Strategy<Value = &'static str> {
     select(&TIMES[..])
 }
 
-pub fn node_attrs() -> impl Strategy<Value = (bool, Option<u8>, bool)> {
+pub fn node_attrs() -> impl Strategy<Value = (bool, Option<u8>, bool, Option<Pod6M>)> {
     (
         prop::bool::weighted(0.8),
         prop::option::weighted(0.85, 1u8..=250),
         prop::bool::weighted(0.15),
+        prop_oneof![
+            4 => Just(Some(Pod6M::Own)),
+            4 => Just(Some(Pod6M::Pool)),
+            2 => Just(None),
+        ],
     )
 }
 
@@ -250,11 +368,12 @@ pub fn nodes() -> impl Strategy<Value = Vec<NodeM>> {
             names
                 .into_iter()
                 .zip(attrs)
-                .map(|(name, (ready, ip, noise))| NodeM {
+                .map(|(name, (ready, ip, noise, pod6))| NodeM {
                     name,
                     ready,
                     ip,
                     noise,
+                    pod6,
                 })
                 .collect()
         })
@@ -410,12 +529,17 @@ pub fn class_attrs() -> impl Strategy<Value = (ClassM, bool)> {
             ],
             prop::collection::vec(row(), 0..=5),
             prop::collection::vec(claim(), 0..=5),
+            prop_oneof![
+                6 => Just(None),
+                2 => select(&SUBNETS6[..VALID_SUBNETS6]).prop_map(Some),
+                1 => select(&SUBNETS6[..]).prop_map(Some),
+            ],
         ),
     )
         .prop_map(
             |(
                 (created, nodes, multi, window, selector),
-                (vxlan, vni, port, subnet, rows, claims),
+                (vxlan, vni, port, subnet, rows, claims, subnet6),
             )| {
                 // The API keeps one row per node and one claim per key (list-type map).
                 let mut seen = BTreeSet::new();
@@ -437,6 +561,7 @@ pub fn class_attrs() -> impl Strategy<Value = (ClassM, bool)> {
                     vni,
                     port,
                     subnet: subnet.flatten(),
+                    subnet6,
                     rows,
                     claims,
                 };
@@ -476,6 +601,25 @@ pub fn pm_port() -> impl Strategy<Value = i32> {
     ]
 }
 
+pub fn stack() -> impl Strategy<Value = Stack> {
+    prop_oneof![
+        2 => Just(Stack::V4),
+        4 => Just(Stack::Dual),
+        2 => Just(Stack::V6),
+    ]
+}
+
+pub fn twin() -> impl Strategy<Value = TwinM> {
+    prop_oneof![
+        8 => Just(TwinM::Same),
+        1 => select(&NODES_AND_GHOST[..]).prop_map(TwinM::OtherNode),
+        1 => Just(TwinM::OtherPort),
+        1 => Just(TwinM::OtherPod),
+        1 => Just(TwinM::NotReady),
+        1 => Just(TwinM::Twice),
+    ]
+}
+
 pub fn portmap() -> impl Strategy<Value = PmM> {
     (
         (
@@ -507,12 +651,14 @@ pub fn portmap() -> impl Strategy<Value = PmM> {
                     prop::option::weighted(0.25, 3000..3003i32),
                 ),
             ),
+            stack(),
+            twin(),
         ),
     )
         .prop_map(
             |(
                 (namespace, name, class, tcp, port, end_port),
-                (interfaces, service, port_name, created, pod),
+                (interfaces, service, port_name, created, pod, stack, twin),
             )| PmM {
                 namespace,
                 name,
@@ -527,6 +673,8 @@ pub fn portmap() -> impl Strategy<Value = PmM> {
                 port_name,
                 created,
                 pod,
+                stack,
+                twin,
             },
         )
 }
@@ -544,8 +692,9 @@ pub fn portmaps() -> impl Strategy<Value = Vec<PmM>> {
 pub fn endpoint() -> impl Strategy<Value = EpM> {
     (
         prop_oneof![
-            8 => (0u8..3, 1u8..6).prop_map(|(a, b)| Some(format!("10.244.{a}.{b}"))),
-            1 => Just(Some("garbage".to_owned())),
+            8 => (0u8..4, 1u8..6).prop_map(|(net, host)| Some(AddrM::Pod { net, host })),
+            1 => (0u8..4, 1u8..6).prop_map(|(net, host)| Some(AddrM::OtherFamily { net, host })),
+            1 => Just(Some(AddrM::Garbage)),
             1 => Just(None),
         ],
         prop::option::weighted(0.9, select(&NODES_AND_GHOST[..])),
@@ -591,6 +740,14 @@ pub fn slice() -> impl Strategy<Value = SliceM> {
         })
 }
 
+/// Which of a host's interfaces with an IPv4 address also have an IPv6 one.
+#[derive(Clone, Debug)]
+pub enum V6FactsM {
+    All,
+    None,
+    Some(Vec<bool>),
+}
+
 pub fn facts() -> impl Strategy<Value = FactsM> {
     (
         prop_oneof![
@@ -603,18 +760,44 @@ pub fn facts() -> impl Strategy<Value = FactsM> {
         ],
         prop::option::weighted(0.8, select(&["eth0", "wt0"][..])),
         prop::option::weighted(0.8, select(&[1500u32, 1450, 9000, 40][..])),
+        prop_oneof![
+            3 => Just(V6FactsM::All),
+            1 => Just(V6FactsM::None),
+            1 => prop::collection::vec(any::<bool>(), 10).prop_map(V6FactsM::Some),
+        ],
     )
-        .prop_map(|(interfaces, device, mtu)| FactsM {
-            interfaces,
-            device,
-            mtu,
-        })
+        .prop_map(
+            |(interfaces, device, mtu, v6): (Vec<(&'static str, u8)>, _, _, _)| {
+                let interfaces6 = interfaces
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| match &v6 {
+                        V6FactsM::All => true,
+                        V6FactsM::None => false,
+                        V6FactsM::Some(mask) => mask.get(*i).copied().unwrap_or(false),
+                    })
+                    .map(|(_, iface)| *iface)
+                    .collect();
+                FactsM {
+                    interfaces,
+                    interfaces6,
+                    device,
+                    mtu,
+                }
+            },
+        )
 }
 
 /// A slice, and optionally a PortMap it is aimed at (with the pod port; none: the PortMap's
-/// own port), so that endpoints are found often.
-pub fn aimed_slice() -> impl Strategy<Value = (SliceM, Option<(prop::sample::Index, Option<i32>)>)>
-{
+/// own port), so that endpoints are found often; with the families it lists the pods in.
+pub type Aimed = (
+    SliceM,
+    Option<(prop::sample::Index, Option<i32>)>,
+    Stack,
+    TwinM,
+);
+
+pub fn aimed_slice() -> impl Strategy<Value = Aimed> {
     (
         slice(),
         prop::option::weighted(
@@ -624,6 +807,8 @@ pub fn aimed_slice() -> impl Strategy<Value = (SliceM, Option<(prop::sample::Ind
                 prop::option::weighted(0.3, 3000..3003i32),
             ),
         ),
+        stack(),
+        twin(),
     )
 }
 
@@ -632,33 +817,85 @@ pub fn pm_node(pm: &PmM) -> &'static str {
     NODES_AND_GHOST[pm.name.len() % NODES_AND_GHOST.len()]
 }
 
-/// The slice of a PortMap's own pod.
-pub fn pod_slice(pm: &PmM) -> Option<SliceM> {
-    let (node, pod_port) = pm.pod?;
+/// The position of a node name in [`NODES_AND_GHOST`]: the `net` of its pods' addresses.
+pub fn node_net(node: &str) -> u8 {
+    let i = NODES_AND_GHOST.iter().position(|n| *n == node).unwrap_or(0);
+    u8::try_from(i).expect("few nodes")
+}
+
+/// The slices of a PortMap's own pod: an IPv4 one, an IPv6 one, or both.
+pub fn pod_slices(pm: &PmM) -> Vec<SliceM> {
+    let Some((node, pod_port)) = pm.pod else {
+        return Vec::new();
+    };
+    let host = u8::try_from(pm.name.len() + 4).expect("short names");
     let mut slice = SliceM {
         namespace: pm.namespace,
         service: None,
         ipv6: false,
         ports: Vec::new(),
         endpoints: vec![EpM {
-            address: Some(format!("10.244.7.{}", pm.name.len())),
+            address: Some(AddrM::Pod {
+                net: node_net(node),
+                host,
+            }),
             node: Some(node),
             ready: Some(true),
             pod: Some(pm.name),
         }],
     };
-    aim(&mut slice, pm, pod_port);
-    Some(slice)
+    aim(&mut slice, pm, pod_port, pm.stack);
+    stacked(slice, pm.stack, pm.twin)
 }
 
-pub fn aim(slice: &mut SliceM, pm: &PmM, pod_port: Option<i32>) {
+/// The slices listing the pods of an IPv4 slice in `stack`: itself, or its IPv6 twin (as
+/// `twin` lists them) beside it for a dual-stack Service.
+pub fn stacked(slice: SliceM, stack: Stack, twin: TwinM) -> Vec<SliceM> {
+    if stack != Stack::Dual {
+        return vec![slice];
+    }
+    let mut six = slice.clone();
+    six.ipv6 = true;
+    for ep in &mut six.endpoints {
+        match twin {
+            TwinM::Same | TwinM::OtherPort | TwinM::Twice => {}
+            TwinM::OtherNode(node) => ep.node = Some(node),
+            TwinM::OtherPod => ep.pod = Some("other-0"),
+            TwinM::NotReady => ep.ready = Some(false),
+        }
+    }
+    if twin == TwinM::OtherPort {
+        for port in &mut six.ports {
+            port.2 = port.2.saturating_add(1);
+        }
+    }
+    if twin != TwinM::Twice {
+        return vec![slice, six];
+    }
+    // The slice with the larger addresses first: only sorting finds the smallest.
+    let mut larger = six.clone();
+    for ep in &mut larger.endpoints {
+        if let Some(AddrM::Pod { host, .. }) = &mut ep.address {
+            *host += 16;
+        }
+    }
+    vec![slice, larger, six]
+}
+
+/// Points `slice` at the PortMap's Service and named port, in the family `stack` lists first
+/// (IPv6 only for an IPv6-only Service).
+pub fn aim(slice: &mut SliceM, pm: &PmM, pod_port: Option<i32>, stack: Stack) {
     slice.namespace = pm.namespace;
     slice.service = Some(pm.service);
-    slice.ipv6 = false;
+    slice.ipv6 = stack == Stack::V6;
     if slice.endpoints.is_empty() {
+        let node = pm_node(pm);
         slice.endpoints.push(EpM {
-            address: Some("10.244.9.9".to_owned()),
-            node: Some(pm_node(pm)),
+            address: Some(AddrM::Pod {
+                net: node_net(node),
+                host: 9,
+            }),
+            node: Some(node),
             ready: None,
             pod: Some("aimed-0"),
         });
@@ -698,11 +935,14 @@ pub fn model() -> impl Strategy<Value = Model> {
                 }
                 let slices = aimed
                     .into_iter()
-                    .map(|(mut slice, target)| {
-                        if let (Some((i, pod_port)), false) = (target, portmaps.is_empty()) {
-                            aim(&mut slice, i.get(&portmaps), pod_port);
+                    .flat_map(|(mut slice, target, stack, twin)| {
+                        match (target, portmaps.is_empty()) {
+                            (Some((i, pod_port)), false) => {
+                                aim(&mut slice, i.get(&portmaps), pod_port, stack);
+                                stacked(slice, stack, twin)
+                            }
+                            _ => vec![slice],
                         }
-                        slice
                     })
                     .collect();
                 Model {
@@ -718,4 +958,71 @@ pub fn model() -> impl Strategy<Value = Model> {
                 }
             },
         )
+}
+
+/// The same cluster with every Service IPv4-only: no IPv6 slice (an IPv6-only PortMap pod is
+/// gone, a dual-stack one listed in IPv4 alone). The Nodes' IPv6 pod CIDRs and the hosts'
+/// IPv6 addresses stay.
+pub fn ipv4_services_only(m: &Model) -> Model {
+    let mut m = m.clone();
+    m.slices.retain(|s| !s.ipv6);
+    for pm in &mut m.portmaps {
+        if pm.stack == Stack::V6 {
+            pm.pod = None;
+        }
+        pm.stack = Stack::V4;
+    }
+    m
+}
+
+/// [`ipv4_services_only`] in a cluster without IPv6 at all: no Node advertises an IPv6 pod
+/// CIDR and no host interface has an IPv6 address.
+pub fn without_ipv6(m: &Model) -> Model {
+    let mut m = ipv4_services_only(m);
+    for n in &mut m.nodes {
+        n.pod6 = None;
+    }
+    for f in &mut m.facts {
+        f.interfaces6.clear();
+    }
+    m
+}
+
+/// A cluster of [`model`] leaning toward return links: every node of [`NODES`] present (pods
+/// are placed on any of them), Ready, with an InternalIP; every class a Vxlan one with a valid
+/// IPv6 prefix; two rounds of status writes (claims land). What the link properties need often
+/// and `model` gives rarely.
+pub fn linked_model() -> impl Strategy<Value = Model> {
+    (model(), select(&SUBNETS6[..VALID_SUBNETS6])).prop_map(|(mut m, subnet6)| {
+        m.nodes = NODES
+            .iter()
+            .zip(200u8..)
+            .map(|(name, ip)| {
+                let mut n = m.nodes.iter().find(|n| n.name == *name).cloned();
+                let n = n.get_or_insert(NodeM {
+                    name,
+                    ready: true,
+                    ip: None,
+                    noise: false,
+                    pod6: Some(Pod6M::Own),
+                });
+                n.ready = true;
+                n.ip.get_or_insert(ip);
+                n.clone()
+            })
+            .collect();
+        for c in &mut m.classes {
+            c.vxlan = true;
+            c.subnet6 = c.subnet6.filter(|s| SUBNETS6[..VALID_SUBNETS6].contains(s));
+            c.subnet6.get_or_insert(subnet6);
+        }
+        m.settle = 2;
+        m
+    })
+}
+
+/// Half [`model`], half [`linked_model`]: for the properties of the datapath, which links add
+/// to.
+pub fn model_or_linked() -> impl Strategy<Value = Model> {
+    prop_oneof![model(), linked_model()]
 }
