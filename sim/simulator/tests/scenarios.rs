@@ -40,20 +40,29 @@ fn move_a_pod(w: &mut World, nodes: &[&str]) -> Result<(), WorldError> {
     w.place_pod(service, node, ready)
 }
 
+/// The API faults of a six-round scenario: 5xx answers to a fifth of the requests from round 1,
+/// cleared in round 3 with every watch cut.
+fn api_faults(w: &mut World, round: usize) {
+    match round {
+        1 => w
+            .api
+            .faults()
+            .fail_fraction(0.2, Failure::InternalError, RequestFilter::any()),
+        3 => {
+            w.api.faults().clear();
+            w.api.faults().close_watches();
+        }
+        _ => {}
+    }
+}
+
 /// Pods move and flip readiness under 5xx bursts, a watch cut and a stalled server.
 fn steady(w: &mut World) -> Result<(), WorldError> {
     two_classes(w)?;
     pause(w, 2000)?;
     for round in 0..6 {
         match round {
-            1 => w
-                .api
-                .faults()
-                .fail_fraction(0.2, Failure::InternalError, RequestFilter::any()),
-            3 => {
-                w.api.faults().clear();
-                w.api.faults().close_watches();
-            }
+            1 | 3 => api_faults(w, round),
             4 => {
                 // A slow server: every request waits until it resumes.
                 w.pause_api(true);
@@ -223,17 +232,7 @@ fn dual_stack(w: &mut World) -> Result<(), WorldError> {
     dual_stack_classes(w)?;
     pause(w, 2000)?;
     for round in 0..6 {
-        match round {
-            1 => w
-                .api
-                .faults()
-                .fail_fraction(0.2, Failure::InternalError, RequestFilter::any()),
-            3 => {
-                w.api.faults().clear();
-                w.api.faults().close_watches();
-            }
-            _ => {}
-        }
+        api_faults(w, round);
         let service = *w.pick(&["alpha", "beta", "gamma"]);
         let node = *w.pick(&[Some("n1"), Some("n2"), Some("n3"), None]);
         let ready = w.rng.below(4) != 0;
