@@ -297,6 +297,24 @@ pub fn node_is_ready(node: &Node) -> bool {
         })
 }
 
+/// The first IPv6 `InternalIP` of a Node a peer can send from: a dual-stack node's mesh or
+/// underlay address (kubelet's `--node-ip` with one address of each family). Link-local
+/// addresses and the stand-in block are skipped, as an interface's are.
+pub fn node_internal_ip6(node: &Node) -> Option<Ipv6Addr> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())?
+        .iter()
+        .filter(|a| a.type_ == "InternalIP")
+        .filter_map(|a| a.address.parse::<Ipv6Addr>().ok())
+        .find(|a| {
+            !a.is_unicast_link_local()
+                && !a.is_loopback()
+                && !a.is_unspecified()
+                && !crate::ir::in_any_stand_in_block(IpAddr::V6(*a))
+        })
+}
+
 /// The first IPv4 `InternalIP` of a Node.
 pub fn node_internal_ip(node: &Node) -> Option<Ipv4Addr> {
     node.status

@@ -549,3 +549,84 @@ fn mappings_sharing_bindings_are_published_in_their_own_families() {
     );
     assert_eq!(rows("lobby"), [(String::new(), EDGE_PUBLIC6.to_owned())]);
 }
+
+/// Adds an IPv6 InternalIP to `node` (a dual-stack mesh: kubelet's `--node-ip` of both
+/// families).
+fn add_internal_ip6(c: &mut Cluster, node: &str, address: &str) {
+    let node = c
+        .snapshot
+        .nodes
+        .iter_mut()
+        .find(|n| n.metadata.name.as_deref() == Some(node))
+        .expect("node");
+    node.status
+        .get_or_insert_default()
+        .addresses
+        .get_or_insert_default()
+        .push(k8s_openapi::api::core::v1::NodeAddress {
+            type_: "InternalIP".into(),
+            address: address.into(),
+        });
+}
+
+#[test]
+fn the_pod_nodes_ipv6_request_takes_the_link_end_as_its_source_and_its_reply_the_link() {
+    const EDGE_MESH6: &str = "fd00:100:64::1";
+    const WORKER_MESH6: &str = "fd00:100:64::2";
+    const THIRD_MESH6: &str = "fd00:100:64::3";
+    let mut c = dual_stack_cluster()
+        .endpoint("games", "gs", "gs-0", "worker-b", "10.244.1.5", 3000)
+        .portmap(pm("games", "gs", "public", 3000))
+        .claim_built("public", "edge-a/worker-b", 0);
+    slice6(&mut c, "gs-0", "worker-b", POD6_WORKER);
+    add_internal_ip6(&mut c, "edge-a", EDGE_MESH6);
+    add_internal_ip6(&mut c, "worker-b", WORKER_MESH6);
+    let mut facts = edge_facts();
+    facts
+        .interfaces6
+        .insert("wt0".to_owned(), EDGE_MESH6.parse().expect("ipv6"));
+    let edge = c.plan_with("edge-a", &facts).host_state;
+    let link = edge.links[0].clone();
+    let (own6, peer6) = (
+        link.address6.expect("own end").addr(),
+        link.peer_address6.expect("peer end"),
+    );
+
+    // worker-b dials edge-a's mesh IPv6 address from its own: the request leaves for the link
+    // from edge-a's end, or worker-b would get a packet from itself and answer itself.
+    let mut p = Packet::new("wt0", v6(WORKER_MESH6), v6(EDGE_MESH6), Protocol::Udp, 3000);
+    p.local = vec![v6(EDGE_PUBLIC6), v6(EDGE_MESH6)];
+    let t = trace(&edge, &p.leaving_by(&link.name));
+    assert_eq!(t.dnat, Some((IpAddr::V6(peer6), 3000)));
+    assert_eq!(t.snat_to, Some(IpAddr::V6(own6)), "{t:?}");
+    // A third node, and edge-a's own address (no loop guard sends IPv6 to the mesh), keep
+    // theirs.
+    for kept in [THIRD_MESH6, EDGE_MESH6] {
+        let mut other = p.clone();
+        other.saddr = v6(kept);
+        let t = trace(&edge, &other.leaving_by(&link.name));
+        assert!(t.identity_snat && t.snat_to.is_none(), "{kept}: {t:?}");
+    }
+    // The rule is in the ip6 table only, and names no IPv4 address.
+    let snats: Vec<&Rule> = edge
+        .table(Family::V6)
+        .rules(ChainId::Post)
+        .iter()
+        .filter(|r| matches!(r, Rule::LinkPeerSnat { .. }))
+        .collect();
+    assert_eq!(snats.len(), 1, "{snats:?}");
+    assert!(nft_text(edge.table(Family::V6)).contains(&format!(
+        "ip6 saddr {WORKER_MESH6} ip6 daddr {peer6} counter packets 0 bytes 0 snat to {own6}"
+    )));
+
+    // Control: a worker without an IPv6 InternalIP gets no rule (nothing to translate), and
+    // without the rule worker-b's own address would reach its pod.
+    let mut bare = dual_stack_cluster()
+        .endpoint("games", "gs", "gs-0", "worker-b", "10.244.1.5", 3000)
+        .portmap(pm("games", "gs", "public", 3000))
+        .claim_built("public", "edge-a/worker-b", 0);
+    slice6(&mut bare, "gs-0", "worker-b", POD6_WORKER);
+    let bare = bare.plan_with("edge-a", &facts).host_state;
+    let t = trace(&bare, &p.leaving_by(&link.name));
+    assert!(t.identity_snat && t.snat_to.is_none(), "{t:?}");
+}

@@ -202,8 +202,9 @@ proptest! {
     }
 
     /// (l) No table mixes families, on any node: every address a rule of `ip kuport` names is
-    /// IPv4 and every one of `ip6 kuport` IPv6 (the link guard and the link-peer SNAT only in
-    /// the IPv4 table); each DNAT, hairpin and identity SNAT sends a mapping's packets only to
+    /// IPv4 and every one of `ip6 kuport` IPv6 (the link guard only in the IPv4 table, a
+    /// link-peer SNAT only between the ends of one of the node's links, in IPv6 never for the
+    /// node's own address); each DNAT, hairpin and identity SNAT sends a mapping's packets only to
     /// its pod's address in the table's family or to the far end, in that family, of the link
     /// toward its pod; each steering rule captures only an address this node has in that
     /// family; ip rules and routes keep to their family, IPv6 ones only beside an `ip6` table.

@@ -63,6 +63,8 @@ struct LinkEnds {
     peer6: Option<Ipv6Addr>,
     own_ip: Ipv4Addr,
     peer_ip: Ipv4Addr,
+    /// The peer's IPv6 InternalIP, on a dual-stack node: a client address, as `peer_ip`.
+    peer_ip6: Option<Ipv6Addr>,
     slot: u32,
 }
 
@@ -72,6 +74,29 @@ impl LinkEnds {
         match family {
             Family::V4 => Some(IpAddr::V4(self.own)),
             Family::V6 => self.own6.map(IpAddr::V6),
+        }
+    }
+
+    /// The source NAT of the clients that must not reach the pod's node as themselves
+    /// (`Rule::LinkPeerSnat`), in `family`. IPv4: either end's InternalIP. IPv6: the peer's
+    /// IPv6 InternalIP only, on a dual-stack mesh; this node's own IPv6 address needs none, as
+    /// no loop guard sends IPv6 to the mesh and the pod's reply follows the link back.
+    fn peer_snats(&self, family: Family, mark: u32) -> Vec<Rule> {
+        let snat = |client: IpAddr, peer_end: IpAddr, own_end: IpAddr| Rule::LinkPeerSnat {
+            mark,
+            client,
+            peer_end,
+            own_end,
+        };
+        match family {
+            Family::V4 => [self.own_ip, self.peer_ip]
+                .into_iter()
+                .map(|c| snat(c.into(), self.peer.into(), self.own.into()))
+                .collect(),
+            Family::V6 => match (self.peer_ip6, self.peer6, self.own6) {
+                (Some(c), Some(p), Some(o)) => vec![snat(c.into(), p.into(), o.into())],
+                _ => Vec::new(),
+            },
         }
     }
 
@@ -111,6 +136,7 @@ fn usable_link(index: &Index, class: &ClassState, this_node: &str, peer: &str) -
         peer6: class.link_address6(peer_addr),
         own_ip: index.internal_ip(this_node)?,
         peer_ip: index.internal_ip(peer)?,
+        peer_ip6: index.internal_ip6(peer),
         slot,
     })
 }
@@ -507,20 +533,11 @@ impl<'a> Emitter<'a> {
         }
         let local = self.facts.marks.local();
         match over_link {
-            // Either end's own address as the client: see `Rule::LinkPeerSnat`. The ends'
-            // InternalIPs are IPv4 (the underlay is), so only the IPv4 table has these.
-            Some(l) if family == Family::V4 => {
-                for client in [l.own_ip, l.peer_ip] {
-                    let rule = Rule::LinkPeerSnat {
-                        mark: local,
-                        client: IpAddr::V4(client),
-                        peer_end: IpAddr::V4(l.peer),
-                        own_end: IpAddr::V4(l.own),
-                    };
+            Some(l) => {
+                for rule in l.peer_snats(family, local) {
                     self.push_in(family, ChainId::Post, rule);
                 }
             }
-            Some(_) => {}
             // A pod of this node dialing a pod of this node: see `Rule::HairpinMasquerade`.
             None => self.push_in(
                 family,

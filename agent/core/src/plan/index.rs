@@ -3,7 +3,7 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::collections::hash_map::Entry;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::jiff::Timestamp;
@@ -14,7 +14,9 @@ use super::pod_network::AddressPolicy;
 use super::selector;
 use crate::api::{ClassNode, ClassNodeStatus, PortMap, PortMapClass, ReturnPathMode};
 use crate::keys::Name;
-use crate::snapshot::{CniFacts, SERVICE_NAME_LABEL, Snapshot, node_internal_ip, node_is_ready};
+use crate::snapshot::{
+    CniFacts, SERVICE_NAME_LABEL, Snapshot, node_internal_ip, node_internal_ip6, node_is_ready,
+};
 
 static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
 
@@ -23,6 +25,9 @@ static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
 pub struct NodeInfo {
     pub ready: bool,
     pub internal_ip: Option<Ipv4Addr>,
+    /// The first IPv6 InternalIP, on a dual-stack node (a client address, never a link's
+    /// underlay: links run over IPv4).
+    pub internal_ip6: Option<Ipv6Addr>,
 }
 
 /// Lookups over the snapshot. The maps that are iterated are BTreeMaps, so iteration is sorted;
@@ -232,6 +237,11 @@ impl<'a> Index<'a> {
         self.nodes.get(node).and_then(|n| n.internal_ip)
     }
 
+    /// The first IPv6 InternalIP of `node`, if it has one.
+    pub fn internal_ip6(&self, node: &str) -> Option<Ipv6Addr> {
+        self.nodes.get(node).and_then(|n| n.internal_ip6)
+    }
+
     /// The first Node in the cluster by name.
     pub fn first_node(&self) -> Option<&'a str> {
         self.nodes.keys().next().copied()
@@ -268,13 +278,15 @@ fn nodes_by_name(snapshot: &Snapshot) -> BTreeMap<&str, NodeInfo> {
             let info = NodeInfo {
                 ready: node_is_ready(node),
                 internal_ip: node_internal_ip(node),
+                internal_ip6: node_internal_ip6(node),
             };
             // Duplicate names cannot come from an API server; keep the first deterministically
             // by preferring the entry that sorts first on (ready, ip).
             nodes
                 .entry(name)
                 .and_modify(|old: &mut NodeInfo| {
-                    if (info.ready, info.internal_ip) > (old.ready, old.internal_ip) {
+                    let rank = |n: &NodeInfo| (n.ready, n.internal_ip, n.internal_ip6);
+                    if rank(&info) > rank(old) {
                         *old = info.clone();
                     }
                 })

@@ -410,7 +410,8 @@ fn allowed_target(p: &Plan, owner: Option<&String>, family: Family, to: IpAddr) 
 /// What is wrong with the families of one table of `p`: a table of the other family, an
 /// address of the other family, a rule the table's family cannot hold, a DNAT (or hairpin, or
 /// identity SNAT) toward anything but the mapping's pod or its link's far end in the family, a
-/// steering rule capturing an address that is not this node's in the family.
+/// steering rule capturing an address that is not this node's in the family, a link-peer SNAT
+/// not between the two ends of one of this node's links.
 pub fn table_family_faults(p: &Plan, facts: &HostFacts, family: Family) -> Vec<String> {
     let table = p.host_state.table(family);
     let mut out = Vec::new();
@@ -439,10 +440,30 @@ pub fn table_family_faults(p: &Plan, facts: &HostFacts, family: Family) -> Vec<S
             let mixed = rule_addresses(rule)
                 .into_iter()
                 .any(|a| Family::of(a) != family);
-            let v4_only = matches!(
-                rule,
-                Rule::GuardAllow { .. } | Rule::GuardDrop { .. } | Rule::LinkPeerSnat { .. }
-            );
+            let v4_only = matches!(rule, Rule::GuardAllow { .. } | Rule::GuardDrop { .. });
+            // A link-peer SNAT translates a client toward the far end of one of this node's
+            // links to this node's end of the same link, in the table's family; never one of
+            // this node's own interface addresses in IPv6 (no loop guard needs it there).
+            let bad_peer_snat = match rule {
+                Rule::LinkPeerSnat {
+                    client,
+                    peer_end,
+                    own_end,
+                    ..
+                } => {
+                    let on_a_link = p.host_state.links.iter().any(|l| {
+                        let (own, peer) = link_ends(l, family);
+                        own == Some(*own_end) && peer == Some(*peer_end)
+                    });
+                    let own_client = family == Family::V6
+                        && facts
+                            .interfaces6
+                            .values()
+                            .any(|a| IpAddr::V6(*a) == *client);
+                    !on_a_link || own_client
+                }
+                _ => false,
+            };
             let target = match rule {
                 Rule::Dnat(d) => Some(d.to),
                 Rule::Hairpin(h) => Some(h.to),
@@ -462,7 +483,12 @@ pub fn table_family_faults(p: &Plan, facts: &HostFacts, family: Family) -> Vec<S
                     .all(|i| own_address(i) != Some(h.daddr)),
                 _ => false,
             };
-            if mixed || (v4_only && family == Family::V6) || bad_target || bad_capture {
+            if mixed
+                || (v4_only && family == Family::V6)
+                || bad_target
+                || bad_capture
+                || bad_peer_snat
+            {
                 out.push(format!("{family} table, {chain:?}: {rule:?}"));
             }
         }

@@ -16,7 +16,7 @@
 //!   the node writing it, and to it only when the status is not the one it wants: its own write
 //!   coming back runs no pass, someone else's write over it does (to put it back).
 //! - Node: its name, whether it is Ready, its InternalIP (`node_is_ready`, `node_internal_ip`),
-//!   every IPv4 address it lists, its pod CIDRs and Cilium's `cilium_host` annotation (endpoints
+//!   every address it lists (both families), its pod CIDRs and Cilium's `cilium_host` annotation (endpoints
 //!   must be pod addresses): the plan's index reads nothing else of a Node, nor does the facts
 //!   query.
 //! - Service and Pod: stored trimmed to what the plan reads (NodePorts; this node's Pods'
@@ -112,7 +112,7 @@ impl PassInput for PortMap {
 
 impl PassInput for Node {
     fn changes_a_pass(old: &Self, new: &Self, _: &Wanted) -> bool {
-        // Besides readiness and the InternalIP, every IPv4 address (no endpoint may be one), the
+        // Besides readiness and the InternalIP, every address of either family (no endpoint may be one), the
         // pod CIDRs (endpoints must be inside one) and Cilium's cilium_host annotation (nor the
         // CNI's gateway).
         let read = |n: &Node| {
@@ -121,7 +121,8 @@ impl PassInput for Node {
                 .iter()
                 .map(|k| n.metadata.annotations.as_ref()?.get(*k).cloned())
                 .collect();
-            let mut addresses: Vec<std::net::Ipv4Addr> = n
+            // Both families: an IPv6 InternalIP is a client address the plan translates.
+            let mut addresses: Vec<std::net::IpAddr> = n
                 .status
                 .iter()
                 .flat_map(|s| s.addresses.iter().flatten())
@@ -599,6 +600,19 @@ mod tests {
                 address: "198.51.100.9".into(),
             });
         assert!(Node::changes_a_pass(node, &external, &wanted));
+        // An IPv6 InternalIP is a client address the plan translates, and no endpoint may be
+        // a node's IPv6 address either.
+        let mut dual_stack = node.clone();
+        dual_stack
+            .status
+            .get_or_insert_with(Default::default)
+            .addresses
+            .get_or_insert_with(Vec::new)
+            .push(k8s_openapi::api::core::v1::NodeAddress {
+                type_: "InternalIP".into(),
+                address: "fd00:100:64::9".into(),
+            });
+        assert!(Node::changes_a_pass(node, &dual_stack, &wanted));
         let mut gateway = node.clone();
         gateway.metadata.annotations = Some(
             [(
