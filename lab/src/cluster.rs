@@ -7,7 +7,7 @@
 //! node-lifecycle controller marks a node whose Lease stops being renewed not ready.
 
 use std::collections::BTreeSet;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -221,13 +221,14 @@ impl Cluster {
             .transpose()
     }
 
-    /// Registers a Node the way kubelet does: InternalIP is the mesh address, Ready as given
+    /// Registers a Node the way kubelet does: InternalIP is the mesh address (and its IPv6 one
+    /// second, on an IPv6 mesh, as `--node-ip` of both families lists them), Ready as given
     /// (against the real control plane, its Lease renewed from now on), with the pod CIDR its
     /// pods' addresses come from (what the node IPAM controller would have assigned).
     pub async fn register_node(
         &self,
         name: &str,
-        internal_ip: Ipv4Addr,
+        internal_ips: NodeIps,
         pod_cidrs: &[&str],
         ready: bool,
     ) -> Result<()> {
@@ -236,10 +237,10 @@ impl Cluster {
             "apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
             "spec": {"podCIDR": first, "podCIDRs": pod_cidrs},
-            "status": node_status(internal_ip, ready, self.real),
+            "status": node_status(internal_ips, ready, self.real),
         }))
         .await?;
-        self.set_node_ready(name, internal_ip, ready).await
+        self.set_node_ready(name, internal_ips, ready).await
     }
 
     /// The node controller's part: flips the Node's Ready condition through the status
@@ -249,7 +250,7 @@ impl Cluster {
     pub async fn set_node_ready(
         &self,
         name: &str,
-        internal_ip: Ipv4Addr,
+        internal_ips: NodeIps,
         ready: bool,
     ) -> Result<()> {
         if self.real {
@@ -258,7 +259,7 @@ impl Cluster {
                 return Ok(());
             }
         }
-        let status = json!({"status": node_status(internal_ip, ready, self.real)});
+        let status = json!({"status": node_status(internal_ips, ready, self.real)});
         self.merge_status("Node", None, name, &status)
             .await
             .with_context(|| format!("setting Node {name} Ready={ready}"))
@@ -546,13 +547,20 @@ fn service_ports(pods: &[&PodInfo]) -> Vec<Value> {
 
 /// A Node's status as kubelet reports it; `now` stamps the heartbeat (the real node-lifecycle
 /// controller reads it), else a fixed time keeps the model's objects reproducible.
-fn node_status(internal_ip: Ipv4Addr, ready: bool, now: bool) -> Value {
+/// A Node's InternalIPs: the mesh's IPv4 address, and its IPv6 one on an IPv6 mesh.
+pub type NodeIps = (Ipv4Addr, Option<Ipv6Addr>);
+
+fn node_status((internal_ip, internal_ip6): NodeIps, ready: bool, now: bool) -> Value {
     let at = if now {
         Timestamp::now().to_string()
     } else {
         "2026-01-01T00:00:00Z".to_owned()
     };
-    objects::kubelet_node_status(&internal_ip.to_string(), ready, &at)
+    let mut status = objects::kubelet_node_status(&internal_ip.to_string(), ready, &at);
+    if let (Some(ip6), Some(addresses)) = (internal_ip6, status["addresses"].as_array_mut()) {
+        addresses.push(json!({"type": "InternalIP", "address": ip6.to_string()}));
+    }
+    status
 }
 
 /// Kubelet's heartbeat: renews the Lease of every live node, every [`LEASE_RENEWAL`].

@@ -41,9 +41,10 @@ fn parse(line: &str) -> Answer {
     a
 }
 
-/// Where a probe starts: the namespace and the client's own address in `family`.
-fn source(topo: &Topology, from: &str, family: IpFamily) -> Result<(String, IpAddr)> {
-    let v6 = family == IpFamily::IPv6;
+/// Where a probe dialing `dialed` starts: the namespace and the client's own address in its
+/// family.
+fn source(topo: &Topology, from: &str, dialed: IpAddr) -> Result<(String, IpAddr)> {
+    let v6 = dialed.is_ipv6();
     if from == "internet" {
         let ip = if v6 {
             IpAddr::V6(CLIENT_IP6)
@@ -72,14 +73,17 @@ fn source(topo: &Topology, from: &str, family: IpFamily) -> Result<(String, IpAd
         return Ok((p.ns.clone(), ip));
     }
     if let Some(node) = from.strip_prefix("node:") {
-        // The node's own connection: over the mesh, it leaves from the node's mesh address;
-        // over IPv6 (no mesh), from its public address, or a worker's pod gateway (the kernel
-        // picks: give such a probe `podSees: any`).
+        // The node's own connection: over the mesh, it leaves from the node's mesh address
+        // (IPv6 too, to a mesh IPv6 address under `mesh: {ipv6: true}`); over IPv6 elsewhere,
+        // from its public address, or a worker's pod gateway (the kernel picks: give such a
+        // probe `podSees: any`).
         let n = topo.node(node)?;
-        let ip = match (v6, n.public6) {
-            (false, _) => IpAddr::V4(n.mesh),
-            (true, Some(public6)) => IpAddr::V6(public6),
-            (true, None) => IpAddr::V6(n.pod_gateway6),
+        let to_mesh6 = |d: IpAddr| topo.mesh.iter().any(|m| m.mesh6.map(IpAddr::V6) == Some(d));
+        let ip = match (v6, n.mesh6, n.public6) {
+            (false, _, _) => IpAddr::V4(n.mesh),
+            (true, Some(mesh6), _) if to_mesh6(dialed) => IpAddr::V6(mesh6),
+            (true, _, Some(public6)) => IpAddr::V6(public6),
+            (true, _, None) => IpAddr::V6(n.pod_gateway6),
         };
         return Ok((n.ns.clone(), ip));
     }
@@ -183,8 +187,8 @@ pub async fn run(topo: &Topology, p: &Probe) -> (bool, Value) {
 }
 
 async fn run_inner(topo: &Topology, p: &Probe) -> Result<(bool, Value)> {
-    let (ns, client_ip) = source(topo, &p.from, p.to.family)?;
     let addr = target(topo, p)?;
+    let (ns, client_ip) = source(topo, &p.from, addr)?;
     let dialed = SocketAddr::new(addr, p.port);
     let target = Dialed {
         ns: &ns,
@@ -376,8 +380,9 @@ pub fn prepare_loop(topo: &Topology, p: &Probe, timeout_ms: u64) -> Result<Loope
     if p.expect != Expect::Reply {
         bail!("a probe loop counts replies: the probe must expect one");
     }
-    let (ns, client_ip) = source(topo, &p.from, p.to.family)?;
-    let dialed = SocketAddr::new(target(topo, p)?, p.port);
+    let addr = target(topo, p)?;
+    let (ns, client_ip) = source(topo, &p.from, addr)?;
+    let dialed = SocketAddr::new(addr, p.port);
     let mut args = ask_args(topo, &ns, p.protocol, dialed, timeout_ms);
     if let Some(port) = p.source_port {
         args.extend(["--source-port".into(), port.to_string()]);

@@ -224,7 +224,7 @@ impl Runner<'_> {
             cluster
                 .register_node(
                     &node.name,
-                    node.mesh,
+                    (node.mesh, node.mesh6),
                     &node_pod_cidrs(&self.topo, node),
                     true,
                 )
@@ -722,9 +722,9 @@ impl Runner<'_> {
 
     /// Sets a node's Ready condition as its kubelet would.
     async fn set_node_ready(&self, n: &scenario::SetNodeReady) -> Result<(bool, Value)> {
-        let mesh = self.topo.node(&n.node)?.mesh;
+        let node = self.topo.node(&n.node)?;
         self.cluster()?
-            .set_node_ready(&n.node, mesh, n.ready)
+            .set_node_ready(&n.node, (node.mesh, node.mesh6), n.ready)
             .await?;
         Ok((true, json!({"node": n.node, "ready": n.ready})))
     }
@@ -993,6 +993,14 @@ impl Runner<'_> {
                     .with_context(|| format!("node {node} has no public address"))?
                     .to_string(),
                 Some(("mesh", node)) => self.topo.node(node)?.mesh.to_string(),
+                Some(("mesh6", node)) => self
+                    .topo
+                    .node(node)?
+                    .mesh6
+                    .with_context(|| {
+                        format!("node {node} has no mesh IPv6 address (mesh: {{ipv6: true}})")
+                    })?
+                    .to_string(),
                 Some(("public", node)) => self
                     .topo
                     .node(node)?
@@ -1196,6 +1204,7 @@ pub const PLACEHOLDERS: &[(&str, &str)] = &[
     ("public", "<node>"),
     ("pod6", "<ns>/<name>"),
     ("public6", "<node>"),
+    ("mesh6", "<node>"),
     ("wg", "<member>"),
     ("wgkey", "<member>"),
 ];

@@ -68,6 +68,11 @@ pub struct MeshSpec {
     /// packets whose mark is not exactly that (pod-CIDR traffic excepted).
     #[serde(default)]
     pub netbird: bool,
+    /// Each node's `wt0` also gets an IPv6 address, fd00:100:64::i/64 (its IPv4 one's last
+    /// octets), allowed by its peers and listed as the Node's second InternalIP, as kubelet's
+    /// `--node-ip` of both families does. The links still run over the mesh's IPv4.
+    #[serde(default)]
+    pub ipv6: bool,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -621,7 +626,7 @@ fn validate(s: &Scenario) -> Result<()> {
     let mut tcp_source_ports = std::collections::BTreeSet::new();
     for probe in s.steps.iter().flat_map(probes_of) {
         check_periods(probe)?;
-        check_probe_family(probe)?;
+        check_probe_family(probe, s.mesh.ipv6)?;
         let Some(port) = probe.source_port else {
             continue;
         };
@@ -711,14 +716,15 @@ fn check_pod_families(s: &Scenario) -> Result<()> {
     Ok(())
 }
 
-/// An IPv6 probe dials a public interface or a pod: the mesh (`wt0`, VPN clients) is IPv4.
-fn check_probe_family(p: &Probe) -> Result<()> {
+/// An IPv6 probe dials a public interface or a pod, or `wt0` on an IPv6 mesh: the mesh is
+/// otherwise IPv4, and VPN clients always are.
+fn check_probe_family(p: &Probe, mesh_ipv6: bool) -> Result<()> {
     if p.to.family != IpFamily::IPv6 {
         return Ok(());
     }
-    if p.to.pod.is_none() && p.to.interface == "wt0" {
+    if p.to.pod.is_none() && p.to.interface == "wt0" && !mesh_ipv6 {
         bail!(
-            "probe to port {}: family IPv6 on wt0: the mesh is IPv4 only",
+            "probe to port {}: family IPv6 on wt0: the mesh is IPv4 only (mesh: {{ipv6: true}} gives wt0 an IPv6 address)",
             p.port
         );
     }

@@ -1,13 +1,13 @@
 //! The fake cluster's network: underlay bridge, WireGuard mesh, internet side, CNI emulation and
 //! pods, all as network namespaces. Addresses come from documentation ranges (IPv4 and IPv6) and
-//! the IPv6 unique local range only. Every element but the mesh and the VPN clients has an IPv6
-//! address beside its IPv4 one (an IPv6 address's last groups read like its IPv4 twin's last
-//! octets, written as hexadecimal: 2001:db8:203::10 is not ::a).
+//! the IPv6 unique local range only. Every element but the mesh (unless `mesh: {ipv6: true}`)
+//! and the VPN clients has an IPv6 address beside its IPv4 one (an IPv6 address's last groups
+//! read like its IPv4 twin's last octets, written as hexadecimal: 2001:db8:203::10 is not ::a).
 //!
 //! | what                | namespace         | IPv4                                        | IPv6 |
 //! |---------------------|-------------------|---------------------------------------------|------|
 //! | underlay bridge     | `kl-ul`           | `br0` 192.0.2.254/24 (API server, dead-end gateway) | `br0` 2001:db8:192::fe/64 (dead-end gateway) |
-//! | node i (1-based)    | `kl-<node>`       | `ul0` 192.0.2.i, `wt0` 100.64.0.i/16, pods 10.244.i.0/24 (gateway 10.244.i.1), `enp1s0` 203.0.113.i | `ul0` 2001:db8:192::i/64, pods fd00:10:244:i::/64 (gateway fd00:10:244:i::1), `enp1s0` 2001:db8:203::i/64; none on `wt0` |
+//! | node i (1-based)    | `kl-<node>`       | `ul0` 192.0.2.i, `wt0` 100.64.0.i/16, pods 10.244.i.0/24 (gateway 10.244.i.1), `enp1s0` 203.0.113.i | `ul0` 2001:db8:192::i/64, pods fd00:10:244:i::/64 (gateway fd00:10:244:i::1), `enp1s0` 2001:db8:203::i/64; `wt0` fd00:100:64::i/64 only under `mesh: {ipv6: true}` |
 //! | VPN client j        | `kl-vpn-<name>`   | `ul0` 192.0.2.(100+j), `wt0` 100.64.1.j/16   | none (IPv6 off) |
 //! | internet router     | `kl-inet`         | 198.51.100.1/24, 203.0.113.254/24            | 2001:db8:198::1/64, 2001:db8:203::fe/64 |
 //! | internet client     | `kl-client`       | 198.51.100.10                                | 2001:db8:198::10/64 |
@@ -43,6 +43,10 @@ pub const POD_SUPERNET6: &str = "fd00:10:244::/48";
 pub const MESH_FWMARK: &str = "0x1bd00";
 pub const MESH_TABLE: &str = "7120";
 pub const MESH_PREFIX: &str = "100.64.0.0/16";
+/// The mesh's IPv6 prefix under `mesh: {ipv6: true}`.
+pub const MESH_PREFIX6: &str = "fd00:100:64::/64";
+/// A node's mesh IPv6 address is this and its index.
+const MESH_PREFIX6_BASE: &str = "fd00:100:64::";
 pub const MESH_MTU: &str = "1420";
 
 #[derive(Clone, Debug)]
@@ -51,6 +55,8 @@ pub struct MeshMember {
     pub ns: String,
     pub underlay: Ipv4Addr,
     pub mesh: Ipv4Addr,
+    /// Its mesh IPv6 address, under `mesh: {ipv6: true}` (nodes only).
+    pub mesh6: Option<Ipv6Addr>,
     /// The pod CIDR WireGuard also allows from this peer (native routing), if any.
     pub pod_cidr: Option<String>,
     /// Its IPv6 pod prefix, allowed the same way (the tunnel is IPv4, its inner packets not).
@@ -68,6 +74,8 @@ pub struct NodeInfo {
     pub index: u8,
     pub public: Option<Ipv4Addr>,
     pub mesh: Ipv4Addr,
+    /// `wt0`'s IPv6 address (fd00:100:64::i), under `mesh: {ipv6: true}`.
+    pub mesh6: Option<Ipv6Addr>,
     pub pod_cidr: String,
     pub pod_gateway: Ipv4Addr,
     /// `enp1s0`'s IPv6 address (2001:db8:203::i), when public.
@@ -143,7 +151,9 @@ impl Topology {
                 .public6
                 .map(IpAddr::V6)
                 .with_context(|| format!("node {node} is not public (no enp1s0)")),
-            "wt0" => bail!("the mesh (wt0) is IPv4 only: no IPv6 address on {node}'s wt0"),
+            "wt0" => n.mesh6.map(IpAddr::V6).with_context(|| {
+                format!("the mesh (wt0) is IPv4 only here: no IPv6 address on {node}'s wt0 (`mesh: {{ipv6: true}}` gives it one)")
+            }),
             other => bail!("the lab gives nodes enp1s0 and wt0, not {other}"),
         }
     }
@@ -256,6 +266,10 @@ fn add_node(
         }
     };
     let mesh = Ipv4Addr::new(100, 64, 0, index);
+    let mesh6 = match topo.scenario.mesh.ipv6 {
+        true => Some(mesh_address6(index)?),
+        false => None,
+    };
     let pod_cidr = format!("10.244.{index}.0/24");
     let wg_pid = start_wireguard(lab, &ns, &spec.name)?;
     let (key, public_key) = keypair(&topo.key_dir, &spec.name)?;
@@ -264,6 +278,7 @@ fn add_node(
         ns: ns.clone(),
         underlay: underlay_ip,
         mesh,
+        mesh6,
         pod_cidr: (cni_mode != Cni::CiliumTunnel).then(|| pod_cidr.clone()),
         pod_cidr6: (cni_mode != Cni::CiliumTunnel).then(|| format!("fd00:10:244:{index}::/64")),
         wg_pid,
@@ -277,6 +292,7 @@ fn add_node(
         index,
         public,
         mesh,
+        mesh6,
         pod_cidr,
         pod_gateway: Ipv4Addr::new(10, 244, index, 1),
         public6,
@@ -285,6 +301,13 @@ fn add_node(
     });
 
     Ok(())
+}
+
+/// Node `index`'s mesh IPv6 address, fd00:100:64::i (under `mesh: {ipv6: true}`).
+fn mesh_address6(index: u8) -> Result<Ipv6Addr> {
+    format!("{MESH_PREFIX6_BASE}{index}")
+        .parse()
+        .with_context(|| format!("the mesh IPv6 address of node {index}"))
 }
 
 /// A public node's `enp1s0` on the internet segment: 203.0.113.i/24 and 2001:db8:203::i/64, each
@@ -368,6 +391,8 @@ fn add_vpn_client(lab: &mut Lab, topo: &mut Topology, index: u8, name: &str) -> 
         ns,
         underlay: underlay_ip,
         mesh: Ipv4Addr::new(100, 64, 1, index),
+        // VPN clients have IPv6 off.
+        mesh6: None,
         pod_cidr: None,
         pod_cidr6: None,
         wg_pid,
@@ -485,6 +510,9 @@ pub fn configure_mesh(topo: &Topology, me: &MeshMember) -> Result<()> {
     }
     for peer in topo.mesh.iter().filter(|p| p.name != me.name) {
         let mut allowed = format!("{}/32", peer.mesh);
+        if let (Some(_), Some(peer6)) = (me.mesh6, peer.mesh6) {
+            allowed.push_str(&format!(",{peer6}/128"));
+        }
         if me.is_node {
             for cidr in peer.pod_cidr.iter().chain(&peer.pod_cidr6) {
                 allowed.push(',');
@@ -506,6 +534,9 @@ pub fn configure_mesh(topo: &Topology, me: &MeshMember) -> Result<()> {
     wg(me.wg_pid, &refs)?;
     ip_in(&me.ns, &format!("link set wt0 mtu {MESH_MTU} up"))?;
     ip_in(&me.ns, &format!("addr add {}/16 dev wt0", me.mesh))?;
+    if let Some(mesh6) = me.mesh6 {
+        ip_in(&me.ns, &format!("addr add {mesh6}/64 dev wt0 nodad"))?;
+    }
     if !me.is_node {
         return Ok(());
     }
@@ -540,6 +571,12 @@ fn mesh_routes(topo: &Topology, me: &MeshMember) -> Result<()> {
         &me.ns,
         &format!("route replace {dest} dev wt0 table {MESH_TABLE}"),
     )?;
+    if me.mesh6.is_some() && !topo.scenario.mesh.exit_node {
+        ip_in(
+            &me.ns,
+            &format!("-6 route replace {MESH_PREFIX6} dev wt0 table {MESH_TABLE}"),
+        )?;
+    }
     if topo.scenario.mesh.exit_node {
         // An exit node takes the IPv6 default as well: a reply kuport does not route leaves
         // into wt0, whose peers allow no such destination, and is lost.
@@ -806,16 +843,19 @@ pub fn talos_table(open: &[String]) -> Result<String> {
 fn check_mesh(topo: &Topology) -> Result<()> {
     for a in topo.mesh.iter().filter(|m| m.is_node) {
         for b in topo.mesh.iter().filter(|m| m.name != a.name) {
-            let target = b.mesh.to_string();
-            let ok = sys::wait_until(Duration::from_secs(10), || {
-                exec(&a.ns, "ping", &["-c1", "-W1", &target]).is_ok()
-            });
-            if !ok {
-                bail!(
-                    "mesh: {} cannot reach {} ({target}) over wt0",
-                    a.name,
-                    b.name
-                );
+            let mut targets = vec![IpAddr::V4(b.mesh)];
+            targets.extend(a.mesh6.and(b.mesh6).map(IpAddr::V6));
+            for target in targets {
+                let ok = sys::wait_until(Duration::from_secs(10), || {
+                    exec(&a.ns, "ping", &["-c1", "-W1", &target.to_string()]).is_ok()
+                });
+                if !ok {
+                    bail!(
+                        "mesh: {} cannot reach {} ({target}) over wt0",
+                        a.name,
+                        b.name
+                    );
+                }
             }
         }
     }
