@@ -64,6 +64,14 @@ pub fn facts_in(family: Family) -> HostFacts {
     facts
 }
 
+/// What clients dial in `family`.
+pub fn public_addr(family: Family) -> IpAddr {
+    match family {
+        Family::V4 => PUBLIC_ADDR.into(),
+        Family::V6 => PUBLIC_ADDR6.into(),
+    }
+}
+
 /// The target mapping's pod address in `family`.
 pub fn target_pod(family: Family) -> IpAddr {
     match family {
