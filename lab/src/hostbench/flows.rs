@@ -76,6 +76,22 @@ impl Mode {
         }
     }
 
+    /// The row's name, what one unit of the rate is, and the target of the ratio.
+    fn row(self) -> (&'static str, &'static str, f64) {
+        match self {
+            Mode::NewFlows => (
+                "new UDP flows per second through a node holding 1,000 mappings ÷ holding 1",
+                "new flow",
+                0.80,
+            ),
+            Mode::Established => (
+                "established-flow packet rate through a node holding 1,000 mappings ÷ holding 1",
+                "packet",
+                0.95,
+            ),
+        }
+    }
+
     /// Flooding before the counting window starts, and the window.
     fn timing(self) -> (Duration, Duration) {
         match self {
@@ -169,18 +185,7 @@ fn row(
         .zip(&per_cpu[0])
         .map(|(many, one)| many / one)
         .collect();
-    let (name, what, target) = match mode {
-        Mode::NewFlows => (
-            "new UDP flows per second through a node holding 1,000 mappings ÷ holding 1",
-            "new flow",
-            0.80,
-        ),
-        Mode::Established => (
-            "established-flow packet rate through a node holding 1,000 mappings ÷ holding 1",
-            "packet",
-            0.95,
-        ),
-    };
+    let (name, what, target) = mode.row();
     let mut note = format!(
         "ratio of the medians of datagrams delivered to the pod per CPU second of the flooding \
          thread (its sends plus the forwarding the kernel runs in its context; the ratio of \
