@@ -3,7 +3,8 @@
 //!
 //! - nft transaction time and plan pass time for 1, 100, 1,000 and 5,000 same-node mappings;
 //! - new UDP flows per second and established-flow packet rate through a node holding 1,000
-//!   mappings, against the same node holding 1, side by side in one run;
+//!   mappings, against the same node holding 1, side by side in one run; in IPv4, then in IPv6
+//!   (the `IPv6:` rows, which `--only ipv6` and `--only host-ipv6` run alone);
 //! - the agent's peak RSS with 1,000 PortMaps and 500 Nodes in the API server model.
 //!
 //! Everything runs in throwaway namespaces named `klb-hb<pid>-*`; the guards of
@@ -18,6 +19,8 @@ mod nft;
 
 use std::path::Path;
 use std::process::ExitCode;
+
+use kuport_core::ir::Family;
 
 /// Prefix of every namespace and temporary directory the benches create; the process id
 /// follows, so a stale one can be told from one a running bench owns.
@@ -50,8 +53,15 @@ pub fn run(bins: &Path) -> anyhow::Result<Vec<Measurement>> {
     run_parts(bins, &PARTS)
 }
 
+/// Runs the host-level measurements in IPv6 only: the `IPv6:` flow rows.
+pub fn run_ipv6(bins: &Path) -> anyhow::Result<Vec<Measurement>> {
+    run_parts(bins, &[FLOWS6])
+}
+
 /// The parts, by the name `__hostbench-part` takes.
-const PARTS: [&str; 4] = ["nft", "flows", "memory", "memory-annotated"];
+const PARTS: [&str; 5] = ["nft", "flows", FLOWS6, "memory", "memory-annotated"];
+/// The part of the IPv6 flow rows.
+const FLOWS6: &str = "flows6";
 
 fn run_parts(bins: &Path, parts: &[&str]) -> anyhow::Result<Vec<Measurement>> {
     use anyhow::Context as _;
@@ -60,7 +70,8 @@ fn run_parts(bins: &Path, parts: &[&str]) -> anyhow::Result<Vec<Measurement>> {
     for part in parts {
         let (what, found) = match *part {
             "nft" => ("nft transactions and plan passes", nft::measure()),
-            "flows" => ("UDP flows through a node", flows::measure()),
+            "flows" => ("UDP flows through a node", flows::measure(Family::V4)),
+            FLOWS6 => ("UDP flows through a node, IPv6", flows::measure(Family::V6)),
             "memory" => ("agent memory", memory::measure(bins)),
             "memory-annotated" => (
                 "agent memory with annotated PortMaps",
@@ -79,8 +90,8 @@ fn run_parts(bins: &Path, parts: &[&str]) -> anyhow::Result<Vec<Measurement>> {
 }
 
 /// The hidden subcommands: the children this module re-executes the binary as, and
-/// `__hostbench-part PART [BINS]` to run one part by hand (`nft`, `flows`, `memory` or
-/// `memory-annotated`; BINS
+/// `__hostbench-part PART [BINS]` to run one part by hand (`nft`, `flows`, `flows6`, `memory`
+/// or `memory-annotated`; BINS
 /// defaults to the binary's directory). `None` for any other command line.
 pub fn hidden_main(args: &[String]) -> Option<ExitCode> {
     let rest = args.get(2..).unwrap_or_default();

@@ -98,10 +98,10 @@ enum Command {
         #[arg(long)]
         write: Option<PathBuf>,
         /// Only this part: `lab` (through a fake cluster), `links` (the link health rows of the
-        /// lab part), `tcp` (its TCP throughput rows and the offload experiment), `ipv6` (its
-        /// IPv6 rows) or `host`
-        /// (nft, flows, memory). With `--write`, a partial run replaces its
-        /// own rows and keeps the others.
+        /// lab part), `tcp` (its TCP throughput rows and the offload experiment), `ipv6` (the
+        /// IPv6 rows of both parts), `host` (nft, flows, memory) or `host-ipv6` (the host
+        /// part's IPv6 rows: UDP flows through an IPv6 node). With `--write`, a partial run
+        /// replaces its own rows and keeps the others.
         #[arg(long)]
         only: Option<String>,
     },
@@ -360,14 +360,17 @@ fn print_keep(topo: &topology::Topology) {
     );
 }
 
+/// What `bench --only` takes.
+const ONLY: [&str; 6] = ["lab", "links", "tcp", "ipv6", "host", "host-ipv6"];
+
 fn bench(write: Option<PathBuf>, only: Option<&str>) -> Result<ExitCode> {
     prereq::ensure_tools()?;
     let bins = prereq::binaries()?;
     let mut measurements = Vec::new();
-    if only.is_some_and(|o| !["lab", "links", "tcp", "ipv6", "host"].contains(&o)) {
-        anyhow::bail!("--only takes lab, links, tcp, ipv6 or host");
+    if only.is_some_and(|o| !ONLY.contains(&o)) {
+        anyhow::bail!("--only takes {}", ONLY.join(", "));
     }
-    if only != Some("host") {
+    if !matches!(only, Some("host" | "host-ipv6")) {
         let (mut lab, original, rt) = session()?;
         let part = match only {
             Some("links") => labbench::Part::Links,
@@ -381,6 +384,10 @@ fn bench(write: Option<PathBuf>, only: Option<&str>) -> Result<ExitCode> {
     if only.is_none_or(|o| o == "host") {
         eprintln!("kuport-lab bench: host-level measurements");
         measurements.extend(hostbench::run(&bins)?);
+    }
+    if matches!(only, Some("ipv6" | "host-ipv6")) {
+        eprintln!("kuport-lab bench: host-level measurements, IPv6");
+        measurements.extend(hostbench::run_ipv6(&bins)?);
     }
     let table = hostbench_table(&measurements);
     print!("{table}");

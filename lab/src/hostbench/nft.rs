@@ -13,6 +13,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
+use kuport_core::ir::Family;
 use kuport_core::plan::plan;
 use kuport_host::{Host as _, LinuxHost};
 use kuport_testkit::netns::Netns;
@@ -24,7 +25,8 @@ use super::{Measurement, build_profile, list, median};
 
 /// Hidden subcommand: time plan and apply for `N` mappings in the current namespace.
 pub const CHILD: &str = "__hostbench-nft";
-/// Hidden subcommand: program the plan for `N` mappings in the current namespace and exit.
+/// Hidden subcommand: program the plan for `N` mappings in the current namespace and exit
+/// (`__hostbench-program N [IPv6]`: with `IPv6`, the dual-stack cluster).
 pub const PROGRAM: &str = "__hostbench-program";
 
 /// Sizes and apply samples per size (the 5,000 case takes about a second per sample).
@@ -299,10 +301,16 @@ pub fn child(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// `__hostbench-program N`: programs the node of the flow measurements and leaves the table.
+/// `__hostbench-program N [IPv6]`: programs the node of the flow measurements and leaves the
+/// table; prints the size of the table the flows of that family cross.
 pub fn program(args: &[String]) -> Result<()> {
     let n = count_arg(args, 0, "N")?;
-    let state = cluster::host_state(&cluster::snapshot(n, false)?, true)?;
+    let family = match args.get(1).map(String::as_str) {
+        None | Some("IPv4") => Family::V4,
+        Some("IPv6") => Family::V6,
+        Some(other) => bail!("{PROGRAM}: family {other:?} is neither IPv4 nor IPv6"),
+    };
+    let state = cluster::host_state_in(&cluster::snapshot_in(n, false, family)?, family, true)?;
     let report = runtime()?.block_on(async {
         let mut host = LinuxHost::new().context("opening netlink")?;
         host.apply(&state, true).await.context("applying")
@@ -310,7 +318,7 @@ pub fn program(args: &[String]) -> Result<()> {
     if !report.nft_changed {
         bail!("applying {n} mappings sent no nft transaction");
     }
-    println!("{}", cluster::kernel_size(&state));
+    println!("{}", cluster::kernel_size_in(&state, family));
     Ok(())
 }
 
