@@ -100,30 +100,30 @@ impl Translations {
             mask,
             ..Self::default()
         };
-        let dnats: Vec<&DnatRule> = state
-            .tables()
-            .into_iter()
-            .flat_map(|t| t.rules(ChainId::Pre))
-            .filter_map(|r| match r {
-                Rule::Dnat(d) => Some(d),
-                _ => None,
-            })
-            .collect();
-        let steering = state
-            .tables()
-            .into_iter()
-            .flat_map(|t| t.rules(ChainId::Steer));
-        for rule in steering {
-            let Rule::Steer(steer) = rule else { continue };
-            let Some(target) = target_of(state, steer, &dnats, mask) else {
-                continue;
-            };
-            if steer.ports.is_range() {
-                out.ranges
-                    .push((steer.daddr, steer.protocol, steer.ports, target));
-            } else {
-                let key = (steer.daddr, steer.protocol, steer.ports.first);
-                out.ports.entry(key).or_default().push(target);
+        // Each family's steering is completed by its own table's DNAT: an IPv6 steering rule
+        // shares its interface, protocol, ports and mark with the IPv4 one of a dual-stack
+        // mapping, and judged by the IPv4 DNAT every IPv6 flow would read as stale.
+        for table in state.tables() {
+            let dnats: Vec<&DnatRule> = table
+                .rules(ChainId::Pre)
+                .iter()
+                .filter_map(|r| match r {
+                    Rule::Dnat(d) => Some(d),
+                    _ => None,
+                })
+                .collect();
+            for rule in table.rules(ChainId::Steer) {
+                let Rule::Steer(steer) = rule else { continue };
+                let Some(target) = target_of(state, steer, &dnats, mask) else {
+                    continue;
+                };
+                if steer.ports.is_range() {
+                    out.ranges
+                        .push((steer.daddr, steer.protocol, steer.ports, target));
+                } else {
+                    let key = (steer.daddr, steer.protocol, steer.ports.first);
+                    out.ports.entry(key).or_default().push(target);
+                }
             }
         }
         for targets in out.ports.values_mut() {

@@ -343,3 +343,30 @@ async fn a_host_without_a_table_sweeps_nothing() {
     let report = host.apply(&state, true).await.expect("apply");
     assert!(!report.conntrack_swept);
 }
+
+#[test]
+fn an_ipv6_flow_is_judged_by_the_ipv6_dnat_of_its_mapping() {
+    // A dual-stack mapping: the IPv4 and IPv6 steering rules share interface, protocol, port
+    // and mark; each must be completed by its own family's DNAT, or every IPv6 flow reads as
+    // stale and each sweep clears them all (found in the lab: a long-lived IPv6 flow of
+    // another mapping lost at each endpoint change).
+    let t = translations("dual-stack-accepting-remote-pod");
+    let mut f = udp("[2001:db8:203::9]:3000", "[fd6b:7570::a9fe:4d01]:3000", 1);
+    f.source = "[2001:db8:198::10]:40000".parse().expect("source");
+    assert!(!t.is_stale(&f), "{t:?}");
+    let mut elsewhere = f.clone();
+    elsewhere.reply_source = "[fd6b:7570::a9fe:4d03]:3000".parse().expect("reply");
+    assert!(t.is_stale(&elsewhere));
+    let v4 = udp("203.0.113.9:3000", "169.254.77.1:3000", 1);
+    assert!(!t.is_stale(&v4));
+    // The pod's node: the arrival link's mark, the pod's IPv6 address.
+    let t = translations("dual-stack-pod-node");
+    let pod6 = t
+        .ports
+        .keys()
+        .find(|(a, _, _)| a.is_ipv6())
+        .map(|k| k.0)
+        .expect("an IPv6 steering key");
+    let target = t.ports[&(pod6, Protocol::Udp, 3000)][0].clone();
+    assert!(target.to.is_ipv6(), "{t:?}");
+}
