@@ -607,7 +607,17 @@ fn cni(topo: &Topology, node: &NodeInfo) -> Result<()> {
     let ns = &node.ns;
     let cni = topo.scenario.cni;
     if cni.is_cilium() {
-        ip_in(ns, "link add cilium_host type bridge")?;
+        // A fixed address, as Cilium's cilium_host has: a bridge left to take its lowest
+        // port's address changes it whenever a pod with a lower one joins, and every other
+        // pod's cached neighbour entry for the gateway then points at a MAC nobody answers to
+        // (their replies lost until the entry is re-probed, seconds later).
+        ip_in(
+            ns,
+            &format!(
+                "link add cilium_host address {} type bridge",
+                pod_gateway_mac(node.index)
+            ),
+        )?;
         ip_in(
             ns,
             &format!("addr add {}/24 dev cilium_host", node.pod_gateway),
@@ -701,6 +711,11 @@ fn cilium_vxlan(topo: &Topology, node: &NodeInfo) -> Result<()> {
 
 /// Node `index`'s `cilium_vxlan` MAC address, fixed so its peers can write their IPv6 neighbour
 /// entry for its gateway.
+/// The fixed MAC of node `index`'s pod gateway (`cilium_host`).
+fn pod_gateway_mac(index: u8) -> String {
+    format!("02:c1:00:00:01:{index:02x}")
+}
+
 fn vxlan_mac(index: u8) -> String {
     format!("02:c1:00:00:00:{index:02x}")
 }
