@@ -367,6 +367,6 @@ fn an_ipv6_flow_is_judged_by_the_ipv6_dnat_of_its_mapping() {
         .find(|(a, _, _)| a.is_ipv6())
         .map(|k| k.0)
         .expect("an IPv6 steering key");
-    let target = t.ports[&(pod6, Protocol::Udp, 3000)][0].clone();
+    let target = t.ports[&(pod6, Protocol::Udp, 3000)][0];
     assert!(target.to.is_ipv6(), "{t:?}");
 }
