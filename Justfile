@@ -47,7 +47,7 @@ image-smoke archive="target/kuport-agent.oci.tar":
     deploy/image/smoke.sh {{archive}}
 
 # Lab scenarios against the real control plane (root; `just control-plane` first).
-lab-real *scenarios="lab/scenarios/cilium-tunnel-cross-node.yaml lab/scenarios/cilium-tunnel-multi.yaml lab/scenarios/cilium-tunnel-endpoints.yaml lab/scenarios/cilium-tunnel-node-failover.yaml":
+lab-real *scenarios="lab/scenarios/cilium-tunnel-cross-node.yaml lab/scenarios/cilium-tunnel-multi.yaml lab/scenarios/cilium-tunnel-endpoints.yaml lab/scenarios/cilium-tunnel-node-failover.yaml lab/scenarios/cilium-tunnel-dual-stack-multi.yaml lab/scenarios/cilium-tunnel-dual-stack-endpoints.yaml":
     cargo lab run {{scenarios}} --apiserver real
 
 # Lab scenarios with every agent run from the image (root); default: the cross-node ones.

@@ -2,7 +2,7 @@
 //! and the EndpointSlice controller (Services and slices following the pods).
 //!
 //! Against the real control plane (`--apiserver real`) it plays kubelet only: it writes Pods
-//! (bound to their node, then their status with the pod IP and readiness) and renews each
+//! (bound to their node, then their status with both pod IPs and readiness) and renews each
 //! node's Lease; the real EndpointSlice controller writes the slices, and the real
 //! node-lifecycle controller marks a node whose Lease stops being renewed not ready.
 
@@ -327,8 +327,8 @@ impl Cluster {
 
     /// The Service (created when the scenario's objects did not) and its EndpointSlice of each
     /// of its `families`, listing `pods` with their readiness and node; against the real control
-    /// plane, the Service and the pods' Pod objects, from which the real controller writes the
-    /// slices (IPv4 only: the real control plane is single-stack).
+    /// plane, the Service (with its `families`) and the pods' Pod objects (with an address of
+    /// each family), from which the real controller writes the slice of each family.
     pub async fn sync_service(
         &self,
         namespace: &str,
@@ -336,11 +336,6 @@ impl Cluster {
         pods: &[&PodInfo],
         families: &[IpFamily],
     ) -> Result<()> {
-        if self.real && families != [IpFamily::IPv4] {
-            bail!(
-                "Service {namespace}/{service}: ipFamilies {families:?} needs the API server model (--apiserver real runs a single-stack IPv4 control plane)"
-            );
-        }
         self.ensure_service(namespace, service, pods, families)
             .await?;
         if self.real {
@@ -397,18 +392,7 @@ impl Cluster {
                 .await
                 .with_context(|| format!("creating {what}"))?;
         }
-        let ready = if pod.ready { "True" } else { "False" };
-        let now = Timestamp::now().to_string();
-        let status = json!({"status": {
-            "phase": "Running",
-            "podIP": pod.ip.to_string(),
-            "podIPs": [{"ip": pod.ip.to_string()}],
-            "startTime": now,
-            "conditions": [
-                {"type": "Ready", "status": ready, "lastTransitionTime": now},
-                {"type": "ContainersReady", "status": ready, "lastTransitionTime": now},
-            ],
-        }});
+        let status = pod_status(pod, &Timestamp::now().to_string());
         self.merge_status("Pod", Some(namespace), name, &status)
             .await
             .with_context(|| format!("writing the status of {what}"))
@@ -491,6 +475,23 @@ impl Cluster {
         self.apply(slice.object()).await?;
         Ok(())
     }
+}
+
+/// The status a dual-stack kubelet writes for `pod` (as a merge patch): running since `now`,
+/// its readiness, and both its addresses, IPv4 first (every lab pod has one of each family; the
+/// EndpointSlice controller lists in each slice the address of the slice's family).
+fn pod_status(pod: &PodInfo, now: &str) -> Value {
+    let ready = if pod.ready { "True" } else { "False" };
+    json!({"status": {
+        "phase": "Running",
+        "podIP": pod.ip.to_string(),
+        "podIPs": [{"ip": pod.ip.to_string()}, {"ip": pod.ip6.to_string()}],
+        "startTime": now,
+        "conditions": [
+            {"type": "Ready", "status": ready, "lastTransitionTime": now},
+            {"type": "ContainersReady", "status": ready, "lastTransitionTime": now},
+        ],
+    }})
 }
 
 /// The labels `deploy/manifests/daemonset.yaml` puts on the DaemonSet, its selector and its
@@ -641,5 +642,31 @@ mod tests {
         assert_eq!(pod["metadata"]["name"], "kuport-agent-worker-b");
         assert_eq!(pod["spec"]["nodeName"], "worker-b");
         assert_eq!(pod["metadata"]["ownerReferences"][0]["uid"], "uid-1");
+    }
+
+    /// Against the real control plane a pod is listed only in slices of the families its Pod
+    /// reports: every lab pod reports both addresses, IPv4 first, whatever its Service's
+    /// families, so the real EndpointSlice controller writes the IPv6 slices a scenario asks for.
+    #[test]
+    fn a_pod_reports_both_its_addresses_as_a_dual_stack_kubelet_does() {
+        let spec: crate::scenario::PodSpec =
+            serde_saphyr::from_str("{namespace: games, name: game-0, node: worker-b}")
+                .expect("a pod");
+        let pod = PodInfo {
+            spec,
+            ns: "kl-pod-1".to_owned(),
+            ip: "10.244.2.10".parse().expect("IPv4"),
+            ip6: "fd00:10:244:2::10".parse().expect("IPv6"),
+            node: "worker-b".to_owned(),
+            ready: false,
+            responders: Default::default(),
+        };
+        let status = pod_status(&pod, "2026-01-01T00:00:00Z");
+        assert_eq!(status["status"]["podIP"], "10.244.2.10");
+        assert_eq!(
+            status["status"]["podIPs"],
+            json!([{"ip": "10.244.2.10"}, {"ip": "fd00:10:244:2::10"}])
+        );
+        assert_eq!(status["status"]["conditions"][0]["status"], "False");
     }
 }

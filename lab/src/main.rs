@@ -182,18 +182,6 @@ fn run(args: RunArgs) -> Result<ExitCode> {
         );
     }
     let scenarios = load_scenarios(files)?;
-    if apiserver == runner::ApiServer::Real
-        && let Some(s) = scenarios.iter().find(|s| {
-            s.pods
-                .iter()
-                .any(|p| p.ip_families != [scenario::IpFamily::IPv4])
-        })
-    {
-        anyhow::bail!(
-            "scenario {}: ipFamilies other than [IPv4] need the API server model: --apiserver real runs a single-stack IPv4 control plane",
-            s.name
-        );
-    }
     prereq::ensure_tools()?;
     let bins = prereq::binaries()?;
     let image = match &agent_image {

@@ -165,9 +165,15 @@ pub struct ClusterOptions {
     pub node_monitor_grace_period: String,
 }
 
-/// The Service range of the control plane (`--service-cluster-ip-range`); the first address is
-/// the `kubernetes` Service, which the serving certificate names in cluster mode.
+/// The IPv4 Service range of the control plane, the first of `--service-cluster-ip-range`: a
+/// Service that names no family is IPv4, and the range's first address is the `kubernetes`
+/// Service, which the serving certificate names in cluster mode.
 pub const SERVICE_CIDR: &str = "10.0.0.0/24";
+/// The IPv6 Service range, the second of `--service-cluster-ip-range`, which makes the control
+/// plane dual-stack: Services with `ipFamilies` of IPv6 get their cluster IPs from it and the
+/// EndpointSlice controller writes their IPv6 slices. A unique local /112 (kube-apiserver
+/// refuses an IPv6 range wider than /108), apart from every address the lab uses.
+pub const SERVICE_CIDR6: &str = "fd00:10::/112";
 const KUBERNETES_SERVICE_IP: &str = "10.0.0.1";
 
 /// A running control plane. Dropping it kills every process it started and removes its files.
@@ -1235,7 +1241,7 @@ fn apiserver_args(
         format!("--service-account-key-file={}", s("sa.pub")),
         format!("--service-account-signing-key-file={}", s("sa.key")),
         format!("--service-account-issuer={url}"),
-        format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+        format!("--service-cluster-ip-range={SERVICE_CIDR},{SERVICE_CIDR6}"),
         "--allow-privileged=true".to_owned(),
         format!("--audit-policy-file={}", s("audit-policy.yaml")),
         format!("--audit-log-path={}", s("audit.log")),

@@ -1,7 +1,8 @@
 //! The optional kube-controller-manager: with only the controllers a test names, the real
-//! EndpointSlice controller writes slices for ready Pods and the real node-lifecycle controller
-//! marks a Node whose heartbeats stopped as not ready. These are what a lab against the real
-//! control plane relies on instead of writing slices and readiness itself.
+//! EndpointSlice controller writes slices for ready Pods (IPv6 slices too: the control plane is
+//! dual-stack) and the real node-lifecycle controller marks a Node whose heartbeats stopped as
+//! not ready. These are what a lab against the real control plane relies on instead of writing
+//! slices and readiness itself.
 
 use std::time::Duration;
 
@@ -132,6 +133,127 @@ async fn endpointslice_controller_writes_slices_for_ready_pods() {
         },
     )
     .await;
+}
+
+/// The control plane is dual-stack: a Service asking for IPv6 gets a cluster IP of each family
+/// it names, from the two Service ranges, and the EndpointSlice controller lists a dual-stack
+/// Pod in an IPv6 slice at its IPv6 address, for a dual-stack and an IPv6-only Service alike;
+/// a Service that names no family stays IPv4 alone, as on a single-stack control plane. (On a
+/// single-stack one the API server refuses the first two Services.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpointslice_controller_writes_ipv6_slices_for_dual_stack_pods() {
+    let options = Options {
+        controllers: vec!["endpointslice-controller".to_owned()],
+        ..Options::default()
+    };
+    let Some(cp) = ControlPlane::start_or_skip(
+        "endpointslice_controller_writes_ipv6_slices_for_dual_stack_pods",
+        options,
+    )
+    .await
+    else {
+        return;
+    };
+    let client = cp.admin_client().await.expect("admin client");
+    let pp = PostParams::default();
+    Api::<Namespace>::all(client.clone())
+        .create(&pp, &from(json!({"metadata": {"name": "games"}})))
+        .await
+        .expect("namespace");
+    Api::<ServiceAccount>::namespaced(client.clone(), "games")
+        .create(&pp, &from(json!({"metadata": {"name": "default"}})))
+        .await
+        .expect("default service account");
+    node(&client, "n1").await;
+    let services: Api<Service> = Api::namespaced(client.clone(), "games");
+    let families = [
+        ("dual", json!(["IPv4", "IPv6"]), "RequireDualStack"),
+        ("v6", json!(["IPv6"]), "SingleStack"),
+    ];
+    for (name, ip_families, policy) in families {
+        let svc = json!({"metadata": {"name": name},
+            "spec": {"selector": {"app": "game"}, "ipFamilies": ip_families, "ipFamilyPolicy": policy,
+                     "ports": [{"name": "game", "protocol": "UDP", "port": 3000}]}});
+        services
+            .create(&pp, &from(svc))
+            .await
+            .unwrap_or_else(|e| panic!("Service {name} ({policy}): {e}"));
+    }
+    let v4 = json!({"metadata": {"name": "v4"}, "spec": {"selector": {"app": "game"},
+        "ports": [{"name": "game", "protocol": "UDP", "port": 3000}]}});
+    services.create(&pp, &from(v4)).await.expect("Service v4");
+    let cluster_ips = |svc: Service| svc.spec.and_then(|s| s.cluster_ips).unwrap_or_default();
+    let dual = cluster_ips(services.get("dual").await.expect("Service dual"));
+    assert_eq!(dual.len(), 2, "{dual:?}");
+    assert!(
+        dual[0].starts_with("10.0.0.") && dual[1].starts_with("fd00:10::"),
+        "{dual:?}"
+    );
+    let v4 = services.get("v4").await.expect("Service v4");
+    let v4_families = v4.spec.as_ref().and_then(|s| s.ip_families.clone());
+    assert_eq!(v4_families, Some(vec!["IPv4".to_owned()]));
+    dual_stack_pod(&client, "10.244.1.5", "fd00:10:244:1::5").await;
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), "games");
+    eventually(
+        "the slices of all three Services",
+        Duration::from_secs(30),
+        || async {
+            let all = slices
+                .list(&ListParams::default())
+                .await
+                .expect("list slices")
+                .items;
+            let listed = |service: &str, family: &str| -> Vec<String> {
+                all.iter()
+                    .filter(|s| {
+                        s.metadata
+                            .labels
+                            .as_ref()
+                            .and_then(|l| l.get("kubernetes.io/service-name"))
+                            .map(String::as_str)
+                            == Some(service)
+                    })
+                    .filter(|s| s.address_type == family)
+                    .flat_map(|s| {
+                        s.endpoints
+                            .iter()
+                            .flatten()
+                            .flat_map(|e| e.addresses.clone())
+                    })
+                    .collect()
+            };
+            listed("dual", "IPv4") == ["10.244.1.5"]
+                && listed("dual", "IPv6") == ["fd00:10:244:1::5"]
+                && listed("v6", "IPv6") == ["fd00:10:244:1::5"]
+                && listed("v6", "IPv4").is_empty()
+                && listed("v4", "IPv4") == ["10.244.1.5"]
+                && listed("v4", "IPv6").is_empty()
+        },
+    )
+    .await;
+}
+
+/// A ready Pod `game-0` (label `app: game`) on n1 with the two addresses a dual-stack kubelet
+/// reports, IPv4 first.
+async fn dual_stack_pod(client: &kube::Client, ip: &str, ip6: &str) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "games");
+    let container = json!({"name": "game", "image": "game:1"});
+    pods.create(
+        &PostParams::default(),
+        &from(bound_pod("game-0", "game", "n1", container)),
+    )
+    .await
+    .expect("pod");
+    pods.patch_status(
+        "game-0",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {
+            "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}, {"ip": ip6}],
+            "conditions": [{"type": "Ready", "status": "True"}],
+        }})),
+    )
+    .await
+    .expect("pod status");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
