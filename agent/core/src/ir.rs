@@ -586,6 +586,14 @@ impl NftTable {
             .map_or(&[], |(_, rules)| rules.as_slice())
     }
 
+    /// The DNAT rules of `kup-pre`, in order.
+    pub fn dnat_rules(&self) -> impl Iterator<Item = &DnatRule> {
+        self.rules(ChainId::Pre).iter().filter_map(|r| match r {
+            Rule::Dnat(d) => Some(d),
+            _ => None,
+        })
+    }
+
     /// Which mapping (`namespace/name`) each rule belongs to, keyed by the rule's comment: the
     /// DNAT and SNAT rules name their counter, and a steering rule shares its DNAT's comment.
     /// Rules of no mapping (guard, marks, MSS clamps) have no entry.

@@ -198,14 +198,7 @@ pub fn host_state(snap: &Snapshot, target_last: bool) -> Result<HostState> {
 pub fn host_state_in(snap: &Snapshot, family: Family, target_last: bool) -> Result<HostState> {
     let p = plan(snap, NODE, &facts_in(family), now()?);
     let table = p.host_state.table(family);
-    let dnat: Vec<_> = table
-        .rules(ChainId::Pre)
-        .iter()
-        .filter_map(|r| match r {
-            Rule::Dnat(d) => Some(d),
-            _ => None,
-        })
-        .collect();
+    let dnat: Vec<_> = table.dnat_rules().collect();
     if dnat.len() != snap.portmaps.len() {
         bail!(
             "the plan emits {} {family} DNAT rules for {} mappings (first decision: {:?})",

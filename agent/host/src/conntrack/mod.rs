@@ -104,14 +104,7 @@ impl Translations {
         // shares its interface, protocol, ports and mark with the IPv4 one of a dual-stack
         // mapping, and judged by the IPv4 DNAT every IPv6 flow would read as stale.
         for table in state.tables() {
-            let dnats: Vec<&DnatRule> = table
-                .rules(ChainId::Pre)
-                .iter()
-                .filter_map(|r| match r {
-                    Rule::Dnat(d) => Some(d),
-                    _ => None,
-                })
-                .collect();
+            let dnats: Vec<&DnatRule> = table.dnat_rules().collect();
             for rule in table.rules(ChainId::Steer) {
                 let Rule::Steer(steer) = rule else { continue };
                 let Some(target) = target_of(state, steer, &dnats, mask) else {
