@@ -54,11 +54,15 @@ fn source(topo: &Topology, from: &str, dialed: IpAddr) -> Result<(String, IpAddr
         return Ok((CLIENT_NS.to_string(), ip));
     }
     if from.starts_with("vpn:") {
-        if v6 {
-            bail!("probe from {from}: the mesh is IPv4 only, a VPN client has no IPv6 address");
-        }
         let m = topo.mesh_member(from)?;
-        return Ok((m.ns.clone(), IpAddr::V4(m.mesh)));
+        let ip = match (v6, m.mesh6) {
+            (false, _) => IpAddr::V4(m.mesh),
+            (true, Some(mesh6)) => IpAddr::V6(mesh6),
+            (true, None) => {
+                bail!("probe from {from}: the mesh is IPv4 only, a VPN client has no IPv6 address")
+            }
+        };
+        return Ok((m.ns.clone(), ip));
     }
     if let Some(pod) = from.strip_prefix("pod:") {
         let p = topo

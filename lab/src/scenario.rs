@@ -717,22 +717,23 @@ fn check_pod_families(s: &Scenario) -> Result<()> {
 }
 
 /// An IPv6 probe dials a public interface or a pod, or `wt0` on an IPv6 mesh: the mesh is
-/// otherwise IPv4, and VPN clients always are.
+/// otherwise IPv4. A VPN client reaches the cluster only over the mesh, so in IPv6 it dials
+/// `wt0` on an IPv6 mesh.
 fn check_probe_family(p: &Probe, mesh_ipv6: bool) -> Result<()> {
     if p.to.family != IpFamily::IPv6 {
         return Ok(());
+    }
+    if p.from.starts_with("vpn:") && (!mesh_ipv6 || p.to.pod.is_some() || p.to.interface != "wt0") {
+        bail!(
+            "probe to port {} from {}: family IPv6: a VPN client reaches the cluster over the mesh only, so it dials wt0 on an IPv6 mesh (mesh: {{ipv6: true}})",
+            p.port,
+            p.from
+        );
     }
     if p.to.pod.is_none() && p.to.interface == "wt0" && !mesh_ipv6 {
         bail!(
             "probe to port {}: family IPv6 on wt0: the mesh is IPv4 only (mesh: {{ipv6: true}} gives wt0 an IPv6 address)",
             p.port
-        );
-    }
-    if p.from.starts_with("vpn:") {
-        bail!(
-            "probe to port {} from {}: family IPv6: VPN clients reach the cluster over the mesh, which is IPv4 only",
-            p.port,
-            p.from
         );
     }
     Ok(())
@@ -981,6 +982,34 @@ steps:
         "from: internet, to: {node: a, interface: enp1s0}, protocol: UDP, port: 1, expect: reply";
 
     #[test]
+    fn a_vpn_client_dials_ipv6_only_to_wt0_on_an_ipv6_mesh() {
+        let on_mesh = |mesh: &str, to: &str| {
+            let yaml = format!(
+                "name: x\ncni: cilium-tunnel\n{mesh}nodes: [{{name: a, public: true}}, {{name: b}}]\nvpnClients: [v]\npods: [{{namespace: n, name: p, node: b, service: s, ipFamilies: [IPv4, IPv6]}}]\nsteps:\n  - probe: {{from: \"vpn:v\", to: {to}, protocol: UDP, port: 1, expect: reply}}\n"
+            );
+            let s: Scenario = serde_saphyr::from_str(&yaml).expect("parses");
+            validate(&s)
+        };
+        let wt0 = "{node: a, interface: wt0, family: IPv6}";
+        on_mesh("mesh: {ipv6: true}\n", wt0).expect("IPv6 to wt0 on an IPv6 mesh");
+        for (mesh, to) in [
+            ("", wt0),
+            (
+                "mesh: {ipv6: true}\n",
+                "{node: a, interface: enp1s0, family: IPv6}",
+            ),
+            ("mesh: {ipv6: true}\n", "{pod: n/p, family: IPv6}"),
+        ] {
+            let err = on_mesh(mesh, to).expect_err(to);
+            assert!(
+                format!("{err}").contains("over the mesh only"),
+                "{mesh}{to}: {err}"
+            );
+        }
+        on_mesh("", "{node: a, interface: wt0}").expect("IPv4 to wt0");
+    }
+
+    #[test]
     fn ip_families_default_to_ipv4_and_take_the_four_lists() {
         let s = with_pods_and_probe("{namespace: n, name: p, node: b, service: s}", PROBE)
             .expect("no ipFamilies");
@@ -1039,7 +1068,7 @@ steps:
         assert!(format!("{err}").contains("IPv4 only"), "{err}");
         let vpn = "from: \"vpn:v\", to: {node: a, interface: enp1s0, family: IPv6}, protocol: UDP, port: 1, expect: reply";
         let err = with_pods_and_probe(pod, vpn).expect_err("IPv6 from a VPN client");
-        assert!(format!("{err}").contains("IPv4 only"), "{err}");
+        assert!(format!("{err}").contains("over the mesh only"), "{err}");
         let bad = "from: internet, to: {node: a, interface: enp1s0, family: IPv7}, protocol: UDP, port: 1, expect: reply";
         assert!(with_pods_and_probe(pod, bad).is_err());
     }

@@ -8,12 +8,13 @@
 //! |---------------------|-------------------|---------------------------------------------|------|
 //! | underlay bridge     | `kl-ul`           | `br0` 192.0.2.254/24 (API server, dead-end gateway) | `br0` 2001:db8:192::fe/64 (dead-end gateway) |
 //! | node i (1-based)    | `kl-<node>`       | `ul0` 192.0.2.i, `wt0` 100.64.0.i/16, pods 10.244.i.0/24 (gateway 10.244.i.1), `enp1s0` 203.0.113.i | `ul0` 2001:db8:192::i/64, pods fd00:10:244:i::/64 (gateway fd00:10:244:i::1), `enp1s0` 2001:db8:203::i/64; `wt0` fd00:100:64::i/64 only under `mesh: {ipv6: true}` |
-//! | VPN client j        | `kl-vpn-<name>`   | `ul0` 192.0.2.(100+j), `wt0` 100.64.1.j/16   | none (IPv6 off) |
+//! | VPN client j        | `kl-vpn-<name>`   | `ul0` 192.0.2.(100+j), `wt0` 100.64.1.j/16   | `wt0` fd00:100:64::1:j/64 under `mesh: {ipv6: true}`, else none (IPv6 off) |
 //! | internet router     | `kl-inet`         | 198.51.100.1/24, 203.0.113.254/24            | 2001:db8:198::1/64, 2001:db8:203::fe/64 |
 //! | internet client     | `kl-client`       | 198.51.100.10                                | 2001:db8:198::10/64 |
 //! | pod k               | `kl-pod-<k>`      | 10.244.i.(9+k)                               | fd00:10:244:i::(9+k) |
 //!
-//! IPv6 is on in every namespace but the VPN clients' (`Lab::add_namespace` turns it off), with
+//! IPv6 is on in every namespace but the VPN clients' off a dual-stack mesh (`Lab::add_namespace`
+//! turns it off), with
 //! duplicate address detection, router advertisements and autoconf off, so every address is
 //! usable at once and none appears by itself; nodes and the router forward IPv6.
 
@@ -310,6 +311,14 @@ fn mesh_address6(index: u8) -> Result<Ipv6Addr> {
         .with_context(|| format!("the mesh IPv6 address of node {index}"))
 }
 
+/// VPN client `index`'s mesh IPv6 address, fd00:100:64::1:j, the twin of 100.64.1.j (under
+/// `mesh: {ipv6: true}`).
+fn vpn_mesh_address6(index: u8) -> Result<Ipv6Addr> {
+    format!("{MESH_PREFIX6_BASE}1:{index}")
+        .parse()
+        .with_context(|| format!("the mesh IPv6 address of VPN client {index}"))
+}
+
 /// A public node's `enp1s0` on the internet segment: 203.0.113.i/24 and 2001:db8:203::i/64, each
 /// family's default route via the internet router. Returns the IPv6 address.
 fn add_public_port(ns: &str, index: u8, addr: Ipv4Addr) -> Result<Ipv6Addr> {
@@ -384,6 +393,15 @@ fn add_vpn_client(lab: &mut Lab, topo: &mut Topology, index: u8, name: &str) -> 
     lab.add_namespace(&ns)?;
     let underlay_ip = Ipv4Addr::new(192, 0, 2, 100 + index);
     attach_underlay(&ns, &format!("v{index}"), underlay_ip)?;
+    // On a dual-stack mesh the client has a mesh IPv6 address too (and nothing else in IPv6);
+    // otherwise IPv6 stays off.
+    let mesh6 = match topo.scenario.mesh.ipv6 {
+        true => {
+            enable_ipv6(&ns, false)?;
+            Some(vpn_mesh_address6(index)?)
+        }
+        false => None,
+    };
     let wg_pid = start_wireguard(lab, &ns, name)?;
     let (key, public_key) = keypair(&topo.key_dir, &format!("vpn-{name}"))?;
     topo.mesh.push(MeshMember {
@@ -391,8 +409,7 @@ fn add_vpn_client(lab: &mut Lab, topo: &mut Topology, index: u8, name: &str) -> 
         ns,
         underlay: underlay_ip,
         mesh: Ipv4Addr::new(100, 64, 1, index),
-        // VPN clients have IPv6 off.
-        mesh6: None,
+        mesh6,
         pod_cidr: None,
         pod_cidr6: None,
         wg_pid,
