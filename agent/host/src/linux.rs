@@ -69,18 +69,19 @@ impl HostEvents {
     /// One stream of the host events the agent answers with a verifying pass: any change to a
     /// `kup-*` link or to a link named in `underlay` (a restarted mesh daemon deletes every
     /// link bound to its device); a change by another program to one of kuport's ip rules, a
-    /// route in kuport's tables or an address of a `kup-*` link (rtnetlink, `netlink/events.rs`);
-    /// a commit by another program touching `table ip kuport` (`nft_events.rs`); and
-    /// [`crate::HostEventKind::Lost`] when a socket overflowed. The stream closes when the rtnetlink
-    /// socket fails; when the nftables one cannot be opened, rtnetlink's events still come
+    /// route in kuport's tables or an address (IPv4 or IPv6) of a `kup-*` link (rtnetlink,
+    /// `netlink/events.rs`); a commit by another program touching `table ip kuport` or
+    /// `table ip6 kuport` (`nft_events.rs`); and [`crate::HostEventKind::Lost`] when a socket
+    /// overflowed. The stream closes when the rtnetlink socket fails; when the nftables one cannot be opened, rtnetlink's events still come
     /// and the table is checked at each resync only (said in the log).
     pub fn open(&self, underlay: Vec<String>) -> Result<mpsc::Receiver<HostEvent>, HostError> {
         use futures_util::StreamExt;
         use rtnetlink::MulticastGroup;
 
-        let (conn, _handle, mut messages) = rtnetlink::new_multicast_connection(&[
+        let (conn, handle, mut messages) = rtnetlink::new_multicast_connection(&[
             MulticastGroup::Link,
             MulticastGroup::Ipv4Ifaddr,
+            MulticastGroup::Ipv6Ifaddr,
             MulticastGroup::Ipv4Route,
             MulticastGroup::Ipv4Rule,
             MulticastGroup::Ipv6Route,
@@ -104,10 +105,21 @@ impl HostEvents {
         };
         let (tx, rx) = mpsc::channel(256);
         tokio::spawn(async move {
+            // Subscribed first, dumped second: a link made in between is in both, and the
+            // notifications queued meanwhile are applied after the dump, in order.
+            let mut links = match kup_links(&handle).await {
+                Ok(links) => links,
+                Err(e) => {
+                    tracing::warn!(
+                        "listing links: {e}; a change to an IPv6 address of a kup-* link that exists now is repaired at the next resync"
+                    );
+                    netlink::events::LinkNames::default()
+                }
+            };
             loop {
                 let event = tokio::select! {
                     msg = messages.next() => match msg {
-                        Some((msg, _)) => netlink::events::classify(&filter, &msg),
+                        Some((msg, _)) => netlink::events::classify(&filter, &mut links, &msg),
                         None => return,
                     },
                     Some(event) = next_of(&mut tables) => Some(event),
@@ -121,6 +133,19 @@ impl HostEvents {
         });
         Ok(rx)
     }
+}
+
+/// The `kup-*` links the kernel has now, by index.
+async fn kup_links(
+    handle: &rtnetlink::Handle,
+) -> Result<netlink::events::LinkNames, rtnetlink::Error> {
+    use futures_util::TryStreamExt;
+    let mut links = netlink::events::LinkNames::default();
+    let mut dump = handle.link().get().execute();
+    while let Some(link) = dump.try_next().await? {
+        links.observe(&link, false);
+    }
+    Ok(links)
 }
 
 /// The next event of an optional stream; a stream that ended is dropped (and never ready).

@@ -47,6 +47,10 @@ const TESTS: &[netns::Test] = &[
         removal_events,
     ),
     (
+        "an_ipv6_address_of_a_link_removed_by_others_is_an_event_and_link_local_ones_are_not",
+        ipv6_address_events,
+    ),
+    (
         "a_refused_transaction_leaves_new_links_down_and_their_port_closed",
         links_down_on_refusal,
     ),
@@ -63,6 +67,7 @@ const CHILDREN: &[netns::Test] = &[
     ("node_checks", child_node_checks),
     ("events", child_events),
     ("removal_events", child_removal_events),
+    ("ipv6_address_events", child_ipv6_address_events),
     ("refused_guard", child_refused_guard),
 ];
 
@@ -900,6 +905,75 @@ fn child_removal_events() {
         // A flushed chain is a change to the table too (a firewall reload's `flush ruleset`
         // announces each object it deletes).
         removal_seen(&mut events, "nft flush ruleset", Kind::Nftables).await;
+        host.teardown().await.expect("teardown");
+    });
+}
+
+fn ipv6_address_events() {
+    let ns = namespace("addr6");
+    eprint!("{}", child(&ns, "ipv6_address_events", &[]));
+}
+
+/// `events` are at most the announcement of the host's own adding of `address` to `link`.
+fn assert_own_address_echo(events: &[kuport_host::HostEvent], address: &str, link: &str) {
+    let wanted = format!("address {address} on {link}");
+    assert!(
+        events.len() <= 1
+            && events.iter().all(|e| {
+                e.kind == kuport_host::HostEventKind::Address && !e.removed && e.what == wanted
+            }),
+        "more than the host's own address came back: {events:?}"
+    );
+}
+
+/// An IPv6 address notification names its device by index only: the event stream knows a link
+/// made before it opened (from its link dump) and one made after (from the link's own
+/// notification), and ignores the kernel's link-local addresses of either.
+fn child_ipv6_address_events() {
+    use kuport_host::HostEventKind as Kind;
+    let state = golden_ir("dual-stack-pod-node");
+    let link = state.links[0].clone();
+    let address6 = link
+        .address6
+        .expect("the dual-stack link has an IPv6 address");
+    underlay_and_interfaces_for(&state);
+    block_on(async {
+        let mut host = LinuxHost::new().expect("host");
+        host.apply(&state, false).await.expect("apply");
+        // Opened after the link exists: only the link dump can name it.
+        let mut events = host.events().open(vec!["wt0".into()]).expect("subscribe");
+        // Long enough for the kernel's duplicate address detection of the link-local address
+        // (a second by default) to have announced its end.
+        let quiet = std::time::Duration::from_millis(2500);
+        let settled = drift_within(&mut events, quiet).await;
+        assert!(settled.is_empty(), "events before any change: {settled:?}");
+        let delete = format!("ip -6 addr del {address6} dev {}", link.name);
+        removal_seen(&mut events, &delete, Kind::Address).await;
+        let report = host.apply(&state, true).await.expect("repair");
+        assert!(report.mutations() > 0, "`{delete}`: nothing repaired");
+        // The kernel announces IPv6 address changes without the requester's port, so the
+        // repair comes back once, as a link's own changes do; the pass it wakes finds the
+        // kernel as wanted, and that ends it.
+        let echo = drift_within(&mut events, quiet).await;
+        assert_own_address_echo(&echo, &address6.to_string(), &link.name);
+        let again = host.apply(&state, true).await.expect("verify");
+        assert_eq!(again.mutations(), 0, "{again:?}");
+        let echo = drift_within(&mut events, quiet).await;
+        assert!(
+            echo.is_empty(),
+            "a pass that changed nothing woke: {echo:?}"
+        );
+
+        // A link made after the stream opened: its own notification names it, and its
+        // link-local address (with its detection) wakes nothing.
+        sh(&format!("ip link del {}", link.name));
+        // What went with the link (its addresses, its table's route) is announced first.
+        let gone = drift_within(&mut events, std::time::Duration::from_millis(500)).await;
+        assert!(gone.iter().all(|e| e.removed), "{gone:?}");
+        host.apply(&state, true).await.expect("rebuild");
+        let rebuilt = drift_within(&mut events, quiet).await;
+        assert_own_address_echo(&rebuilt, &address6.to_string(), &link.name);
+        removal_seen(&mut events, &delete, Kind::Address).await;
         host.teardown().await.expect("teardown");
     });
 }

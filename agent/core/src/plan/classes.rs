@@ -101,8 +101,11 @@ fn parse_subnet6(text: &str) -> Result<Ipv6Net, String> {
     let (block, len) = crate::ir::STAND_IN6_BLOCK;
     let reserved = Ipv6Net::new(block, len).map_err(|e| e.to_string())?;
     let first = subnet.network();
-    let link_local = first.segments()[0] & 0xffc0 == 0xfe80;
-    if first.is_multicast() || first.is_loopback() || first.is_unspecified() || link_local {
+    if first.is_multicast()
+        || first.is_loopback()
+        || first.is_unspecified()
+        || first.is_unicast_link_local()
+    {
         return Err(format!(
             "returnPath.vxlan.ipv6Subnet {subnet} is not a unicast prefix links can route"
         ));

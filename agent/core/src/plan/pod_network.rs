@@ -257,7 +257,7 @@ fn special_address(address: IpAddr) -> Option<String> {
 fn is_link_local(address: IpAddr) -> bool {
     match address {
         IpAddr::V4(a) => a.is_link_local(),
-        IpAddr::V6(a) => a.segments()[0] & 0xffc0 == 0xfe80,
+        IpAddr::V6(a) => a.is_unicast_link_local(),
     }
 }
 

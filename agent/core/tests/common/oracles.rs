@@ -276,7 +276,7 @@ impl PodAddresses {
             IpAddr::V4(v4) => {
                 v4.is_broadcast() || v4.octets()[0] >= 240 || v4.octets()[..2] == [169, 254]
             }
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().is_some() || v6.segments()[0] & 0xffc0 == 0xfe80,
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().is_some() || v6.is_unicast_link_local(),
         };
         !special
             && !a.is_loopback()

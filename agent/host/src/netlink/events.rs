@@ -8,10 +8,19 @@
 //! wakes the agent for what it just did. Link notifications carry no reliable port (most
 //! kernels send 0), so link events keep coming for the agent's own changes too; a pass that
 //! finds the kernel as wanted changes nothing and wakes nobody, so that echo ends after one.
+//!
+//! An IPv4 address notification names its device (its label); an IPv6 one carries only the
+//! device's index, so the `kup-*` links' indexes are kept in [`LinkNames`] (seeded by a link
+//! dump, then kept by the link notifications that pass through [`classify`]). The kernel sends
+//! IPv6 address notifications with port 0 whoever asked, so the agent's own IPv6 link ends come
+//! back once, as its links do; the kernel's link-local addresses never count.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
 
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_packet_route::address::{AddressAttribute, AddressMessage};
-use netlink_packet_route::link::LinkAttribute;
+use netlink_packet_route::link::{LinkAttribute, LinkMessage};
 use rtnetlink::packet_core::{NetlinkMessage, NetlinkPayload};
 
 use kuport_core::ir::{LINK_PREFIX, MarkLayout};
@@ -32,9 +41,36 @@ pub struct EventFilter {
     pub marks: MarkLayout,
 }
 
-/// The host event `msg` is for the agent, if any.
+/// The `kup-*` links by interface index: how an IPv6 address notification, which names no
+/// device, is known to be on one of kuport's links.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LinkNames(BTreeMap<u32, String>);
+
+impl LinkNames {
+    /// Records what a link notification or a link dump's entry says: a `kup-*` link under its
+    /// index, or (deleted, or renamed to something else) no longer.
+    pub fn observe(&mut self, link: &LinkMessage, removed: bool) {
+        let index = link.header.index;
+        match link_name(link) {
+            Some(name) if !removed && name.starts_with(LINK_PREFIX) => {
+                self.0.insert(index, name);
+            }
+            _ => {
+                self.0.remove(&index);
+            }
+        }
+    }
+
+    /// The `kup-*` link with interface index `index`, if any.
+    pub fn get(&self, index: u32) -> Option<&str> {
+        self.0.get(&index).map(String::as_str)
+    }
+}
+
+/// The host event `msg` is for the agent, if any. A link notification also updates `links`.
 pub fn classify(
     filter: &EventFilter,
+    links: &mut LinkNames,
     msg: &NetlinkMessage<RouteNetlinkMessage>,
 ) -> Option<HostEvent> {
     let inner = match &msg.payload {
@@ -48,7 +84,7 @@ pub fn classify(
         NetlinkPayload::InnerMessage(inner) => inner,
         _ => return None,
     };
-    if let Some(event) = link_event(filter, inner) {
+    if let Some(event) = link_event(filter, links, inner) {
         return Some(event);
     }
     // A port of 0 is the kernel's own doing (an address going with its deleted link, say):
@@ -90,9 +126,22 @@ pub fn classify(
         RouteNetlinkMessage::NewAddress(a) | RouteNetlinkMessage::DelAddress(a) => {
             let removed = matches!(inner, RouteNetlinkMessage::DelAddress(_));
             let (label, address) = address_of(a);
-            label.starts_with(LINK_PREFIX).then(|| HostEvent {
+            // The kernel's own link-local address of a link (and its duplicate address
+            // detection's updates) is not kuport's.
+            if address.is_some_and(is_link_local) {
+                return None;
+            }
+            let device = match label {
+                Some(label) => label,
+                None => links.get(a.header.index)?.to_owned(),
+            };
+            let shown = address.map_or_else(
+                || "?".to_owned(),
+                |address| format!("{address}/{}", a.header.prefix_len),
+            );
+            device.starts_with(LINK_PREFIX).then(|| HostEvent {
                 kind: HostEventKind::Address,
-                what: format!("address {address} on {label}"),
+                what: format!("address {shown} on {device}"),
                 removed,
             })
         }
@@ -101,39 +150,48 @@ pub fn classify(
 }
 
 /// A change to a `kup-*` link or an underlay device, whoever made it.
-fn link_event(filter: &EventFilter, inner: &RouteNetlinkMessage) -> Option<HostEvent> {
+fn link_event(
+    filter: &EventFilter,
+    links: &mut LinkNames,
+    inner: &RouteNetlinkMessage,
+) -> Option<HostEvent> {
     let (link, removed) = match inner {
         RouteNetlinkMessage::NewLink(l) => (l, false),
         RouteNetlinkMessage::DelLink(l) => (l, true),
         _ => return None,
     };
-    let name = link.attributes.iter().find_map(|a| match a {
-        LinkAttribute::IfName(n) => Some(n.clone()),
-        _ => None,
-    })?;
+    links.observe(link, removed);
+    let name = link_name(link)?;
     (name.starts_with(LINK_PREFIX) || filter.underlay.contains(&name))
         .then(|| HostEvent::link(name, removed))
 }
 
-/// An IPv4 address's label (its device's name for a device's own addresses) and the address
-/// with its prefix, as text.
-fn address_of(msg: &AddressMessage) -> (String, String) {
-    let mut label = String::new();
+fn link_name(link: &LinkMessage) -> Option<String> {
+    link.attributes.iter().find_map(|a| match a {
+        LinkAttribute::IfName(n) => Some(n.clone()),
+        _ => None,
+    })
+}
+
+/// An address notification's label (its device's name for a device's own IPv4 addresses; IPv6
+/// addresses have none) and its address.
+fn address_of(msg: &AddressMessage) -> (Option<String>, Option<IpAddr>) {
+    let mut label = None;
     let mut local = None;
     let mut address = None;
     for a in &msg.attributes {
         match a {
-            AddressAttribute::Label(l) => label = l.clone(),
+            AddressAttribute::Label(l) => label = Some(l.clone()),
             AddressAttribute::Local(v) => local = Some(*v),
             AddressAttribute::Address(v) => address = Some(*v),
             _ => {}
         }
     }
-    let shown = local.or(address).map_or_else(
-        || "?".to_owned(),
-        |a| format!("{a}/{}", msg.header.prefix_len),
-    );
-    (label, shown)
+    (label, local.or(address))
+}
+
+fn is_link_local(address: IpAddr) -> bool {
+    matches!(address, IpAddr::V6(a) if a.is_unicast_link_local())
 }
 
 #[cfg(test)]
@@ -205,13 +263,85 @@ mod tests {
     }
 
     fn link(name: &str) -> LinkMessage {
+        indexed_link(1, name)
+    }
+
+    fn indexed_link(index: u32, name: &str) -> LinkMessage {
         let mut l = LinkMessage::default();
+        l.header.index = index;
         l.attributes = vec![LinkAttribute::IfName(name.to_owned())];
         l
     }
 
+    /// An IPv6 address notification: the device only by its index, as the kernel sends it.
+    fn address6(index: u32, address: &str) -> AddressMessage {
+        let mut a = AddressMessage::default();
+        a.header.index = index;
+        a.header.prefix_len = 127;
+        a.attributes = vec![AddressAttribute::Address(
+            address.parse().expect("an address"),
+        )];
+        a
+    }
+
     fn kind(msg: NetlinkMessage<RouteNetlinkMessage>) -> Option<(HostEventKind, bool)> {
-        classify(&filter(), &msg).map(|e| (e.kind, e.removed))
+        classify(&filter(), &mut LinkNames::default(), &msg).map(|e| (e.kind, e.removed))
+    }
+
+    #[test]
+    fn an_ipv6_address_of_a_kup_link_is_known_by_the_links_index() {
+        use RouteNetlinkMessage::*;
+        let ip = 31337;
+        let mut links = LinkNames::default();
+        let seen = |links: &mut LinkNames, msg| {
+            classify(&filter(), links, &from(ip, msg)).map(|e| (e.kind, e.removed, e.what))
+        };
+        // Index 7 is not known as a kup-* link yet.
+        assert_eq!(
+            seen(&mut links, DelAddress(address6(7, "fd6b:7570::a9fe:4000"))),
+            None
+        );
+        // The link's notification (the agent's own, port 0 or not) teaches its index.
+        assert!(seen(&mut links, NewLink(indexed_link(7, "kup-public-2"))).is_some());
+        assert_eq!(
+            seen(&mut links, DelAddress(address6(7, "fd6b:7570::a9fe:4000"))),
+            Some((
+                HostEventKind::Address,
+                true,
+                "address fd6b:7570::a9fe:4000/127 on kup-public-2".to_owned()
+            ))
+        );
+        // The kernel's link-local address of the link (and its updates) is not kuport's.
+        assert_eq!(seen(&mut links, NewAddress(address6(7, "fe80::1"))), None);
+        // Another device's IPv6 address is not an event.
+        assert!(seen(&mut links, NewLink(indexed_link(8, "eth0"))).is_none());
+        assert_eq!(
+            seen(&mut links, DelAddress(address6(8, "2001:db8::1"))),
+            None
+        );
+        // The agent's own change is not an event (control: another program's is, above).
+        assert_eq!(
+            classify(
+                &filter(),
+                &mut links,
+                &from(OWN, NewAddress(address6(7, "fd6b::1")))
+            ),
+            None
+        );
+        // Deleted, the index is forgotten: a later device may reuse it.
+        assert!(seen(&mut links, DelLink(indexed_link(7, "kup-public-2"))).is_some());
+        assert_eq!(seen(&mut links, NewAddress(address6(7, "fd6b::1"))), None);
+    }
+
+    #[test]
+    fn a_link_renamed_away_from_kup_is_forgotten() {
+        let mut links = LinkNames::default();
+        links.observe(&indexed_link(3, "kup-public-2"), false);
+        links.observe(&indexed_link(4, "wt0"), false);
+        assert_eq!(links.get(3), Some("kup-public-2"));
+        assert_eq!(links.get(4), None, "only kup-* links are kept");
+        links.observe(&indexed_link(3, "renamed"), false);
+        assert_eq!(links.get(3), None);
     }
 
     #[test]
@@ -235,7 +365,12 @@ mod tests {
             kind(from(ip, DelAddress(address("kup-public-2")))),
             Some((HostEventKind::Address, true))
         );
-        let e = classify(&filter(), &from(ip, DelRoute(route(LINK_TABLE_BASE + 3)))).expect("e");
+        let e = classify(
+            &filter(),
+            &mut LinkNames::default(),
+            &from(ip, DelRoute(route(LINK_TABLE_BASE + 3))),
+        )
+        .expect("e");
         assert_eq!(
             e.what,
             format!("route 10.244.2.0/24 table {}", LINK_TABLE_BASE + 3)
@@ -261,7 +396,8 @@ mod tests {
             own_port: Some(0),
             ..filter()
         };
-        assert!(classify(&unbound, &from(0, DelRule(kuport_rule()))).is_some());
+        let mut links = LinkNames::default();
+        assert!(classify(&unbound, &mut links, &from(0, DelRule(kuport_rule()))).is_some());
     }
 
     #[test]

@@ -255,8 +255,7 @@ pub async fn facts(
 /// lists.
 fn published_v6(addr: IpAddr) -> Option<Ipv6Addr> {
     let IpAddr::V6(a) = addr else { return None };
-    let link_local = a.segments()[0] & 0xffc0 == 0xfe80;
-    let usable = !(link_local
+    let usable = !(a.is_unicast_link_local()
         || a.is_loopback()
         || a.is_multicast()
         || a.is_unspecified()
@@ -501,7 +500,7 @@ async fn configure_link(
         .get(&k.index)
         .into_iter()
         .flatten()
-        .filter(|n| !matches!(n.addr(), IpAddr::V6(a) if a.segments()[0] & 0xffc0 == 0xfe80))
+        .filter(|n| !matches!(n.addr(), IpAddr::V6(a) if a.is_unicast_link_local()))
         .copied()
         .collect();
     let want_addrs: Vec<IpNet> = std::iter::once(IpNet::V4(want.address))
