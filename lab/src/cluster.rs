@@ -7,7 +7,7 @@
 //! node-lifecycle controller marks a node whose Lease stops being renewed not ready.
 
 use std::collections::BTreeSet;
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -546,20 +546,32 @@ fn service_ports(pods: &[&PodInfo]) -> Vec<Value> {
     ports
 }
 
-/// A Node's status as kubelet reports it; `now` stamps the heartbeat (the real node-lifecycle
-/// controller reads it), else a fixed time keeps the model's objects reproducible.
-/// A Node's InternalIPs: the mesh's IPv4 address, and its IPv6 one on an IPv6 mesh.
-pub type NodeIps = (Ipv4Addr, Option<Ipv6Addr>);
+/// A Node's InternalIPs: the mesh's IPv4 address and its IPv6 one (on an IPv6 mesh), each
+/// unless the scenario leaves that family out of the node's `internalIpFamilies`.
+pub type NodeIps = (Option<Ipv4Addr>, Option<Ipv6Addr>);
 
-fn node_status((internal_ip, internal_ip6): NodeIps, ready: bool, now: bool) -> Value {
+/// A Node's status as kubelet reports it, IPv4 InternalIP first; `now` stamps the heartbeat
+/// (the real node-lifecycle controller reads it), else a fixed time keeps the model's objects
+/// reproducible.
+fn node_status(internal_ips: NodeIps, ready: bool, now: bool) -> Value {
     let at = if now {
         Timestamp::now().to_string()
     } else {
         "2026-01-01T00:00:00Z".to_owned()
     };
-    let mut status = objects::kubelet_node_status(&internal_ip.to_string(), ready, &at);
-    if let (Some(ip6), Some(addresses)) = (internal_ip6, status["addresses"].as_array_mut()) {
-        addresses.push(json!({"type": "InternalIP", "address": ip6.to_string()}));
+    let (v4, v6) = internal_ips;
+    let ips: Vec<String> = v4
+        .map(IpAddr::V4)
+        .into_iter()
+        .chain(v6.map(IpAddr::V6))
+        .map(|ip| ip.to_string())
+        .collect();
+    let first = ips.first().map_or("", String::as_str);
+    let mut status = objects::kubelet_node_status(first, ready, &at);
+    if let Some(addresses) = status["addresses"].as_array_mut() {
+        for ip in ips.iter().skip(1) {
+            addresses.push(json!({"type": "InternalIP", "address": ip}));
+        }
     }
     status
 }
@@ -619,6 +631,29 @@ pub fn condition(obj: &Value, kind: &str) -> Option<(String, String, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_nodes_internal_ips_are_listed_ipv4_first_and_only_those_it_has() {
+        let v4 = Ipv4Addr::new(100, 64, 0, 2);
+        let v6: Ipv6Addr = "fd00:100:64::2".parse().expect("an address");
+        let listed = |ips: NodeIps| -> Vec<String> {
+            node_status(ips, true, false)["addresses"]
+                .as_array()
+                .expect("addresses")
+                .iter()
+                .map(|a| {
+                    assert_eq!(a["type"], "InternalIP");
+                    a["address"].as_str().expect("an address").to_owned()
+                })
+                .collect()
+        };
+        assert_eq!(listed((Some(v4), None)), ["100.64.0.2"]);
+        assert_eq!(
+            listed((Some(v4), Some(v6))),
+            ["100.64.0.2", "fd00:100:64::2"]
+        );
+        assert_eq!(listed((None, Some(v6))), ["fd00:100:64::2"]);
+    }
 
     /// The labels of the lab's DaemonSet, its selector and its Pods are the shipped ones.
     #[test]

@@ -224,7 +224,7 @@ impl Runner<'_> {
             cluster
                 .register_node(
                     &node.name,
-                    (node.mesh, node.mesh6),
+                    self.topo.internal_ips(node),
                     &node_pod_cidrs(&self.topo, node),
                     true,
                 )
@@ -724,7 +724,7 @@ impl Runner<'_> {
     async fn set_node_ready(&self, n: &scenario::SetNodeReady) -> Result<(bool, Value)> {
         let node = self.topo.node(&n.node)?;
         self.cluster()?
-            .set_node_ready(&n.node, (node.mesh, node.mesh6), n.ready)
+            .set_node_ready(&n.node, self.topo.internal_ips(node), n.ready)
             .await?;
         Ok((true, json!({"node": n.node, "ready": n.ready})))
     }

@@ -55,6 +55,11 @@ pub struct NodeSpec {
     pub name: String,
     #[serde(default)]
     pub public: bool,
+    /// The families of the InternalIPs its Node lists (its mesh addresses). Empty, the default:
+    /// every family its `wt0` has. `[IPv6]` is a node whose kubelet has `--node-ip` set to its
+    /// mesh IPv6 address only (needs `mesh: {ipv6: true}`).
+    #[serde(default)]
+    pub internal_ip_families: Vec<IpFamily>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -621,6 +626,12 @@ fn validate(s: &Scenario) -> Result<()> {
         if s.nodes[..i].iter().any(|m| m.name == n.name) {
             bail!("node {} listed twice", n.name);
         }
+        if n.internal_ip_families.contains(&IpFamily::IPv6) && !s.mesh.ipv6 {
+            bail!(
+                "node {}: internalIpFamilies lists IPv6, but the mesh is IPv4 only (mesh: {{ipv6: true}} gives wt0 an IPv6 address)",
+                n.name
+            );
+        }
     }
     check_pod_families(s)?;
     let mut tcp_source_ports = std::collections::BTreeSet::new();
@@ -980,6 +991,25 @@ steps:
 
     const PROBE: &str =
         "from: internet, to: {node: a, interface: enp1s0}, protocol: UDP, port: 1, expect: reply";
+
+    #[test]
+    fn a_node_lists_an_ipv6_internal_ip_only_on_an_ipv6_mesh() {
+        let with = |mesh: &str| {
+            let yaml = format!(
+                "name: x\ncni: cilium-tunnel\n{mesh}nodes: [{{name: a, public: true}}, {{name: b, internalIpFamilies: [IPv6]}}]\nsteps: [{{sleep: {{seconds: 1}}}}]\n"
+            );
+            let s: Scenario = serde_saphyr::from_str(&yaml).expect("parses");
+            validate(&s).map(|()| s)
+        };
+        let s = with("mesh: {ipv6: true}\n").expect("an IPv6 mesh");
+        assert_eq!(s.nodes[1].internal_ip_families, [IpFamily::IPv6]);
+        assert!(s.nodes[0].internal_ip_families.is_empty());
+        let err = with("").expect_err("an IPv4 mesh");
+        assert!(
+            format!("{err}").contains("node b: internalIpFamilies"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn a_vpn_client_dials_ipv6_only_to_wt0_on_an_ipv6_mesh() {

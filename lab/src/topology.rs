@@ -122,6 +122,23 @@ impl Topology {
             .with_context(|| format!("no node {name} in this scenario"))
     }
 
+    /// The InternalIPs `node`'s Node lists: its mesh addresses, of the families its spec's
+    /// `internalIpFamilies` names (every family its `wt0` has when it names none).
+    pub fn internal_ips(&self, node: &NodeInfo) -> crate::cluster::NodeIps {
+        let families = self
+            .scenario
+            .nodes
+            .iter()
+            .find(|n| n.name == node.name)
+            .map(|n| n.internal_ip_families.as_slice())
+            .unwrap_or_default();
+        let listed = |f: IpFamily| families.is_empty() || families.contains(&f);
+        (
+            listed(IpFamily::IPv4).then_some(node.mesh),
+            node.mesh6.filter(|_| listed(IpFamily::IPv6)),
+        )
+    }
+
     pub fn mesh_member(&self, name: &str) -> Result<&MeshMember> {
         self.mesh
             .iter()
