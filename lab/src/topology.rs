@@ -834,11 +834,15 @@ fn host_filters(topo: &Topology, node: &NodeInfo) -> Result<()> {
 /// IPv6 has no `rp_filter` sysctl: a strict reverse-path check is an nftables `fib` rule, shaped
 /// as firewalld's `IPv6_rpfilter` (its default): after the mangle hooks, so the packet's mark
 /// counts in the lookup, drop a packet whose source is not routed back out of the interface it
-/// came in on (neighbour discovery excepted).
+/// came in on (neighbour discovery excepted). TCP and UDP drops are counted apart from the rest,
+/// so a scenario can tell a mapped flow's drop from the multicast listener reports a pod sends
+/// from its link-local address before the node's side of its network has one (dropped too, as
+/// firewalld does, and never kuport's).
 pub const RPFILTER6_TABLE: &str = "table inet lab-rpfilter6 {\n\
      \tchain pre {\n\
      \t\ttype filter hook prerouting priority filter + 10; policy accept;\n\
      \t\tmeta nfproto ipv6 icmpv6 type { nd-router-advert, nd-neighbor-solicit } accept\n\
+     \t\tmeta nfproto ipv6 meta l4proto { tcp, udp } fib saddr . mark . iif oif missing counter drop\n\
      \t\tmeta nfproto ipv6 fib saddr . mark . iif oif missing counter drop\n\
      \t}\n\
      }\n";
