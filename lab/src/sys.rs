@@ -218,12 +218,7 @@ impl Lab {
         program: &str,
         args: &[&str],
     ) -> Result<i32> {
-        let log_path = self.log_path(what);
-        let log =
-            File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
-        let err = log
-            .try_clone()
-            .with_context(|| format!("opening {}", log_path.display()))?;
+        let (log, err) = self.new_log(what)?;
         let child = Command::new("ip")
             .args(["netns", "exec", ns, program])
             .args(args)
@@ -253,12 +248,7 @@ impl Lab {
         program: &str,
         args: &[&str],
     ) -> Result<i32> {
-        let log_path = self.log_path(what);
-        let log =
-            File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
-        let err = log
-            .try_clone()
-            .with_context(|| format!("opening {}", log_path.display()))?;
+        let (log, err) = self.new_log(what)?;
         let child = Command::new(program)
             .args(args)
             .stdin(Stdio::null())
@@ -324,9 +314,13 @@ impl Lab {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))
     }
 
-    /// Logs of the processes started from now on go to `logs/<scenario>/`.
+    /// Logs of the processes started from now on go to `logs/<scenario>/`, emptied first so
+    /// every log there is this run's.
     pub fn set_scenario(&mut self, name: &str) -> Result<()> {
         let dir = Path::new(RUN_DIR).join("logs").join(sanitize(name));
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).with_context(|| format!("emptying {}", dir.display()))?;
+        }
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         self.log_dir = dir;
         Ok(())
@@ -334,6 +328,28 @@ impl Lab {
 
     pub fn log_path(&self, what: &str) -> PathBuf {
         self.log_dir.join(format!("{}.log", sanitize(what)))
+    }
+
+    /// A fresh log for a process about to start, as its stdout and stderr. The log of an
+    /// earlier process of the same name (an agent stopped and started again) is kept as
+    /// `<what>.<n>.log`, n counting from 1, rather than overwritten: it holds what happened
+    /// before the restart. Fresh, not appended: a caller waiting for a line ("ready") must not
+    /// find the earlier process's.
+    fn new_log(&self, what: &str) -> Result<(File, File)> {
+        let path = self.log_path(what);
+        if path.exists() {
+            let kept = (1..)
+                .map(|n| self.log_dir.join(format!("{}.{n}.log", sanitize(what))))
+                .find(|p| !p.exists())
+                .context("numbering an earlier log")?;
+            std::fs::rename(&path, &kept)
+                .with_context(|| format!("keeping {} as {}", path.display(), kept.display()))?;
+        }
+        let log = File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+        let err = log
+            .try_clone()
+            .with_context(|| format!("opening {}", path.display()))?;
+        Ok((log, err))
     }
 
     /// Signals a recorded process and waits for it (escalating to SIGKILL after `grace`).
@@ -508,6 +524,27 @@ mod tests {
             comm: comm_of(pid).unwrap(),
             what: "kuport-lab".to_owned(),
         }
+    }
+
+    #[test]
+    fn a_restarted_process_gets_a_fresh_log_and_the_earlier_one_is_kept() {
+        let dir = std::env::temp_dir().join(format!("kuport-lab-logs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let lab = Lab {
+            path: dir.join("state.json"),
+            state: LabState::default(),
+            children: BTreeMap::new(),
+            log_dir: dir.clone(),
+        };
+        for run in ["first", "second", "third"] {
+            let (mut log, _) = lab.new_log("agent-edge-a").unwrap();
+            std::io::Write::write_all(&mut log, run.as_bytes()).unwrap();
+        }
+        let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap();
+        assert_eq!(read("agent-edge-a.log"), "third");
+        assert_eq!(read("agent-edge-a.1.log"), "first");
+        assert_eq!(read("agent-edge-a.2.log"), "second");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
