@@ -411,6 +411,62 @@ fn a_node_without_ipv6_forwarding_is_named_in_the_status_of_its_ipv6_mappings() 
     assert!(!p.message.contains("ipv6"), "{}", p.message);
 }
 
+/// A mapping served over IPv6 says where it has no IPv6 address to be reached at: an IPv6-only
+/// mapping each bound interface without one (it publishes nothing there), a dual-stack mapping
+/// a node none of whose bound interfaces has one (served there over IPv4 only).
+#[test]
+fn an_accepting_interface_without_an_ipv6_address_is_named_in_the_status_of_ipv6_mappings() {
+    // edge-a binds enp1s0 and wt0; its row lists an IPv6 address for `ipv6` of them.
+    let with_row6 = |mut c: Cluster, ipv6: &[&str]| {
+        let status = c.class_mut("public").status.as_mut().expect("status");
+        let row = status
+            .nodes
+            .iter_mut()
+            .find(|r| r.name == "edge-a")
+            .expect("row");
+        row.addresses6 = ipv6
+            .iter()
+            .map(|i| ((*i).to_owned(), EDGE_PUBLIC6.to_owned()))
+            .collect();
+        c
+    };
+    let message = |c: Cluster| {
+        let plan = c.plan_with("edge-a", &edge_facts());
+        let p = decision(&plan, "games", "gs")
+            .programmed
+            .clone()
+            .expect("programmed");
+        assert_eq!(p.reason, P::AllNodesReady, "{}", p.message);
+        p.message
+    };
+    let dual = || {
+        let mut c = dual_stack_cluster()
+            .endpoint("games", "gs", "gs-0", "edge-a", "10.244.0.5", 3000)
+            .portmap(pm("games", "gs", "public", 3000));
+        slice6(&mut c, "gs-0", "edge-a", POD6_EDGE);
+        c
+    };
+    let only6 = || {
+        let mut c = dual_stack_cluster().portmap(pm("games", "gs", "public", 3000));
+        slice6(&mut c, "gs-0", "edge-a", POD6_EDGE);
+        c
+    };
+    let none = "no bound interface (enp1s0, wt0) has an IPv6 address: this mapping is served there over IPv4 only";
+    assert!(message(with_row6(dual(), &[])).contains(none));
+    // One interface with IPv6 is enough for a dual-stack mapping: the rest serve IPv4.
+    assert_eq!(message(with_row6(dual(), &["enp1s0"])), "");
+    let wt0 = "on node edge-a, interface wt0 has no IPv6 address: this IPv6-only mapping is not served there";
+    let m = message(with_row6(only6(), &["enp1s0"]));
+    assert!(m.contains(wt0), "{m}");
+    assert!(!m.contains("interface enp1s0"), "{m}");
+    assert_eq!(message(with_row6(only6(), &["enp1s0", "wt0"])), "");
+    // Control: an IPv4-only Service never mentions IPv6 addresses.
+    let v4 = dual_stack_cluster()
+        .endpoint("games", "gs", "gs-0", "edge-a", "10.244.0.5", 3000)
+        .portmap(pm("games", "gs", "public", 3000));
+    assert_eq!(message(with_row6(v4, &[])), "");
+}
+
 /// IPv6 has no `rp_filter` sysctl kuport could loosen on its links: a strict check is a
 /// `fib saddr . mark . iif` rule (firewalld's default IPv6_rpfilter). On the pod node, the
 /// request over the link must find the link as the route back to the client under its packet

@@ -1055,7 +1055,7 @@ fn firewall_note(index: &Index, class: &str, d: &MappingDecision, say: Say) -> S
         return String::new();
     }
     let v6 = d.endpoint.as_ref().is_some_and(|e| e.v6().is_some());
-    let notes: Vec<String> = d
+    let mut notes: Vec<String> = d
         .programming_nodes
         .iter()
         .filter_map(|node| index.row(class, node).map(|row| (node, row)))
@@ -1075,10 +1075,46 @@ fn firewall_note(index: &Index, class: &str, d: &MappingDecision, say: Say) -> S
                 .map(move |w| format!("on node {node}, {w}"))
         })
         .collect();
+    notes.extend(ipv6_address_notes(index, class, d));
     if notes.is_empty() {
         return String::new();
     }
     format!("programmed, but {}", notes.join("; "))
+}
+
+/// Where a mapping served over IPv6 has no IPv6 address to be reached at, from the rows of its
+/// bound nodes: each interface without one for an IPv6-only mapping (it publishes nothing
+/// there), and a node none of whose bound interfaces has one for a dual-stack mapping (IPv6
+/// clients cannot reach it there; its IPv4 half is served). A row that is not ready says why
+/// itself.
+fn ipv6_address_notes(index: &Index, class: &str, d: &MappingDecision) -> Vec<String> {
+    let (v4, v6) = published_families(d);
+    if !v6 {
+        return Vec::new();
+    }
+    let mut notes = Vec::new();
+    for (node, ifaces) in d.bindings.iter() {
+        let Some(row) = index.row(class, node).filter(|r| r.ready) else {
+            continue;
+        };
+        // An interface with no IPv4 address either is missing: the row's message says so.
+        let without: Vec<&str> = ifaces
+            .iter()
+            .map(String::as_str)
+            .filter(|i| row.addresses.contains_key(*i) && !row.addresses6.contains_key(*i))
+            .collect();
+        if !v4 {
+            notes.extend(without.iter().map(|i| {
+                format!("on node {node}, interface {i} has no IPv6 address: this IPv6-only mapping is not served there")
+            }));
+        } else if !without.is_empty() && without.len() == ifaces.len() {
+            notes.push(format!(
+                "on node {node}, no bound interface ({}) has an IPv6 address: this mapping is served there over IPv4 only",
+                without.join(", ")
+            ));
+        }
+    }
+    notes
 }
 
 /// The families a mapping's rows are published in: IPv4 unless its endpoint has none (an
