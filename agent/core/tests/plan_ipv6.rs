@@ -467,6 +467,61 @@ fn an_accepting_interface_without_an_ipv6_address_is_named_in_the_status_of_ipv6
     assert_eq!(message(with_row6(v4, &[])), "");
 }
 
+/// Return path `None` holds for IPv6 as for IPv4: a dual-stack mapping whose pod runs on the
+/// accepting node is served over both families (no link needed), one whose pod runs elsewhere
+/// has no way back in either family and is refused, with nothing in either table for it.
+#[test]
+fn return_path_none_serves_ipv6_on_the_accepting_node_only() {
+    let none = |mut c: Cluster| {
+        c.class_mut("public").spec.return_path.mode = kuport_core::api::ReturnPathMode::None;
+        c
+    };
+    let mut local = none(dual_stack_cluster())
+        .endpoint("games", "gs", "gs-0", "edge-a", "10.244.0.5", 3000)
+        .portmap(pm("games", "gs", "public", 3000));
+    slice6(&mut local, "gs-0", "edge-a", POD6_EDGE);
+    let plan = local.plan_with("edge-a", &edge_facts());
+    let d = decision(&plan, "games", "gs");
+    assert_eq!(
+        d.programmed.as_ref().map(|p| p.reason),
+        Some(P::AllNodesReady)
+    );
+    assert_eq!(
+        dnat_targets(&plan.host_state, Family::V6),
+        [("enp1s0".to_owned(), v6(POD6_EDGE))]
+    );
+    assert!(plan.host_state.links.is_empty());
+
+    let mut remote = none(dual_stack_cluster())
+        .endpoint("games", "gs", "gs-0", "worker-b", "10.244.1.5", 3000)
+        .portmap(pm("games", "gs", "public", 3000));
+    slice6(&mut remote, "gs-0", "worker-b", POD6_WORKER);
+    let plan = remote.plan_with("edge-a", &edge_facts());
+    let d = decision(&plan, "games", "gs");
+    assert_eq!(
+        d.programmed.as_ref().map(|p| p.reason),
+        Some(P::ReturnPathUnavailable)
+    );
+    assert!(dnat_targets(&plan.host_state, Family::V6).is_empty());
+    assert!(dnat_targets(&plan.host_state, Family::V4).is_empty());
+    assert!(plan.host_state.links.is_empty());
+    // Control: the same cluster with Vxlan serves the remote pod over IPv6 across a link (to
+    // the peer's IPv6 end of it).
+    let mut vxlan = dual_stack_cluster()
+        .endpoint("games", "gs", "gs-0", "worker-b", "10.244.1.5", 3000)
+        .portmap(pm("games", "gs", "public", 3000))
+        .claim_built("public", "edge-a/worker-b", 0);
+    slice6(&mut vxlan, "gs-0", "worker-b", POD6_WORKER);
+    let plan = vxlan.plan_with("edge-a", &edge_facts());
+    let link6 = plan.host_state.links[0]
+        .peer_address6
+        .expect("the link carries IPv6");
+    assert_eq!(
+        dnat_targets(&plan.host_state, Family::V6),
+        [("enp1s0".to_owned(), IpAddr::V6(link6))]
+    );
+}
+
 /// IPv6 has no `rp_filter` sysctl kuport could loosen on its links: a strict check is a
 /// `fib saddr . mark . iif` rule (firewalld's default IPv6_rpfilter). On the pod node, the
 /// request over the link must find the link as the route back to the client under its packet
