@@ -784,26 +784,46 @@ fn mark_keyed_neighbours(topo: &Topology, node: &NodeInfo) -> Result<()> {
     if topo.scenario.mesh.netbird {
         return cilium_mark_rules(topo, ns);
     }
-    let kube_proxy = "table ip lab-kube-proxy {\n\
-         \tchain post {\n\
-         \t\ttype nat hook postrouting priority srcnat; policy accept;\n\
-         \t\tmeta mark & 0x00004000 == 0x00004000 counter masquerade\n\
-         \t}\n\
-         \tchain forward {\n\
-         \t\ttype filter hook forward priority filter; policy accept;\n\
-         \t\tmeta mark & 0x00008000 == 0x00008000 counter drop\n\
-         \t}\n\
-         }\n";
-    sys::run_with_input("ip", &["netns", "exec", ns, "nft", "-f", "-"], kube_proxy)?;
+    // kube-proxy on a dual-stack cluster installs the same rules in both families.
+    for family in ["ip", "ip6"] {
+        let kube_proxy = format!(
+            "table {family} lab-kube-proxy {{\n\
+             \tchain post {{\n\
+             \t\ttype nat hook postrouting priority srcnat; policy accept;\n\
+             \t\tmeta mark & 0x00004000 == 0x00004000 counter masquerade\n\
+             \t}}\n\
+             \tchain forward {{\n\
+             \t\ttype filter hook forward priority filter; policy accept;\n\
+             \t\tmeta mark & 0x00008000 == 0x00008000 counter drop\n\
+             \t}}\n\
+             }}\n"
+        );
+        sys::run_with_input("ip", &["netns", "exec", ns, "nft", "-f", "-"], &kube_proxy)?;
+    }
     cilium_mark_rules(topo, ns)
 }
 
+/// Cilium's rules in both families (it installs them for each family it serves).
 fn cilium_mark_rules(topo: &Topology, ns: &str) -> Result<()> {
     if topo.scenario.cni.is_cilium() {
-        ip_in(ns, "rule add pref 9 fwmark 0x200/0xf00 lookup 2004")?;
-        ip_in(ns, "rule add pref 10 fwmark 0xa00/0xf00 lookup 2005")?;
-        ip_in(ns, "route add blackhole default table 2004")?;
-        ip_in(ns, "route add blackhole default table 2005")?;
+        for family in ["", "-6 "] {
+            ip_in(
+                ns,
+                &format!("{family}rule add pref 9 fwmark 0x200/0xf00 lookup 2004"),
+            )?;
+            ip_in(
+                ns,
+                &format!("{family}rule add pref 10 fwmark 0xa00/0xf00 lookup 2005"),
+            )?;
+            ip_in(
+                ns,
+                &format!("{family}route add blackhole default table 2004"),
+            )?;
+            ip_in(
+                ns,
+                &format!("{family}route add blackhole default table 2005"),
+            )?;
+        }
     }
     Ok(())
 }
