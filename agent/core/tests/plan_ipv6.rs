@@ -210,6 +210,10 @@ fn ipv6_endpoints_pass_the_same_address_policy() {
             "fd6b:7570::a9fe:4d00",
             "the return-link subnet of class public",
         ),
+        // The first address of a Node's IPv6 pod CIDR is its CNI gateway, the node's own host
+        // (cilium_host), as in IPv4.
+        ("fd00:10:244::1", "an address of node edge-a"),
+        ("fd00:10:244:1::1", "an address of node worker-b"),
     ] {
         let mut c = dual_stack_cluster().portmap(pm("games", "gs", "public", 3000));
         slice6(&mut c, "gs-0", "edge-a", address);
