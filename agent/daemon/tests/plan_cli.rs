@@ -487,3 +487,85 @@ fn scratch_dir(name: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).expect("creating a scratch directory");
     dir
 }
+
+/// A dual-stack copy of the seed: worker-1 lists an IPv6 pod CIDR, the Service an IPv6
+/// EndpointSlice for the same pod, and worker-1's enp1s0 an IPv6 address in its facts. The
+/// contract's IPv6 additions appear (`nftables6`, the published and endpoint `ipv6Address`)
+/// and its IPv4 fields keep their meaning; the IPv4-only seed carries none of them.
+#[test]
+fn a_dual_stack_input_adds_the_ipv6_fields_and_keeps_the_contract() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let objects = dir.path().join("objects");
+    std::fs::create_dir_all(objects.join("cluster")).expect("objects dir");
+    for rel in [
+        "gameserver-portmap.yaml",
+        "intranet-class.yaml",
+        "public-class.yaml",
+        "cluster/cilium-config.yaml",
+        "cluster/gameserver.yaml",
+        "cluster/namespaces.yaml",
+    ] {
+        std::fs::copy(testdata(&format!("objects/{rel}")), objects.join(rel)).expect("copy");
+    }
+    let nodes = std::fs::read_to_string(testdata("objects/cluster/nodes.yaml")).expect("nodes");
+    let dual_nodes = nodes.replacen(
+        "  podCIDR: 10.244.1.0/24\n",
+        "  podCIDR: 10.244.1.0/24\n  podCIDRs: [10.244.1.0/24, \"fd00:10:244:1::/64\"]\n",
+        1,
+    );
+    assert_ne!(
+        nodes, dual_nodes,
+        "worker-1's podCIDR is where the test expects it"
+    );
+    std::fs::write(objects.join("cluster/nodes.yaml"), dual_nodes).expect("nodes");
+    std::fs::write(
+        objects.join("cluster/gameserver-ipv6.yaml"),
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: gameserver-v6\n  namespace: games\n  labels: {kubernetes.io/service-name: gameserver}\naddressType: IPv6\nports: [{name: game, protocol: UDP, port: 3000}]\nendpoints:\n  - addresses: [\"fd00:10:244:1::5\"]\n    conditions: {ready: true, serving: true, terminating: false}\n    nodeName: worker-1\n    targetRef: {kind: Pod, name: gameserver-0, namespace: games}\n",
+    )
+    .expect("slice");
+    let facts = dir.path().join("facts.yaml");
+    std::fs::write(
+        &facts,
+        "interfaces: {enp1s0: 203.0.113.9, wt0: 100.64.0.1}\ninterfaces6: {enp1s0: \"2001:db8:203::9\"}\nunderlayDevice: wt0\nunderlayMTU: 1420\n",
+    )
+    .expect("facts");
+    let out = kuport(&[
+        "plan",
+        "--objects",
+        &objects.display().to_string(),
+        "--node",
+        "worker-1",
+        "--now",
+        NOW,
+        "--facts",
+        &facts.display().to_string(),
+    ]);
+    let report = json(&out);
+    let seed = seed_plan_with_facts();
+    // The same top-level and host keys as the seed, plus the IPv6 table.
+    assert_eq!(keys(&report), keys(&seed));
+    let mut host_keys = keys(&seed["host"]);
+    host_keys.push("nftables6");
+    host_keys.sort_unstable();
+    assert_eq!(keys(&report["host"]), host_keys);
+    let nft6 = report["host"]["nftables6"].as_str().expect("nftables6");
+    assert!(nft6.starts_with("table ip6 kuport"), "{nft6}");
+    assert!(nft6.contains("fd00:10:244:1::5"), "{nft6}");
+    assert!(
+        !seed["host"]
+            .as_object()
+            .expect("host")
+            .contains_key("nftables6")
+    );
+    let pm = &report["portmaps"][0];
+    assert_eq!(pm["endpoint"]["address"], "10.244.1.5");
+    assert_eq!(pm["endpoint"]["ipv6Address"], "fd00:10:244:1::5");
+    let enp1s0 = pm["published"]
+        .as_array()
+        .expect("published")
+        .iter()
+        .find(|p| p["node"] == "worker-1" && p["interface"] == "enp1s0")
+        .expect("enp1s0 published");
+    assert_eq!(enp1s0["address"], "203.0.113.9");
+    assert_eq!(enp1s0["ipv6Address"], "2001:db8:203::9");
+}
