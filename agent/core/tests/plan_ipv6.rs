@@ -526,6 +526,48 @@ fn return_path_none_serves_ipv6_on_the_accepting_node_only() {
     );
 }
 
+/// The hardening properties the tracer shows for IPv4 hold in `ip6 kuport`: on a mapped port,
+/// forwarded IPv6 traffic (pod to pod), a packet to an address that is not the node's own, and
+/// the replies of the node's own IPv6 connections are left alone; only a new flow to the node's
+/// own address is steered and translated (the control).
+#[test]
+fn ipv6_steering_takes_only_new_flows_to_the_nodes_own_addresses() {
+    let mut c = dual_stack_cluster()
+        .endpoint("games", "gs", "gs-0", "edge-a", "10.244.0.5", 3000)
+        .portmap(pm("games", "gs", "public", 3000));
+    slice6(&mut c, "gs-0", "edge-a", POD6_EDGE);
+    let edge = c.plan_with("edge-a", &edge_facts()).host_state;
+    let packet = |iif: &str, saddr: &str, daddr: &str| {
+        let mut p = Packet::new(iif, v6(saddr), v6(daddr), Protocol::Udp, 3000);
+        p.local = vec![v6(EDGE_PUBLIC6)];
+        p
+    };
+    let untouched = |p: &Packet, what: &str| {
+        let t = trace(&edge, p);
+        assert!(!t.steered && t.dnat.is_none(), "{what}: {t:?}");
+        assert_eq!(t.daddr, p.daddr, "{what}");
+    };
+    // Control: a new flow to the node's own public IPv6 address is the mapping's.
+    let t = trace(&edge, &packet("enp1s0", CLIENT6, EDGE_PUBLIC6));
+    assert!(t.steered, "{t:?}");
+    assert_eq!(t.dnat, Some((v6(POD6_EDGE), 3000)));
+    untouched(
+        &packet("wt0", "fd00:10:244:1::7", "fd00:10:244::9"),
+        "pod to pod through the node",
+    );
+    untouched(
+        &packet("enp1s0", CLIENT6, "2001:db8:203::77"),
+        "to a neighbour's address on the public segment",
+    );
+    let mut own_reply = packet("enp1s0", CLIENT6, EDGE_PUBLIC6);
+    own_reply.reply = true;
+    own_reply.ct_state = kuport_core::trace::CtState::Established;
+    untouched(
+        &own_reply,
+        "a reply to the node's own connection from that port",
+    );
+}
+
 /// IPv6 has no `rp_filter` sysctl kuport could loosen on its links: a strict check is a
 /// `fib saddr . mark . iif` rule (firewalld's default IPv6_rpfilter). On the pod node, the
 /// request over the link must find the link as the route back to the client under its packet
