@@ -7,7 +7,7 @@
 //! node-lifecycle controller marks a node whose Lease stops being renewed not ready.
 
 use std::collections::BTreeSet;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
 use crate::scenario::IpFamily;
-use crate::topology::PodInfo;
+use crate::topology::{NodeIps, PodInfo};
 
 /// How often the lab renews each live node's Lease (kubelet's default is 10 s; the real
 /// controller-manager runs with a 10 s grace period, see kuport-realapi).
@@ -546,10 +546,6 @@ fn service_ports(pods: &[&PodInfo]) -> Vec<Value> {
     ports
 }
 
-/// A Node's InternalIPs: the mesh's IPv4 address and its IPv6 one (on an IPv6 mesh), each
-/// unless the scenario leaves that family out of the node's `internalIpFamilies`.
-pub type NodeIps = (Option<Ipv4Addr>, Option<Ipv6Addr>);
-
 /// A Node's status as kubelet reports it, IPv4 InternalIP first; `now` stamps the heartbeat
 /// (the real node-lifecycle controller reads it), else a fixed time keeps the model's objects
 /// reproducible.
@@ -630,6 +626,8 @@ pub fn condition(obj: &Value, kind: &str) -> Option<(String, String, String)> {
 
 #[cfg(test)]
 mod tests {
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
     use super::*;
 
     #[test]

@@ -87,6 +87,10 @@ pub struct NodeInfo {
     pub pod_gateway6: Ipv6Addr,
 }
 
+/// A Node's InternalIPs: the mesh's IPv4 address and its IPv6 one (on an IPv6 mesh), each
+/// unless the scenario leaves that family out of the node's `internalIpFamilies`.
+pub type NodeIps = (Option<Ipv4Addr>, Option<Ipv6Addr>);
+
 #[derive(Clone, Debug)]
 pub struct PodInfo {
     pub spec: PodSpec,
@@ -124,7 +128,7 @@ impl Topology {
 
     /// The InternalIPs `node`'s Node lists: its mesh addresses, of the families its spec's
     /// `internalIpFamilies` names (every family its `wt0` has when it names none).
-    pub fn internal_ips(&self, node: &NodeInfo) -> crate::cluster::NodeIps {
+    pub fn internal_ips(&self, node: &NodeInfo) -> NodeIps {
         let families = self
             .scenario
             .nodes
