@@ -32,6 +32,20 @@ fn slice6(c: &mut Cluster, pod: &str, node: &str, address: &str) {
     c.snapshot.endpoint_slices.push(typed(object, "slice"));
 }
 
+/// `c` with the dual-stack mapping `games/gs` (UDP 3000), its pod on `node` (edge-a or
+/// worker-b) listed in both families' slices.
+fn with_dual_stack_gs(c: Cluster, node: &str) -> Cluster {
+    let (v4, v6) = match node {
+        "edge-a" => ("10.244.0.5", POD6_EDGE),
+        _ => ("10.244.1.5", POD6_WORKER),
+    };
+    let mut c = c
+        .endpoint("games", "gs", "gs-0", node, v4, 3000)
+        .portmap(pm("games", "gs", "public", 3000));
+    slice6(&mut c, "gs-0", node, v6);
+    c
+}
+
 /// edge-a and worker-b as in [`edge_and_worker`], each Node also advertising an IPv6 pod CIDR
 /// (as a dual-stack cluster's Nodes do).
 fn dual_stack_cluster() -> Cluster {
@@ -443,13 +457,7 @@ fn an_accepting_interface_without_an_ipv6_address_is_named_in_the_status_of_ipv6
         assert_eq!(p.reason, P::AllNodesReady, "{}", p.message);
         p.message
     };
-    let dual = || {
-        let mut c = dual_stack_cluster()
-            .endpoint("games", "gs", "gs-0", "edge-a", "10.244.0.5", 3000)
-            .portmap(pm("games", "gs", "public", 3000));
-        slice6(&mut c, "gs-0", "edge-a", POD6_EDGE);
-        c
-    };
+    let dual = || with_dual_stack_gs(dual_stack_cluster(), "edge-a");
     let only6 = || {
         let mut c = dual_stack_cluster().portmap(pm("games", "gs", "public", 3000));
         slice6(&mut c, "gs-0", "edge-a", POD6_EDGE);
@@ -480,10 +488,7 @@ fn return_path_none_serves_ipv6_on_the_accepting_node_only() {
         c.class_mut("public").spec.return_path.mode = kuport_core::api::ReturnPathMode::None;
         c
     };
-    let mut local = none(dual_stack_cluster())
-        .endpoint("games", "gs", "gs-0", "edge-a", "10.244.0.5", 3000)
-        .portmap(pm("games", "gs", "public", 3000));
-    slice6(&mut local, "gs-0", "edge-a", POD6_EDGE);
+    let local = with_dual_stack_gs(none(dual_stack_cluster()), "edge-a");
     let plan = local.plan_with("edge-a", &edge_facts());
     let d = decision(&plan, "games", "gs");
     assert_eq!(
@@ -496,10 +501,7 @@ fn return_path_none_serves_ipv6_on_the_accepting_node_only() {
     );
     assert!(plan.host_state.links.is_empty());
 
-    let mut remote = none(dual_stack_cluster())
-        .endpoint("games", "gs", "gs-0", "worker-b", "10.244.1.5", 3000)
-        .portmap(pm("games", "gs", "public", 3000));
-    slice6(&mut remote, "gs-0", "worker-b", POD6_WORKER);
+    let remote = with_dual_stack_gs(none(dual_stack_cluster()), "worker-b");
     let plan = remote.plan_with("edge-a", &edge_facts());
     let d = decision(&plan, "games", "gs");
     assert_eq!(
@@ -511,11 +513,11 @@ fn return_path_none_serves_ipv6_on_the_accepting_node_only() {
     assert!(plan.host_state.links.is_empty());
     // Control: the same cluster with Vxlan serves the remote pod over IPv6 across a link (to
     // the peer's IPv6 end of it).
-    let mut vxlan = dual_stack_cluster()
-        .endpoint("games", "gs", "gs-0", "worker-b", "10.244.1.5", 3000)
-        .portmap(pm("games", "gs", "public", 3000))
-        .claim_built("public", "edge-a/worker-b", 0);
-    slice6(&mut vxlan, "gs-0", "worker-b", POD6_WORKER);
+    let vxlan = with_dual_stack_gs(dual_stack_cluster(), "worker-b").claim_built(
+        "public",
+        "edge-a/worker-b",
+        0,
+    );
     let plan = vxlan.plan_with("edge-a", &edge_facts());
     let link6 = plan.host_state.links[0]
         .peer_address6
@@ -532,10 +534,7 @@ fn return_path_none_serves_ipv6_on_the_accepting_node_only() {
 /// own address is steered and translated (the control).
 #[test]
 fn ipv6_steering_takes_only_new_flows_to_the_nodes_own_addresses() {
-    let mut c = dual_stack_cluster()
-        .endpoint("games", "gs", "gs-0", "edge-a", "10.244.0.5", 3000)
-        .portmap(pm("games", "gs", "public", 3000));
-    slice6(&mut c, "gs-0", "edge-a", POD6_EDGE);
+    let c = with_dual_stack_gs(dual_stack_cluster(), "edge-a");
     let edge = c.plan_with("edge-a", &edge_facts()).host_state;
     let packet = |iif: &str, saddr: &str, daddr: &str| {
         let mut p = Packet::new(iif, v6(saddr), v6(daddr), Protocol::Udp, 3000);
