@@ -467,6 +467,25 @@ fn an_accepting_interface_without_an_ipv6_address_is_named_in_the_status_of_ipv6
     assert!(message(with_row6(dual(), &[])).contains(none));
     // One interface with IPv6 is enough for a dual-stack mapping: the rest serve IPv4.
     assert_eq!(message(with_row6(dual(), &["enp1s0"])), "");
+    // An interface missing altogether (its row's message names it) does not hide that the one
+    // present has no IPv6 address.
+    let mut wt0_missing = with_row6(dual(), &[]);
+    wt0_missing
+        .class_mut("public")
+        .status
+        .as_mut()
+        .expect("status")
+        .nodes
+        .iter_mut()
+        .find(|r| r.name == "edge-a")
+        .expect("row")
+        .addresses
+        .remove("wt0");
+    let m = message(wt0_missing);
+    assert!(
+        m.contains("no bound interface (enp1s0) has an IPv6 address"),
+        "{m}"
+    );
     let wt0 = "on node edge-a, interface wt0 has no IPv6 address: this IPv6-only mapping is not served there";
     let m = message(with_row6(only6(), &["enp1s0"]));
     assert!(m.contains(wt0), "{m}");

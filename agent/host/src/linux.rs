@@ -72,8 +72,9 @@ impl HostEvents {
     /// route in kuport's tables or an address (IPv4 or IPv6) of a `kup-*` link (rtnetlink,
     /// `netlink/events.rs`); a commit by another program touching `table ip kuport` or
     /// `table ip6 kuport` (`nft_events.rs`); and [`crate::HostEventKind::Lost`] when a socket
-    /// overflowed. The stream closes when the rtnetlink socket fails; when the nftables one cannot be opened, rtnetlink's events still come
-    /// and the table is checked at each resync only (said in the log).
+    /// overflowed. The stream closes when the rtnetlink socket fails; when the nftables one
+    /// cannot be opened, rtnetlink's events still come and the table is checked at each resync
+    /// only (said in the log).
     pub fn open(&self, underlay: Vec<String>) -> Result<mpsc::Receiver<HostEvent>, HostError> {
         use futures_util::StreamExt;
         use rtnetlink::MulticastGroup;

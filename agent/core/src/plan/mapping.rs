@@ -1098,16 +1098,21 @@ fn ipv6_address_notes(index: &Index, class: &str, d: &MappingDecision) -> Vec<St
             continue;
         };
         // An interface with no IPv4 address either is missing: the row's message says so.
-        let without: Vec<&str> = ifaces
+        let present: Vec<&str> = ifaces
             .iter()
             .map(String::as_str)
-            .filter(|i| row.addresses.contains_key(*i) && !row.addresses6.contains_key(*i))
+            .filter(|i| row.addresses.contains_key(*i))
+            .collect();
+        let without: Vec<&str> = present
+            .iter()
+            .copied()
+            .filter(|i| !row.addresses6.contains_key(*i))
             .collect();
         if !v4 {
             notes.extend(without.iter().map(|i| {
                 format!("on node {node}, interface {i} has no IPv6 address: this IPv6-only mapping is not served there")
             }));
-        } else if !without.is_empty() && without.len() == ifaces.len() {
+        } else if !without.is_empty() && without.len() == present.len() {
             notes.push(format!(
                 "on node {node}, no bound interface ({}) has an IPv6 address: this mapping is served there over IPv4 only",
                 without.join(", ")
