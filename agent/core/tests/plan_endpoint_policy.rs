@@ -363,3 +363,41 @@ fn the_endpoints_node_refuses_an_address_of_its_own_host_and_no_node_forwards_it
         forwarding.host_state
     );
 }
+
+/// A node's row counts as its addresses only in its own class: node edge-c, which class
+/// `partner` names, lists the tenant pod's address in its row there, and the `public` class's
+/// mapping to that pod is still programmed.
+#[test]
+fn a_row_of_another_class_vetoes_no_endpoint() {
+    let veto = |class: &str| {
+        let mut c = listing("10.244.1.6", "worker-b")
+            .node("edge-c", "100.64.0.3")
+            .class_json(
+                "partner",
+                json!({"nodes": {"edge-c": {"interfaces": ["enp1s0"]}},
+                       "returnPath": {"mode": "None"}}),
+                serde_json::Value::Null,
+            );
+        if class == "public" {
+            c.class_mut("public").spec.nodes.insert(
+                "edge-c".into(),
+                serde_json::from_value(json!({"interfaces": ["enp1s0"]})).expect("node"),
+            );
+        }
+        c.row(class, "edge-c", json!({"enp1s0": "10.244.1.6"}), 1400)
+    };
+    let c = veto("partner");
+    let plan = c.plan_with("edge-a", &edge_facts());
+    let (reason, message) = programmed(&plan);
+    assert_eq!(reason, P::AllNodesReady, "{message}");
+    let endpoint = decision(&plan, "games", "gs")
+        .endpoint
+        .as_ref()
+        .map(|e| e.address);
+    assert_eq!(endpoint, Some("10.244.1.6".parse().expect("ip")));
+    // Control: the same row in the mapping's own class refuses it there.
+    let own = veto("public").plan_with("edge-a", &edge_facts());
+    let (reason, message) = programmed(&own);
+    assert_eq!(reason, P::EndpointNotAllowed, "{message}");
+    assert!(message.contains("an address of node edge-c"), "{message}");
+}

@@ -30,10 +30,14 @@ pub struct AddressPolicy<'a> {
     pod_networks: Vec<IpNet>,
     /// Per class, the extra pod networks its `spec.podNetworks` names.
     class_networks: BTreeMap<&'a str, Vec<IpNet>>,
-    /// Every address a Node lists and every interface address an accepting node reported in a
-    /// class row, with the node (the first by name when two list one address).
-    /// Only looked up, once per endpoint.
+    /// Every address a Node lists, with the node (the first by name when two list one
+    /// address). Only looked up, once per endpoint.
     node_addresses: FastMap<IpAddr, &'a str>,
+    /// Per class, the interface addresses (both families) its nodes reported in their rows of
+    /// that class, with the node. A row counts only in its own class: a node named by one
+    /// class cannot, by listing a pod's address in its row there, refuse another class's
+    /// mappings to that pod. Only looked up, once per endpoint.
+    row_addresses: FastMap<(&'a str, IpAddr), &'a str>,
     /// The addresses of a node's own host inside its pod CIDR ([`gateway_addresses`]), with
     /// the node.
     /// Only looked up, once per endpoint.
@@ -117,15 +121,24 @@ impl<'a> AddressPolicy<'a> {
                     .flatten()
                     .filter_map(move |a| Some((a.address.trim().parse().ok()?, name)))
             })
-            .chain(rows.iter().flat_map(|((_, node), row)| {
-                row.addresses
-                    .values()
-                    .filter_map(move |a| Some((a.trim().parse().ok()?, *node)))
-            }))
             .collect();
         listed.sort();
         for (address, node) in listed {
             node_addresses.entry(address).or_insert(node);
+        }
+        let mut row_listed: Vec<(&str, IpAddr, &str)> = rows
+            .iter()
+            .flat_map(|((class, node), row)| {
+                row.addresses
+                    .values()
+                    .chain(row.addresses6.values())
+                    .filter_map(move |a| Some((*class, a.trim().parse().ok()?, *node)))
+            })
+            .collect();
+        row_listed.sort();
+        let mut row_addresses = FastMap::default();
+        for (class, address, node) in row_listed {
+            row_addresses.entry((class, address)).or_insert(node);
         }
         let mut link_subnets: Vec<(IpNet, &str)> = classes
             .iter()
@@ -143,6 +156,7 @@ impl<'a> AddressPolicy<'a> {
             pod_networks: pod_networks(nodes, cni),
             class_networks,
             node_addresses,
+            row_addresses,
             gateways: gateways(nodes),
             link_subnets,
         }
@@ -176,7 +190,8 @@ impl<'a> AddressPolicy<'a> {
         if is_link_local(address) {
             return Err("a link-local address".to_owned());
         }
-        if let Some(node) = self.node_addresses.get(&address) {
+        let of_node = self.node_addresses.get(&address);
+        if let Some(node) = of_node.or_else(|| self.row_addresses.get(&(class, address))) {
             return Err(format!("an address of node {node}"));
         }
         if let Some(node) = self.gateways.get(&address) {
