@@ -363,7 +363,7 @@ async fn defaults_from_the_crd_are_applied_on_create(target: Target) {
             {"port": 22}, {"port": 179}, {"port": 2379, "endPort": 2380}, {"port": 4240},
             {"port": 4244}, {"port": 5473}, {"port": 6443}, {"port": 10249, "endPort": 10259},
             {"port": 30000, "endPort": 32767}, {"port": 50000, "endPort": 50001}
-        ]})
+        ], "perNamespace": 1024})
     );
     assert_eq!(
         spec["returnPath"]["vxlan"],

@@ -52,6 +52,11 @@ pub struct Snapshot {
     /// Every Service: their NodePorts are held on every node. The agent keeps only what the
     /// plan reads of them (type and ports).
     pub services: Vec<Service>,
+    /// Whether `services` is every Service of the cluster (the agent's watch), so that a
+    /// PortMap naming a Service found neither there nor in a slice is `ServiceNotFound`. An
+    /// offline dump that left Services out says nothing of them (`kuport plan` sets this when
+    /// its input holds any Service: every cluster has `default/kubernetes`).
+    pub services_listed: bool,
     /// Pods, for their hostPorts: the agent watches only its own node's, the plan reads only
     /// those bound to the node it plans for.
     pub pods: Vec<Pod>,

@@ -114,7 +114,8 @@ fn schema_defaults_fill_a_minimal_class_like_the_guide_says() {
     assert_eq!(
         defaulted["spec"]["ports"],
         json!({"min": 1, "max": 65535, "reserved": [],
-               "systemReserved": kuport_core::api::DEFAULT_SYSTEM_RESERVED})
+               "systemReserved": kuport_core::api::DEFAULT_SYSTEM_RESERVED,
+               "perNamespace": kuport_core::api::DEFAULT_PORTS_PER_NAMESPACE})
     );
     // The NodePort range is kept back unless the administrator opts in.
     assert!(

@@ -211,6 +211,7 @@ fn ephemeral_edge() -> HostState {
     // ports the default keeps back).
     let c = edge_and_worker()
         .without_system_reserved("public")
+        .ports_per_namespace("public", 65536)
         .row("public", "worker-b", json!({}), 1420)
         .claim("public", "edge-a/worker-b", 0)
         .endpoint("games", "eph", "eph-0", "worker-b", "10.244.1.6", 32768)

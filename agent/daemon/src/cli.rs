@@ -74,7 +74,7 @@ enum Command {
     /// --now), with a message naming the file and the problem; 1 on other errors.
     #[command(after_help = "Example:
   mkdir objects
-  kubectl get portmapclasses,portmaps,endpointslices,nodes,namespaces -A -o yaml > objects/cluster.yaml
+  kubectl get portmapclasses,portmaps,endpointslices,services,nodes,namespaces -A -o yaml > objects/cluster.yaml
   kubectl -n kube-system get configmap cilium-config -o yaml > objects/cilium.yaml
   kuport plan --objects objects --node worker-1 --output text")]
     Plan {
@@ -142,7 +142,7 @@ enum Command {
   kuport status -n games --wait 2m
   kuport status games/gameserver
   kuport status --objects dump.yaml   # a recorded cluster, from
-      kubectl get portmapclasses,portmaps,endpointslices,nodes,namespaces,events,daemonsets,pods -A -o yaml > dump.yaml")]
+      kubectl get portmapclasses,portmaps,endpointslices,services,nodes,namespaces,events,daemonsets,pods -A -o yaml > dump.yaml")]
     Status(crate::status_cmd::StatusArgs),
     /// Check the installation's preconditions before the first class: the agents, the nodes'
     /// settings, and the link port and MTU between every pair of nodes.

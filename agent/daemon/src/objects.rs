@@ -148,6 +148,9 @@ pub fn load_dump(paths: &[PathBuf]) -> Result<Dump, InputError> {
             add_object(&mut dump, &file, at, doc, None)?;
         }
     }
+    // Every cluster has the Service default/kubernetes: a recording holding any Service holds
+    // them all, and one holding none left them out (the plan then judges no Service missing).
+    dump.snapshot.services_listed = !dump.snapshot.services.is_empty();
     if !dump.snapshot.pods.is_empty() {
         dump.pods = Some(dump.snapshot.pods.clone());
     }

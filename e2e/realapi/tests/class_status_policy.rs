@@ -437,6 +437,7 @@ async fn each_agent_changes_only_its_own_part_of_a_class_status() {
         ready: status.conditions[0].clone(),
         accepting: vec!["n1".into(), "n2".into()],
         named: 3,
+        namespaces: Vec::new(),
     };
     let proposal = ClaimProposal {
         class: CLASS.into(),

@@ -538,6 +538,7 @@ impl World {
             nodes: list::<Node>(self)?,
             namespaces: list::<Namespace>(self)?,
             services: list::<Service>(self)?,
+            services_listed: true,
             pods: list::<Pod>(self)?,
             cni: cni.as_ref().map(CniFacts::from_cilium_config),
         })

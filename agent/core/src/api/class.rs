@@ -156,6 +156,41 @@ pub struct PortWindow {
     #[serde(default = "default_system_reserved")]
     #[schemars(length(max = 1024))]
     pub system_reserved: Vec<PortSpan>,
+
+    /// How many ports the PortMaps of one namespace may hold in this class, TCP and UDP
+    /// counted apart (a range of 100 UDP ports counts 100), as `services.nodeports` in a
+    /// ResourceQuota counts NodePorts. A PortMap that would take its namespace past it is
+    /// refused (`PortQuotaExceeded`) and holds nothing; mappings are counted in conflict order
+    /// (oldest first), so lowering the quota refuses the newest first. 0 lets a namespace hold
+    /// nothing unless `namespaceQuotas` names it.
+    #[serde(default = "default_per_namespace")]
+    #[schemars(range(min = 0, max = 131072))]
+    pub per_namespace: i32,
+
+    /// The quota of a named namespace, in place of `perNamespace`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 1024))]
+    pub namespace_quotas: BTreeMap<String, i32>,
+}
+
+/// The default `ports.perNamespace`: enough for any one game, mail or DNS deployment's ports
+/// and a range of a thousand, a small share of a class window.
+pub const DEFAULT_PORTS_PER_NAMESPACE: i32 = 1024;
+
+fn default_per_namespace() -> i32 {
+    DEFAULT_PORTS_PER_NAMESPACE
+}
+
+impl PortWindow {
+    /// The quota of `namespace`, in ports (negative values count as 0).
+    pub fn quota_of(&self, namespace: &str) -> u32 {
+        let quota = self
+            .namespace_quotas
+            .get(namespace)
+            .copied()
+            .unwrap_or(self.per_namespace);
+        u32::try_from(quota).unwrap_or(0)
+    }
 }
 
 impl Default for PortWindow {
@@ -165,6 +200,8 @@ impl Default for PortWindow {
             max: default_max_port(),
             reserved: Vec::new(),
             system_reserved: default_system_reserved(),
+            per_namespace: default_per_namespace(),
+            namespace_quotas: BTreeMap::new(),
         }
     }
 }
@@ -327,6 +364,21 @@ fn default_subnet() -> String {
 
 const _: () = assert!(DEFAULT_VXLAN_VNI <= MAX_VNI);
 
+/// The ports one namespace holds in a class, and its quota.
+#[derive(
+    KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct NamespacePorts {
+    /// The namespace.
+    #[schemars(length(max = 63))]
+    pub namespace: String,
+    /// Ports its accepted PortMaps hold (TCP and UDP counted apart).
+    pub used_ports: i64,
+    /// Ports it may hold.
+    pub quota_ports: i64,
+}
+
 /// What the agents observed about the class. Shared: each node writes only its own
 /// row, its own link claims and its own garbage-collection marks.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -352,6 +404,15 @@ pub struct PortMapClassStatus {
     /// object and a ready row. Recomputed by every accepting agent whenever it writes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ready_nodes: Vec<String>,
+
+    /// The ports each namespace's accepted PortMaps hold in this class, against its quota
+    /// (`spec.ports.perNamespace` or `namespaceQuotas`), by namespace name; only namespaces
+    /// holding ports, at most 256 (those holding the most). Recomputed by every accepting
+    /// agent whenever it writes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256))]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["namespace".into()]))]
+    pub namespaces: Vec<NamespacePorts>,
 
     /// readyNodes out of the nodes the class names, then the ready ones, for example
     /// "2/2 edge-a,edge-b" (at most four names, then "… +N"): what the Nodes column shows.
@@ -429,9 +490,11 @@ pub struct ClassNodeStatus {
 
     /// What on this node holds a port some PortMap of the class asks for, on an address the
     /// class binds here: host sockets, NodePorts, hostPorts of its Pods, and the claims of such
-    /// holders that are gone. A mapping is refused such a port unless the node was already
+    /// holders that are gone. Only PortMaps the class selects and whose ports lie in its window
+    /// count; at most 256 entries (a warning counts those left out). A mapping is refused such a port unless the node was already
     /// forwarding it for that mapping when the holder appeared.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256))]
     pub held_ports: Vec<HeldPort>,
 
     /// What this node's own firewall is known to do to mapped traffic, for example a forward

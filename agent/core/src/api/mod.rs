@@ -6,9 +6,10 @@ mod class;
 mod portmap;
 
 pub use class::{
-    ClassNode, ClassNodeStatus, CniInfo, DEFAULT_SYSTEM_RESERVED, HeldPort, LinkClaim,
-    LinkEndStatus, NodeCheck, PortMapClass, PortMapClassSpec, PortMapClassStatus, PortSpan,
-    PortWindow, RefusedMapping, ReturnPath, ReturnPathMode, ServingMode, VxlanSettings,
+    ClassNode, ClassNodeStatus, CniInfo, DEFAULT_PORTS_PER_NAMESPACE, DEFAULT_SYSTEM_RESERVED,
+    HeldPort, LinkClaim, LinkEndStatus, NamespacePorts, NodeCheck, PortMapClass, PortMapClassSpec,
+    PortMapClassStatus, PortSpan, PortWindow, RefusedMapping, ReturnPath, ReturnPathMode,
+    ServingMode, VxlanSettings,
 };
 pub use portmap::{
     EndpointStatus, PortMap, PortMapSpec, PortMapStatus, Protocol, PublishedAddress, ServiceRef,

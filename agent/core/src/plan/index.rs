@@ -44,6 +44,10 @@ pub struct Index<'a> {
     pub rows: FastMap<(&'a str, &'a str), &'a ClassNodeStatus>,
     /// EndpointSlices by (namespace, service name), each Service's in input order.
     pub slices: FastMap<(&'a str, &'a str), ServiceSlices<'a>>,
+    /// Every Service by (namespace, name). Only asked for membership.
+    pub services: FastSet<(&'a str, &'a str)>,
+    /// Whether `services` is every Service ([`Snapshot::services_listed`]).
+    pub services_listed: bool,
     /// PortMaps in conflict order: creation time, then namespace, then name.
     pub portmaps: Vec<&'a PortMap>,
     pub cni: Option<&'a CniFacts>,
@@ -163,6 +167,8 @@ impl<'a> Index<'a> {
             .collect();
         Index {
             names,
+            services: service_names(snapshot),
+            services_listed: snapshot.services_listed,
             node_udp_ports: node_udp_ports(&classes, cni),
             node_ports: holders::node_ports(&snapshot.services),
             host_ports: holders::host_ports(&snapshot.pods),
@@ -247,9 +253,30 @@ impl<'a> Index<'a> {
         self.nodes.keys().next().copied()
     }
 
+    /// Whether the Service `namespace/name` exists, as far as the snapshot tells: its object,
+    /// or an EndpointSlice naming it (a Service may list its endpoints in slices a tenant
+    /// wrote); any name when the snapshot does not list the Services.
+    pub fn service_exists(&self, namespace: &str, name: &str) -> bool {
+        !self.services_listed
+            || self.services.contains(&(namespace, name))
+            || self.slices.contains_key(&(namespace, name))
+    }
+
     pub fn row(&self, class: &str, node: &str) -> Option<&'a ClassNodeStatus> {
         self.rows.get(&(class, node)).copied()
     }
+}
+
+/// Every Service's (namespace, name).
+fn service_names(snapshot: &Snapshot) -> FastSet<(&str, &str)> {
+    snapshot
+        .services
+        .iter()
+        .filter_map(|svc| {
+            let meta = &svc.metadata;
+            Some((meta.namespace.as_deref()?, meta.name.as_deref()?))
+        })
+        .collect()
 }
 
 /// One [`Name`] for each node (a Node object's or one a class names), class and namespace.

@@ -8,6 +8,7 @@ use super::bindings::{Bindings, Holder, SetId};
 use super::endpoint::Candidate;
 use super::fast_hash::FastMap;
 use super::index::{HeldRow, Index, Selection};
+use super::quota::Quotas;
 use super::reasons::{AcceptedReason, Outcome, ProgrammedReason, Say};
 use super::state::{ClassState, Group, Working, standby_only};
 use super::{Detail, MappingDecision, NeededLink, endpoint};
@@ -19,18 +20,27 @@ use crate::ir::PortRange;
 use crate::keys::{MappingKey, Name, NodePair};
 use crate::snapshot::HostFacts;
 
+/// What admission has handed out so far: the ports held per binding set, and per namespace.
+struct Ledger {
+    bindings: Bindings,
+    quotas: Quotas,
+}
+
 /// Admission of every PortMap, walking them in conflict order. Also returns the interned
-/// binding sets, which resolution reuses.
-pub fn admit_all<'a>(index: &Index<'a>) -> (Vec<Working<'a>>, Bindings) {
-    let mut bindings = Bindings::new(index.classes.values().copied());
+/// binding sets, which resolution reuses, and the ports each namespace holds per class.
+pub fn admit_all<'a>(index: &Index<'a>) -> (Vec<Working<'a>>, Bindings, Quotas) {
+    let mut ledger = Ledger {
+        bindings: Bindings::new(index.classes.values().copied()),
+        quotas: Quotas::default(),
+    };
     let empty = Empty::default();
     let work = index
         .portmaps
         .iter()
         .enumerate()
-        .map(|(position, pm)| admit(index, position, pm, &mut bindings, &empty))
+        .map(|(position, pm)| admit(index, position, pm, &mut ledger, &empty))
         .collect();
-    (work, bindings)
+    (work, ledger.bindings, ledger.quotas)
 }
 
 /// The empty shared lists a decision starts with, allocated once per pass: each decision holds
@@ -48,7 +58,7 @@ fn admit<'a>(
     index: &Index<'a>,
     position: Holder,
     pm: &'a PortMap,
-    bindings: &mut Bindings,
+    ledger: &mut Ledger,
     empty: &Empty,
 ) -> Working<'a> {
     let namespace = index.name(pm.metadata.namespace.as_deref().unwrap_or_default());
@@ -56,13 +66,22 @@ fn admit<'a>(
     let spec = &pm.spec;
     let ports = port_range(spec.port, spec.end_port);
     let found = index.class_by_name.get_key_value(spec.class_name.as_str());
-    let class = found.map(|(class_name, (class, _))| (*class_name, *class));
-    let set = class.map(|(class_name, class)| bindings.set_of(class_name, class, &spec.interfaces));
-    let accepted = match (class, set) {
-        (Some((_, class)), Some(set)) => check(index, pm, class, ports, position, bindings, set),
-        _ => Outcome::new(
-            AcceptedReason::ClassNotFound,
-            format!("PortMapClass {:?} does not exist", spec.class_name),
+    let (accepted, set) = match found {
+        Some((_, (class, class_name))) => {
+            let asking = Asking {
+                pm,
+                class: (class_name, class),
+                namespace: &namespace,
+                position,
+            };
+            check(index, &asking, ports, ledger)
+        }
+        None => (
+            Outcome::new(
+                AcceptedReason::ClassNotFound,
+                format!("PortMapClass {:?} does not exist", spec.class_name),
+            ),
+            None,
         ),
     };
     Working {
@@ -112,6 +131,22 @@ fn spec_ports_text(port: i32, end_port: Option<i32>) -> String {
         Some(end) if end != port => format!("ports {port}-{end}"),
         _ => format!("port {port}"),
     }
+}
+
+/// The ports a PortMap asks of `class` when the class would weigh it at all: it names the
+/// class and passes every gate on the mapping and the class alone ([`admissible`]: its
+/// namespace selected, its ports in the window). Only such a mapping may make the class's
+/// nodes record what holds its ports: a PortMap the class refuses outright affects nothing in
+/// the class. The answer does not depend on what the nodes hold, so a mapping refused a held
+/// port keeps asking for it (and the claim that refuses it stays).
+pub fn asked_ports(index: &Index, pm: &PortMap, class: &PortMapClass) -> Option<PortRange> {
+    let class_name = class.metadata.name.as_deref().unwrap_or_default();
+    if pm.spec.class_name != class_name {
+        return None;
+    }
+    let namespace = pm.metadata.namespace.as_deref().unwrap_or_default();
+    let ports = port_range(pm.spec.port, pm.spec.end_port);
+    admissible(index, pm, class, ports, namespace).ok()
 }
 
 /// The gates on the mapping and its class alone: a valid range and interface names, a
@@ -183,28 +218,44 @@ fn admissible(
             ),
         ));
     }
+    let service = &spec.service_ref.name;
+    if !index.service_exists(namespace, service) {
+        return Err(Outcome::new(
+            AcceptedReason::ServiceNotFound,
+            format!(
+                "Service {namespace}/{service} does not exist; the mapping holds no port until it does"
+            ),
+        ));
+    }
     Ok(ports)
 }
 
+/// Admission past the class's existence: the outcome, and the mapping's binding set once it
+/// got that far. The set is interned only after every refusal that needs none (the namespace
+/// first), so objects a class refuses cost no set.
 fn check(
     index: &Index,
-    pm: &PortMap,
-    class: &PortMapClass,
+    asking: &Asking,
     ports: Option<PortRange>,
-    position: Holder,
-    bindings: &mut Bindings,
-    set: SetId,
-) -> Outcome<AcceptedReason> {
+    ledger: &mut Ledger,
+) -> (Outcome<AcceptedReason>, Option<SetId>) {
+    let Asking {
+        pm,
+        class: (class_name, class),
+        namespace,
+        position,
+    } = *asking;
+    let bindings = &mut ledger.bindings;
     let spec = &pm.spec;
-    let namespace = pm.metadata.namespace.as_deref().unwrap_or_default();
+    let namespace: &str = namespace;
     let name = pm.metadata.name.as_deref().unwrap_or_default();
-    let class_name = class.metadata.name.as_deref().unwrap_or_default();
+    let class_name: &str = class_name;
     let ports = match admissible(index, pm, class, ports, namespace) {
         Ok(ports) => ports,
-        Err(refused) => return refused,
+        Err(refused) => return (refused, None),
     };
     if let Some(message) = held_by_node(index, spec.protocol, ports) {
-        return Outcome::new(AcceptedReason::PortInUse, message);
+        return (Outcome::new(AcceptedReason::PortInUse, message), None);
     }
     // Earliest wins: a mapping accepted before a host socket took its port keeps it, and says
     // so; a new or changed one is refused the port.
@@ -214,21 +265,56 @@ fn check(
             .iter()
             .any(|m| MappingKey::names(m, namespace, name))
     }) {
-        return Outcome::new(AcceptedReason::PortInUse, clash.refusal(spec.protocol));
-    }
-    if let Some(missing) = bindings.first_unoffered(class_name, class, &spec.interfaces) {
-        return Outcome::new(
-            AcceptedReason::InterfaceNotInClass,
-            format!("interface {missing} is not given to any node by class {class_name}"),
+        return (
+            Outcome::new(AcceptedReason::PortInUse, clash.refusal(spec.protocol)),
+            None,
         );
     }
-    if let Some(c) = bindings.conflict(spec.protocol, set, ports) {
+    if let Some(missing) = bindings.first_unoffered(class_name, class, &spec.interfaces) {
+        let message = format!("interface {missing} is not given to any node by class {class_name}");
+        return (
+            Outcome::new(AcceptedReason::InterfaceNotInClass, message),
+            None,
+        );
+    }
+    let set = bindings.set_of(class_name, class, &spec.interfaces);
+    if let Some(refused) = conflict(index, spec, ports, bindings, set) {
+        return (refused, Some(set));
+    }
+    if let Err(message) = ledger.quotas.take(asking.class, asking.namespace, ports) {
+        let refused = Outcome::new(AcceptedReason::PortQuotaExceeded, message);
+        return (refused, Some(set));
+    }
+    ledger.bindings.hold(spec.protocol, set, ports, position);
+    (accepted(spec, host_clash), Some(set))
+}
+
+/// A PortMap being admitted: the object, its class (shared name and object), its namespace
+/// and its place in conflict order (which names it as a holder of ports).
+struct Asking<'p> {
+    pm: &'p PortMap,
+    class: (&'p Name, &'p PortMapClass),
+    namespace: &'p Name,
+    position: Holder,
+}
+
+/// `PortConflict` when an earlier mapping holds one of the ports on a shared (node,
+/// interface).
+fn conflict(
+    index: &Index,
+    spec: &crate::api::PortMapSpec,
+    ports: PortRange,
+    bindings: &mut Bindings,
+    set: SetId,
+) -> Option<Outcome<AcceptedReason>> {
+    let c = bindings.conflict(spec.protocol, set, ports)?;
+    {
         let what = if c.shared_ports.is_range() {
             format!("ports {} are", c.shared_ports)
         } else {
             format!("port {} is", c.shared_ports)
         };
-        return Outcome::new(
+        Some(Outcome::new(
             AcceptedReason::PortConflict,
             format!(
                 "{what} held by {} ({} on {}/{})",
@@ -237,9 +323,16 @@ fn check(
                 c.node,
                 c.iface
             ),
-        );
+        ))
     }
-    bindings.hold(spec.protocol, set, ports, position);
+}
+
+/// The outcome of a mapping that holds its ports: accepted, noting a host holder that came
+/// after it.
+fn accepted(
+    spec: &crate::api::PortMapSpec,
+    host_clash: Option<HostClash>,
+) -> Outcome<AcceptedReason> {
     match host_clash {
         Some(clash) => Outcome::new(
             AcceptedReason::PortAlsoHeldByHost,

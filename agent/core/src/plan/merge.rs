@@ -341,6 +341,7 @@ fn summarise(
         .filter(|n| !stored.ready_nodes.contains(n))
         .cloned()
         .collect();
+    status.namespaces.clone_from(&write.namespaces);
     status.nodes_summary = Some(crate::summary::class_nodes_summary(write.named, &ready));
     status.ready_nodes = ready;
     (nodes_left, nodes_joined)
@@ -455,6 +456,7 @@ pub(super) mod tests {
             ready: cond("True", "Valid", NOW),
             accepting: vec!["a-node".into(), "m-node".into(), "z-node".into()],
             named: 3,
+            namespaces: Vec::new(),
         };
         let part = ClassPart {
             row: Some(&write),
@@ -530,6 +532,7 @@ pub(super) mod tests {
             ready: cond("True", "Valid", "2026-01-01T00:00:00.5Z"),
             accepting: vec!["n1".into()],
             named: 1,
+            namespaces: Vec::new(),
         };
         let part = ClassPart {
             row: Some(&write),
@@ -560,6 +563,7 @@ pub(super) mod tests {
             ready: cond("True", "Valid", "2026-01-01T00:00:00Z"),
             accepting: vec!["n1".into()],
             named: 1,
+            namespaces: Vec::new(),
         };
         let part = ClassPart {
             row: Some(&write),
@@ -613,6 +617,7 @@ pub(super) mod tests {
             ready: cond("False", "SubnetExhausted", NOW),
             accepting: Vec::new(),
             named: 1,
+            namespaces: Vec::new(),
         };
         let part = ClassPart {
             row: Some(&write),
@@ -658,6 +663,7 @@ pub(super) mod tests {
             ready: cond("True", "Valid", "2026-01-01T00:00:00Z"),
             accepting: vec!["n1".into()],
             named: 1,
+            namespaces: Vec::new(),
         };
         let part = ClassPart {
             row: Some(&write),
@@ -694,6 +700,7 @@ pub(super) mod tests {
             ready: cond("True", "Valid", NOW),
             accepting: vec!["n1".into(), "n2".into()],
             named: 3,
+            namespaces: Vec::new(),
         };
         let part = ClassPart {
             row: Some(&write),
@@ -773,6 +780,7 @@ pub(super) mod tests {
                 ready: cond("True", "Valid", NOW),
                 accepting: vec!["n1".into()],
                 named: 1,
+                namespaces: Vec::new(),
             }],
             claims: vec![proposal("n1/n2", 0)],
             refusals: vec![KernelRefusalWrite {

@@ -34,6 +34,7 @@ mod mapping;
 pub use mapping::STANDBY_LINKS;
 pub mod merge;
 mod pod_network;
+mod quota;
 pub mod reasons;
 pub mod row_patch;
 pub mod selector;
@@ -305,6 +306,9 @@ pub struct ClassRowWrite {
     pub accepting: Vec<String>,
     /// How many nodes the class names.
     pub named: usize,
+    /// The ports each namespace holds in the class and its quota (`status.namespaces`), as
+    /// every agent computes it from the same PortMaps.
+    pub namespaces: Vec<crate::api::NamespacePorts>,
 }
 
 /// A new link claim.
@@ -379,7 +383,7 @@ pub fn plan_with(
 ) -> Plan {
     let index = index::Index::build(snapshot);
     let mut classes = classes::evaluate_static(&index);
-    let (mut decisions, bindings) = mapping::admit_all(&index);
+    let (mut decisions, bindings, quotas) = mapping::admit_all(&index);
     mapping::resolve_all(&index, &classes, &bindings, &mut decisions);
     classes::assign_slots(&mut classes, &decisions);
     mapping::gate_all(&index, &classes, &mut decisions, this_node, facts, detail);
@@ -388,6 +392,7 @@ pub fn plan_with(
     let mut writes = status::writes(
         &index, &classes, &decisions, snapshot, this_node, facts, now,
     );
+    status::add_namespace_ports(&mut writes, &classes, &quotas);
     status::add_link_ends(
         &mut writes,
         &classes,

@@ -19,6 +19,9 @@ pub enum AcceptedReason {
     PortOutOfRange,
     /// The range contains a reserved port.
     PortReserved,
+    /// The Service `serviceRef` names does not exist (no Service object and no EndpointSlice
+    /// of it): the mapping holds no port until it does.
+    ServiceNotFound,
     /// The range contains a port the node itself depends on: a return-link port, the CNI's
     /// overlay port, or a port a host socket, a NodePort or a hostPort holds (or held) on an
     /// accepting node.
@@ -27,6 +30,9 @@ pub enum AcceptedReason {
     InterfaceNotInClass,
     /// An earlier accepted mapping holds an overlapping port.
     PortConflict,
+    /// The ports would take the namespace past its port quota in the class
+    /// (`spec.ports.perNamespace`, or its entry in `spec.ports.namespaceQuotas`).
+    PortQuotaExceeded,
     /// Accepted (true): a host socket on an accepting node took one of the ports after the
     /// mapping was accepted; the mapping keeps it (earliest wins) and the message names the socket.
     PortAlsoHeldByHost,
@@ -105,9 +111,11 @@ reason_names!(AcceptedReason {
     NamespaceNotSelected,
     PortOutOfRange,
     PortReserved,
+    ServiceNotFound,
     PortInUse,
     InterfaceNotInClass,
     PortConflict,
+    PortQuotaExceeded,
     PortAlsoHeldByHost,
 });
 reason_names!(ProgrammedReason {

@@ -10,15 +10,16 @@ use k8s_openapi::jiff::Timestamp;
 use super::fast_hash::FastMap;
 use super::holders::{self, Holder};
 use super::index::Index;
-use super::pod_network;
+use super::quota::Quotas;
 use super::state::{ClassState, Working, standby_only, yields_to};
 use super::{
     CLAIM_GC_AFTER_SECONDS, ClaimProposal, ClassRowWrite, GcAction, GcKind, KernelRefusalWrite,
     PortMapWrite, Writes,
 };
+use super::{mapping, pod_network};
 use crate::api::{
-    ClassNodeStatus, CniInfo, EndpointStatus, HeldPort, LinkEndStatus, PortMapClass, PortMapStatus,
-    Protocol, PublishedAddress, conditions,
+    ClassNodeStatus, CniInfo, EndpointStatus, HeldPort, LinkEndStatus, NamespacePorts,
+    PortMapClass, PortMapStatus, Protocol, PublishedAddress, conditions,
 };
 use crate::ir::{HostState, VXLAN_OVERHEAD};
 use crate::keys::{MappingKey, NodePair};
@@ -37,6 +38,8 @@ pub mod limits {
     pub const CNI_WORD: usize = 63;
     /// Warnings in a row.
     pub const WARNINGS: usize = 32;
+    /// Held ports in a row (present holders and kept claims together).
+    pub const HELD_PORTS: usize = 256;
     /// Mappings a held port yields to.
     pub const YIELDS_TO: usize = 64;
     /// A link end's message.
@@ -208,6 +211,39 @@ fn ipv4_text(address: Ipv4Addr) -> String {
     text
 }
 
+/// The most namespaces a class status lists in `namespaces` (the schema's bound).
+const NAMESPACES_LISTED: usize = 256;
+
+/// Each class row write's `namespaces`: the ports every namespace holds in the class against
+/// its quota. Past [`NAMESPACES_LISTED`] namespaces, those holding the most are listed (ties by
+/// name), by name.
+pub fn add_namespace_ports(
+    writes: &mut Writes,
+    classes: &BTreeMap<&str, ClassState>,
+    quotas: &Quotas,
+) {
+    for write in &mut writes.class_rows {
+        let Some(state) = classes.get(write.class.as_str()) else {
+            continue;
+        };
+        let mut listed: Vec<NamespacePorts> = quotas
+            .of_class(state.name, state.class)
+            .into_iter()
+            .map(|u| NamespacePorts {
+                namespace: u.namespace.to_string(),
+                used_ports: i64::from(u.used),
+                quota_ports: i64::from(u.quota),
+            })
+            .collect();
+        if listed.len() > NAMESPACES_LISTED {
+            listed.sort_by(|a, b| (b.used_ports, &a.namespace).cmp(&(a.used_ports, &b.namespace)));
+            listed.truncate(NAMESPACES_LISTED);
+            listed.sort();
+        }
+        write.namespaces = listed;
+    }
+}
+
 /// This node's row in a class and the class's Ready condition as this node computes it.
 fn class_row(
     index: &Index,
@@ -230,7 +266,7 @@ fn class_row(
         .status
         .as_ref()
         .and_then(|s| s.nodes.iter().find(|r| r.name == this_node));
-    let held_ports = held_ports(
+    let (held_ports, unlisted_note) = held_ports(
         index,
         state.class,
         &addresses,
@@ -259,7 +295,7 @@ fn class_row(
             .filter_map(|i| Some((i.clone(), facts.interface_address6(i)?.to_string())))
             .collect(),
         held_ports,
-        warnings: row_warnings(&facts.firewall_warnings),
+        warnings: row_warnings(facts.firewall_warnings.iter().chain(&unlisted_note)),
         cni: snapshot.cni.as_ref().map(cni_info),
         // The agent stamps these when it writes the row.
         agent_version: None,
@@ -278,6 +314,7 @@ fn class_row(
         ready,
         accepting,
         named: state.class.spec.nodes.len(),
+        namespaces: Vec::new(),
     }
 }
 
@@ -375,6 +412,7 @@ fn pod_end_row(
         ready: ready_condition(state, now),
         accepting: Vec::new(),
         named: state.class.spec.nodes.len(),
+        namespaces: Vec::new(),
     }
 }
 
@@ -524,9 +562,8 @@ fn held_ports(
     facts: &HostFacts,
     stored_row: Option<&ClassNodeStatus>,
     now: Timestamp,
-) -> Vec<HeldPort> {
-    let class_name = class.metadata.name.as_deref().unwrap_or_default();
-    let asked = AskedPorts::of_class(index, class_name);
+) -> (Vec<HeldPort>, Option<String>) {
+    let asked = AskedPorts::of_class(index, class);
     let holders = holders::on_node(&index.node_ports, &index.host_ports, this_node, facts);
     // The interfaces' IPv6 addresses count too: a socket bound to one holds the port there.
     let addresses6: Vec<String> = addresses
@@ -577,10 +614,25 @@ fn held_ports(
             absent_since: None,
         });
     }
-    held.extend(absent_claims(class, stored, &present, existing, now));
+    let absent = absent_claims(class, stored, &present, existing, now);
+    held.sort();
+    // Bounded whatever the PortMaps ask: the present holders with the lowest keys, then every
+    // kept claim (at most [`MAX_ABSENT_CLAIMS`]). A holder left out is not a claim any mapping
+    // is refused for; this node still leaves its port out of its own datapath, and the row
+    // says how many were left out.
+    let room = limits::HELD_PORTS - absent.len().min(limits::HELD_PORTS);
+    let unlisted = held.len().saturating_sub(room);
+    held.truncate(room);
+    held.extend(absent);
     held.sort();
     held.dedup_by(|a, b| (a.protocol, a.port, &a.address) == (b.protocol, b.port, &b.address));
-    held
+    let note = (unlisted > 0).then(|| {
+        format!(
+            "{unlisted} more ports held on this node by host sockets, NodePorts or hostPorts that PortMaps of this class ask for are not listed in heldPorts (at most {}); mappings are not refused for them, but this node leaves them out of its datapath",
+            limits::HELD_PORTS
+        )
+    });
+    (held, note)
 }
 
 /// The stored claims whose holder is gone: kept (stamped with when it went) until the release
@@ -630,22 +682,13 @@ struct AskedPorts {
 }
 
 impl AskedPorts {
-    /// The ranges the PortMaps of `class_name` ask for.
-    fn of_class(index: &Index, class_name: &str) -> Self {
-        Self::new(
-            index
-                .portmaps
-                .iter()
-                .filter(|pm| pm.spec.class_name == class_name)
-                .filter_map(|pm| {
-                    let first = u16::try_from(pm.spec.port).ok()?;
-                    let last = pm
-                        .spec
-                        .end_port
-                        .map_or(Some(first), |e| u16::try_from(e).ok())?;
-                    Some((pm.spec.protocol, first, last))
-                }),
-        )
+    /// The ranges the PortMaps `class` weighs ask for ([`mapping::asked_ports`]): a PortMap of
+    /// a namespace the class does not select, or outside its window, asks for nothing here.
+    fn of_class(index: &Index, class: &PortMapClass) -> Self {
+        Self::new(index.portmaps.iter().filter_map(|pm| {
+            let ports = mapping::asked_ports(index, pm, class)?;
+            Some((pm.spec.protocol, ports.first, ports.last))
+        }))
     }
 
     fn new(ranges: impl Iterator<Item = (Protocol, u16, u16)>) -> Self {
@@ -696,9 +739,8 @@ fn release_time(class: &PortMapClass) -> Option<Timestamp> {
 
 /// The firewall warnings of a row, sorted, each cut to the schema's length and at most
 /// [`limits::WARNINGS`] of them, the last saying how many more there were.
-fn row_warnings(found: &[String]) -> Vec<String> {
+fn row_warnings<'w>(found: impl Iterator<Item = &'w String>) -> Vec<String> {
     let mut warnings: Vec<String> = found
-        .iter()
         .map(|w| cut_bytes(w, limits::MESSAGE).into_owned())
         .collect();
     warnings.sort();
@@ -815,6 +857,10 @@ mod tests {
             bound(&format!("{row}/warnings/items"), "maxLength"),
             limits::MESSAGE
         );
+        assert_eq!(
+            bound(&format!("{row}/heldPorts"), "maxItems"),
+            limits::HELD_PORTS
+        );
         let held = format!("{row}/heldPorts/items/properties");
         assert_eq!(
             bound(&format!("{held}/holder"), "maxLength"),
@@ -862,14 +908,14 @@ mod tests {
         let found: Vec<String> = (0..40)
             .map(|i| format!("{i:02} {}", "w".repeat(2000)))
             .collect();
-        let warnings = row_warnings(&found);
+        let warnings = row_warnings(found.iter());
         assert_eq!(warnings.len(), limits::WARNINGS);
         assert!(warnings.iter().all(|w| w.len() <= limits::MESSAGE));
         assert_eq!(
             warnings.last().map(String::as_str),
             Some("and 9 more warnings")
         );
-        let few = row_warnings(&["b".to_owned(), "a".to_owned(), "a".to_owned()]);
+        let few = row_warnings(["b".to_owned(), "a".to_owned(), "a".to_owned()].iter());
         assert_eq!(few, ["a", "b"]);
     }
 }

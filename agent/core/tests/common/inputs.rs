@@ -286,6 +286,8 @@ pub fn base_snapshot(m: &Model) -> Snapshot {
             bpf_masquerade: None,
         }),
         services: Vec::new(),
+        // The model's oracles do not judge Services: every PortMap's counts as present.
+        services_listed: false,
         pods: Vec::new(),
     }
 }

@@ -294,6 +294,8 @@ mod tests {
             )
             .row("public", "edge-a", json!({"wt0": "100.64.0.1"}), 1400)
             .row("public", "edge-c", json!({"wt0": "100.64.0.3"}), 1400)
+            // The NodePort's mapping must be one the class weighs to make a claim.
+            .without_system_reserved("public")
             .claim("public", "edge-a/worker-b", 0)
             .endpoint("games", "gs", "gs-0", "worker-b", "10.244.1.5", 3000)
             .portmap(pm("games", "gs", "public", 3000))

@@ -68,7 +68,7 @@ pub struct StatusArgs {
     #[command(flatten)]
     pub cluster: ClusterFlags,
     /// Read a recorded cluster from files instead of the API server (repeatable): what
-    /// `kubectl get portmapclasses,portmaps,endpointslices,nodes,namespaces,events,daemonsets,pods
+    /// `kubectl get portmapclasses,portmaps,endpointslices,services,nodes,namespaces,events,daemonsets,pods
     /// -A -o yaml` prints, as `kuport plan --objects` reads it. Without DaemonSets and Pods the
     /// agents are reported as not read.
     #[arg(long, value_name = "FILE|DIR")]

@@ -91,6 +91,8 @@ macro_rules! watched_kinds {
                 Snapshot {
                     $($snapshot: refresh(&self.$field, previous.$snapshot),)*
                     cni: self.cni.state().first().map(|cm| CniFacts::from_cilium_config(cm)),
+                    // The Service watch lists every Service.
+                    services_listed: true,
                 }
             }
         }
