@@ -1042,6 +1042,11 @@ impl Runner<'_> {
             .iter()
             .map(|w| self.expand(w))
             .collect::<Result<_>>()?;
+        let rejected: Vec<String> = c
+            .reject_output
+            .iter()
+            .map(|w| self.expand(w))
+            .collect::<Result<_>>()?;
         let started = Instant::now();
         let deadline = started + Duration::from_secs(c.timeout_seconds);
         loop {
@@ -1053,13 +1058,14 @@ impl Runner<'_> {
                 .with_context(|| format!("running {}", command.join(" ")))?;
             let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
             let missing: Vec<&String> = wanted.iter().filter(|w| !stdout.contains(*w)).collect();
+            let unwanted: Vec<&String> = rejected.iter().filter(|w| stdout.contains(*w)).collect();
             let exit = out.status.code();
-            let ok = exit == Some(c.expect_exit) && missing.is_empty();
+            let ok = exit == Some(c.expect_exit) && missing.is_empty() && unwanted.is_empty();
             if ok || Instant::now() >= deadline {
                 return Ok((
                     ok,
                     json!({"command": command.join(" "), "exit": exit, "expectExit": c.expect_exit,
-                           "missing": missing, "output": stdout.trim_end(),
+                           "missing": missing, "unwanted": unwanted, "output": stdout.trim_end(),
                            "stderr": String::from_utf8_lossy(&out.stderr).trim(),
                            "seconds": (started.elapsed().as_secs_f64() * 10.0).round() / 10.0}),
                 ));

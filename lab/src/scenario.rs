@@ -563,6 +563,10 @@ pub struct CommandCheck {
     /// Strings standard output must contain, each.
     #[serde(default)]
     pub expect_output: Vec<String>,
+    /// Strings standard output must not contain, any (pair it with `expectOutput` naming
+    /// something that is there, so an empty answer does not pass).
+    #[serde(default)]
+    pub reject_output: Vec<String>,
     #[serde(default = "default_status_wait")]
     pub timeout_seconds: u64,
 }

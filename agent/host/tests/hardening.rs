@@ -108,6 +108,7 @@ fn ephemeral_state() -> HostState {
     // ports the default keeps back).
     let c = edge_and_worker()
         .without_system_reserved("public")
+        .ports_per_namespace("public", 65536)
         .endpoint("games", "eph", "eph-0", "edge-a", "10.244.0.5", 32768)
         .endpoint_full(
             "games",
