@@ -1,8 +1,8 @@
 //! The probes across return links over a real VXLAN link between two node namespaces: both
 //! ends find the link up; the link port dropped on the mesh takes it down at both ends and
 //! lifting the drop brings it back; full-size packets dropped while small ones pass are
-//! reported as the MTU. The negative control is the first window: an untouched link stays up.
-//! And a forger in a pod of the prober's node, answering every probe it can guess from the
+//! reported as the MTU; a link deleted and made again is found up again. The negative control
+//! is the first window: an untouched link stays up. And a forger in a pod of the prober's node, answering every probe it can guess from the
 //! peer's link address, neither verifies a short MTU nor keeps a dead link up, nor gets a forged
 //! request answered; the control: the prober as it matched answers before (no device, no nonce,
 //! no size) takes the forgeries. Root only; own harness (see `netns/mod.rs`).
@@ -197,6 +197,18 @@ fn probes_follow_the_path() {
     edge.until("the edge finds it up again", limit, |p| {
         up(p) && p.verified_mtu == Some(mtu)
     });
+
+    // The link deleted and made again, as after a restarted mesh daemon took every link bound
+    // to its device: a new device under the old name, which the probe socket (bound to a
+    // device) must follow.
+    let device = &edge_state.links[0].name;
+    x.edge.sh(&format!("ip link del {device}"));
+    edge.until("the edge finds the link down while it is gone", limit, down);
+    apply(&x.edge, &edge_state);
+    edge.until("the edge finds the rebuilt link up", limit, |p| {
+        up(p) && p.verified_mtu == Some(mtu)
+    });
+    worker.until("the worker finds it up too", limit, up);
 }
 
 /// The sequence number of the forger's request: its answer, if any, is counted by it.

@@ -163,7 +163,7 @@ async fn probe_link(
     changed: Arc<Notify>,
 ) {
     let peer = SocketAddr::V4(SocketAddrV4::new(target.peer_address, PROBE_PORT));
-    let socket = bind(&target, settings.interval).await;
+    let mut socket = bind(&target, settings.interval).await;
     let mut task = ProbeTask {
         key: (target.class.clone(), target.peer.clone()),
         target,
@@ -185,7 +185,9 @@ async fn probe_link(
         tokio::select! {
             _ = tokio::time::sleep_until(next) => {
                 round += 1;
-                task.round(&socket, round).await;
+                if task.round(&socket, round).await == Device::Gone {
+                    rebind(&mut socket, &task.target);
+                }
                 next = Instant::now() + jitter.interval(task.settings.interval, round);
             }
             received = receive(&socket, &mut buf) => {
@@ -193,6 +195,32 @@ async fn probe_link(
                     task.received(&socket, &mut buf).await;
                 }
             }
+        }
+    }
+}
+
+/// Whether the device a probe socket is bound to is still there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Device {
+    Present,
+    /// A send failed with ENODEV: the kernel no longer has the device the socket was bound to
+    /// (by its index).
+    Gone,
+}
+
+/// Binds a new socket to the link's device when one of its name exists again: a link deleted
+/// and made again (a restarted mesh daemon takes every link bound to its device, the agent
+/// rebuilds them) is a new device with a new index, which the old socket never hears from.
+/// Until it exists the old socket stays, its probes going unanswered, as the link's are.
+fn rebind(socket: &mut UdpSocket, target: &ProbeTarget) {
+    let local = SocketAddr::V4(SocketAddrV4::new(target.local, PROBE_PORT));
+    match open(&target.device, local) {
+        Ok(new) => {
+            tracing::debug!(device = %target.device, "link probe socket bound to the link made again");
+            *socket = new;
+        }
+        Err(e) => {
+            tracing::debug!(device = %target.device, "binding the link probe to {local} on {} again: {e}", target.device);
         }
     }
 }
@@ -231,7 +259,16 @@ async fn bind(target: &ProbeTarget, retry: Duration) -> UdpSocket {
 fn open(device: &str, local: SocketAddr) -> std::io::Result<UdpSocket> {
     use socket2::{Domain, Protocol, Socket, Type};
     let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
-    socket.bind_device(Some(device.as_bytes()))?;
+    if let Err(e) = socket.bind_device(Some(device.as_bytes())) {
+        if !without_device(&e) {
+            return Err(e);
+        }
+        if !UNBOUND_SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!(
+                "binding link probe sockets to their links: {e} (kernels before 5.7 allow it only with CAP_NET_RAW); probing without: answers still need the probe's nonce, but a probe forged from a pod is answered toward the peer"
+            );
+        }
+    }
     socket.bind(&local.into())?;
     socket.set_nonblocking(true)?;
     UdpSocket::from_std(socket.into())
@@ -252,8 +289,8 @@ struct ProbeTask {
 impl ProbeTask {
     /// Judges the last round's probes not answered by now as lost (a lost full-size probe
     /// counts only if its small one was answered: the verdict checks that), then sends this
-    /// round's.
-    async fn round(&mut self, socket: &UdpSocket, round: u64) {
+    /// round's; says whether the socket's device is gone.
+    async fn round(&mut self, socket: &UdpSocket, round: u64) -> Device {
         let now = Timestamp::now();
         let s = self.settings.clone();
         if self.small.take().is_some() {
@@ -263,14 +300,21 @@ impl ProbeTask {
             let size = probe.full.unwrap_or_default();
             self.judge(|v| v.full(false, size, now, &s));
         }
-        self.small = send(socket, self.peer, round * 2, None).await;
+        let device;
+        (self.small, device) = send(socket, self.peer, round * 2, None).await;
+        if device == Device::Gone {
+            return device;
+        }
         let wants_full = self
             .lock()
             .get(&self.key)
             .is_some_and(|v| v.wants_full(round, &s));
         if let (true, Some(mtu)) = (wants_full, self.target.mtu) {
-            self.full = send(socket, self.peer, round * 2 + 1, Some(mtu)).await;
+            let device;
+            (self.full, device) = send(socket, self.peer, round * 2 + 1, Some(mtu)).await;
+            return device;
         }
+        Device::Present
     }
 
     /// A datagram from the peer's probe socket across the link: its probe, answered with the
@@ -323,30 +367,50 @@ impl ProbeTask {
 /// Sends one probe with a fresh nonce: small, or of `mtu` bytes of IP packet. A probe the
 /// socket could not send still counts as lost at the next round, like one without an answer;
 /// `None` (no probe at all, the verdict left as it stands) only when the OS gave no random
-/// bytes for its nonce.
+/// bytes for its nonce. Also says whether the send found the socket's device gone.
 async fn send(
     socket: &UdpSocket,
     peer: SocketAddr,
     seq: u64,
     mtu: Option<u32>,
-) -> Option<Outstanding> {
+) -> (Option<Outstanding>, Device) {
     let probe = match Sent::new(seq, mtu) {
         Ok(probe) => probe,
         Err(e) => {
             tracing::warn!("no random bytes for the nonce of a link probe to {peer}: {e}");
-            return None;
+            return (None, Device::Present);
         }
     };
     let sent = Instant::now();
+    let mut device = Device::Present;
     if let Err(e) = socket.send_to(&probe.request(), peer).await {
         tracing::debug!("sending a link probe to {peer}: {e}");
+        if e.raw_os_error() == Some(ENODEV) {
+            device = Device::Gone;
+        }
     }
-    Some(Outstanding {
+    let outstanding = Outstanding {
         probe,
         sent,
         full: mtu,
-    })
+    };
+    (Some(outstanding), device)
 }
+
+/// `ENODEV`: what a send from a socket bound to a device the kernel no longer has fails with.
+const ENODEV: i32 = 19;
+/// `EPERM`.
+const EPERM: i32 = 1;
+
+/// Whether a socket refused its device is bound without one: only when the kernel refused the
+/// agent the right (before Linux 5.7, binding to a device needed `CAP_NET_RAW`, which the agent
+/// does not hold); a device not there yet is retried instead.
+fn without_device(e: &std::io::Error) -> bool {
+    e.raw_os_error() == Some(EPERM)
+}
+
+/// Whether the warning that probe sockets go without their device was logged (once per agent).
+static UNBOUND_SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Spreads the links' probes over the interval, so a node with many links does not send them
 /// all at once: a start offset and a per-round jitter of up to a tenth of the interval, both
@@ -377,6 +441,17 @@ impl Jitter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_socket_is_bound_without_its_device_only_when_the_kernel_refuses_the_right() {
+        let refused = std::io::Error::from_raw_os_error(EPERM);
+        assert!(without_device(&refused));
+        // A link not made yet: retried, never probed without its device.
+        let absent = open("kup-absent", "127.0.0.1:0".parse().expect("an address"));
+        let e = absent.expect_err("no such device");
+        assert_eq!(e.raw_os_error(), Some(ENODEV), "{e}");
+        assert!(!without_device(&e));
+    }
 
     #[test]
     fn jitter_stays_within_a_tenth_of_the_interval() {
