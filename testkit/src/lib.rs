@@ -9,11 +9,14 @@
 //! - [`fs::write_atomically`]: files replaced whole;
 //! - [`wait`]: waiting on a condition with a deadline;
 //! - [`bins`]: kuport's binaries from the running build, among them `kuport-echo`, the
-//!   responder and prober of the kernel tests and the lab (`src/bin/kuport-echo.rs`).
+//!   responder and prober of the kernel tests and the lab (`src/bin/kuport-echo.rs`);
+//! - [`link_probes`]: a forger of the agent's link probe answers, and the prober as it matched
+//!   answers before nonces (`kuport-echo forge-probes` and `old-probe`).
 
 pub mod bins;
 pub mod cluster;
 pub mod fs;
+pub mod link_probes;
 pub mod netns;
 pub mod objects;
 pub mod process;

@@ -53,6 +53,9 @@ pub enum HostEventKind {
     /// kuport's nftables table (the table, a chain, rule, set, element or counter), changed
     /// or deleted by another program.
     Nftables,
+    /// A sysctl a node check reads (`forwarding` of `all` in either family, `rp_filter` of
+    /// `all`, `default` or a `kup-*` link), written by anyone: the checks are read again.
+    Sysctl,
     /// The stream may have missed events (its socket's buffer overflowed, or it ended):
     /// anything may have changed.
     Lost,
@@ -60,12 +63,13 @@ pub enum HostEventKind {
 
 impl HostEventKind {
     /// Every kind, in the order `/metrics` lists them.
-    pub const ALL: [HostEventKind; 6] = [
+    pub const ALL: [HostEventKind; 7] = [
         HostEventKind::Link,
         HostEventKind::Rule,
         HostEventKind::Route,
         HostEventKind::Address,
         HostEventKind::Nftables,
+        HostEventKind::Sysctl,
         HostEventKind::Lost,
     ];
 
@@ -77,6 +81,7 @@ impl HostEventKind {
             HostEventKind::Route => "route",
             HostEventKind::Address => "address",
             HostEventKind::Nftables => "nftables",
+            HostEventKind::Sysctl => "sysctl",
             HostEventKind::Lost => "lost",
         }
     }

@@ -71,10 +71,11 @@ impl HostEvents {
     /// link bound to its device); a change by another program to one of kuport's ip rules, a
     /// route in kuport's tables or an address (IPv4 or IPv6) of a `kup-*` link (rtnetlink,
     /// `netlink/events.rs`); a commit by another program touching `table ip kuport` or
-    /// `table ip6 kuport` (`nft_events.rs`); and [`crate::HostEventKind::Lost`] when a socket
-    /// overflowed. The stream closes when the rtnetlink socket fails; when the nftables one
-    /// cannot be opened, rtnetlink's events still come and the table is checked at each resync
-    /// only (said in the log).
+    /// `table ip6 kuport` (`nft_events.rs`); a write of a sysctl a node check reads
+    /// (`netlink/netconf.rs`); and [`crate::HostEventKind::Lost`] when a socket overflowed. The
+    /// stream closes when the rtnetlink socket fails; when the nftables or the netconf one
+    /// cannot be opened, the others' events still come and what it would have announced is
+    /// read at each resync only (said in the log).
     pub fn open(&self, underlay: Vec<String>) -> Result<mpsc::Receiver<HostEvent>, HostError> {
         use futures_util::StreamExt;
         use rtnetlink::MulticastGroup;
@@ -104,6 +105,15 @@ impl HostEvents {
                 None
             }
         };
+        let mut sysctls = match netlink::netconf::watch() {
+            Ok(rx) => Some(rx),
+            Err(e) => {
+                tracing::warn!(
+                    "watching netconf events: {e}; a changed forwarding or rp_filter sysctl is seen at the next resync"
+                );
+                None
+            }
+        };
         let (tx, rx) = mpsc::channel(256);
         tokio::spawn(async move {
             // Subscribed first, dumped second: a link made in between is in both, and the
@@ -124,6 +134,7 @@ impl HostEvents {
                         None => return,
                     },
                     Some(event) = next_of(&mut tables) => Some(event),
+                    Some(news) = next_netconf(&mut sysctls) => sysctl_event(&news, &links),
                 };
                 if let Some(event) = event
                     && tx.send(event).await.is_err()
@@ -147,6 +158,43 @@ async fn kup_links(
         links.observe(&link, false);
     }
     Ok(links)
+}
+
+/// The next news of the netconf stream, if it is open; a stream that ended is dropped (and
+/// never ready).
+async fn next_netconf(
+    stream: &mut Option<mpsc::Receiver<netlink::netconf::News>>,
+) -> Option<netlink::netconf::News> {
+    let next = match stream.as_mut() {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    };
+    if next.is_none() {
+        tracing::warn!(
+            "the netconf event stream ended; a changed forwarding or rp_filter sysctl is seen at the next resync"
+        );
+        *stream = None;
+    }
+    next
+}
+
+/// The one host event a datagram of netconf news makes, if any: its first announcement that
+/// counts (a forwarding write announces every device at once; one pass reads them all).
+fn sysctl_event(
+    news: &netlink::netconf::News,
+    links: &netlink::events::LinkNames,
+) -> Option<HostEvent> {
+    use netlink::netconf::News;
+    match news {
+        News::Lost => Some(HostEvent {
+            kind: crate::HostEventKind::Lost,
+            what: "netconf events (the socket's buffer overflowed)".to_owned(),
+            removed: false,
+        }),
+        News::Announced(found) => found
+            .iter()
+            .find_map(|n| netlink::netconf::classify(n, links)),
+    }
 }
 
 /// The next event of an optional stream; a stream that ended is dropped (and never ready).

@@ -12,6 +12,15 @@
 //!                 [--df on|off] [--source-port N]
 //!     prints "reply from=<ip:port> <answer> client=<ip:port> rtt_us=N", "refused" (exit 3),
 //!     "timeout" (exit 4) or "fragneeded mtu=N" (exit 5)
+//! kuport-echo forge-probes --from <peer link IP> --to <link IP> [--seqs N] [--every-ms N]
+//!                          [--request-seq S]
+//!     forged answers to the agent's link probes, sequence numbers 0 to N-1 (256) every N ms
+//!     (100), from the peer's address (raw IPv4); with `--request-seq`, a forged request too;
+//!     prints "ready" once the first round is out, then runs until killed
+//! kuport-echo old-probe --from <link IP> --to <peer link IP> [--size N] [--count N]
+//!                       [--interval-ms N]
+//!     probes as the agent did before nonces (N probes of N bytes of IP, 1370 and 5, every N ms,
+//!     200) and prints "answered=A lost=L requests=R" by the old matching
 //! ```
 //! `--source-port` binds the asking socket to that port (on every address) instead of an
 //! ephemeral one, so a test can put a connection's replies on a port of its choosing.
@@ -38,7 +47,9 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("serve") => serve(&args[1..]),
         Some("ask") => ask(&args[1..]),
-        _ => Err("usage: kuport-echo serve <udp|tcp> <port>[-<last>] | ask <udp|tcp> <ip:port> [--timeout-ms N] [--bulk N] [--source-port N]".into()),
+        Some("forge-probes") => forge_probes(&args[1..]),
+        Some("old-probe") => old_probe(&args[1..]),
+        _ => Err("usage: kuport-echo serve <udp|tcp> <port>[-<last>] | ask <udp|tcp> <ip:port> [--timeout-ms N] [--bulk N] [--source-port N] | forge-probes --from IP --to IP | old-probe --from IP --to IP".into()),
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -228,6 +239,43 @@ fn flag(args: &[String], name: &str) -> Option<u64> {
         .position(|a| a == name)
         .and_then(|i| args.get(i + 1))
         .and_then(|v| v.parse().ok())
+}
+
+/// The IPv4 address after `name`.
+fn ipv4_flag(args: &[String], name: &str) -> Result<std::net::Ipv4Addr, String> {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| format!("{name} needs an IPv4 address"))
+}
+
+fn forge_probes(args: &[String]) -> Result<u8, String> {
+    use kuport_testkit::link_probes::{Forgery, forge};
+    let f = Forgery {
+        from: ipv4_flag(args, "--from")?,
+        to: ipv4_flag(args, "--to")?,
+        seqs: 0..flag(args, "--seqs").unwrap_or(256),
+        every: Duration::from_millis(flag(args, "--every-ms").unwrap_or(100)),
+        request_seq: flag(args, "--request-seq"),
+    };
+    forge(&f, || log("ready")).map_err(|e| format!("forging probe answers to {}: {e}", f.to))?;
+    Ok(0)
+}
+
+fn old_probe(args: &[String]) -> Result<u8, String> {
+    let (from, to) = (ipv4_flag(args, "--from")?, ipv4_flag(args, "--to")?);
+    let size = flag(args, "--size").unwrap_or(1370) as usize;
+    let count = u32::try_from(flag(args, "--count").unwrap_or(5))
+        .map_err(|_| "--count: too many probes".to_owned())?;
+    let interval = Duration::from_millis(flag(args, "--interval-ms").unwrap_or(200));
+    let o = kuport_testkit::link_probes::old_probe(from, to, size, count, interval)
+        .map_err(|e| format!("probing {to} from {from} as before nonces: {e}"))?;
+    println!(
+        "answered={} lost={} requests={}",
+        o.answered, o.lost, o.requests
+    );
+    Ok(0)
 }
 
 fn ask(args: &[String]) -> Result<u8, String> {

@@ -7,6 +7,7 @@ pub mod events;
 #[cfg(test)]
 pub(crate) mod fake;
 pub mod kernel;
+pub mod netconf;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;

@@ -2,12 +2,16 @@
 //! peer's over the link itself, so the mesh, the link port, VXLAN and both inner addresses are
 //! exercised together, and the peer's agent answers (an answer also says its agent runs).
 //!
-//! Each link gets one UDP socket on its own link address and [`PROBE_PORT`]: it answers the
-//! peer's probes and sends its own, a small one every interval and a full-size one (the
-//! link's whole MTU) now and then. It answers only the peer's link address, so nothing else can
-//! use it to reflect traffic. The verdict and its hysteresis are in [`verdict`].
+//! Each link gets one UDP socket on its own link address and [`PROBE_PORT`], bound to the link's
+//! device: it answers the peer's probes and sends its own, a small one every interval and a
+//! full-size one (the link's whole MTU) now and then. It takes datagrams only from the peer's
+//! link address arriving on the link itself, so a pod of either node cannot reach it with a
+//! forged source, and nothing can use it to reflect traffic; an answer counts only when it
+//! brings back its probe's unpredictable nonce and size ([`wire`]). The verdict and its
+//! hysteresis are in [`verdict`].
 
 pub mod verdict;
+pub mod wire;
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -23,18 +27,10 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 pub use verdict::{LinkVerdict, ProbeSettings};
+use wire::Sent;
 
 /// The UDP port of the probes, on link addresses only (never on a node's own addresses).
 pub const PROBE_PORT: u16 = 4794;
-
-/// What a probe carries first: a probe from anything else is ignored.
-const MAGIC: &[u8; 8] = b"kuprobe1";
-const REQUEST: u8 = 1;
-const ANSWER: u8 = 2;
-/// Magic, kind, sequence number.
-const HEADER: usize = 8 + 1 + 8;
-/// IPv4 and UDP headers: a full-size probe's payload is the link MTU less these.
-const IP_UDP_HEADERS: u32 = 28;
 
 /// One link to probe.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -153,7 +149,7 @@ impl Drop for LinkProber {
 
 /// A probe sent and not answered yet.
 struct Outstanding {
-    seq: u64,
+    probe: Sent,
     sent: Instant,
     full: Option<u32>,
 }
@@ -167,7 +163,7 @@ async fn probe_link(
     changed: Arc<Notify>,
 ) {
     let peer = SocketAddr::V4(SocketAddrV4::new(target.peer_address, PROBE_PORT));
-    let socket = bind(&target, settings.interval).await;
+    let mut socket = bind(&target, settings.interval).await;
     let mut task = ProbeTask {
         key: (target.class.clone(), target.peer.clone()),
         target,
@@ -189,7 +185,9 @@ async fn probe_link(
         tokio::select! {
             _ = tokio::time::sleep_until(next) => {
                 round += 1;
-                task.round(&socket, round).await;
+                if task.round(&socket, round).await == Device::Gone {
+                    rebind(&mut socket, &task.target);
+                }
                 next = Instant::now() + jitter.interval(task.settings.interval, round);
             }
             received = receive(&socket, &mut buf) => {
@@ -197,6 +195,32 @@ async fn probe_link(
                     task.received(&socket, &mut buf).await;
                 }
             }
+        }
+    }
+}
+
+/// Whether the device a probe socket is bound to is still there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Device {
+    Present,
+    /// A send failed with ENODEV: the kernel no longer has the device the socket was bound to
+    /// (by its index).
+    Gone,
+}
+
+/// Binds a new socket to the link's device when one of its name exists again: a link deleted
+/// and made again (a restarted mesh daemon takes every link bound to its device, the agent
+/// rebuilds them) is a new device with a new index, which the old socket never hears from.
+/// Until it exists the old socket stays, its probes going unanswered, as the link's are.
+fn rebind(socket: &mut UdpSocket, target: &ProbeTarget) {
+    let local = SocketAddr::V4(SocketAddrV4::new(target.local, PROBE_PORT));
+    match open(&target.device, local) {
+        Ok(new) => {
+            tracing::debug!(device = %target.device, "link probe socket bound to the link made again");
+            *socket = new;
+        }
+        Err(e) => {
+            tracing::debug!(device = %target.device, "binding the link probe to {local} on {} again: {e}", target.device);
         }
     }
 }
@@ -210,17 +234,44 @@ async fn receive(socket: &UdpSocket, buf: &mut Vec<u8>) -> std::io::Result<Socke
     socket.recv_buf_from(buf).await.map(|(_, from)| from)
 }
 
+/// The link's probe socket, retrying every `retry` while the link or its address is not there
+/// yet.
 async fn bind(target: &ProbeTarget, retry: Duration) -> UdpSocket {
     let local = SocketAddr::V4(SocketAddrV4::new(target.local, PROBE_PORT));
     loop {
-        match UdpSocket::bind(local).await {
+        match open(&target.device, local) {
             Ok(socket) => return socket,
             Err(e) => {
-                tracing::debug!(device = %target.device, "binding the link probe to {local}: {e}");
+                tracing::debug!(
+                    device = %target.device,
+                    "binding the link probe to {local} on {}: {e}",
+                    target.device
+                );
                 tokio::time::sleep(retry).await;
             }
         }
     }
+}
+
+/// A UDP socket on `local` bound to `device` before its address (SO_BINDTODEVICE), so not one
+/// datagram arriving by another device is ever queued on it: the link address is a local
+/// address, which the kernel would otherwise deliver from any interface, a pod's included.
+fn open(device: &str, local: SocketAddr) -> std::io::Result<UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
+    if let Err(e) = socket.bind_device(Some(device.as_bytes())) {
+        if !without_device(&e) {
+            return Err(e);
+        }
+        if !UNBOUND_SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!(
+                "binding link probe sockets to their links: {e} (kernels before 5.7 allow it only with CAP_NET_RAW); probing without: answers still need the probe's nonce, but a probe forged from a pod is answered toward the peer"
+            );
+        }
+    }
+    socket.bind(&local.into())?;
+    socket.set_nonblocking(true)?;
+    UdpSocket::from_std(socket.into())
 }
 
 /// One link's probing: its probes in flight and where its verdict goes.
@@ -238,8 +289,8 @@ struct ProbeTask {
 impl ProbeTask {
     /// Judges the last round's probes not answered by now as lost (a lost full-size probe
     /// counts only if its small one was answered: the verdict checks that), then sends this
-    /// round's.
-    async fn round(&mut self, socket: &UdpSocket, round: u64) {
+    /// round's; says whether the socket's device is gone.
+    async fn round(&mut self, socket: &UdpSocket, round: u64) -> Device {
         let now = Timestamp::now();
         let s = self.settings.clone();
         if self.small.take().is_some() {
@@ -249,38 +300,40 @@ impl ProbeTask {
             let size = probe.full.unwrap_or_default();
             self.judge(|v| v.full(false, size, now, &s));
         }
-        self.small = send(socket, self.peer, round * 2, None).await;
+        let device;
+        (self.small, device) = send(socket, self.peer, round * 2, None).await;
+        if device == Device::Gone {
+            return device;
+        }
         let wants_full = self
             .lock()
             .get(&self.key)
             .is_some_and(|v| v.wants_full(round, &s));
         if let (true, Some(mtu)) = (wants_full, self.target.mtu) {
-            self.full = send(socket, self.peer, round * 2 + 1, Some(mtu)).await;
+            let device;
+            (self.full, device) = send(socket, self.peer, round * 2 + 1, Some(mtu)).await;
+            return device;
         }
+        Device::Present
     }
 
-    /// A datagram from the peer's probe socket: its probe, answered with the same bytes, or
-    /// the answer to one of ours.
+    /// A datagram from the peer's probe socket across the link: its probe, answered with the
+    /// same bytes, or the answer to one of ours (which must bring back all of it).
     async fn received(&mut self, socket: &UdpSocket, packet: &mut [u8]) {
+        if wire::answer_in_place(packet) {
+            if let Err(e) = socket.send_to(packet, self.peer).await {
+                tracing::debug!(device = %self.target.device, "answering a link probe: {e}");
+            }
+            return;
+        }
         let s = self.settings.clone();
-        match parse(packet) {
-            Some((REQUEST, _)) => {
-                packet[8] = ANSWER;
-                if let Err(e) = socket.send_to(packet, self.peer).await {
-                    tracing::debug!(device = %self.target.device, "answering a link probe: {e}");
-                }
-            }
-            Some((ANSWER, seq)) => {
-                let now = Timestamp::now();
-                if let Some(probe) = self.small.take_if(|p| p.seq == seq) {
-                    let rtt = probe.sent.elapsed();
-                    self.judge(|v| v.small(Some(rtt), now, &s));
-                } else if let Some(probe) = self.full.take_if(|p| p.seq == seq) {
-                    let size = probe.full.unwrap_or_default();
-                    self.judge(|v| v.full(true, size, now, &s));
-                }
-            }
-            _ => {}
+        let now = Timestamp::now();
+        if let Some(probe) = self.small.take_if(|p| p.probe.answered_by(packet)) {
+            let rtt = probe.sent.elapsed();
+            self.judge(|v| v.small(Some(rtt), now, &s));
+        } else if let Some(probe) = self.full.take_if(|p| p.probe.answered_by(packet)) {
+            let size = probe.full.unwrap_or_default();
+            self.judge(|v| v.full(true, size, now, &s));
         }
     }
 
@@ -311,42 +364,53 @@ impl ProbeTask {
     }
 }
 
-/// Sends one probe: small, or of `mtu` bytes of IP packet. `None` when it could not be sent
-/// (it then counts as lost at the next round, like a probe without an answer).
+/// Sends one probe with a fresh nonce: small, or of `mtu` bytes of IP packet. A probe the
+/// socket could not send still counts as lost at the next round, like one without an answer;
+/// `None` (no probe at all, the verdict left as it stands) only when the OS gave no random
+/// bytes for its nonce. Also says whether the send found the socket's device gone.
 async fn send(
     socket: &UdpSocket,
     peer: SocketAddr,
     seq: u64,
     mtu: Option<u32>,
-) -> Option<Outstanding> {
-    let len = mtu
-        .map(|m| m.saturating_sub(IP_UDP_HEADERS) as usize)
-        .unwrap_or(HEADER)
-        .max(HEADER);
-    let mut packet = vec![0u8; len];
-    packet[..8].copy_from_slice(MAGIC);
-    packet[8] = REQUEST;
-    packet[9..HEADER].copy_from_slice(&seq.to_be_bytes());
+) -> (Option<Outstanding>, Device) {
+    let probe = match Sent::new(seq, mtu) {
+        Ok(probe) => probe,
+        Err(e) => {
+            tracing::warn!("no random bytes for the nonce of a link probe to {peer}: {e}");
+            return (None, Device::Present);
+        }
+    };
     let sent = Instant::now();
-    match socket.send_to(&packet, peer).await {
-        Ok(_) => {}
-        Err(e) => tracing::debug!("sending a link probe to {peer}: {e}"),
+    let mut device = Device::Present;
+    if let Err(e) = socket.send_to(&probe.request(), peer).await {
+        tracing::debug!("sending a link probe to {peer}: {e}");
+        if e.raw_os_error() == Some(ENODEV) {
+            device = Device::Gone;
+        }
     }
-    Some(Outstanding {
-        seq,
+    let outstanding = Outstanding {
+        probe,
         sent,
         full: mtu,
-    })
+    };
+    (Some(outstanding), device)
 }
 
-/// The kind and sequence number of a probe, when it is one.
-fn parse(packet: &[u8]) -> Option<(u8, u64)> {
-    if packet.len() < HEADER || &packet[..8] != MAGIC {
-        return None;
-    }
-    let seq = u64::from_be_bytes(packet[9..HEADER].try_into().ok()?);
-    Some((packet[8], seq))
+/// `ENODEV`: what a send from a socket bound to a device the kernel no longer has fails with.
+const ENODEV: i32 = 19;
+/// `EPERM`.
+const EPERM: i32 = 1;
+
+/// Whether a socket refused its device is bound without one: only when the kernel refused the
+/// agent the right (before Linux 5.7, binding to a device needed `CAP_NET_RAW`, which the agent
+/// does not hold); a device not there yet is retried instead.
+fn without_device(e: &std::io::Error) -> bool {
+    e.raw_os_error() == Some(EPERM)
 }
+
+/// Whether the warning that probe sockets go without their device was logged (once per agent).
+static UNBOUND_SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Spreads the links' probes over the interval, so a node with many links does not send them
 /// all at once: a start offset and a per-round jitter of up to a tenth of the interval, both
@@ -379,15 +443,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_probe_is_recognised_by_its_magic_and_length() {
-        let mut packet = vec![0u8; HEADER];
-        packet[..8].copy_from_slice(MAGIC);
-        packet[8] = ANSWER;
-        packet[9..].copy_from_slice(&7u64.to_be_bytes());
-        assert_eq!(parse(&packet), Some((ANSWER, 7)));
-        assert_eq!(parse(&packet[..HEADER - 1]), None);
-        packet[0] = b'X';
-        assert_eq!(parse(&packet), None);
+    fn a_socket_is_bound_without_its_device_only_when_the_kernel_refuses_the_right() {
+        let refused = std::io::Error::from_raw_os_error(EPERM);
+        assert!(without_device(&refused));
+        // A link not made yet: retried, never probed without its device.
+        let absent = open("kup-absent", "127.0.0.1:0".parse().expect("an address"));
+        let e = absent.expect_err("no such device");
+        assert_eq!(e.raw_os_error(), Some(ENODEV), "{e}");
+        assert!(!without_device(&e));
     }
 
     #[test]

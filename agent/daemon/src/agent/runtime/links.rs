@@ -1,9 +1,9 @@
 //! The host's events: one stream, opened for the underlay device the host reports and opened
 //! again when that device changes or the stream ends. An event means the kernel changed behind
 //! the agent's back (a `kup-*` link or the underlay, or another program changing kuport's ip
-//! rules, routes, link addresses or nftables table; the host leaves the agent's own changes
-//! out, `kuport_host::HostEvents`), so the pass it starts compares against the kernel and
-//! repairs what is gone.
+//! rules, routes, link addresses or nftables table, or a write of a sysctl a node check reads;
+//! the host leaves the agent's own changes out, `kuport_host::HostEvents`), so the pass it
+//! starts compares against the kernel, repairs what is gone and reads the checks again.
 //!
 //! Events are held until a pass takes them: a burst (a firewall reload announces its whole
 //! ruleset) is one pass, and passes for host events alone start at most once per
