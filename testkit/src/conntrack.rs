@@ -37,6 +37,9 @@ const CTA_TUPLE_PROTO: u16 = 2;
 const IPPROTO_UDP: u8 = 17;
 /// Entries per `sendmsg`.
 const BATCH: usize = 256;
+/// The host-wide limit every namespace's table is held to (writable in the initial namespace
+/// only).
+const CONNTRACK_MAX: &str = "/proc/sys/net/netfilter/nf_conntrack_max";
 
 /// Makes `entries` in the calling thread's namespace, each living `timeout_secs`; returns how
 /// many were made. Fails at the first entry the kernel refuses (a full table says
@@ -184,4 +187,36 @@ fn nested(buf: &mut Vec<u8>, kind: u16, fill: impl FnOnce(&mut Vec<u8>)) {
     fill(buf);
     let len = (buf.len() - start) as u16;
     buf[start..start + 2].copy_from_slice(&len.to_ne_bytes());
+}
+
+/// The host's `nf_conntrack_max`, raised for a test or bench that fills a table past it; the
+/// old value is written back when dropped.
+#[must_use = "the limit is restored when this is dropped"]
+pub struct RaisedMax(Option<String>);
+
+impl RaisedMax {
+    /// Raises the limit to `at_least` when it is lower (from the initial namespace), saying so
+    /// on stderr; changes nothing otherwise.
+    pub fn to(at_least: u64) -> Result<Self> {
+        let old = std::fs::read_to_string(CONNTRACK_MAX)
+            .with_context(|| format!("reading {CONNTRACK_MAX}"))?;
+        let now: u64 = old.trim().parse().context("parsing nf_conntrack_max")?;
+        if now >= at_least {
+            return Ok(Self(None));
+        }
+        std::fs::write(CONNTRACK_MAX, at_least.to_string())
+            .with_context(|| format!("raising {CONNTRACK_MAX} to {at_least}"))?;
+        eprintln!("{CONNTRACK_MAX} raised from {now} to {at_least}, until the run ends");
+        Ok(Self(Some(old)))
+    }
+}
+
+impl Drop for RaisedMax {
+    fn drop(&mut self) {
+        if let Some(old) = &self.0
+            && let Err(e) = std::fs::write(CONNTRACK_MAX, old.trim())
+        {
+            eprintln!("restoring {CONNTRACK_MAX} to {}: {e}", old.trim());
+        }
+    }
 }

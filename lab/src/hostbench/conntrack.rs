@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 use kuport_core::ir::HostState;
 use kuport_host::conntrack::{ConntrackTable as _, Flow, KernelConntrack, Translations, sweep};
-use kuport_testkit::conntrack::{Entry, count, insert};
+use kuport_testkit::conntrack::{Entry, RaisedMax, count, insert};
 use kuport_testkit::netns::Netns;
 use kuport_testkit::process::Proc;
 
@@ -31,8 +31,6 @@ const SIZES: [u32; 3] = [10_000, 100_000, 1_000_000];
 /// The most the sweep's peak RSS may grow at the largest size (the target): flat, one receive
 /// buffer and one batch.
 const TARGET_KIB: f64 = 1024.0;
-/// The host-wide limit's file (in the initial namespace; read-only in the others).
-const CONNTRACK_MAX: &str = "/proc/sys/net/netfilter/nf_conntrack_max";
 
 /// The accepting node's golden state: 203.0.113.9 udp 3000 over the link ending at
 /// 169.254.77.1, local mark 0x1.
@@ -52,7 +50,7 @@ struct Run {
 pub fn measure() -> Result<Vec<Measurement>> {
     let exe = std::env::current_exe().context("finding the current executable")?;
     let largest = SIZES.iter().copied().max().unwrap_or_default() as u64;
-    let _limit = RaisedLimit::to(largest + largest / 10)?;
+    let _limit = RaisedMax::to(largest + largest / 10)?;
     let mut sweeps = Vec::new();
     let mut kept = Vec::new();
     for n in SIZES {
@@ -245,35 +243,4 @@ fn status_kib(field: &str) -> Result<u64> {
         .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .with_context(|| format!("no {field} in /proc/self/status"))
-}
-
-/// `nf_conntrack_max` raised for the run; the old value is written back when dropped.
-struct RaisedLimit(Option<String>);
-
-impl RaisedLimit {
-    fn to(at_least: u64) -> Result<Self> {
-        let old = std::fs::read_to_string(CONNTRACK_MAX)
-            .with_context(|| format!("reading {CONNTRACK_MAX}"))?;
-        let now: u64 = old.trim().parse().context("parsing nf_conntrack_max")?;
-        if now >= at_least {
-            return Ok(Self(None));
-        }
-        std::fs::write(CONNTRACK_MAX, at_least.to_string())
-            .with_context(|| format!("raising {CONNTRACK_MAX} to {at_least}"))?;
-        eprintln!("hostbench: {CONNTRACK_MAX} raised from {now} to {at_least} for the run");
-        Ok(Self(Some(old)))
-    }
-}
-
-impl Drop for RaisedLimit {
-    fn drop(&mut self) {
-        if let Some(old) = &self.0
-            && let Err(e) = std::fs::write(CONNTRACK_MAX, old.trim())
-        {
-            eprintln!(
-                "hostbench: restoring {CONNTRACK_MAX} to {}: {e}",
-                old.trim()
-            );
-        }
-    }
 }
