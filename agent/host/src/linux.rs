@@ -373,10 +373,16 @@ impl<N: netlink::Netlink> Host for LinuxHost<N> {
         self.applied = None;
         self.applied_in_full = false;
         // With nothing translated any more, every flow still carrying kuport's mark is stale.
-        // Swept here, to its end, before the process goes: the thread's sweep (stopped by the
-        // drop) judged by rules that are gone.
-        if let Some(Sweeps { table, worker }) = self.sweeps.take() {
-            drop(worker);
+        // Swept here, to its end, before the process goes: the thread's sweep (stopped, its
+        // worker replaced by an idle one for a later apply) judged by rules that are gone.
+        self.sweeper = conntrack::Sweeper::default();
+        if let Some(sweeps) = &mut self.sweeps {
+            let table = sweeps.table.clone();
+            let fresh = conntrack::SweepWorker::new(table.clone());
+            if let Some(observer) = &self.observer {
+                fresh.observe(observer.clone());
+            }
+            drop(std::mem::replace(&mut sweeps.worker, fresh));
             let none = conntrack::Translations::of(&HostState::default(), self.marks.mask);
             let swept = tokio::task::spawn_blocking(move || conntrack::sweep(&*table, &none))
                 .await

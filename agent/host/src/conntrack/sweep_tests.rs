@@ -257,6 +257,13 @@ async fn the_host_clears_stale_flows_after_an_apply_that_moved_them_and_only_the
     host.teardown().await.expect("teardown");
     let left: Vec<u32> = table.lock().flows.iter().map(|f| f.mark).collect();
     assert_eq!(left, vec![0], "only the node's own connection is left");
+
+    // A host applied again after its teardown sweeps again.
+    let walks = table.lock().listings;
+    let back = host.apply(&before, false).await.expect("apply");
+    assert!(back.conntrack_sweep_asked);
+    assert!(host.wait_for_sweeps(WAIT).await);
+    assert_eq!(table.lock().listings, walks + 1);
 }
 
 #[tokio::test]
