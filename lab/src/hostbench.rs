@@ -5,7 +5,9 @@
 //! - new UDP flows per second and established-flow packet rate through a node holding 1,000
 //!   mappings, against the same node holding 1, side by side in one run; in IPv4, then in IPv6
 //!   (the `IPv6:` rows, which `--only ipv6` and `--only host-ipv6` run alone);
-//! - the agent's peak RSS with 1,000 PortMaps and 500 Nodes in the API server model.
+//! - the agent's peak RSS with 1,000 PortMaps and 500 Nodes in the API server model;
+//! - the memory and time of a sweep of stale conntrack entries over tables of 10,000 to
+//!   1,000,000 entries (`conntrack`; `--only conntrack` runs it alone).
 //!
 //! Everything runs in throwaway namespaces named `klb-hb<pid>-*`; the guards of
 //! [`kuport_testkit::netns`] kill what was started there and delete them, on error too. Work that must run inside a namespace
@@ -13,6 +15,7 @@
 //! [`hidden_main`]; socket work runs on threads moved into the namespace.
 
 mod cluster;
+mod conntrack;
 mod flows;
 mod memory;
 mod nft;
@@ -58,8 +61,22 @@ pub fn run_ipv6(bins: &Path) -> anyhow::Result<Vec<Measurement>> {
     run_parts(bins, &[FLOWS6])
 }
 
+/// Runs the conntrack sweep's measurement alone.
+pub fn run_conntrack() -> anyhow::Result<Vec<Measurement>> {
+    run_parts(Path::new(""), &[CONNTRACK])
+}
+
 /// The parts, by the name `__hostbench-part` takes.
-const PARTS: [&str; 5] = ["nft", "flows", FLOWS6, "memory", "memory-annotated"];
+const PARTS: [&str; 6] = [
+    "nft",
+    "flows",
+    FLOWS6,
+    "memory",
+    "memory-annotated",
+    CONNTRACK,
+];
+/// The part of the conntrack sweep.
+const CONNTRACK: &str = "conntrack";
 /// The part of the IPv6 flow rows.
 const FLOWS6: &str = "flows6";
 
@@ -77,6 +94,7 @@ fn run_parts(bins: &Path, parts: &[&str]) -> anyhow::Result<Vec<Measurement>> {
                 "agent memory with annotated PortMaps",
                 memory::measure_annotated(bins),
             ),
+            CONNTRACK => ("a conntrack sweep", conntrack::measure()),
             other => anyhow::bail!("no hostbench part {other:?} (parts: {})", PARTS.join(", ")),
         };
         let found = found.with_context(|| format!("measuring {what}"))?;
@@ -90,14 +108,15 @@ fn run_parts(bins: &Path, parts: &[&str]) -> anyhow::Result<Vec<Measurement>> {
 }
 
 /// The hidden subcommands: the children this module re-executes the binary as, and
-/// `__hostbench-part PART [BINS]` to run one part by hand (`nft`, `flows`, `flows6`, `memory`
-/// or `memory-annotated`; BINS
+/// `__hostbench-part PART [BINS]` to run one part by hand (`nft`, `flows`, `flows6`, `memory`,
+/// `memory-annotated` or `conntrack`; BINS
 /// defaults to the binary's directory). `None` for any other command line.
 pub fn hidden_main(args: &[String]) -> Option<ExitCode> {
     let rest = args.get(2..).unwrap_or_default();
     let result = match args.get(1).map(String::as_str) {
         Some(nft::CHILD) => nft::child(rest),
         Some(nft::PROGRAM) => nft::program(rest),
+        Some(conntrack::CHILD) => conntrack::run_child(rest),
         Some(PART) => one_part(rest),
         _ => return None,
     };

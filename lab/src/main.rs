@@ -99,9 +99,10 @@ enum Command {
         write: Option<PathBuf>,
         /// Only this part: `lab` (through a fake cluster), `links` (the link health rows of the
         /// lab part), `tcp` (its TCP throughput rows and the offload experiment), `ipv6` (the
-        /// IPv6 rows of both parts), `host` (nft, flows, memory) or `host-ipv6` (the host
-        /// part's IPv6 rows: UDP flows through an IPv6 node). With `--write`, a partial run
-        /// replaces its own rows and keeps the others.
+        /// IPv6 rows of both parts), `host` (nft, flows, memory, conntrack), `host-ipv6` (the
+        /// host part's IPv6 rows: UDP flows through an IPv6 node) or `conntrack` (the memory
+        /// and time of a sweep of stale conntrack entries, up to 1,000,000 entries). With
+        /// `--write`, a partial run replaces its own rows and keeps the others.
         #[arg(long)]
         only: Option<String>,
     },
@@ -349,16 +350,29 @@ fn print_keep(topo: &topology::Topology) {
 }
 
 /// What `bench --only` takes.
-const ONLY: [&str; 6] = ["lab", "links", "tcp", "ipv6", "host", "host-ipv6"];
+const ONLY: [&str; 7] = [
+    "lab",
+    "links",
+    "tcp",
+    "ipv6",
+    "host",
+    "host-ipv6",
+    "conntrack",
+];
 
 fn bench(write: Option<PathBuf>, only: Option<&str>) -> Result<ExitCode> {
     prereq::ensure_tools()?;
-    let bins = prereq::binaries()?;
-    let mut measurements = Vec::new();
     if only.is_some_and(|o| !ONLY.contains(&o)) {
         anyhow::bail!("--only takes {}", ONLY.join(", "));
     }
-    if !matches!(only, Some("host" | "host-ipv6")) {
+    // The conntrack sweep runs in this binary alone.
+    let bins = if only == Some("conntrack") {
+        PathBuf::new()
+    } else {
+        prereq::binaries()?
+    };
+    let mut measurements = Vec::new();
+    if !matches!(only, Some("host" | "host-ipv6" | "conntrack")) {
         let (mut lab, original, rt) = session()?;
         let part = match only {
             Some("links") => labbench::Part::Links,
@@ -372,6 +386,10 @@ fn bench(write: Option<PathBuf>, only: Option<&str>) -> Result<ExitCode> {
     if only.is_none_or(|o| o == "host") {
         eprintln!("kuport-lab bench: host-level measurements");
         measurements.extend(hostbench::run(&bins)?);
+    }
+    if only == Some("conntrack") {
+        eprintln!("kuport-lab bench: a conntrack sweep");
+        measurements.extend(hostbench::run_conntrack()?);
     }
     if matches!(only, Some("ipv6" | "host-ipv6")) {
         eprintln!("kuport-lab bench: host-level measurements, IPv6");

@@ -8,6 +8,8 @@
 //!   run to completion;
 //! - [`fs::write_atomically`]: files replaced whole;
 //! - [`wait`]: waiting on a condition with a deadline;
+//! - [`conntrack`]: a namespace's conntrack table filled with entries written over ctnetlink,
+//!   for the sweep's kernel test and bench;
 //! - [`bins`]: kuport's binaries from the running build, among them `kuport-echo`, the
 //!   responder and prober of the kernel tests and the lab (`src/bin/kuport-echo.rs`);
 //! - [`link_probes`]: a forger of the agent's link probe answers, and the prober as it matched
@@ -15,6 +17,7 @@
 
 pub mod bins;
 pub mod cluster;
+pub mod conntrack;
 pub mod fs;
 pub mod link_probes;
 pub mod netns;

@@ -123,6 +123,11 @@ pub trait Host: Send {
     ) -> impl Future<Output = Result<ApplyReport, HostError>> + Send;
     /// Removes everything kuport owns.
     fn teardown(&mut self) -> impl Future<Output = Result<(), HostError>> + Send;
+    /// Tells `observer` how each sweep of stale conntrack entries ends (they run off the
+    /// apply, see [`crate::conntrack::worker`]); a host that sweeps nothing never calls it.
+    fn observe_sweeps(&mut self, observer: crate::conntrack::SweepObserver) {
+        let _ = observer;
+    }
     /// Reads the facts the plan needs.
     fn facts(
         &self,

@@ -1,6 +1,6 @@
 //! The real host: an apply in the order the kernel needs it (links down, one nftables
-//! transaction, links up, ip rules, routes, then the conntrack sweep), over the netlink and nft
-//! backends.
+//! transaction, links up, ip rules, routes, then asking for the conntrack sweep, which runs on
+//! a thread of its own), over the netlink and nft backends.
 
 use std::sync::Arc;
 
@@ -27,11 +27,14 @@ pub struct LinuxHost<N: netlink::Netlink = netlink::RtNetlink> {
     applied_in_full: bool,
     /// The mark layout whose ip rules this host owns (teardown needs it with no IR at hand).
     marks: MarkLayout,
-    /// The conntrack table swept after applies; none unless given (`LinuxHost::new` gives the
-    /// kernel's), so a host over fake backends never touches the real table.
-    conntrack: Option<Arc<dyn conntrack::ConntrackTable>>,
+    /// The conntrack table swept after applies, and the thread sweeping it; none unless given
+    /// (`LinuxHost::new` gives the kernel's), so a host over fake backends never touches the
+    /// real table.
+    sweeps: Option<Sweeps>,
     /// When a sweep is due.
     sweeper: conntrack::Sweeper,
+    /// Told how each sweep ended.
+    observer: Option<conntrack::SweepObserver>,
     /// The netlink port of the connection this host changes the kernel through.
     own_port: Option<u32>,
 }
@@ -54,6 +57,12 @@ impl LinuxHost {
         host.own_port = Some(own.port_number());
         Ok(host)
     }
+}
+
+/// The conntrack table a host sweeps, and its sweeping thread.
+struct Sweeps {
+    table: Arc<dyn conntrack::ConntrackTable>,
+    worker: conntrack::SweepWorker,
 }
 
 /// Opens the host's event streams for the agent (see [`HostEvents::open`]); taken from the
@@ -221,8 +230,9 @@ impl<N: netlink::Netlink> LinuxHost<N> {
             applied: None,
             applied_in_full: false,
             marks: MarkLayout::default(),
-            conntrack: None,
+            sweeps: None,
             sweeper: conntrack::Sweeper::default(),
+            observer: None,
             own_port: None,
         }
     }
@@ -237,9 +247,13 @@ impl<N: netlink::Netlink> LinuxHost<N> {
     }
 
     /// Sweeps `table` for stale entries of kuport's flows after applies (see
-    /// [`conntrack`]).
+    /// [`conntrack`]), on a thread of its own.
     pub fn with_conntrack(mut self, table: Arc<dyn conntrack::ConntrackTable>) -> Self {
-        self.conntrack = Some(table);
+        let worker = conntrack::SweepWorker::new(table.clone());
+        if let Some(observer) = &self.observer {
+            worker.observe(observer.clone());
+        }
+        self.sweeps = Some(Sweeps { table, worker });
         self
     }
 
@@ -249,32 +263,37 @@ impl<N: netlink::Netlink> LinuxHost<N> {
         self
     }
 
-    /// Deletes the conntrack entries of flows `applied` no longer translates that way, when a
-    /// sweep is due. A failure is reported, never fatal: the sweep is owed to the next apply.
-    async fn clear_stale_flows(
-        &mut self,
-        applied: &HostState,
-        verify: bool,
-        report: &mut ApplyReport,
-    ) {
-        let Some(table) = self.conntrack.clone() else {
+    /// Waits (off the async workers) until no sweep runs, none is asked for and no failed one
+    /// waits to run again, or `timeout` passed; true when idle, and for a host that sweeps
+    /// nothing. A process that applies and exits (a test, a bench) waits for its sweep.
+    pub async fn wait_for_sweeps(&self, timeout: std::time::Duration) -> bool {
+        let Some(sweeps) = &self.sweeps else {
+            return true;
+        };
+        let idle = sweeps.worker.idle();
+        tokio::task::spawn_blocking(move || idle.wait(timeout))
+            .await
+            .unwrap_or(false)
+    }
+
+    /// Asks the sweeping thread to delete the conntrack entries of flows `applied` no longer
+    /// translates that way, when a sweep is due; returns at once. A thread that cannot be
+    /// started is said in the log, and asked again at the next apply.
+    fn ask_for_sweep(&mut self, applied: &HostState, verify: bool, report: &mut ApplyReport) {
+        let Some(sweeps) = &mut self.sweeps else {
             return;
         };
         let now = conntrack::Translations::of(applied, self.marks.mask);
         if !self.sweeper.due(&now, verify) {
             return;
         }
-        let judged = now.clone();
-        let sweep = tokio::task::spawn_blocking(move || conntrack::sweep(&*table, &judged))
-            .await
-            .unwrap_or_else(|e| conntrack::Sweep {
-                error: Some(format!("the conntrack sweep failed: {e}")),
-                ..conntrack::Sweep::default()
-            });
-        self.sweeper.record(now, &sweep);
-        report.conntrack_swept = true;
-        report.conntrack_cleared = sweep.cleared;
-        report.conntrack_error = sweep.error;
+        match sweeps.worker.request(Arc::new(now.clone())) {
+            Ok(()) => {
+                self.sweeper.asked(now);
+                report.conntrack_sweep_asked = true;
+            }
+            Err(e) => tracing::warn!("{e}; the next apply tries again"),
+        }
     }
 
     /// After a refused transaction the kernel holds whatever table it held before, or none:
@@ -319,13 +338,12 @@ impl<N: netlink::Netlink> LinuxHost<N> {
 impl<N: netlink::Netlink> Host for LinuxHost<N> {
     async fn apply(&mut self, desired: &HostState, verify: bool) -> Result<ApplyReport, HostError> {
         if !verify && self.applied_in_full && self.applied.as_ref() == Some(desired) {
-            // Nothing to send; only a sweep that failed before is owed.
-            let mut report = ApplyReport::default();
-            if self.sweeper.owed() {
-                self.clear_stale_flows(desired, false, &mut report).await;
-            }
-            return Ok(report);
+            // Nothing to send (a failed sweep is the sweeping thread's to retry).
+            return Ok(ApplyReport::default());
         }
+        // No entry is deleted while the datapath changes: the sweep waits for this apply's
+        // translations before its next batch (dropped on every return).
+        let _hold = self.sweeps.as_ref().map(|s| s.worker.hold());
         let mut report = ApplyReport::default();
         // A link port is open only while the kernel holds its guard. A link no longer wanted
         // goes before the transaction that may remove its port's guard.
@@ -385,7 +403,7 @@ impl<N: netlink::Netlink> Host for LinuxHost<N> {
         // A refusal is not remembered as applied: the next pass tries the refused parts again.
         self.applied_in_full = report.refused.is_empty();
         // Last: a flow's next packet must meet the whole new datapath.
-        self.clear_stale_flows(&applied, verify, &mut report).await;
+        self.ask_for_sweep(&applied, verify, &mut report);
         self.applied = Some(applied);
         Ok(report)
     }
@@ -403,12 +421,33 @@ impl<N: netlink::Netlink> Host for LinuxHost<N> {
         self.applied = None;
         self.applied_in_full = false;
         // With nothing translated any more, every flow still carrying kuport's mark is stale.
-        self.clear_stale_flows(&HostState::default(), true, &mut report)
-            .await;
-        if let Some(error) = report.conntrack_error {
-            tracing::warn!("after removing kuport's datapath: {error}");
+        // Swept here, to its end, before the process goes: the thread's sweep (stopped, its
+        // worker replaced by an idle one for a later apply) judged by rules that are gone.
+        self.sweeper = conntrack::Sweeper::default();
+        if let Some(sweeps) = &mut self.sweeps {
+            let table = sweeps.table.clone();
+            let fresh = conntrack::SweepWorker::new(table.clone());
+            if let Some(observer) = &self.observer {
+                fresh.observe(observer.clone());
+            }
+            drop(std::mem::replace(&mut sweeps.worker, fresh));
+            let none = conntrack::Translations::of(&HostState::default(), self.marks.mask);
+            let swept = tokio::task::spawn_blocking(move || conntrack::sweep(&*table, &none))
+                .await
+                .map_err(|e| format!("the conntrack sweep failed: {e}"))
+                .and_then(|s| s.error.map_or(Ok(()), Err));
+            if let Err(error) = swept {
+                tracing::warn!("after removing kuport's datapath: {error}");
+            }
         }
         Ok(())
+    }
+
+    fn observe_sweeps(&mut self, observer: conntrack::SweepObserver) {
+        if let Some(sweeps) = &self.sweeps {
+            sweeps.worker.observe(observer.clone());
+        }
+        self.observer = Some(observer);
     }
 
     async fn facts(&self, query: &FactsQuery) -> Result<HostFacts, HostError> {

@@ -30,8 +30,9 @@ pub struct MemoryState {
     /// Mappings (`namespace/name`) whose rules the "kernel" refuses, with its words, until
     /// removed: every apply leaves them out and reports them, as the real host does.
     pub refuse: BTreeMap<String, String>,
-    /// How the next conntrack sweeps end, one per apply (entries cleared, or the error): the
-    /// memory host holds no conntrack table, so a test scripts what the real one would say.
+    /// How the next conntrack sweeps end, one per apply (entries cleared, or the error),
+    /// told to the observer as the apply returns: the memory host holds no conntrack table, so
+    /// a test scripts what the real one's sweeping thread would say.
     pub conntrack_sweeps: VecDeque<Result<usize, String>>,
 }
 
@@ -44,6 +45,18 @@ pub struct MemoryHost {
     /// agent's back stays until a verifying pass: tests see the same blind spot the real host
     /// has.
     last: Option<HostState>,
+    /// Told how each scripted sweep ended.
+    observer: Option<Observer>,
+}
+
+/// The sweep observer, as a field of a `Debug` host.
+#[derive(Clone)]
+struct Observer(crate::conntrack::SweepObserver);
+
+impl std::fmt::Debug for Observer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Observer")
+    }
 }
 
 impl MemoryHost {
@@ -132,18 +145,31 @@ impl Host for MemoryHost {
             s.applies += 1;
             s.applied = applied;
         }
-        if let Some(sweep) = s.conntrack_sweeps.pop_front() {
-            report.conntrack_swept = true;
-            match sweep {
-                Ok(cleared) => report.conntrack_cleared = cleared,
-                Err(error) => report.conntrack_error = Some(error),
+        let swept = s.conntrack_sweeps.pop_front().map(|sweep| match sweep {
+            Ok(cleared) => crate::conntrack::Sweep {
+                cleared,
+                ..Default::default()
+            },
+            Err(error) => crate::conntrack::Sweep {
+                error: Some(error),
+                ..Default::default()
+            },
+        });
+        drop(s);
+        if let Some(sweep) = swept {
+            report.conntrack_sweep_asked = true;
+            if let Some(Observer(observer)) = &self.observer {
+                observer(&sweep);
             }
         }
-        drop(s);
         // As on the real host, a refusal is not remembered: the next pass tries again.
         self.last = refused.is_empty().then(|| desired.clone());
         report.refused = refused;
         Ok(report)
+    }
+
+    fn observe_sweeps(&mut self, observer: crate::conntrack::SweepObserver) {
+        self.observer = Some(Observer(observer));
     }
 
     async fn teardown(&mut self) -> Result<(), HostError> {

@@ -32,14 +32,11 @@ pub struct ApplyReport {
     /// What the kernel refused. Everything else was applied: a refusal takes out only the
     /// mappings that depend on the refused part.
     pub refused: Vec<Refusal>,
-    /// Whether the conntrack table was listed for stale entries of kuport's flows: only after
-    /// an apply that changed what the node translates, on a verifying pass, or to retry.
-    pub conntrack_swept: bool,
-    /// Conntrack entries deleted because their flow is no longer translated as the node now
-    /// programs (not a datapath mutation: the next packet of each starts a new flow).
-    pub conntrack_cleared: usize,
-    /// Why the sweep failed; the apply stands and the next apply tries again.
-    pub conntrack_error: Option<String>,
+    /// Whether a sweep of the conntrack table for stale entries of kuport's flows was asked
+    /// for: only after an apply that changed what the node translates, or on a verifying pass.
+    /// It runs on the host's sweeping thread; how it ends goes to the observer given with
+    /// [`crate::Host::observe_sweeps`].
+    pub conntrack_sweep_asked: bool,
 }
 
 impl ApplyReport {

@@ -60,15 +60,19 @@ fn child_apply_file_without_sweep() {
             kuport_host::nft::Nft::new(),
         );
         let report = host.apply(&state, true).await.expect("apply");
-        assert!(!report.conntrack_swept);
+        assert!(!report.conntrack_sweep_asked);
     });
 }
 
 /// Prints this namespace's conntrack table, one flow a line: `<proto> <source> <destination>
 /// <reply source> <mark> <id>` (the kernel's listing through kuport's own reader).
 fn child_list_flows() {
-    let flows = KernelConntrack
-        .flows()
+    let mut flows = Vec::new();
+    KernelConntrack
+        .walk(&mut |f| {
+            flows.push(f);
+            std::ops::ControlFlow::Continue(())
+        })
         .expect("listing the conntrack table");
     for f in flows {
         println!(

@@ -1,8 +1,11 @@
-//! A conntrack table in memory for unprivileged tests: entries a test puts there, every
-//! listing and delete counted, a listing or a delete that can be made to fail. A delete naming
-//! an id matches only the entry with that id, as in the kernel.
+//! A conntrack table in memory for unprivileged tests: entries a test puts there, every walk
+//! and delete counted, a walk or a delete that can be made to fail, and walks that can be held
+//! at their start (to see what happens while a sweep runs). A delete naming an id matches only
+//! the entry with that id, as in the kernel.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::ops::ControlFlow;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use super::{ConntrackTable, Deleted, Flow};
 
@@ -10,19 +13,28 @@ use super::{ConntrackTable, Deleted, Flow};
 #[derive(Debug, Default)]
 pub struct FakeTable {
     pub flows: Vec<Flow>,
-    /// Listings served.
+    /// Walks started.
     pub listings: usize,
+    /// Walks that reached their end.
+    pub walked: usize,
     /// Entries deleted, in order.
     pub deleted: Vec<Flow>,
-    /// When set, the next listing fails with this message (then it is cleared).
+    /// Entries walks have handed out so far.
+    pub handed: usize,
+    /// Each delete call (each batch): its size, and how many entries walks had handed out
+    /// when it came.
+    pub batches: Vec<(usize, usize)>,
+    /// When set, the next walk fails with this message (then it is cleared).
     pub fail_next_listing: Option<String>,
     /// While set, every delete is refused with this message.
     pub refuse_deletes: Option<String>,
+    /// While true, a walk waits at its start (after counting itself) until it is cleared.
+    pub held: bool,
 }
 
 /// The fake table; clones share it.
 #[derive(Clone, Debug, Default)]
-pub struct FakeConntrack(Arc<Mutex<FakeTable>>);
+pub struct FakeConntrack(Arc<(Mutex<FakeTable>, Condvar)>);
 
 impl FakeConntrack {
     pub fn with(flows: Vec<Flow>) -> Self {
@@ -32,30 +44,74 @@ impl FakeConntrack {
     }
 
     pub fn lock(&self) -> MutexGuard<'_, FakeTable> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.0.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Holds every walk at its start until [`FakeConntrack::release`].
+    pub fn hold(&self) {
+        self.lock().held = true;
+    }
+
+    pub fn release(&self) {
+        self.lock().held = false;
+        self.0.1.notify_all();
+    }
+
+    /// Waits until `cond` holds of the table (checked at each change it is told of, and every
+    /// 10 ms); false after 10 s.
+    pub fn wait_until(&self, cond: impl Fn(&FakeTable) -> bool) -> bool {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut t = self.lock();
+        while !cond(&t) {
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            t = self
+                .0
+                .1
+                .wait_timeout(t, Duration::from_millis(10))
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        true
     }
 }
 
 impl ConntrackTable for FakeConntrack {
-    fn flows(&self) -> Result<Vec<Flow>, String> {
-        let mut t = self.lock();
-        t.listings += 1;
-        match t.fail_next_listing.take() {
-            Some(e) => Err(e),
-            None => Ok(t.flows.clone()),
+    fn walk(&self, each: &mut dyn FnMut(Flow) -> ControlFlow<()>) -> Result<(), String> {
+        let snapshot = {
+            let mut t = self.lock();
+            t.listings += 1;
+            self.0.1.notify_all();
+            while t.held {
+                t = self.0.1.wait(t).unwrap_or_else(PoisonError::into_inner);
+            }
+            if let Some(e) = t.fail_next_listing.take() {
+                return Err(e);
+            }
+            // Entries are handed over unlocked: `each` deletes through the table meanwhile.
+            t.flows.clone()
+        };
+        for flow in snapshot {
+            self.lock().handed += 1;
+            if each(flow).is_break() {
+                return Ok(());
+            }
         }
+        self.lock().walked += 1;
+        self.0.1.notify_all();
+        Ok(())
     }
 
     fn delete(&self, flows: &[Flow]) -> Deleted {
         let mut t = self.lock();
+        let handed = t.handed;
+        t.batches.push((flows.len(), handed));
+        if let Some(e) = &t.refuse_deletes {
+            return Deleted::all_refused(flows.len(), e.clone());
+        }
         let mut out = Deleted::default();
         for flow in flows {
-            if let Some(e) = &t.refuse_deletes {
-                out.errors.push(e.clone());
-                continue;
-            }
             let same = |f: &Flow| {
                 f.protocol == flow.protocol
                     && f.source == flow.source
@@ -72,6 +128,8 @@ impl ConntrackTable for FakeConntrack {
                 None => out.gone += 1,
             }
         }
+        drop(t);
+        self.0.1.notify_all();
         out
     }
 }

@@ -1,110 +1,134 @@
 //! The kernel's conntrack table over ctnetlink (`NETLINK_NETFILTER`, subsystem
-//! `NFNL_SUBSYS_CTNETLINK`): a dump of the table (IPv4 and IPv6) and the delete of one entry by
-//! its original tuple. Hand-written, like the nftables generation request: kuport needs two
-//! requests and five attributes of the answer, parsed without an allocation per attribute (a
-//! busy node's table holds a hundred thousand entries). Needs `CAP_NET_ADMIN` in the node's
-//! network namespace, which the agent already has for everything else.
+//! `NFNL_SUBSYS_CTNETLINK`): a dump of the table (IPv4 and IPv6) read datagram by datagram
+//! into one fixed buffer, each entry handed on as it is parsed; and deletes by original tuple,
+//! a batch in one `sendmsg`. Hand-written, like the nftables generation request: kuport needs
+//! two requests and five attributes of the answer (`kernel/wire.rs`). Needs `CAP_NET_ADMIN` in
+//! the node's network namespace, which the agent already has for everything else.
 //!
-//! Layout: a netlink header (host byte order), `nfgenmsg` (family, version, resource id), then
-//! attributes whose 4-byte headers are in host byte order and whose values are in network
-//! byte order; nested attributes carry `NLA_F_NESTED` in their type.
+//! The dump asks the kernel to filter nothing. ctnetlink can filter a dump by mark, and since
+//! Linux 5.8 by tuple, but it walks the whole hash table (every namespace's entries) with
+//! softirqs off on its CPU until it has a datagram's worth to send: a filter that matches a
+//! few entries of a million held one `recv` for 168 ms on kernel 6.18, while an unfiltered
+//! dump returns every 170 or so entries (`docs/decisions.md`, "Stale conntrack entries").
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr as IpSocketAddr};
+mod wire;
 
-use kuport_core::api::Protocol;
+use std::ops::ControlFlow;
+
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
 
 use super::{ConntrackTable, Deleted, Flow};
-
-const SUBSYS_CTNETLINK: u16 = 1 << 8;
-/// `IPCTNL_MSG_CT_NEW`: what a dump answers with.
-const CT_NEW: u16 = SUBSYS_CTNETLINK;
-/// `IPCTNL_MSG_CT_GET`.
-const CT_GET: u16 = SUBSYS_CTNETLINK | 1;
-/// `IPCTNL_MSG_CT_DELETE`.
-const CT_DELETE: u16 = SUBSYS_CTNETLINK | 2;
-
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_ACK: u16 = 0x4;
-const NLM_F_DUMP: u16 = 0x300;
-const HEADER: usize = 16;
-const NFGENMSG: usize = 4;
-const AF_UNSPEC: u8 = 0;
-const AF_INET: u8 = 2;
-const AF_INET6: u8 = 10;
-
-const NLA_F_NESTED: u16 = 0x8000;
-const NLA_TYPE_MASK: u16 = 0x3fff;
-
-const CTA_TUPLE_ORIG: u16 = 1;
-const CTA_TUPLE_REPLY: u16 = 2;
-const CTA_MARK: u16 = 8;
-const CTA_ID: u16 = 12;
-const CTA_ZONE: u16 = 18;
-const CTA_TUPLE_IP: u16 = 1;
-const CTA_TUPLE_PROTO: u16 = 2;
-const CTA_IP_V4_SRC: u16 = 1;
-const CTA_IP_V4_DST: u16 = 2;
-const CTA_IP_V6_SRC: u16 = 3;
-const CTA_IP_V6_DST: u16 = 4;
-const CTA_PROTO_NUM: u16 = 1;
-const CTA_PROTO_SRC_PORT: u16 = 2;
-const CTA_PROTO_DST_PORT: u16 = 3;
-
-const IPPROTO_TCP: u8 = 6;
-const IPPROTO_UDP: u8 = 17;
-const ENOENT: i32 = 2;
+use wire::{Dump, ENOENT, answers, dump_request, parse_dump, push_delete};
 
 /// A dump datagram is at most 32 KiB (the kernel sizes them by the reader's buffer, capped
 /// there); twice that leaves room.
 const RECV_BUFFER: usize = 64 * 1024;
+/// What the answers to a batch of deletes can take: a refusal is 36 bytes (`NETLINK_CAP_ACK`
+/// leaves the request out of it), one per datagram.
+const ANSWER_BUFFER: usize = 4 * 1024;
 /// `MSG_TRUNC`: recv reports a datagram's real length, so a cut one is noticed.
 const MSG_TRUNC: i32 = 0x20;
+/// `MSG_DONTWAIT`.
+const MSG_DONTWAIT: i32 = 0x40;
+/// `ENOBUFS`: the socket's receive queue overflowed and answers were dropped.
+const ENOBUFS: i32 = 105;
 
 /// The conntrack table of the network namespace the agent runs in.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct KernelConntrack;
 
 impl ConntrackTable for KernelConntrack {
-    fn flows(&self) -> Result<Vec<Flow>, String> {
-        let mut socket = Ctnetlink::open()?;
+    fn walk(&self, each: &mut dyn FnMut(Flow) -> ControlFlow<()>) -> Result<(), String> {
+        let mut socket = Ctnetlink::open(RECV_BUFFER)?;
         let seq = socket.next_seq();
         socket.send(&dump_request(seq), "asking for the table")?;
-        let mut flows = Vec::new();
         loop {
-            let datagram = socket.recv("reading the table")?;
-            if parse_dump(datagram, &mut flows)? {
-                return Ok(flows);
+            let datagram = socket.recv(0, "reading the table")?;
+            match parse_dump(datagram, each)? {
+                Dump::More => {}
+                // Closing the socket ends a dump stopped half way.
+                Dump::Done | Dump::Stopped => return Ok(()),
             }
         }
     }
 
     fn delete(&self, flows: &[Flow]) -> Deleted {
-        let mut out = Deleted::default();
-        let mut socket = match Ctnetlink::open() {
+        if flows.is_empty() {
+            return Deleted::default();
+        }
+        let mut socket = match Ctnetlink::open(ANSWER_BUFFER).and_then(|s| {
+            s.socket
+                .set_cap_ack(true)
+                .map_err(|e| format!("asking for short answers: {e}"))?;
+            Ok(s)
+        }) {
             Ok(s) => s,
+            Err(e) => return Deleted::all_refused(flows.len(), e),
+        };
+        let first = socket.seq.wrapping_add(1);
+        let mut batch = Vec::with_capacity(flows.len() * 96);
+        for (i, flow) in flows.iter().enumerate() {
+            let seq = socket.next_seq();
+            push_delete(&mut batch, seq, flow, i + 1 == flows.len());
+        }
+        if let Err(e) = socket.send(&batch, "sending deletes") {
+            return Deleted::all_refused(flows.len(), e);
+        }
+        read_answers(&mut socket, flows, first)
+    }
+}
+
+/// Counts the kernel's answers to the batch of `flows` whose first request is `first`. The
+/// kernel handles a batch inside `sendmsg`, so every answer is queued when it returns: they are
+/// read without waiting, up to the last request's, which is always answered.
+fn read_answers(socket: &mut Ctnetlink, flows: &[Flow], first: u32) -> Deleted {
+    let mut out = Deleted::default();
+    let mut answered = 0;
+    let last = flows.len() - 1;
+    let mut trouble = None;
+    loop {
+        let datagram = match socket.recv_io(MSG_DONTWAIT) {
+            Ok(d) => d,
+            Err(e) if e.raw_os_error() == Some(ENOBUFS) => {
+                trouble = Some("the socket's receive queue overflowed".to_owned());
+                continue;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
             Err(e) => {
-                out.errors.push(e);
-                return out;
+                trouble = Some(format!("reading the answers: {e}"));
+                break;
             }
         };
-        for flow in flows {
-            let seq = socket.next_seq();
-            let answer = socket
-                .send(&delete_request(seq, flow), "deleting an entry")
-                .and_then(|()| socket.recv("reading a delete's answer"))
-                .map_err(Refused::Failed)
-                .and_then(|datagram| parse_ack(datagram, seq));
-            match answer {
-                Ok(()) => out.deleted += 1,
-                Err(Refused::Errno(ENOENT)) => out.gone += 1,
-                Err(e) => out.errors.push(format!("{}: {e}", describe(flow))),
+        for answer in answers(datagram) {
+            let Ok((seq, code)) = answer else { continue };
+            let i = seq.wrapping_sub(first) as usize;
+            let Some(flow) = flows.get(i) else { continue };
+            answered += 1;
+            match code {
+                0 => {}
+                ENOENT => out.gone += 1,
+                code => {
+                    out.refused += 1;
+                    if out.first_error.is_none() {
+                        let words = std::io::Error::from_raw_os_error(code);
+                        out.first_error = Some(format!("{}: {words}", describe(flow)));
+                    }
+                }
+            }
+            if i == last {
+                out.deleted = flows.len() - out.gone - out.refused;
+                return out;
             }
         }
-        out
     }
+    // The last request's answer never came: the rest of the batch is not known to be deleted.
+    let unknown = flows.len() - out.gone - out.refused;
+    out.refused += unknown;
+    out.first_error.get_or_insert_with(|| {
+        let why = trouble.unwrap_or_else(|| "no answer to the last request".to_owned());
+        format!("{unknown} deletes unconfirmed ({answered} answers read): {why}")
+    });
+    out
 }
 
 /// A flow as the `conntrack` tool would name it.
@@ -119,7 +143,7 @@ pub fn describe(flow: &Flow) -> String {
     )
 }
 
-/// A netfilter netlink socket connected to the kernel.
+/// A netfilter netlink socket connected to the kernel, with one receive buffer.
 struct Ctnetlink {
     socket: Socket,
     seq: u32,
@@ -127,7 +151,7 @@ struct Ctnetlink {
 }
 
 impl Ctnetlink {
-    fn open() -> Result<Self, String> {
+    fn open(buffer: usize) -> Result<Self, String> {
         let mut socket =
             Socket::new(NETLINK_NETFILTER).map_err(|e| format!("netlink socket: {e}"))?;
         socket
@@ -139,7 +163,7 @@ impl Ctnetlink {
         Ok(Self {
             socket,
             seq: 0,
-            buffer: Vec::with_capacity(RECV_BUFFER),
+            buffer: Vec::with_capacity(buffer),
         })
     }
 
@@ -155,575 +179,20 @@ impl Ctnetlink {
             .map_err(|e| format!("{what}: {e}"))
     }
 
-    fn recv(&mut self, what: &str) -> Result<&[u8], String> {
+    /// One datagram into the buffer (`flags` besides `MSG_TRUNC`).
+    fn recv(&mut self, flags: i32, what: &str) -> Result<&[u8], String> {
+        self.recv_io(flags).map_err(|e| format!("{what}: {e}"))
+    }
+
+    fn recv_io(&mut self, flags: i32) -> std::io::Result<&[u8]> {
         self.buffer.clear();
-        let len = self
-            .socket
-            .recv(&mut self.buffer, MSG_TRUNC)
-            .map_err(|e| format!("{what}: {e}"))?;
+        let len = self.socket.recv(&mut self.buffer, flags | MSG_TRUNC)?;
         if len > self.buffer.len() {
-            return Err(format!(
-                "{what}: a datagram of {len} bytes, larger than the {RECV_BUFFER}-byte buffer"
-            ));
-        }
-        Ok(&self.buffer)
-    }
-}
-
-// ---- requests ----
-
-fn message(kind: u16, flags: u16, seq: u32, family: u8, attrs: &[u8]) -> Vec<u8> {
-    let len = (HEADER + NFGENMSG + attrs.len()) as u32;
-    let mut msg = Vec::with_capacity(len as usize);
-    msg.extend_from_slice(&len.to_ne_bytes());
-    msg.extend_from_slice(&kind.to_ne_bytes());
-    msg.extend_from_slice(&flags.to_ne_bytes());
-    msg.extend_from_slice(&seq.to_ne_bytes());
-    msg.extend_from_slice(&0u32.to_ne_bytes()); // port id: the kernel fills it in
-    // nfgenmsg: the family, NFNETLINK_V0, resource id 0.
-    msg.extend_from_slice(&[family, 0, 0, 0]);
-    msg.extend_from_slice(attrs);
-    msg
-}
-
-fn attr(buf: &mut Vec<u8>, kind: u16, value: &[u8]) {
-    let len = (4 + value.len()) as u16;
-    buf.extend_from_slice(&len.to_ne_bytes());
-    buf.extend_from_slice(&kind.to_ne_bytes());
-    buf.extend_from_slice(value);
-    pad(buf);
-}
-
-fn nested(buf: &mut Vec<u8>, kind: u16, fill: impl FnOnce(&mut Vec<u8>)) {
-    let start = buf.len();
-    buf.extend_from_slice(&[0, 0]);
-    buf.extend_from_slice(&(kind | NLA_F_NESTED).to_ne_bytes());
-    fill(buf);
-    let len = (buf.len() - start) as u16;
-    buf[start..start + 2].copy_from_slice(&len.to_ne_bytes());
-}
-
-fn pad(buf: &mut Vec<u8>) {
-    while !buf.len().is_multiple_of(4) {
-        buf.push(0);
-    }
-}
-
-/// A dump of the whole table: both families (`AF_UNSPEC` filters none out).
-fn dump_request(seq: u32) -> Vec<u8> {
-    message(CT_GET, NLM_F_REQUEST | NLM_F_DUMP, seq, AF_UNSPEC, &[])
-}
-
-/// The delete of `flow`'s entry: its original tuple, its zone when not the default, and its
-/// id, so a newer entry of the same tuple is left alone (the kernel answers ENOENT).
-fn delete_request(seq: u32, flow: &Flow) -> Vec<u8> {
-    let mut attrs = Vec::with_capacity(64);
-    nested(&mut attrs, CTA_TUPLE_ORIG, |t| {
-        nested(t, CTA_TUPLE_IP, |ip| {
-            match (flow.source.ip(), flow.destination.ip()) {
-                (IpAddr::V4(src), IpAddr::V4(dst)) => {
-                    attr(ip, CTA_IP_V4_SRC, &src.octets());
-                    attr(ip, CTA_IP_V4_DST, &dst.octets());
-                }
-                (src, dst) => {
-                    attr(ip, CTA_IP_V6_SRC, &v6_octets(src));
-                    attr(ip, CTA_IP_V6_DST, &v6_octets(dst));
-                }
-            }
-        });
-        nested(t, CTA_TUPLE_PROTO, |p| {
-            attr(p, CTA_PROTO_NUM, &[protocol_number(flow.protocol)]);
-            attr(p, CTA_PROTO_SRC_PORT, &flow.source.port().to_be_bytes());
-            attr(
-                p,
-                CTA_PROTO_DST_PORT,
-                &flow.destination.port().to_be_bytes(),
-            );
-        });
-    });
-    if flow.zone != 0 {
-        attr(&mut attrs, CTA_ZONE, &flow.zone.to_be_bytes());
-    }
-    if let Some(id) = flow.id {
-        attr(&mut attrs, CTA_ID, &id.to_be_bytes());
-    }
-    let family = if flow.source.is_ipv4() {
-        AF_INET
-    } else {
-        AF_INET6
-    };
-    message(CT_DELETE, NLM_F_REQUEST | NLM_F_ACK, seq, family, &attrs)
-}
-
-/// An address's 16 bytes as an IPv6 tuple names it (an IPv4 one as IPv4-mapped, which a flow
-/// of one family never mixes).
-fn v6_octets(addr: IpAddr) -> [u8; 16] {
-    match addr {
-        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
-        IpAddr::V6(a) => a.octets(),
-    }
-}
-
-fn protocol_number(protocol: Protocol) -> u8 {
-    match protocol {
-        Protocol::Tcp => IPPROTO_TCP,
-        Protocol::Udp => IPPROTO_UDP,
-    }
-}
-
-// ---- answers ----
-
-/// Why the kernel did not do what was asked.
-#[derive(Debug, PartialEq, Eq)]
-enum Refused {
-    /// An error answer (a positive errno).
-    Errno(i32),
-    /// The request could not be sent, or the answer not read.
-    Failed(String),
-}
-
-impl std::fmt::Display for Refused {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Refused::Errno(code) => write!(f, "{}", std::io::Error::from_raw_os_error(*code)),
-            Refused::Failed(what) => write!(f, "{what}"),
-        }
-    }
-}
-
-impl From<String> for Refused {
-    fn from(what: String) -> Self {
-        Refused::Failed(what)
-    }
-}
-
-/// The netlink messages of one datagram: (type, flags, seq, payload after the header).
-fn messages(buf: &[u8]) -> impl Iterator<Item = Result<(u16, u32, &[u8]), String>> {
-    let mut at = 0;
-    std::iter::from_fn(move || {
-        if at + HEADER > buf.len() {
-            return None;
-        }
-        let len = u32::from_ne_bytes([buf[at], buf[at + 1], buf[at + 2], buf[at + 3]]) as usize;
-        if len < HEADER || at + len > buf.len() {
-            at = buf.len();
-            return Some(Err(format!(
-                "a netlink message of {len} bytes where {} remain",
-                buf.len() - at.min(buf.len())
+            return Err(std::io::Error::other(format!(
+                "a datagram of {len} bytes, larger than the {}-byte buffer",
+                self.buffer.capacity()
             )));
         }
-        let kind = u16::from_ne_bytes([buf[at + 4], buf[at + 5]]);
-        let seq = u32::from_ne_bytes([buf[at + 8], buf[at + 9], buf[at + 10], buf[at + 11]]);
-        let payload = &buf[at + HEADER..at + len];
-        at += (len + 3) & !3;
-        Some(Ok((kind, seq, payload)))
-    })
-}
-
-/// The errno of an error message's payload (0 for an acknowledgement).
-fn error_code(payload: &[u8]) -> Result<i32, String> {
-    let code = payload
-        .get(..4)
-        .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-        .ok_or("a short netlink error message")?;
-    Ok(-code)
-}
-
-/// Adds the flows of one dump datagram to `out`; true when the dump is complete.
-fn parse_dump(buf: &[u8], out: &mut Vec<Flow>) -> Result<bool, String> {
-    for message in messages(buf) {
-        let (kind, _, payload) = message?;
-        match kind {
-            CT_NEW => out.extend(parse_flow(payload)),
-            NLMSG_DONE => return Ok(true),
-            NLMSG_ERROR => {
-                let code = error_code(payload)?;
-                return Err(format!(
-                    "the kernel refused the dump: {}",
-                    std::io::Error::from_raw_os_error(code)
-                ));
-            }
-            other => return Err(format!("an unexpected netlink message of type {other:#x}")),
-        }
-    }
-    Ok(false)
-}
-
-/// The kernel's answer to request `seq`: Ok for an acknowledgement.
-fn parse_ack(buf: &[u8], seq: u32) -> Result<(), Refused> {
-    for message in messages(buf) {
-        let (kind, got, payload) = message?;
-        if kind != NLMSG_ERROR || got != seq {
-            continue;
-        }
-        return match error_code(payload)? {
-            0 => Ok(()),
-            code => Err(Refused::Errno(code)),
-        };
-    }
-    Err(Refused::Failed(format!("no answer to request {seq}")))
-}
-
-/// The attributes of `buf`: (type without flags, value). Stops at the first malformed one.
-fn attrs(buf: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
-    let mut at = 0;
-    std::iter::from_fn(move || {
-        let header = buf.get(at..at + 4)?;
-        let len = u16::from_ne_bytes([header[0], header[1]]) as usize;
-        let kind = u16::from_ne_bytes([header[2], header[3]]) & NLA_TYPE_MASK;
-        if len < 4 {
-            return None;
-        }
-        let value = buf.get(at + 4..at + len)?;
-        at += (len + 3) & !3;
-        Some((kind, value))
-    })
-}
-
-fn be16(value: &[u8]) -> Option<u16> {
-    Some(u16::from_be_bytes(value.get(..2)?.try_into().ok()?))
-}
-
-fn be32(value: &[u8]) -> Option<u32> {
-    Some(u32::from_be_bytes(value.get(..4)?.try_into().ok()?))
-}
-
-fn ipv4(value: &[u8]) -> Option<IpAddr> {
-    let b: [u8; 4] = value.get(..4)?.try_into().ok()?;
-    Some(IpAddr::V4(Ipv4Addr::from(b)))
-}
-
-fn ipv6(value: &[u8]) -> Option<IpAddr> {
-    let b: [u8; 16] = value.get(..16)?.try_into().ok()?;
-    Some(IpAddr::V6(Ipv6Addr::from(b)))
-}
-
-/// One direction's tuple: (protocol number, source, destination).
-fn parse_tuple(buf: &[u8]) -> Option<(u8, IpSocketAddr, IpSocketAddr)> {
-    let (mut src, mut dst, mut proto, mut sport, mut dport) = (None, None, None, None, None);
-    for (kind, value) in attrs(buf) {
-        match kind {
-            CTA_TUPLE_IP => {
-                for (kind, value) in attrs(value) {
-                    match kind {
-                        CTA_IP_V4_SRC => src = ipv4(value),
-                        CTA_IP_V4_DST => dst = ipv4(value),
-                        CTA_IP_V6_SRC => src = ipv6(value),
-                        CTA_IP_V6_DST => dst = ipv6(value),
-                        _ => {}
-                    }
-                }
-            }
-            CTA_TUPLE_PROTO => {
-                for (kind, value) in attrs(value) {
-                    match kind {
-                        CTA_PROTO_NUM => proto = value.first().copied(),
-                        CTA_PROTO_SRC_PORT => sport = be16(value),
-                        CTA_PROTO_DST_PORT => dport = be16(value),
-                        _ => {}
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    Some((
-        proto?,
-        IpSocketAddr::new(src?, sport?),
-        IpSocketAddr::new(dst?, dport?),
-    ))
-}
-
-/// The flow of one `IPCTNL_MSG_CT_NEW` payload; `None` for anything but an IPv4 or IPv6 TCP
-/// or UDP entry with both tuples.
-fn parse_flow(payload: &[u8]) -> Option<Flow> {
-    let family = *payload.first()?;
-    if family != AF_INET && family != AF_INET6 {
-        return None;
-    }
-    let (mut orig, mut reply, mut mark, mut zone, mut id) = (None, None, 0, 0, None);
-    for (kind, value) in attrs(payload.get(NFGENMSG..)?) {
-        match kind {
-            CTA_TUPLE_ORIG => orig = parse_tuple(value),
-            CTA_TUPLE_REPLY => reply = parse_tuple(value),
-            CTA_MARK => mark = be32(value)?,
-            CTA_ZONE => zone = be16(value)?,
-            CTA_ID => id = be32(value),
-            _ => {}
-        }
-    }
-    let (number, source, destination) = orig?;
-    let (_, reply_source, _) = reply?;
-    // The tuples' addresses must be of the entry's family.
-    if source.is_ipv6() != (family == AF_INET6) || reply_source.is_ipv6() != source.is_ipv6() {
-        return None;
-    }
-    let protocol = match number {
-        IPPROTO_TCP => Protocol::Tcp,
-        IPPROTO_UDP => Protocol::Udp,
-        _ => return None,
-    };
-    Some(Flow {
-        protocol,
-        source,
-        destination,
-        reply_source,
-        mark,
-        zone,
-        id,
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Attributes as the kernel writes them (nested ones flagged), for answers built by hand.
-    fn tuple(proto: u8, src: [u8; 4], sport: u16, dst: [u8; 4], dport: u16) -> Vec<u8> {
-        let mut t = Vec::new();
-        nested(&mut t, CTA_TUPLE_IP, |ip| {
-            attr(ip, CTA_IP_V4_SRC, &src);
-            attr(ip, CTA_IP_V4_DST, &dst);
-        });
-        nested(&mut t, CTA_TUPLE_PROTO, |p| {
-            attr(p, CTA_PROTO_NUM, &[proto]);
-            attr(p, CTA_PROTO_SRC_PORT, &sport.to_be_bytes());
-            attr(p, CTA_PROTO_DST_PORT, &dport.to_be_bytes());
-        });
-        t
-    }
-
-    /// An IPv6 UDP entry: 2001:db8:198::10 dialing 2001:db8:203::9, DNATed to fd00:10:244:1::5.
-    fn entry6() -> Vec<u8> {
-        let v6 = |text: &str| text.parse::<Ipv6Addr>().expect("ipv6").octets();
-        let tuple6 = |src: [u8; 16], sport: u16, dst: [u8; 16], dport: u16| {
-            let mut t = Vec::new();
-            nested(&mut t, CTA_TUPLE_IP, |ip| {
-                attr(ip, CTA_IP_V6_SRC, &src);
-                attr(ip, CTA_IP_V6_DST, &dst);
-            });
-            nested(&mut t, CTA_TUPLE_PROTO, |p| {
-                attr(p, CTA_PROTO_NUM, &[IPPROTO_UDP]);
-                attr(p, CTA_PROTO_SRC_PORT, &sport.to_be_bytes());
-                attr(p, CTA_PROTO_DST_PORT, &dport.to_be_bytes());
-            });
-            t
-        };
-        let (client, node, pod) = (
-            v6("2001:db8:198::10"),
-            v6("2001:db8:203::9"),
-            v6("fd00:10:244:1::5"),
-        );
-        let mut attrs = Vec::new();
-        let orig = tuple6(client, 40000, node, 3000);
-        let reply = tuple6(pod, 3000, client, 40000);
-        nested(&mut attrs, CTA_TUPLE_ORIG, |b| b.extend_from_slice(&orig));
-        nested(&mut attrs, CTA_TUPLE_REPLY, |b| b.extend_from_slice(&reply));
-        attr(&mut attrs, CTA_MARK, &1u32.to_be_bytes());
-        message(CT_NEW, 2, 7, AF_INET6, &attrs)
-    }
-
-    fn entry(family: u8, proto: u8, mark: u32, zone: Option<u16>) -> Vec<u8> {
-        let mut attrs = Vec::new();
-        let orig = tuple(proto, [198, 51, 100, 10], 40000, [203, 0, 113, 9], 3000);
-        let reply = tuple(proto, [10, 244, 1, 5], 3000, [198, 51, 100, 10], 40000);
-        nested(&mut attrs, CTA_TUPLE_ORIG, |b| b.extend_from_slice(&orig));
-        nested(&mut attrs, CTA_TUPLE_REPLY, |b| b.extend_from_slice(&reply));
-        attr(&mut attrs, 3, &0x18eu32.to_be_bytes()); // CTA_STATUS, not read
-        attr(&mut attrs, CTA_MARK, &mark.to_be_bytes());
-        attr(&mut attrs, CTA_ID, &0xdead_beefu32.to_be_bytes());
-        if let Some(zone) = zone {
-            attr(&mut attrs, CTA_ZONE, &zone.to_be_bytes());
-        }
-        let mut msg = message(CT_NEW, 2, 7, AF_INET, &attrs);
-        msg[HEADER] = family;
-        msg
-    }
-
-    fn done() -> Vec<u8> {
-        let mut msg = message(NLMSG_DONE, 2, 7, AF_INET, &[]);
-        msg.truncate(HEADER + 4);
-        let len = msg.len() as u32;
-        msg[..4].copy_from_slice(&len.to_ne_bytes());
-        msg
-    }
-
-    fn error(seq: u32, errno: i32) -> Vec<u8> {
-        let mut msg = Vec::new();
-        msg.extend_from_slice(&((HEADER + 20) as u32).to_ne_bytes());
-        msg.extend_from_slice(&NLMSG_ERROR.to_ne_bytes());
-        msg.extend_from_slice(&0u16.to_ne_bytes());
-        msg.extend_from_slice(&seq.to_ne_bytes());
-        msg.extend_from_slice(&0u32.to_ne_bytes());
-        msg.extend_from_slice(&(-errno).to_ne_bytes());
-        msg.extend_from_slice(&[0; 16]); // the request's header, echoed
-        msg
-    }
-
-    #[test]
-    fn a_dump_request_is_a_get_of_both_families() {
-        let msg = dump_request(9);
-        let mut want = Vec::new();
-        want.extend_from_slice(&20u32.to_ne_bytes());
-        want.extend_from_slice(&0x0101u16.to_ne_bytes());
-        want.extend_from_slice(&0x0301u16.to_ne_bytes());
-        want.extend_from_slice(&9u32.to_ne_bytes());
-        want.extend_from_slice(&0u32.to_ne_bytes());
-        want.extend_from_slice(&[AF_UNSPEC, 0, 0, 0]);
-        assert_eq!(msg, want);
-    }
-
-    #[test]
-    fn a_delete_names_the_original_tuple_zone_and_id_in_network_order() {
-        let flow = Flow {
-            protocol: Protocol::Udp,
-            source: "198.51.100.10:40000".parse().expect("addr"),
-            destination: "203.0.113.9:3000".parse().expect("addr"),
-            reply_source: "10.244.1.5:3000".parse().expect("addr"),
-            mark: 1,
-            zone: 5,
-            id: Some(0x0102_0304),
-        };
-        let msg = delete_request(3, &flow);
-        let ne16 = |v: u16| v.to_ne_bytes();
-        let mut want = Vec::new();
-        want.extend_from_slice(&88u32.to_ne_bytes());
-        want.extend_from_slice(&ne16(0x0102));
-        want.extend_from_slice(&ne16(0x0005)); // request, ack
-        want.extend_from_slice(&3u32.to_ne_bytes());
-        want.extend_from_slice(&0u32.to_ne_bytes());
-        want.extend_from_slice(&[2, 0, 0, 0]);
-        // CTA_TUPLE_ORIG (nested), 52 bytes.
-        want.extend_from_slice(&ne16(52));
-        want.extend_from_slice(&ne16(0x8001));
-        //   CTA_TUPLE_IP (nested): source and destination.
-        want.extend_from_slice(&ne16(20));
-        want.extend_from_slice(&ne16(0x8001));
-        want.extend_from_slice(&ne16(8));
-        want.extend_from_slice(&ne16(1));
-        want.extend_from_slice(&[198, 51, 100, 10]);
-        want.extend_from_slice(&ne16(8));
-        want.extend_from_slice(&ne16(2));
-        want.extend_from_slice(&[203, 0, 113, 9]);
-        //   CTA_TUPLE_PROTO (nested): number (padded), ports big-endian (padded).
-        want.extend_from_slice(&ne16(28));
-        want.extend_from_slice(&ne16(0x8002));
-        want.extend_from_slice(&ne16(5));
-        want.extend_from_slice(&ne16(1));
-        want.extend_from_slice(&[17, 0, 0, 0]);
-        want.extend_from_slice(&ne16(6));
-        want.extend_from_slice(&ne16(2));
-        want.extend_from_slice(&[0x9c, 0x40, 0, 0]);
-        want.extend_from_slice(&ne16(6));
-        want.extend_from_slice(&ne16(3));
-        want.extend_from_slice(&[0x0b, 0xb8, 0, 0]);
-        // CTA_ZONE, CTA_ID.
-        want.extend_from_slice(&ne16(6));
-        want.extend_from_slice(&ne16(18));
-        want.extend_from_slice(&[0, 5, 0, 0]);
-        want.extend_from_slice(&ne16(8));
-        want.extend_from_slice(&ne16(12));
-        want.extend_from_slice(&[1, 2, 3, 4]);
-        assert_eq!(msg, want);
-
-        // The default zone and an unknown id are left out.
-        let plain = Flow {
-            zone: 0,
-            id: None,
-            ..flow
-        };
-        assert_eq!(delete_request(3, &plain).len(), 72);
-    }
-
-    #[test]
-    fn a_dump_yields_tcp_and_udp_entries_of_both_families_until_done() {
-        let mut buf = entry(AF_INET, IPPROTO_UDP, 0x1bd01, None);
-        buf.extend(entry(AF_INET, IPPROTO_TCP, 0, Some(7)));
-        buf.extend(entry(AF_INET, 1, 0x1, None)); // ICMP: not a flow kuport translates
-        buf.extend(entry(AF_INET6, IPPROTO_UDP, 0x1, None)); // IPv6 header, IPv4 tuples: left out
-        buf.extend(entry6());
-        let mut flows = Vec::new();
-        assert_eq!(parse_dump(&buf, &mut flows), Ok(false), "not done yet");
-        assert_eq!(flows.len(), 3);
-        let v6 = &flows[2];
-        assert_eq!(v6.source, "[2001:db8:198::10]:40000".parse().expect("addr"));
-        assert_eq!(
-            v6.reply_source,
-            "[fd00:10:244:1::5]:3000".parse().expect("addr")
-        );
-        // Its delete names the IPv6 tuple in an IPv6 message.
-        let delete = delete_request(4, v6);
-        assert_eq!(delete[HEADER], AF_INET6);
-        assert!(
-            delete.windows(16).any(|w| w
-                == "2001:db8:198::10"
-                    .parse::<Ipv6Addr>()
-                    .expect("ipv6")
-                    .octets()),
-            "the client's address is in the tuple"
-        );
-        flows.truncate(2);
-        let udp = &flows[0];
-        assert_eq!(udp.protocol, Protocol::Udp);
-        assert_eq!(udp.source, "198.51.100.10:40000".parse().expect("addr"));
-        assert_eq!(udp.destination, "203.0.113.9:3000".parse().expect("addr"));
-        assert_eq!(udp.reply_source, "10.244.1.5:3000".parse().expect("addr"));
-        assert_eq!(
-            (udp.mark, udp.zone, udp.id),
-            (0x1bd01, 0, Some(0xdead_beef))
-        );
-        assert_eq!((flows[1].protocol, flows[1].zone), (Protocol::Tcp, 7));
-
-        assert_eq!(parse_dump(&done(), &mut flows), Ok(true));
-        assert_eq!(flows.len(), 2);
-        assert!(
-            parse_dump(&error(7, 1), &mut flows)
-                .expect_err("refused")
-                .contains("refused the dump")
-        );
-        // A message claiming more bytes than the datagram holds is an error, not a panic.
-        let mut cut = entry(AF_INET, IPPROTO_UDP, 0, None);
-        cut.truncate(40);
-        assert!(parse_dump(&cut, &mut flows).is_err());
-    }
-
-    #[test]
-    fn an_entry_missing_a_tuple_or_with_short_attributes_is_skipped() {
-        let mut attrs = Vec::new();
-        let orig = tuple(IPPROTO_UDP, [1, 2, 3, 4], 1, [5, 6, 7, 8], 2);
-        nested(&mut attrs, CTA_TUPLE_ORIG, |b| b.extend_from_slice(&orig));
-        let msg = message(CT_NEW, 2, 1, AF_INET, &attrs);
-        assert_eq!(parse_flow(&msg[HEADER..]), None, "no reply tuple");
-        let mut short = Vec::new();
-        attr(&mut short, CTA_MARK, &[1, 2]);
-        let msg = message(CT_NEW, 2, 1, AF_INET, &short);
-        assert_eq!(parse_flow(&msg[HEADER..]), None);
-        // An attribute whose length runs past the buffer ends the walk.
-        assert_eq!(attrs_of_len(&[8, 0, 1, 0, 1, 2]), 0);
-    }
-
-    fn attrs_of_len(buf: &[u8]) -> usize {
-        attrs(buf).count()
-    }
-
-    #[test]
-    fn acknowledgements_and_refusals_are_told_apart_by_sequence() {
-        assert_eq!(parse_ack(&error(4, 0), 4), Ok(()));
-        assert_eq!(parse_ack(&error(4, ENOENT), 4), Err(Refused::Errno(ENOENT)));
-        let mut two = error(3, 1);
-        two.extend(error(4, 0));
-        assert_eq!(
-            parse_ack(&two, 4),
-            Ok(()),
-            "an answer to another request is skipped"
-        );
-        assert!(matches!(
-            parse_ack(&error(3, 0), 4),
-            Err(Refused::Failed(_))
-        ));
-        assert_eq!(
-            Refused::Errno(1).to_string(),
-            std::io::Error::from_raw_os_error(1).to_string()
-        );
+        Ok(&self.buffer)
     }
 }

@@ -4,9 +4,14 @@
 //! client, every 20 ms) would keep reaching the old pod address after its mapping was deleted
 //! or its endpoint moved (an address another tenant's pod may get next), and a flow that first
 //! arrived while the port was not mapped yet would stay on the node itself. So after each apply
-//! that changed what the node translates, the host lists the conntrack table and deletes
-//! the entries whose translation is not what the node now programs; the next packet of such a
+//! that changed what the node translates, the host walks the conntrack table and deletes the
+//! entries whose translation is not what the node now programs; the next packet of such a
 //! flow is a new flow and meets the current rules.
+//!
+//! The table can hold a million entries (kube-proxy sizes it so), and an internet client can
+//! fill it through a mapped range, so a sweep never holds the table: it judges each entry as
+//! the dump brings it and keeps only the stale ones of one batch ([`sweep`]), and it runs on a
+//! thread of its own, off the agent's pass ([`worker`]).
 //!
 //! The decisions live here, over the [`ConntrackTable`] trait: [`kernel::KernelConntrack`]
 //! speaks ctnetlink, a fake (in tests) holds entries in memory.
@@ -14,16 +19,23 @@
 #[cfg(test)]
 mod fake;
 pub mod kernel;
+mod sweep;
+#[cfg(test)]
+mod sweep_tests;
 #[cfg(test)]
 mod tests;
+pub mod worker;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
+use std::ops::ControlFlow;
 
 use kuport_core::api::Protocol;
 use kuport_core::ir::{ChainId, DnatRule, HostState, PortRange, Rule, SteerRule};
 
 pub use kernel::KernelConntrack;
+pub use sweep::{BATCH, Checkpoint, Sweep, sweep, sweep_with};
+pub use worker::{Hold, SweepObserver, SweepWorker, Sweeper};
 
 /// One TCP or UDP conntrack entry (IPv4 or IPv6), as far as kuport judges it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -47,22 +59,50 @@ pub struct Flow {
     pub id: Option<u32>,
 }
 
-/// What deleting some entries came to.
+/// What deleting some entries came to. Counts only, and the first refusal's words: a sweep
+/// deleting a million entries keeps no list of them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Deleted {
     /// Entries deleted.
     pub deleted: usize,
     /// Entries already gone (expired, or replaced by a newer entry of the same tuple).
     pub gone: usize,
-    /// Deletes the kernel refused, with its words.
-    pub errors: Vec<String>,
+    /// Deletes the kernel refused (or whose answer was lost).
+    pub refused: usize,
+    /// The first refusal, with the kernel's words.
+    pub first_error: Option<String>,
+}
+
+impl Deleted {
+    /// `count` deletes refused for one reason (the socket could not be opened, the batch not
+    /// sent).
+    pub fn all_refused(count: usize, why: String) -> Self {
+        Self {
+            refused: count,
+            first_error: Some(why),
+            ..Self::default()
+        }
+    }
+
+    /// Adds another batch's outcome to this one.
+    pub fn add(&mut self, other: Deleted) {
+        self.deleted += other.deleted;
+        self.gone += other.gone;
+        self.refused += other.refused;
+        if self.first_error.is_none() {
+            self.first_error = other.first_error;
+        }
+    }
 }
 
 /// The conntrack table of the current network namespace.
 pub trait ConntrackTable: Send + Sync {
-    /// Every TCP and UDP entry, both families.
-    fn flows(&self) -> Result<Vec<Flow>, String>;
-    /// Deletes these entries, each by its original tuple, zone and id.
+    /// Hands every TCP and UDP entry (both families) to `each`, one at a time as the table is
+    /// read, holding no more of it than one receive buffer; stops early when `each` breaks.
+    /// `each` may delete entries meanwhile (a delete is sent on a socket of its own).
+    fn walk(&self, each: &mut dyn FnMut(Flow) -> ControlFlow<()>) -> Result<(), String>;
+    /// Deletes these entries, each by its original tuple, zone and id, in as few round trips
+    /// as the kernel allows.
     fn delete(&self, flows: &[Flow]) -> Deleted;
 }
 
@@ -199,80 +239,4 @@ fn target_of(
         to: dnat.to,
         to_port: dnat.to_port,
     })
-}
-
-/// What one sweep of the table came to.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Sweep {
-    /// TCP and UDP entries listed.
-    pub listed: usize,
-    /// Stale entries deleted.
-    pub cleared: usize,
-    /// Why the sweep failed, in part or whole (the listing, or deletes the kernel refused).
-    pub error: Option<String>,
-}
-
-/// Lists the table and deletes every stale entry (see [`Translations::is_stale`]).
-pub fn sweep(table: &dyn ConntrackTable, translations: &Translations) -> Sweep {
-    let flows = match table.flows() {
-        Ok(flows) => flows,
-        Err(e) => {
-            return Sweep {
-                error: Some(format!("listing the conntrack table: {e}")),
-                ..Sweep::default()
-            };
-        }
-    };
-    let stale: Vec<Flow> = flows
-        .iter()
-        .filter(|f| translations.is_stale(f))
-        .cloned()
-        .collect();
-    let deleted = if stale.is_empty() {
-        Deleted::default()
-    } else {
-        table.delete(&stale)
-    };
-    let error = deleted.errors.first().map(|first| {
-        format!(
-            "deleting stale conntrack entries: {} of {} refused, the first: {first}",
-            deleted.errors.len(),
-            stale.len()
-        )
-    });
-    Sweep {
-        listed: flows.len(),
-        cleared: deleted.deleted,
-        error,
-    }
-}
-
-/// When the host sweeps: after an apply whose translations differ from those of the last
-/// successful sweep (the first apply of a host included), on a verifying pass of a node that
-/// translates something, and after a failed sweep until one succeeds. An unchanged pass lists
-/// nothing, and neither does a resync of a node kuport does not use.
-#[derive(Debug, Default)]
-pub struct Sweeper {
-    /// The translations the last successful sweep left the table consistent with.
-    swept: Option<Translations>,
-    /// A sweep failed: the next apply sweeps even when nothing changed.
-    owed: bool,
-}
-
-impl Sweeper {
-    /// Whether a sweep is owed for translations `now` (verifying or not).
-    pub fn due(&self, now: &Translations, verify: bool) -> bool {
-        self.owed || self.swept.as_ref() != Some(now) || (verify && !now.is_empty())
-    }
-
-    /// True while a failed sweep is waiting to be retried.
-    pub fn owed(&self) -> bool {
-        self.owed
-    }
-
-    /// Records how a sweep for `now` ended.
-    pub fn record(&mut self, now: Translations, sweep: &Sweep) {
-        self.owed = sweep.error.is_some();
-        self.swept = (!self.owed).then_some(now);
-    }
 }

@@ -1,20 +1,15 @@
-//! Which entries are stale, and when the host sweeps, over the golden states and the fake
-//! table. `tests/stale_flows.rs` proves with real packets that the kernel agrees.
-
-use std::sync::Arc;
+//! Which entries are stale, over the golden states. `sweep_tests.rs` covers the sweep and
+//! when it runs; `tests/stale_flows.rs` proves with real packets that the kernel agrees.
 
 use kuport_core::ir::HostState;
 
-use super::fake::FakeConntrack;
 use super::*;
-use crate::netlink::fake::FakeNetlink;
-use crate::netlink::tests::{golden, host, kernel_for};
-use crate::{ApplyReport, Host, LinuxHost};
+use crate::netlink::tests::golden;
 
-const MASK: u32 = 0xff;
-const CLIENT: &str = "198.51.100.10";
+pub(super) const MASK: u32 = 0xff;
+pub(super) const CLIENT: &str = "198.51.100.10";
 
-fn flow(proto: Protocol, dst: &str, reply: &str, mark: u32) -> Flow {
+pub(super) fn flow(proto: Protocol, dst: &str, reply: &str, mark: u32) -> Flow {
     Flow {
         protocol: proto,
         source: format!("{CLIENT}:40000").parse().expect("source"),
@@ -26,11 +21,11 @@ fn flow(proto: Protocol, dst: &str, reply: &str, mark: u32) -> Flow {
     }
 }
 
-fn udp(dst: &str, reply: &str, mark: u32) -> Flow {
+pub(super) fn udp(dst: &str, reply: &str, mark: u32) -> Flow {
     flow(Protocol::Udp, dst, reply, mark)
 }
 
-fn translations(case: &str) -> Translations {
+pub(super) fn translations(case: &str) -> Translations {
     Translations::of(&golden(case), MASK)
 }
 
@@ -173,175 +168,6 @@ fn ranges_and_translated_ports_are_followed_port_for_port() {
     let t = translations("same-node-single-port");
     assert!(!t.is_stale(&udp("100.64.0.1:4000", "10.244.0.6:27000", 0x1)));
     assert!(t.is_stale(&udp("100.64.0.1:4000", "10.244.0.6:4000", 0x1)));
-}
-
-#[test]
-fn a_sweep_deletes_exactly_the_stale_entries_and_reports_failures() {
-    let t = translations("accepting-remote-pod");
-    let keep = udp("203.0.113.9:3000", "169.254.77.1:3000", 0x1);
-    let own = flow(Protocol::Tcp, "203.0.113.9:22", "203.0.113.9:22", 0);
-    let stale = Flow {
-        source: format!("{CLIENT}:40001").parse().expect("addr"),
-        ..udp("203.0.113.9:3000", "169.254.77.3:3000", 0x1)
-    };
-    let table = FakeConntrack::with(vec![keep.clone(), own.clone(), stale.clone()]);
-    let swept = sweep(&table, &t);
-    assert_eq!(
-        swept,
-        Sweep {
-            listed: 3,
-            cleared: 1,
-            error: None
-        }
-    );
-    assert_eq!(table.lock().deleted, vec![stale.clone()]);
-    assert_eq!(table.lock().flows, vec![keep.clone(), own]);
-
-    // The listing fails: nothing deleted, the error says what failed.
-    table.lock().fail_next_listing = Some("Operation not permitted".into());
-    let failed = sweep(&table, &t);
-    assert_eq!(failed.cleared, 0);
-    assert!(
-        failed
-            .error
-            .as_deref()
-            .is_some_and(|e| e.contains("listing") && e.contains("not permitted")),
-        "{failed:?}"
-    );
-    // Deletes refused: counted in the error.
-    table.lock().flows.push(stale);
-    table.lock().refuse_deletes = Some("Invalid argument".into());
-    let refused = sweep(&table, &t);
-    assert!(
-        refused
-            .error
-            .as_deref()
-            .is_some_and(|e| e.contains("1 of 1 refused") && e.contains("Invalid argument")),
-        "{refused:?}"
-    );
-}
-
-#[test]
-fn a_sweep_is_due_on_change_verify_or_after_a_failure_only() {
-    let mut s = Sweeper::default();
-    let some = translations("accepting-remote-pod");
-    let other = translations("pod-node-single");
-    let none = Translations::of(&HostState::default(), MASK);
-    assert!(
-        s.due(&none, false),
-        "a new host sweeps once, even translating nothing"
-    );
-    s.record(none.clone(), &Sweep::default());
-    assert!(!s.due(&none, false));
-    assert!(
-        !s.due(&none, true),
-        "a resync of a node kuport does not use lists nothing"
-    );
-    assert!(s.due(&some, false), "the translations changed");
-    s.record(some.clone(), &Sweep::default());
-    assert!(!s.due(&some, false), "an unchanged pass lists nothing");
-    assert!(s.due(&some, true), "a verifying pass sweeps");
-    assert!(s.due(&other, false));
-    let failed = Sweep {
-        error: Some("listing: EPERM".into()),
-        ..Sweep::default()
-    };
-    s.record(some.clone(), &failed);
-    assert!(s.owed());
-    assert!(
-        s.due(&some, false),
-        "a failed sweep is retried though nothing changed"
-    );
-    s.record(some.clone(), &Sweep::default());
-    assert!(!s.owed() && !s.due(&some, false));
-}
-
-/// A host over the fake kernel (with the devices `state` binds) and the fake nft.
-fn host_over_fakes(state: &HostState) -> LinuxHost<FakeNetlink> {
-    host(&kernel_for(state)).1
-}
-
-/// The same, sweeping `table`.
-fn host_with(state: &HostState, table: &FakeConntrack) -> LinuxHost<FakeNetlink> {
-    host_over_fakes(state).with_conntrack(Arc::new(table.clone()))
-}
-
-#[tokio::test]
-async fn the_host_clears_stale_flows_after_an_apply_that_moved_them_and_only_then() {
-    let before = golden("accepting-remote-pod");
-    let client = |port: u16| -> SocketAddr { format!("{CLIENT}:{port}").parse().expect("addr") };
-    let over_link = |port, reply: &str| Flow {
-        source: client(port),
-        ..udp("203.0.113.9:3000", reply, 0x1)
-    };
-    let table = FakeConntrack::default();
-    let mut host = host_with(&before, &table);
-    let first = host.apply(&before, true).await.expect("apply");
-    assert!(first.conntrack_swept && first.conntrack_error.is_none());
-    table.lock().flows = vec![
-        over_link(40000, "169.254.77.1:3000"),
-        flow(Protocol::Tcp, "203.0.113.9:22", "203.0.113.9:22", 0),
-    ];
-
-    // Unchanged passes list nothing.
-    let again = host.apply(&before, false).await.expect("apply");
-    assert_eq!(again, ApplyReport::default());
-    assert_eq!(table.lock().listings, 1);
-
-    // The endpoint moves: the edge now sends the mapping over another link.
-    let mut after = before.clone();
-    for (_, rules) in &mut after.nft.chains {
-        for rule in rules {
-            if let Rule::Dnat(d) = rule {
-                d.to = "169.254.77.9".parse().expect("addr");
-            }
-        }
-    }
-    let moved = host.apply(&after, false).await.expect("apply");
-    assert!(moved.conntrack_swept);
-    assert_eq!(moved.conntrack_cleared, 1);
-    assert_eq!(
-        table.lock().deleted,
-        vec![over_link(40000, "169.254.77.1:3000")]
-    );
-    assert_eq!(
-        table.lock().flows.len(),
-        1,
-        "the node's own connection stays"
-    );
-
-    // A failed sweep does not fail the apply, and is retried by the next one.
-    table.lock().fail_next_listing = Some("Operation not permitted".into());
-    table
-        .lock()
-        .flows
-        .push(over_link(40002, "169.254.77.1:3000"));
-    let failed = host.apply(&after, true).await.expect("the apply stands");
-    assert!(failed.conntrack_error.is_some());
-    let retried = host.apply(&after, false).await.expect("apply");
-    assert!(retried.conntrack_swept && retried.conntrack_error.is_none());
-    assert_eq!(retried.conntrack_cleared, 1);
-    assert_eq!(
-        host.apply(&after, false).await.expect("apply"),
-        ApplyReport::default()
-    );
-
-    // Teardown: no mapping is translated any more, so every kuport flow goes.
-    table
-        .lock()
-        .flows
-        .push(over_link(40003, "169.254.77.9:3000"));
-    host.teardown().await.expect("teardown");
-    let left: Vec<u32> = table.lock().flows.iter().map(|f| f.mark).collect();
-    assert_eq!(left, vec![0], "only the node's own connection is left");
-}
-
-#[tokio::test]
-async fn a_host_without_a_table_sweeps_nothing() {
-    let state = golden("accepting-remote-pod");
-    let mut host = host_over_fakes(&state);
-    let report = host.apply(&state, true).await.expect("apply");
-    assert!(!report.conntrack_swept);
 }
 
 #[test]

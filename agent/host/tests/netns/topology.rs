@@ -24,7 +24,8 @@ pub fn echo() -> &'static str {
 pub const CLIENT: &str = "203.0.113.50";
 pub const DIALED: &str = "203.0.113.9";
 
-/// Applies the HostState in `KUPORT_STATE_FILE` in this namespace and exits; the kernel keeps it.
+/// Applies the HostState in `KUPORT_STATE_FILE` in this namespace and exits once the sweep of
+/// stale conntrack entries it asked for has ended; the kernel keeps it.
 pub fn child_apply_file() {
     let path = std::env::var("KUPORT_STATE_FILE").expect("state file");
     let state: HostState =
@@ -32,6 +33,11 @@ pub fn child_apply_file() {
     block_on(async {
         let mut host = LinuxHost::new().expect("host");
         host.apply(&state, true).await.expect("apply");
+        assert!(
+            host.wait_for_sweeps(std::time::Duration::from_secs(10))
+                .await,
+            "the conntrack sweep did not end"
+        );
     });
 }
 

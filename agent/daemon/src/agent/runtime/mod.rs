@@ -83,9 +83,6 @@ pub struct Agent<H: Host> {
     refusals: Vec<KernelRefusal>,
     /// When the mapping counters were last read from the host.
     counters_read: Option<Instant>,
-    /// The last apply's sweep of stale conntrack entries failed: the pass is retried soon
-    /// (the host sweeps again on the next apply) though nothing else needs it.
-    conntrack_owed: bool,
     /// The probes across this node's return links: their verdicts are host facts of each
     /// pass, and a changed verdict starts one. `None` runs without probes (the simulator).
     probes: Option<LinkProber>,
@@ -107,18 +104,24 @@ enum Wake {
 
 impl<H: Host> Agent<H> {
     /// An agent for `config.node_name` on `host`, talking to the API server through `client`.
-    pub fn new(client: kube::Client, host: H, config: AgentConfig) -> Self {
+    /// The host's sweeps of stale conntrack entries run off the pass; each is counted in the
+    /// metrics as it ends.
+    pub fn new(client: kube::Client, mut host: H, config: AgentConfig) -> Self {
+        let metrics = Arc::new(Metrics::new());
+        let counted = metrics.clone();
+        host.observe_sweeps(Arc::new(move |sweep: &kuport_host::conntrack::Sweep| {
+            counted.record_conntrack_sweep(sweep.cleared, sweep.error.is_some());
+        }));
         Self {
             client,
             host,
             config,
-            metrics: Arc::new(Metrics::new()),
+            metrics,
             health: Health::default(),
             host_watch: None,
             pass_hook: None,
             refusals: Vec::new(),
             counters_read: None,
-            conntrack_owed: false,
             previous: Snapshot::default(),
             probes: None,
         }

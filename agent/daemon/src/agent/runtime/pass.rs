@@ -107,9 +107,7 @@ impl<H: Host> Agent<H> {
         let applied = Applied::Ok(ToWrite {
             writes: std::mem::take(&mut plan.writes),
             classes,
-            // A failed conntrack sweep is retried like a refusal (soon, with backoff), but
-            // reported in no status: the datapath itself is applied.
-            refused: !self.refusals.is_empty() || self.conntrack_owed,
+            refused: !self.refusals.is_empty(),
         });
         (applied, underlay)
     }
@@ -131,11 +129,6 @@ impl<H: Host> Agent<H> {
             .await
             .map_err(PassError::Apply)?;
         log_apply(&report, &plan.host_state, verify);
-        if report.conntrack_swept {
-            self.metrics
-                .record_conntrack_sweep(report.conntrack_cleared, report.conntrack_error.is_some());
-        }
-        self.conntrack_owed = report.conntrack_error.is_some();
         let refused = Refusal::by_mapping(&report.refused);
         self.follow_links(&plan.host_state, &refused);
         self.metrics.set_refusals(refused.len());
@@ -229,16 +222,6 @@ fn log_apply(report: &ApplyReport, state: &HostState, verify: bool) {
             "the kernel refused {}; the mappings using it are left out: {}",
             refusal.unit,
             refusal.message
-        );
-    }
-    if let Some(error) = &report.conntrack_error {
-        tracing::warn!("{error}; the next pass tries again");
-    }
-    if report.conntrack_cleared > 0 {
-        tracing::info!(
-            cleared = report.conntrack_cleared,
-            "cleared {} conntrack entries of flows no longer translated this way (their next packet starts a new flow)",
-            report.conntrack_cleared
         );
     }
     if report.mutations() == 0 {
