@@ -218,3 +218,31 @@ fn a_nodes_held_ports_are_bounded_and_the_rest_counted() {
         "{note}"
     );
 }
+
+/// A PortMap refused `ServiceNotFound` holds nothing; when its Service comes, it counts as
+/// created then, so it does not take back a port another mapping was accepted for meanwhile.
+#[test]
+fn a_service_that_comes_late_takes_no_port_back() {
+    let with_ghost_service = |created: &str| {
+        let mut c = tenants(1024)
+            .portmap(pm("team-a", "ghost", "public", 20000).created("2026-01-01T00:00:00Z"))
+            .without_service("team-a", "ghost")
+            .portmap(pm("team-b", "real", "public", 20000).created("2026-01-02T00:00:00Z"));
+        c.snapshot.services.push(typed(
+            json!({"metadata": {"name": "ghost", "namespace": "team-a",
+                                "creationTimestamp": created},
+                   "spec": {"ports": [{"name": "game", "port": 7777}]}}),
+            "service",
+        ));
+        c.plan_with("edge-a", &edge_facts())
+    };
+    let late = with_ghost_service("2026-01-03T00:00:00Z");
+    assert_eq!(reason(&late, "team-b", "real").0, A::Valid);
+    let (why, message) = reason(&late, "team-a", "ghost");
+    assert_eq!(why, A::PortConflict, "{message}");
+    assert!(message.contains("held by team-b/real"), "{message}");
+    // Control: a Service older than the other mapping leaves the earlier PortMap first.
+    let early = with_ghost_service("2025-12-31T00:00:00Z");
+    assert_eq!(reason(&early, "team-a", "ghost").0, A::Valid);
+    assert_eq!(reason(&early, "team-b", "real").0, A::PortConflict);
+}

@@ -138,13 +138,14 @@ impl<'a> Index<'a> {
         }
         let slices = slices_by_service(snapshot);
         let mut portmaps: Vec<&PortMap> = snapshot.portmaps.iter().collect();
-        portmaps.sort_by(|a, b| conflict_key(a).cmp(&conflict_key(b)));
+        let service_created = service_creation_times(snapshot);
+        portmaps.sort_by_cached_key(|pm| conflict_key(pm, &service_created));
         // The API server cannot hold two objects with one name; an offline dump can. Keep the
         // earliest, so the result does not depend on input order.
         // Only membership is asked of this set, so its hash order reaches no output.
         let mut seen = FastSet::default();
         seen.reserve(portmaps.len());
-        portmaps.retain(|pm| seen.insert(conflict_key(pm).1));
+        portmaps.retain(|pm| seen.insert(mapping_name(pm)));
         let held_rows = classes
             .iter()
             .map(|(name, class)| (*name, held_rows_of(name, class, &rows)))
@@ -404,12 +405,38 @@ fn node_udp_ports(
 }
 
 /// (creationTimestamp, (namespace, name)): a missing timestamp sorts first.
-fn conflict_key(pm: &PortMap) -> (Option<Timestamp>, (&str, &str)) {
+/// A PortMap's place in conflict order: the later of its own creation time and its Service's,
+/// then its namespace and name. A PortMap holds no port while its Service is missing
+/// (`ServiceNotFound`), so when the Service comes it must not take back a port a mapping
+/// accepted meanwhile: it counts as created with its Service.
+fn conflict_key<'p>(
+    pm: &'p PortMap,
+    service_created: &FastMap<(&str, &str), Timestamp>,
+) -> (Option<Timestamp>, (&'p str, &'p str)) {
+    let (namespace, _) = mapping_name(pm);
+    let own = pm.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    let service = service_created
+        .get(&(namespace, pm.spec.service_ref.name.as_str()))
+        .copied();
+    (own.max(service), mapping_name(pm))
+}
+
+fn mapping_name(pm: &PortMap) -> (&str, &str) {
     (
-        pm.metadata.creation_timestamp.as_ref().map(|t| t.0),
-        (
-            pm.metadata.namespace.as_deref().unwrap_or_default(),
-            pm.metadata.name.as_deref().unwrap_or_default(),
-        ),
+        pm.metadata.namespace.as_deref().unwrap_or_default(),
+        pm.metadata.name.as_deref().unwrap_or_default(),
     )
+}
+
+/// Each Service's creation time, by (namespace, name). Only looked up.
+fn service_creation_times(snapshot: &Snapshot) -> FastMap<(&str, &str), Timestamp> {
+    snapshot
+        .services
+        .iter()
+        .filter_map(|svc| {
+            let meta = &svc.metadata;
+            let created = meta.creation_timestamp.as_ref()?.0;
+            Some(((meta.namespace.as_deref()?, meta.name.as_deref()?), created))
+        })
+        .collect()
 }
