@@ -119,6 +119,9 @@ pub struct Metrics {
     last_success: Gauge<f64, AtomicU64>,
     events: Family<Labels, Counter>,
     watch_events: Family<Labels, Counter>,
+    slices_kept: Gauge,
+    services_followed: Gauge,
+    slice_fetches: Family<Labels, Counter>,
     host_events: Family<Labels, Counter>,
     conntrack_sweeps: Family<Labels, Counter>,
     conntrack_cleared: Counter,
@@ -209,6 +212,24 @@ impl Metrics {
             "Watch events, by kind and result (pass: it can change a pass and marks the node dirty; ignored: it changes nothing a pass reads)",
             watch_events.clone(),
         );
+        let slices_kept = Gauge::default();
+        registry.register(
+            "endpoint_slices_kept",
+            "EndpointSlices the agent keeps: those of the Services some PortMap refers to (it keeps nothing of any other)",
+            slices_kept.clone(),
+        );
+        let services_followed = Gauge::default();
+        registry.register(
+            "services_followed",
+            "Services some PortMap refers to, whose EndpointSlices the agent keeps",
+            services_followed.clone(),
+        );
+        let slice_fetches = Family::<Labels, Counter>::default();
+        registry.register(
+            "endpoint_slice_fetches",
+            "Lists of one Service's EndpointSlices, made when a PortMap comes to refer to the Service, by result (ok, failed)",
+            slice_fetches.clone(),
+        );
         let host_events = Family::<Labels, Counter>::default();
         registry.register(
             "host_events",
@@ -255,6 +276,9 @@ impl Metrics {
             last_success,
             events,
             watch_events,
+            slices_kept,
+            services_followed,
+            slice_fetches,
             host_events,
             conntrack_sweeps,
             conntrack_cleared,
@@ -294,6 +318,7 @@ impl Metrics {
         }
         for result in ["ok", "failed"] {
             let _ = self.conntrack_sweeps.get_or_create(&result_labels(result));
+            let _ = self.slice_fetches.get_or_create(&result_labels(result));
         }
         for kind in HostEventKind::ALL {
             let _ = self.host_events.get_or_create(&host_event_labels(kind));
@@ -389,6 +414,35 @@ impl Metrics {
         self.watch_events
             .get_or_create(&watch_labels(kind, passes))
             .inc();
+    }
+
+    /// The EndpointSlices kept, and the Services they are kept for.
+    pub(crate) fn set_slices_kept(&self, slices: usize, services: usize) {
+        self.slices_kept
+            .set(i64::try_from(slices).unwrap_or(i64::MAX));
+        self.services_followed
+            .set(i64::try_from(services).unwrap_or(i64::MAX));
+    }
+
+    /// One Service's EndpointSlices listed, or not.
+    pub(crate) fn record_slice_fetch(&self, ok: bool) {
+        let result = if ok { "ok" } else { "failed" };
+        self.slice_fetches
+            .get_or_create(&result_labels(result))
+            .inc();
+    }
+
+    /// The EndpointSlices the agent keeps.
+    pub fn endpoint_slices_kept(&self) -> u64 {
+        u64::try_from(self.slices_kept.get()).unwrap_or(0)
+    }
+
+    /// Lists of one Service's EndpointSlices that ended `ok` or not.
+    pub fn endpoint_slice_fetches(&self, ok: bool) -> u64 {
+        let result = if ok { "ok" } else { "failed" };
+        self.slice_fetches
+            .get_or_create(&result_labels(result))
+            .get()
     }
 
     /// A host event of `kind` reached the agent.

@@ -12,6 +12,7 @@ pub mod lifecycle;
 pub mod metrics;
 mod relevance;
 mod runtime;
+mod slice_decode;
 pub mod status;
 mod status_task;
 mod trim;
