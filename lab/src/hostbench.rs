@@ -12,6 +12,7 @@
 //! with a fresh process (LinuxHost, which forks `nft`) re-executes the current binary through
 //! [`hidden_main`]; socket work runs on threads moved into the namespace.
 
+mod bulk_slices;
 mod cluster;
 mod flows;
 mod memory;
@@ -53,13 +54,27 @@ pub fn run(bins: &Path) -> anyhow::Result<Vec<Measurement>> {
     run_parts(bins, &PARTS)
 }
 
+/// Runs the agent memory measurements only.
+pub fn run_memory(bins: &Path) -> anyhow::Result<Vec<Measurement>> {
+    run_parts(bins, &MEMORY_PARTS)
+}
+
 /// Runs the host-level measurements in IPv6 only: the `IPv6:` flow rows.
 pub fn run_ipv6(bins: &Path) -> anyhow::Result<Vec<Measurement>> {
     run_parts(bins, &[FLOWS6])
 }
 
 /// The parts, by the name `__hostbench-part` takes.
-const PARTS: [&str; 5] = ["nft", "flows", FLOWS6, "memory", "memory-annotated"];
+const PARTS: [&str; 6] = [
+    "nft",
+    "flows",
+    FLOWS6,
+    "memory",
+    "memory-annotated",
+    "memory-slices",
+];
+/// The parts of the memory rows (`bench --only memory`).
+const MEMORY_PARTS: [&str; 3] = ["memory", "memory-annotated", "memory-slices"];
 /// The part of the IPv6 flow rows.
 const FLOWS6: &str = "flows6";
 
@@ -77,6 +92,10 @@ fn run_parts(bins: &Path, parts: &[&str]) -> anyhow::Result<Vec<Measurement>> {
                 "agent memory with annotated PortMaps",
                 memory::measure_annotated(bins),
             ),
+            "memory-slices" => (
+                "agent memory with EndpointSlices no PortMap refers to",
+                memory::measure_slices(bins),
+            ),
             other => anyhow::bail!("no hostbench part {other:?} (parts: {})", PARTS.join(", ")),
         };
         let found = found.with_context(|| format!("measuring {what}"))?;
@@ -90,8 +109,8 @@ fn run_parts(bins: &Path, parts: &[&str]) -> anyhow::Result<Vec<Measurement>> {
 }
 
 /// The hidden subcommands: the children this module re-executes the binary as, and
-/// `__hostbench-part PART [BINS]` to run one part by hand (`nft`, `flows`, `flows6`, `memory`
-/// or `memory-annotated`; BINS
+/// `__hostbench-part PART [BINS]` to run one part by hand (`nft`, `flows`, `flows6`, `memory`,
+/// `memory-annotated` or `memory-slices`; BINS
 /// defaults to the binary's directory). `None` for any other command line.
 pub fn hidden_main(args: &[String]) -> Option<ExitCode> {
     let rest = args.get(2..).unwrap_or_default();

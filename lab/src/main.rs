@@ -99,9 +99,10 @@ enum Command {
         write: Option<PathBuf>,
         /// Only this part: `lab` (through a fake cluster), `links` (the link health rows of the
         /// lab part), `tcp` (its TCP throughput rows and the offload experiment), `ipv6` (the
-        /// IPv6 rows of both parts), `host` (nft, flows, memory) or `host-ipv6` (the host
-        /// part's IPv6 rows: UDP flows through an IPv6 node). With `--write`, a partial run
-        /// replaces its own rows and keeps the others.
+        /// IPv6 rows of both parts), `host` (nft, flows, memory), `host-ipv6` (the host
+        /// part's IPv6 rows: UDP flows through an IPv6 node) or `memory` (the host part's agent
+        /// memory rows). With `--write`, a partial run replaces its own rows and keeps the
+        /// others.
         #[arg(long)]
         only: Option<String>,
     },
@@ -349,7 +350,7 @@ fn print_keep(topo: &topology::Topology) {
 }
 
 /// What `bench --only` takes.
-const ONLY: [&str; 6] = ["lab", "links", "tcp", "ipv6", "host", "host-ipv6"];
+const ONLY: [&str; 7] = ["lab", "links", "tcp", "ipv6", "host", "host-ipv6", "memory"];
 
 fn bench(write: Option<PathBuf>, only: Option<&str>) -> Result<ExitCode> {
     prereq::ensure_tools()?;
@@ -358,7 +359,7 @@ fn bench(write: Option<PathBuf>, only: Option<&str>) -> Result<ExitCode> {
     if only.is_some_and(|o| !ONLY.contains(&o)) {
         anyhow::bail!("--only takes {}", ONLY.join(", "));
     }
-    if !matches!(only, Some("host" | "host-ipv6")) {
+    if !matches!(only, Some("host" | "host-ipv6" | "memory")) {
         let (mut lab, original, rt) = session()?;
         let part = match only {
             Some("links") => labbench::Part::Links,
@@ -372,6 +373,10 @@ fn bench(write: Option<PathBuf>, only: Option<&str>) -> Result<ExitCode> {
     if only.is_none_or(|o| o == "host") {
         eprintln!("kuport-lab bench: host-level measurements");
         measurements.extend(hostbench::run(&bins)?);
+    }
+    if only == Some("memory") {
+        eprintln!("kuport-lab bench: agent memory");
+        measurements.extend(hostbench::run_memory(&bins)?);
     }
     if matches!(only, Some("ipv6" | "host-ipv6")) {
         eprintln!("kuport-lab bench: host-level measurements, IPv6");
