@@ -81,63 +81,60 @@ fn record_programmed(c: &Cluster, name: &str) -> Arc<Mutex<Vec<String>>> {
     seen
 }
 
-/// Slices of a Service no PortMap refers to are not kept, however large; a PortMap created for
-/// that Service is programmed from its first status on (its slices fetched before the pass that
-/// saw the PortMap planned); deleted, its Service's slices go again. The control is the same
-/// slices referred to: every agent keeps them, and they cost memory.
+/// Slices of a Service no PortMap refers to are not kept, however large: no pass of any agent
+/// plans with them; a PortMap created for that Service is programmed from its first status on
+/// (its slices fetched before the pass that saw the PortMap planned); deleted, its Service's
+/// slices go again. The control is the same slices referred to: every agent keeps them.
 async fn only_the_slices_of_referred_services_are_kept(target: Target) {
-    let Some(mut c) = Cluster::start_on(
-        target,
-        "only_the_slices_of_referred_services_are_kept",
-        Duration::from_secs(3600),
-    )
-    .await
+    let Some(mut c) =
+        Cluster::empty_on(target, "only_the_slices_of_referred_services_are_kept").await
     else {
         return;
     };
+    c.seed().await;
+    let planned = start_recording_agents(&mut c);
     c.eventually("Programmed=True", || programmed_true(&c))
         .await;
-    c.eventually("each agent keeps the game's slice", || async {
-        c.agents.iter().all(|a| kept(a) == 1)
-    })
-    .await;
     settle(&c).await;
-    let seen_before: Vec<u64> = c
-        .agents
-        .iter()
-        .map(|a| a.metrics.watch_events("EndpointSlice", false))
-        .collect();
+    let seen_before: Vec<u64> = c.agents.iter().map(slice_events).collect();
     let passes_before: Vec<u64> = c.agents.iter().map(common::passes).collect();
 
     // Five slices of 200 endpoints each for `lobby`, which no PortMap refers to.
     let slices: Api<EndpointSlice> = Api::namespaced(c.client.clone(), "games");
     let pp = PostParams::default();
     for k in 0..5 {
-        slices
-            .create(
-                &pp,
-                &big_slice("lobby", &format!("lobby-{k}"), k * 200, 200),
-            )
-            .await
-            .expect("slice");
+        let lobby = big_slice("lobby", &format!("lobby-{k}"), k * 200, 200);
+        slices.create(&pp, &lobby).await.expect("slice");
     }
-    c.eventually("every agent saw the five slices, and dropped them", || {
+    c.eventually("every agent saw the five slices", || {
         let done = c
             .agents
             .iter()
             .zip(&seen_before)
-            .all(|(a, before)| a.metrics.watch_events("EndpointSlice", false) >= before + 5);
+            .all(|(a, before)| slice_events(a) >= before + 5);
         std::future::ready(done)
     })
     .await;
-    for (a, before) in c.agents.iter().zip(&passes_before) {
-        assert_eq!(kept(a), 1, "{}: keeps only the game's slice", a.name);
+    // A pass on every node reads what each agent holds: one more PortMap, for the game.
+    c.create_portmap("game-tcp", 3002).await;
+    c.eventually("every agent passed since", || {
+        let all = c
+            .agents
+            .iter()
+            .zip(&passes_before)
+            .all(|(a, before)| common::passes(a) > *before);
+        std::future::ready(all)
+    })
+    .await;
+    settle(&c).await;
+    for a in &c.agents {
         assert_eq!(
-            common::passes(a),
-            *before,
-            "{}: an unrelated slice ran a pass",
+            slice_names(&planned, &a.name),
+            ["gameserver-abc"],
+            "{}: holds slices of a Service no PortMap refers to",
             a.name
         );
+        assert_eq!(kept(a), 1, "{}: keeps only the game's slice", a.name);
         assert_eq!(fetches(a), 0, "{}: nothing to fetch yet", a.name);
     }
 
@@ -150,20 +147,27 @@ async fn only_the_slices_of_referred_services_are_kept(target: Target) {
         .create(&pp, &from(lobby.object()))
         .await
         .expect("portmap");
-    c.eventually("every agent keeps lobby's five slices", || async {
-        c.agents.iter().all(|a| kept(a) == 6)
-    })
-    .await;
     c.eventually("lobby is programmed", || async {
         reasons.lock().expect("lock").last().map(String::as_str) == Some("AllNodesReady")
     })
     .await;
+    settle(&c).await;
     let went_through = reasons.lock().expect("lock").clone();
     assert!(
         !went_through.iter().any(|r| r == "NoReadyEndpoint"),
         "lobby was written without its endpoints first: {went_through:?}"
     );
+    let all = [
+        "gameserver-abc",
+        "lobby-0",
+        "lobby-1",
+        "lobby-2",
+        "lobby-3",
+        "lobby-4",
+    ];
     for a in &c.agents {
+        assert_eq!(slice_names(&planned, &a.name), all, "{}", a.name);
+        assert_eq!(kept(a), 6, "{}: keeps lobby's slices", a.name);
         assert_eq!(fetches(a), 1, "{}: one list of lobby's slices", a.name);
     }
 
@@ -176,10 +180,37 @@ async fn only_the_slices_of_referred_services_are_kept(target: Target) {
         c.agents.iter().all(|a| kept(a) == 1)
     })
     .await;
+    settle(&c).await;
+    for a in &c.agents {
+        assert_eq!(
+            slice_names(&planned, &a.name),
+            ["gameserver-abc"],
+            "{}",
+            a.name
+        );
+    }
     c.stop_all().await;
 }
 
+/// EndpointSlice events the agent took, whatever it made of them.
+fn slice_events(a: &RunningAgent) -> u64 {
+    a.metrics.watch_events("EndpointSlice", false) + a.metrics.watch_events("EndpointSlice", true)
+}
+
 on_both_servers!(only_the_slices_of_referred_services_are_kept);
+
+/// The names of the slices `agent` planned with last.
+fn slice_names(planned: &Planned, agent: &str) -> Vec<String> {
+    let planned = planned.lock().expect("lock");
+    let mut names: Vec<String> = planned
+        .get(agent)
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s.metadata.name.clone())
+        .collect();
+    names.sort();
+    names
+}
 
 /// The slices each agent planned with last, by agent.
 type Planned = Arc<Mutex<BTreeMap<String, Vec<EndpointSlice>>>>;
