@@ -598,14 +598,9 @@ fn watch_agent(ns: &Netns, agent: &mut Proc, sim: &mut Proc, started: Instant) -
             break text;
         }
         if Instant::now() > settle_deadline {
-            // What woke it: the watch events that marked it dirty, by kind.
-            let woke: Vec<&str> = text
-                .lines()
-                .filter(|l| l.starts_with("kuport_watch_events_total{") && l.contains("pass"))
-                .collect();
             bail!(
                 "the agent's passes did not stop within 60 s of readiness ({ok} passes; {})",
-                woke.join(", ")
+                dirtying_events(&text)
             );
         }
         std::thread::sleep(Duration::from_millis(250));
@@ -636,6 +631,15 @@ fn watch_agent(ns: &Netns, agent: &mut Proc, sim: &mut Proc, started: Instant) -
             .to_owned(),
         programmed,
     })
+}
+
+/// What woke an agent that does not settle: the watch events that marked it dirty, by kind.
+fn dirtying_events(metrics: &str) -> String {
+    let woke: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("kuport_watch_events_total{") && l.contains("\"pass\""))
+        .collect();
+    woke.join(", ")
 }
 
 fn count_links(ns: &Netns) -> usize {

@@ -116,8 +116,8 @@ impl Slices {
         }
         if tokio::time::timeout(wait, answered).await.is_err() {
             tracing::warn!(
-                "fetching the EndpointSlices of {adding} Services a PortMap came to refer to took \
-                 over {wait:?}: this pass plans without them, the next one follows when they land"
+                services = adding,
+                "fetching the EndpointSlices of Services a PortMap came to refer to took over {wait:?}: this pass plans without them, the next one follows when they land"
             );
         }
     }
