@@ -115,6 +115,7 @@ pub struct Metrics {
     links: Gauge,
     refusals: Gauge,
     status_writes: Family<Labels, Counter>,
+    refusals_of_writes: Family<Labels, Counter>,
     conflicts: Family<Labels, Counter>,
     last_success: Gauge<f64, AtomicU64>,
     events: Family<Labels, Counter>,
@@ -186,6 +187,12 @@ impl Metrics {
             "status_writes",
             "Status write attempts, by kind (portmap, portmapclass) and result (written, conflict, failed)",
             status_writes.clone(),
+        );
+        let refusals_of_writes = Family::<Labels, Counter>::default();
+        registry.register(
+            "status_write_refusals",
+            "Status writes the API server refused (each also counted as failed), by kind and reason (invalid: the CRD's validation; admission: a policy or webhook; forbidden: RBAC or a 403)",
+            refusals_of_writes.clone(),
         );
         let conflicts = Family::<Labels, Counter>::default();
         registry.register(
@@ -272,6 +279,7 @@ impl Metrics {
             links,
             refusals,
             status_writes,
+            refusals_of_writes,
             conflicts,
             last_success,
             events,
@@ -402,6 +410,21 @@ impl Metrics {
         if result == WriteResult::Conflict {
             self.conflicts.get_or_create(&kind_labels(kind)).inc();
         }
+    }
+
+    /// A status write of `kind` the API server refused, for `reason` (a fixed word:
+    /// `refusal::refusal_reason`).
+    pub(crate) fn record_refusal(&self, kind: WriteKind, reason: &'static str) {
+        self.refusals_of_writes
+            .get_or_create(&refusal_labels(kind, reason))
+            .inc();
+    }
+
+    /// Status writes of `kind` refused for `reason`.
+    pub fn status_write_refusals(&self, kind: WriteKind, reason: &'static str) -> u64 {
+        self.refusals_of_writes
+            .get_or_create(&refusal_labels(kind, reason))
+            .get()
     }
 
     pub(crate) fn record_event(&self, result: &'static str) {
@@ -547,6 +570,13 @@ fn host_event_labels(kind: HostEventKind) -> Labels {
 
 fn kind_labels(kind: WriteKind) -> Labels {
     vec![("kind", kind.as_str().to_owned())]
+}
+
+fn refusal_labels(kind: WriteKind, reason: &'static str) -> Labels {
+    vec![
+        ("kind", kind.as_str().to_owned()),
+        ("reason", reason.to_owned()),
+    ]
 }
 
 fn write_labels(kind: WriteKind, result: WriteResult) -> Labels {

@@ -10,6 +10,7 @@ mod failure;
 pub mod health;
 pub mod lifecycle;
 pub mod metrics;
+mod refusal;
 mod relevance;
 mod runtime;
 mod slice_decode;

@@ -455,6 +455,25 @@ impl Cluster {
     }
 }
 
+/// A Namespace created: a change every agent's pass reads, which changes no status by itself.
+pub async fn poke_every_agent(c: &Cluster, name: &str) {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(c.client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &from(json!({"metadata": {"name": name}})),
+        )
+        .await
+        .expect("namespace");
+}
+
+/// The underlay MTU in `node`'s row of class `public`.
+pub async fn row_mtu(c: &Cluster, node: &str) -> Option<i32> {
+    let class = c.class().await;
+    let row = class.status?.nodes.into_iter().find(|r| r.name == node)?;
+    row.underlay_mtu
+}
+
 /// Declares `model` and `real` tests in a module named after each shared test function; the
 /// real one runs the agents under the shipped ClusterRole.
 #[allow(unused_macros)] // as `dead_code` above: not every test file shares a scenario
