@@ -14,6 +14,7 @@
 //! with a fresh process (LinuxHost, which forks `nft`) re-executes the current binary through
 //! [`hidden_main`]; socket work runs on threads moved into the namespace.
 
+mod bulk_slices;
 mod cluster;
 mod conntrack;
 mod flows;
@@ -56,6 +57,11 @@ pub fn run(bins: &Path) -> anyhow::Result<Vec<Measurement>> {
     run_parts(bins, &PARTS)
 }
 
+/// Runs the agent memory measurements only.
+pub fn run_memory(bins: &Path) -> anyhow::Result<Vec<Measurement>> {
+    run_parts(bins, &MEMORY_PARTS)
+}
+
 /// Runs the host-level measurements in IPv6 only: the `IPv6:` flow rows.
 pub fn run_ipv6(bins: &Path) -> anyhow::Result<Vec<Measurement>> {
     run_parts(bins, &[FLOWS6])
@@ -67,16 +73,19 @@ pub fn run_conntrack() -> anyhow::Result<Vec<Measurement>> {
 }
 
 /// The parts, by the name `__hostbench-part` takes.
-const PARTS: [&str; 6] = [
+const PARTS: [&str; 7] = [
     "nft",
     "flows",
     FLOWS6,
     "memory",
     "memory-annotated",
+    "memory-slices",
     CONNTRACK,
 ];
 /// The part of the conntrack sweep.
 const CONNTRACK: &str = "conntrack";
+/// The parts of the memory rows (`bench --only memory`).
+const MEMORY_PARTS: [&str; 3] = ["memory", "memory-annotated", "memory-slices"];
 /// The part of the IPv6 flow rows.
 const FLOWS6: &str = "flows6";
 
@@ -94,6 +103,10 @@ fn run_parts(bins: &Path, parts: &[&str]) -> anyhow::Result<Vec<Measurement>> {
                 "agent memory with annotated PortMaps",
                 memory::measure_annotated(bins),
             ),
+            "memory-slices" => (
+                "agent memory with EndpointSlices no PortMap refers to",
+                memory::measure_slices(bins),
+            ),
             CONNTRACK => ("a conntrack sweep", conntrack::measure()),
             other => anyhow::bail!("no hostbench part {other:?} (parts: {})", PARTS.join(", ")),
         };
@@ -109,7 +122,7 @@ fn run_parts(bins: &Path, parts: &[&str]) -> anyhow::Result<Vec<Measurement>> {
 
 /// The hidden subcommands: the children this module re-executes the binary as, and
 /// `__hostbench-part PART [BINS]` to run one part by hand (`nft`, `flows`, `flows6`, `memory`,
-/// `memory-annotated` or `conntrack`; BINS
+/// `memory-annotated`, `memory-slices` or `conntrack`; BINS
 /// defaults to the binary's directory). `None` for any other command line.
 pub fn hidden_main(args: &[String]) -> Option<ExitCode> {
     let rest = args.get(2..).unwrap_or_default();

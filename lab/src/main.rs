@@ -100,9 +100,10 @@ enum Command {
         /// Only this part: `lab` (through a fake cluster), `links` (the link health rows of the
         /// lab part), `tcp` (its TCP throughput rows and the offload experiment), `ipv6` (the
         /// IPv6 rows of both parts), `host` (nft, flows, memory, conntrack), `host-ipv6` (the
-        /// host part's IPv6 rows: UDP flows through an IPv6 node) or `conntrack` (the memory
-        /// and time of a sweep of stale conntrack entries, up to 1,000,000 entries). With
-        /// `--write`, a partial run replaces its own rows and keeps the others.
+        /// host part's IPv6 rows: UDP flows through an IPv6 node), `memory` (the host part's
+        /// agent memory rows) or `conntrack` (the memory and time of a sweep of stale
+        /// conntrack entries, up to 1,000,000 entries). With `--write`, a partial run replaces
+        /// its own rows and keeps the others.
         #[arg(long)]
         only: Option<String>,
     },
@@ -350,13 +351,14 @@ fn print_keep(topo: &topology::Topology) {
 }
 
 /// What `bench --only` takes.
-const ONLY: [&str; 7] = [
+const ONLY: [&str; 8] = [
     "lab",
     "links",
     "tcp",
     "ipv6",
     "host",
     "host-ipv6",
+    "memory",
     "conntrack",
 ];
 
@@ -372,7 +374,7 @@ fn bench(write: Option<PathBuf>, only: Option<&str>) -> Result<ExitCode> {
         prereq::binaries()?
     };
     let mut measurements = Vec::new();
-    if !matches!(only, Some("host" | "host-ipv6" | "conntrack")) {
+    if !matches!(only, Some("host" | "host-ipv6" | "memory" | "conntrack")) {
         let (mut lab, original, rt) = session()?;
         let part = match only {
             Some("links") => labbench::Part::Links,
@@ -390,6 +392,10 @@ fn bench(write: Option<PathBuf>, only: Option<&str>) -> Result<ExitCode> {
     if only == Some("conntrack") {
         eprintln!("kuport-lab bench: a conntrack sweep");
         measurements.extend(hostbench::run_conntrack()?);
+    }
+    if only == Some("memory") {
+        eprintln!("kuport-lab bench: agent memory");
+        measurements.extend(hostbench::run_memory(&bins)?);
     }
     if matches!(only, Some("ipv6" | "host-ipv6")) {
         eprintln!("kuport-lab bench: host-level measurements, IPv6");

@@ -343,7 +343,42 @@ async fn generation_moves_on_spec_changes_only_and_no_ops_keep_the_version(targe
         )
         .await,
     );
-    assert_eq!(status.code, 422, "{status:?}");
+    assert_not_applied(&status);
+    // A `test` that fails is answered the same: the server drops which operation failed.
+    let status = api_error(
+        api.patch(
+            "gs",
+            &PatchParams::default(),
+            &Patch::Json::<()>(
+                serde_json::from_value(json!([
+                    {"op": "test", "path": "/spec/port", "value": 3001},
+                    {"op": "replace", "path": "/spec/port", "value": 3002},
+                ]))
+                .expect("json patch"),
+            ),
+        )
+        .await,
+    );
+    assert_not_applied(&status);
+}
+
+/// The real server's answer to a JSON patch that does not apply: 422 Invalid with the generic
+/// message and nothing in `details` (no object named, no cause).
+fn assert_not_applied(status: &kube::core::Status) {
+    assert_eq!(
+        (status.code, status.reason.as_str(), status.message.as_str()),
+        (
+            422,
+            "Invalid",
+            "the server rejected our request due to an error in our request"
+        ),
+        "{status:?}"
+    );
+    let names_nothing = status
+        .details
+        .as_ref()
+        .is_none_or(|d| d.name.is_empty() && d.kind.is_empty() && d.causes.is_empty());
+    assert!(names_nothing, "{status:?}");
 }
 
 async fn defaults_from_the_crd_are_applied_on_create(target: Target) {

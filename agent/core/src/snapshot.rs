@@ -43,7 +43,8 @@ pub struct Snapshot {
     pub classes: Vec<PortMapClass>,
     /// Every PortMap.
     pub portmaps: Vec<PortMap>,
-    /// Every EndpointSlice (discovery.k8s.io/v1).
+    /// The EndpointSlices (discovery.k8s.io/v1). The plan reads only those of a Service some
+    /// PortMap refers to, and the agent keeps no other.
     pub endpoint_slices: Vec<EndpointSlice>,
     /// Every Node.
     pub nodes: Vec<Node>,

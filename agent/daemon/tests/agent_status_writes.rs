@@ -11,7 +11,10 @@ use kuport::agent::{WriteKind, WriteResult};
 use kuport_core::api::{PortMap, PortMapClass};
 use kuport_sim::apiserver::{Failure, RequestFilter};
 
-use common::{Cluster, Target, dnat_targets, on_both_servers, programmed_true};
+use common::{
+    Cluster, Target, dnat_targets, on_both_servers, poke_every_agent, programmed_true, row_mtu,
+    settle,
+};
 
 async fn status_writer_changes_hands_when_no_node_serves(target: Target) {
     let Some(mut c) = Cluster::start_on(
@@ -205,5 +208,74 @@ async fn a_held_status_write_does_not_hold_the_datapath() {
     })
     .await;
     assert!(c.agent("n1").metrics.passes_superseded() >= 1);
+    c.stop_all().await;
+}
+
+/// The same status patch answered two ways, as kube-apiserver answers them (`refusal.rs`): a
+/// refusal (an admission policy's 422) is counted with its reason, fails the pass and is not
+/// written again before the pass's retry, one write a pass; a guard that failed (the row moved)
+/// is merged into a fresh read and written again in the same pass, counted as a conflict.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_row_patch_is_reported_and_a_moved_one_written_afresh() {
+    let mut c = Cluster::start().await;
+    c.eventually("Programmed=True", || programmed_true(&c))
+        .await;
+    settle(&c).await;
+    let faults = c.model().faults().clone();
+    let row_patches = RequestFilter {
+        verbs: vec!["patch".to_owned()],
+        resource: Some("portmapclasses".to_owned()),
+        status_only: true,
+    };
+    let n1 = |c: &Cluster| c.agent("n1").metrics.clone();
+    let refused = |c: &Cluster| n1(c).status_write_refusals(WriteKind::Class, "admission");
+    let conflicts = |c: &Cluster| n1(c).status_writes_of(WriteKind::Class, WriteResult::Conflict);
+    let (failed_before, conflicts_before) = (n1(&c).passes_failed(), conflicts(&c));
+
+    // n1's row alone changes (its underlay MTU), and every patch of it is refused.
+    faults.fail_fraction(1.0, Failure::Denied, row_patches.clone());
+    c.agent("n1").host.lock().facts.underlay_mtu = Some(1400);
+    poke_every_agent(&c, "poke-1").await;
+    c.eventually("n1's refused patches are counted", || {
+        std::future::ready(refused(&c) >= 3)
+    })
+    .await;
+    faults.clear();
+    let failed = n1(&c).passes_failed() - failed_before;
+    assert!(
+        refused(&c) <= failed + 1,
+        "{} refused patches over {failed} failed passes: a refusal was written again in its pass",
+        refused(&c)
+    );
+    assert_eq!(
+        conflicts(&c),
+        conflicts_before,
+        "a refusal was taken for a row that moved"
+    );
+    c.eventually("n1's row lands once the policy allows it", || async {
+        row_mtu(&c, "n1").await == Some(1400)
+    })
+    .await;
+    settle(&c).await;
+
+    // Control: the patch's guard fails once (another writer moved the row); n1 reads the class
+    // again and writes in the same pass, refusing nothing and failing no pass.
+    let (failed_before, refused_before) = (n1(&c).passes_failed(), refused(&c));
+    let conflicts_before = conflicts(&c);
+    faults.fail_next(1, Failure::PatchNotApplied, row_patches);
+    c.agent("n1").host.lock().facts.underlay_mtu = Some(1380);
+    poke_every_agent(&c, "poke-2").await;
+    c.eventually("n1's row lands after its guard failed", || async {
+        row_mtu(&c, "n1").await == Some(1380)
+    })
+    .await;
+    assert_eq!(
+        faults.injected(),
+        refused_before + 1,
+        "the guard failed once"
+    );
+    assert_eq!(conflicts(&c), conflicts_before + 1);
+    assert_eq!(refused(&c), refused_before);
+    assert_eq!(n1(&c).passes_failed(), failed_before);
     c.stop_all().await;
 }

@@ -7,7 +7,11 @@ mod common;
 
 use std::time::Duration;
 
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use kube::api::{Api, ApiResource, DynamicObject, PostParams};
+use kuport::agent::{WriteKind, WriteResult};
 use kuport_core::api::PortMapClass;
 use serde_json::{Value, json};
 
@@ -231,4 +235,161 @@ async fn a_row_patch_whose_row_moved_is_refused_and_written_afresh() {
         Some(&json!({"name": "a-first", "ready": false}))
     );
     c.stop_all().await;
+}
+
+/// The 422s a class status patch can meet on the real server, and what the agent makes of
+/// them (`agent/daemon/src/agent/refusal.rs`). Printed, as measured: a guard (`test`) that
+/// fails; the CRD's validation refusing a value; a ValidatingAdmissionPolicy whose validation
+/// says `reason: Invalid` refusing the result. Then n1's own row change meets that policy: the
+/// agent counts a refusal (`admission`), fails the pass and does not write it again within the
+/// pass (no conflict counted, at most one refused write a failed pass); with the policy's
+/// binding gone, the row lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_patch_a_policy_refuses_is_reported_and_not_taken_for_a_moved_row() {
+    let role = kuport_realapi::agent_role().expect("the agent's ClusterRole");
+    let Some(mut c) = Cluster::empty_on(
+        Target::Real(Box::new(role)),
+        "a_row_patch_a_policy_refuses_is_reported_and_not_taken_for_a_moved_row",
+    )
+    .await
+    else {
+        return;
+    };
+    c.seed().await;
+    for i in 1..=3 {
+        c.start_agent(i, Duration::from_secs(3600));
+    }
+    c.eventually("Programmed=True", || programmed_true(&c))
+        .await;
+    common::settle(&c).await;
+    let at = raw_status(&c).await["nodes"]
+        .as_array()
+        .and_then(|rows| rows.iter().position(|r| r["name"] == "n1"))
+        .expect("n1's row");
+    let guard = |value: &str| json!({"op": "test", "path": format!("/status/nodes/{at}/name"), "value": value});
+    let patch = |ops: Value| patch_class(c.client.clone(), ops);
+    let failed_test = patch(json!([guard("not-n1"),
+        {"op": "replace", "path": format!("/status/nodes/{at}/message"), "value": "x"}]))
+    .await
+    .expect("a failed guard is refused");
+    eprintln!(
+        "a failed test: {}",
+        serde_json::to_string(&failed_test).unwrap_or_default()
+    );
+    let schema = patch(json!([guard("n1"),
+        {"op": "replace", "path": format!("/status/nodes/{at}/underlayMTU"), "value": "string"}]))
+    .await
+    .expect("a value the CRD does not allow is refused");
+    eprintln!(
+        "the CRD's validation: {}",
+        serde_json::to_string(&schema).unwrap_or_default()
+    );
+
+    install_refusing_policy(&c.client).await;
+    let to_1400 = json!([guard("n1"),
+        {"op": "replace", "path": format!("/status/nodes/{at}/underlayMTU"), "value": 1400}]);
+    // The API server enforces a new policy a moment later.
+    let mut denied = None;
+    for _ in 0..150 {
+        denied = patch(to_1400.clone()).await;
+        if denied.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let denied = denied.expect("refused");
+    eprintln!(
+        "the policy: {}",
+        serde_json::to_string(&denied).unwrap_or_default()
+    );
+    assert_eq!(
+        (failed_test.code, schema.code, denied.code),
+        (422, 422, 422)
+    );
+
+    // n1's own row change meets the policy.
+    let n1 = c.agent("n1").metrics.clone();
+    let refused = || n1.status_write_refusals(WriteKind::Class, "admission");
+    let conflicts = || n1.status_writes_of(WriteKind::Class, WriteResult::Conflict);
+    let (failed_before, conflicts_before) = (n1.passes_failed(), conflicts());
+    c.agent("n1").host.lock().facts.underlay_mtu = Some(1400);
+    common::poke_every_agent(&c, "poke-1").await;
+    c.eventually("n1's refused patches are counted", || {
+        std::future::ready(refused() >= 3)
+    })
+    .await;
+    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(c.client.clone());
+    bindings
+        .delete(REFUSING_POLICY, &Default::default())
+        .await
+        .expect("the binding deleted");
+    let failed = n1.passes_failed() - failed_before;
+    assert!(
+        refused() <= failed + 1,
+        "{} refused patches over {failed} failed passes: a refusal was written again in its pass",
+        refused()
+    );
+    assert_eq!(
+        conflicts(),
+        conflicts_before,
+        "a refusal was taken for a row that moved"
+    );
+    c.eventually("n1's row lands once the policy is unbound", || async {
+        common::row_mtu(&c, "n1").await == Some(1400)
+    })
+    .await;
+    c.stop_all().await;
+}
+
+const REFUSING_POLICY: &str = "refuse-n1-mtu-1400";
+
+/// The API server's answer to the JSON patch `ops` of class `public`'s status: `None` when it
+/// applied.
+async fn patch_class(client: kube::Client, ops: Value) -> Option<kube::core::Status> {
+    let ops: json_patch::Patch = serde_json::from_value(ops).expect("a JSON patch");
+    let answer = classes(&client)
+        .patch_status(
+            "public",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Json::<()>(ops),
+        )
+        .await;
+    match answer {
+        Err(kube::Error::Api(s)) => Some(*s),
+        Ok(_) => None,
+        Err(e) => panic!("patching class public: {e}"),
+    }
+}
+
+/// A ValidatingAdmissionPolicy refusing, with `reason: Invalid` (a 422), a class status naming
+/// MTU 1400 in n1's row, bound to every class.
+async fn install_refusing_policy(client: &kube::Client) {
+    let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
+        "metadata": {"name": REFUSING_POLICY},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": ["kuport.wlz.li"], "apiVersions": ["*"],
+                "operations": ["UPDATE"], "resources": ["portmapclasses/status"]}]},
+            "validations": [{
+                "expression": "!has(object.status) || !has(object.status.nodes) || !object.status.nodes.exists(r, r.name == 'n1' && has(r.underlayMTU) && r.underlayMTU == 1400)",
+                "message": "no row of n1 with MTU 1400",
+                "reason": "Invalid"}],
+        },
+    }))
+    .expect("a policy");
+    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
+        "metadata": {"name": REFUSING_POLICY},
+        "spec": {"policyName": REFUSING_POLICY, "validationActions": ["Deny"]},
+    }))
+    .expect("a binding");
+    let pp = PostParams::default();
+    Api::<ValidatingAdmissionPolicy>::all(client.clone())
+        .create(&pp, &policy)
+        .await
+        .expect("the policy");
+    Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+        .create(&pp, &binding)
+        .await
+        .expect("the binding");
 }

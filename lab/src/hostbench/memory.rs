@@ -11,6 +11,10 @@
 //! default mark mask; the rest of the mappings are refused for want of a mark). Then `kuport agent` for
 //! `node-000`, until `/readyz` answers 200 and passes stop coming (its status writes echo back
 //! as watch events for a while); then `VmHWM`.
+//!
+//! And the same cluster with about 100 MB of EndpointSlices (`bulk_slices.rs`) for a Service no
+//! PortMap refers to, beside the same cluster without them and, as the control, with one more
+//! PortMap referring to that Service, in one session.
 
 use std::fs::File;
 use std::io::{Read as _, Write as _};
@@ -32,6 +36,7 @@ use kuport_testkit::objects::{
 use kuport_testkit::process::Proc;
 use serde_json::json;
 
+use super::bulk_slices;
 use super::{Measurement, PREFIX, list, median};
 
 const NODES: usize = 500;
@@ -62,16 +67,94 @@ impl Drop for TempDir {
     }
 }
 
+/// What the API server model holds besides the 1,000 PortMaps and 500 Nodes.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Workload {
+    /// Bytes of annotation on each PortMap (none for 0).
+    annotation: usize,
+    /// The bulk EndpointSlices, and whether a PortMap refers to their Service.
+    slices: Option<Referred>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Referred(bool);
+
 pub fn measure(bins: &Path) -> Result<Vec<Measurement>> {
-    measure_with(bins, 0)
+    let sampled = sample(bins, Workload::default())?;
+    let name = "agent memory (peak RSS) with 1,000 PortMaps and 500 Nodes in the API server model";
+    Ok(vec![sampled.row(name, None, TARGET_MIB)])
 }
 
 /// The same with every PortMap carrying a [`ANNOTATION_BYTES`] annotation.
 pub fn measure_annotated(bins: &Path) -> Result<Vec<Measurement>> {
-    measure_with(bins, ANNOTATION_BYTES)
+    let workload = Workload {
+        annotation: ANNOTATION_BYTES,
+        ..Workload::default()
+    };
+    let sampled = sample(bins, workload)?;
+    let name = format!(
+        "agent memory (peak RSS) with 1,000 PortMaps each annotated with {} KiB, 500 Nodes, in \
+         the API server model",
+        ANNOTATION_BYTES / 1024
+    );
+    Ok(vec![sampled.row(&name, None, LIMIT_MIB)])
 }
 
-fn measure_with(bins: &Path, annotation: usize) -> Result<Vec<Measurement>> {
+/// The cluster with about 100 MB of EndpointSlices no PortMap refers to, against the same
+/// cluster without them (the baseline, sampled in the same session) and, as the control, with a
+/// PortMap referring to their Service.
+pub fn measure_slices(bins: &Path) -> Result<Vec<Measurement>> {
+    let without = sample(bins, Workload::default())?;
+    let unrelated = sample(
+        bins,
+        Workload {
+            slices: Some(Referred(false)),
+            ..Workload::default()
+        },
+    )?;
+    let referred = sample(
+        bins,
+        Workload {
+            slices: Some(Referred(true)),
+            ..Workload::default()
+        },
+    )?;
+    let mb = bulk_slices::TOTAL_BYTES / 1_000_000;
+    let mut rows = vec![unrelated.row(
+        &format!(
+            "agent memory (peak RSS) with 1,000 PortMaps, 500 Nodes and {mb} MB of EndpointSlices \
+             no PortMap refers to, in the API server model; baseline: the same without them"
+        ),
+        Some(without.peak),
+        (without.peak + SLICES_MARGIN_MIB).min(LIMIT_MIB),
+    )];
+    let mut control = referred.row(
+        &format!(
+            "control: the same {mb} MB of EndpointSlices, their Service referred to by a PortMap"
+        ),
+        Some(without.peak),
+        LIMIT_MIB,
+    );
+    // The control shows what the slices cost when they concern the agent: no target of its own.
+    control.target = String::new();
+    control.met = None;
+    rows.push(control);
+    Ok(rows)
+}
+
+/// How much more than without them the agent may take with the unrelated slices: the list pages
+/// it decodes and drops (50 slices of 1,000 endpoints are about 17 MB of JSON), and the
+/// allocator's high-water mark from them.
+const SLICES_MARGIN_MIB: f64 = 24.0;
+
+/// The samples of one workload.
+struct Sampled {
+    runs: Vec<Watched>,
+    peak: f64,
+    profile: String,
+}
+
+fn sample(bins: &Path, workload: Workload) -> Result<Sampled> {
     let kuport = bins.join("kuport");
     let sim = bins.join("kuport-sim");
     for b in [&kuport, &sim] {
@@ -83,65 +166,66 @@ fn measure_with(bins: &Path, annotation: usize) -> Result<Vec<Measurement>> {
         }
     }
     let runs = (0..SAMPLES)
-        .map(|i| one_run(i, &kuport, &sim, annotation))
+        .map(|i| one_run(i, &kuport, &sim, workload))
         .collect::<Result<Vec<_>>>()?;
-    let mib = |kib: u64| kib as f64 / 1024.0;
     let peaks: Vec<f64> = runs.iter().map(|r| mib(r.hwm_kib)).collect();
-    let peak = median(&peaks);
-    let first = &runs[0];
-    let (name, target) = if annotation == 0 {
-        (
-            "agent memory (peak RSS) with 1,000 PortMaps and 500 Nodes in the API server model"
-                .to_owned(),
-            TARGET_MIB,
-        )
-    } else {
-        (
-            format!(
-                "agent memory (peak RSS) with 1,000 PortMaps each annotated with {} KiB, 500 \
-                 Nodes, in the API server model",
-                annotation / 1024
-            ),
-            LIMIT_MIB,
-        )
-    };
-    Ok(vec![Measurement {
-        name,
-        value: peak,
-        unit: "MiB".to_owned(),
-        samples: runs.len(),
-        baseline: None,
-        target: format!("≤ {target} MiB"),
-        met: Some(peak <= target),
-        note: format!(
-            "median VmHWM of `kuport agent` ({}) once passes stopped, one fresh API server model \
-             and agent per sample: [{}] MiB; VmHWM when /readyz first answered [{}] MiB, VmRSS \
-             once settled [{}] MiB; first sample: {} objects created, ready after {:.1} s, \
-             settled after {:.1} s, {} passes ok, {} failed, Programmed: {}, {} kup-* links",
-            agent_profile(&kuport),
-            list(&peaks, 1),
-            list(
-                &runs
-                    .iter()
-                    .map(|r| mib(r.hwm_at_ready_kib))
-                    .collect::<Vec<_>>(),
-                1
-            ),
-            list(&runs.iter().map(|r| mib(r.rss_kib)).collect::<Vec<_>>(), 1),
-            first.created,
-            first.ready_after.as_secs_f64(),
-            first.settled_after.as_secs_f64(),
-            first.passes_ok,
-            first.passes_failed,
-            first.programmed,
-            first.links,
-        ),
-    }])
+    Ok(Sampled {
+        peak: median(&peaks),
+        runs,
+        profile: agent_profile(&kuport),
+    })
 }
 
-/// One sample: a fresh namespace, API server model and agent; each PortMap carries an
-/// annotation of `annotation` bytes (none for 0).
-fn one_run(i: usize, kuport: &Path, sim_bin: &Path, annotation: usize) -> Result<Watched> {
+fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+impl Sampled {
+    /// The row of the median peak, against `target` MiB (and `baseline`, measured beside it).
+    fn row(&self, name: &str, baseline: Option<f64>, target: f64) -> Measurement {
+        let runs = &self.runs;
+        let first = &runs[0];
+        let of =
+            |f: fn(&Watched) -> u64| list(&runs.iter().map(|r| mib(f(r))).collect::<Vec<_>>(), 1);
+        let beside = baseline.map_or(String::new(), |b| {
+            format!(
+                "; the baseline's median {b:.1} MiB, {:+.1} MiB",
+                self.peak - b
+            )
+        });
+        Measurement {
+            name: name.to_owned(),
+            value: self.peak,
+            unit: "MiB".to_owned(),
+            samples: runs.len(),
+            baseline,
+            target: format!("≤ {target:.1} MiB"),
+            met: Some(self.peak <= target),
+            note: format!(
+                "median VmHWM of `kuport agent` ({}) once passes stopped, one fresh API server \
+                 model and agent per sample: [{}] MiB{beside}; VmHWM when /readyz first answered \
+                 [{}] MiB, VmRSS once settled [{}] MiB; first sample: {} objects created, ready \
+                 after {:.1} s, settled after {:.1} s, {} passes ok, {} failed, EndpointSlices \
+                 kept: {}, Programmed: {}, {} kup-* links",
+                self.profile,
+                of(|r| r.hwm_kib),
+                of(|r| r.hwm_at_ready_kib),
+                of(|r| r.rss_kib),
+                first.created,
+                first.ready_after.as_secs_f64(),
+                first.settled_after.as_secs_f64(),
+                first.passes_ok,
+                first.passes_failed,
+                first.slices_kept,
+                first.programmed,
+                first.links,
+            ),
+        }
+    }
+}
+
+/// One sample: a fresh namespace, API server model and agent, the model holding `workload`.
+fn one_run(i: usize, kuport: &Path, sim_bin: &Path, workload: Workload) -> Result<Watched> {
     let dir = TempDir(std::env::temp_dir().join(owned_name(PREFIX, &format!("mem{i}"))));
     std::fs::create_dir_all(&dir.0).with_context(|| format!("creating {}", dir.0.display()))?;
     let kubeconfig = dir.0.join("kubeconfig");
@@ -175,7 +259,7 @@ fn one_run(i: usize, kuport: &Path, sim_bin: &Path, annotation: usize) -> Result
         .stderr(log_file(&dir.0, "sim")?);
         Proc::spawn(cmd, "kuport-sim serve")?
     };
-    let created = match ns.run("populate", move || populate(annotation)) {
+    let created = match ns.run("populate", move || populate(workload)) {
         Ok(c) => c,
         Err(e) => {
             sim.check_running()?;
@@ -296,7 +380,8 @@ async fn create_class(client: &kube::Client) -> Result<usize> {
 }
 
 /// Creates every object; returns how many. Runs inside the namespace.
-fn populate(annotation: usize) -> Result<usize> {
+fn populate(workload: Workload) -> Result<usize> {
+    let annotation = workload.annotation;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -326,6 +411,7 @@ fn populate(annotation: usize) -> Result<usize> {
 
         let mut portmaps = Vec::new();
         let mut slices = Vec::new();
+        let mut portmaps_extra = Vec::new();
         for j in 0..PORTMAPS {
             let (mut pm, slice) = mapping(j)?;
             if annotation > 0 {
@@ -345,6 +431,9 @@ fn populate(annotation: usize) -> Result<usize> {
             Some(Api::namespaced(c.clone(), o.metadata.namespace.as_deref()?))
         })
         .await?;
+        if let Some(Referred(referred)) = workload.slices {
+            slices.extend(bulk(referred, &mut portmaps_extra)?);
+        }
         let c = client.clone();
         count += create_all(
             &Api::<EndpointSlice>::all(client.clone()),
@@ -352,8 +441,32 @@ fn populate(annotation: usize) -> Result<usize> {
             move |o| Some(Api::namespaced(c.clone(), o.metadata.namespace.as_deref()?)),
         )
         .await?;
+        let c = client.clone();
+        count += create_all(
+            &Api::<PortMap>::all(client.clone()),
+            portmaps_extra,
+            move |o| Some(Api::namespaced(c.clone(), o.metadata.namespace.as_deref()?)),
+        )
+        .await?;
         Ok(count)
     })
+}
+
+/// The bulk EndpointSlices, and (`referred`) the PortMap referring to their Service, pushed to
+/// `portmaps`: created after the slices, so the agent fetches them as it would for a PortMap
+/// created later.
+fn bulk(referred: bool, portmaps: &mut Vec<PortMap>) -> Result<Vec<EndpointSlice>> {
+    let n = bulk_slices::count(NODES)?;
+    let slices = (0..n)
+        .map(|k| bulk_slices::slice(k, NODES))
+        .collect::<Result<Vec<_>>>()?;
+    if referred {
+        let portmap = pm(bulk_slices::NAMESPACE, "bulk", "public", 4_000)
+            .service(bulk_slices::SERVICE, bulk_slices::PORT_NAME);
+        portmaps
+            .push(serde_json::from_value(portmap.object()).context("building the bulk PortMap")?);
+    }
+    Ok(slices)
 }
 
 /// PortMap `j` and its EndpointSlice: alternating TCP and UDP, the pod on node `j % 500`.
@@ -433,6 +546,7 @@ struct Watched {
     settled_after: Duration,
     hwm_kib: u64,
     rss_kib: u64,
+    slices_kept: String,
     passes_ok: u64,
     passes_failed: u64,
     programmed: String,
@@ -484,7 +598,10 @@ fn watch_agent(ns: &Netns, agent: &mut Proc, sim: &mut Proc, started: Instant) -
             break text;
         }
         if Instant::now() > settle_deadline {
-            bail!("the agent's passes did not stop within 60 s of readiness ({ok} passes)");
+            bail!(
+                "the agent's passes did not stop within 60 s of readiness ({ok} passes; {})",
+                dirtying_events(&text)
+            );
         }
         std::thread::sleep(Duration::from_millis(250));
     };
@@ -506,8 +623,23 @@ fn watch_agent(ns: &Netns, agent: &mut Proc, sim: &mut Proc, started: Instant) -
         rss_kib: status_kib(&status, "VmRSS")?,
         passes_ok: sum_series(&metrics, "kuport_passes_total", "result=\"ok\""),
         passes_failed: sum_series(&metrics, "kuport_passes_total", "result=\"failed\""),
+        // An agent without the series (before it kept only referred-to slices) says so.
+        slices_kept: metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("kuport_endpoint_slices_kept "))
+            .unwrap_or("not exported")
+            .to_owned(),
         programmed,
     })
+}
+
+/// What woke an agent that does not settle: the watch events that marked it dirty, by kind.
+fn dirtying_events(metrics: &str) -> String {
+    let woke: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("kuport_watch_events_total{") && l.contains("\"pass\""))
+        .collect();
+    woke.join(", ")
 }
 
 fn count_links(ns: &Netns) -> usize {

@@ -175,6 +175,32 @@ impl ApiError {
         .with_details(details)
     }
 
+    /// 422 Invalid from admission, worded as kube-apiserver 1.37 words a ValidatingAdmissionPolicy
+    /// denial whose validation says `reason: Invalid`: `<what> is forbidden: ValidatingAdmissionPolicy
+    /// '<policy>' with binding '<policy>' denied request: <message>`, the object in `details`
+    /// (`resource.details`) and the same message as its one cause.
+    pub fn denied(what: &str, policy: &str, message: &str, mut details: Value) -> Self {
+        let message = format!(
+            "{what} is forbidden: ValidatingAdmissionPolicy '{policy}' with binding '{policy}' denied request: {message}"
+        );
+        if details.is_object() {
+            details["causes"] = json!([{"message": message}]);
+        }
+        Self::new(422, "Invalid", message).with_details(details)
+    }
+
+    /// 422 Invalid for a JSON patch that does not apply (a `test` that fails, a path that is not
+    /// there), worded as kube-apiserver 1.37 answers it: the generic message of a 422, with
+    /// neither the object nor the patch's error in `details`.
+    pub fn patch_not_applied() -> Self {
+        Self::new(
+            422,
+            "Invalid",
+            "the server rejected our request due to an error in our request",
+        )
+        .with_details(json!({}))
+    }
+
     /// 410 Expired: the requested `resourceVersion` left the bounded history.
     pub fn expired(requested: u64, oldest: u64) -> Self {
         Self::new(

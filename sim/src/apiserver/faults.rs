@@ -50,10 +50,22 @@ pub enum Failure {
     TooManyRequests,
     /// 409 Conflict, as a storm of optimistic-concurrency failures.
     Conflict,
+    /// 422 Invalid from admission: what kube-apiserver answers when a ValidatingAdmissionPolicy
+    /// whose validation says `reason: Invalid` denies the request (a refusal the writer must
+    /// not take for a conflict, nor retry as one).
+    Denied,
+    /// 422 Invalid as kube-apiserver answers a JSON patch that does not apply (a `test` op that
+    /// failed: another writer moved what it guards).
+    PatchNotApplied,
 }
 
+/// The name of the policy a [`Failure::Denied`] answer names.
+pub const DENYING_POLICY: &str = "injected-fault";
+
 impl Failure {
-    pub(crate) fn to_error(self, what: &str) -> ApiError {
+    /// The error answered for a request about `what` (`<resource>.<group> "<name>"`), whose
+    /// `Status` details are `details`.
+    pub(crate) fn to_error(self, what: &str, details: serde_json::Value) -> ApiError {
         match self {
             Self::InternalError => {
                 ApiError::internal(format!("Internal error occurred: injected fault on {what}"))
@@ -72,6 +84,10 @@ impl Failure {
                     "Operation cannot be fulfilled on {what}: the object has been modified; please apply your changes to the latest version and try again (injected fault)"
                 ),
             ),
+            Self::Denied => {
+                ApiError::denied(what, DENYING_POLICY, "denied by an injected fault", details)
+            }
+            Self::PatchNotApplied => ApiError::patch_not_applied(),
         }
     }
 }
@@ -307,8 +323,14 @@ impl Faults {
         self.close_epoch.subscribe()
     }
 
-    /// Decides whether this request fails, consuming a `fail_next` count when it does.
-    pub(crate) fn check(&self, req: RequestInfo<'_>, what: &str) -> Option<ApiError> {
+    /// Decides whether this request fails, consuming a `fail_next` count when it does; `what`
+    /// and `details` name the object as an answer does.
+    pub(crate) fn check(
+        &self,
+        req: RequestInfo<'_>,
+        what: &str,
+        details: impl FnOnce() -> serde_json::Value,
+    ) -> Option<ApiError> {
         let mut state = self.lock();
         let mut chosen = None;
         for i in 0..state.rules.len() {
@@ -332,7 +354,7 @@ impl Faults {
         state.rules.retain(|r| r.remaining != Some(0));
         let failure = chosen?;
         state.injected += 1;
-        Some(failure.to_error(what))
+        Some(failure.to_error(what, details()))
     }
 
     /// The watch distortions now in force, and a shuffle of `batch` when reordering is on.
@@ -366,7 +388,11 @@ mod tests {
         let faults = Faults::new(1);
         faults.fail_next(2, Failure::TooManyRequests, RequestFilter::any());
         let codes: Vec<Option<u16>> = (0..4)
-            .map(|_| faults.check(req(), "x").map(|e| e.code))
+            .map(|_| {
+                faults
+                    .check(req(), "x", || serde_json::Value::Null)
+                    .map(|e| e.code)
+            })
             .collect();
         assert_eq!(codes, [Some(429), Some(429), None, None]);
         assert_eq!(faults.injected(), 2);
@@ -379,7 +405,11 @@ mod tests {
             faults.fail_fraction(0.5, Failure::InternalError, RequestFilter::any());
             faults.fail_next(5, Failure::Conflict, RequestFilter::writes());
             (0..64)
-                .map(|_| faults.check(req(), "x").is_some())
+                .map(|_| {
+                    faults
+                        .check(req(), "x", || serde_json::Value::Null)
+                        .is_some()
+                })
                 .collect::<Vec<_>>()
         };
         assert_eq!(run(7), run(7));

@@ -112,7 +112,11 @@ async fn admit(
         resource: &inner.resource(target.res).plural,
         status: target.status,
     };
-    if let Some(e) = inner.faults.check(info, what) {
+    let details = || {
+        let name = target.name.as_deref().unwrap_or_default();
+        inner.resource(target.res).details(name)
+    };
+    if let Some(e) = inner.faults.check(info, what, details) {
         return Err(e);
     }
     inner.faults.slow(info).await;

@@ -115,10 +115,14 @@ pub struct Metrics {
     links: Gauge,
     refusals: Gauge,
     status_writes: Family<Labels, Counter>,
+    refusals_of_writes: Family<Labels, Counter>,
     conflicts: Family<Labels, Counter>,
     last_success: Gauge<f64, AtomicU64>,
     events: Family<Labels, Counter>,
     watch_events: Family<Labels, Counter>,
+    slices_kept: Gauge,
+    services_followed: Gauge,
+    slice_fetches: Family<Labels, Counter>,
     host_events: Family<Labels, Counter>,
     conntrack_sweeps: Family<Labels, Counter>,
     conntrack_cleared: Counter,
@@ -184,6 +188,12 @@ impl Metrics {
             "Status write attempts, by kind (portmap, portmapclass) and result (written, conflict, failed)",
             status_writes.clone(),
         );
+        let refusals_of_writes = Family::<Labels, Counter>::default();
+        registry.register(
+            "status_write_refusals",
+            "Status writes the API server refused (each also counted as failed), by kind and reason (invalid: the CRD's validation; admission: a policy or webhook; forbidden: RBAC or a 403)",
+            refusals_of_writes.clone(),
+        );
         let conflicts = Family::<Labels, Counter>::default();
         registry.register(
             "status_conflict_retries",
@@ -208,6 +218,24 @@ impl Metrics {
             "watch_events",
             "Watch events, by kind and result (pass: it can change a pass and marks the node dirty; ignored: it changes nothing a pass reads)",
             watch_events.clone(),
+        );
+        let slices_kept = Gauge::default();
+        registry.register(
+            "endpoint_slices_kept",
+            "EndpointSlices the agent keeps: those of the Services some PortMap refers to (it keeps nothing of any other)",
+            slices_kept.clone(),
+        );
+        let services_followed = Gauge::default();
+        registry.register(
+            "services_followed",
+            "Services some PortMap refers to, whose EndpointSlices the agent keeps",
+            services_followed.clone(),
+        );
+        let slice_fetches = Family::<Labels, Counter>::default();
+        registry.register(
+            "endpoint_slice_fetches",
+            "Lists of one Service's EndpointSlices, made when a PortMap comes to refer to the Service, by result (ok, failed)",
+            slice_fetches.clone(),
         );
         let host_events = Family::<Labels, Counter>::default();
         registry.register(
@@ -251,10 +279,14 @@ impl Metrics {
             links,
             refusals,
             status_writes,
+            refusals_of_writes,
             conflicts,
             last_success,
             events,
             watch_events,
+            slices_kept,
+            services_followed,
+            slice_fetches,
             host_events,
             conntrack_sweeps,
             conntrack_cleared,
@@ -294,6 +326,7 @@ impl Metrics {
         }
         for result in ["ok", "failed"] {
             let _ = self.conntrack_sweeps.get_or_create(&result_labels(result));
+            let _ = self.slice_fetches.get_or_create(&result_labels(result));
         }
         for kind in HostEventKind::ALL {
             let _ = self.host_events.get_or_create(&host_event_labels(kind));
@@ -379,6 +412,21 @@ impl Metrics {
         }
     }
 
+    /// A status write of `kind` the API server refused, for `reason` (a fixed word:
+    /// `refusal::refusal_reason`).
+    pub(crate) fn record_refusal(&self, kind: WriteKind, reason: &'static str) {
+        self.refusals_of_writes
+            .get_or_create(&refusal_labels(kind, reason))
+            .inc();
+    }
+
+    /// Status writes of `kind` refused for `reason`.
+    pub fn status_write_refusals(&self, kind: WriteKind, reason: &'static str) -> u64 {
+        self.refusals_of_writes
+            .get_or_create(&refusal_labels(kind, reason))
+            .get()
+    }
+
     pub(crate) fn record_event(&self, result: &'static str) {
         self.events
             .get_or_create(&vec![("result", result.to_owned())])
@@ -389,6 +437,35 @@ impl Metrics {
         self.watch_events
             .get_or_create(&watch_labels(kind, passes))
             .inc();
+    }
+
+    /// The EndpointSlices kept, and the Services they are kept for.
+    pub(crate) fn set_slices_kept(&self, slices: usize, services: usize) {
+        self.slices_kept
+            .set(i64::try_from(slices).unwrap_or(i64::MAX));
+        self.services_followed
+            .set(i64::try_from(services).unwrap_or(i64::MAX));
+    }
+
+    /// One Service's EndpointSlices listed, or not.
+    pub(crate) fn record_slice_fetch(&self, ok: bool) {
+        let result = if ok { "ok" } else { "failed" };
+        self.slice_fetches
+            .get_or_create(&result_labels(result))
+            .inc();
+    }
+
+    /// The EndpointSlices the agent keeps.
+    pub fn endpoint_slices_kept(&self) -> u64 {
+        u64::try_from(self.slices_kept.get()).unwrap_or(0)
+    }
+
+    /// Lists of one Service's EndpointSlices that ended `ok` or not.
+    pub fn endpoint_slice_fetches(&self, ok: bool) -> u64 {
+        let result = if ok { "ok" } else { "failed" };
+        self.slice_fetches
+            .get_or_create(&result_labels(result))
+            .get()
     }
 
     /// A host event of `kind` reached the agent.
@@ -493,6 +570,13 @@ fn host_event_labels(kind: HostEventKind) -> Labels {
 
 fn kind_labels(kind: WriteKind) -> Labels {
     vec![("kind", kind.as_str().to_owned())]
+}
+
+fn refusal_labels(kind: WriteKind, reason: &'static str) -> Labels {
+    vec![
+        ("kind", kind.as_str().to_owned()),
+        ("reason", reason.to_owned()),
+    ]
 }
 
 fn write_labels(kind: WriteKind, result: WriteResult) -> Labels {

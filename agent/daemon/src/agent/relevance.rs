@@ -23,8 +23,8 @@
 //!   hostPorts; `trim.rs`), so any change to what is kept matters.
 //! - Namespace: its name and labels (all the plan's index reads).
 //! - EndpointSlice: everything but `resourceVersion`, and only of a Service some PortMap refers
-//!   to: a slice of any other Service concerns no pass, created, changed or deleted
-//!   ([`PassInput::concerns_a_pass`], judged against the PortMap store as the event arrives).
+//!   to ([`Services`]): a slice of any other Service concerns no pass, created, changed or
+//!   deleted, and the agent does not even keep it (`runtime/slices.rs`).
 //! - `kube-system/cilium-config`: what `CniFacts::from_cilium_config` reads of it.
 //!
 //! Only an object replaced in place is judged field by field; one created or deleted, and every
@@ -33,11 +33,11 @@
 //! cluster before and after changing every field said here not to be read, on every node, and
 //! gets the same plans: a plan reading one of them later fails it.
 
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kuport_core::api::{PortMap, PortMapClass, PortMapStatus};
 use kuport_core::plan::Writes;
@@ -48,13 +48,6 @@ use kuport_core::snapshot::{
 
 /// A watched kind, and which of its changes a pass reads.
 pub(crate) trait PassInput: kube::Resource<DynamicType = ()> + Clone + Sized {
-    /// Whether an event about `o` (created, replaced or deleted) can concern a pass at all,
-    /// whatever changed in it, given the Services the PortMaps refer to: every object unless
-    /// said here.
-    fn concerns_a_pass(_o: &Self, _referenced: &Referenced) -> bool {
-        true
-    }
-
     /// Whether the store replacing `old` with `new` can change what a pass of this node plans,
     /// applies or writes, given the statuses it wants to write.
     fn changes_a_pass(old: &Self, new: &Self, wanted: &Wanted) -> bool;
@@ -168,21 +161,9 @@ impl PassInput for Namespace {
 }
 
 impl PassInput for EndpointSlice {
-    /// The plan reads a slice only as the endpoints of a PortMap's Service: a slice of any other
-    /// Service (most of a busy cluster's) concerns no pass, created, changed or deleted.
-    fn concerns_a_pass(slice: &Self, referenced: &Referenced) -> bool {
-        let Some(service) = slice
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(SERVICE_NAME_LABEL))
-        else {
-            return false;
-        };
-        let namespace = slice.metadata.namespace.as_deref().unwrap_or_default();
-        referenced.refers_to(namespace, service)
-    }
-
+    /// Judged only for a slice of a Service some PortMap refers to: the slice watch keeps no
+    /// other (`runtime/slices.rs`), since the plan reads a slice only as the endpoints of a
+    /// PortMap's Service.
     fn changes_a_pass(old: &Self, new: &Self, _: &Wanted) -> bool {
         unversioned(old) != unversioned(new)
     }
@@ -194,33 +175,105 @@ impl PassInput for ConfigMap {
     }
 }
 
-/// The PortMaps as the agent's watch holds them, to tell which Services they refer to. Until the
-/// store is set every Service counts as referred to, so an early event runs a pass.
-///
-/// Reading the store when an event arrives (not the PortMaps of the last pass) is what makes
-/// skipping safe: a PortMap the store does not hold yet brings its own event, and the pass that
-/// event runs reads the slices as they are by then.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Referenced(Arc<OnceLock<Store<PortMap>>>);
+/// A Service, by namespace and name.
+pub(crate) type ServiceKey = (String, String);
 
-impl Referenced {
-    /// Uses `portmaps` from now on; a second call changes nothing.
-    pub fn set(&self, portmaps: Store<PortMap>) {
-        let _ = self.0.set(portmaps);
+/// A set of Services by namespace and name: the ones some PortMap refers to, the only ones
+/// whose EndpointSlices concern a pass.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Services(BTreeMap<String, BTreeSet<String>>);
+
+impl Services {
+    /// The Services `portmaps` refer to (each by its namespace and `spec.serviceRef.name`).
+    pub fn of<'a>(portmaps: impl IntoIterator<Item = &'a PortMap>) -> Self {
+        let mut services = Self::default();
+        for pm in portmaps {
+            if let Some(namespace) = pm.metadata.namespace.as_deref() {
+                services.insert(namespace, &pm.spec.service_ref.name);
+            }
+        }
+        services
     }
 
-    /// Whether some PortMap of `namespace` names Service `name` (true before the store is set).
-    fn refers_to(&self, namespace: &str, name: &str) -> bool {
-        let Some(portmaps) = self.0.get() else {
-            return true;
-        };
-        portmaps
-            .find(|pm| {
-                pm.spec.service_ref.name == name
-                    && pm.metadata.namespace.as_deref() == Some(namespace)
-            })
-            .is_some()
+    pub fn insert(&mut self, namespace: &str, name: &str) {
+        if !self.contains(namespace, name) {
+            self.0
+                .entry(namespace.to_owned())
+                .or_default()
+                .insert(name.to_owned());
+        }
     }
+
+    pub fn remove(&mut self, namespace: &str, name: &str) {
+        if let Some(names) = self.0.get_mut(namespace) {
+            names.remove(name);
+            if names.is_empty() {
+                self.0.remove(namespace);
+            }
+        }
+    }
+
+    pub fn contains(&self, namespace: &str, name: &str) -> bool {
+        self.0.get(namespace).is_some_and(|n| n.contains(name))
+    }
+
+    /// Whether `slice` lists endpoints of one of these Services (a slice without the label
+    /// naming its Service lists nobody's).
+    pub fn holds(&self, slice: &EndpointSlice) -> bool {
+        slice_service(slice).is_some_and(|(namespace, name)| self.contains(namespace, name))
+    }
+
+    /// How many Services.
+    pub fn len(&self) -> usize {
+        self.0.values().map(BTreeSet::len).sum()
+    }
+
+    /// Every Service, sorted by namespace and name.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0
+            .iter()
+            .flat_map(|(ns, names)| names.iter().map(move |n| (ns.as_str(), n.as_str())))
+    }
+
+    /// What `wanted` adds to these Services, and what it leaves out of them, each sorted.
+    pub fn changes_to(
+        &self,
+        wanted: &BTreeSet<(&str, &str)>,
+    ) -> (Vec<ServiceKey>, Vec<ServiceKey>) {
+        let owned = |(ns, name): (&str, &str)| (ns.to_owned(), name.to_owned());
+        let added = wanted
+            .iter()
+            .filter(|(ns, name)| !self.contains(ns, name))
+            .map(|k| owned(*k))
+            .collect();
+        let dropped = self
+            .iter()
+            .filter(|k| !wanted.contains(k))
+            .map(owned)
+            .collect();
+        (added, dropped)
+    }
+}
+
+/// The Service `slice` lists endpoints of: its namespace and the value of its
+/// `kubernetes.io/service-name` label.
+pub(crate) fn slice_service(slice: &EndpointSlice) -> Option<(&str, &str)> {
+    let name = slice.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;
+    Some((slice.metadata.namespace.as_deref()?, name.as_str()))
+}
+
+/// The Services `portmaps` refer to, borrowed: what a pass compares with the Services whose
+/// slices the agent keeps.
+pub(crate) fn referred_services<'a>(
+    portmaps: impl IntoIterator<Item = &'a PortMap>,
+) -> BTreeSet<(&'a str, &'a str)> {
+    portmaps
+        .into_iter()
+        .filter_map(|pm| {
+            let namespace = pm.metadata.namespace.as_deref()?;
+            Some((namespace, pm.spec.service_ref.name.as_str()))
+        })
+        .collect()
 }
 
 /// The writes this node last handed to the status task: the PortMap statuses it wants.
@@ -696,15 +749,12 @@ mod tests {
         assert!(on("worker-b", &respec));
     }
 
-    /// The PortMaps of `snapshot` as the watch's store would hold them.
-    fn referenced_by(snapshot: &Snapshot) -> Referenced {
-        let (reader, mut writer) = kube::runtime::reflector::store();
-        for pm in &snapshot.portmaps {
-            writer.apply_watcher_event(&watcher::Event::Apply(pm.clone()));
-        }
-        let referenced = Referenced::default();
-        referenced.set(reader);
-        referenced
+    /// `snapshot` as the agent holds it: only the slices of the Services its PortMaps refer to.
+    fn as_kept(snapshot: &Snapshot) -> Snapshot {
+        let referenced = Services::of(&snapshot.portmaps);
+        let mut kept = snapshot.clone();
+        kept.endpoint_slices.retain(|s| referenced.holds(s));
+        kept
     }
 
     /// A small deterministic generator (xorshift64), so each seed replays exactly.
@@ -778,7 +828,8 @@ mod tests {
 
     /// Slices of Services no PortMap refers to are skipped whatever happens to them, and a
     /// skipped event never changes any node's plan (generated events, each plan compared with a
-    /// full pass's); events on a referred-to Service's slices run passes, and change plans.
+    /// full pass's); events on a referred-to Service's slices run passes, and change plans. And
+    /// the agent, which keeps no slice of any other Service, plans as if it kept them all.
     #[test]
     fn a_slice_of_a_service_no_portmap_refers_to_concerns_no_pass() {
         let services = [
@@ -791,16 +842,21 @@ mod tests {
         let (mut skipped, mut concerned, mut plans_changed) = (0, 0, 0);
         for seed in 1..=8u64 {
             let mut snapshot = cluster().snapshot;
-            let referenced = referenced_by(&snapshot);
+            let referenced = Services::of(&snapshot.portmaps);
             let mut draw = Draw(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
             for n in 0..40 {
                 let before: Vec<Plan> = NODES.iter().map(|nd| plan_of(&snapshot, nd)).collect();
                 let (old, new) = slice_event(&mut snapshot, &mut draw, &services, n);
-                let concerns = [old, new]
-                    .iter()
-                    .flatten()
-                    .any(|s| EndpointSlice::concerns_a_pass(s, &referenced));
+                let concerns = [old, new].iter().flatten().any(|s| referenced.holds(s));
                 let after: Vec<Plan> = NODES.iter().map(|nd| plan_of(&snapshot, nd)).collect();
+                let kept = as_kept(&snapshot);
+                for (node, plan) in NODES.iter().zip(&after) {
+                    assert_eq!(
+                        &plan_of(&kept, node),
+                        plan,
+                        "seed {seed}, event {n}: {node} planned otherwise without the slices it does not keep"
+                    );
+                }
                 if concerns {
                     concerned += 1;
                     plans_changed += usize::from(before != after);
@@ -821,11 +877,42 @@ mod tests {
             plans_changed > 10,
             "only {plans_changed} events changed a plan"
         );
-        // Before the PortMap store is set, every slice counts.
-        let orphan = &cluster().snapshot.endpoint_slices[0];
-        assert!(EndpointSlice::concerns_a_pass(
-            orphan,
-            &Referenced::default()
-        ));
+    }
+
+    #[test]
+    fn services_follow_the_portmaps() {
+        let snapshot = cluster().snapshot;
+        let services = Services::of(&snapshot.portmaps);
+        // gs, hp and np of games: a PortMap's Service is named after it in `pm()`.
+        assert_eq!(
+            services.iter().collect::<Vec<_>>(),
+            [("games", "gs"), ("games", "hp"), ("games", "np")]
+        );
+        assert_eq!(services.len(), 3);
+        let mut wanted = referred_services(&snapshot.portmaps);
+        assert_eq!(services.changes_to(&wanted), (vec![], vec![]));
+        wanted.remove(&("games", "np"));
+        wanted.insert(("shop", "web"));
+        let key = |ns: &str, n: &str| (ns.to_owned(), n.to_owned());
+        assert_eq!(
+            services.changes_to(&wanted),
+            (vec![key("shop", "web")], vec![key("games", "np")])
+        );
+        let mut changed = services.clone();
+        changed.insert("shop", "web");
+        changed.remove("games", "np");
+        changed.remove("games", "np");
+        assert_eq!(changed.changes_to(&wanted), (vec![], vec![]));
+        let gs = &snapshot.endpoint_slices[0];
+        assert!(services.holds(gs));
+        let mut unlabelled = gs.clone();
+        unlabelled.metadata.labels = None;
+        assert!(!services.holds(&unlabelled), "a slice naming no Service");
+        let mut elsewhere = gs.clone();
+        elsewhere.metadata.namespace = Some("shop".into());
+        assert!(
+            !services.holds(&elsewhere),
+            "the same name in another namespace"
+        );
     }
 }

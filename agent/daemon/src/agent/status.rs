@@ -31,6 +31,7 @@ use kuport_core::plan::{AcceptedReason, PortMapWrite, Writes};
 use tokio::time::Instant;
 
 use super::events::{EventSink, PendingEvent};
+use super::refusal::{patch_not_applied, refusal_reason};
 
 /// Event reason on a PortMapClass when a node leaves its ready nodes (a Warning).
 pub const NODE_LEFT_REASON: &str = "NodeNotReady";
@@ -497,8 +498,9 @@ impl StatusWriter {
     /// `unshared_patch`) as a JSON patch, each operation guarded by a test of the key at its
     /// index: no compare-and-swap, so other nodes' writes of their own elements never make it
     /// conflict (each would otherwise cost a 409, a read and another write). `Moved` when an
-    /// element is no longer where the patch says (the server refuses the guard with a 422),
-    /// to merge into a fresh read instead.
+    /// element is no longer where the patch says (the patch does not apply: a 422 that names
+    /// nothing, `refusal.rs`), to merge into a fresh read instead. Any other 422 is a refusal:
+    /// reported, and not written again before the pass's retry.
     async fn patch_unshared(
         &self,
         api: &Api<DynamicObject>,
@@ -522,7 +524,7 @@ impl StatusWriter {
         )
         .await;
         match result {
-            Ok(Err(kube::Error::Api(s))) if s.code == 422 || s.is_conflict() => {
+            Ok(Err(kube::Error::Api(s))) if patch_not_applied(&s) || s.is_conflict() => {
                 self.metrics
                     .record_write(WriteKind::Class, WriteResult::Conflict);
                 tracing::debug!(
@@ -601,6 +603,20 @@ impl StatusWriter {
         outcome: &mut StatusOutcome,
     ) {
         self.metrics.record_write(kind, WriteResult::Failed);
+        if let Some(kube::Error::Api(s)) = &error
+            && let Some(reason) = refusal_reason(s)
+        {
+            // Writing it again would be refused again: the pass fails and is retried with
+            // backoff, never at once.
+            self.metrics.record_refusal(kind, reason);
+            tracing::warn!(
+                reason,
+                "the API server refused the status write of {what} ({} {}): {}",
+                s.code,
+                s.reason,
+                s.message
+            );
+        }
         let why = match error {
             Some(e) => e.to_string(),
             None => format!("no answer within {:?}", self.api_timeout),

@@ -13,10 +13,10 @@
 //! deletion times). A test plans a cluster before and after trimming and gets the same plans.
 
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, ContainerPort, Namespace, Node, NodeSpec, NodeStatus, Pod, PodSpec,
-    PodStatus, Service, ServicePort, ServiceSpec,
+    ConfigMap, Container, ContainerPort, Namespace, Node, NodeSpec, NodeStatus, ObjectReference,
+    Pod, PodSpec, PodStatus, Service, ServicePort, ServiceSpec,
 };
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kuport_core::api::{
     PREFLIGHT_ANNOTATION, PortMap, PortMapClass, RELEASE_HELD_PORTS_ANNOTATION, conditions,
@@ -80,8 +80,45 @@ impl Trim for PortMap {
 }
 
 impl Trim for EndpointSlice {
+    /// A slice keeps the label naming its Service, its address type, each port's name,
+    /// protocol and number, and of each endpoint what `plan/endpoint.rs` reads: its first
+    /// address, whether it is ready, its node and its pod's name. The rest (up to 99 more
+    /// addresses per endpoint, hostnames, zones, hints, topology) goes. The slice watch decodes
+    /// slices to the same fields without allocating the rest (`slice_decode.rs`).
     fn trim(&mut self) {
+        self.metadata = ObjectMeta {
+            name: self.metadata.name.take(),
+            namespace: self.metadata.namespace.take(),
+            uid: self.metadata.uid.take(),
+            resource_version: self.metadata.resource_version.take(),
+            generation: self.metadata.generation,
+            creation_timestamp: self.metadata.creation_timestamp.take(),
+            deletion_timestamp: self.metadata.deletion_timestamp.take(),
+            labels: self.metadata.labels.take(),
+            ..ObjectMeta::default()
+        };
         trim_meta(&mut self.metadata, |k| k == SERVICE_NAME_LABEL);
+        for ep in self.endpoints.iter_mut().flatten() {
+            *ep = Endpoint {
+                addresses: std::mem::take(&mut ep.addresses)
+                    .into_iter()
+                    .take(1)
+                    .collect(),
+                conditions: ep.conditions.take().map(|c| EndpointConditions {
+                    ready: c.ready,
+                    ..EndpointConditions::default()
+                }),
+                node_name: ep.node_name.take(),
+                target_ref: ep.target_ref.take().map(|t| ObjectReference {
+                    name: t.name,
+                    ..ObjectReference::default()
+                }),
+                ..Endpoint::default()
+            };
+        }
+        for port in self.ports.iter_mut().flatten() {
+            port.app_protocol = None;
+        }
     }
 }
 

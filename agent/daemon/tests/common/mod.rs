@@ -18,7 +18,8 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::api::{Api, PostParams};
 use kuport::agent::{
-    Agent, AgentConfig, AgentError, CancellationToken, Health, HostWatch, Metrics, StopPolicy,
+    Agent, AgentConfig, AgentError, CancellationToken, Health, HostWatch, Metrics, PassHook,
+    StopPolicy,
 };
 use kuport_core::api::{PortMap, PortMapClass};
 use kuport_core::ir::Rule;
@@ -56,6 +57,9 @@ pub enum Target {
     Real(Box<ClusterRole>),
 }
 
+/// A pass hook for each agent, by its name.
+pub type PassHooks = Arc<dyn Fn(&str) -> PassHook + Send + Sync>;
+
 pub const AGENT_NAMESPACE: &str = "kuport";
 pub const AGENT_ACCOUNT: &str = "kuport-agent";
 
@@ -70,6 +74,8 @@ pub struct Cluster {
     pub last_rbac_check: std::sync::Mutex<Option<tokio::time::Instant>>,
     /// How long one API request of the agents started next may take.
     pub api_timeout: Duration,
+    /// Gives each agent started next a pass hook, by the agent's name.
+    pub pass_hooks: Option<PassHooks>,
 }
 
 pub fn client_for(url: &str) -> kube::Client {
@@ -178,6 +184,7 @@ impl Cluster {
             agents: Vec::new(),
             last_rbac_check: std::sync::Mutex::new(None),
             api_timeout: Duration::from_secs(2),
+            pass_hooks: None,
         })
     }
 
@@ -205,6 +212,7 @@ impl Cluster {
             agents: Vec::new(),
             last_rbac_check: std::sync::Mutex::new(None),
             api_timeout: Duration::from_secs(2),
+            pass_hooks: None,
         }
     }
 
@@ -304,6 +312,9 @@ impl Cluster {
         let mut agent = Agent::new(client, host.clone(), config);
         if let Some(links) = links {
             agent = agent.with_host_watch(links);
+        }
+        if let Some(hooks) = &self.pass_hooks {
+            agent = agent.with_pass_hook(hooks(&name));
         }
         let shutdown = CancellationToken::new();
         let (metrics, health) = (agent.metrics(), agent.health());
@@ -442,6 +453,25 @@ impl Cluster {
         self.assert_rbac_allowed_everything();
         self.report_agent_requests();
     }
+}
+
+/// A Namespace created: a change every agent's pass reads, which changes no status by itself.
+pub async fn poke_every_agent(c: &Cluster, name: &str) {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(c.client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &from(json!({"metadata": {"name": name}})),
+        )
+        .await
+        .expect("namespace");
+}
+
+/// The underlay MTU in `node`'s row of class `public`.
+pub async fn row_mtu(c: &Cluster, node: &str) -> Option<i32> {
+    let class = c.class().await;
+    let row = class.status?.nodes.into_iter().find(|r| r.name == node)?;
+    row.underlay_mtu
 }
 
 /// Declares `model` and `real` tests in a module named after each shared test function; the

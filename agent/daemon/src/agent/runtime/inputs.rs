@@ -1,36 +1,39 @@
 //! The pass's inputs: one watch (a kube reflector) per kind a pass reads, each keeping a store
 //! and marking the node dirty on a change a pass reads (`relevance.rs`); and the snapshot a pass
-//! takes of the stores.
+//! takes of the stores. EndpointSlices have a watch of their own (`slices.rs`), which keeps only
+//! the slices of the Services the PortMaps refer to.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ApiResource, DynamicObject};
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kuport_core::api::{PortMap, PortMapClass};
 use kuport_core::snapshot::{CILIUM_CONFIG, CniFacts, Snapshot};
-use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::AgentError;
 use super::config::jitter_seed_for;
-use crate::agent::metrics::Metrics;
-use crate::agent::relevance::{PassInput, Referenced, Wanted};
+use super::slices::{self, Slices};
+use super::watch::{LIST_PAGE_SIZE, Watch, passes, watch_backoff};
+use crate::agent::relevance::PassInput;
 use crate::agent::trim::Trim;
 
 /// The watched kinds, declared once: each becomes a store in `Inputs`, a reflector started by
 /// `start_inputs`, a wait in `wait_synced` and a list in the pass's [`Snapshot`] (the field
 /// named after `=>`). Adding a kind is one line here, one field in `Snapshot` and a `PassInput`
-/// impl saying which of its changes a pass reads.
+/// impl saying which of its changes a pass reads. The EndpointSlices are not one of them: their
+/// watch keeps only what the PortMaps refer to (`slices.rs`).
 macro_rules! watched_kinds {
-    ($($field:ident: $kind:ty => $snapshot:ident;)*) => {
+    (slices follow $portmaps:ident; $($field:ident: $kind:ty => $snapshot:ident;)*) => {
         /// The watched objects.
         pub(super) struct Inputs {
             $(pub(super) $field: Store<$kind>,)*
+            /// The EndpointSlices of the Services the PortMaps refer to.
+            pub(super) slices: Slices,
             /// `kube-system/cilium-config`, watched by name: at most one object.
             cni: Store<ConfigMap>,
             /// The classes again, untyped: the status writer merges into them, keeping what of
@@ -60,13 +63,13 @@ macro_rules! watched_kinds {
             tasks.push(task);
             let (raw_classes, task) = raw_classes(client, watch);
             tasks.push(task);
-            let inputs = Inputs { $($field,)* cni, raw_classes, tasks };
-            // From here the slice watch can tell the Services no PortMap refers to.
-            watch.referenced.set(inputs.portmaps.clone());
-            inputs
+            let (slices, task) = slices::start(client, watch, $portmaps.clone());
+            tasks.push(task);
+            Inputs { $($field,)* slices, cni, raw_classes, tasks }
         }
 
-        /// Waits until every watch has listed once.
+        /// Waits until every watch has listed once: the slice watch lists only once the PortMap
+        /// watch has. Each store is waited on by this task alone (see `Slices::portmaps_synced`).
         pub(super) async fn wait_synced(inputs: &Inputs) -> Result<(), AgentError> {
             $(
                 inputs
@@ -75,6 +78,14 @@ macro_rules! watched_kinds {
                     .await
                     .map_err(|_| AgentError::WatchEnded(stringify!($kind)))?;
             )*
+            // The PortMaps are known (waited for above): the slice watch may list.
+            inputs.slices.portmaps_synced();
+            inputs
+                .slices
+                .store
+                .wait_until_ready()
+                .await
+                .map_err(|_| AgentError::WatchEnded("EndpointSlice"))?;
             inputs
                 .cni
                 .wait_until_ready()
@@ -84,29 +95,44 @@ macro_rules! watched_kinds {
         }
 
         impl Inputs {
-            /// Every watched object, each kind sorted by namespace and name; objects `previous`
-            /// (the last snapshot) holds at the version the store holds are moved from it, the
-            /// others copied from the store.
-            pub(super) fn snapshot(&self, previous: Snapshot) -> Snapshot {
-                Snapshot {
+            /// Every watched object of the kinds above (no slice yet), each kind sorted by
+            /// namespace and name; objects `previous` (the last snapshot) holds at the version
+            /// the store holds are moved from it, the others copied from the store. Returns the
+            /// previous snapshot's slices beside it.
+            fn snapshot_of_kinds(&self, previous: Snapshot) -> (Snapshot, Vec<EndpointSlice>) {
+                let snapshot = Snapshot {
                     $($snapshot: refresh(&self.$field, previous.$snapshot),)*
+                    endpoint_slices: Vec::new(),
                     cni: self.cni.state().first().map(|cm| CniFacts::from_cilium_config(cm)),
                     // The Service watch lists every Service.
                     services_listed: true,
-                }
+                };
+                (snapshot, previous.endpoint_slices)
             }
         }
     };
 }
 
 watched_kinds! {
+    slices follow portmaps;
     classes: PortMapClass => classes;
     portmaps: PortMap => portmaps;
-    slices: EndpointSlice => endpoint_slices;
     nodes: Node => nodes;
     namespaces: Namespace => namespaces;
     services: Service => services;
     pods: Pod => pods;
+}
+
+impl Inputs {
+    /// Every watched object (see `snapshot_of_kinds`), and the EndpointSlices of every Service
+    /// its PortMaps refer to: the slices of a Service they came to refer to are fetched first,
+    /// waiting up to `wait` (`Slices::follow`).
+    pub(super) async fn snapshot(&self, previous: Snapshot, wait: Duration) -> Snapshot {
+        let (mut snapshot, slices) = self.snapshot_of_kinds(previous);
+        self.slices.follow(&snapshot.portmaps, wait).await;
+        snapshot.endpoint_slices = refresh(&self.slices.store, slices);
+        snapshot
+    }
 }
 
 /// A store's objects sorted by namespace and name (a store lists in hash order, which must not
@@ -149,12 +175,6 @@ impl Drop for Inputs {
     }
 }
 
-/// Objects per page of a watch's list. A page is held whole, untrimmed, while it is read
-/// (kube's default is 500); objects may carry up to 256 KiB of annotations each, so 500 of them
-/// would be 128 MiB before trimming. 50 keeps a page under about 13 MiB at worst and costs a
-/// relist of 10,000 PortMaps 200 requests instead of 20.
-const LIST_PAGE_SIZE: u32 = 50;
-
 /// A reflector for one kind: a store kept up to date by a watch that retries with backoff
 /// (an API outage leaves the store as it was), marking the node dirty on every change that can
 /// change a pass (`relevance`).
@@ -178,7 +198,6 @@ where
         dirty,
         wanted,
         metrics,
-        referenced,
         ..
     } = watch.clone();
     let task = tokio::spawn(async move {
@@ -191,20 +210,7 @@ where
                     continue;
                 }
             };
-            // Judged against the object the store holds before the event is applied.
-            let passes = match &event {
-                watcher::Event::Apply(new) => {
-                    let old = store.get(&ObjectRef::from_obj(new));
-                    let concerns = K::concerns_a_pass(new, &referenced)
-                        || old
-                            .as_deref()
-                            .is_some_and(|o| K::concerns_a_pass(o, &referenced));
-                    concerns && old.is_none_or(|old| K::changes_a_pass(&old, new, &wanted))
-                }
-                watcher::Event::Delete(old) => K::concerns_a_pass(old, &referenced),
-                // A relist: every object again, each possibly changed while the watch was away.
-                _ => true,
-            };
+            let passes = passes(&event, &store, &wanted);
             writer.apply_watcher_event(&event);
             metrics.record_watch_event(kind, passes);
             if passes {
@@ -242,36 +248,6 @@ fn raw_classes(client: &kube::Client, watch: &Watch) -> (Store<DynamicObject>, J
         }
     });
     (reader, task)
-}
-
-/// What every watch shares: where to mark the node dirty, what its status writes want (to
-/// judge which events can change a pass), the metrics, the seed of its retry jitter.
-#[derive(Clone)]
-pub(super) struct Watch {
-    /// This node's name: some kinds are watched only for it.
-    pub node: String,
-    pub dirty: mpsc::Sender<()>,
-    pub wanted: Wanted,
-    pub metrics: Arc<Metrics>,
-    pub jitter_seed: u64,
-    /// Which Services some PortMap refers to, once the PortMap store exists.
-    pub referenced: Referenced,
-}
-
-/// The watches' retry delays: kube-runtime's default policy (0.8 s doubling to 30 s, reset
-/// after 2 min without errors, jittered), with the jitter drawn from `seed`.
-fn watch_backoff(seed: u64) -> impl kube::runtime::utils::Backoff {
-    let policy = backon::ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(800))
-        .with_max_delay(Duration::from_secs(30))
-        .with_factor(2.0)
-        .without_max_times()
-        .with_jitter()
-        .with_jitter_seed(seed);
-    kube::runtime::utils::ResetTimerBackoff::new(
-        kube::runtime::watcher::ExponentialBackoff::from(policy),
-        Duration::from_secs(120),
-    )
 }
 
 #[cfg(test)]

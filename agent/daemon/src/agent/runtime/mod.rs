@@ -15,7 +15,9 @@ mod inputs;
 mod links;
 mod pass;
 mod schedule;
+mod slices;
 mod stop;
+mod watch;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -30,17 +32,18 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 pub use config::AgentConfig;
-use inputs::{Inputs, Watch, start_inputs, wait_synced};
+use inputs::{Inputs, start_inputs, wait_synced};
 use links::HostChanges;
 use pass::Applied;
 use schedule::{InFlight, PassOutcome, Schedule, Started};
+use watch::Watch;
 
 use super::events::EventSink;
 use super::failure::PassError;
 use super::health::Health;
 use super::lifecycle::StopAction;
 use super::metrics::Metrics;
-use super::relevance::{Referenced, Wanted};
+use super::relevance::Wanted;
 use super::status::StatusWriter;
 use super::status_task::{StatusDone, StatusTask};
 
@@ -190,7 +193,7 @@ impl<H: Host> Agent<H> {
             wanted,
             metrics: self.metrics.clone(),
             jitter_seed: self.config.jitter_seed,
-            referenced: Referenced::default(),
+            api_timeout: self.config.api_timeout,
         }
     }
 

@@ -66,7 +66,9 @@ impl<H: Host> Agent<H> {
         // Every input, cilium-config included, comes from a watch: an unreachable API server
         // leaves the stores as they were, so a link event during an outage still repairs the
         // datapath from the last known objects.
-        let mut snapshot = inputs.snapshot(std::mem::take(&mut self.previous));
+        let mut snapshot = inputs
+            .snapshot(std::mem::take(&mut self.previous), self.config.api_timeout)
+            .await;
 
         let mut query = facts_query(&snapshot, &node, self.config.marks);
         query.agent_ports = self.config.agent_ports.clone();
