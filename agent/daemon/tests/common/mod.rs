@@ -18,7 +18,8 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::api::{Api, PostParams};
 use kuport::agent::{
-    Agent, AgentConfig, AgentError, CancellationToken, Health, HostWatch, Metrics, StopPolicy,
+    Agent, AgentConfig, AgentError, CancellationToken, Clock, Health, HostWatch, Metrics,
+    StopPolicy,
 };
 use kuport_core::api::{PortMap, PortMapClass};
 use kuport_core::ir::Rule;
@@ -70,6 +71,8 @@ pub struct Cluster {
     pub last_rbac_check: std::sync::Mutex<Option<tokio::time::Instant>>,
     /// How long one API request of the agents started next may take.
     pub api_timeout: Duration,
+    /// The wall clock of the agents started next (the system's when `None`).
+    pub clock: Option<Clock>,
 }
 
 pub fn client_for(url: &str) -> kube::Client {
@@ -178,6 +181,7 @@ impl Cluster {
             agents: Vec::new(),
             last_rbac_check: std::sync::Mutex::new(None),
             api_timeout: Duration::from_secs(2),
+            clock: None,
         })
     }
 
@@ -205,6 +209,7 @@ impl Cluster {
             agents: Vec::new(),
             last_rbac_check: std::sync::Mutex::new(None),
             api_timeout: Duration::from_secs(2),
+            clock: None,
         }
     }
 
@@ -297,6 +302,9 @@ impl Cluster {
         config.retry_min = Duration::from_millis(50);
         config.retry_max = Duration::from_millis(500);
         config.api_timeout = self.api_timeout;
+        if let Some(clock) = &self.clock {
+            config.clock = clock.clone();
+        }
         let client = match &self.agent_client {
             Some(client) => client.clone(),
             None => client_for(&self.url),
