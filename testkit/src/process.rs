@@ -6,7 +6,9 @@ use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
-use rustix::process::{Pid, Signal};
+use rustix::process::Pid;
+/// The signals [`stop_child`] and [`signal_child`] send (re-exported so a test needs no rustix).
+pub use rustix::process::Signal;
 
 /// How long a dropped [`Proc`] has to exit on SIGTERM before SIGKILL.
 const DROP_GRACE: Duration = Duration::from_secs(2);
@@ -38,6 +40,14 @@ pub fn stdout_of(program: &str, args: &[&str], out: &std::process::Output) -> Re
         );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Sends `signal` to `child` unless it has exited (a test's stand-in for a CI timeout, a closed
+/// terminal or Ctrl-C); the child's own pid cannot have been reused while it is not reaped.
+pub fn signal_child(child: &mut Child, signal: Signal) {
+    if matches!(child.try_wait(), Ok(None)) {
+        let _ = rustix::process::kill_process(Pid::from_child(child), signal);
+    }
 }
 
 /// Sends `signal` to `child` unless it has exited, waits up to `grace` for it to exit, then

@@ -1,11 +1,13 @@
 //! Preflight classes: a class annotated `kuport.wlz.li/preflight: "true"` needs a return link
 //! between every pair of its accepting nodes without any PortMap, so the agents build, probe and
-//! report each one; a class without the annotation needs none.
+//! report each one; a class without the annotation needs none, and one past its deadline
+//! (`kuport.wlz.li/preflight-deadline`) none any more.
 
 use std::collections::BTreeSet;
 
-use kuport_core::api::{PREFLIGHT_ANNOTATION, checks};
-use kuport_core::plan::ClassReason;
+use k8s_openapi::jiff::Timestamp;
+use kuport_core::api::{PREFLIGHT_ANNOTATION, PREFLIGHT_DEADLINE_ANNOTATION, checks};
+use kuport_core::plan::{ClassReason, GcKind};
 use kuport_testkit::cluster::*;
 use serde_json::{Value, json};
 
@@ -24,11 +26,17 @@ fn four_nodes(preflight: Option<&str>) -> Cluster {
         Value::Null,
     );
     if let Some(value) = preflight {
-        c.class_mut("kuport-preflight")
+        let annotations = c
+            .class_mut("kuport-preflight")
             .metadata
             .annotations
-            .get_or_insert_with(Default::default)
-            .insert(PREFLIGHT_ANNOTATION.to_owned(), value.to_owned());
+            .get_or_insert_with(Default::default);
+        annotations.insert(PREFLIGHT_ANNOTATION.to_owned(), value.to_owned());
+        // A run's deadline, five minutes after NOW.
+        annotations.insert(
+            PREFLIGHT_DEADLINE_ANNOTATION.to_owned(),
+            "2026-06-01T12:05:00Z".to_owned(),
+        );
     }
     c
 }
@@ -212,4 +220,113 @@ fn preflight_links_take_only_link_ids_no_other_link_holds() {
         plan.host_state.links.iter().all(|l| l.mark != held),
         "a preflight link never takes the id another link holds"
     );
+}
+
+/// The four-node preflight class with the claims it proposed while live landed, and then the
+/// deadline `deadline`.
+fn landed_with_deadline(deadline: &str) -> Cluster {
+    let mut c = four_nodes(Some("true"));
+    let proposals: Vec<(String, u32)> = NODES
+        .iter()
+        .flat_map(|n| c.plan(n).writes.claims)
+        .map(|claim| (claim.key, claim.slot))
+        .collect();
+    assert_eq!(proposals.len(), 6, "a live class proposes every pair");
+    for (key, slot) in &proposals {
+        c = c.claim("kuport-preflight", key, i32::try_from(*slot).expect("slot"));
+    }
+    c.class_mut("kuport-preflight")
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(
+            PREFLIGHT_DEADLINE_ANNOTATION.to_owned(),
+            deadline.to_owned(),
+        );
+    c
+}
+
+#[test]
+fn a_class_past_its_deadline_builds_no_link_and_says_it_expired_on_every_node() {
+    let facts = facts(&[("lo", "127.0.0.1")], "wt0", 1420);
+    let at = |t: &str| -> Timestamp { t.parse().expect("a time") };
+    // NOW is 12:00:00. Control: a deadline 30 s ago still lies inside the minute allowed for
+    // clock skew, so the links stay; the plan changes when that minute ends.
+    let live = landed_with_deadline("2026-06-01T11:59:30Z");
+    for node in NODES {
+        let plan = live.plan_with(node, &facts);
+        assert_eq!(
+            plan.host_state.links.len(),
+            3,
+            "{node}: a link to each peer"
+        );
+        assert_eq!(plan.classes[0].ready.reason, ClassReason::Valid);
+        assert_eq!(plan.changes_at, Some(at("2026-06-01T12:00:30Z")));
+    }
+    // Past the allowance: no node builds a link, proposes a claim or clears a mark; the
+    // collector of each claim marks it unused; the class says why, in the same words
+    // everywhere.
+    let expired = landed_with_deadline("2026-06-01T11:58:59Z");
+    let mut messages = BTreeSet::new();
+    let mut marked = BTreeSet::new();
+    for node in NODES {
+        let plan = expired.plan_with(node, &facts);
+        assert!(plan.host_state.links.is_empty(), "{node}: no link");
+        assert!(plan.writes.claims.is_empty(), "{node}: no claim");
+        assert_eq!(plan.changes_at, None, "nothing more changes by time");
+        let ready = &plan.classes[0].ready;
+        assert_eq!(ready.reason, ClassReason::PreflightExpired);
+        messages.insert(ready.message.clone());
+        for gc in &plan.writes.gc {
+            assert_eq!(gc.action, GcKind::MarkUnused, "{gc:?}");
+            assert!(marked.insert(gc.key.clone()), "{} marked twice", gc.key);
+        }
+        let row = &plan.writes.class_rows[0];
+        assert!(row.row.links.is_empty(), "{node}'s row reports no link");
+        assert_eq!(row.ready.reason, "PreflightExpired");
+    }
+    assert_eq!(marked, pairs(), "every claim is marked unused once");
+    assert_eq!(messages.len(), 1, "{messages:?}");
+    let message = messages.into_iter().next().expect("a message");
+    assert!(
+        message.contains(
+            "its deadline 2026-06-01T11:58:59Z (kuport.wlz.li/preflight-deadline) has passed"
+        ),
+        "{message}"
+    );
+}
+
+#[test]
+fn an_expired_preflight_class_holds_no_subnet_against_a_later_class() {
+    // A class created after the preflight class, on the same subnet and VNIs: overlapping
+    // while the preflight class lives, free once it expired.
+    let later = |deadline: &str| {
+        let mut c = landed_with_deadline(deadline);
+        c.class_mut("kuport-preflight").metadata.creation_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                "2026-06-01T11:00:00Z".parse().expect("a time"),
+            ));
+        c = c.class_json(
+            "public",
+            json!({"nodes": nodes_json(&[("a", &["lo"][..]), ("b", &["lo"][..])]),
+                   "returnPath": {"mode": "Vxlan", "vxlan": {"subnet": "169.254.112.0/24", "vni": 60000, "port": 4790}}}),
+            Value::Null,
+        );
+        c.class_mut("public").metadata.creation_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                "2026-06-01T11:30:00Z".parse().expect("a time"),
+            ));
+        let plan = c.plan("a");
+        plan.classes
+            .iter()
+            .find(|d| d.name == "public")
+            .expect("the class")
+            .ready
+            .reason
+    };
+    assert_eq!(
+        later("2026-06-01T12:30:00Z"),
+        ClassReason::ReturnPathOverlap
+    );
+    assert_eq!(later("2026-06-01T11:30:00Z"), ClassReason::Valid);
 }

@@ -1,7 +1,7 @@
 //! What starts a pass, with three agents in one process (`common`): a link event, or a rule
 //! removed by another program, rebuilds the datapath at once (on both servers), watch events
-//! changing nothing a pass reads run none, and cilium-config is watched rather than read per
-//! pass.
+//! changing nothing a pass reads run none, cilium-config is watched rather than read per
+//! pass, and a preflight class's deadline starts one by itself.
 
 mod common;
 
@@ -375,6 +375,90 @@ async fn a_thousand_changes_to_no_mapping_run_almost_no_pass() {
     c.eventually("every node passes for the mapping's slice", || {
         let all = c.agents.iter().zip(&before).all(|(a, b)| passes(a) > *b);
         std::future::ready(all)
+    })
+    .await;
+    c.stop_all().await;
+}
+
+/// A preflight class left behind (its `kuport preflight` killed) ends at its deadline with no
+/// object changing: every agent passes then by itself (the resync is an hour away) and takes
+/// its links down. The agents' clocks run 55 s ahead of the system's, so the deadline plus the
+/// minute allowed for clock skew comes a few seconds into the test, after the links were built.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preflight_class_ends_at_its_deadline_without_any_event() {
+    use k8s_openapi::jiff::{SignedDuration, Timestamp};
+    use kuport::agent::Clock;
+    use kuport_core::api::{PREFLIGHT_ANNOTATION, PREFLIGHT_DEADLINE_ANNOTATION};
+
+    const CLASS: &str = "kuport-preflight";
+    let server = kuport_sim::apiserver::ApiServer::builder()
+        .build()
+        .expect("model builds");
+    let mut c = common::Cluster::on_model(server).await;
+    c.seed().await;
+    let ahead = SignedDuration::from_secs(55);
+    c.clock = Some(Clock::from_fn(move || Timestamp::now() + ahead));
+    // The agents drop it once their clocks pass the deadline plus 60 s: 13 s from now.
+    let deadline = Timestamp::now() + SignedDuration::from_secs(8);
+    let ends = std::time::Instant::now() + Duration::from_secs(13);
+    let class: PortMapClass = from(json!({
+        "apiVersion": "kuport.wlz.li/v1alpha1", "kind": "PortMapClass",
+        "metadata": {"name": CLASS, "annotations": {
+            PREFLIGHT_ANNOTATION: "true",
+            PREFLIGHT_DEADLINE_ANNOTATION: deadline.to_string()}},
+        "spec": {
+            "nodes": {"n1": {"interfaces": ["eth0"]}, "n2": {"interfaces": ["eth0"]},
+                      "n3": {"interfaces": ["eth0"]}},
+            "ports": {"min": 1, "max": 1, "reserved": [1], "systemReserved": []},
+            "returnPath": {"mode": "Vxlan",
+                "vxlan": {"port": 4790, "subnet": "169.254.112.0/20", "vni": 60000}}},
+    }));
+    let classes: Api<PortMapClass> = Api::all(c.client.clone());
+    classes
+        .create(&PostParams::default(), &class)
+        .await
+        .expect("the preflight class");
+    for i in 1..=3 {
+        c.start_agent(i, Duration::from_secs(3600));
+    }
+    let preflight_links = |name: &str| {
+        c.agent(name)
+            .host
+            .applied()
+            .links
+            .iter()
+            .filter(|l| l.class == CLASS)
+            .count()
+    };
+    c.eventually("every node links to both others", || async {
+        ["n1", "n2", "n3"].iter().all(|n| preflight_links(n) == 2)
+    })
+    .await;
+    assert!(
+        std::time::Instant::now() < ends,
+        "the links were up before the deadline (else the test proves nothing)"
+    );
+    let passes_before: Vec<u64> = c.agents.iter().map(passes).collect();
+    c.eventually("every node takes its links down", || async {
+        ["n1", "n2", "n3"].iter().all(|n| preflight_links(n) == 0)
+    })
+    .await;
+    assert!(
+        std::time::Instant::now() >= ends - Duration::from_millis(500),
+        "not before the deadline and the skew allowance"
+    );
+    let passes_after: Vec<u64> = c.agents.iter().map(passes).collect();
+    assert!(
+        passes_after.iter().zip(&passes_before).all(|(a, b)| a > b),
+        "each agent passed by itself: {passes_before:?} -> {passes_after:?}"
+    );
+    c.eventually("the class says it expired", || async {
+        let class = classes.get(CLASS).await.expect("the class");
+        class
+            .status
+            .iter()
+            .flat_map(|s| &s.conditions)
+            .any(|cond| cond.type_ == "Ready" && cond.reason == "PreflightExpired")
     })
     .await;
     c.stop_all().await;

@@ -1,6 +1,7 @@
 //! How the agents write status, with three agents in one process (`common`): the PortMap
-//! status writer changes hands, 409 storms converge, writes go out a few at a time, and a held
-//! write never holds the datapath. The first scenario runs on both servers.
+//! status writer changes hands, 409 storms converge, writes go out a few at a time, a held
+//! write never holds the datapath, and a mapping changed many times a second is written within
+//! its budget and ends saying its last state. The first scenario runs on both servers.
 
 mod common;
 
@@ -277,5 +278,54 @@ async fn a_refused_row_patch_is_reported_and_a_moved_one_written_afresh() {
     assert_eq!(conflicts(&c), conflicts_before + 1);
     assert_eq!(refused(&c), refused_before);
     assert_eq!(n1(&c).passes_failed(), failed_before);
+    c.stop_all().await;
+}
+
+/// A tenant toggles its mapping's interfaces 20 times in about a second (every toggle a new
+/// generation and a status to write): the writes stay within the object's budget (a burst of
+/// 5, then one per 2 s) and the status ends at the last generation, written when the budget
+/// allowed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mapping_toggled_fast_is_written_within_its_budget_and_ends_right() {
+    use kube::api::{Patch, PatchParams};
+    let mut c = Cluster::start().await;
+    c.eventually("Programmed=True", || programmed_true(&c))
+        .await;
+    common::settle(&c).await;
+    let count = |result: WriteResult| -> u64 {
+        c.agents
+            .iter()
+            .map(|a| a.metrics.status_writes_of(WriteKind::PortMap, result))
+            .sum()
+    };
+    let before = count(WriteResult::Written);
+    let portmaps: Api<PortMap> = Api::namespaced(c.client.clone(), "games");
+    for i in 0..20 {
+        let interfaces = if i % 2 == 0 { vec!["eth0"] } else { vec![] };
+        portmaps
+            .patch(
+                "game",
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"spec": {"interfaces": interfaces}})),
+            )
+            .await
+            .expect("toggled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let generation = c.portmap().await.metadata.generation;
+    c.eventually("the status says the last generation", || async {
+        c.portmap()
+            .await
+            .status
+            .is_some_and(|s| s.observed_generation == generation)
+    })
+    .await;
+    let written = count(WriteResult::Written) - before;
+    // About a second of toggles and the wait for the last token: the burst and two more.
+    assert!(written <= 8, "{written} writes for 20 toggles");
+    assert!(
+        count(WriteResult::Deferred) > 0,
+        "writes past the budget were held"
+    );
     c.stop_all().await;
 }

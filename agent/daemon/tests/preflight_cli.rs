@@ -1,19 +1,22 @@
 //! `kuport preflight` against the API server model: the test plays the agents, writing their
 //! rows into the preflight class once the command created it, and checks the command's verdict
 //! and exit status: everything passing, a pair down, a failing node check, a node that never
-//! reports, and the cluster's own preconditions.
+//! reports, and the cluster's own preconditions; a run stopped by a signal deletes its class,
+//! one killed leaves it only until its deadline, and the next run replaces it then.
 
 mod live;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
-use kuport_core::api::PortMapClass;
+use kuport_core::api::{PREFLIGHT_DEADLINE_ANNOTATION, PortMapClass};
 use kuport_testkit::objects::{self, DAEMONSET_NAMESPACE, agent_daemonset, agent_pod};
+use kuport_testkit::process::{Signal, signal_child};
 use live::{create, said};
 use serde_json::{Value, json};
 
@@ -124,12 +127,20 @@ fn row(a: &Agent) -> Value {
 
 /// Plays the agents: once the command created the class, writes `agents`' rows into it.
 async fn play_agents(client: kube::Client, agents: Vec<Agent>) {
+    play_agents_replacing(client, agents, None).await;
+}
+
+/// [`play_agents`] for a class that replaces one of uid `stale`: rows go to the new one only.
+async fn play_agents_replacing(client: kube::Client, agents: Vec<Agent>, stale: Option<String>) {
     let api: Api<PortMapClass> = Api::all(client);
     kuport_testkit::wait::eventually(
         "the preflight class appears",
         Duration::from_secs(10),
         Duration::from_millis(50),
-        || async { api.get_opt(CLASS).await.expect("read").is_some() },
+        || async {
+            let class = api.get_opt(CLASS).await.expect("read");
+            class.is_some_and(|c| c.metadata.uid != stale)
+        },
     )
     .await;
     let rows: Vec<Value> = agents.iter().map(row).collect();
@@ -329,6 +340,131 @@ async fn cluster_preconditions_are_named_and_a_missing_daemonset_skips_the_links
         .await
         .expect("join");
     assert_eq!(out.status.code(), Some(4), "{}", said(&out));
+}
+
+/// A run started in the background, its output piped.
+fn spawn_preflight(kubeconfig: &Path, extra: &[&str]) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_kuport"))
+        .arg("preflight")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting kuport")
+}
+
+/// Waits until the class of a running preflight exists; returns it.
+async fn class_created(api: &Api<PortMapClass>) -> PortMapClass {
+    kuport_testkit::wait::eventually(
+        "the preflight class appears",
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || async { api.get_opt(CLASS).await.expect("read").is_some() },
+    )
+    .await;
+    api.get(CLASS).await.expect("the class")
+}
+
+/// Sends `signal` to a preflight waiting for verdicts that never come, once its class exists;
+/// returns how it ended.
+async fn signalled(kubeconfig: &Path, api: &Api<PortMapClass>, signal: Signal) -> Output {
+    let mut child = spawn_preflight(kubeconfig, &["--timeout", "60s"]);
+    class_created(api).await;
+    signal_child(&mut child, signal);
+    tokio::task::spawn_blocking(move || child.wait_with_output().expect("the run ends"))
+        .await
+        .expect("join")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_deletes_the_class_and_a_killed_runs_class_is_replaced_after_its_deadline() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let (kubeconfig, client) = cluster(dir.path(), true, &NODES).await;
+    let api: Api<PortMapClass> = Api::all(client.clone());
+    // A CI timeout (SIGTERM), a closed ssh session (SIGHUP), Ctrl-C (SIGINT), Ctrl-\ (SIGQUIT):
+    // each ends the wait at once, and the class goes with the run.
+    for (signal, name) in [
+        (Signal::TERM, "SIGTERM"),
+        (Signal::HUP, "SIGHUP"),
+        (Signal::INT, "SIGINT"),
+        (Signal::QUIT, "SIGQUIT"),
+    ] {
+        let out = signalled(&kubeconfig, &api, signal).await;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert_eq!(out.status.code(), Some(1), "{name}: {}", said(&out));
+        assert!(
+            text.contains(&format!("interrupted ({name}) before every verdict came")),
+            "{name}: {text}"
+        );
+        assert!(
+            api.get_opt(CLASS).await.expect("read").is_none(),
+            "{name}: the class is deleted"
+        );
+    }
+
+    // Control: SIGKILL cannot be caught, and the class stays behind, with its deadline: the
+    // wait (60 s) and a minute more.
+    let started = Timestamp::now();
+    let out = signalled(&kubeconfig, &api, Signal::KILL).await;
+    assert_eq!(out.status.code(), None, "killed: {}", said(&out));
+    let left = api
+        .get_opt(CLASS)
+        .await
+        .expect("read")
+        .expect("the class is left behind");
+    let deadline: Timestamp = left.metadata.annotations.as_ref().expect("annotations")
+        [PREFLIGHT_DEADLINE_ANNOTATION]
+        .parse()
+        .expect("an RFC 3339 deadline");
+    let life = deadline.duration_since(started).as_secs();
+    assert!((119..=125).contains(&life), "the deadline is {life} s away");
+
+    // Before its deadline it is a live run's class: the next run is refused, and leaves it.
+    let k = kubeconfig.clone();
+    let out = tokio::task::spawn_blocking(move || preflight(&k, &["--timeout", "5s"]))
+        .await
+        .expect("join");
+    let said_out = said(&out);
+    assert_eq!(out.status.code(), Some(2), "{said_out}");
+    assert!(said_out.contains("already exists"), "{said_out}");
+    assert!(said_out.contains("stays live until"), "{said_out}");
+    let still = api.get(CLASS).await.expect("the class stays");
+    assert_eq!(still.metadata.uid, left.metadata.uid);
+
+    // Its deadline passes (moved back, as the clock would move on): the next run replaces it
+    // and passes, with the rows of its own class.
+    api.patch(
+        CLASS,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations":
+            {PREFLIGHT_DEADLINE_ANNOTATION: "2020-01-01T00:00:00Z"}}})),
+    )
+    .await
+    .expect("move the deadline");
+    let agents = tokio::spawn(play_agents_replacing(
+        client.clone(),
+        NODES.iter().map(|n| healthy(n)).collect(),
+        left.metadata.uid.clone(),
+    ));
+    let k = kubeconfig.clone();
+    let out = tokio::task::spawn_blocking(move || preflight(&k, &["--timeout", "20s"]))
+        .await
+        .expect("join");
+    agents.await.expect("the agents");
+    let said_out = said(&out);
+    assert_eq!(out.status.code(), Some(0), "{said_out}");
+    assert!(
+        said_out.contains(
+            "replacing PortMapClass kuport-preflight: preflight class kuport-preflight expired"
+        ),
+        "{said_out}"
+    );
+    assert!(
+        api.get_opt(CLASS).await.expect("read").is_none(),
+        "the replacement is deleted at the end"
+    );
 }
 
 /// Against a real kube-apiserver, which enforces RBAC: the role docs/operations.md documents

@@ -388,8 +388,8 @@ pub struct PortMapClassStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 
-    /// The Ready condition: Valid, InvalidSubnet, ReturnPathOverlap, VxlanPortConflict or
-    /// SubnetExhausted.
+    /// The Ready condition: Valid, InvalidSubnet, ReturnPathOverlap, VxlanPortConflict,
+    /// SubnetExhausted or PreflightExpired.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,

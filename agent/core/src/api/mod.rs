@@ -4,6 +4,7 @@
 
 mod class;
 mod portmap;
+mod preflight;
 
 pub use class::{
     ClassNode, ClassNodeStatus, CniInfo, DEFAULT_PORTS_PER_NAMESPACE, DEFAULT_SYSTEM_RESERVED,
@@ -13,6 +14,10 @@ pub use class::{
 };
 pub use portmap::{
     EndpointStatus, PortMap, PortMapSpec, PortMapStatus, Protocol, PublishedAddress, ServiceRef,
+};
+pub use preflight::{
+    PREFLIGHT_ANNOTATION, PREFLIGHT_CLOCK_SKEW_SECONDS, PREFLIGHT_DEADLINE_ANNOTATION,
+    PREFLIGHT_UNDATED_LIFETIME_SECONDS, PreflightLife, is_preflight, preflight_life,
 };
 
 /// The API group of both kinds.
@@ -54,21 +59,6 @@ pub fn valid_interface_name(name: &str) -> bool {
 /// accepting node drops the claims in its row whose holder has been gone since that time or
 /// earlier. Only whoever may edit the cluster-scoped class (the administrator) can set it.
 pub const RELEASE_HELD_PORTS_ANNOTATION: &str = "kuport.wlz.li/release-held-ports";
-
-/// The class annotation that makes a class a preflight class when its value is `true`: every pair
-/// of its accepting nodes needs a return link, without any PortMap, so the agents build, probe
-/// and report a link between every pair (`kuport preflight` creates such a class).
-pub const PREFLIGHT_ANNOTATION: &str = "kuport.wlz.li/preflight";
-
-/// True when `class` carries [`PREFLIGHT_ANNOTATION`] set to `true`.
-pub fn is_preflight(class: &PortMapClass) -> bool {
-    class
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(PREFLIGHT_ANNOTATION))
-        .is_some_and(|v| v.trim() == "true")
-}
 
 /// The names of the node checks agents report in their class rows (`status.nodes[].checks`).
 pub mod checks {

@@ -10,15 +10,17 @@ use super::index::Index;
 use super::reasons::{ClassReason, Outcome};
 use super::state::{Claim, ClassState, Working, valid_claims};
 use super::{ClaimView, ClassDecision, GcKind, Writes};
-use crate::api::{MAX_VNI, PortMapClass, ReturnPathMode, is_preflight};
+use crate::api::{
+    MAX_VNI, PortMapClass, PreflightLife, ReturnPathMode, is_preflight, preflight_life,
+};
 use crate::keys::{Name, NodePair};
 
 /// Link ids are the VNI's low 16 bits.
 const LINK_ID_SPACE: u64 = 1 << 16;
 
 /// Per-class facts that do not depend on mappings: accepting nodes, settings and whether they
-/// are valid.
-pub fn evaluate_static<'a>(index: &Index<'a>) -> BTreeMap<&'a str, ClassState<'a>> {
+/// are valid (a preflight class past its deadline at `now` is not).
+pub fn evaluate_static<'a>(index: &Index<'a>, now: Timestamp) -> BTreeMap<&'a str, ClassState<'a>> {
     let mut states: BTreeMap<&str, ClassState> = BTreeMap::new();
     for (name, class) in &index.classes {
         let accepting = index.accepting_nodes(class);
@@ -59,6 +61,11 @@ pub fn evaluate_static<'a>(index: &Index<'a>) -> BTreeMap<&'a str, ClassState<'a
                 }
             }
         }
+        // An expired preflight class holds nothing: it builds no link and no later class
+        // overlaps it.
+        if let Some(PreflightLife::Expired { message }) = preflight_life(class, now) {
+            state.invalid = Some(Outcome::new(ClassReason::PreflightExpired, message));
+        }
         states.insert(name, state);
     }
     find_overlaps(&mut states);
@@ -84,6 +91,17 @@ pub fn evaluate_static<'a>(index: &Index<'a>) -> BTreeMap<&'a str, ClassState<'a
         }
     }
     states
+}
+
+/// When the first live preflight class expires: the plan changes then by time alone.
+pub fn changes_at(classes: &BTreeMap<&str, ClassState>, now: Timestamp) -> Option<Timestamp> {
+    classes
+        .values()
+        .filter_map(|s| match preflight_life(s.class, now)? {
+            PreflightLife::Live { until } => until,
+            PreflightLife::Expired { .. } => None,
+        })
+        .min()
 }
 
 /// The class's IPv6 link prefix: at most a /96 (the IPv4 link address fills the low 32
@@ -161,7 +179,7 @@ fn parse_settings(class: &PortMapClass) -> Result<Settings, String> {
 fn find_overlaps(states: &mut BTreeMap<&str, ClassState>) {
     let mut order: Vec<(Option<Timestamp>, &str)> = states
         .values()
-        .filter(|s| s.mode == ReturnPathMode::Vxlan && s.subnet.is_some())
+        .filter(|s| s.mode == ReturnPathMode::Vxlan && s.subnet.is_some() && s.invalid.is_none())
         .map(|s| {
             (
                 s.class.metadata.creation_timestamp.as_ref().map(|t| t.0),
@@ -297,7 +315,10 @@ fn collect_needed(classes: &mut BTreeMap<&str, ClassState>, work: &[Working]) {
             }
         }
     }
-    for state in classes.values_mut().filter(|s| is_preflight(s.class)) {
+    for state in classes
+        .values_mut()
+        .filter(|s| is_preflight(s.class) && s.builds_links())
+    {
         add_preflight_pairs(state);
     }
 }

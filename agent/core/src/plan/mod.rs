@@ -78,6 +78,10 @@ pub struct Plan {
     pub host_state: HostState,
     /// The status this node owns and should write.
     pub writes: Writes,
+    /// The earliest time after `now` at which this plan changes though no object does (a
+    /// preflight class's deadline): the agent passes again then.
+    #[serde(skip)]
+    pub changes_at: Option<Timestamp>,
 }
 
 /// The global decision for one PortMap.
@@ -382,7 +386,7 @@ pub fn plan_with(
     detail: Detail,
 ) -> Plan {
     let index = index::Index::build(snapshot);
-    let mut classes = classes::evaluate_static(&index);
+    let mut classes = classes::evaluate_static(&index, now);
     let (mut decisions, bindings, quotas) = mapping::admit_all(&index);
     mapping::resolve_all(&index, &classes, &bindings, &mut decisions);
     classes::assign_slots(&mut classes, &decisions);
@@ -403,6 +407,7 @@ pub fn plan_with(
         now,
     );
     let class_decisions = classes::decisions(&classes, &writes, now);
+    let changes_at = classes::changes_at(&classes, now);
 
     let portmaps = by_name(decisions.into_iter().map(|d| d.decision).collect());
     Plan {
@@ -411,6 +416,7 @@ pub fn plan_with(
         classes: class_decisions,
         host_state,
         writes,
+        changes_at,
     }
 }
 

@@ -80,6 +80,9 @@ pub enum ClassReason {
     VxlanPortConflict,
     /// A needed node pair has no claim and no /31 is free.
     SubnetExhausted,
+    /// A preflight class whose deadline passed: it needs no link, and its links are taken
+    /// down.
+    PreflightExpired,
 }
 
 macro_rules! reason_names {
@@ -135,7 +138,8 @@ reason_names!(ClassReason {
     InvalidSubnet,
     ReturnPathOverlap,
     VxlanPortConflict,
-    SubnetExhausted
+    SubnetExhausted,
+    PreflightExpired,
 });
 
 /// Whether a condition's message is written out ([`super::Detail`]): a pass writes the

@@ -90,6 +90,8 @@ pub enum WriteResult {
     Conflict,
     /// Any other error.
     Failed,
+    /// Not sent: the object had spent its write budget; held for a pass when it is there.
+    Deferred,
 }
 
 impl WriteResult {
@@ -98,6 +100,7 @@ impl WriteResult {
             WriteResult::Written => "written",
             WriteResult::Conflict => "conflict",
             WriteResult::Failed => "failed",
+            WriteResult::Deferred => "deferred",
         }
     }
 }
@@ -185,7 +188,7 @@ impl Metrics {
         let status_writes = Family::<Labels, Counter>::default();
         registry.register(
             "status_writes",
-            "Status write attempts, by kind (portmap, portmapclass) and result (written, conflict, failed)",
+            "Status write attempts, by kind (portmap, portmapclass) and result (written, conflict, failed, deferred: held, its object over its write budget)",
             status_writes.clone(),
         );
         let refusals_of_writes = Family::<Labels, Counter>::default();
@@ -210,7 +213,7 @@ impl Metrics {
         let events = Family::<Labels, Counter>::default();
         registry.register(
             "events",
-            "Kubernetes Events, by result (published, dropped, failed)",
+            "Kubernetes Events, by result (published: a new Event; aggregated: a repeat counted on one; dropped: not published, its tenant over its share; failed: the API server refused it or did not answer)",
             events.clone(),
         );
         let watch_events = Family::<Labels, Counter>::default();
@@ -336,6 +339,7 @@ impl Metrics {
                 WriteResult::Written,
                 WriteResult::Conflict,
                 WriteResult::Failed,
+                WriteResult::Deferred,
             ] {
                 let _ = self
                     .status_writes

@@ -3,6 +3,7 @@
 //! [`Agent`] is the runtime (watches, the pass loop, status writes); [`cmd`] is the command
 //! around it (flags, logging, the real host, signals, HTTP endpoints).
 
+mod budget;
 mod clock;
 pub mod cmd;
 mod events;

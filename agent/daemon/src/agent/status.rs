@@ -30,6 +30,7 @@ use kuport_core::plan::unknown_fields::keep_unknown_fields;
 use kuport_core::plan::{AcceptedReason, PortMapWrite, Writes};
 use tokio::time::Instant;
 
+use super::budget::TokenBucket;
 use super::events::{EventSink, PendingEvent};
 use super::refusal::{patch_not_applied, refusal_reason};
 
@@ -87,6 +88,13 @@ pub enum Held {
 /// PortMap status writes in flight at once.
 const WRITES_IN_FLIGHT: usize = 8;
 
+/// Status writes one PortMap may have in a burst ...
+pub const PORTMAP_WRITE_BURST: f64 = 5.0;
+/// ... and then one per this: a tenant toggling its mappings' interfaces, or a pod flapping,
+/// costs the API server (and every watcher of PortMaps) at most this many writes, and the
+/// state it settles on is written when the budget allows (see [`write_budget`]).
+pub const PORTMAP_WRITE_EVERY: Duration = Duration::from_secs(2);
+
 impl StatusOutcome {
     fn add(&mut self, other: StatusOutcome) {
         self.written += other.written;
@@ -120,6 +128,8 @@ pub(crate) struct StatusWriter {
     raw_classes: Option<Store<DynamicObject>>,
     /// Writes held back, each with when it was first held (see [`SETTLE`]).
     holds: Mutex<BTreeMap<Held, Instant>>,
+    /// Each PortMap's write budget (see [`PORTMAP_WRITE_BURST`]); a full bucket is forgotten.
+    budgets: Mutex<BTreeMap<(String, String), TokenBucket>>,
 }
 
 /// A PortMap status write that the API server accepted: the `resourceVersion` it replaced and
@@ -169,6 +179,7 @@ impl StatusWriter {
             echoes: Mutex::new(BTreeMap::new()),
             raw_classes: None,
             holds: Mutex::new(BTreeMap::new()),
+            budgets: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -266,6 +277,45 @@ impl StatusWriter {
         outcome
     }
 
+    /// Spends a token of the write budget of PortMap `namespace/name`, or says when one is
+    /// there (see [`write_budget`]).
+    fn spend_write(&self, namespace: &str, name: &str) -> Result<(), Instant> {
+        let now = Instant::now();
+        let mut budgets = self.budgets.lock().unwrap_or_else(PoisonError::into_inner);
+        // Full buckets say nothing a new one would not: forgotten, so deleted PortMaps go too.
+        budgets.retain(|_, b| !b.is_full(now));
+        budgets
+            .entry((namespace.to_owned(), name.to_owned()))
+            .or_insert_with(|| write_budget(now))
+            .take(now)
+    }
+
+    /// Whether the write of PortMap `key` is past its budget: then it is held (not lost: a pass
+    /// when a token is there writes the state the object has then) and counted.
+    fn over_budget(&self, key: Held, outcome: &mut StatusOutcome) -> bool {
+        let Held::PortMap(namespace, name) = &key else {
+            return false;
+        };
+        let Err(due) = self.spend_write(namespace, name) else {
+            return false;
+        };
+        self.metrics
+            .record_write(WriteKind::PortMap, WriteResult::Deferred);
+        tracing::debug!(
+            "writing the status of PortMap {namespace}/{name}: its write budget is spent, held"
+        );
+        outcome.held.push((key, due));
+        true
+    }
+
+    /// Gives back the token of a write of PortMap `namespace/name` that did not land.
+    fn refund_write(&self, namespace: &str, name: &str) {
+        let mut budgets = self.budgets.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(b) = budgets.get_mut(&(namespace.to_owned(), name.to_owned())) {
+            b.refund();
+        }
+    }
+
     /// Holds back the write of `key` (see [`SETTLE`]): when it is due, if it is not yet.
     fn hold(&self, key: Held) -> Option<Instant> {
         let now = Instant::now();
@@ -336,6 +386,9 @@ impl StatusWriter {
             }
             None => {}
         }
+        if self.over_budget(key, &mut outcome) {
+            return outcome;
+        }
         let mut body = (*current).clone();
         body.metadata.managed_fields = None;
         body.status = Some(w.status.clone());
@@ -354,6 +407,8 @@ impl StatusWriter {
                 self.portmap_written(w, &current, &stored);
             }
             Ok(Err(kube::Error::Api(s))) if s.is_conflict() => {
+                // Nothing landed: a 409 storm is paced by the retry's backoff, not the budget.
+                self.refund_write(&w.namespace, &w.name);
                 self.metrics
                     .record_write(WriteKind::PortMap, WriteResult::Conflict);
                 outcome.recompute += 1;
@@ -698,6 +753,20 @@ impl StatusWriter {
             });
         }
     }
+}
+
+/// A PortMap's status write budget: [`PORTMAP_WRITE_BURST`] writes, then one per
+/// [`PORTMAP_WRITE_EVERY`]. Per object, so a tenant spends only its own objects' budgets: its
+/// flapping mappings never delay another tenant's status (nor its own other mappings'). A write
+/// past the budget is held (like a settling one) and a pass writes the object's state then;
+/// nothing is dropped. Class statuses have none: every accepting node writes its own row, and
+/// the links of every tenant's mappings wait on them.
+fn write_budget(now: Instant) -> TokenBucket {
+    TokenBucket::full(
+        PORTMAP_WRITE_BURST,
+        1.0 / PORTMAP_WRITE_EVERY.as_secs_f64(),
+        now,
+    )
 }
 
 /// An Event's note for a condition: `Programmed is False: <message>`, or without the colon

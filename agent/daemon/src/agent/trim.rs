@@ -19,7 +19,8 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kuport_core::api::{
-    PREFLIGHT_ANNOTATION, PortMap, PortMapClass, RELEASE_HELD_PORTS_ANNOTATION, conditions,
+    PREFLIGHT_ANNOTATION, PREFLIGHT_DEADLINE_ANNOTATION, PortMap, PortMapClass,
+    RELEASE_HELD_PORTS_ANNOTATION, conditions,
 };
 use kuport_core::snapshot::{CILIUM_CONFIG_KEYS, CILIUM_HOST_ANNOTATIONS, SERVICE_NAME_LABEL};
 
@@ -60,15 +61,20 @@ fn keep_annotations(
 }
 
 impl Trim for PortMapClass {
-    /// A class keeps the two annotations the plan reads: the administrator's release of
-    /// held-port claims, and the mark of a preflight class (which needs every pair's link).
+    /// A class keeps the three annotations the plan reads: the administrator's release of
+    /// held-port claims, the mark of a preflight class (which needs every pair's link) and its
+    /// deadline (after which it needs none).
     fn trim(&mut self) {
         let annotations = self.metadata.annotations.take();
         trim_meta(&mut self.metadata, |_| false);
         keep_annotations(
             &mut self.metadata,
             annotations,
-            &[RELEASE_HELD_PORTS_ANNOTATION, PREFLIGHT_ANNOTATION],
+            &[
+                RELEASE_HELD_PORTS_ANNOTATION,
+                PREFLIGHT_ANNOTATION,
+                PREFLIGHT_DEADLINE_ANNOTATION,
+            ],
         );
     }
 }
@@ -325,7 +331,8 @@ mod tests {
                 "absentSince": "2026-04-01T00:00:00Z"}))
             .expect("a held port"),
         );
-        // And a preflight class, whose mark makes every pair of its nodes need a link.
+        // And a preflight class, whose mark makes every pair of its nodes need a link, and whose
+        // deadline (past) makes it need none.
         let mut preflight = s.classes[0].clone();
         preflight.metadata.name = Some("kuport-preflight".into());
         preflight.status = None;
@@ -337,6 +344,14 @@ mod tests {
             .annotations
             .get_or_insert_default()
             .insert(PREFLIGHT_ANNOTATION.into(), "true".into());
+        preflight
+            .metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(
+                PREFLIGHT_DEADLINE_ANNOTATION.into(),
+                "2026-05-01T00:00:00Z".into(),
+            );
         s.classes.push(preflight);
         s.portmaps.iter_mut().for_each(|o| heavy(&mut o.metadata));
         s.endpoint_slices
@@ -426,6 +441,17 @@ mod tests {
             plan(&bare, "edge-a", &f, now()),
             plan(&after, "edge-a", &f, now()),
             "the release annotation is read"
+        );
+        let mut undated = after.clone();
+        for c in &mut undated.classes {
+            if let Some(a) = c.metadata.annotations.as_mut() {
+                a.remove(PREFLIGHT_DEADLINE_ANNOTATION);
+            }
+        }
+        assert_ne!(
+            plan(&undated, "edge-a", &f, now()),
+            plan(&after, "edge-a", &f, now()),
+            "the preflight deadline is read"
         );
         let mut bare = after.clone();
         bare.nodes

@@ -3,9 +3,13 @@
 //! link port against the CNI's) from the API server; the nodes' and every pair's by the agents
 //! themselves: a preflight class (`kuport.wlz.li/preflight: "true"`) makes them build, probe
 //! and report a return link between every pair, and each node's row carries its host checks
-//! ([`verdict`] reads them). The class is deleted afterwards unless `--keep`.
+//! ([`verdict`] reads them). The class is deleted afterwards unless `--keep`, also when the run is
+//! stopped by a signal ([`signals`]); a run that could not delete it (SIGKILL, a lost connection)
+//! leaves a class with a deadline (`kuport.wlz.li/preflight-deadline`), after which the agents
+//! take its links down and the next run replaces it.
 
 mod cluster;
+mod signals;
 mod verdict;
 
 use std::collections::BTreeMap;
@@ -15,11 +19,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::Args;
+use k8s_openapi::jiff::SignedDuration;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, PostParams};
-use kuport_core::api::{DEFAULT_VXLAN_PORT, PREFLIGHT_ANNOTATION, PortMapClass};
+use kube::api::{Api, DeleteParams, PostParams, Preconditions};
+use kuport_core::api::{
+    DEFAULT_VXLAN_PORT, PREFLIGHT_ANNOTATION, PREFLIGHT_DEADLINE_ANNOTATION, PortMapClass,
+    PreflightLife, preflight_life,
+};
 use serde_json::json;
 
+use self::signals::Signals;
 use self::verdict::{PairState, Report};
 use crate::objects::Dump;
 use crate::status_cmd::agents::AgentSelector;
@@ -35,6 +44,13 @@ pub const DEFAULT_SUBNET: &str = "169.254.112.0/20";
 pub const DEFAULT_VNI: u32 = 60000;
 /// How often the class is read while waiting.
 const POLL: Duration = Duration::from_secs(1);
+/// How long past `--timeout` the class's deadline lies: time to read the last verdicts and
+/// delete it.
+const DEADLINE_GRACE: Duration = Duration::from_secs(60);
+/// How much longer a class kept with `--keep` lives, for inspection.
+const KEPT_FOR: Duration = Duration::from_secs(15 * 60);
+/// How long a replaced class may take to go.
+const REPLACE_WAIT: Duration = Duration::from_secs(10);
 
 /// Flags of `kuport preflight`.
 #[derive(Debug, Args)]
@@ -64,7 +80,8 @@ pub struct PreflightArgs {
           value_parser = crate::status_cmd::parse_wait)]
     pub timeout: Duration,
     /// Leave the preflight class in place afterwards, for inspection (`kubectl get pmc
-    /// kuport-preflight -o yaml`); delete it before the next run.
+    /// kuport-preflight -o yaml`): its links stay up for 15 minutes past --timeout, after which
+    /// the agents take them down and the next run replaces it.
     #[arg(long)]
     pub keep: bool,
     #[command(flatten)]
@@ -142,12 +159,13 @@ fn tested_nodes(asked: &[String], dump: &Dump) -> anyhow::Result<Vec<String>> {
 
 /// The preflight class: every tested node with the interface `lo` (everywhere, so its row is
 /// ready), a port window of the one port 1, itself reserved, and a namespace selector no
-/// namespace matches, so no PortMap can ever be accepted by it.
+/// namespace matches, so no PortMap can ever be accepted by it; it expires at `deadline`.
 pub fn class_object(
     nodes: &[String],
     port: u16,
     subnet: &str,
     vni: u32,
+    deadline: Timestamp,
 ) -> anyhow::Result<PortMapClass> {
     let members: serde_json::Map<String, serde_json::Value> = nodes
         .iter()
@@ -158,7 +176,10 @@ pub fn class_object(
         "kind": "PortMapClass",
         "metadata": {
             "name": CLASS_NAME,
-            "annotations": {PREFLIGHT_ANNOTATION: "true"},
+            "annotations": {
+                PREFLIGHT_ANNOTATION: "true",
+                PREFLIGHT_DEADLINE_ANNOTATION: deadline.to_string(),
+            },
             "labels": {"app.kubernetes.io/managed-by": "kuport-preflight"},
         },
         "spec": {
@@ -203,11 +224,7 @@ async fn preflight(args: &PreflightArgs, selector: &AgentSelector) -> anyhow::Re
             args.port,
             waited.elapsed,
         ));
-        if waited.interrupted {
-            report
-                .problems
-                .push("interrupted before every verdict came".to_owned());
-        }
+        report.problems.extend(waited.cut_short);
         report.nodes = nodes;
         report.pairs = pairs;
     }
@@ -219,53 +236,165 @@ async fn preflight(args: &PreflightArgs, selector: &AgentSelector) -> anyhow::Re
 struct Waited {
     class: Option<PortMapClass>,
     elapsed: Duration,
-    interrupted: bool,
+    /// Why it ended before every verdict came: a signal, or the class gone.
+    cut_short: Option<String>,
 }
 
-/// Creates the preflight class, waits for the verdicts, and deletes it (unless `--keep`), even
-/// when the wait failed.
+/// The deadline of a class created now: past the wait, with time to clean up (and to inspect
+/// with `--keep`).
+fn deadline(args: &PreflightArgs, now: Timestamp) -> anyhow::Result<Timestamp> {
+    let life = args.timeout + DEADLINE_GRACE + if args.keep { KEPT_FOR } else { Duration::ZERO };
+    let life = SignedDuration::try_from(life).context("--timeout is too long")?;
+    now.checked_add(life).context("--timeout is too long")
+}
+
+/// Creates the preflight class (replacing an expired one), waits for the verdicts, and deletes
+/// it (unless `--keep`), also when the wait failed or a signal cut it short.
 async fn test_links(
     client: &kube::Client,
     args: &PreflightArgs,
     tested: &[String],
 ) -> anyhow::Result<Waited> {
     let api: Api<PortMapClass> = Api::all(client.clone());
-    let existing = api
-        .get_opt(CLASS_NAME)
+    // From here on a signal is a message: it ends the wait, and the class is deleted.
+    let mut signals = Signals::catch()?;
+    make_room(&api).await?;
+    let class = class_object(
+        tested,
+        args.port,
+        &args.subnet,
+        args.vni,
+        deadline(args, Timestamp::now())?,
+    )?;
+    let created = api
+        .create(&PostParams::default(), &class)
         .await
-        .with_context(|| format!("reading PortMapClass {CLASS_NAME}"))
-        .map_err(ClusterUnreadable)?;
-    if existing.is_some() {
-        return Err(UsageError(format!(
-            "PortMapClass {CLASS_NAME} already exists (left by a run with --keep, or another preflight is running): delete it first with kubectl delete portmapclass {CLASS_NAME}"
-        ))
-        .into());
-    }
-    let class = class_object(tested, args.port, &args.subnet, args.vni)?;
-    api.create(&PostParams::default(), &class)
-        .await
-        .with_context(|| {
-            format!("creating PortMapClass {CLASS_NAME} (the preflight needs create and delete on portmapclasses)")
-        })
-        .map_err(ClusterUnreadable)?;
-    let waited = wait(&api, tested, args.timeout).await;
-    if !args.keep
-        && let Err(e) = api.delete(CLASS_NAME, &DeleteParams::default()).await
-    {
-        eprintln!(
-            "kuport: warning: deleting PortMapClass {CLASS_NAME}: {e}; delete it with kubectl delete portmapclass {CLASS_NAME}"
-        );
+        .map_err(create_error)?;
+    let uid = created.metadata.uid.clone().unwrap_or_default();
+    let waited = wait(&api, &uid, tested, args.timeout, &mut signals).await;
+    if !args.keep {
+        delete_own(&api, &uid).await;
     }
     waited.map_err(|e| ClusterUnreadable(e).into())
 }
 
+/// What a failed create of the class means: another run made it meanwhile (a usage error), or
+/// the cluster refused it.
+fn create_error(e: kube::Error) -> anyhow::Error {
+    match e {
+        kube::Error::Api(s) if s.is_already_exists() || s.code == 409 => UsageError(format!(
+            "PortMapClass {CLASS_NAME} was created by another kuport preflight just now"
+        ))
+        .into(),
+        e => ClusterUnreadable(anyhow::Error::new(e).context(format!(
+            "creating PortMapClass {CLASS_NAME} (the preflight needs create and delete on portmapclasses)"
+        )))
+        .into(),
+    }
+}
+
+/// Deletes the class this run created (by its uid: never one another run made since).
+async fn delete_own(api: &Api<PortMapClass>, uid: &str) {
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(uid.to_owned()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(CLASS_NAME, &params).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 || s.is_conflict() => {
+            eprintln!(
+                "kuport: warning: PortMapClass {CLASS_NAME} was deleted or replaced by someone else before this run deleted it"
+            );
+        }
+        Err(e) => eprintln!(
+            "kuport: warning: deleting PortMapClass {CLASS_NAME}: {e}; delete it with kubectl delete portmapclass {CLASS_NAME} (the agents take its links down after its {PREFLIGHT_DEADLINE_ANNOTATION} anyway)"
+        ),
+    }
+}
+
+/// Makes room for the class: nothing to do when there is none; an expired preflight class
+/// (its deadline passed: a run was killed or lost the cluster) is deleted; a live one, or a
+/// class of that name that is not a preflight class, is refused.
+async fn make_room(api: &Api<PortMapClass>) -> anyhow::Result<()> {
+    let read = |e: kube::Error| {
+        ClusterUnreadable(
+            anyhow::Error::new(e).context(format!("reading PortMapClass {CLASS_NAME}")),
+        )
+    };
+    let Some(existing) = api.get_opt(CLASS_NAME).await.map_err(read)? else {
+        return Ok(());
+    };
+    let message = match replaceable(&existing, Timestamp::now()) {
+        Ok(message) => message,
+        Err(refusal) => return Err(UsageError(refusal).into()),
+    };
+    eprintln!("kuport: replacing PortMapClass {CLASS_NAME}: {message}");
+    let old_uid = existing.metadata.uid.clone();
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: old_uid.clone(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(CLASS_NAME, &params).await {
+        // Gone already, or replaced by a run as quick as this one: the create decides.
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 || s.is_conflict() => {}
+        Err(e) => {
+            return Err(ClusterUnreadable(anyhow::Error::new(e).context(format!(
+                "deleting the expired PortMapClass {CLASS_NAME} (the preflight needs delete on portmapclasses)"
+            )))
+            .into());
+        }
+    }
+    let start = Instant::now();
+    while start.elapsed() < REPLACE_WAIT {
+        let current = api.get_opt(CLASS_NAME).await.map_err(read)?;
+        if current.is_none_or(|c| c.metadata.uid != old_uid) {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Err(UsageError(format!(
+        "the expired PortMapClass {CLASS_NAME} is still there {}s after this run deleted it (a finalizer?): kubectl get portmapclass {CLASS_NAME} -o yaml",
+        REPLACE_WAIT.as_secs()
+    ))
+    .into())
+}
+
+/// Whether the existing class `existing` may be replaced at `now`: `Ok` with why (its deadline
+/// passed), or `Err` with why not.
+fn replaceable(existing: &PortMapClass, now: Timestamp) -> Result<String, String> {
+    match preflight_life(existing, now) {
+        Some(PreflightLife::Expired { message }) => Ok(message),
+        Some(PreflightLife::Live { until }) => {
+            let until = until.map_or_else(
+                || "it has no deadline".to_owned(),
+                |t| format!("it stays live until {t}, after which the next run replaces it"),
+            );
+            Err(format!(
+                "PortMapClass {CLASS_NAME} already exists: another kuport preflight is running, or a run with --keep left it ({until}); or delete it with kubectl delete portmapclass {CLASS_NAME}"
+            ))
+        }
+        None => Err(format!(
+            "PortMapClass {CLASS_NAME} already exists and is not a preflight class (no {PREFLIGHT_ANNOTATION}: \"true\"): rename it, the preflight needs that name"
+        )),
+    }
+}
+
 /// Reads the class every [`POLL`] until nothing more is worth waiting for
-/// ([`verdict::settled`]), the class says it cannot work (`Ready` False), the time is up, or the
-/// user interrupts.
+/// ([`verdict::settled`]), the class says it cannot work (`Ready` False), the time is up, the
+/// class is gone (deleted, or replaced by another run), or a signal comes.
 async fn wait(
     api: &Api<PortMapClass>,
+    uid: &str,
     tested: &[String],
     timeout: Duration,
+    signals: &mut Signals,
 ) -> anyhow::Result<Waited> {
     let start = Instant::now();
     let mut down_since: BTreeMap<String, Instant> = BTreeMap::new();
@@ -273,7 +402,18 @@ async fn wait(
         let class = api
             .get_opt(CLASS_NAME)
             .await
-            .with_context(|| format!("reading PortMapClass {CLASS_NAME}"))?;
+            .with_context(|| format!("reading PortMapClass {CLASS_NAME}"))?
+            .filter(|c| c.metadata.uid.as_deref() == Some(uid));
+        let elapsed = start.elapsed();
+        if class.is_none() {
+            return Ok(Waited {
+                class,
+                elapsed,
+                cut_short: Some(format!(
+                    "PortMapClass {CLASS_NAME} was deleted or replaced by another run before every verdict came"
+                )),
+            });
+        }
         let (nodes, pairs) = verdict::evaluate(class.as_ref(), tested);
         let now = Instant::now();
         down_since.retain(|key, _| {
@@ -290,18 +430,21 @@ async fn wait(
             .collect();
         // Every reason a class is not Ready is about its settings or its slots: no wait cures it.
         let stuck = verdict::class_not_ready(class.as_ref()).is_some();
-        let elapsed = start.elapsed();
         if stuck || verdict::settled(&nodes, &pairs, &down_for) || elapsed >= timeout {
             return Ok(Waited {
                 class,
                 elapsed,
-                interrupted: false,
+                cut_short: None,
             });
         }
         tokio::select! {
             () = tokio::time::sleep(POLL.min(timeout - elapsed)) => {}
-            _ = tokio::signal::ctrl_c() => {
-                return Ok(Waited { class, elapsed: start.elapsed(), interrupted: true });
+            name = signals.received() => {
+                return Ok(Waited {
+                    class,
+                    elapsed: start.elapsed(),
+                    cut_short: Some(format!("interrupted ({name}) before every verdict came")),
+                });
             }
         }
     }
@@ -313,14 +456,69 @@ mod tests {
 
     #[test]
     fn the_class_names_every_node_and_accepts_no_portmap() {
-        let class = class_object(&["a".into(), "b".into()], 4790, DEFAULT_SUBNET, DEFAULT_VNI)
-            .expect("class");
+        let deadline: Timestamp = "2026-06-01T12:00:00Z".parse().expect("a time");
+        let class = class_object(
+            &["a".into(), "b".into()],
+            4790,
+            DEFAULT_SUBNET,
+            DEFAULT_VNI,
+            deadline,
+        )
+        .expect("class");
         assert!(kuport_core::api::is_preflight(&class));
+        assert_eq!(
+            preflight_life(&class, deadline),
+            Some(PreflightLife::Live {
+                until: Some(deadline + SignedDuration::from_secs(60))
+            }),
+            "it lives to its deadline (and the skew allowance)"
+        );
         assert_eq!(class.spec.nodes.len(), 2);
         assert_eq!(class.spec.nodes["a"].interfaces, ["lo"]);
         assert_eq!((class.spec.ports.min, class.spec.ports.max), (1, 1));
         assert_eq!(class.spec.ports.reserved, [1]);
         assert_eq!(class.spec.return_path.vxlan.port, 4790);
+    }
+
+    #[test]
+    fn only_an_expired_preflight_class_is_replaced() {
+        let deadline: Timestamp = "2026-06-01T12:00:00Z".parse().expect("a time");
+        let class = class_object(&["a".into()], 4790, DEFAULT_SUBNET, DEFAULT_VNI, deadline)
+            .expect("class");
+        let live = replaceable(&class, deadline).expect_err("live at its deadline");
+        assert!(live.contains("already exists"), "{live}");
+        assert!(
+            live.contains("stays live until 2026-06-01T12:01:00Z"),
+            "{live}"
+        );
+        let after = deadline + SignedDuration::from_secs(61);
+        let why = replaceable(&class, after).expect("expired a minute after it");
+        assert!(why.contains("expired"), "{why}");
+        let mut foreign = class.clone();
+        foreign.metadata.annotations = None;
+        let refused = replaceable(&foreign, after).expect_err("not a preflight class");
+        assert!(refused.contains("not a preflight class"), "{refused}");
+    }
+
+    #[test]
+    fn a_kept_class_lives_longer() {
+        use clap::Parser as _;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: PreflightArgs,
+        }
+        let now: Timestamp = "2026-06-01T12:00:00Z".parse().expect("a time");
+        let plain = Cli::parse_from(["kuport", "--timeout", "30s"]).args;
+        assert_eq!(
+            deadline(&plain, now).expect("a deadline").to_string(),
+            "2026-06-01T12:01:30Z"
+        );
+        let kept = Cli::parse_from(["kuport", "--timeout", "30s", "--keep"]).args;
+        assert_eq!(
+            deadline(&kept, now).expect("a deadline").to_string(),
+            "2026-06-01T12:16:30Z"
+        );
     }
 
     #[test]

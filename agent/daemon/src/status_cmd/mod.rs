@@ -8,6 +8,8 @@
 //! the same way.
 
 pub mod agents;
+mod classes;
+mod condition;
 mod explain;
 mod fetch;
 pub mod render;

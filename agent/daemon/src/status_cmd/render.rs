@@ -3,14 +3,13 @@
 //! of one mapping. Nothing here performs I/O or reads the clock, so recorded dumps give golden
 //! outputs.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
-use kuport_core::api::{PortMap, PortMapClass, ReturnPathMode, ServingMode, conditions};
+use kuport_core::api::{PortMap, PortMapClass, conditions};
 use kuport_core::plan::Plan;
-use kuport_core::snapshot::{HostFacts, Snapshot, node_is_ready};
+use kuport_core::snapshot::{HostFacts, Snapshot};
 use serde::Serialize;
 
 pub(super) use super::agents::ago;
@@ -18,6 +17,11 @@ use super::agents::{
     AgentSelector, AgentState, AgentView, Agents, DaemonSetView, agent_state_text, agents,
     image_version,
 };
+pub use super::classes::{ClassNodeView, ClassView, LinkView};
+use super::classes::{check_problems, class_problems, class_text, class_view};
+pub(super) use super::classes::{mode, serving};
+pub use super::condition::ConditionView;
+use super::condition::condition;
 use super::terminal::{Escape, escape_keeping_lines};
 use crate::objects::{Dump, Unread};
 
@@ -25,28 +29,6 @@ use crate::objects::{Dump, Unread};
 /// subdomain), so every node is seen through its class rows alike, and the global decisions
 /// (acceptance, endpoint, serving and programming nodes, Programmed) do not depend on it.
 const NO_NODE: &str = "(kuport status)";
-
-/// `{status, reason, message}` of a condition.
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
-pub struct ConditionView {
-    pub status: String,
-    pub reason: String,
-    pub message: String,
-}
-
-impl ConditionView {
-    fn of(c: &Condition) -> Self {
-        Self {
-            status: c.status.clone(),
-            reason: c.reason.clone(),
-            message: c.message.clone(),
-        }
-    }
-
-    fn is_true(&self) -> bool {
-        self.status == conditions::TRUE
-    }
-}
 
 /// The endpoint a mapping delivers to, as its status says.
 #[derive(Clone, Debug, Serialize)]
@@ -104,47 +86,6 @@ pub struct ComputedView {
     pub endpoint: Option<EndpointView>,
 }
 
-/// One node named by a class.
-#[derive(Clone, Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ClassNodeView {
-    pub name: String,
-    /// The node accepts now: a Ready Node and a ready row.
-    pub accepting: bool,
-    /// Whether a Node object of this name exists and is Ready.
-    pub node_ready: bool,
-    /// The row its agent wrote; absent when none.
-    pub row_ready: Option<bool>,
-    pub message: Option<String>,
-    /// Interface → address, as the row says.
-    pub addresses: BTreeMap<String, String>,
-}
-
-/// One return-link claim of a class.
-#[derive(Clone, Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct LinkView {
-    pub key: String,
-    pub slot: i32,
-    pub subnet: String,
-    pub unused_since: Option<String>,
-    /// The mappings whose traffic crosses this link (`namespace/name`), sorted.
-    pub used_by: Vec<String>,
-}
-
-/// One class.
-#[derive(Clone, Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ClassView {
-    pub name: String,
-    pub mode: String,
-    pub serving_mode: String,
-    pub ready: Option<ConditionView>,
-    pub nodes: Vec<ClassNodeView>,
-    pub links: Vec<LinkView>,
-    pub ok: bool,
-}
-
 /// The whole report: what `-o json` prints.
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -191,7 +132,7 @@ escape_fields! {
         programmed, status_writer, computed, nodes_without_agent;
     ClassNodeView => name, message, addresses;
     LinkView => key, subnet, unused_since, used_by;
-    ClassView => name, mode, serving_mode, ready, nodes, links;
+    ClassView => name, mode, serving_mode, ready, nodes, links, expired;
     AgentView => node, version, last_pass_time, classes, pod, image, waiting;
     DaemonSetView => namespace, name, image;
     Unread => what, why;
@@ -213,10 +154,6 @@ pub(super) fn ns_name(pm: &PortMap) -> (String, String) {
         pm.metadata.namespace.clone().unwrap_or_default(),
         pm.metadata.name.clone().unwrap_or_default(),
     )
-}
-
-fn condition<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
-    conditions.iter().find(|c| c.type_ == type_)
 }
 
 pub(super) fn mapping_view(pm: &PortMap) -> MappingView {
@@ -288,130 +225,6 @@ fn mapping_problem(m: &MappingView) -> Option<String> {
         (Some(_), Some(p)) => format!("{who} is not programmed: {} ({})", p.reason, p.message),
         (Some(_), None) => format!("{who} is accepted but has no Programmed condition yet"),
     })
-}
-
-pub(super) fn mode(c: &PortMapClass) -> &'static str {
-    match c.spec.return_path.mode {
-        ReturnPathMode::Vxlan => "Vxlan",
-        ReturnPathMode::None => "None",
-    }
-}
-
-pub(super) fn serving(c: &PortMapClass) -> &'static str {
-    match c.spec.serving_mode {
-        ServingMode::Single => "Single",
-        ServingMode::Multi => "Multi",
-    }
-}
-
-fn class_view(c: &PortMapClass, snapshot: &Snapshot, plan: &Plan) -> ClassView {
-    let name = c.metadata.name.clone().unwrap_or_default();
-    let status = c.status.clone().unwrap_or_default();
-    let nodes = c
-        .spec
-        .nodes
-        .keys()
-        .map(|node| {
-            let node_ready = snapshot
-                .nodes
-                .iter()
-                .find(|n| n.metadata.name.as_deref() == Some(node))
-                .is_some_and(node_is_ready);
-            let row = status.nodes.iter().find(|r| &r.name == node);
-            ClassNodeView {
-                name: node.clone(),
-                accepting: node_ready && row.is_some_and(|r| r.ready),
-                node_ready,
-                row_ready: row.map(|r| r.ready),
-                message: row.and_then(|r| r.message.clone()),
-                addresses: row.map(|r| r.addresses.clone()).unwrap_or_default(),
-            }
-        })
-        .collect();
-    let mut used: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
-    for d in &plan.portmaps {
-        for l in d.links.iter().filter(|l| l.class == name) {
-            used.entry(l.key.as_str())
-                .or_default()
-                .insert(format!("{}/{}", d.namespace, d.name));
-        }
-    }
-    let links = status
-        .links
-        .iter()
-        .map(|l| LinkView {
-            key: l.key.clone(),
-            slot: l.slot,
-            subnet: l.subnet.clone(),
-            unused_since: l.unused_since.as_ref().map(|t| t.0.to_string()),
-            used_by: used
-                .get(l.key.as_str())
-                .map(|s| s.iter().cloned().collect())
-                .unwrap_or_default(),
-        })
-        .collect();
-    let ready = condition(&status.conditions, conditions::READY).map(ConditionView::of);
-    let ok = ready.as_ref().is_some_and(ConditionView::is_true);
-    ClassView {
-        name,
-        mode: mode(c).to_owned(),
-        serving_mode: serving(c).to_owned(),
-        ready,
-        nodes,
-        links,
-        ok,
-    }
-}
-
-fn class_problems(c: &ClassView, out: &mut Vec<String>) {
-    match &c.ready {
-        None => out.push(format!(
-            "PortMapClass {} has no Ready condition yet: no agent of its nodes has written it",
-            c.name
-        )),
-        Some(r) if !r.is_true() => out.push(format!(
-            "PortMapClass {} is not ready: {} ({})",
-            c.name, r.reason, r.message
-        )),
-        Some(_) => {}
-    }
-    for n in c.nodes.iter().filter(|n| !n.accepting) {
-        let why = if !n.node_ready {
-            "its Node is not Ready or does not exist".to_owned()
-        } else {
-            match (n.row_ready, &n.message) {
-                (None, _) => "no agent has written its row (is kuport running there?)".to_owned(),
-                (Some(false), Some(m)) => m.clone(),
-                _ => "its row is not ready".to_owned(),
-            }
-        };
-        out.push(format!(
-            "node {} does not accept for PortMapClass {}: {why}",
-            n.name, c.name
-        ));
-    }
-}
-
-/// The node checks the agents report failing in their rows (`status.nodes[].checks`), once per
-/// node and check however many classes' rows carry it, in class then node order.
-fn check_problems<'a>(classes: impl Iterator<Item = &'a PortMapClass>, out: &mut Vec<String>) {
-    let mut classes: Vec<&PortMapClass> = classes.collect();
-    classes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-    let mut seen = BTreeSet::new();
-    for row in classes
-        .iter()
-        .flat_map(|c| c.status.iter().flat_map(|s| &s.nodes))
-    {
-        for check in row.checks.iter().filter(|c| c.ok == Some(false)) {
-            let problem = format!(
-                "node {}: check {} failed: {}",
-                row.name, check.name, check.message
-            );
-            if seen.insert(problem.clone()) {
-                out.push(problem);
-            }
-        }
-    }
 }
 
 /// The offline plan over the dump: the global decisions every agent computes alike.
@@ -492,7 +305,7 @@ pub fn report(dump: &Dump, now: Timestamp, options: &ReportOptions) -> StatusRep
     let used: BTreeSet<&str> = mappings.iter().map(|m| m.class.as_str()).collect();
     let classes: Vec<ClassView> = classes
         .into_iter()
-        .map(|c| class_view(c, snapshot, &plan))
+        .map(|c| class_view(c, snapshot, &plan, now))
         .collect();
     let mut problems = agents.problems.clone();
     for m in &mappings {
@@ -807,57 +620,6 @@ fn mappings_text(out: &mut String, mappings: &[MappingView], namespace: Option<&
     ));
 }
 
-/// One class: its mode and readiness, then a line per node and per link.
-fn class_text(out: &mut String, c: &ClassView) {
-    let state = c.ready.as_ref().map_or_else(
-        || "Ready unknown (no status yet)".to_owned(),
-        |r| format!("Ready={} {}", r.status, r.reason),
-    );
-    let accepting = c.nodes.iter().filter(|n| n.accepting).count();
-    let _ = writeln!(
-        out,
-        "{}: {} {}, {state}, {accepting}/{} nodes accepting",
-        c.name,
-        c.mode,
-        c.serving_mode,
-        c.nodes.len()
-    );
-    for n in &c.nodes {
-        let what = if n.accepting {
-            let addrs: Vec<String> = n
-                .addresses
-                .iter()
-                .map(|(i, a)| format!("{i}={a}"))
-                .collect();
-            format!("accepting ({})", addrs.join(", "))
-        } else if !n.node_ready {
-            "not accepting: its Node is not Ready or does not exist".to_owned()
-        } else {
-            match (n.row_ready, &n.message) {
-                (None, _) => "not accepting: no row from its agent".to_owned(),
-                (Some(false), Some(m)) => format!("not accepting: {m}"),
-                _ => "not accepting: its row is not ready".to_owned(),
-            }
-        };
-        let _ = writeln!(out, "  node {}: {what}", n.name);
-    }
-    for l in &c.links {
-        let use_ = if l.used_by.is_empty() {
-            match &l.unused_since {
-                Some(t) => format!("unused since {t}"),
-                None => "not needed by any mapping".to_owned(),
-            }
-        } else {
-            format!("used by {}", l.used_by.join(", "))
-        };
-        let _ = writeln!(
-            out,
-            "  link {}: slot {} {}, {use_}",
-            l.key, l.slot, l.subnet
-        );
-    }
-}
-
 /// The Agents section: the DaemonSets and their counts, then a line per node.
 fn agents_text(out: &mut String, r: &StatusReport, now: Timestamp) {
     match &r.daemon_sets {
@@ -918,6 +680,7 @@ fn agents_text(out: &mut String, r: &StatusReport, now: Timestamp) {
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::core::v1::Event;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
     use super::super::explain::{explain, explain_text};
     use super::*;

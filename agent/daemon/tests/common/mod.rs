@@ -18,7 +18,8 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::api::{Api, PostParams};
 use kuport::agent::{
-    Agent, AgentConfig, AgentError, CancellationToken, Health, HostWatch, Metrics, PassHook,
+    Agent, AgentConfig, AgentError, CancellationToken, Clock, Health, HostWatch, Metrics,
+    PassHook,
     StopPolicy,
 };
 use kuport_core::api::{PortMap, PortMapClass};
@@ -76,6 +77,8 @@ pub struct Cluster {
     pub api_timeout: Duration,
     /// Gives each agent started next a pass hook, by the agent's name.
     pub pass_hooks: Option<PassHooks>,
+    /// The wall clock of the agents started next (the system's when `None`).
+    pub clock: Option<Clock>,
 }
 
 pub fn client_for(url: &str) -> kube::Client {
@@ -185,6 +188,7 @@ impl Cluster {
             last_rbac_check: std::sync::Mutex::new(None),
             api_timeout: Duration::from_secs(2),
             pass_hooks: None,
+            clock: None,
         })
     }
 
@@ -213,6 +217,7 @@ impl Cluster {
             last_rbac_check: std::sync::Mutex::new(None),
             api_timeout: Duration::from_secs(2),
             pass_hooks: None,
+            clock: None,
         }
     }
 
@@ -305,6 +310,9 @@ impl Cluster {
         config.retry_min = Duration::from_millis(50);
         config.retry_max = Duration::from_millis(500);
         config.api_timeout = self.api_timeout;
+        if let Some(clock) = &self.clock {
+            config.clock = clock.clone();
+        }
         let client = match &self.agent_client {
             Some(client) => client.clone(),
             None => client_for(&self.url),

@@ -255,7 +255,7 @@ impl<H: Host> Agent<H> {
                     _ = sleep_until_opt(host_changes.due_at()) => Wake::Pass,
                     event = host_changes.next() => Wake::Host(event),
                     _ = tokio::time::sleep_until(schedule.next_verify()) => Wake::Pass,
-                    _ = sleep_until_opt(schedule.retry_at()) => Wake::Pass,
+                    _ = sleep_until_opt(schedule.timer()) => Wake::Pass,
                 };
                 match wake {
                     Wake::Written(done) => {
@@ -289,6 +289,7 @@ impl<H: Host> Agent<H> {
                     self.end_pass(pass, outcome, &mut in_flight, &mut schedule);
                 }
                 Applied::Ok(to_write) => {
+                    schedule.plan_changes_at(to_write.changes_at);
                     in_flight.hand_over(pass, to_write.refused);
                     if let Some(replaced) = status.submit(to_write.into_job(pass.id, &wanted)) {
                         self.superseded(replaced, &mut in_flight);

@@ -37,6 +37,8 @@ pub(super) struct ToWrite {
     classes: Vec<PortMapClass>,
     /// The kernel refused part of the datapath.
     pub refused: bool,
+    /// When the plan changes by time alone (`Plan::changes_at`), on the loop's clock.
+    pub changes_at: Option<Instant>,
 }
 
 impl ToWrite {
@@ -110,6 +112,9 @@ impl<H: Host> Agent<H> {
             writes: std::mem::take(&mut plan.writes),
             classes,
             refused: !self.refusals.is_empty(),
+            changes_at: plan
+                .changes_at
+                .map(|at| on_loop_clock(at, &self.config.clock, now)),
         });
         (applied, underlay)
     }
@@ -188,6 +193,13 @@ impl<H: Host> Agent<H> {
             hook(snapshot, plan);
         }
     }
+}
+
+/// The loop's instant of the wall-clock time `at`: `now` plus how far `clock` is from it (now
+/// when it has passed).
+fn on_loop_clock(at: k8s_openapi::jiff::Timestamp, clock: &Clock, now: Instant) -> Instant {
+    let ahead = at.duration_since(clock.now());
+    now + std::time::Duration::try_from(ahead).unwrap_or_default()
 }
 
 /// The plan, off the async workers unless configured inline; a panic in it fails the pass

@@ -30,6 +30,8 @@ pub(super) struct Schedule {
     retry_at: Option<Instant>,
     retry_delay: Duration,
     verify_owed: bool,
+    /// When the last plan changes by time alone (a preflight class's deadline).
+    changes_at: Option<Instant>,
     resync: Duration,
     retry_min: Duration,
     retry_max: Duration,
@@ -43,6 +45,7 @@ impl Schedule {
             retry_at: None,
             retry_delay: config.retry_min,
             verify_owed: false,
+            changes_at: None,
             resync: config.resync,
             retry_min: config.retry_min,
             retry_max: config.retry_max,
@@ -56,6 +59,10 @@ impl Schedule {
         let verify = self.first || self.verify_owed || link_changed || now >= self.next_verify;
         self.first = false;
         self.retry_at = None;
+        // Due: this pass plans past it (a plan whose pass fails is recomputed by the retry).
+        if self.changes_at.is_some_and(|at| at <= now) {
+            self.changes_at = None;
+        }
         if verify {
             self.next_verify = now + self.resync;
         }
@@ -85,6 +92,26 @@ impl Schedule {
         }
     }
 
+    /// The plan a pass applied changes by time alone at `at` (`Plan::changes_at`): a pass runs
+    /// then, whatever the resync says.
+    pub(super) fn plan_changes_at(&mut self, at: Option<Instant>) {
+        self.changes_at = at;
+    }
+
+    /// When the last applied plan changes by time alone, if it does.
+    #[cfg(test)]
+    pub(super) fn changes_at(&self) -> Option<Instant> {
+        self.changes_at
+    }
+
+    /// When a pass is due other than at the resync: a retry, or the plan changing by time.
+    pub(super) fn timer(&self) -> Option<Instant> {
+        match (self.retry_at, self.changes_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     /// Whether no pass has started yet (the first runs as soon as the watches synced).
     pub(super) fn is_first(&self) -> bool {
         self.first
@@ -96,6 +123,7 @@ impl Schedule {
     }
 
     /// When a retry is due, if one is.
+    #[cfg(test)]
     pub(super) fn retry_at(&self) -> Option<Instant> {
         self.retry_at
     }
@@ -222,6 +250,25 @@ mod tests {
         config.resync = Duration::from_secs(300);
         let now = Instant::now();
         (Schedule::new(&config, now), now)
+    }
+
+    #[test]
+    fn a_plan_that_changes_by_time_alone_wakes_a_pass_once_then() {
+        let (mut s, t0) = schedule();
+        s.start_pass(false, t0);
+        let at = t0 + Duration::from_secs(30);
+        s.plan_changes_at(Some(at));
+        assert_eq!(s.timer(), Some(at));
+        s.start_pass(false, t0 + Duration::from_secs(1));
+        assert_eq!(s.changes_at(), Some(at), "an earlier pass leaves it due");
+        s.end_pass(&outcome(true, false), false, t0 + Duration::from_secs(1));
+        assert_eq!(
+            s.timer(),
+            Some(t0 + Duration::from_millis(1200)),
+            "a retry due first comes first"
+        );
+        s.start_pass(false, at);
+        assert_eq!(s.changes_at(), None, "the pass at that time plans past it");
     }
 
     #[test]
