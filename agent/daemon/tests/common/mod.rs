@@ -18,8 +18,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::api::{Api, PostParams};
 use kuport::agent::{
-    Agent, AgentConfig, AgentError, CancellationToken, Clock, Health, HostWatch, Metrics,
-    PassHook,
+    Agent, AgentConfig, AgentError, CancellationToken, Clock, Health, HostWatch, Metrics, PassHook,
     StopPolicy,
 };
 use kuport_core::api::{PortMap, PortMapClass};
