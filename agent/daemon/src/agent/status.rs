@@ -30,7 +30,7 @@ use kuport_core::plan::unknown_fields::keep_unknown_fields;
 use kuport_core::plan::{AcceptedReason, PortMapWrite, Writes};
 use tokio::time::Instant;
 
-use super::budget::TokenBucket;
+use super::budget::KeyedBuckets;
 use super::events::{EventSink, PendingEvent};
 use super::refusal::{patch_not_applied, refusal_reason};
 
@@ -92,7 +92,7 @@ const WRITES_IN_FLIGHT: usize = 8;
 pub const PORTMAP_WRITE_BURST: f64 = 5.0;
 /// ... and then one per this: a tenant toggling its mappings' interfaces, or a pod flapping,
 /// costs the API server (and every watcher of PortMaps) at most this many writes, and the
-/// state it settles on is written when the budget allows (see [`write_budget`]).
+/// state it settles on is written when the budget allows (see [`write_budgets`]).
 pub const PORTMAP_WRITE_EVERY: Duration = Duration::from_secs(2);
 
 impl StatusOutcome {
@@ -128,8 +128,8 @@ pub(crate) struct StatusWriter {
     raw_classes: Option<Store<DynamicObject>>,
     /// Writes held back, each with when it was first held (see [`SETTLE`]).
     holds: Mutex<BTreeMap<Held, Instant>>,
-    /// Each PortMap's write budget (see [`PORTMAP_WRITE_BURST`]); a full bucket is forgotten.
-    budgets: Mutex<BTreeMap<(String, String), TokenBucket>>,
+    /// Each PortMap's write budget (see [`write_budgets`]).
+    budgets: Mutex<KeyedBuckets<(String, String)>>,
 }
 
 /// A PortMap status write that the API server accepted: the `resourceVersion` it replaced and
@@ -179,7 +179,7 @@ impl StatusWriter {
             echoes: Mutex::new(BTreeMap::new()),
             raw_classes: None,
             holds: Mutex::new(BTreeMap::new()),
-            budgets: Mutex::new(BTreeMap::new()),
+            budgets: Mutex::new(write_budgets()),
         }
     }
 
@@ -278,16 +278,13 @@ impl StatusWriter {
     }
 
     /// Spends a token of the write budget of PortMap `namespace/name`, or says when one is
-    /// there (see [`write_budget`]).
+    /// there (see [`write_budgets`]).
     fn spend_write(&self, namespace: &str, name: &str) -> Result<(), Instant> {
         let now = Instant::now();
-        let mut budgets = self.budgets.lock().unwrap_or_else(PoisonError::into_inner);
-        // Full buckets say nothing a new one would not: forgotten, so deleted PortMaps go too.
-        budgets.retain(|_, b| !b.is_full(now));
-        budgets
-            .entry((namespace.to_owned(), name.to_owned()))
-            .or_insert_with(|| write_budget(now))
-            .take(now)
+        self.budgets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take((namespace.to_owned(), name.to_owned()), now)
     }
 
     /// Whether the write of PortMap `key` is past its budget: then it is held (not lost: a pass
@@ -310,10 +307,10 @@ impl StatusWriter {
 
     /// Gives back the token of a write of PortMap `namespace/name` that did not land.
     fn refund_write(&self, namespace: &str, name: &str) {
-        let mut budgets = self.budgets.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(b) = budgets.get_mut(&(namespace.to_owned(), name.to_owned())) {
-            b.refund();
-        }
+        self.budgets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .refund(&(namespace.to_owned(), name.to_owned()));
     }
 
     /// Holds back the write of `key` (see [`SETTLE`]): when it is due, if it is not yet.
@@ -761,12 +758,8 @@ impl StatusWriter {
 /// past the budget is held (like a settling one) and a pass writes the object's state then;
 /// nothing is dropped. Class statuses have none: every accepting node writes its own row, and
 /// the links of every tenant's mappings wait on them.
-fn write_budget(now: Instant) -> TokenBucket {
-    TokenBucket::full(
-        PORTMAP_WRITE_BURST,
-        1.0 / PORTMAP_WRITE_EVERY.as_secs_f64(),
-        now,
-    )
+fn write_budgets() -> KeyedBuckets<(String, String)> {
+    KeyedBuckets::new(PORTMAP_WRITE_BURST, 1.0 / PORTMAP_WRITE_EVERY.as_secs_f64())
 }
 
 /// An Event's note for a condition: `Programmed is False: <message>`, or without the colon
