@@ -7,7 +7,8 @@ use std::fmt::Write as _;
 
 use k8s_openapi::jiff::Timestamp;
 use kuport_core::api::{
-    PortMapClass, PreflightLife, ReturnPathMode, ServingMode, conditions, preflight_life,
+    NamespacePorts, PortMapClass, PreflightLife, ReturnPathMode, ServingMode, conditions,
+    preflight_life,
 };
 use kuport_core::plan::Plan;
 use kuport_core::snapshot::{Snapshot, node_is_ready};
@@ -53,6 +54,10 @@ pub struct ClassView {
     pub ready: Option<ConditionView>,
     pub nodes: Vec<ClassNodeView>,
     pub links: Vec<LinkView>,
+    /// Ports each namespace's accepted PortMaps hold against its quota, as the accepting
+    /// nodes wrote them (`status.namespaces`); absent when no namespace holds any.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub namespaces: Vec<NamespacePorts>,
     pub ok: bool,
     /// Why a preflight class no longer counts (its deadline passed, by this command's clock);
     /// absent for every other class.
@@ -138,6 +143,7 @@ pub(super) fn class_view(
         ready,
         nodes,
         links,
+        namespaces: status.namespaces.clone(),
         ok: ok && expired.is_none(),
         expired,
     }
@@ -237,6 +243,18 @@ pub(super) fn class_text(out: &mut String, c: &ClassView) {
         };
         let _ = writeln!(out, "  node {}: {what}", n.name);
     }
+    if !c.namespaces.is_empty() {
+        let shares: Vec<String> = c
+            .namespaces
+            .iter()
+            .map(|n| format!("{} {}/{}", n.namespace, n.used_ports, n.quota_ports))
+            .collect();
+        let _ = writeln!(
+            out,
+            "  ports per namespace (used/quota): {}",
+            shares.join(", ")
+        );
+    }
     for l in &c.links {
         let use_ = if l.used_by.is_empty() {
             match &l.unused_since {
@@ -256,10 +274,11 @@ pub(super) fn class_text(out: &mut String, c: &ClassView) {
 
 #[cfg(test)]
 mod tests {
-    use kuport_core::api::{PREFLIGHT_ANNOTATION, PREFLIGHT_DEADLINE_ANNOTATION};
+    use kuport_core::api::{NamespacePorts, PREFLIGHT_ANNOTATION, PREFLIGHT_DEADLINE_ANNOTATION};
 
     use super::super::agents::AgentSelector;
     use super::super::render::{ReportOptions, report};
+    use super::{class_text, class_view};
     use crate::objects::Dump;
 
     /// The standard cluster with a preflight class whose deadline is `deadline`, reported at
@@ -317,5 +336,38 @@ mod tests {
                 .any(|p| p.contains("has no Ready condition yet")),
             "{live:?}"
         );
+    }
+
+    #[test]
+    fn each_namespaces_ports_are_shown_against_its_quota() {
+        let mut c = kuport_testkit::cluster::two_edges_and_worker("169.254.77.0/24");
+        let plan = c.plan("edge-a");
+        let mut class = c.class_mut("public").clone();
+        let view = class_view(&class, &c.snapshot, &plan, kuport_testkit::cluster::now());
+        let mut text = String::new();
+        class_text(&mut text, &view);
+        assert!(!text.contains("ports per namespace"), "{text}");
+        let status = class.status.get_or_insert_with(Default::default);
+        status.namespaces = vec![
+            NamespacePorts {
+                namespace: "games".into(),
+                used_ports: 101,
+                quota_ports: 200,
+            },
+            NamespacePorts {
+                namespace: "mail".into(),
+                used_ports: 2,
+                quota_ports: 1024,
+            },
+        ];
+        let view = class_view(&class, &c.snapshot, &plan, kuport_testkit::cluster::now());
+        let mut text = String::new();
+        class_text(&mut text, &view);
+        assert!(
+            text.contains("  ports per namespace (used/quota): games 101/200, mail 2/1024\n"),
+            "{text}"
+        );
+        let json = serde_json::to_value(&view).expect("a class view is JSON");
+        assert_eq!(json["namespaces"][0]["usedPorts"], 101, "{json}");
     }
 }
