@@ -339,3 +339,97 @@ fn no_pod_network_known_means_no_pod_is_steered_by_destination() {
     );
     assert!(t.dnat.is_some());
 }
+
+/// The pod's node (or a pod it masquerades) dialling the published public address from its LAN
+/// address: the accepting node knows that address from the pod node's row of the class
+/// (`hostAddresses`) and translates it as it does the InternalIP; an address listed in the
+/// row of another node, or not listed at all, is an ordinary client.
+#[test]
+fn the_pod_nodes_lan_address_listed_in_its_row_takes_the_link_end_as_its_source() {
+    const WORKER_LAN: IpAddr = IpAddr::V4(Ipv4Addr::new(192, 168, 1, 12));
+    const THIRD_LAN: IpAddr = IpAddr::V4(Ipv4Addr::new(192, 168, 1, 13));
+    let listing = |addresses: &[&str]| {
+        edge_and_worker()
+            .row("public", "worker-b", json!({}), 1420)
+            .host_addresses("public", "worker-b", addresses)
+            .host_addresses("public", "worker-c", &["192.168.1.13"])
+            .claim("public", "edge-a/worker-b", 0)
+            .endpoint("games", "gs", "gs-0", "worker-b", "10.244.1.5", 3000)
+            .portmap(pm("games", "gs", "public", 3000))
+            .plan_with("edge-a", &edge_facts())
+            .host_state
+    };
+    let edge = listing(&["2001:db8::12", "192.168.1.12", "not an address"]);
+    let link = edge.links[0].clone();
+    let mut p = Packet::new("enp1s0", WORKER_LAN, EDGE_PUBLIC, Protocol::Udp, 3000);
+    p.local = vec![EDGE_PUBLIC, EDGE_MESH];
+    let t = trace(&edge, &p.leaving_by(&link.name));
+    assert_eq!(t.dnat, Some((IpAddr::V4(link.peer_address), 3000)));
+    assert_eq!(t.snat_to, Some(IpAddr::V4(link.address.addr())), "{t:?}");
+    // Another node's listing changes nothing for this link: that client keeps its address.
+    p.saddr = THIRD_LAN;
+    let t = trace(&edge, &p.leaving_by(&link.name));
+    assert!(t.identity_snat && t.snat_to.is_none(), "{t:?}");
+    // Control: not listed, the pod node's LAN address would reach it as its own source.
+    let unlisted = listing(&[]);
+    let mut p = Packet::new("enp1s0", WORKER_LAN, EDGE_PUBLIC, Protocol::Udp, 3000);
+    p.local = vec![EDGE_PUBLIC, EDGE_MESH];
+    let t = trace(&unlisted, &p.leaving_by(&link.name));
+    assert!(t.identity_snat && t.snat_to.is_none(), "{t:?}");
+    // The rules are the same whatever order the row lists its addresses in.
+    let shuffled = listing(&[
+        "192.168.1.12",
+        "not an address",
+        "2001:db8::12",
+        "192.168.1.12",
+    ]);
+    assert_eq!(shuffled.nft, edge.nft);
+}
+
+/// The pod's node lists its host addresses in its row of each class whose links it holds:
+/// not loopback, link-local or link addresses; sorted, IPv4 first. A node holding no link of
+/// the class lists none.
+#[test]
+fn the_pod_node_lists_its_host_addresses_where_it_holds_link_ends() {
+    let mut facts = facts(&[], "wt0", 1400);
+    facts.local_addresses = [
+        "2001:db8::12",
+        "127.0.0.1",
+        "192.168.1.12",
+        "100.64.0.2",
+        "fe80::1",
+        "169.254.77.1",
+        "::1",
+        "10.244.1.1",
+    ]
+    .iter()
+    .map(|a| a.parse().expect("an address"))
+    .collect();
+    let plan = remote().plan_with("worker-b", &facts);
+    let row = &plan
+        .writes
+        .class_rows
+        .iter()
+        .find(|w| w.class == "public")
+        .expect("worker-b writes its row of the link it holds")
+        .row;
+    assert!(!row.links.is_empty(), "{row:?}");
+    assert_eq!(
+        row.host_addresses,
+        ["10.244.1.1", "100.64.0.2", "192.168.1.12", "2001:db8::12"]
+    );
+    // Control: with no link held there is no row, and nothing listed.
+    let alone = edge_and_worker()
+        .endpoint("games", "gs", "gs-0", "worker-b", "10.244.1.5", 3000)
+        .portmap(pm("games", "gs", "public", 3000))
+        .plan_with("worker-b", &facts);
+    assert!(
+        alone
+            .writes
+            .class_rows
+            .iter()
+            .all(|w| w.row.host_addresses.is_empty()),
+        "{:?}",
+        alone.writes.class_rows
+    );
+}

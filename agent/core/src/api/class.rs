@@ -484,6 +484,15 @@ pub struct ClassNodeStatus {
     ))]
     pub addresses6: BTreeMap<String, String>,
 
+    /// Every address of this node's host (either family; not loopback, link-local, or a
+    /// return link's), sorted, at most 32: listed by a node holding return-link ends, so the
+    /// accepting node at the other end of a link recognises this node (or a pod it
+    /// masquerades) dialling a published address from any of them, over the mesh, a LAN or
+    /// a public segment. Used only for flows to this node's own endpoints in this class.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), inner(length(max = 45)))]
+    pub host_addresses: Vec<String>,
+
     /// What the agent read of the CNI's configuration; absent when none was found.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cni: Option<CniInfo>,

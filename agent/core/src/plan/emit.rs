@@ -11,7 +11,7 @@ use super::holders::{self, Holder};
 use super::index::Index;
 use super::pod_network;
 use super::state::{ClassState, Working, link_name, yields_to};
-use crate::api::is_preflight;
+use crate::api::{ClassNodeStatus, is_preflight};
 use crate::ir::{
     ChainId, Counter, DnatRule, Family, HairpinRule, HostState, IpRule, LINK_TTL, Link, MAIN_TABLE,
     PREF_LOOP_GUARD, PREF_REPLY, PortRange, RP_FILTER_LOOSE, Route, Rule, SnatRule, SteerRule,
@@ -53,7 +53,7 @@ fn shortened(text: &str) -> String {
 
 /// A usable link between a programming node and the pod's node, as seen from `this_node`.
 #[derive(Clone, Copy)]
-struct LinkEnds {
+struct LinkEnds<'a> {
     net: Ipv4Net,
     own: Ipv4Addr,
     peer: Ipv4Addr,
@@ -65,10 +65,12 @@ struct LinkEnds {
     peer_ip: Ipv4Addr,
     /// The peer's IPv6 InternalIP, on a dual-stack node: a client address, as `peer_ip`.
     peer_ip6: Option<Ipv6Addr>,
+    /// The peer's row in the link's class: its `hostAddresses` are client addresses too.
+    peer_row: Option<&'a ClassNodeStatus>,
     slot: u32,
 }
 
-impl LinkEnds {
+impl LinkEnds<'_> {
     /// This node's end in `family`.
     fn own_in(&self, family: Family) -> Option<IpAddr> {
         match family {
@@ -80,24 +82,46 @@ impl LinkEnds {
     /// The source NAT of the clients that must not reach the pod's node as themselves
     /// (`Rule::LinkPeerSnat`), in `family`. IPv4: either end's InternalIP. IPv6: the peer's
     /// IPv6 InternalIP only, on a dual-stack mesh; this node's own IPv6 address needs none, as
-    /// no loop guard sends IPv6 to the mesh and the pod's reply follows the link back.
+    /// no loop guard sends IPv6 to the mesh and the pod's reply follows the link back. In
+    /// either family also every host address the peer lists in its row of the class: the pod's
+    /// node reaching this node over a LAN or public segment arrives from one of those, and
+    /// would drop a request with its own address as the source. A peer listing an address not
+    /// its own changes only flows to its own endpoints (the rule matches the peer's end).
     fn peer_snats(&self, family: Family, mark: u32) -> Vec<Rule> {
-        let snat = |client: IpAddr, peer_end: IpAddr, own_end: IpAddr| Rule::LinkPeerSnat {
-            mark,
-            client,
-            peer_end,
-            own_end,
-        };
-        match family {
-            Family::V4 => [self.own_ip, self.peer_ip]
-                .into_iter()
-                .map(|c| snat(c.into(), self.peer.into(), self.own.into()))
-                .collect(),
-            Family::V6 => match (self.peer_ip6, self.peer6, self.own6) {
-                (Some(c), Some(p), Some(o)) => vec![snat(c.into(), p.into(), o.into())],
-                _ => Vec::new(),
+        let (peer_end, own_end, mut clients): (IpAddr, IpAddr, Vec<IpAddr>) = match family {
+            Family::V4 => (
+                self.peer.into(),
+                self.own.into(),
+                vec![self.own_ip.into(), self.peer_ip.into()],
+            ),
+            Family::V6 => match (self.peer6, self.own6) {
+                (Some(p), Some(o)) => (
+                    p.into(),
+                    o.into(),
+                    self.peer_ip6.into_iter().map(IpAddr::V6).collect(),
+                ),
+                _ => return Vec::new(),
             },
-        }
+        };
+        let mut listed: Vec<IpAddr> = self
+            .peer_row
+            .iter()
+            .flat_map(|r| &r.host_addresses)
+            .filter_map(|a| a.trim().parse::<IpAddr>().ok())
+            .filter(|a| Family::of(*a) == family && !clients.contains(a))
+            .collect();
+        listed.sort_unstable();
+        listed.dedup();
+        clients.extend(listed);
+        clients
+            .into_iter()
+            .map(|client| Rule::LinkPeerSnat {
+                mark,
+                client,
+                peer_end,
+                own_end,
+            })
+            .collect()
     }
 
     /// The peer's end in `family`.
@@ -111,7 +135,12 @@ impl LinkEnds {
 
 /// The link between `this_node` and `peer`, if its claim landed and both ends have an
 /// InternalIP. Nothing that uses a slot is emitted before that.
-fn usable_link(index: &Index, class: &ClassState, this_node: &str, peer: &str) -> Option<LinkEnds> {
+fn usable_link<'a>(
+    index: &Index<'a>,
+    class: &ClassState,
+    this_node: &str,
+    peer: &str,
+) -> Option<LinkEnds<'a>> {
     if !class.builds_links() {
         return None;
     }
@@ -137,6 +166,7 @@ fn usable_link(index: &Index, class: &ClassState, this_node: &str, peer: &str) -
         own_ip: index.internal_ip(this_node)?,
         peer_ip: index.internal_ip(peer)?,
         peer_ip6: index.internal_ip6(peer),
+        peer_row: index.row(class.name, peer),
         slot,
     })
 }
@@ -175,7 +205,7 @@ struct Emitter<'a> {
     holders: Vec<Holder>,
     /// What [`Emitter::link_to`] found, by class then peer: thousands of mappings share a few
     /// links, and each link's name is a hash.
-    links_made: FastMap<String, FastMap<String, MadeLink>>,
+    links_made: FastMap<String, FastMap<String, MadeLink<'a>>>,
     /// What [`Emitter::counter`] made, by chain and mapping: a mapping's rules share their
     /// counter per chain.
     counters_made: FastMap<(Family, ChainId, *const MappingDecision), Name>,
@@ -192,7 +222,7 @@ struct Emitter<'a> {
 type LinkAddresses = (Ipv4Addr, Ipv4Addr, Ipv4Addr, Ipv4Addr);
 
 /// A usable link and, when it got a mark, its device name and mark.
-type MadeLink = Option<(LinkEnds, Option<(String, u32)>)>;
+type MadeLink<'a> = Option<(LinkEnds<'a>, Option<(String, u32)>)>;
 
 /// Everything `this_node` must own.
 pub fn emit(
@@ -364,7 +394,7 @@ impl<'a> Emitter<'a> {
     /// The usable link to `peer` in `class`, added (once) with its device name and mark when
     /// it gets one. Asked again for the same link, it answers what it found the first time: the
     /// link, its id and its mark cannot change within a pass.
-    fn link_to(&mut self, class: &ClassState, peer: &str) -> MadeLink {
+    fn link_to(&mut self, class: &ClassState, peer: &str) -> MadeLink<'a> {
         if let Some(made) = self.links_made.get(class.name).and_then(|m| m.get(peer)) {
             return made.clone();
         }
@@ -512,7 +542,7 @@ impl<'a> Emitter<'a> {
     }
 
     /// The link's inner IPv6 ends, set once an IPv6 mapping crosses it.
-    fn carry_v6(&mut self, dev: &str, l: &LinkEnds) {
+    fn carry_v6(&mut self, dev: &str, l: &LinkEnds<'_>) {
         let Some(link) = self.state.links.iter_mut().find(|k| k.name == dev) else {
             return;
         };
@@ -526,7 +556,7 @@ impl<'a> Emitter<'a> {
     /// for its own pods), the source NAT of either end's address, and the reply marks and rule.
     /// The state is sorted and deduplicated in the end, so each is added once, not once per
     /// mapping.
-    fn accepting_shared(&mut self, family: Family, over_link: Option<LinkEnds>) {
+    fn accepting_shared(&mut self, family: Family, over_link: Option<LinkEnds<'_>>) {
         let ends = over_link.map(|l| (l.own, l.peer, l.own_ip, l.peer_ip));
         if !self.accepted_over.insert((family, ends)) {
             return;
@@ -650,7 +680,7 @@ impl<'a> Emitter<'a> {
     /// What every mapping arriving over link `dev` in `family` shares: its marks, ip rules and
     /// route. The state is sorted and deduplicated in the end, so they are added once per link
     /// instead of once per mapping.
-    fn arrival(&mut self, family: Family, dev: String, mark: u32, l: &LinkEnds) {
+    fn arrival(&mut self, family: Family, dev: String, mark: u32, l: &LinkEnds<'_>) {
         if !self.arrivals.insert((family, dev.clone())) {
             return;
         }
@@ -858,7 +888,7 @@ impl<'a> Emitter<'a> {
 
     /// Adds the link to `peer` (once) and returns its device name and mark; `None` when the
     /// node has no mark left for another link.
-    fn link(&mut self, class: &ClassState, peer: &str, l: &LinkEnds) -> Option<(String, u32)> {
+    fn link(&mut self, class: &ClassState, peer: &str, l: &LinkEnds<'_>) -> Option<(String, u32)> {
         let name = link_name(class.name, peer);
         let id = self.link_id(&name)?;
         let mark = self.facts.marks.link_mark(id)?;

@@ -2,7 +2,7 @@
 //! claims it proposes and the garbage collection it performs.
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -48,6 +48,8 @@ pub mod limits {
     pub const LINK_ENDS: usize = 512;
     /// Checks in a row.
     pub const CHECKS: usize = 16;
+    /// Host addresses in a row.
+    pub const HOST_ADDRESSES: usize = 32;
     /// A check's name.
     pub const CHECK_NAME: usize = 63;
     /// A check's message.
@@ -295,6 +297,8 @@ fn class_row(
             .filter_map(|i| Some((i.clone(), facts.interface_address6(i)?.to_string())))
             .collect(),
         held_ports,
+        // Filled by `add_link_ends` where this node holds link ends.
+        host_addresses: Vec::new(),
         warnings: row_warnings(facts.firewall_warnings.iter().chain(&unlisted_note)),
         cni: snapshot.cni.as_ref().map(cni_info),
         // The agent stamps these when it writes the row.
@@ -331,20 +335,57 @@ pub fn add_link_ends(
     cni: Option<&CniFacts>,
     now: Timestamp,
 ) {
+    let addresses = host_addresses(facts, classes);
     for state in classes.values() {
         let ends = link_ends(state, host, this_node, facts);
+        // Listed only where this node holds link ends: there alone the other ends use them.
+        let own_addresses = if ends.is_empty() {
+            Vec::new()
+        } else {
+            addresses.clone()
+        };
         match writes.class_rows.iter_mut().find(|r| r.class == state.name) {
-            Some(write) => write.row.links = ends,
+            Some(write) => {
+                write.row.links = ends;
+                write.row.host_addresses = own_addresses;
+            }
             None if !ends.is_empty() => {
                 let checks = row_checks(state, cni, facts);
-                writes
-                    .class_rows
-                    .push(pod_end_row(state, this_node, ends, checks, now));
+                let mut write = pod_end_row(state, this_node, ends, checks, now);
+                write.row.host_addresses = own_addresses;
+                writes.class_rows.push(write);
             }
             None => {}
         }
     }
     writes.class_rows.sort_by(|a, b| a.class.cmp(&b.class));
+}
+
+/// This node's host addresses as its rows list them (`hostAddresses`): every address on the
+/// host but loopback, link-local and unspecified ones and the classes' return-link addresses,
+/// sorted (IPv4 first), at most [`limits::HOST_ADDRESSES`].
+fn host_addresses(facts: &HostFacts, classes: &BTreeMap<&str, ClassState>) -> Vec<String> {
+    let on_a_link = |a: &IpAddr| {
+        classes.values().any(|c| match a {
+            IpAddr::V4(v4) => c.subnet.is_some_and(|n| n.contains(v4)),
+            IpAddr::V6(v6) => c.subnet6.is_some_and(|n| n.contains(v6)),
+        })
+    };
+    let mut addresses: Vec<IpAddr> = facts
+        .local_addresses
+        .iter()
+        .copied()
+        .filter(|a| !a.is_loopback() && !a.is_unspecified() && !a.is_multicast())
+        .filter(|a| match a {
+            IpAddr::V4(v4) => !v4.is_link_local(),
+            IpAddr::V6(v6) => !v6.is_unicast_link_local(),
+        })
+        .filter(|a| !on_a_link(a))
+        .collect();
+    addresses.sort_unstable();
+    addresses.dedup();
+    addresses.truncate(limits::HOST_ADDRESSES);
+    addresses.iter().map(IpAddr::to_string).collect()
 }
 
 fn link_ends(
@@ -892,6 +933,14 @@ mod tests {
             limits::LINK_MESSAGE
         );
         assert_eq!(bound(&format!("{row}/checks"), "maxItems"), limits::CHECKS);
+        assert_eq!(
+            bound(&format!("{row}/hostAddresses"), "maxItems"),
+            limits::HOST_ADDRESSES
+        );
+        assert_eq!(
+            bound(&format!("{row}/hostAddresses/items"), "maxLength"),
+            45
+        );
         let check = format!("{row}/checks/items/properties");
         assert_eq!(
             bound(&format!("{check}/name"), "maxLength"),
