@@ -338,10 +338,12 @@ impl Cluster {
     ) -> Result<()> {
         self.ensure_service(namespace, service, pods, families)
             .await?;
+        // Each node delivers only to Pods bound to it: their objects come first, against the
+        // model as against the real control plane (whose controller writes the slices).
+        for pod in pods {
+            self.sync_pod(namespace, service, pod).await?;
+        }
         if self.real {
-            for pod in pods {
-                self.sync_pod(namespace, service, pod).await?;
-            }
             return Ok(());
         }
         for family in families {
@@ -352,15 +354,17 @@ impl Cluster {
 
     /// Kubelet's part for one pod: its Pod object bound to its node (created again when it
     /// moved: `nodeName` cannot change), then its status: running, its IP, its readiness.
-    async fn sync_pod(&self, namespace: &str, service: &str, pod: &PodInfo) -> Result<()> {
+    /// `service` is its `app` label (its Service's selector).
+    pub async fn sync_pod(&self, namespace: &str, service: &str, pod: &PodInfo) -> Result<()> {
         let name = &pod.spec.name;
         let what = format!("Pod {namespace}/{name}");
         // The ServiceAccount admission refuses pods whose account does not exist, and no
-        // controller creates `default` here.
-        if self
-            .get("ServiceAccount", Some(namespace), "default")
-            .await?
-            .is_none()
+        // controller creates `default` here (the model has neither).
+        if self.real
+            && self
+                .get("ServiceAccount", Some(namespace), "default")
+                .await?
+                .is_none()
         {
             self.apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
                 "metadata": {"name": "default", "namespace": namespace}}))

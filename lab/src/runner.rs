@@ -261,6 +261,13 @@ impl Runner<'_> {
             topology::start_pod(self.lab, &mut self.topo, &pod, &pod.node)?;
         }
         topology::check_ipv6(&self.topo)?;
+        // Every pod's Pod object, bound to its node, as a kubelet would have it: a node's agent
+        // delivers only to the addresses of its own Pods (those of a Service again below).
+        for pod in self.topo.pods.values().filter(|p| p.spec.service.is_none()) {
+            self.cluster()?
+                .sync_pod(&pod.spec.namespace, &pod.spec.name, pod)
+                .await?;
+        }
         let services: Vec<(String, String)> = self
             .topo
             .pods
@@ -695,8 +702,15 @@ impl Runner<'_> {
         if let Some(p) = self.topo.pods.get_mut(&m.pod) {
             p.ready = pod.ready;
         }
-        if let Some(svc) = &pod.spec.service {
-            self.sync_service(&pod.spec.namespace, svc).await?;
+        match &pod.spec.service {
+            Some(svc) => self.sync_service(&pod.spec.namespace, svc).await?,
+            None => {
+                if let Some(moved) = self.topo.pods.get(&m.pod) {
+                    self.cluster()?
+                        .sync_pod(&pod.spec.namespace, &pod.spec.name, moved)
+                        .await?;
+                }
+            }
         }
         let ip = self.topo.pods.get(&m.pod).map(|p| p.ip.to_string());
         Ok((

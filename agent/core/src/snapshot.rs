@@ -58,9 +58,14 @@ pub struct Snapshot {
     /// offline dump that left Services out says nothing of them (`kuport plan` sets this when
     /// its input holds any Service: every cluster has `default/kubernetes`).
     pub services_listed: bool,
-    /// Pods, for their hostPorts: the agent watches only its own node's, the plan reads only
-    /// those bound to the node it plans for.
+    /// Pods, for their hostPorts and addresses: the agent watches only its own node's, the
+    /// plan reads only those bound to the node it plans for.
     pub pods: Vec<Pod>,
+    /// Whether `pods` holds every Pod bound to the node planned for (the agent's watch): then
+    /// that node delivers only to endpoints at an address of one of them (an EndpointSlice's
+    /// `nodeName` is the tenant's word; a Pod's binding and addresses are the scheduler's and
+    /// the kubelet's). An offline dump without Pods says nothing of them.
+    pub pods_listed: bool,
     /// What `kube-system/cilium-config` says, when it exists.
     pub cni: Option<CniFacts>,
 }

@@ -401,3 +401,103 @@ fn a_row_of_another_class_vetoes_no_endpoint() {
     assert_eq!(reason, P::EndpointNotAllowed, "{message}");
     assert!(message.contains("an address of node edge-c"), "{message}");
 }
+
+/// A running Pod bound to `node` at `ip`, as the kubelet reports it.
+fn running_pod(name: &str, node: &str, ip: &str) -> k8s_openapi::api::core::v1::Pod {
+    let mut pod = kuport_testkit::objects::bound_pod(name, "gs", node, json!({"name": "c"}));
+    pod["metadata"]["namespace"] = json!("games");
+    pod["status"] = json!({"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]});
+    typed(pod, "pod")
+}
+
+/// An EndpointSlice is the word of whoever wrote it. The endpoint's node delivers only to an
+/// address of a Pod of the mapping's namespace bound to it (the scheduler's binding, the
+/// kubelet's address), and reports any other; once its report lands no accepting node forwards
+/// the mapping. Here the slice names worker-b with 10.244.1.77, an address no Pod of `games` on
+/// worker-b has (another node's CNI gateway, say, which the plan cannot know under
+/// cluster-pool IPAM, or another tenant's pod).
+#[test]
+fn the_endpoints_node_delivers_only_to_an_address_of_its_own_pods() {
+    use kuport_core::api::RefusedMapping;
+    use kuport_core::plan::not_a_pod_message;
+    let with_pods = |pods: Vec<k8s_openapi::api::core::v1::Pod>| {
+        let mut c = listing("10.244.1.77", "worker-b");
+        c.snapshot.pods = pods;
+        c.snapshot.pods_listed = true;
+        c
+    };
+    let address = "10.244.1.77".parse().expect("ip");
+    let message = not_a_pod_message(address, "games");
+    let bare = facts(&[], "wt0", 1400);
+    for pods in [
+        vec![],
+        // A Pod with the address, but bound to another node.
+        vec![running_pod("gs-0", "worker-c", "10.244.1.77")],
+        // A Pod of worker-b with the address, but another tenant's.
+        {
+            let mut other = running_pod("private-0", "worker-b", "10.244.1.77");
+            other.metadata.namespace = Some("team-a".into());
+            vec![other]
+        },
+        // Its own Pod, but finished: the address may be another's now.
+        {
+            let mut done = running_pod("gs-0", "worker-b", "10.244.1.77");
+            done.status.as_mut().expect("status").phase = Some("Succeeded".into());
+            vec![done]
+        },
+    ] {
+        let pod = with_pods(pods).plan_with("worker-b", &bare);
+        assert_eq!(pod.writes.refusals.len(), 1, "{:?}", pod.writes.refusals);
+        assert_eq!(pod.writes.refusals[0].message, message);
+        assert!(
+            pod.host_state.nft.rules(ChainId::Pre).is_empty(),
+            "worker-b delivers nothing to an address no Pod of its own has"
+        );
+        let (reason, text) = programmed(&pod);
+        assert_eq!(reason, P::HostRefused);
+        assert!(
+            text.starts_with("on node worker-b, the endpoint address 10.244.1.77 is not an address of a Pod of namespace games bound to this node"),
+            "{text}"
+        );
+    }
+    // Controls: a Pod of worker-b at that address (in any order among others), or Pods not
+    // known at all (an offline dump without them), and worker-b builds its half.
+    let mut pods = vec![
+        running_pod("other", "worker-c", "10.244.2.9"),
+        running_pod("gs-0", "worker-b", "10.244.1.77"),
+        running_pod("more", "worker-b", "10.244.1.78"),
+    ];
+    for _ in 0..3 {
+        pods.rotate_left(1);
+        let plan = with_pods(pods.clone()).plan_with("worker-b", &bare);
+        assert!(
+            plan.writes.refusals.is_empty(),
+            "{:?}",
+            plan.writes.refusals
+        );
+        assert!(!plan.host_state.nft.rules(ChainId::Pre).is_empty());
+    }
+    let unknown = listing("10.244.1.77", "worker-b").plan_with("worker-b", &bare);
+    assert!(!unknown.host_state.nft.rules(ChainId::Pre).is_empty());
+
+    // Once worker-b's report lands, edge-a stops forwarding toward it and says why.
+    let mut reported = with_pods(vec![]);
+    assert!(!dnat_targets(&reported.plan_with("edge-a", &edge_facts())).is_empty());
+    reported
+        .class_mut("public")
+        .status
+        .get_or_insert_with(Default::default)
+        .refused = vec![RefusedMapping {
+        node: "worker-b".into(),
+        mapping: "games/gs".into(),
+        message,
+    }];
+    let edge = reported.plan_with("edge-a", &edge_facts());
+    assert!(dnat_targets(&edge).is_empty(), "{:?}", dnat_targets(&edge));
+    let (reason, text) = programmed(&edge);
+    assert_eq!(reason, P::HostRefused);
+    assert!(
+        text.contains("not an address of a Pod of namespace games"),
+        "{text}"
+    );
+}

@@ -151,6 +151,9 @@ pub fn load_dump(paths: &[PathBuf]) -> Result<Dump, InputError> {
     // Every cluster has the Service default/kubernetes: a recording holding any Service holds
     // them all, and one holding none left them out (the plan then judges no Service missing).
     dump.snapshot.services_listed = !dump.snapshot.services.is_empty();
+    // A recording holding Pods holds those of every node (`kubectl get pods -A`): each node
+    // then delivers only to its own. One holding none says nothing of them.
+    dump.snapshot.pods_listed = !dump.snapshot.pods.is_empty();
     if !dump.snapshot.pods.is_empty() {
         dump.pods = Some(dump.snapshot.pods.clone());
     }

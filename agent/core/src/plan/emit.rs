@@ -412,9 +412,11 @@ impl<'a> Emitter<'a> {
         let (Some(ep), Some(ports)) = (&d.endpoint, d.ports) else {
             return;
         };
-        // The endpoint is an address of its node's own host: that node leaves the mapping out
-        // (and says so), and no accepting node forwards it toward the link.
-        if pod_network::local_endpoint(d, self.node, self.facts).is_some()
+        // The endpoint is an address of its node's own host, or of no Pod bound to that node:
+        // that node leaves the mapping out (and says so), and no accepting node forwards it
+        // toward the link.
+        if pod_network::local_endpoint(d, self.node, self.facts, &self.index.pod_addresses)
+            .is_some()
             || pod_network::refused_as_local(class.class, d)
         {
             return;
@@ -449,7 +451,9 @@ impl<'a> Emitter<'a> {
         let (Some(ep), Some(ports)) = (&d.endpoint, d.ports) else {
             return;
         };
-        if pod_network::local_endpoint(d, self.node, self.facts).is_some() {
+        if pod_network::local_endpoint(d, self.node, self.facts, &self.index.pod_addresses)
+            .is_some()
+        {
             return;
         }
         let translated = (!ports.is_range() && ports.first != ep.port).then_some(ep.port);

@@ -10,7 +10,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::fast_hash::{FastMap, FastSet};
 use super::holders::{self, Holder};
-use super::pod_network::AddressPolicy;
+use super::pod_network::{AddressPolicy, PodAddresses};
 use super::selector;
 use crate::api::{ClassNode, ClassNodeStatus, PortMap, PortMapClass, ReturnPathMode};
 use crate::keys::Name;
@@ -48,6 +48,8 @@ pub struct Index<'a> {
     pub services: FastSet<(&'a str, &'a str)>,
     /// Whether `services` is every Service ([`Snapshot::services_listed`]).
     pub services_listed: bool,
+    /// The listed Pods' addresses by node: the endpoint's node delivers only to its own.
+    pub pod_addresses: PodAddresses<'a>,
     /// PortMaps in conflict order: creation time, then namespace, then name.
     pub portmaps: Vec<&'a PortMap>,
     pub cni: Option<&'a CniFacts>,
@@ -170,6 +172,7 @@ impl<'a> Index<'a> {
             names,
             services: service_names(snapshot),
             services_listed: snapshot.services_listed,
+            pod_addresses: PodAddresses::build(&snapshot.pods, snapshot.pods_listed),
             node_udp_ports: node_udp_ports(&classes, cni),
             node_ports: holders::node_ports(&snapshot.services),
             host_ports: holders::host_ports(&snapshot.pods),

@@ -801,7 +801,7 @@ pub fn gate_all(
                     ProgrammedReason::NotAcknowledged | ProgrammedReason::ReturnLinkDown
                 );
             if explained_by_refusal
-                && let Some(message) = kernel_refusal(class, &w.decision, this_node, facts)
+                && let Some(message) = kernel_refusal(index, class, &w.decision, this_node, facts)
             {
                 outcome = Outcome::new(ProgrammedReason::HostRefused, message);
             }
@@ -1096,6 +1096,7 @@ fn unacknowledged(
 /// the others from their entries in the class status. Only asked once every other gate
 /// passed would let the mapping be programmed.
 fn kernel_refusal(
+    index: &Index,
     class: &ClassState,
     d: &MappingDecision,
     this_node: &str,
@@ -1108,7 +1109,7 @@ fn kernel_refusal(
         .as_ref()
         .map(|s| s.refused.as_slice())
         .unwrap_or_default();
-    let local = super::pod_network::local_endpoint(d, this_node, facts);
+    let local = super::pod_network::local_endpoint(d, this_node, facts, &index.pod_addresses);
     // Nearly every pass of a healthy cluster has nothing refused: ask nothing more then.
     if stored.is_empty() && facts.refusals.is_empty() && local.is_none() {
         return None;

@@ -56,7 +56,7 @@ use crate::keys::{Name, NodePair};
 use crate::snapshot::{HostFacts, Snapshot};
 
 pub use emit::fit_nft_text;
-pub use pod_network::local_endpoint_message;
+pub use pod_network::{local_endpoint_message, not_a_pod_message};
 pub use reasons::{AcceptedReason, ClassReason, Outcome, ProgrammedReason};
 pub use state::link_name;
 pub use status::MAX_ABSENT_CLAIMS;

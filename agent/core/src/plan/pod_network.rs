@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 
 use super::MappingDecision;
 use super::fast_hash::FastMap;
@@ -312,16 +312,90 @@ fn parse_net(text: &str) -> Option<IpNet> {
     text.trim().parse::<IpNet>().ok().map(|n| n.trunc())
 }
 
+/// The addresses of the Pods the snapshot lists, each with the node it is bound to and its
+/// namespace: what the endpoint's node checks an endpoint against. Only Pods that can still run
+/// (not Succeeded or Failed) and that have their own network (not `hostNetwork`, whose address
+/// is the node's).
+#[derive(Debug, Default)]
+pub struct PodAddresses<'a> {
+    /// Whether the snapshot lists every Pod of the node planned for
+    /// ([`crate::snapshot::Snapshot::pods_listed`]); when not, nothing is checked.
+    listed: bool,
+    /// (node, namespace) by address.
+    owner: FastMap<IpAddr, (&'a str, &'a str)>,
+}
+
+impl<'a> PodAddresses<'a> {
+    pub fn build(pods: &'a [Pod], listed: bool) -> Self {
+        let mut owner = FastMap::default();
+        if !listed {
+            return Self { listed, owner };
+        }
+        for pod in pods {
+            let (Some(spec), Some(status)) = (&pod.spec, &pod.status) else {
+                continue;
+            };
+            let (Some(node), Some(namespace)) =
+                (spec.node_name.as_deref(), pod.metadata.namespace.as_deref())
+            else {
+                continue;
+            };
+            let ended = matches!(status.phase.as_deref(), Some("Succeeded" | "Failed"));
+            if ended || spec.host_network == Some(true) {
+                continue;
+            }
+            let ips = status.pod_ips.iter().flatten().map(|p| p.ip.as_str());
+            for ip in ips.chain(status.pod_ip.as_deref()) {
+                if let Ok(address) = ip.trim().parse::<IpAddr>() {
+                    // No two running Pods hold one address; should a stale list say so, the
+                    // least (node, namespace) is kept, so the answer does not depend on order.
+                    owner
+                        .entry(address)
+                        .and_modify(|o: &mut (&'a str, &'a str)| *o = (*o).min((node, namespace)))
+                        .or_insert((node, namespace));
+                }
+            }
+        }
+        Self { listed, owner }
+    }
+
+    /// Whether `address` may be delivered to on `node` for a mapping of `namespace`: a Pod of
+    /// that namespace bound to `node` has it, or the Pods are not known.
+    fn is_pod_of(&self, address: IpAddr, node: &str, namespace: &str) -> bool {
+        !self.listed || self.owner.get(&address) == Some(&(node, namespace))
+    }
+}
+
 /// On the node that translates a mapping to its endpoint (the endpoint's node), why it must not:
-/// the endpoint's address is one of this host's own. The plan's checks see only the addresses
-/// Nodes and rows list; a host also holds addresses inside its pod CIDR (the CNI's gateway on
-/// `cilium_host` or a bridge), and delivering there would hand the port to a host service past
-/// the host firewall. The node leaves the mapping out and reports why in the class status.
-pub fn local_endpoint(d: &MappingDecision, this_node: &str, facts: &HostFacts) -> Option<String> {
+/// the endpoint's address is one of this host's own, or no Pod of the mapping's namespace bound
+/// to this node has it. The plan's checks see only the addresses Nodes and rows list; a host
+/// also holds addresses inside its pod CIDR (the CNI's gateway on `cilium_host` or a bridge),
+/// and delivering there would hand the port to a host service past the host firewall. And an
+/// EndpointSlice is the word of whoever wrote it: one naming this node with another node's
+/// gateway address would have this node forward the traffic on to that host, and one listing
+/// another tenant's pod would publish that pod. The node leaves the mapping out and reports why
+/// in the class status.
+pub fn local_endpoint(
+    d: &MappingDecision,
+    this_node: &str,
+    facts: &HostFacts,
+    pods: &PodAddresses,
+) -> Option<String> {
     let ep = d.endpoint.as_ref().filter(|ep| ep.node == this_node)?;
+    if let Some(address) = ep.addresses().find(|a| facts.local_addresses.contains(a)) {
+        return Some(local_endpoint_message(address));
+    }
     ep.addresses()
-        .find(|a| facts.local_addresses.contains(a))
-        .map(local_endpoint_message)
+        .find(|a| !pods.is_pod_of(*a, this_node, &d.namespace))
+        .map(|a| not_a_pod_message(a, &d.namespace))
+}
+
+/// What the endpoint's node reports when no Pod of the mapping's namespace bound to it has the
+/// endpoint's address. Compared exactly by the accepting nodes, as [`local_endpoint_message`].
+pub fn not_a_pod_message(address: IpAddr, namespace: &str) -> String {
+    format!(
+        "the endpoint address {address} is not an address of a Pod of namespace {namespace} bound to this node: kuport delivers only to the mapping's own pods on the node its EndpointSlice names"
+    )
 }
 
 /// What the endpoint's node reports when it refuses an endpoint at its own address. The
@@ -336,7 +410,8 @@ pub fn local_endpoint_message(address: IpAddr) -> String {
 }
 
 /// True when the endpoint's node reported (in the class status) that the endpoint is an
-/// address of its own host: no accepting node forwards the mapping then.
+/// address of its own host, or of no Pod bound to it: no accepting node forwards the mapping
+/// then.
 pub fn refused_as_local(class: &PortMapClass, d: &MappingDecision) -> bool {
     let Some(ep) = &d.endpoint else {
         return false;
@@ -349,10 +424,13 @@ pub fn refused_as_local(class: &PortMapClass, d: &MappingDecision) -> bool {
     }
     let mapping = MappingKey::new(&d.namespace, &d.name);
     ep.addresses().any(|address| {
-        let message = local_endpoint_message(address);
+        let messages = [
+            local_endpoint_message(address),
+            not_a_pod_message(address, &d.namespace),
+        ];
         status
             .refused
             .iter()
-            .any(|r| r.node == ep.node && mapping == r.mapping && r.message == message)
+            .any(|r| r.node == ep.node && mapping == r.mapping && messages.contains(&r.message))
     })
 }

@@ -139,7 +139,7 @@ pub fn writes(
             writes.gc.extend(gc(state, this_node, now));
         }
     }
-    writes.refusals = kernel_refusal_writes(work, this_node, facts);
+    writes.refusals = kernel_refusal_writes(index, work, this_node, facts);
     writes
 }
 
@@ -548,6 +548,7 @@ fn cni_info(c: &CniFacts) -> CniInfo {
 /// mapping that no longer exists is dropped, and so is a refused link the mapping only keeps as a
 /// standby: its traffic does not use it), sorted.
 fn kernel_refusal_writes(
+    index: &Index,
     work: &[Working],
     this_node: &str,
     facts: &HostFacts,
@@ -569,10 +570,11 @@ fn kernel_refusal_writes(
             })
         })
         .collect();
-    // This node translates these mappings to an address of its own: it leaves them out and
-    // says so, as it would a kernel refusal.
+    // This node translates these mappings to an address of its own, or of no Pod bound to it:
+    // it leaves them out and says so, as it would a kernel refusal.
     out.extend(work.iter().filter(|w| w.decision.emits).filter_map(|w| {
-        let message = pod_network::local_endpoint(&w.decision, this_node, facts)?;
+        let message =
+            pod_network::local_endpoint(&w.decision, this_node, facts, &index.pod_addresses)?;
         Some(KernelRefusalWrite {
             class: w.pm.spec.class_name.clone(),
             mapping: MappingKey::new(&w.decision.namespace, &w.decision.name).into_string(),

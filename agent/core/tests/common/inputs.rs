@@ -289,6 +289,7 @@ pub fn base_snapshot(m: &Model) -> Snapshot {
         // The model's oracles do not judge Services: every PortMap's counts as present.
         services_listed: false,
         pods: Vec::new(),
+        pods_listed: false,
     }
 }
 

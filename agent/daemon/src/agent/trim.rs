@@ -187,13 +187,15 @@ impl Trim for Service {
 }
 
 impl Trim for Pod {
-    /// Only the hostPorts are read (and the node and phase): a Pod spec also holds images,
+    /// Only the hostPorts, the node, `hostNetwork`, the phase and the Pod's addresses are read
+    /// (endpoints are delivered only to the node's own Pods): a Pod spec also holds images,
     /// commands and environment values, which the agent has no business keeping.
     fn trim(&mut self) {
         trim_meta(&mut self.metadata, |_| false);
-        let phase = self.status.take().and_then(|s| s.phase);
-        self.status = phase.map(|phase| PodStatus {
-            phase: Some(phase),
+        self.status = self.status.take().map(|s| PodStatus {
+            phase: s.phase,
+            pod_ip: s.pod_ip,
+            pod_ips: s.pod_ips,
             ..PodStatus::default()
         });
         let Some(spec) = self.spec.take() else {
@@ -219,6 +221,7 @@ impl Trim for Pod {
         };
         self.spec = Some(PodSpec {
             node_name: spec.node_name,
+            host_network: spec.host_network,
             containers: host_ports(spec.containers),
             init_containers: spec
                 .init_containers

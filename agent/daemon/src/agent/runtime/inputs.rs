@@ -104,8 +104,10 @@ macro_rules! watched_kinds {
                     $($snapshot: refresh(&self.$field, previous.$snapshot),)*
                     endpoint_slices: Vec::new(),
                     cni: self.cni.state().first().map(|cm| CniFacts::from_cilium_config(cm)),
-                    // The Service watch lists every Service.
+                    // The Service watch lists every Service, and the Pod watch every Pod
+                    // bound to this node.
                     services_listed: true,
+                    pods_listed: true,
                 };
                 (snapshot, previous.endpoint_slices)
             }
