@@ -412,6 +412,8 @@ fn populate(workload: Workload) -> Result<usize> {
         let mut portmaps = Vec::new();
         let mut slices = Vec::new();
         let mut portmaps_extra = Vec::new();
+        // The agent's own node delivers only to its own Pods: those of its endpoints exist.
+        count += create_own_pods(&client).await?;
         for j in 0..PORTMAPS {
             let (mut pm, slice) = mapping(j)?;
             if annotation > 0 {
@@ -470,6 +472,33 @@ fn bulk(referred: bool, portmaps: &mut Vec<PortMap>) -> Result<Vec<EndpointSlice
 }
 
 /// PortMap `j` and its EndpointSlice: alternating TCP and UDP, the pod on node `j % 500`.
+/// The Pods of the endpoints on the agent's node, bound to it and running at their address (as
+/// the scheduler and the kubelet would have them): the agent delivers only to its own Pods.
+async fn create_own_pods(client: &kube::Client) -> Result<usize> {
+    let mut count = 0;
+    for j in (0..PORTMAPS).filter(|j| node_name(j % NODES) == AGENT_NODE) {
+        let (namespace, name) = (format!("ns-{}", j % NAMESPACES), format!("pm-{j:04}-0"));
+        let api: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), &namespace);
+        let pod = objects::bound_pod(&name, &name, AGENT_NODE, json!({"name": "c", "image": "x"}));
+        let pod = serde_json::from_value(pod).with_context(|| format!("building Pod {name}"))?;
+        api.create(&PostParams::default(), &pod)
+            .await
+            .with_context(|| format!("creating Pod {namespace}/{name}"))?;
+        let ip = endpoint_address(j);
+        let status = json!({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}});
+        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .with_context(|| format!("writing the status of Pod {namespace}/{name}"))?;
+        count += 1;
+    }
+    Ok(count)
+}
+
+/// The address of mapping `j`'s endpoint.
+fn endpoint_address(j: usize) -> String {
+    format!("10.100.{}.{}", j / 250, 1 + j % 250)
+}
+
 fn mapping(j: usize) -> Result<(PortMap, EndpointSlice)> {
     let namespace = format!("ns-{}", j % NAMESPACES);
     let name = format!("pm-{j:04}");
@@ -478,12 +507,9 @@ fn mapping(j: usize) -> Result<(PortMap, EndpointSlice)> {
     let portmap = pm(&namespace, &name, "public", port).protocol(protocol);
     let pm = serde_json::from_value(portmap.object())
         .with_context(|| format!("building PortMap {name}"))?;
-    let pod = endpoint(
-        &format!("10.100.{}.{}", j / 250, 1 + j % 250),
-        &node_name(j % NODES),
-    )
-    .ready(true)
-    .pod(&namespace, &format!("{name}-0"));
+    let pod = endpoint(&endpoint_address(j), &node_name(j % NODES))
+        .ready(true)
+        .pod(&namespace, &format!("{name}-0"));
     let slice = slice(&namespace, &format!("{name}-x"), &name)
         .port("game", protocol, 7_000 + j)
         .endpoint(pod);

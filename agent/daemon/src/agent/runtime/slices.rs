@@ -43,7 +43,15 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::config::jitter_seed_for;
-use super::watch::{LIST_PAGE_SIZE, Watch, passes, watch_backoff};
+use super::watch::{Watch, passes, watch_backoff};
+
+/// Slices per page of the slice watch's list. Every slice of the cluster passes through a page,
+/// decoded whole before those of Services no PortMap refers to are dropped, and a slice may
+/// list 1,000 endpoints (about 340 KB of JSON): 10 keeps a page near 3.4 MB and its decoded
+/// endpoints near as much, where the other watches' 50 measured 76 MiB more peak RSS with
+/// 100 MB of unrelated slices (`docs/performance.md`). A relist of 10,000 slices takes 1,000
+/// requests, which the API server's watch cache answers without etcd.
+const SLICE_PAGE_SIZE: u32 = 10;
 use crate::agent::relevance::{ServiceKey, Services, referred_services};
 use crate::agent::slice_decode::LeanSlice;
 
@@ -196,7 +204,7 @@ impl SliceTask {
             return;
         }
         *self.kept.lock() = Services::of(portmaps.state().iter().map(AsRef::as_ref));
-        let stream = watcher(api, watcher::Config::default().page_size(LIST_PAGE_SIZE)).backoff(
+        let stream = watcher(api, watcher::Config::default().page_size(SLICE_PAGE_SIZE)).backoff(
             watch_backoff(self.watch.jitter_seed ^ jitter_seed_for(KIND)),
         );
         let mut stream = std::pin::pin!(stream);
@@ -385,7 +393,7 @@ async fn list_service(
     let api: Api<LeanSlice> = Api::namespaced(client, namespace);
     let mut params = ListParams::default()
         .labels(&format!("{SERVICE_NAME_LABEL}={name}"))
-        .limit(LIST_PAGE_SIZE);
+        .limit(SLICE_PAGE_SIZE);
     let mut slices = Vec::new();
     loop {
         let page = tokio::time::timeout(timeout, api.list(&params))
