@@ -261,13 +261,7 @@ impl Runner<'_> {
             topology::start_pod(self.lab, &mut self.topo, &pod, &pod.node)?;
         }
         topology::check_ipv6(&self.topo)?;
-        // Every pod's Pod object, bound to its node, as a kubelet would have it: a node's agent
-        // delivers only to the addresses of its own Pods (those of a Service again below).
-        for pod in self.topo.pods.values().filter(|p| p.spec.service.is_none()) {
-            self.cluster()?
-                .sync_pod(&pod.spec.namespace, &pod.spec.name, pod)
-                .await?;
-        }
+        self.sync_lone_pods().await?;
         let services: Vec<(String, String)> = self
             .topo
             .pods
@@ -279,6 +273,18 @@ impl Runner<'_> {
         }
         for node in self.topo.nodes.clone() {
             self.start_agent(&node.name)?;
+        }
+        Ok(())
+    }
+
+    /// The Pod object of every pod no Service selects, bound to its node, as a kubelet would
+    /// have it: a node's agent delivers only to the addresses of its own Pods (the pods of a
+    /// Service get theirs with its endpoints, [`Self::sync_service`]).
+    async fn sync_lone_pods(&self) -> Result<()> {
+        for pod in self.topo.pods.values().filter(|p| p.spec.service.is_none()) {
+            self.cluster()?
+                .sync_pod(&pod.spec.namespace, &pod.spec.name, pod)
+                .await?;
         }
         Ok(())
     }

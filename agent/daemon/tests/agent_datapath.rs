@@ -196,6 +196,7 @@ async fn two_pod_nodes_claim_links_concurrently_and_get_distinct_slots() {
         RequestFilter::writes().resource("portmapclasses").status(),
     );
     let pp = PostParams::default();
+    common::put_pod(&c.client, "games", "voice-0", "n3", "10.244.3.7").await;
     let slices: Api<EndpointSlice> = Api::namespaced(c.client.clone(), "games");
     slices
         .create(

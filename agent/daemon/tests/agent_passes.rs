@@ -447,11 +447,13 @@ async fn a_preflight_class_ends_at_its_deadline_without_any_event() {
         std::time::Instant::now() >= ends - Duration::from_millis(500),
         "not before the deadline and the skew allowance"
     );
-    let passes_after: Vec<u64> = c.agents.iter().map(passes).collect();
-    assert!(
-        passes_after.iter().zip(&passes_before).all(|(a, b)| a > b),
-        "each agent passed by itself: {passes_before:?} -> {passes_after:?}"
-    );
+    // A pass is counted once its apply is done: under load the count can trail the host's
+    // state for a moment.
+    c.eventually("each agent passed by itself", || {
+        let passes_after: Vec<u64> = c.agents.iter().map(passes).collect();
+        std::future::ready(passes_after.iter().zip(&passes_before).all(|(a, b)| a > b))
+    })
+    .await;
     c.eventually("the class says it expired", || async {
         let class = classes.get(CLASS).await.expect("the class");
         class

@@ -140,6 +140,11 @@ async fn only_the_slices_of_referred_services_are_kept(target: Target) {
 
     // Control: a PortMap comes to refer to `lobby`. Its slices are fetched before the pass that
     // saw it plans, so its first Programmed condition is True (none says NoReadyEndpoint).
+    // Their Pods exist on n3, as n3 delivers only to its own.
+    for host in 10..250 {
+        let name = format!("lobby-pod-{host}");
+        common::put_pod(&c.client, "games", &name, "n3", &format!("10.244.3.{host}")).await;
+    }
     let reasons = record_programmed(&c, "lobby");
     let portmaps: Api<PortMap> = Api::namespaced(c.client.clone(), "games");
     let lobby = pm("games", "lobby", "public", 3001).service("lobby", "game");

@@ -229,6 +229,7 @@ pub fn slice_in(family: Family, service: &str, node: Option<&str>, ready: bool) 
 }
 
 const SLICES: (&str, &str) = ("discovery.k8s.io/v1", "EndpointSlice");
+const PODS: (&str, &str) = ("v1", "Pod");
 
 impl World {
     /// Lists Service `<service>`'s pod in the families of `stack` from its next
@@ -254,6 +255,7 @@ impl World {
                 placement.listed.retain(|f| *f != family);
             }
         }
+        self.place_pod_object(service, placement.node.as_deref(), node)?;
         let mut families = placement.stack.families().to_vec();
         if families.len() > 1 && self.rng.below(2) == 0 {
             families.reverse();
@@ -269,6 +271,42 @@ impl World {
         self.pods.insert(service.to_owned(), placement);
         self.changed();
         Ok(())
+    }
+
+    /// Service `<service>`'s Pod object `games/<service>-0`, bound to `node` and running at its
+    /// address of either family there, as the scheduler and the kubelet would have it (an agent
+    /// delivers only to its own node's Pods), written before the slices list it. A move
+    /// recreates it (a Pod's node cannot change); nowhere deletes it.
+    fn place_pod_object(
+        &mut self,
+        service: &str,
+        was: Option<&str>,
+        node: Option<&str>,
+    ) -> Result<(), WorldError> {
+        if was == node {
+            return Ok(());
+        }
+        let name = format!("{service}-0");
+        if was.is_some() {
+            self.delete(PODS, Some("games"), &name)?;
+        }
+        let Some(node) = node else {
+            return Ok(());
+        };
+        let ips: Vec<String> = [Family::V4, Family::V6]
+            .iter()
+            .map(|f| pod_address(node, *f).to_string())
+            .collect();
+        let mut pod = objects::bound_pod(
+            &name,
+            service,
+            node,
+            json!({"name": "game", "image": "game"}),
+        );
+        pod["metadata"]["namespace"] = json!("games");
+        pod["status"] = json!({"phase": "Running", "podIP": ips[0],
+            "podIPs": ips.iter().map(|ip| json!({"ip": ip})).collect::<Vec<_>>()});
+        self.create(&pod)
     }
 
     /// Creates the slice of `family` of Service `<service>` or replaces its endpoints.

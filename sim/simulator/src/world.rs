@@ -539,8 +539,9 @@ impl World {
             namespaces: list::<Namespace>(self)?,
             services: list::<Service>(self)?,
             services_listed: true,
-            // The scenarios write slices without Pods: no endpoint is checked against them.
-            pods_listed: false,
+            // Every Pod of the scenarios' Services (`World::place_pod`), as each agent lists
+            // those of its own node.
+            pods_listed: true,
             pods: list::<Pod>(self)?,
             cni: cni.as_ref().map(CniFacts::from_cilium_config),
         })

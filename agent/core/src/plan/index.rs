@@ -127,17 +127,7 @@ impl<'a> Index<'a> {
                 classes.entry(name).or_insert(class);
             }
         }
-        // Sized up front: growing a map of thousands rehashes it several times.
-        let row_count = classes
-            .values()
-            .map(|c| c.status.as_ref().map_or(0, |s| s.nodes.len()))
-            .sum();
-        let mut rows = FastMap::with_capacity_and_hasher(row_count, Default::default());
-        for (name, class) in &classes {
-            for row in class.status.iter().flat_map(|s| s.nodes.iter()) {
-                rows.entry((*name, row.name.as_str())).or_insert(row);
-            }
-        }
+        let rows = rows_by_class_and_node(&classes);
         let slices = slices_by_service(snapshot);
         let mut portmaps: Vec<&PortMap> = snapshot.portmaps.iter().collect();
         let service_created = service_creation_times(snapshot);
@@ -269,6 +259,24 @@ impl<'a> Index<'a> {
     pub fn row(&self, class: &str, node: &str) -> Option<&'a ClassNodeStatus> {
         self.rows.get(&(class, node)).copied()
     }
+}
+
+/// Every class's rows by (class, node); the first of a node's rows in a class is kept.
+fn rows_by_class_and_node<'a>(
+    classes: &BTreeMap<&'a str, &'a PortMapClass>,
+) -> FastMap<(&'a str, &'a str), &'a ClassNodeStatus> {
+    // Sized up front: growing a map of thousands rehashes it several times.
+    let row_count = classes
+        .values()
+        .map(|c| c.status.as_ref().map_or(0, |s| s.nodes.len()))
+        .sum();
+    let mut rows = FastMap::with_capacity_and_hasher(row_count, Default::default());
+    for (name, class) in classes {
+        for row in class.status.iter().flat_map(|s| s.nodes.iter()) {
+            rows.entry((*name, row.name.as_str())).or_insert(row);
+        }
+    }
+    rows
 }
 
 /// Every Service's (namespace, name).

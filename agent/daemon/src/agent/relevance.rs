@@ -475,7 +475,9 @@ mod tests {
                 }]),
                 ..Container::default()
             });
-            pod.status.get_or_insert_with(Default::default).pod_ip = Some("10.244.0.9".into());
+            // The Pod's addresses are read (endpoints go only to the node's own Pods); the
+            // node's address in its status is not.
+            pod.status.get_or_insert_with(Default::default).host_ip = Some("10.0.0.9".into());
         }
         for p in &mut s.portmaps {
             p.metadata.resource_version = Some("905".into());

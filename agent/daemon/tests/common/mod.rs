@@ -375,8 +375,13 @@ impl Cluster {
             .expect("portmap");
     }
 
-    /// Puts the `gameserver` pod on node `n<node>` (creating or replacing the slice).
+    /// Puts the `gameserver` pod on node `n<node>` (creating or replacing the slice): its Pod
+    /// object first, as the agents deliver only to their own node's Pods.
     pub async fn set_endpoint(&self, node: Option<usize>, create: bool) {
+        if let Some(n) = node {
+            let (name, ip) = (format!("n{n}"), format!("10.244.{n}.5"));
+            put_pod(&self.client, "games", "gameserver-0", &name, &ip).await;
+        }
         let slices: Api<EndpointSlice> = Api::namespaced(self.client.clone(), "games");
         let mut gameserver =
             slice("games", "gameserver-abc", "gameserver").port("game", "UDP", 3000);
@@ -502,3 +507,48 @@ macro_rules! on_both_servers {
 
 #[allow(unused_imports)] // as the macro
 pub(crate) use on_both_servers;
+
+/// Pod `namespace/name` bound to `node` and running at `ip`, as the scheduler and the kubelet
+/// would have it (the agents deliver only to addresses of their own node's Pods); one bound
+/// elsewhere is replaced, since a Pod's node cannot change.
+pub async fn put_pod(client: &kube::Client, namespace: &str, name: &str, node: &str, ip: &str) {
+    use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+    use kube::api::{DeleteParams, Patch, PatchParams};
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    if let Some(pod) = pods.get_opt(name).await.expect("reading the Pod") {
+        let bound = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+        let has = pod.status.as_ref().and_then(|s| s.pod_ip.as_deref());
+        if bound == Some(node) && has == Some(ip) {
+            return;
+        }
+        pods.delete(name, &DeleteParams::default().grace_period(0))
+            .await
+            .expect("deleting the Pod to move it");
+        wait::eventually(
+            "the moved Pod's old object to go",
+            DEADLINE,
+            POLL,
+            || async { pods.get_opt(name).await.ok().flatten().is_none() },
+        )
+        .await;
+    }
+    // The real API server's ServiceAccount admission wants the namespace's `default` account,
+    // which no controller makes here; the model has no ServiceAccounts (404).
+    let account = json!({"metadata": {"name": "default", "namespace": namespace}});
+    match Api::<ServiceAccount>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &from(account))
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+        Err(e) => panic!("creating ServiceAccount {namespace}/default: {e}"),
+    }
+    let pod = objects::bound_pod(name, name, node, json!({"name": "c", "image": "game"}));
+    pods.create(&PostParams::default(), &from(pod))
+        .await
+        .expect("creating the Pod");
+    let status = json!({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}});
+    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .expect("writing the Pod's status");
+}
