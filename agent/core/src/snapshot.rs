@@ -181,6 +181,11 @@ pub struct HostFacts {
     /// delivered to (the CNI's gateway address lies inside the node's pod CIDR).
     #[serde(default)]
     pub local_addresses: Vec<IpAddr>,
+    /// The addresses of this host on a network segment (a prefix shorter than a host's: not
+    /// kube-proxy's IPVS ClusterIPs, a VIP or the CNI's /32 gateway), sorted: what a client on
+    /// this host dials another node from, listed in its rows as `hostAddresses`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub segment_addresses: Vec<IpAddr>,
     /// The ports this node captured as an accepting node in the datapath it last applied, by
     /// mapping. A host socket first seen on one of them yields to that mapping (earliest wins).
     #[serde(default)]

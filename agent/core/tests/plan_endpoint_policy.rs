@@ -439,11 +439,13 @@ fn the_endpoints_node_delivers_only_to_an_address_of_its_own_pods() {
             other.metadata.namespace = Some("team-a".into());
             vec![other]
         },
-        // Its own Pod, but finished: the address may be another's now.
+        // Its own Pod, but finished, and the address is a running Pod's of another tenant now.
         {
             let mut done = running_pod("gs-0", "worker-b", "10.244.1.77");
             done.status.as_mut().expect("status").phase = Some("Succeeded".into());
-            vec![done]
+            let mut reused = running_pod("private-0", "worker-b", "10.244.1.77");
+            reused.metadata.namespace = Some("team-a".into());
+            vec![done, reused]
         },
     ] {
         let pod = with_pods(pods).plan_with("worker-b", &bare);
@@ -479,6 +481,16 @@ fn the_endpoints_node_delivers_only_to_an_address_of_its_own_pods() {
     }
     let unknown = listing("10.244.1.77", "worker-b").plan_with("worker-b", &bare);
     assert!(!unknown.host_state.nft.rules(ChainId::Pre).is_empty());
+    // A Pod that just ended keeps its address until a running Pod takes it (its endpoint goes
+    // from the slice a moment later: no refusal in between).
+    let mut done = running_pod("gs-0", "worker-b", "10.244.1.77");
+    done.status.as_mut().expect("status").phase = Some("Failed".into());
+    let ended = with_pods(vec![done]).plan_with("worker-b", &bare);
+    assert!(
+        ended.writes.refusals.is_empty(),
+        "{:?}",
+        ended.writes.refusals
+    );
 
     // Once worker-b's report lands, edge-a stops forwarding toward it and says why.
     let mut reported = with_pods(vec![]);

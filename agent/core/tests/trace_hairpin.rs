@@ -386,13 +386,13 @@ fn the_pod_nodes_lan_address_listed_in_its_row_takes_the_link_end_as_its_source(
     assert_eq!(shuffled.nft, edge.nft);
 }
 
-/// The pod's node lists its host addresses in its row of each class whose links it holds:
-/// not loopback, link-local or link addresses; sorted, IPv4 first. A node holding no link of
-/// the class lists none.
+/// The pod's node lists its addresses on a segment in its row of each class whose links it
+/// holds: not loopback, link-local or link addresses; sorted, IPv4 first, at most 16 of each
+/// family. A node holding no link of the class lists none.
 #[test]
 fn the_pod_node_lists_its_host_addresses_where_it_holds_link_ends() {
     let mut facts = facts(&[], "wt0", 1400);
-    facts.local_addresses = [
+    facts.segment_addresses = [
         "2001:db8::12",
         "127.0.0.1",
         "192.168.1.12",
@@ -417,6 +417,18 @@ fn the_pod_node_lists_its_host_addresses_where_it_holds_link_ends() {
     assert_eq!(
         row.host_addresses,
         ["10.244.1.1", "100.64.0.2", "192.168.1.12", "2001:db8::12"]
+    );
+    // Many addresses of one family do not crowd out the other's.
+    let mut crowded = facts.clone();
+    crowded
+        .segment_addresses
+        .extend((1..=40).map(|i| std::net::IpAddr::V4(Ipv4Addr::new(10, 96, 0, i))));
+    let plan = remote().plan_with("worker-b", &crowded);
+    let row = &plan.writes.class_rows[0].row;
+    assert_eq!(row.host_addresses.len(), 17, "{:?}", row.host_addresses);
+    assert_eq!(
+        row.host_addresses.last().map(String::as_str),
+        Some("2001:db8::12")
     );
     // Control: with no link held there is no row, and nothing listed.
     let alone = edge_and_worker()

@@ -484,8 +484,9 @@ pub struct ClassNodeStatus {
     ))]
     pub addresses6: BTreeMap<String, String>,
 
-    /// Every address of this node's host (either family; not loopback, link-local, or a
-    /// return link's), sorted, at most 32: listed by a node holding return-link ends, so the
+    /// This node's addresses on a network segment (either family; not host-length prefixes
+    /// such as IPVS ClusterIPs, nor loopback, link-local or a return link's), sorted, at most 16
+    /// of each family: listed by a node holding return-link ends, so the
     /// accepting node at the other end of a link recognises this node (or a pod it
     /// masquerades) dialling a published address from any of them, over the mesh, a LAN or
     /// a public segment. Used only for flows to this node's own endpoints in this class.

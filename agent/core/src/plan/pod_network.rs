@@ -313,16 +313,19 @@ fn parse_net(text: &str) -> Option<IpNet> {
 }
 
 /// The addresses of the Pods the snapshot lists, each with the node it is bound to and its
-/// namespace: what the endpoint's node checks an endpoint against. Only Pods that can still run
-/// (not Succeeded or Failed) and that have their own network (not `hostNetwork`, whose address
-/// is the node's).
+/// namespace: what the endpoint's node checks an endpoint against. Pods on the host network are
+/// left out (their address is the node's). A Pod that ended (`Succeeded`, `Failed`) or is being
+/// deleted still counts for its address until a running Pod holds it: the kubelet reports the
+/// end before the EndpointSlice controller drops the endpoint, and refusing in between would
+/// flap the mapping's status; once the address is reused, the running Pod decides.
 #[derive(Debug, Default)]
 pub struct PodAddresses<'a> {
     /// Whether the snapshot lists every Pod of the node planned for
     /// ([`crate::snapshot::Snapshot::pods_listed`]); when not, nothing is checked.
     listed: bool,
-    /// (node, namespace) by address.
-    owner: FastMap<IpAddr, (&'a str, &'a str)>,
+    /// (gone, node, namespace) by address, the least kept: a running Pod before a gone one,
+    /// then by node and namespace, so the answer does not depend on list order.
+    owner: FastMap<IpAddr, (bool, &'a str, &'a str)>,
 }
 
 impl<'a> PodAddresses<'a> {
@@ -340,19 +343,19 @@ impl<'a> PodAddresses<'a> {
             else {
                 continue;
             };
-            let ended = matches!(status.phase.as_deref(), Some("Succeeded" | "Failed"));
-            if ended || spec.host_network == Some(true) {
+            if spec.host_network == Some(true) {
                 continue;
             }
+            let gone = matches!(status.phase.as_deref(), Some("Succeeded" | "Failed"))
+                || pod.metadata.deletion_timestamp.is_some();
             let ips = status.pod_ips.iter().flatten().map(|p| p.ip.as_str());
             for ip in ips.chain(status.pod_ip.as_deref()) {
                 if let Ok(address) = ip.trim().parse::<IpAddr>() {
-                    // No two running Pods hold one address; should a stale list say so, the
-                    // least (node, namespace) is kept, so the answer does not depend on order.
+                    let claim = (gone, node, namespace);
                     owner
                         .entry(address)
-                        .and_modify(|o: &mut (&'a str, &'a str)| *o = (*o).min((node, namespace)))
-                        .or_insert((node, namespace));
+                        .and_modify(|o: &mut (bool, &'a str, &'a str)| *o = (*o).min(claim))
+                        .or_insert(claim);
                 }
             }
         }
@@ -362,7 +365,11 @@ impl<'a> PodAddresses<'a> {
     /// Whether `address` may be delivered to on `node` for a mapping of `namespace`: a Pod of
     /// that namespace bound to `node` has it, or the Pods are not known.
     fn is_pod_of(&self, address: IpAddr, node: &str, namespace: &str) -> bool {
-        !self.listed || self.owner.get(&address) == Some(&(node, namespace))
+        !self.listed
+            || self
+                .owner
+                .get(&address)
+                .is_some_and(|(_, n, ns)| *n == node && *ns == namespace)
     }
 }
 

@@ -361,9 +361,10 @@ pub fn add_link_ends(
     writes.class_rows.sort_by(|a, b| a.class.cmp(&b.class));
 }
 
-/// This node's host addresses as its rows list them (`hostAddresses`): every address on the
-/// host but loopback, link-local and unspecified ones and the classes' return-link addresses,
-/// sorted (IPv4 first), at most [`limits::HOST_ADDRESSES`].
+/// This node's host addresses as its rows list them (`hostAddresses`): its addresses on a
+/// network segment ([`HostFacts::segment_addresses`]) but loopback, link-local and unspecified
+/// ones and the classes' return-link addresses, sorted, at most half of
+/// [`limits::HOST_ADDRESSES`] of each family (so neither crowds the other out).
 fn host_addresses(facts: &HostFacts, classes: &BTreeMap<&str, ClassState>) -> Vec<String> {
     let on_a_link = |a: &IpAddr| {
         classes.values().any(|c| match a {
@@ -372,7 +373,7 @@ fn host_addresses(facts: &HostFacts, classes: &BTreeMap<&str, ClassState>) -> Ve
         })
     };
     let mut addresses: Vec<IpAddr> = facts
-        .local_addresses
+        .segment_addresses
         .iter()
         .copied()
         .filter(|a| !a.is_loopback() && !a.is_unspecified() && !a.is_multicast())
@@ -384,8 +385,10 @@ fn host_addresses(facts: &HostFacts, classes: &BTreeMap<&str, ClassState>) -> Ve
         .collect();
     addresses.sort_unstable();
     addresses.dedup();
-    addresses.truncate(limits::HOST_ADDRESSES);
-    addresses.iter().map(IpAddr::to_string).collect()
+    let per_family = limits::HOST_ADDRESSES / 2;
+    let v4 = addresses.iter().filter(|a| a.is_ipv4()).take(per_family);
+    let v6 = addresses.iter().filter(|a| a.is_ipv6()).take(per_family);
+    v4.chain(v6).map(IpAddr::to_string).collect()
 }
 
 fn link_ends(

@@ -20,7 +20,8 @@
 //!   must be pod addresses): the plan's index reads nothing else of a Node, nor does the facts
 //!   query.
 //! - Service and Pod: stored trimmed to what the plan reads (NodePorts; this node's Pods'
-//!   hostPorts; `trim.rs`), so any change to what is kept matters.
+//!   hostPorts, node, phase, `hostNetwork` and addresses; `trim.rs`), so any change to what is
+//!   kept matters.
 //! - Namespace: its name and labels (all the plan's index reads).
 //! - EndpointSlice: everything but `resourceVersion`, and only of a Service some PortMap refers
 //!   to ([`Services`]): a slice of any other Service concerns no pass, created, changed or

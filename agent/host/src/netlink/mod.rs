@@ -230,6 +230,17 @@ pub async fn facts(
     local.sort();
     local.dedup();
     facts.local_addresses = local;
+    // Host-length prefixes are a service's or a VIP's (kube-ipvs0 holds every ClusterIP so),
+    // not an address the host sends from on a segment.
+    let mut segment: Vec<IpAddr> = addrs
+        .values()
+        .flatten()
+        .filter(|n| n.prefix_len() < n.max_prefix_len())
+        .map(|n| n.addr())
+        .collect();
+    segment.sort();
+    segment.dedup();
+    facts.segment_addresses = segment;
     if let Some(ip) = internal_ip {
         let holder = addrs
             .iter()

@@ -50,7 +50,8 @@ use super::watch::{Watch, passes, watch_backoff};
 /// list 1,000 endpoints (about 340 KB of JSON): 10 keeps a page near 3.4 MB and its decoded
 /// endpoints near as much, where the other watches' 50 measured 76 MiB more peak RSS with
 /// 100 MB of unrelated slices (`docs/performance.md`). A relist of 10,000 slices takes 1,000
-/// requests, which the API server's watch cache answers without etcd.
+/// requests (served from etcd unless the API server's list snapshots are on); relists are rare:
+/// a watch resumes from its resource version.
 const SLICE_PAGE_SIZE: u32 = 10;
 use crate::agent::relevance::{ServiceKey, Services, referred_services};
 use crate::agent::slice_decode::LeanSlice;
