@@ -303,9 +303,38 @@ fn the_cni_gateway_inside_a_nodes_pod_cidr_is_refused_by_every_agent() {
     );
 }
 
+/// worker-b's refusal of games/gs with `message` lands in the class status: edge-a's plan then,
+/// which forwards nothing.
+fn report_worker_b_refusal(c: &mut Cluster, message: String) -> Plan {
+    c.class_mut("public")
+        .status
+        .get_or_insert_with(Default::default)
+        .refused = vec![kuport_core::api::RefusedMapping {
+        node: "worker-b".into(),
+        mapping: "games/gs".into(),
+        message,
+    }];
+    let edge = c.plan_with("edge-a", &edge_facts());
+    assert!(dnat_targets(&edge).is_empty(), "{:?}", dnat_targets(&edge));
+    edge
+}
+
+/// worker-b's plan refuses the one mapping with `message`, delivers nothing, and its status
+/// starts with `says`.
+fn assert_refused_by_worker_b(pod: &Plan, message: &str, says: &str) {
+    assert_eq!(pod.writes.refusals.len(), 1, "{:?}", pod.writes.refusals);
+    assert_eq!(pod.writes.refusals[0].message, message);
+    assert!(
+        pod.host_state.nft.rules(ChainId::Pre).is_empty(),
+        "worker-b delivers nothing to the refused endpoint"
+    );
+    let (reason, text) = programmed(pod);
+    assert_eq!(reason, P::HostRefused);
+    assert!(text.starts_with(says), "{text}");
+}
+
 #[test]
 fn the_endpoints_node_refuses_an_address_of_its_own_host_and_no_node_forwards_it() {
-    use kuport_core::api::RefusedMapping;
     use kuport_core::plan::local_endpoint_message;
     // 10.244.1.50 is inside the pod network, but worker-b holds it (a gateway no Node lists).
     let c = listing("10.244.1.50", "worker-b");
@@ -313,17 +342,10 @@ fn the_endpoints_node_refuses_an_address_of_its_own_host_and_no_node_forwards_it
     own.local_addresses = vec!["10.244.1.50".parse().expect("ip")];
     let pod = c.plan_with("worker-b", &own);
     let message = local_endpoint_message("10.244.1.50".parse().expect("ip"));
-    assert_eq!(pod.writes.refusals.len(), 1, "{:?}", pod.writes.refusals);
-    assert_eq!(pod.writes.refusals[0].message, message);
-    assert!(
-        pod.host_state.nft.rules(ChainId::Pre).is_empty(),
-        "worker-b translates nothing to its own address"
-    );
-    let (reason, text) = programmed(&pod);
-    assert_eq!(reason, P::HostRefused);
-    assert!(
-        text.starts_with("on node worker-b, the endpoint address 10.244.1.50"),
-        "{text}"
+    assert_refused_by_worker_b(
+        &pod,
+        &message,
+        "on node worker-b, the endpoint address 10.244.1.50",
     );
     // Control: without the address on the host, worker-b builds its half.
     assert!(
@@ -338,17 +360,7 @@ fn the_endpoints_node_refuses_an_address_of_its_own_host_and_no_node_forwards_it
     let forwarding = c.plan_with("edge-a", &edge_facts());
     assert!(!dnat_targets(&forwarding).is_empty(), "before the report");
     let mut reported = c.clone();
-    reported
-        .class_mut("public")
-        .status
-        .get_or_insert_with(Default::default)
-        .refused = vec![RefusedMapping {
-        node: "worker-b".into(),
-        mapping: "games/gs".into(),
-        message,
-    }];
-    let edge = reported.plan_with("edge-a", &edge_facts());
-    assert!(dnat_targets(&edge).is_empty(), "{:?}", dnat_targets(&edge));
+    let edge = report_worker_b_refusal(&mut reported, message);
     assert_eq!(programmed(&edge).0, P::HostRefused);
     // Another refusal by worker-b (its kernel's) leaves edge-a's datapath as it was.
     reported
@@ -418,7 +430,6 @@ fn running_pod(name: &str, node: &str, ip: &str) -> k8s_openapi::api::core::v1::
 /// cluster-pool IPAM, or another tenant's pod).
 #[test]
 fn the_endpoints_node_delivers_only_to_an_address_of_its_own_pods() {
-    use kuport_core::api::RefusedMapping;
     use kuport_core::plan::not_a_pod_message;
     let with_pods = |pods: Vec<k8s_openapi::api::core::v1::Pod>| {
         let mut c = listing("10.244.1.77", "worker-b");
@@ -449,17 +460,10 @@ fn the_endpoints_node_delivers_only_to_an_address_of_its_own_pods() {
         },
     ] {
         let pod = with_pods(pods).plan_with("worker-b", &bare);
-        assert_eq!(pod.writes.refusals.len(), 1, "{:?}", pod.writes.refusals);
-        assert_eq!(pod.writes.refusals[0].message, message);
-        assert!(
-            pod.host_state.nft.rules(ChainId::Pre).is_empty(),
-            "worker-b delivers nothing to an address no Pod of its own has"
-        );
-        let (reason, text) = programmed(&pod);
-        assert_eq!(reason, P::HostRefused);
-        assert!(
-            text.starts_with("on node worker-b, the endpoint address 10.244.1.77 is not an address of a Pod of namespace games bound to this node"),
-            "{text}"
+        assert_refused_by_worker_b(
+            &pod,
+            &message,
+            "on node worker-b, the endpoint address 10.244.1.77 is not an address of a Pod of namespace games bound to this node",
         );
     }
     // Controls: a Pod of worker-b at that address (in any order among others), or Pods not
@@ -495,17 +499,7 @@ fn the_endpoints_node_delivers_only_to_an_address_of_its_own_pods() {
     // Once worker-b's report lands, edge-a stops forwarding toward it and says why.
     let mut reported = with_pods(vec![]);
     assert!(!dnat_targets(&reported.plan_with("edge-a", &edge_facts())).is_empty());
-    reported
-        .class_mut("public")
-        .status
-        .get_or_insert_with(Default::default)
-        .refused = vec![RefusedMapping {
-        node: "worker-b".into(),
-        mapping: "games/gs".into(),
-        message,
-    }];
-    let edge = reported.plan_with("edge-a", &edge_facts());
-    assert!(dnat_targets(&edge).is_empty(), "{:?}", dnat_targets(&edge));
+    let edge = report_worker_b_refusal(&mut reported, message);
     let (reason, text) = programmed(&edge);
     assert_eq!(reason, P::HostRefused);
     assert!(
