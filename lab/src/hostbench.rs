@@ -43,7 +43,7 @@ pub struct Measurement {
     pub samples: usize,
     /// The baseline measured in the same run, when the value is compared against one.
     pub baseline: Option<f64>,
-    /// The target, as `targets.md` says it (empty when there is none).
+    /// The target, as `docs/performance.md` states it (empty when there is none).
     pub target: String,
     /// Whether the target is met; `None` when there is no target.
     pub met: Option<bool>,

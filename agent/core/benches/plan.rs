@@ -1,5 +1,6 @@
-//! Plan benchmark (`spec/targets.md`: 10,000 PortMaps, 500 nodes, 10,000 endpoints, one core,
-//! release build, median of at least 10 runs, ≤ 50 ms per pass, growing O(n log n)).
+//! Plan benchmark (`docs/performance.md`, "The plan": 10,000 PortMaps, 500 nodes, 10,000
+//! endpoints, one core, release build, median of at least 10 runs, ≤ 50 ms per pass, growing
+//! O(n log n)).
 //!
 //! `cargo bench -p kuport-core --bench plan` times the agent's pass (`plan_with` and
 //! `Detail::Written`) for one node on the full-size cluster and on one a tenth of its size, and
@@ -28,7 +29,8 @@ const MULTI_CLASSES: usize = 4;
 const EDGE_PER_MULTI: usize = 4;
 const NAMESPACES: usize = 100;
 const WARMUP: usize = 3;
-/// `targets.md`: one pass over the full size, and the growth for ten times the cluster.
+/// The targets `docs/performance.md` states: one pass over the full size, and the growth for
+/// ten times the cluster.
 const TARGET_MS: f64 = 50.0;
 const TARGET_GROWTH: f64 = 12.0;
 

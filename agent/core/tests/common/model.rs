@@ -1,4 +1,4 @@
-//! The cluster model the plan's property tests draw from (`spec/plan.md`, `spec/targets.md`):
+//! The cluster model the plan's property tests draw from (`docs/architecture.md`, `docs/performance.md`):
 //! small pools of names so names, ports and slots collide often, the strategies, the model's
 //! objects as the plan reads them, a shuffler of every input list, and the oracles the
 //! properties compare against.

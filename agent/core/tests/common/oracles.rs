@@ -119,7 +119,7 @@ pub fn binds_hostile(m: &Model, p: &PmM) -> bool {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The endpoint a mapping gets, read from the objects the plan reads (`spec/targets.md`):
+// The endpoint a mapping gets, read from the objects the plan reads (`docs/api.md`, "Endpoints"):
 // independent of the plan's own index and address policy.
 
 /// A chosen endpoint, as the oracle and the plan both describe it.

@@ -1,4 +1,4 @@
-//! Writing the status this node owns (agent.md, "Status writes").
+//! Writing the status this node owns (`docs/operations.md`, "Status writes").
 //!
 //! PortMap statuses are replaced whole, with the `resourceVersion` of the object the plan was
 //! computed from: a 409 means the plan read a stale object, so the pass is re-run on fresher

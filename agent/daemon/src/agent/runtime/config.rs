@@ -41,7 +41,7 @@ pub struct AgentConfig {
 }
 
 impl AgentConfig {
-    /// The defaults of agent.md for `node_name`.
+    /// The defaults `docs/operations.md` lists ("Flags") for `node_name`.
     pub fn new(node_name: impl Into<String>) -> Self {
         Self {
             node_name: node_name.into(),
