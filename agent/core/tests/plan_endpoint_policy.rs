@@ -306,14 +306,7 @@ fn the_cni_gateway_inside_a_nodes_pod_cidr_is_refused_by_every_agent() {
 /// worker-b's refusal of games/gs with `message` lands in the class status: edge-a's plan then,
 /// which forwards nothing.
 fn report_worker_b_refusal(c: &mut Cluster, message: String) -> Plan {
-    c.class_mut("public")
-        .status
-        .get_or_insert_with(Default::default)
-        .refused = vec![kuport_core::api::RefusedMapping {
-        node: "worker-b".into(),
-        mapping: "games/gs".into(),
-        message,
-    }];
+    c.report_refused("public", "worker-b", "games/gs", &message);
     let edge = c.plan_with("edge-a", &edge_facts());
     assert!(dnat_targets(&edge).is_empty(), "{:?}", dnat_targets(&edge));
     edge

@@ -785,14 +785,12 @@ fn a_refusal_is_reported_under_its_class_and_turns_programmed_false() {
 
     // The status writer (edge-a) reads worker-b's entry from the class status.
     let mut c = remote();
-    c.class_mut("public")
-        .status
-        .get_or_insert_with(Default::default)
-        .refused = vec![kuport_core::api::RefusedMapping {
-        node: "worker-b".into(),
-        mapping: "games/gs".into(),
-        message: "the kernel refused its return link kup-x: VNI held".into(),
-    }];
+    c.report_refused(
+        "public",
+        "worker-b",
+        "games/gs",
+        "the kernel refused its return link kup-x: VNI held",
+    );
     let plan = c.plan_with("edge-a", &edge_facts());
     let p = decision(&plan, "games", "gs")
         .programmed

@@ -415,9 +415,9 @@ impl<'a> Emitter<'a> {
         // The endpoint is an address of its node's own host, or of no Pod bound to that node:
         // that node leaves the mapping out (and says so), and no accepting node forwards it
         // toward the link.
-        if pod_network::local_endpoint(d, self.node, self.facts, &self.index.pod_addresses)
+        if pod_network::refused_endpoint(d, self.node, self.facts, &self.index.pod_addresses)
             .is_some()
-            || pod_network::refused_as_local(class.class, d)
+            || pod_network::refused_by_endpoint_node(class.class, d)
         {
             return;
         }
@@ -451,7 +451,7 @@ impl<'a> Emitter<'a> {
         let (Some(ep), Some(ports)) = (&d.endpoint, d.ports) else {
             return;
         };
-        if pod_network::local_endpoint(d, self.node, self.facts, &self.index.pod_addresses)
+        if pod_network::refused_endpoint(d, self.node, self.facts, &self.index.pod_addresses)
             .is_some()
         {
             return;

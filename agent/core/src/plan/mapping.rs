@@ -1109,7 +1109,7 @@ fn kernel_refusal(
         .as_ref()
         .map(|s| s.refused.as_slice())
         .unwrap_or_default();
-    let local = super::pod_network::local_endpoint(d, this_node, facts, &index.pod_addresses);
+    let local = super::pod_network::refused_endpoint(d, this_node, facts, &index.pod_addresses);
     // Nearly every pass of a healthy cluster has nothing refused: ask nothing more then.
     if stored.is_empty() && facts.refusals.is_empty() && local.is_none() {
         return None;

@@ -279,7 +279,7 @@ fn is_link_local(address: IpAddr) -> bool {
 /// Addresses of a node's own host inside its pod CIDR, which no Node address lists: the first
 /// address of each of its pod CIDRs (where bridge and point-to-point CNIs put the node's
 /// gateway) and the `cilium_host` address Cilium's annotation names. The node that translates
-/// to an endpoint also refuses any address of its own host (`local_endpoint`); these are known
+/// to an endpoint also refuses any address of its own host (`refused_endpoint`); these are known
 /// to every agent at once, so no node forwards toward them at all.
 fn gateway_addresses(node: &Node) -> Vec<IpAddr> {
     let spec = node.spec.as_ref();
@@ -382,7 +382,7 @@ impl<'a> PodAddresses<'a> {
 /// gateway address would have this node forward the traffic on to that host, and one listing
 /// another tenant's pod would publish that pod. The node leaves the mapping out and reports why
 /// in the class status.
-pub fn local_endpoint(
+pub fn refused_endpoint(
     d: &MappingDecision,
     this_node: &str,
     facts: &HostFacts,
@@ -419,7 +419,7 @@ pub fn local_endpoint_message(address: IpAddr) -> String {
 /// True when the endpoint's node reported (in the class status) that the endpoint is an
 /// address of its own host, or of no Pod bound to it: no accepting node forwards the mapping
 /// then.
-pub fn refused_as_local(class: &PortMapClass, d: &MappingDecision) -> bool {
+pub fn refused_by_endpoint_node(class: &PortMapClass, d: &MappingDecision) -> bool {
     let Some(ep) = &d.endpoint else {
         return false;
     };

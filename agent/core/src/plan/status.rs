@@ -577,7 +577,7 @@ fn kernel_refusal_writes(
     // it leaves them out and says so, as it would a kernel refusal.
     out.extend(work.iter().filter(|w| w.decision.emits).filter_map(|w| {
         let message =
-            pod_network::local_endpoint(&w.decision, this_node, facts, &index.pod_addresses)?;
+            pod_network::refused_endpoint(&w.decision, this_node, facts, &index.pod_addresses)?;
         Some(KernelRefusalWrite {
             class: w.pm.spec.class_name.clone(),
             mapping: MappingKey::new(&w.decision.namespace, &w.decision.name).into_string(),

@@ -366,6 +366,38 @@ async fn a_refused_link_takes_its_rules_and_routes_out_and_comes_back_when_free(
     assert_eq!(routes, sorted(&state.routes));
 }
 
+/// Every address counts as the host's (no endpoint may be one), but only those on a segment are
+/// what a client on the host dials from: kube-proxy's IPVS ClusterIPs are /32s on kube-ipvs0.
+#[tokio::test]
+async fn segment_addresses_leave_out_host_length_prefixes() {
+    let net = FakeNetlink::new();
+    net.add_device("wt0", 1400, Some("100.64.0.2/16".parse().expect("net")));
+    net.add_device(
+        "enp1s0",
+        1500,
+        Some("192.168.1.12/24".parse().expect("net")),
+    );
+    net.add_device(
+        "kube-ipvs0",
+        1500,
+        Some("10.96.0.10/32".parse().expect("net")),
+    );
+    let f = facts(&net, &[], None, MarkLayout::default())
+        .await
+        .expect("facts");
+    let addresses = |list: &[std::net::IpAddr]| -> Vec<String> {
+        list.iter().map(ToString::to_string).collect()
+    };
+    assert_eq!(
+        addresses(&f.local_addresses),
+        ["10.96.0.10", "100.64.0.2", "192.168.1.12"]
+    );
+    assert_eq!(
+        addresses(&f.segment_addresses),
+        ["100.64.0.2", "192.168.1.12"]
+    );
+}
+
 #[tokio::test]
 async fn facts_name_interfaces_the_underlay_and_the_ids_links_carry() {
     let state = golden("pod-node-multi-two-links");
