@@ -119,8 +119,8 @@ fn every_manifest_parses_into_its_type_without_unknown_fields() {
         ("Role", 2),
         ("RoleBinding", 2),
         ("ServiceAccount", 1),
-        ("ValidatingAdmissionPolicy", 1),
-        ("ValidatingAdmissionPolicyBinding", 1),
+        ("ValidatingAdmissionPolicy", 2),
+        ("ValidatingAdmissionPolicyBinding", 2),
     ]
     .into_iter()
     .map(|(k, n)| (k.to_owned(), n))
@@ -457,6 +457,11 @@ fn the_agent_roles_grant_no_verb_beyond_the_api() {
         "kuport.wlz.li/portmapclasses:watch",
         "kuport.wlz.li/portmaps:list",
         "kuport.wlz.li/portmaps:watch",
+        "kuport.wlz.li/portmapnodes:get",
+        "kuport.wlz.li/portmapnodes:list",
+        "kuport.wlz.li/portmapnodes:watch",
+        "kuport.wlz.li/portmapnodes:create",
+        "kuport.wlz.li/portmapnodes:update",
         "kuport.wlz.li/portmapclasses/status:update",
         "kuport.wlz.li/portmapclasses/status:patch",
         "kuport.wlz.li/portmaps/status:update",
@@ -711,7 +716,7 @@ fn chart_crds_and_crds_equal_what_the_types_generate() {
             (f.file_name, text)
         })
         .collect();
-    assert_eq!(generated.len(), 2);
+    assert_eq!(generated.len(), 3);
     for dir in ["crds", "deploy/chart/crds"] {
         let on_disk = crd_texts(&repo().join(dir));
         assert_eq!(

@@ -6,7 +6,7 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-use crate::api::{PortMap, PortMapClass};
+use crate::api::{PortMap, PortMapClass, PortMapNode};
 
 /// A generated CRD with the file name it is stored under.
 #[derive(Clone, Debug)]
@@ -33,9 +33,9 @@ pub enum CrdError {
 const HEADER: &str =
     "# Generated from the Rust types in agent/core by `kuport crds`. Do not edit.\n";
 
-/// Both CRDs, sorted by file name.
+/// Every CRD, sorted by file name.
 pub fn crd_files() -> Vec<CrdFile> {
-    let mut files: Vec<CrdFile> = [PortMapClass::crd(), PortMap::crd()]
+    let mut files: Vec<CrdFile> = [PortMapClass::crd(), PortMap::crd(), PortMapNode::crd()]
         .into_iter()
         .map(|crd| CrdFile {
             file_name: format!("{}.yaml", crd_name(&crd)),

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde::{Deserialize, Serialize};
 
-use crate::api::{NodeCheck, PortMap, PortMapClass, Protocol, conditions};
+use crate::api::{NodeCheck, PortMap, PortMapClass, PortMapNode, Protocol, conditions};
 use crate::ir::{MarkLayout, ProgrammedPort};
 
 /// The CNI's VXLAN port when `cilium-config` exists without a `tunnel-port` key.
@@ -39,8 +39,11 @@ pub const CILIUM_HOST_ANNOTATIONS: [&str; 2] = [
 /// sorts whatever it iterates.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
-    /// Every PortMapClass, with its status (rows and link claims).
+    /// Every PortMapClass, with its status (link claims, and rows of nodes whose agents predate
+    /// `PortMapNode`).
     pub classes: Vec<PortMapClass>,
+    /// Every PortMapNode: each node's rows of the classes (`plan::node_rows`).
+    pub portmap_nodes: Vec<PortMapNode>,
     /// Every PortMap.
     pub portmaps: Vec<PortMap>,
     /// The EndpointSlices (discovery.k8s.io/v1). The plan reads only those of a Service some

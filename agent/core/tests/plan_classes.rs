@@ -548,7 +548,8 @@ fn serving_pairs_take_free_slots_before_standby_pairs() {
 
 #[test]
 fn a_serving_pair_takes_over_a_standby_claims_slot_when_none_is_free() {
-    use kuport_core::plan::merge::{class_parts, merge_class_status};
+    use kuport_core::plan::merge::{RowHome, class_parts, merge_class_status};
+    use kuport_core::plan::node_rows::NodeRows;
     // Both slots went to a-worker's pairs while worker-b's pod had no mapping.
     let c = standby_cluster("169.254.77.0/30", true)
         .claim_built("public", "a-worker/edge-a", 0)
@@ -582,7 +583,16 @@ fn a_serving_pair_takes_over_a_standby_claims_slot_when_none_is_free() {
     let part = class_parts(&worker.writes, "worker-b", std::slice::from_ref(&*class))
         .remove("public")
         .expect("worker-b writes to public");
-    let merged = merge_class_status(class, "worker-b", "test", &part, now());
+    let merged = merge_class_status(
+        class,
+        &NodeRows::default(),
+        "worker-b",
+        RowHome::Class {
+            agent_version: "test",
+        },
+        &part,
+        now(),
+    );
     assert!(merged.dropped.is_empty());
     let keys: Vec<(String, i32)> = merged
         .status

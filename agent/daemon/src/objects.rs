@@ -11,7 +11,8 @@ use k8s_openapi::Resource as _;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kuport_core::api::{GROUP, PortMap, PortMapClass, VERSION};
+use kuport_core::api::{GROUP, PortMap, PortMapClass, PortMapNode, VERSION};
+use kuport_core::plan::node_rows::with_node_rows;
 use kuport_core::snapshot::{CILIUM_CONFIG, CniFacts, HostFacts, Snapshot};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -122,6 +123,19 @@ pub struct Dump {
     pub unread: Vec<Unread>,
 }
 
+impl Dump {
+    /// Puts in each class status the rows that count (`node_rows`): every node's own from its
+    /// `PortMapNode`, a row in the class only for a node without one. What reads rows from the
+    /// classes (`kuport status`, preflight, `kuport version`) then reads both forms alike.
+    pub fn settle_rows(&mut self) {
+        let snapshot = &mut self.snapshot;
+        snapshot
+            .portmap_nodes
+            .sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        with_node_rows(&mut snapshot.classes, &snapshot.portmap_nodes);
+    }
+}
+
 /// A kind of object (or part of one) a reading did not get, and why.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
 pub struct Unread {
@@ -154,6 +168,7 @@ pub fn load_dump(paths: &[PathBuf]) -> Result<Dump, InputError> {
     // A recording holding Pods holds those of every node (`kubectl get pods -A`): each node
     // then delivers only to its own. One holding none says nothing of them.
     dump.snapshot.pods_listed = !dump.snapshot.pods.is_empty();
+    dump.settle_rows();
     if !dump.snapshot.pods.is_empty() {
         dump.pods = Some(dump.snapshot.pods.clone());
     }
@@ -447,6 +462,11 @@ fn add_kind(
         (v, "PortMap") if v == ours => {
             snapshot.portmaps.push(typed::<PortMap>(doc, at, path)?);
         }
+        (v, "PortMapNode") if v == ours => {
+            snapshot
+                .portmap_nodes
+                .push(typed::<PortMapNode>(doc, at, path)?);
+        }
         (v, k) if v == EndpointSlice::API_VERSION && k == EndpointSlice::KIND => {
             snapshot
                 .endpoint_slices
@@ -485,7 +505,7 @@ fn add_kind(
         (v, k) if v == Event::API_VERSION && k == Event::KIND => {
             dump.events.push(typed::<Event>(doc, at, path)?);
         }
-        (v, "PortMapClass" | "PortMap") if v.starts_with(&format!("{GROUP}/")) => {
+        (v, "PortMapClass" | "PortMap" | "PortMapNode") if v.starts_with(&format!("{GROUP}/")) => {
             eprintln!(
                 "warning: {}: {at}: {v} is not an API version this kuport reads ({ours}); skipped",
                 path.display()
@@ -569,6 +589,48 @@ mod tests {
         let added = add_object(&mut snapshot, Path::new("x.yaml"), start, doc, None);
         assert!(added.is_ok(), "{added:?}");
         assert_eq!(snapshot.snapshot.namespaces.len(), 1);
+    }
+
+    #[test]
+    fn a_nodes_own_object_outranks_its_row_in_the_class() {
+        let dir = std::env::temp_dir().join(format!("kuport-objects-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        let file = dir.join("dump.yaml");
+        let text = r#"
+apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMapClass
+metadata: {name: public}
+spec: {nodes: {a: {interfaces: [eth0]}}, returnPath: {mode: None}}
+status:
+  nodes:
+    - {name: a, ready: true, message: in the class}
+    - {name: b, ready: true, message: in the class}
+---
+apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMapNode
+metadata: {name: b}
+spec:
+  classes:
+    - class: public
+      row: {name: b, ready: false, message: in its object}
+"#;
+        std::fs::write(&file, text).expect("write the dump");
+        let dump = load_dump(&[file]).expect("the dump loads");
+        std::fs::remove_dir_all(&dir).expect("remove scratch dir");
+        assert_eq!(dump.snapshot.portmap_nodes.len(), 1);
+        let rows: Vec<(String, Option<String>)> = dump.snapshot.classes[0]
+            .status
+            .iter()
+            .flat_map(|s| s.nodes.iter())
+            .map(|r| (r.name.clone(), r.message.clone()))
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ("a".to_owned(), Some("in the class".to_owned())),
+                ("b".to_owned(), Some("in its object".to_owned())),
+            ]
+        );
     }
 
     #[test]

@@ -61,7 +61,7 @@ fn committed_crds_match_the_types() {
 }
 
 #[test]
-fn printed_stream_holds_both_crds() {
+fn printed_stream_holds_every_crd() {
     let output = kuport().arg("crds").output().expect("run kuport crds");
     assert!(output.status.success());
     let text = String::from_utf8(output.stdout).expect("utf-8");
@@ -72,7 +72,11 @@ fn printed_stream_holds_both_crds() {
         .collect();
     assert_eq!(
         names,
-        ["portmapclasses.kuport.wlz.li", "portmaps.kuport.wlz.li"]
+        [
+            "portmapclasses.kuport.wlz.li",
+            "portmapnodes.kuport.wlz.li",
+            "portmaps.kuport.wlz.li"
+        ]
     );
     assert!(docs.iter().all(|d| d["kind"] == "CustomResourceDefinition"));
 }

@@ -12,7 +12,8 @@ use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBindin
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, PostParams};
 use kuport_core::api::PortMapClass;
-use kuport_core::plan::merge::{ClassPart, merge_class_status};
+use kuport_core::plan::merge::{ClassPart, RowHome, merge_class_status};
+use kuport_core::plan::node_rows::NodeRows;
 use kuport_core::plan::{ClaimProposal, ClassRowWrite, GcAction, GcKind, KernelRefusalWrite};
 use kuport_realapi::ControlPlane;
 use kuport_testkit::objects::{self, AGENT_ACCOUNT, DAEMONSET_NAMESPACE, bare_agent_pod};
@@ -465,8 +466,11 @@ async fn each_agent_changes_only_its_own_part_of_a_class_status() {
     };
     let merged = merge_class_status(
         &class,
+        &NodeRows::default(),
         "n1",
-        "0.0.0-test",
+        RowHome::Class {
+            agent_version: "0.0.0-test",
+        },
         &part,
         k8s_openapi::jiff::Timestamp::now(),
     );

@@ -15,7 +15,7 @@ use kube::api::{
     TypeMeta,
 };
 use kuport::agent::{Agent, AgentConfig, CancellationToken, Clock, PassHook};
-use kuport_core::api::{PortMap, PortMapClass};
+use kuport_core::api::{PortMap, PortMapClass, PortMapNode};
 use kuport_core::ir::Family;
 use kuport_core::snapshot::{CniFacts, HostFacts, Snapshot};
 use kuport_host::MemoryHost;
@@ -533,6 +533,7 @@ impl World {
         })?;
         Ok(Snapshot {
             classes: list::<PortMapClass>(self)?,
+            portmap_nodes: list::<PortMapNode>(self)?,
             portmaps: list::<PortMap>(self)?,
             endpoint_slices: list::<EndpointSlice>(self)?,
             nodes: list::<Node>(self)?,

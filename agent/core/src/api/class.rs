@@ -526,7 +526,7 @@ pub struct ClassNodeStatus {
     /// This node's end of each return link of the class it holds, by peer: what its last apply
     /// built (its acknowledgement of the link) and what its probes across the link found.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 512))]
+    #[schemars(length(max = 8192))]
     pub links: Vec<LinkEndStatus>,
 
     /// False for a node the class does not name that writes a row only for its ends of return

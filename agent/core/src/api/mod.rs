@@ -1,8 +1,10 @@
-//! The `kuport.wlz.li/v1alpha1` API: `PortMapClass` (cluster-scoped, the administrator's) and
-//! `PortMap` (namespaced, the workload's). These types are the source of truth; the YAML in
+//! The `kuport.wlz.li/v1alpha1` API: `PortMapClass` (cluster-scoped, the administrator's),
+//! `PortMap` (namespaced, the workload's) and `PortMapNode` (cluster-scoped, one per node,
+//! written by that node's agent). These types are the source of truth; the YAML in
 //! `crds/` is generated from them.
 
 mod class;
+mod node;
 mod portmap;
 mod preflight;
 
@@ -12,6 +14,7 @@ pub use class::{
     PortMapClassStatus, PortSpan, PortWindow, RefusedMapping, ReturnPath, ReturnPathMode,
     ServingMode, VxlanSettings,
 };
+pub use node::{MAX_NODE_CLASSES, NodeClassRow, PortMapNode, PortMapNodeSpec};
 pub use portmap::{
     EndpointStatus, PortMap, PortMapSpec, PortMapStatus, Protocol, PublishedAddress, ServiceRef,
 };
@@ -20,9 +23,9 @@ pub use preflight::{
     PREFLIGHT_UNDATED_LIFETIME_SECONDS, PreflightLife, is_preflight, preflight_life,
 };
 
-/// The API group of both kinds.
+/// The API group of every kind.
 pub const GROUP: &str = "kuport.wlz.li";
-/// The API version of both kinds.
+/// The API version of every kind.
 pub const VERSION: &str = "v1alpha1";
 
 /// Lowest TCP/UDP port, and the default `ports.min` of a class.

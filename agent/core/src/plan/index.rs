@@ -10,6 +10,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::fast_hash::{FastMap, FastSet};
 use super::holders::{self, Holder};
+use super::node_rows::NodeRows;
 use super::pod_network::{AddressPolicy, PodAddresses};
 use super::selector;
 use crate::api::{ClassNode, ClassNodeStatus, PortMap, PortMapClass, ReturnPathMode};
@@ -127,7 +128,7 @@ impl<'a> Index<'a> {
                 classes.entry(name).or_insert(class);
             }
         }
-        let rows = rows_by_class_and_node(&classes);
+        let rows = rows_by_class_and_node(&classes, &NodeRows::new(&snapshot.portmap_nodes));
         let slices = slices_by_service(snapshot);
         let mut portmaps: Vec<&PortMap> = snapshot.portmaps.iter().collect();
         let service_created = service_creation_times(snapshot);
@@ -261,19 +262,21 @@ impl<'a> Index<'a> {
     }
 }
 
-/// Every class's rows by (class, node); the first of a node's rows in a class is kept.
+/// Every class's rows that count (`node_rows`), by (class, node).
 fn rows_by_class_and_node<'a>(
     classes: &BTreeMap<&'a str, &'a PortMapClass>,
+    node_rows: &NodeRows<'a>,
 ) -> FastMap<(&'a str, &'a str), &'a ClassNodeStatus> {
+    let by_class: Vec<(&'a str, Vec<&'a ClassNodeStatus>)> = classes
+        .iter()
+        .map(|(name, class)| (*name, node_rows.rows_of(class)))
+        .collect();
     // Sized up front: growing a map of thousands rehashes it several times.
-    let row_count = classes
-        .values()
-        .map(|c| c.status.as_ref().map_or(0, |s| s.nodes.len()))
-        .sum();
+    let row_count = by_class.iter().map(|(_, rows)| rows.len()).sum();
     let mut rows = FastMap::with_capacity_and_hasher(row_count, Default::default());
-    for (name, class) in classes {
-        for row in class.status.iter().flat_map(|s| s.nodes.iter()) {
-            rows.entry((*name, row.name.as_str())).or_insert(row);
+    for (name, class_rows) in by_class {
+        for row in class_rows {
+            rows.entry((name, row.name.as_str())).or_insert(row);
         }
     }
     rows

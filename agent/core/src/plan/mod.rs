@@ -33,6 +33,7 @@ mod index;
 mod mapping;
 pub use mapping::STANDBY_LINKS;
 pub mod merge;
+pub mod node_rows;
 mod pod_network;
 mod quota;
 pub mod reasons;

@@ -164,22 +164,10 @@ pub fn claims_patch(
 /// become one write and a mark does not meet the new pod's node's claims. False when nothing
 /// changed.
 pub fn settles_only(stored: &PortMapClassStatus, merged: &PortMapClassStatus, node: &str) -> bool {
-    let row_settles = match (
+    let row_settles = row_settles_only(
         stored.nodes.iter().find(|r| r.name == node),
         merged.nodes.iter().find(|r| r.name == node),
-    ) {
-        (_, None) => true,
-        (None, Some(_)) => false,
-        (Some(old), Some(new)) => {
-            let ends_only_gone = new.links.iter().all(|l| old.links.contains(l));
-            let unlinked = |r: &ClassNodeStatus| ClassNodeStatus {
-                links: Vec::new(),
-                last_pass_time: None,
-                ..r.clone()
-            };
-            ends_only_gone && unlinked(old) == unlinked(new)
-        }
-    };
+    );
     let marks_only = stored.links.len() == merged.links.len()
         && stored.links.iter().zip(&merged.links).all(|(old, new)| {
             old == new
@@ -195,6 +183,24 @@ pub fn settles_only(stored: &PortMapClassStatus, merged: &PortMapClassStatus, no
         && other_rows_same(&stored.nodes, &merged.nodes, node)
         && row_settles
         && marks_only
+}
+
+/// Whether a node's row going from `old` to `new` only takes link ends down (or the row away),
+/// its pass time aside.
+pub fn row_settles_only(old: Option<&ClassNodeStatus>, new: Option<&ClassNodeStatus>) -> bool {
+    match (old, new) {
+        (_, None) => true,
+        (None, Some(_)) => false,
+        (Some(old), Some(new)) => {
+            let ends_only_gone = new.links.iter().all(|l| old.links.contains(l));
+            let unlinked = |r: &ClassNodeStatus| ClassNodeStatus {
+                links: Vec::new(),
+                last_pass_time: None,
+                ..r.clone()
+            };
+            ends_only_gone && unlinked(old) == unlinked(new)
+        }
+    }
 }
 
 fn test(path: &str, value: &str) -> Value {

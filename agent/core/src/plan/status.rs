@@ -44,8 +44,9 @@ pub mod limits {
     pub const YIELDS_TO: usize = 64;
     /// A link end's message.
     pub const LINK_MESSAGE: usize = 512;
-    /// Link ends in a row.
-    pub const LINK_ENDS: usize = 512;
+    /// Link ends in a row: one per peer, so an accepting node linked to pods on 8,192 nodes
+    /// still lists every end (a row lives in its node's own `PortMapNode`).
+    pub const LINK_ENDS: usize = 8192;
     /// Checks in a row.
     pub const CHECKS: usize = 16;
     /// Host addresses in a row.
@@ -263,11 +264,8 @@ fn class_row(
         .map(|n| n.interfaces.as_slice())
         .unwrap_or_default();
     let (addresses, missing) = interface_addresses(interfaces, facts);
-    let stored_row = state
-        .class
-        .status
-        .as_ref()
-        .and_then(|s| s.nodes.iter().find(|r| r.name == this_node));
+    let class_name = state.class.metadata.name.as_deref().unwrap_or_default();
+    let stored_row = index.row(class_name, this_node);
     let (held_ports, unlisted_note) = held_ports(
         index,
         state.class,

@@ -3,7 +3,10 @@
 //! list shuffled.
 
 use kuport_core::api::PortMapClass;
-use kuport_core::plan::merge::{class_parts, merge_class_status, portmap_status_equivalent};
+use kuport_core::plan::merge::{
+    RowHome, class_parts, merge_class_status, portmap_status_equivalent,
+};
+use kuport_core::plan::node_rows::NodeRows;
 use kuport_core::plan::{Plan, plan};
 use kuport_core::snapshot::{CniFacts, HostFacts, Snapshot};
 use kuport_testkit::objects;
@@ -228,6 +231,7 @@ pub fn write_status(snap: &mut Snapshot, p: &Plan) {
             }
         }
     }
+    let node_rows = NodeRows::new(&snap.portmap_nodes);
     for (name, part) in class_parts(&p.writes, &p.node, &snap.classes) {
         let stored = snap
             .classes
@@ -235,7 +239,10 @@ pub fn write_status(snap: &mut Snapshot, p: &Plan) {
             .find(|c| c.metadata.name.as_deref() == Some(name.as_str()));
         if let Some(class) = stored {
             let before = class.status.clone().unwrap_or_default();
-            let merged = merge_class_status(class, &p.node, AGENT_VERSION, &part, now());
+            let home = RowHome::Class {
+                agent_version: AGENT_VERSION,
+            };
+            let merged = merge_class_status(class, &node_rows, &p.node, home, &part, now());
             if merged.status != before {
                 class.status = Some(merged.status);
             }
@@ -285,6 +292,7 @@ pub fn base_snapshot(m: &Model) -> Snapshot {
             host_legacy_routing: None,
             bpf_masquerade: None,
         }),
+        portmap_nodes: Vec::new(),
         services: Vec::new(),
         // The model's oracles do not judge Services: every PortMap's counts as present.
         services_listed: false,

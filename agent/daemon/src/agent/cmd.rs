@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::health::{health_router, metrics_router, serve};
 use super::lifecycle::StopPolicy;
 use super::runtime::{Agent, AgentConfig};
+use super::status::RowsIn;
 
 /// Exit status when a second signal cuts the graceful shutdown short (128 + SIGINT, as shells
 /// report an interrupted program).
@@ -69,6 +70,13 @@ pub struct AgentArgs {
     /// the lab: in a cluster it breaks the other datapath or kuport.
     #[arg(long, env = "KUPORT_ALLOW_MARK_OVERLAP", hide = true)]
     pub allow_mark_overlap: bool,
+    /// Where this node writes its rows of the classes (its addresses, checks, held ports and
+    /// link ends): `class`, into each class's status, or `node`, into its own PortMapNode,
+    /// which no other node writes and which has no bound of 512 link ends. Agents read both,
+    /// so a rollout may mix them; set `node` once every agent runs this version.
+    #[arg(long, env = "KUPORT_ROWS_IN", value_enum, value_name = "WHERE",
+          default_value_t = RowsIn::Class)]
+    pub rows_in: RowsIn,
     /// The least severe log level printed.
     #[arg(long, env = "KUPORT_LOG_LEVEL", value_enum, value_name = "LEVEL",
           default_value_t = LogLevel::Info)]
@@ -136,6 +144,7 @@ async fn run_async(args: AgentArgs) -> anyhow::Result<()> {
     let mut config = AgentConfig::new(args.node_name.clone());
     config.resync = args.resync;
     config.marks = marks;
+    config.rows_in = args.rows_in;
     let own = args.host_ip.unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
     if args.host_ip.is_none() {
         tracing::warn!(

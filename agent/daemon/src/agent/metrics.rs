@@ -68,8 +68,10 @@ impl Stage {
 pub enum WriteKind {
     /// A PortMap's status.
     PortMap,
-    /// A PortMapClass's status (row, claims, GC, Ready).
+    /// A PortMapClass's status (claims, GC, Ready, summary).
     Class,
+    /// This node's PortMapNode (its rows).
+    Node,
 }
 
 impl WriteKind {
@@ -77,6 +79,7 @@ impl WriteKind {
         match self {
             WriteKind::PortMap => "portmap",
             WriteKind::Class => "portmapclass",
+            WriteKind::Node => "portmapnode",
         }
     }
 }
@@ -334,7 +337,7 @@ impl Metrics {
         for kind in HostEventKind::ALL {
             let _ = self.host_events.get_or_create(&host_event_labels(kind));
         }
-        for kind in [WriteKind::PortMap, WriteKind::Class] {
+        for kind in [WriteKind::PortMap, WriteKind::Class, WriteKind::Node] {
             for result in [
                 WriteResult::Written,
                 WriteResult::Conflict,
@@ -498,9 +501,9 @@ impl Metrics {
         self.mapping_counters.set(counters);
     }
 
-    /// Status writes the API server accepted, of both kinds.
+    /// Status writes the API server accepted, of every kind.
     pub fn status_writes_written(&self) -> u64 {
-        [WriteKind::PortMap, WriteKind::Class]
+        [WriteKind::PortMap, WriteKind::Class, WriteKind::Node]
             .into_iter()
             .map(|k| self.status_writes_of(k, WriteResult::Written))
             .sum()

@@ -24,4 +24,5 @@ pub use health::{Health, health_router, metrics_router};
 pub use lifecycle::{StopAction, StopPolicy};
 pub use metrics::{Metrics, Stage, WriteKind, WriteResult};
 pub use runtime::{Agent, AgentConfig, AgentError, HostWatch, PassHook};
+pub use status::RowsIn;
 pub use tokio_util::sync::CancellationToken;

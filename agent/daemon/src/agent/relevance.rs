@@ -10,6 +10,8 @@
 //!   of the rows. The plan never reads those two (it leaves them out of the row it computes);
 //!   the status writes read them only in this node's own row, merging a write into the object
 //!   as read at that moment, and a pass that is not run writes nothing.
+//! - PortMapNode: likewise, everything but the `agentVersion` and the rows' `lastPassTime` and
+//!   `agentVersion`.
 //! - PortMap: everything but `resourceVersion` and the status. The plan reads a PortMap's status
 //!   only for a mapping this node writes (to keep a condition's transition time), and the
 //!   writes compare it with the status wanted. So a change to the status alone matters only to
@@ -40,7 +42,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::watcher;
-use kuport_core::api::{PortMap, PortMapClass, PortMapStatus};
+use kuport_core::api::{PortMap, PortMapClass, PortMapNode, PortMapStatus};
 use kuport_core::plan::Writes;
 use kuport_core::plan::merge::portmap_status_equivalent;
 use kuport_core::snapshot::{
@@ -75,6 +77,22 @@ impl PassInput for PortMapClass {
                 row.agent_version = None;
             }
             class
+        }
+        read(old) != read(new)
+    }
+}
+
+impl PassInput for PortMapNode {
+    /// As a class's rows: everything but the pass times and versions (and `resourceVersion`).
+    fn changes_a_pass(old: &Self, new: &Self, _: &Wanted) -> bool {
+        fn read(object: &PortMapNode) -> PortMapNode {
+            let mut object = unversioned(object);
+            object.spec.agent_version = None;
+            for entry in &mut object.spec.classes {
+                entry.row.last_pass_time = None;
+                entry.row.agent_version = None;
+            }
+            object
         }
         read(old) != read(new)
     }

@@ -23,8 +23,9 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kuport_core::api::PortMapClassStatus;
 use kuport_core::api::{PortMap, PortMapClass, PortMapStatus, conditions};
 use kuport_core::plan::merge::{
-    ClassMerge, ClassPart, class_parts, merge_class_status, portmap_status_equivalent,
+    ClassMerge, ClassPart, RowHome, class_parts, merge_class_status, portmap_status_equivalent,
 };
+use kuport_core::plan::node_rows::NodeRows;
 use kuport_core::plan::row_patch::{claims_patch, settles_only, unshared_patch};
 use kuport_core::plan::unknown_fields::keep_unknown_fields;
 use kuport_core::plan::{AcceptedReason, PortMapWrite, Writes};
@@ -33,6 +34,9 @@ use tokio::time::Instant;
 use super::budget::KeyedBuckets;
 use super::events::{EventSink, PendingEvent};
 use super::refusal::{patch_not_applied, refusal_reason};
+
+mod node_object;
+pub(crate) use node_object::NodeObjects;
 
 /// Event reason on a PortMapClass when a node leaves its ready nodes (a Warning).
 pub const NODE_LEFT_REASON: &str = "NodeNotReady";
@@ -47,6 +51,16 @@ const AGENT_VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// How many times one class write re-reads and re-merges after a 409 within one pass.
 const CLASS_CAS_ATTEMPTS: usize = 5;
+
+/// Where an agent writes its rows of the classes (`--rows-in`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum RowsIn {
+    /// `PortMapClass.status.nodes`, shared by every node of the class.
+    #[default]
+    Class,
+    /// The node's own `PortMapNode`, which no other node writes.
+    Node,
+}
 
 /// What the status writes of one pass came to.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -83,6 +97,8 @@ pub enum Held {
     PortMap(String, String),
     /// A class status.
     Class(String),
+    /// This node's `PortMapNode`.
+    Node,
 }
 
 /// PortMap status writes in flight at once.
@@ -130,6 +146,12 @@ pub(crate) struct StatusWriter {
     holds: Mutex<BTreeMap<Held, Instant>>,
     /// Each PortMap's write budget (see [`write_budgets`]).
     budgets: Mutex<KeyedBuckets<(String, String)>>,
+    /// The watched `PortMapNode`s: this node's rows are written into its own, and the class
+    /// merges read every node's. Without them nothing is known of other nodes' rows but what
+    /// the class statuses hold.
+    node_objects: Option<NodeObjects>,
+    /// Where this node's rows go (`--rows-in`).
+    rows_in: RowsIn,
 }
 
 /// A PortMap status write that the API server accepted: the `resourceVersion` it replaced and
@@ -180,6 +202,26 @@ impl StatusWriter {
             raw_classes: None,
             holds: Mutex::new(BTreeMap::new()),
             budgets: Mutex::new(write_budgets()),
+            node_objects: None,
+            rows_in: RowsIn::Class,
+        }
+    }
+
+    /// Reads every node's rows from the `PortMapNode`s `objects` watches, and writes this
+    /// node's where `rows_in` says (into its own object as watched there, or the classes).
+    pub fn with_node_objects(mut self, objects: NodeObjects, rows_in: RowsIn) -> Self {
+        self.node_objects = Some(objects);
+        self.rows_in = rows_in;
+        self
+    }
+
+    /// Where this node's rows go, for the class merges.
+    fn row_home(&self) -> RowHome<'static> {
+        match self.rows_in {
+            RowsIn::Class => RowHome::Class {
+                agent_version: AGENT_VERSION,
+            },
+            RowsIn::Node => RowHome::Node,
         }
     }
 
@@ -241,6 +283,34 @@ impl StatusWriter {
         if outcome.superseded {
             return outcome;
         }
+        // The rows first: a class's readiness is computed from them, this node's included.
+        if self.rows_in == RowsIn::Node {
+            self.write_node_object(writes, now, &mut outcome).await;
+        }
+        self.write_classes(writes, classes, now, &mut outcome, superseded)
+            .await;
+        if !outcome.superseded {
+            // A hold not renewed by these writes is over: written, or no longer wanted.
+            self.holds
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .retain(|key, _| outcome.held.iter().any(|(held, _)| held == key));
+        }
+        outcome
+    }
+
+    /// Merges this node's part into each class it has something to say about (see
+    /// `class_parts`), reading every node's rows from their objects.
+    async fn write_classes(
+        &self,
+        writes: &Writes,
+        classes: &[PortMapClass],
+        now: Timestamp,
+        outcome: &mut StatusOutcome,
+        superseded: &(dyn Fn() -> bool + Send + Sync),
+    ) {
+        let objects = self.node_objects_now();
+        let node_rows = NodeRows::new(&objects);
         for (class, part) in class_parts(writes, &self.node, classes) {
             // When merging into the watched copy changes nothing, the fresh object is not read:
             // a converged pass costs no request. Anything to change is merged into a fresh read.
@@ -248,7 +318,14 @@ impl StatusWriter {
                 .iter()
                 .find(|c| c.metadata.name.as_deref() == Some(class.as_str()));
             if let Some(watched) = watched {
-                let merged = merge_class_status(watched, &self.node, AGENT_VERSION, &part, now);
+                let merged = merge_class_status(
+                    watched,
+                    &node_rows,
+                    &self.node,
+                    self.row_home(),
+                    &part,
+                    now,
+                );
                 let stored = watched.status.clone().unwrap_or_default();
                 if merged.status == stored && merged.dropped.is_empty() {
                     outcome.unchanged += 1;
@@ -261,20 +338,12 @@ impl StatusWriter {
                     continue;
                 }
             }
-            self.write_class(&class, &part, now, &mut outcome, superseded)
+            self.write_class(&class, &part, &node_rows, now, outcome, superseded)
                 .await;
             if outcome.superseded {
                 break;
             }
         }
-        if !outcome.superseded {
-            // A hold not renewed by these writes is over: written, or no longer wanted.
-            self.holds
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .retain(|key, _| outcome.held.iter().any(|(held, _)| held == key));
-        }
-        outcome
     }
 
     /// Spends a token of the write budget of PortMap `namespace/name`, or says when one is
@@ -460,6 +529,7 @@ impl StatusWriter {
         &self,
         class: &str,
         part: &ClassPart<'_>,
+        node_rows: &NodeRows<'_>,
         now: Timestamp,
         outcome: &mut StatusOutcome,
         superseded: &(dyn Fn() -> bool + Send + Sync),
@@ -481,7 +551,8 @@ impl StatusWriter {
                 return;
             };
             let stored = fresh.status.clone().unwrap_or_default();
-            let merged = merge_class_status(&fresh, &self.node, AGENT_VERSION, part, now);
+            let merged =
+                merge_class_status(&fresh, node_rows, &self.node, self.row_home(), part, now);
             if !merged.dropped.is_empty() {
                 tracing::debug!(
                     "{what}: link proposal(s) {} dropped: the slot was taken meanwhile",

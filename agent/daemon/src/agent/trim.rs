@@ -19,7 +19,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kuport_core::api::{
-    PREFLIGHT_ANNOTATION, PREFLIGHT_DEADLINE_ANNOTATION, PortMap, PortMapClass,
+    PREFLIGHT_ANNOTATION, PREFLIGHT_DEADLINE_ANNOTATION, PortMap, PortMapClass, PortMapNode,
     RELEASE_HELD_PORTS_ANNOTATION, conditions,
 };
 use kuport_core::snapshot::{CILIUM_CONFIG_KEYS, CILIUM_HOST_ANNOTATIONS, SERVICE_NAME_LABEL};
@@ -80,6 +80,12 @@ impl Trim for PortMapClass {
 }
 
 impl Trim for PortMap {
+    fn trim(&mut self) {
+        trim_meta(&mut self.metadata, |_| false);
+    }
+}
+
+impl Trim for PortMapNode {
     fn trim(&mut self) {
         trim_meta(&mut self.metadata, |_| false);
     }

@@ -21,11 +21,12 @@ use anyhow::Context as _;
 use clap::Args;
 use k8s_openapi::jiff::SignedDuration;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 use kuport_core::api::{
     DEFAULT_VXLAN_PORT, PREFLIGHT_ANNOTATION, PREFLIGHT_DEADLINE_ANNOTATION, PortMapClass,
-    PreflightLife, preflight_life,
+    PortMapNode, PreflightLife, preflight_life,
 };
+use kuport_core::plan::node_rows::with_node_rows;
 use serde_json::json;
 
 use self::signals::Signals;
@@ -389,6 +390,22 @@ fn replaceable(existing: &PortMapClass, now: Timestamp) -> Result<String, String
 /// Reads the class every [`POLL`] until nothing more is worth waiting for
 /// ([`verdict::settled`]), the class says it cannot work (`Ready` False), the time is up, the
 /// class is gone (deleted, or replaced by another run), or a signal comes.
+/// `class` with every node's row from its own `PortMapNode` (`node_rows`): none to read when
+/// the kind is not installed (agents of a version before it write rows into the class).
+async fn with_own_rows(
+    api: &Api<PortMapClass>,
+    mut class: PortMapClass,
+) -> anyhow::Result<PortMapClass> {
+    let nodes: Api<PortMapNode> = Api::all(api.clone().into_client());
+    let objects = match nodes.list(&ListParams::default()).await {
+        Ok(list) => list.items,
+        Err(kube::Error::Api(e)) if e.code == 404 => Vec::new(),
+        Err(e) => return Err(e).context("listing PortMapNodes (the nodes' rows)"),
+    };
+    with_node_rows(std::slice::from_mut(&mut class), &objects);
+    Ok(class)
+}
+
 async fn wait(
     api: &Api<PortMapClass>,
     uid: &str,
@@ -404,6 +421,10 @@ async fn wait(
             .await
             .with_context(|| format!("reading PortMapClass {CLASS_NAME}"))?
             .filter(|c| c.metadata.uid.as_deref() == Some(uid));
+        let class = match class {
+            Some(c) => Some(with_own_rows(api, c).await?),
+            None => None,
+        };
         let elapsed = start.elapsed();
         if class.is_none() {
             return Ok(Waited {

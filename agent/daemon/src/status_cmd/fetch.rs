@@ -10,7 +10,7 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Node, Pod};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ListParams};
-use kuport_core::api::{GROUP, PortMap, PortMapClass, VERSION};
+use kuport_core::api::{GROUP, PortMap, PortMapClass, PortMapNode, VERSION};
 use kuport_core::snapshot::{CILIUM_CONFIG, CniFacts};
 use serde::de::DeserializeOwned;
 
@@ -180,6 +180,26 @@ fn refused<T>(
     }
 }
 
+/// Every node's `PortMapNode` (the rows of the classes): none when the kind is not installed
+/// (agents and CRDs of a version before it), noted when the list is refused.
+async fn node_objects(
+    client: &kube::Client,
+    unread: &mut Vec<Unread>,
+) -> anyhow::Result<Vec<PortMapNode>> {
+    match Api::<PortMapNode>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+    {
+        Ok(list) => Ok(list.items),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(Vec::new()),
+        Err(kube::Error::Api(e)) if e.code == 403 => {
+            unread.push(forbidden("PortMapNodes", &e.message));
+            Ok(Vec::new())
+        }
+        Err(e) => Err(e).context("listing PortMapNodes"),
+    }
+}
+
 /// Reads what the renderer needs: the plan's inputs, the agents' DaemonSets and Pods, and the
 /// Events about kuport's objects (only the one mapping's when one is asked for).
 pub(super) async fn fetch(
@@ -202,6 +222,11 @@ pub(super) async fn fetch(
     )
     .await?
     .unwrap_or_default();
+    // The nodes' rows say something only about the classes: a reader refused those has no use
+    // for them (and no note about them).
+    if !unread.iter().any(|u| u.what == "PortMapClasses") {
+        s.portmap_nodes = node_objects(&client, unread).await?;
+    }
     s.portmaps = portmaps(&client, scope, unread).await?;
     s.endpoint_slices =
         namespaced_or_scope::<EndpointSlice>(&client, "EndpointSlices", scope, &all, unread)
@@ -235,6 +260,7 @@ pub(super) async fn fetch(
     };
     dump.events = events(&client, target, scope, &mut dump.unread).await?;
     agent_objects(&client, selector, &mut dump).await?;
+    dump.settle_rows();
     Ok(dump)
 }
 
@@ -302,6 +328,8 @@ pub(super) async fn fetch_agents(
     )
     .await?
     .unwrap_or_default();
+    dump.snapshot.portmap_nodes = node_objects(client, &mut dump.unread).await?;
     agent_objects(client, selector, &mut dump).await?;
+    dump.settle_rows();
     Ok(dump)
 }

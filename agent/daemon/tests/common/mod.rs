@@ -19,7 +19,7 @@ use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::api::{Api, PostParams};
 use kuport::agent::{
     Agent, AgentConfig, AgentError, CancellationToken, Clock, Health, HostWatch, Metrics, PassHook,
-    StopPolicy,
+    RowsIn, StopPolicy,
 };
 use kuport_core::api::{PortMap, PortMapClass};
 use kuport_core::ir::Rule;
@@ -78,6 +78,8 @@ pub struct Cluster {
     pub pass_hooks: Option<PassHooks>,
     /// The wall clock of the agents started next (the system's when `None`).
     pub clock: Option<Clock>,
+    /// Where the agents started next write their rows (`--rows-in`).
+    pub rows_in: RowsIn,
 }
 
 pub fn client_for(url: &str) -> kube::Client {
@@ -188,6 +190,7 @@ impl Cluster {
             api_timeout: Duration::from_secs(2),
             pass_hooks: None,
             clock: None,
+            rows_in: RowsIn::Class,
         })
     }
 
@@ -217,6 +220,7 @@ impl Cluster {
             api_timeout: Duration::from_secs(2),
             pass_hooks: None,
             clock: None,
+            rows_in: RowsIn::Class,
         }
     }
 
@@ -309,6 +313,7 @@ impl Cluster {
         config.retry_min = Duration::from_millis(50);
         config.retry_max = Duration::from_millis(500);
         config.api_timeout = self.api_timeout;
+        config.rows_in = self.rows_in;
         if let Some(clock) = &self.clock {
             config.clock = clock.clone();
         }
@@ -421,11 +426,22 @@ impl Cluster {
             .expect("portmap")
     }
 
+    /// The class `public` with the rows that count in its status (each node's own from its
+    /// `PortMapNode`, as every reader takes them).
     pub async fn class(&self) -> PortMapClass {
-        Api::<PortMapClass>::all(self.client.clone())
+        let mut class = Api::<PortMapClass>::all(self.client.clone())
             .get("public")
             .await
-            .expect("class")
+            .expect("class");
+        let objects = Api::<kuport_core::api::PortMapNode>::all(self.client.clone())
+            .list(&Default::default())
+            .await
+            .expect("PortMapNodes");
+        kuport_core::plan::node_rows::with_node_rows(
+            std::slice::from_mut(&mut class),
+            &objects.items,
+        );
+        class
     }
 
     pub async fn condition(&self, type_: &str) -> Option<(String, String)> {

@@ -6,6 +6,7 @@ use kuport_core::ir::MarkLayout;
 
 use crate::agent::clock::Clock;
 use crate::agent::lifecycle::StopPolicy;
+use crate::agent::status::RowsIn;
 
 /// Settings of the runtime.
 #[derive(Clone, Debug)]
@@ -38,6 +39,10 @@ pub struct AgentConfig {
     /// async worker). The simulator computes it inline, where another thread would make a run
     /// depend on the operating system's scheduler.
     pub plan_on_blocking_thread: bool,
+    /// Where this node writes its rows of the classes: into the class statuses (the default
+    /// while a rollout may run agents that read rows only there) or into its own `PortMapNode`.
+    /// Agents read both either way.
+    pub rows_in: RowsIn,
 }
 
 impl AgentConfig {
@@ -56,6 +61,7 @@ impl AgentConfig {
             clock: Clock::system(),
             jitter_seed: jitter_seed_for(&process_start_identity()),
             plan_on_blocking_thread: true,
+            rows_in: RowsIn::Class,
         }
     }
 }

@@ -11,7 +11,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kuport_core::api::{PortMap, PortMapClass};
+use kuport_core::api::{PortMap, PortMapClass, PortMapNode};
 use kuport_core::snapshot::{CILIUM_CONFIG, CniFacts, Snapshot};
 use tokio::task::JoinHandle;
 
@@ -118,6 +118,7 @@ macro_rules! watched_kinds {
 watched_kinds! {
     slices follow portmaps;
     classes: PortMapClass => classes;
+    portmap_nodes: PortMapNode => portmap_nodes;
     portmaps: PortMap => portmaps;
     nodes: Node => nodes;
     namespaces: Namespace => namespaces;

@@ -44,7 +44,7 @@ use super::health::Health;
 use super::lifecycle::StopAction;
 use super::metrics::Metrics;
 use super::relevance::Wanted;
-use super::status::StatusWriter;
+use super::status::{NodeObjects, StatusWriter};
 use super::status_task::{StatusDone, StatusTask};
 
 /// Opens a stream of host events for the given underlay devices (besides kuport's own `kup-*`
@@ -211,7 +211,14 @@ impl<H: Host> Agent<H> {
             events,
             self.config.api_timeout,
         )
-        .with_watched_classes(inputs.raw_classes.clone());
+        .with_watched_classes(inputs.raw_classes.clone())
+        .with_node_objects(
+            NodeObjects {
+                objects: inputs.portmap_nodes.clone(),
+                nodes: inputs.nodes.clone(),
+            },
+            self.config.rows_in,
+        );
         StatusTask::start(writer, inputs.portmaps.clone(), self.config.clock.clone())
     }
 
