@@ -202,6 +202,7 @@ pub fn run(args: ClusterArgs) -> Result<ExitCode> {
     }
     let cilium = match (args.cni.is_cilium(), &args.cilium_dir) {
         (true, Some(dir)) => {
+            crate::prereq::ensure_cilium_tools()?;
             crate::realcilium::check_binaries(dir)?;
             Some(dir.clone())
         }
