@@ -129,6 +129,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Run(args) => {
+            anyhow::ensure!(
+                args.cni.is_empty() || args.cni == "kindnet",
+                "--cni {} needs --cluster local (kind runs kindnet)",
+                args.cni
+            );
             let options = Options {
                 repo: repo_root(),
                 cluster: args.cluster,
