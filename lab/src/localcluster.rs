@@ -63,6 +63,10 @@ pub struct ClusterArgs {
     /// Real Cilium's binaries and bpf/ sources: the directory e2e/cilium/build.sh prints.
     #[arg(long, value_name = "DIR")]
     pub cilium_dir: Option<PathBuf>,
+    /// Replace or add one `cilium-config` setting (repeatable), for example
+    /// `enable-host-legacy-routing=false` to try the BPF host routing the guide warns against.
+    #[arg(long = "cilium-set", value_name = "KEY=VALUE")]
+    pub cilium_set: Vec<String>,
 }
 
 fn parse_cni(text: &str) -> Result<Cni, String> {
@@ -289,6 +293,10 @@ async fn start(
     cilium: Option<&Path>,
 ) -> Result<kuport_realapi::ControlPlane> {
     let specs = node_specs(topo, cilium);
+    let settings = match cilium {
+        Some(_) => crate::realcilium::config(args.cni, &args.cilium_set)?,
+        None => Default::default(),
+    };
     sys::ip(&["netns", "exec", UL_NS, "ip", "link", "set", "lo", "up"])?;
     // The API server dials a kubelet (logs, exec, port-forward) at its InternalIP, the mesh
     // address: reach it over the node's underlay address.
@@ -331,7 +339,7 @@ async fn start(
         // registers the CRDs every agent waits for.
         let maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
             Api::namespaced(client.clone(), "kube-system");
-        let map = serde_json::from_value(crate::realcilium::config_map(args.cni)?)
+        let map = serde_json::from_value(crate::realcilium::config_map(&settings))
             .context("building cilium-config")?;
         maps.create(&PostParams::default(), &map)
             .await
@@ -339,7 +347,7 @@ async fn start(
         let data = Path::new(realnode::DATA_ROOT).join("cilium-operator");
         lab.create_host_dir(Path::new(realnode::DATA_ROOT))?;
         lab.add_data_dir(&data)?;
-        crate::realcilium::start_operator(lab, cilium, &topo.kubeconfig, args.cni, &data)?;
+        crate::realcilium::start_operator(lab, cilium, &topo.kubeconfig, &settings, &data)?;
     }
     let mut containerd = Vec::new();
     for n in &specs {
@@ -376,7 +384,7 @@ async fn start(
                 *pid,
                 cilium,
                 &n.dir().join("kube-proxy.kubeconfig"),
-                args.cni,
+                &settings,
                 &realnode::join_cgroup_line(&n.cgroup()),
             )?;
         }

@@ -73,7 +73,10 @@ pub fn check_binaries(dir: &Path) -> Result<()> {
 /// host routing, kube-proxy kept, iptables masquerade), on a cgroup v1 host (no socket load
 /// balancing), without the parts this cluster has no binaries or use for (Envoy, Hubble, the
 /// health endpoints, ClusterMesh).
-pub fn config(cni: Cni) -> Result<BTreeMap<&'static str, &'static str>> {
+///
+/// `overrides` (`kuport-lab cluster --cilium-set key=value`) replace or add settings, for
+/// trying a configuration the guide warns against.
+pub fn config(cni: Cni, overrides: &[String]) -> Result<Config> {
     let mut c: BTreeMap<&str, &str> = [
         ("cluster-name", "default"),
         ("cluster-id", "0"),
@@ -116,23 +119,36 @@ pub fn config(cni: Cni) -> Result<BTreeMap<&'static str, &'static str>> {
         }
         Cni::Kindnet => bail!("kindnet is not Cilium"),
     }
+    let mut c: Config = c
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    for o in overrides {
+        let (k, v) = o
+            .split_once('=')
+            .with_context(|| format!("--cilium-set {o}: expected key=value"))?;
+        c.insert(k.to_owned(), v.to_owned());
+    }
     Ok(c)
 }
 
+/// `kube-system/cilium-config`'s data.
+pub type Config = BTreeMap<String, String>;
+
 /// The ConfigMap as the API server takes it.
-pub fn config_map(cni: Cni) -> Result<serde_json::Value> {
-    Ok(serde_json::json!({
+pub fn config_map(config: &Config) -> serde_json::Value {
+    serde_json::json!({
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": "cilium-config", "namespace": "kube-system"},
-        "data": config(cni)?,
-    }))
+        "data": config,
+    })
 }
 
 /// Writes the configuration as the DaemonSet's volume holds it: one file per key.
-fn write_config_dir(dir: &Path, cni: Cni) -> Result<()> {
+fn write_config_dir(dir: &Path, config: &Config) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    for (k, v) in config(cni)? {
+    for (k, v) in config {
         std::fs::write(dir.join(k), v)
             .with_context(|| format!("writing {}", dir.join(k).display()))?;
     }
@@ -187,11 +203,11 @@ pub fn start_operator(
     lab: &mut Lab,
     cilium: &Path,
     kubeconfig: &Path,
-    cni: Cni,
+    settings: &Config,
     data: &Path,
 ) -> Result<i32> {
     let config = data.join("operator-config");
-    write_config_dir(&config, cni)?;
+    write_config_dir(&config, settings)?;
     let run = data.join("run");
     std::fs::create_dir_all(&run).with_context(|| format!("creating {}", run.display()))?;
     lab.create_host_dir(Path::new("/run/cilium"))?;
@@ -258,12 +274,12 @@ pub fn start_agent(
     containerd_pid: i32,
     cilium: &Path,
     kubeconfig: &Path,
-    cni: Cni,
+    settings: &Config,
     join_cgroup: &str,
 ) -> Result<i32> {
     let dir = n.dir();
     let config = dir.join("cilium-config");
-    write_config_dir(&config, cni)?;
+    write_config_dir(&config, settings)?;
     let staged = staged_cni_config(n);
     if let Some(parent) = staged.parent() {
         std::fs::create_dir_all(parent)
@@ -317,16 +333,23 @@ mod tests {
     #[test]
     fn both_modes_keep_legacy_host_routing_and_kube_proxy() {
         for cni in [Cni::CiliumTunnel, Cni::CiliumNative] {
-            let c = config(cni).expect("cilium");
+            let c = config(cni, &[]).expect("cilium");
             assert_eq!(c["enable-host-legacy-routing"], "true");
             assert_eq!(c["kube-proxy-replacement"], "false");
             assert_eq!(c["bpf-lb-sock"], "false");
         }
-        assert_eq!(config(Cni::CiliumTunnel).expect("t")["tunnel-port"], "8472");
         assert_eq!(
-            config(Cni::CiliumNative).expect("n")["routing-mode"],
+            config(Cni::CiliumTunnel, &[]).expect("t")["tunnel-port"],
+            "8472"
+        );
+        assert_eq!(
+            config(Cni::CiliumNative, &[]).expect("n")["routing-mode"],
             "native"
         );
-        assert!(config(Cni::Kindnet).is_err());
+        assert!(config(Cni::Kindnet, &[]).is_err());
+        let set = ["enable-host-legacy-routing=false".to_owned()];
+        let c = config(Cni::CiliumTunnel, &set).expect("override");
+        assert_eq!(c["enable-host-legacy-routing"], "false");
+        assert!(config(Cni::CiliumTunnel, &["nokey".to_owned()]).is_err());
     }
 }
