@@ -322,6 +322,15 @@ spec:
 pub trait Platform {
     /// Creates the cluster and makes the agent image available on every node.
     fn create(&mut self, sh: &mut dyn Shell) -> Result<()>;
+    /// Whether the platform runs a CNI that reports its own health ([`Platform::cni_status`]).
+    fn reports_cni(&self) -> bool {
+        false
+    }
+    /// The CNI's own account of its health on every node, one line each (real Cilium: its
+    /// version and `cilium-dbg status --brief`); an error when a node's is not healthy.
+    fn cni_status(&mut self, _sh: &mut dyn Shell) -> Result<Vec<String>> {
+        bail!("this platform's CNI reports nothing")
+    }
     /// Deletes the cluster (also after a failed step).
     fn delete(&mut self, sh: &mut dyn Shell) -> Result<()>;
     /// `kubectl` with `args`, pointed at the cluster.
@@ -674,6 +683,7 @@ fn steps(r: &mut Run<'_>) -> Result<Summary> {
     r.step("create the cluster and load the agent image", |r| {
         r.p.create(r.sh)
     })?;
+    cni_status_step(r, "the CNI reports itself healthy on every node")?;
     let (install, uninstall) = r.p.install()?;
     install_step(r, install)?;
 
@@ -739,6 +749,17 @@ fn steps(r: &mut Run<'_>) -> Result<Summary> {
         chart_steps(r, &address, &nodes, &mut summary)?;
     }
     Ok(summary)
+}
+
+/// The CNI's status lines, printed, when the platform has them.
+fn cni_status_step(r: &mut Run<'_>, name: &str) -> Result<()> {
+    if !r.p.reports_cni() {
+        return Ok(());
+    }
+    for line in r.step(name, |r| r.p.cni_status(r.sh))? {
+        println!("    {line}");
+    }
+    Ok(())
 }
 
 /// CRDs, then the manifests; waits for the DaemonSet on every node and checks that the agents'

@@ -62,6 +62,9 @@ pub struct Description {
     pub internet: Client,
     pub vpn_clients: Vec<Client>,
     pub echo: PathBuf,
+    /// Under real Cilium: the directory of its binaries.
+    #[serde(default)]
+    pub cilium: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -71,6 +74,9 @@ pub struct NodeDescription {
     pub netns: String,
     pub mesh: Ipv4Addr,
     pub public: Option<Ipv4Addr>,
+    /// Under real Cilium: the node's agent API, for `cilium-dbg -H`.
+    #[serde(default)]
+    pub cilium_api: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -88,7 +94,13 @@ pub struct LocalOptions {
     pub agent_image: Option<PathBuf>,
     /// Where the run keeps its images, logs and the cluster's description.
     pub work: PathBuf,
+    /// The pod network: `kindnet` (the bridge plugin), or real Cilium built from source by
+    /// e2e/cilium/build.sh, `cilium-tunnel` or `cilium-native`.
+    pub cni: String,
 }
+
+/// The pod networks `--cni` takes.
+pub const CNIS: [&str; 3] = ["kindnet", "cilium-tunnel", "cilium-native"];
 
 /// The local cluster, while it runs.
 pub struct Local {
@@ -183,7 +195,7 @@ impl Local {
     }
 
     /// Starts `kuport-lab cluster` and waits for its description.
-    fn start_lab(&mut self, images: &[PathBuf]) -> Result<()> {
+    fn start_lab(&mut self, images: &[PathBuf], cilium: Option<&Path>) -> Result<()> {
         let desc_path = self.description_path();
         let _ = std::fs::remove_file(&desc_path);
         let log_path = self.o.work.join("cluster.log");
@@ -195,6 +207,10 @@ impl Local {
         cmd.args(args).arg("cluster");
         for image in images {
             cmd.arg("--image").arg(image);
+        }
+        cmd.arg("--cni").arg(&self.o.cni);
+        if let Some(dir) = cilium {
+            cmd.arg("--cilium-dir").arg(dir);
         }
         cmd.arg("--describe").arg(&desc_path);
         let child = cmd
@@ -398,6 +414,24 @@ impl Platform for Local {
     fn create(&mut self, sh: &mut dyn Shell) -> Result<()> {
         std::fs::create_dir_all(&self.o.work)
             .with_context(|| format!("creating {}", self.o.work.display()))?;
+        ensure!(
+            CNIS.contains(&self.o.cni.as_str()),
+            "--cni {}: expected one of {}",
+            self.o.cni,
+            CNIS.join(", ")
+        );
+        // Real Cilium, built from source (cached by version) before anything else.
+        let cilium = match self.o.cni.starts_with("cilium") {
+            true => {
+                let out = sh.run(&Cmd::new("bash", [repo_dir("e2e/cilium/build.sh")]))?;
+                let dir = out
+                    .lines()
+                    .last()
+                    .context("e2e/cilium/build.sh printed no directory")?;
+                Some(PathBuf::from(dir.trim()))
+            }
+            false => None,
+        };
         let images = self.build_images(sh)?;
         let built = sh.run(&Cmd::new("bash", [repo_dir("e2e/helm/build.sh")]))?;
         self.helm = Some(
@@ -408,7 +442,47 @@ impl Platform for Local {
                 .trim()
                 .to_owned(),
         );
-        self.start_lab(&images)
+        self.start_lab(&images, cilium.as_deref())
+    }
+
+    /// Under real Cilium: its version and `cilium-dbg status --brief` from every node's agent,
+    /// each of which must say OK.
+    fn reports_cni(&self) -> bool {
+        self.o.cni.starts_with("cilium")
+    }
+
+    fn cni_status(&mut self, sh: &mut dyn Shell) -> Result<Vec<String>> {
+        let desc = self.desc()?.clone();
+        let dir = desc
+            .cilium
+            .context("the cluster runs no real Cilium (its description names none)")?;
+        let dbg = dir.join("cilium-dbg").display().to_string();
+        let mut lines = Vec::new();
+        let mut version = String::new();
+        for n in &desc.nodes {
+            let api = n
+                .cilium_api
+                .clone()
+                .with_context(|| format!("node {} names no Cilium agent", n.name))?;
+            if version.is_empty() {
+                version = sh
+                    .run(&Cmd::new(&dbg, ["-H", &api, "version"]))?
+                    .lines()
+                    .map(str::trim)
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                lines.push(format!("Cilium {} ({version})", self.o.cni));
+            }
+            let status = sh.run(&Cmd::new(&dbg, ["-H", &api, "status", "--brief"]))?;
+            let status = status.trim();
+            ensure!(
+                status.starts_with("OK"),
+                "cilium-dbg status --brief on {}: {status}",
+                n.name
+            );
+            lines.push(format!("{}: cilium-dbg status --brief: {status}", n.name));
+        }
+        Ok(lines)
     }
 
     fn delete(&mut self, _sh: &mut dyn Shell) -> Result<()> {

@@ -71,6 +71,11 @@ struct RunArgs {
     /// deploy/image/build-local.sh writes); built from the debug binary when absent.
     #[arg(long, value_name = "FILE")]
     agent_image: Option<PathBuf>,
+    /// With `--cluster local`: the pod network, `kindnet` (the bridge plugin on each node's
+    /// range) or real Cilium built from source by e2e/cilium/build.sh, `cilium-tunnel` (VXLAN
+    /// on 8472) or `cilium-native` (the pod ranges routed over the mesh).
+    #[arg(long, default_value = "kindnet", value_parser = local::CNIS)]
+    cni: String,
     /// The agent image to test (built from the Dockerfile under this name unless
     /// --image-archive is given).
     #[arg(long, default_value = "kuport-agent:e2e")]
@@ -111,6 +116,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let options = local::LocalOptions {
                 agent_image: args.agent_image,
                 work: repo_root().join("target/e2e-local"),
+                cni: args.cni,
             };
             let summary = local::run(&mut RealShell::new()?, options, args.keep)?;
             eprintln!(
@@ -123,6 +129,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Run(args) => {
+            anyhow::ensure!(
+                args.cni.is_empty() || args.cni == "kindnet",
+                "--cni {} needs --cluster local (kind runs kindnet)",
+                args.cni
+            );
             let options = Options {
                 repo: repo_root(),
                 cluster: args.cluster,

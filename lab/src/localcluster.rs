@@ -21,12 +21,13 @@ use serde::Serialize;
 
 use crate::realnode::{self, NodeSpec};
 use crate::runner::enter_netns;
-use crate::scenario::Scenario;
+use crate::scenario::{Cni, Scenario};
 use crate::sys::{self, Lab};
 use crate::topology::{self, API_ADDR, CLIENT_IP, CLIENT_NS, Topology, UL_NS};
 
 /// The cluster's shape: the kindnet cross-node scenario's network (two public edges, a worker,
-/// a VPN client), with no steps: the end-to-end driver brings its own.
+/// a VPN client), with no steps: the end-to-end driver brings its own. `cni: kindnet` unless
+/// real Cilium is asked for (see [`shape`]).
 const SHAPE: &str = "name: local-cluster
 cni: kindnet
 nodes:
@@ -54,6 +55,33 @@ pub struct ClusterArgs {
     /// shorter than the 40 s default so a stopped kubelet is noticed within a test).
     #[arg(long, default_value = "10s")]
     pub node_monitor_grace_period: String,
+    /// The pod network: `kindnet` (the bridge plugin on each node's range, routed over the
+    /// mesh), or real Cilium built from source, `cilium-tunnel` (VXLAN on 8472 over the mesh)
+    /// or `cilium-native` (the pod ranges routed over the mesh).
+    #[arg(long, default_value = "kindnet", value_parser = parse_cni)]
+    pub cni: Cni,
+    /// Real Cilium's binaries and bpf/ sources: the directory e2e/cilium/build.sh prints.
+    #[arg(long, value_name = "DIR")]
+    pub cilium_dir: Option<PathBuf>,
+    /// Replace or add one `cilium-config` setting (repeatable), for example
+    /// `enable-host-legacy-routing=false` to try the BPF host routing the guide warns against.
+    #[arg(long = "cilium-set", value_name = "KEY=VALUE")]
+    pub cilium_set: Vec<String>,
+}
+
+fn parse_cni(text: &str) -> Result<Cni, String> {
+    serde_saphyr::from_str(text)
+        .map_err(|_| format!("{text}: expected kindnet, cilium-tunnel or cilium-native"))
+}
+
+/// The shape with the pod network asked for.
+fn shape(cni: Cni) -> String {
+    let name = match cni {
+        Cni::Kindnet => "kindnet",
+        Cni::CiliumTunnel => "cilium-tunnel",
+        Cni::CiliumNative => "cilium-native",
+    };
+    SHAPE.replace("cni: kindnet", &format!("cni: {name}"))
 }
 
 /// What `cargo e2e run --cluster local` needs to know about the running cluster.
@@ -73,6 +101,11 @@ pub struct Description {
     pub echo: PathBuf,
     /// The lab's pid (SIGTERM takes the cluster down).
     pub pid: u32,
+    /// `kindnet`, `cilium-tunnel` or `cilium-native`.
+    pub cni: String,
+    /// Under real Cilium: the directory of its binaries (`cilium-dbg` among them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cilium: Option<PathBuf>,
 }
 
 #[derive(Debug, Serialize)]
@@ -83,6 +116,9 @@ pub struct NodeDescription {
     pub mesh: Ipv4Addr,
     pub public: Option<Ipv4Addr>,
     pub pod_cidr: String,
+    /// Under real Cilium: its agent's API (`cilium-dbg -H <this> status`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cilium_api: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -92,7 +128,8 @@ pub struct Client {
     pub address: Ipv4Addr,
 }
 
-fn describe(topo: &Topology, kubeconfig: &Path) -> Description {
+fn describe(topo: &Topology, kubeconfig: &Path, specs: &[NodeSpec], cni: Cni) -> Description {
+    let cilium = specs.first().and_then(|n| n.cilium.clone());
     Description {
         kubeconfig: kubeconfig.to_path_buf(),
         api_netns: UL_NS.to_owned(),
@@ -106,6 +143,10 @@ fn describe(topo: &Topology, kubeconfig: &Path) -> Description {
                 mesh: n.mesh,
                 public: n.public,
                 pod_cidr: n.pod_cidr.clone(),
+                cilium_api: specs
+                    .iter()
+                    .find(|s| s.name == n.name && s.cilium.is_some())
+                    .map(crate::realcilium::api_socket),
             })
             .collect(),
         internet: Client {
@@ -125,6 +166,12 @@ fn describe(topo: &Topology, kubeconfig: &Path) -> Description {
             .collect(),
         echo: topo.bins.join(kuport_testkit::bins::ECHO),
         pid: std::process::id(),
+        cni: shape(cni)
+            .lines()
+            .find_map(|l| l.strip_prefix("cni: "))
+            .unwrap_or_default()
+            .to_owned(),
+        cilium,
     }
 }
 
@@ -157,17 +204,29 @@ pub fn run(args: ClusterArgs) -> Result<ExitCode> {
             bail!("image archive {} does not exist", image.display());
         }
     }
+    let cilium = match (args.cni.is_cilium(), &args.cilium_dir) {
+        (true, Some(dir)) => {
+            crate::prereq::ensure_cilium_tools()?;
+            crate::realcilium::check_binaries(dir)?;
+            Some(dir.clone())
+        }
+        (true, None) => bail!(
+            "--cni {:?} needs --cilium-dir (e2e/cilium/build.sh prints it)",
+            args.cni
+        ),
+        (false, _) => None,
+    };
     crate::prereq::ensure_cluster_tools()?;
     let bins = crate::prereq::binaries()?;
     let scenario: Scenario =
-        serde_saphyr::from_str(SHAPE).context("the local cluster's built-in shape")?;
+        serde_saphyr::from_str(&shape(args.cni)).context("the local cluster's built-in shape")?;
     let (mut lab, original, rt) = crate::session()?;
     let result = rt.block_on(async {
         let up = async {
             lab.set_scenario(&scenario.name)?;
-            let topo = topology::build(&mut lab, &scenario, &bins)?;
+            let topo = topology::build_network(&mut lab, &scenario, &bins, cilium.is_none())?;
             let started = Instant::now();
-            let cp = start(&mut lab, &topo, &bin, &args).await?;
+            let cp = start(&mut lab, &topo, &bin, &args, cilium.as_deref()).await?;
             eprintln!(
                 "kuport-lab: cluster Ready in {:.1} s; description in {}",
                 started.elapsed().as_secs_f64(),
@@ -210,7 +269,7 @@ async fn stop_signal() {
     }
 }
 
-fn node_specs(topo: &Topology) -> Vec<NodeSpec> {
+fn node_specs(topo: &Topology, cilium: Option<&Path>) -> Vec<NodeSpec> {
     topo.nodes
         .iter()
         .map(|n| NodeSpec {
@@ -219,6 +278,7 @@ fn node_specs(topo: &Topology) -> Vec<NodeSpec> {
             mesh: n.mesh,
             public: n.public,
             pod_cidr: n.pod_cidr.clone(),
+            cilium: cilium.map(Path::to_path_buf),
         })
         .collect()
 }
@@ -230,8 +290,13 @@ async fn start(
     topo: &Topology,
     bin: &Path,
     args: &ClusterArgs,
+    cilium: Option<&Path>,
 ) -> Result<kuport_realapi::ControlPlane> {
-    let specs = node_specs(topo);
+    let specs = node_specs(topo, cilium);
+    let settings = match cilium {
+        Some(_) => crate::realcilium::config(args.cni, &args.cilium_set)?,
+        None => Default::default(),
+    };
     sys::ip(&["netns", "exec", UL_NS, "ip", "link", "set", "lo", "up"])?;
     // The API server dials a kubelet (logs, exec, port-forward) at its InternalIP, the mesh
     // address: reach it over the node's underlay address.
@@ -269,6 +334,21 @@ async fn start(
             .await
             .with_context(|| format!("creating Node {}", n.name))?;
     }
+    if let Some(cilium) = cilium {
+        // Cilium's configuration first (kuport reads it too), then the operator, which
+        // registers the CRDs every agent waits for.
+        let maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+            Api::namespaced(client.clone(), "kube-system");
+        let map = serde_json::from_value(crate::realcilium::config_map(&settings))
+            .context("building cilium-config")?;
+        maps.create(&PostParams::default(), &map)
+            .await
+            .context("creating kube-system/cilium-config")?;
+        let data = Path::new(realnode::DATA_ROOT).join("cilium-operator");
+        lab.create_host_dir(Path::new(realnode::DATA_ROOT))?;
+        lab.add_data_dir(&data)?;
+        crate::realcilium::start_operator(lab, cilium, &topo.kubeconfig, &settings, &data)?;
+    }
     let mut containerd = Vec::new();
     for n in &specs {
         containerd.push(realnode::start_containerd(lab, n)?);
@@ -290,12 +370,68 @@ async fn start(
         realnode::start_kubelet(lab, n, *pid, bin)?;
         realnode::start_kube_proxy(lab, n, bin, &n.dir().join("kube-proxy.kubeconfig"))?;
     }
+    if let Some(cilium) = cilium {
+        // As a DaemonSet's agent would, each agent starts once its kubelet registered the
+        // Node's addresses: an agent that finds none picks a node address of its own (here the
+        // underlay's), and its peers then tunnel to that instead of the InternalIP.
+        wait_addresses(&nodes, &specs).await?;
+        // Every agent at once (each compiles its datapath, the slow part), then each node's
+        // CNI configuration once its agent is ready.
+        for (n, pid) in specs.iter().zip(&containerd) {
+            crate::realcilium::start_agent(
+                lab,
+                n,
+                *pid,
+                cilium,
+                &n.dir().join("kube-proxy.kubeconfig"),
+                &settings,
+                &realnode::join_cgroup_line(&n.cgroup()),
+            )?;
+        }
+        for n in &specs {
+            crate::realcilium::install_cni_config(lab, n, Duration::from_secs(300))?;
+        }
+    }
     wait_ready(&nodes, &specs, lab).await?;
-    let text = serde_json::to_string_pretty(&describe(topo, &topo.kubeconfig))
+    let text = serde_json::to_string_pretty(&describe(topo, &topo.kubeconfig, &specs, args.cni))
         .context("encoding the description")?;
     kuport_testkit::fs::write_atomically(&args.describe, &text)
         .with_context(|| format!("writing {}", args.describe.display()))?;
     Ok(cp)
+}
+
+/// Waits until every kubelet registered its Node's InternalIP (the node's mesh address).
+async fn wait_addresses(nodes: &Api<Node>, specs: &[NodeSpec]) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let mut waiting = Vec::new();
+        for n in specs {
+            let node = nodes
+                .get(&n.name)
+                .await
+                .with_context(|| format!("reading Node {}", n.name))?;
+            let mesh = n.mesh.to_string();
+            let registered = node
+                .status
+                .and_then(|s| s.addresses)
+                .unwrap_or_default()
+                .iter()
+                .any(|a| a.type_ == "InternalIP" && a.address == mesh);
+            if !registered {
+                waiting.push(n.name.clone());
+            }
+        }
+        if waiting.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the kubelets of {} registered no InternalIP within 120 s",
+                waiting.join(", ")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 async fn wait_ready(nodes: &Api<Node>, specs: &[NodeSpec], lab: &Lab) -> Result<()> {
@@ -353,5 +489,20 @@ mod tests {
         assert_eq!(s.cni, crate::scenario::Cni::Kindnet);
         assert_eq!(s.nodes.len(), 3);
         assert!(s.steps.is_empty());
+    }
+
+    #[test]
+    fn real_cilium_takes_the_same_shape_with_its_own_cni() {
+        for (name, cni) in [
+            ("cilium-tunnel", Cni::CiliumTunnel),
+            ("cilium-native", Cni::CiliumNative),
+            ("kindnet", Cni::Kindnet),
+        ] {
+            assert_eq!(parse_cni(name), Ok(cni));
+            let s: Scenario = serde_saphyr::from_str(&shape(cni)).expect("parses");
+            assert_eq!(s.cni, cni);
+            assert_eq!(s.nodes.len(), 3);
+        }
+        assert!(parse_cni("calico").is_err());
     }
 }

@@ -12,6 +12,7 @@ mod labbench;
 mod localcluster;
 mod prereq;
 mod probe;
+mod realcilium;
 mod realnode;
 mod record;
 mod report;

@@ -42,6 +42,17 @@ const CLUSTER_TOOLS: &[(&str, &str)] = &[
     ("/usr/lib/cni/portmap", "containernetworking-plugins"),
 ];
 
+/// What real Cilium needs on the local cluster's nodes (`kuport-lab cluster --cni cilium-*`):
+/// clang and llc 19 (the agent compiles its BPF programs at run time and needs clang 18.1 or
+/// newer), the iptables tools for its rules and `ipset` for native routing's masquerade
+/// exception.
+const CILIUM_TOOLS: &[(&str, &str)] = &[
+    ("/usr/lib/llvm-19/bin/clang", "clang-19"),
+    ("/usr/lib/llvm-19/bin/llc", "llvm-19"),
+    ("iptables", "iptables"),
+    ("ipset", "ipset"),
+];
+
 fn on_path(cmd: &str) -> bool {
     if cmd.starts_with('/') {
         return Path::new(cmd).is_file();
@@ -60,6 +71,11 @@ pub fn ensure_tools() -> Result<()> {
 pub fn ensure_cluster_tools() -> Result<()> {
     ensure(TOOLS)?;
     ensure(CLUSTER_TOOLS)
+}
+
+/// The tools real Cilium needs (see [`CILIUM_TOOLS`]).
+pub fn ensure_cilium_tools() -> Result<()> {
+    ensure(CILIUM_TOOLS)
 }
 
 fn ensure(tools: &[(&str, &str)]) -> Result<()> {

@@ -67,6 +67,9 @@ pub struct NodeSpec {
     pub public: Option<Ipv4Addr>,
     /// Its pod range (`10.244.<i>.0/24`).
     pub pod_cidr: String,
+    /// Real Cilium's binaries (`e2e/cilium/build.sh`'s cache), when Cilium is the node's CNI
+    /// instead of the bridge plugin.
+    pub cilium: Option<PathBuf>,
 }
 
 impl NodeSpec {
@@ -92,6 +95,10 @@ impl NodeSpec {
 /// directory, cgroupfs, the imported pause image, CNI from the node's own configuration
 /// directory.
 pub fn containerd_config(n: &NodeSpec) -> String {
+    let cni_bin = match n.cilium {
+        Some(_) => crate::realcilium::cni_bin_dir(n).display().to_string(),
+        None => CNI_BIN_DIR.to_owned(),
+    };
     format!(
         r#"version = 2
 root = "{root}"
@@ -131,7 +138,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         Root = "{runc}"
 
   [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{CNI_BIN_DIR}"
+    bin_dir = "{cni_bin}"
     conf_dir = "{cni_conf}"
 "#,
         root = n.path("containerd/root"),
@@ -281,7 +288,7 @@ fn make_cgroups(lab: &mut Lab, name: &str) -> Result<()> {
 }
 
 /// The shell line that moves the shell into the node's runtime cgroup in every hierarchy.
-fn join_cgroup_line(name: &str) -> String {
+pub fn join_cgroup_line(name: &str) -> String {
     format!(
         "for h in {root}/*/; do [ -e \"${{h}}{name}/runtime/cgroup.procs\" ] && echo $$ > \"${{h}}{name}/runtime/cgroup.procs\"; done",
         root = hostres::CGROUP_ROOT
@@ -299,14 +306,25 @@ pub fn start_containerd(lab: &mut Lab, n: &NodeSpec) -> Result<i32> {
         lab.create_host_dir(Path::new(host))?;
     }
     write(&dir.join("containerd.toml"), &containerd_config(n))?;
-    write(
-        &dir.join("cni/net.d/10-kuport-lab.conflist"),
-        &cni_config(n),
-    )?;
+    match &n.cilium {
+        // Cilium's agent writes its own once it is ready.
+        Some(cilium) => {
+            std::fs::create_dir_all(dir.join("cni/net.d")).context("creating cni/net.d")?;
+            lab.create_host_dir(Path::new("/run/cilium"))?;
+            crate::realcilium::prepare_node(n, cilium)?;
+        }
+        None => write(
+            &dir.join("cni/net.d/10-kuport-lab.conflist"),
+            &cni_config(n),
+        )?,
+    }
     make_cgroups(lab, &n.cgroup())?;
     let mut script = vec![join_cgroup_line(&n.cgroup())];
     for (own, host) in PRIVATE_PATHS {
         script.push(format!("mount --bind {} {host}", dir.join(own).display()));
+    }
+    if n.cilium.is_some() {
+        script.extend(crate::realcilium::node_mounts(n));
     }
     script.push(format!(
         "exec containerd --config {}",
@@ -418,6 +436,7 @@ mod tests {
             mesh: Ipv4Addr::new(100, 64, 0, 1),
             public: Some(Ipv4Addr::new(203, 0, 113, 1)),
             pod_cidr: "10.244.1.0/24".into(),
+            cilium: None,
         }
     }
 

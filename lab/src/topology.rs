@@ -196,6 +196,18 @@ impl Topology {
 
 /// Builds the whole network of a scenario (no API server, no agents yet).
 pub fn build(lab: &mut Lab, scenario: &Scenario, bins: &Path) -> Result<Topology> {
+    build_network(lab, scenario, bins, true)
+}
+
+/// [`build`], with the CNI emulation left out when `emulate_cni` is false: the local cluster's
+/// real Cilium makes its own devices, routes and masquerade (the mesh still carries the pod
+/// ranges under native routing, as it does for the emulation).
+pub fn build_network(
+    lab: &mut Lab,
+    scenario: &Scenario,
+    bins: &Path,
+    emulate_cni: bool,
+) -> Result<Topology> {
     if !Path::new("/run/wireguard").exists() {
         std::fs::create_dir_all("/run/wireguard").context("creating /run/wireguard")?;
         lab.note_run_wireguard()?;
@@ -236,7 +248,9 @@ pub fn build(lab: &mut Lab, scenario: &Scenario, bins: &Path) -> Result<Topology
         configure_mesh(&topo, &member)?;
     }
     for node in topo.nodes.clone() {
-        cni(&topo, &node)?;
+        if emulate_cni {
+            cni(&topo, &node)?;
+        }
         host_filters(&topo, &node)?;
     }
     check_mesh(&topo)?;
