@@ -24,10 +24,10 @@ packages=nftables,iproute2,conntrack
 cache=/var/cache/kuport/image
 rootfs_tar="$cache/rootfs-$suite-$arch-$packages.tar"
 
-for tool in debootstrap buildah; do
-    command -v "$tool" >/dev/null || { echo "$tool is missing: apt-get install -y debootstrap buildah" >&2; exit 1; }
-done
 [ "$(id -u)" -eq 0 ] || { echo "debootstrap needs root: sudo $0 $*" >&2; exit 1; }
+# shellcheck source=deploy/image/need-debs.sh
+. deploy/image/need-debs.sh
+need_debs debootstrap buildah
 
 if [ ! -s "$rootfs_tar" ]; then
     echo "==> debootstrap $suite ($arch) with $packages into $rootfs_tar"

@@ -21,9 +21,9 @@ echo_bin=${3:-target/debug/kuport-echo}
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 agent_name=ghcr.io/walzen-group/kuport-agent:v$version
 
-for tool in buildah skopeo objcopy; do
-    command -v "$tool" >/dev/null || { echo "$tool is missing: apt-get install -y buildah skopeo binutils" >&2; exit 1; }
-done
+# shellcheck source=deploy/image/need-debs.sh
+. deploy/image/need-debs.sh
+need_debs buildah skopeo binutils
 [ -s "$agent" ] || { echo "no agent image at $agent (deploy/image/build-local.sh builds it)" >&2; exit 1; }
 [ -x "$echo_bin" ] || { echo "no kuport-echo at $echo_bin (cargo build -p kuport-testkit)" >&2; exit 1; }
 mkdir -p "$out"
