@@ -17,6 +17,7 @@ mod record;
 mod report;
 mod routed;
 mod runner;
+mod scale;
 mod scenario;
 mod sys;
 mod topology;
@@ -107,6 +108,14 @@ enum Command {
         #[arg(long)]
         only: Option<String>,
     },
+    /// The scale harness: a generated cluster of thousands of nodes in the API server model,
+    /// the real agent code as tasks on simulated time, kubelet heartbeats, pod moves and node
+    /// flaps; prints a JSON report of object sizes, API requests, conflicts, watch bytes,
+    /// latency, memory and plan time (`docs/performance.md`, "Scale harness"). No root needed.
+    Scale(scale::ScaleArgs),
+    /// One agent process of the scale harness (started by `scale` for its memory).
+    #[command(name = "__scale-agent", hide = true)]
+    ScaleAgent(scale::AgentProcessArgs),
 }
 
 fn main() -> ExitCode {
@@ -115,6 +124,11 @@ fn main() -> ExitCode {
         return code;
     }
     let cli = Cli::parse();
+    let cli = match cli.command {
+        Some(Command::Scale(args)) => return exit_code(scale::run(args)),
+        Some(Command::ScaleAgent(args)) => return exit_code(scale::agent(args)),
+        _ => cli,
+    };
     if let Some(Command::Check { files }) = &cli.command {
         return check(files);
     }
@@ -138,7 +152,13 @@ fn main() -> ExitCode {
             println!("{}", dir.display());
             ExitCode::SUCCESS
         }),
+        Some(Command::Scale(_) | Command::ScaleAgent(_)) => Ok(ExitCode::SUCCESS),
     };
+    exit_code(result)
+}
+
+/// The exit code of a command's result, its error printed.
+fn exit_code(result: Result<ExitCode>) -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
