@@ -13,7 +13,8 @@ use kuport_sim::apiserver::SplitMix64;
 use kuport_testkit::objects::{self, endpoint, nodes_json, vxlan_return_path};
 use serde_json::{Value, json};
 
-use super::kubelet::{lease_object_at, node_object_at};
+pub use super::kubelet::{internal_ip, pod_cidr};
+use super::kubelet::{lease_object_at, node_object_at, nth};
 
 /// PortMaps per class: every PortMap of a class binds the same interface of every accepting
 /// node, so each needs a port of its own there; a larger cluster gets more classes, each on
@@ -82,16 +83,6 @@ pub fn node_name(i: usize) -> String {
     format!("node-{i:05}")
 }
 
-/// Node `index`'s InternalIP (172.16.0.0/12, from .1).
-pub fn internal_ip(index: usize) -> Ipv4Addr {
-    nth(Ipv4Addr::new(172, 16, 0, 1), index)
-}
-
-/// Node `index`'s pod CIDR: a /22 of 10.64.0.0/10.
-pub fn pod_cidr(index: usize) -> String {
-    format!("{}/22", nth(Ipv4Addr::new(10, 64, 0, 0), index * 1024))
-}
-
 /// The address of the `n`th pod placed on node `index` (from .10 of its pod CIDR, 1,000
 /// addresses taken in turn).
 pub fn pod_ip(index: usize, n: usize) -> Ipv4Addr {
@@ -105,10 +96,6 @@ pub fn interface_ip(class: usize, index: usize) -> Ipv4Addr {
         Ipv4Addr::new(198, 18, 0, 1),
         class * 65_536 + index % 65_536,
     )
-}
-
-fn nth(first: Ipv4Addr, n: usize) -> Ipv4Addr {
-    Ipv4Addr::from(u32::from(first).wrapping_add(u32::try_from(n).unwrap_or(u32::MAX)))
 }
 
 /// PortMaps a run may add after generating the cluster (the "new PortMap" samples): their

@@ -5,12 +5,26 @@
 //! kubelet computes it). Each node starts at a seeded offset, so the updates spread over the
 //! period as a real cluster's do.
 
+use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 
-use super::generator::{internal_ip, pod_cidr};
+/// The address `n` after `first`.
+pub(super) fn nth(first: Ipv4Addr, n: usize) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(first).wrapping_add(u32::try_from(n).unwrap_or(u32::MAX)))
+}
+
+/// Node `index`'s InternalIP (172.16.0.0/12, from .1).
+pub fn internal_ip(index: usize) -> Ipv4Addr {
+    nth(Ipv4Addr::new(172, 16, 0, 1), index)
+}
+
+/// Node `index`'s pod CIDR: a /22 of 10.64.0.0/10.
+pub fn pod_cidr(index: usize) -> String {
+    format!("{}/22", nth(Ipv4Addr::new(10, 64, 0, 0), index * 1024))
+}
 
 /// How often a kubelet renews its node's Lease.
 pub const LEASE_RENEW: Duration = Duration::from_secs(10);
