@@ -18,6 +18,7 @@ mod record;
 mod report;
 mod routed;
 mod runner;
+mod scale;
 mod scenario;
 mod sys;
 mod topology;
@@ -108,6 +109,14 @@ enum Command {
         #[arg(long)]
         only: Option<String>,
     },
+    /// The scale harness: a generated cluster of thousands of nodes in the API server model,
+    /// the real agent code as tasks on simulated time, kubelet heartbeats, pod moves and node
+    /// flaps; prints a JSON report of object sizes, API requests, conflicts, watch bytes,
+    /// latency, memory and plan time (`docs/performance.md`, "Scale harness"). No root needed.
+    Scale(scale::ScaleArgs),
+    /// One agent process of the scale harness (started by `scale` for its memory).
+    #[command(name = "__scale-agent", hide = true)]
+    ScaleAgent(scale::AgentProcessArgs),
 }
 
 fn main() -> ExitCode {
@@ -116,6 +125,11 @@ fn main() -> ExitCode {
         return code;
     }
     let cli = Cli::parse();
+    let cli = match cli.command {
+        Some(Command::Scale(args)) => return exit_code(scale::run(args)),
+        Some(Command::ScaleAgent(args)) => return exit_code(scale::agent(args)),
+        _ => cli,
+    };
     if let Some(Command::Check { files }) = &cli.command {
         return check(files);
     }
@@ -139,7 +153,13 @@ fn main() -> ExitCode {
             println!("{}", dir.display());
             ExitCode::SUCCESS
         }),
+        Some(Command::Scale(_) | Command::ScaleAgent(_)) => Ok(ExitCode::SUCCESS),
     };
+    exit_code(result)
+}
+
+/// The exit code of a command's result, its error printed.
+fn exit_code(result: Result<ExitCode>) -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {

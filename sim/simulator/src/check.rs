@@ -37,7 +37,7 @@ impl World {
             return Ok(());
         }
         self.last_check = now;
-        if differences(self)?.is_empty() {
+        if unconverged(self)?.is_empty() {
             self.convergence.push(now - since);
             self.pending_change = None;
         }
@@ -109,7 +109,7 @@ pub fn quiesce(world: &mut World, limit: Duration) -> Result<(), WorldError> {
     let mut last = Vec::new();
     while world.elapsed() < start + limit {
         world.run_for(step)?;
-        last = differences(world)?;
+        last = unconverged(world)?;
         if last.is_empty() {
             break;
         }
@@ -126,10 +126,9 @@ pub fn quiesce(world: &mut World, limit: Duration) -> Result<(), WorldError> {
     for detail in pod_addresses(world)? {
         world.violations.push(at, "pod addresses", detail);
     }
-    // A write an agent holds back for the one that usually follows (ends taken
-    // down, claims marked: `kuport::agent::status::SETTLE`) lands within that time, once.
-    world.run_for(kuport::agent::status::SETTLE + step)?;
-    // Then a quiet spell must write nothing (no ping-pong between writers).
+    // Converged means no agent owes a write (none in flight, none held back for the one that
+    // usually follows: `kuport::agent::status::SETTLE`), so a quiet spell must write nothing
+    // (no ping-pong between writers, no write landing after convergence was declared).
     let writes_before = status_writes(world);
     world.run_for(Duration::from_secs(5))?;
     let writes_after = status_writes(world);
@@ -155,6 +154,21 @@ fn status_writes(world: &World) -> Vec<(String, Vec<String>)> {
         .iter()
         .map(|(n, s)| (n.clone(), lock(&s.requests.status_writes).clone()))
         .collect()
+}
+
+/// What keeps the cluster from having converged, each named: what [`differences`] finds, and
+/// every running agent that still owes a write ([`World::unsettled`]). A cluster whose hosts
+/// and statuses match the plan while a status write is in flight or held back has not
+/// converged: that write changes the objects every plan reads.
+pub fn unconverged(world: &World) -> Result<Vec<String>, WorldError> {
+    let mut out = differences(world)?;
+    out.extend(
+        world
+            .unsettled()
+            .into_iter()
+            .map(|n| format!("node {n}: the agent still owes a status write or a pass")),
+    );
+    Ok(out)
 }
 
 /// Everything that still differs from the converged state, each named.

@@ -6,6 +6,7 @@
 pub mod check;
 pub mod net;
 pub mod record;
+pub mod scale;
 pub mod scenario;
 mod sync;
 pub mod world;

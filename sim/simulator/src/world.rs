@@ -14,7 +14,7 @@ use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostParams,
     TypeMeta,
 };
-use kuport::agent::{Agent, AgentConfig, CancellationToken, Clock, PassHook};
+use kuport::agent::{Agent, AgentConfig, CancellationToken, Clock, Health, PassHook};
 use kuport_core::api::{PortMap, PortMapClass, PortMapNode};
 use kuport_core::ir::Family;
 use kuport_core::snapshot::{CniFacts, HostFacts, Snapshot};
@@ -48,6 +48,8 @@ pub struct NodeSlot {
     pub partitioned: bool,
     /// Whether the node left the cluster (its agent stays down).
     pub removed: bool,
+    /// The running agent's health (replaced at each start): whether it owes a write.
+    pub health: Arc<Mutex<Health>>,
 }
 
 /// How a world is built.
@@ -316,8 +318,10 @@ impl World {
             running: true,
             partitioned: false,
             removed: false,
+            health: Arc::default(),
         };
         let requests = slot.requests.clone();
+        let health = slot.health.clone();
         let node_clock = clock(&self.now_ms, Some(slot.skew_ms.clone()));
         let observations = self.observations.clone();
         let plan_fault = self.config.plan_fault.clone();
@@ -345,6 +349,7 @@ impl World {
             });
             let client = net::client(&node, requests.clone(), wire_fault.clone());
             let agent = Agent::new(client, host.clone(), config).with_pass_hook(hook);
+            *lock(&health) = agent.health();
             async move {
                 agent.run(CancellationToken::new()).await?;
                 Ok(())
@@ -683,6 +688,16 @@ impl World {
             address: pod_address(node, families[0]),
             address6: (placement.stack == Stack::Dual).then(|| pod_address(node, Family::V6)),
         })
+    }
+
+    /// The running agents (not crashed, not cut off) that still owe something: a pass, a status
+    /// write in flight or held back, a retry ([`Health::is_settled`]).
+    pub fn unsettled(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .filter(|(_, s)| s.running && !s.partitioned && !lock(&s.health).is_settled())
+            .map(|(n, _)| n.clone())
+            .collect()
     }
 
     /// Requests every agent made so far.

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use kuport_simulator::check::differences;
+use kuport_simulator::check::unconverged;
 use kuport_simulator::scenario::{class, portmap};
 use kuport_simulator::world::{World, WorldConfig};
 
@@ -31,29 +31,21 @@ fn status_writes(w: &World) -> BTreeMap<String, usize> {
         .collect()
 }
 
-/// Runs until every node's host is what its plan says and no status write was made for 3 s
-/// (the status writes of a change trail the datapath), within a minute; no invariant may break
-/// on the way.
+/// Runs until the cluster converged (every node's host is what its plan says, every status the
+/// plan's, and no agent owes a status write: `check::unconverged`), within a minute; no
+/// invariant may break on the way.
 fn settle(w: &mut World, what: &str) {
-    let step = Duration::from_millis(500);
-    let (mut quiet, mut last) = (Duration::ZERO, status_writes(w));
-    for _ in 0..120 {
-        w.run_for(step).expect("the simulation runs");
-        let now = status_writes(w);
-        quiet = if now == last {
-            quiet + step
-        } else {
-            Duration::ZERO
-        };
-        last = now;
-        if quiet >= Duration::from_secs(3) && differences(w).expect("a snapshot").is_empty() {
+    let step = Duration::from_millis(100);
+    for _ in 0..600 {
+        if unconverged(w).expect("a snapshot").is_empty() {
             break;
         }
+        w.run_for(step).expect("the simulation runs");
     }
+    let left = unconverged(w).expect("a snapshot");
     assert!(
-        quiet >= Duration::from_secs(3),
-        "{what}: still writing or not converged after a minute: {:?}",
-        differences(w)
+        left.is_empty(),
+        "{what}: not converged after a minute: {left:?}"
     );
     assert!(
         w.violations.found.is_empty(),

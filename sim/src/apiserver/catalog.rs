@@ -189,6 +189,20 @@ const BUILT_INS: &[BuiltIn] = &[
         default_field_conversion: true,
         columns: &[("AddressType", "string", ".addressType", 0), AGE],
     },
+    // The kubelet's heartbeat (KEP-589): the scale harness renews one per node as kubelets do.
+    BuiltIn {
+        group: "coordination.k8s.io",
+        plural: "leases",
+        singular: "lease",
+        kind: "Lease",
+        namespaced: true,
+        short_names: &[],
+        status_subresource: false,
+        keep_status_on_create: true,
+        field_labels: &[],
+        default_field_conversion: true,
+        columns: &[("Holder", "string", ".spec.holderIdentity", 0), AGE],
+    },
     BuiltIn {
         group: "events.k8s.io",
         plural: "events",

@@ -21,6 +21,8 @@ pub struct Health {
     watching_removal: Arc<AtomicBool>,
     /// One of those watches saw a sign of removal.
     removal_seen: Arc<AtomicBool>,
+    /// The loop owes nothing: see [`Health::is_settled`].
+    settled: Arc<AtomicBool>,
 }
 
 impl Health {
@@ -44,6 +46,19 @@ impl Health {
     /// True once those watches saw the DaemonSet or the namespace removed.
     pub fn has_seen_removal(&self) -> bool {
         self.removal_seen.load(Ordering::SeqCst)
+    }
+
+    /// True while the pass loop waits with nothing owed: no pass running or about to run, no
+    /// pass's status writes still with the status task (sent, waiting for an answer, or not
+    /// sent yet), no write held back for a later pass and no retry due. What the simulator and
+    /// the scale harness wait for before they call the cluster quiet: a host that matches the
+    /// plan says nothing of the writes still on their way.
+    pub fn is_settled(&self) -> bool {
+        self.settled.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn set_settled(&self, settled: bool) {
+        self.settled.store(settled, Ordering::SeqCst);
     }
 
     pub(crate) fn set_watching_removal(&self) {

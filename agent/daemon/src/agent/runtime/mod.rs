@@ -232,7 +232,6 @@ impl<H: Host> Agent<H> {
         let wanted = Wanted::default();
         let inputs = start_inputs(&self.client, &self.watch(dirty_tx, wanted.clone()));
         let mut status = self.start_status_task(&inputs);
-
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => return Ok(()),
@@ -249,6 +248,7 @@ impl<H: Host> Agent<H> {
             // A host event means the kernel changed behind the agent's back: only a pass that
             // compares against the kernel (not the last applied state) can see what is gone.
             if !schedule.is_first() {
+                self.note_settled(&in_flight, &schedule, &host_changes);
                 // Biased (in this order) rather than random: a run must replay exactly in the
                 // simulator. Reports of finished writes come first, so a pass starts on a
                 // schedule that knows how the previous ones ended.
@@ -307,8 +307,17 @@ impl<H: Host> Agent<H> {
         }
     }
 
-    /// Lets a burst of watch events settle into one pass; false when shut down meanwhile.
+    /// Whether the loop, about to wait, owes nothing ([`Health::is_settled`]): no pass's writes
+    /// out, no retry or held write due, no host event held for a pass.
+    fn note_settled(&self, in_flight: &InFlight, schedule: &Schedule, host: &HostChanges) {
+        let settled = in_flight.is_empty() && !schedule.owes_pass() && host.due_at().is_none();
+        self.health.set_settled(settled);
+    }
+
+    /// Lets a burst of watch events settle into one pass; false when shut down meanwhile. The
+    /// loop is no longer settled from here: a pass is coming.
     async fn debounce(&self, shutdown: &CancellationToken) -> bool {
+        self.health.set_settled(false);
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => false,

@@ -112,6 +112,11 @@ impl Schedule {
         }
     }
 
+    /// Whether a pass is owed before the resync: a retry, or a held status write due.
+    pub(super) fn owes_pass(&self) -> bool {
+        self.retry_at.is_some()
+    }
+
     /// Whether no pass has started yet (the first runs as soon as the watches synced).
     pub(super) fn is_first(&self) -> bool {
         self.first
@@ -187,6 +192,11 @@ impl InFlight {
     /// `pass` handed its writes to the status task.
     pub(super) fn hand_over(&mut self, pass: Started, refused: bool) {
         self.writing.insert(pass.id, Writing { pass, refused });
+    }
+
+    /// Whether no pass's status writes are out.
+    pub(super) fn is_empty(&self) -> bool {
+        self.writing.is_empty()
     }
 
     /// Pass `id`'s writes were reported (or replaced): what the pass was, the first time only.
