@@ -6,7 +6,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ListParams};
-use kuport_core::api::{PortMap, PortMapClass};
+use kuport_core::api::{PortMap, PortMapClass, PortMapNode};
 use kuport_core::plan::{Detail, plan_with};
 use kuport_core::snapshot::{CniFacts, Snapshot};
 use tokio::time::Instant;
@@ -331,6 +331,7 @@ async fn snapshot(client: &kube::Client, node: &str) -> Result<Snapshot, ScaleEr
         .await?;
     Ok(Snapshot {
         classes: all::<PortMapClass>(client, &every).await?,
+        portmap_nodes: all::<PortMapNode>(client, &every).await?,
         portmaps: all::<PortMap>(client, &every).await?,
         endpoint_slices: all::<EndpointSlice>(client, &every).await?,
         nodes: all::<Node>(client, &every).await?,
