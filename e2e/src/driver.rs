@@ -382,6 +382,10 @@ pub trait Platform {
     fn has_inside_clients(&self) -> bool {
         false
     }
+    /// The kuport CLI with `args`, pointed at the cluster, where the platform has it.
+    fn kuport_cli(&self, _args: Vec<String>) -> Option<Cmd> {
+        None
+    }
     /// A Single class over two public edges for the failover step, when this platform can stop
     /// a node's kubelet ([`Platform::pause_kubelet`]).
     fn failover(&self) -> Option<Failover> {
@@ -686,6 +690,7 @@ fn steps(r: &mut Run<'_>) -> Result<Summary> {
     cni_status_step(r, "the CNI reports itself healthy on every node")?;
     let (install, uninstall) = r.p.install()?;
     install_step(r, install)?;
+    preflight_step(r)?;
 
     // The mapping: accepted on one node, the pod on another.
     let (accepting, pod_node, moved_to) = r.p.nodes();
@@ -749,6 +754,27 @@ fn steps(r: &mut Run<'_>) -> Result<Summary> {
         chart_steps(r, &address, &nodes, &mut summary)?;
     }
     Ok(summary)
+}
+
+/// `kuport preflight` as the guide has it run once the agents are installed and before any
+/// workload: every node's host and CNI checks and a return link between every pair, its
+/// verdict printed; a failed check or pair fails the step (exit status 1).
+fn preflight_step(r: &mut Run<'_>) -> Result<()> {
+    let Some(preflight) = r.p.kuport_cli(vec![
+        "preflight".to_owned(),
+        "--timeout".to_owned(),
+        "90s".to_owned(),
+    ]) else {
+        return Ok(());
+    };
+    let verdict = r.step(
+        "kuport preflight before any workload: every node's checks and every pair's link pass",
+        |r| r.sh.run(&preflight),
+    )?;
+    for line in verdict.lines() {
+        println!("    {line}");
+    }
+    Ok(())
 }
 
 /// The CNI's status lines, printed, when the platform has them.

@@ -512,6 +512,27 @@ impl Platform for Local {
         Ok(())
     }
 
+    fn kuport_cli(&self, args: Vec<String>) -> Option<Cmd> {
+        // The CLI the agent image was built from (stripped), when this run built the image.
+        let cli = self.o.work.join("kuport");
+        let desc = self.desc.as_ref()?;
+        if !cli.is_file() {
+            return None;
+        }
+        let mut all = vec![
+            "netns".to_owned(),
+            "exec".to_owned(),
+            desc.api_netns.clone(),
+            cli.display().to_string(),
+        ];
+        all.extend(args);
+        all.extend([
+            "--kubeconfig".to_owned(),
+            desc.kubeconfig.display().to_string(),
+        ]);
+        Some(Cmd::new("ip", all))
+    }
+
     fn kubectl(&self, args: Vec<String>) -> Cmd {
         let (netns, kubeconfig) = self
             .desc

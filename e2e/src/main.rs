@@ -102,32 +102,35 @@ fn main() -> ExitCode {
     }
 }
 
+/// `run --cluster local`: the end-to-end steps on the local cluster.
+fn run_local(args: RunArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !args.dry_run,
+        "--dry-run prints the kind run; the local run needs its cluster"
+    );
+    let options = local::LocalOptions {
+        agent_image: args.agent_image,
+        work: repo_root().join("target/e2e-local"),
+        cni: args.cni,
+    };
+    let summary = local::run(&mut RealShell::new()?, options, args.keep)?;
+    eprintln!(
+        "end-to-end passed on the local cluster: the pod saw the clients' own addresses ({}); clients inside the cluster were answered from the address dialed ({}); the rolling restart answered {} of {} probes",
+        summary.probes.join(", "),
+        summary.inside.join("; "),
+        summary.loop_answered,
+        summary.loop_sent
+    );
+    Ok(())
+}
+
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command.unwrap_or(Command::Run(RunArgs {
         cluster: "kuport-e2e".into(),
         image: "kuport-agent:e2e".into(),
         ..RunArgs::default()
     })) {
-        Command::Run(args) if args.cluster == "local" => {
-            anyhow::ensure!(
-                !args.dry_run,
-                "--dry-run prints the kind run; the local run needs its cluster"
-            );
-            let options = local::LocalOptions {
-                agent_image: args.agent_image,
-                work: repo_root().join("target/e2e-local"),
-                cni: args.cni,
-            };
-            let summary = local::run(&mut RealShell::new()?, options, args.keep)?;
-            eprintln!(
-                "end-to-end passed on the local cluster: the pod saw the clients' own addresses ({}); clients inside the cluster were answered from the address dialed ({}); the rolling restart answered {} of {} probes",
-                summary.probes.join(", "),
-                summary.inside.join("; "),
-                summary.loop_answered,
-                summary.loop_sent
-            );
-            Ok(())
-        }
+        Command::Run(args) if args.cluster == "local" => run_local(args),
         Command::Run(args) => {
             anyhow::ensure!(
                 args.cni.is_empty() || args.cni == "kindnet",

@@ -321,33 +321,9 @@ async fn start(
         .with_context(|| format!("writing {}", topo.kubeconfig.display()))?;
     let client = cp.admin_client().await?;
     let nodes: Api<Node> = Api::all(client.clone());
-    for n in &specs {
-        // The node's pod range is the lab's (routed over the mesh to this node); the kubelet
-        // finds its Node already there and keeps it.
-        let node: Node = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": n.name},
-            "spec": {"podCIDR": n.pod_cidr, "podCIDRs": [n.pod_cidr]},
-        }))
-        .context("building a Node")?;
-        nodes
-            .create(&PostParams::default(), &node)
-            .await
-            .with_context(|| format!("creating Node {}", n.name))?;
-    }
+    create_nodes(&nodes, &specs).await?;
     if let Some(cilium) = cilium {
-        // Cilium's configuration first (kuport reads it too), then the operator, which
-        // registers the CRDs every agent waits for.
-        let maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
-            Api::namespaced(client.clone(), "kube-system");
-        let map = serde_json::from_value(crate::realcilium::config_map(&settings))
-            .context("building cilium-config")?;
-        maps.create(&PostParams::default(), &map)
-            .await
-            .context("creating kube-system/cilium-config")?;
-        let data = Path::new(realnode::DATA_ROOT).join("cilium-operator");
-        lab.create_host_dir(Path::new(realnode::DATA_ROOT))?;
-        lab.add_data_dir(&data)?;
-        crate::realcilium::start_operator(lab, cilium, &topo.kubeconfig, &settings, &data)?;
+        start_cilium_operator(lab, &client, topo, cilium, &settings).await?;
     }
     let mut containerd = Vec::new();
     for n in &specs {
@@ -371,26 +347,7 @@ async fn start(
         realnode::start_kube_proxy(lab, n, bin, &n.dir().join("kube-proxy.kubeconfig"))?;
     }
     if let Some(cilium) = cilium {
-        // As a DaemonSet's agent would, each agent starts once its kubelet registered the
-        // Node's addresses: an agent that finds none picks a node address of its own (here the
-        // underlay's), and its peers then tunnel to that instead of the InternalIP.
-        wait_addresses(&nodes, &specs).await?;
-        // Every agent at once (each compiles its datapath, the slow part), then each node's
-        // CNI configuration once its agent is ready.
-        for (n, pid) in specs.iter().zip(&containerd) {
-            crate::realcilium::start_agent(
-                lab,
-                n,
-                *pid,
-                cilium,
-                &n.dir().join("kube-proxy.kubeconfig"),
-                &settings,
-                &realnode::join_cgroup_line(&n.cgroup()),
-            )?;
-        }
-        for n in &specs {
-            crate::realcilium::install_cni_config(lab, n, Duration::from_secs(300))?;
-        }
+        start_cilium_agents(lab, &nodes, &specs, &containerd, cilium, &settings).await?;
     }
     wait_ready(&nodes, &specs, lab).await?;
     let text = serde_json::to_string_pretty(&describe(topo, &topo.kubeconfig, &specs, args.cni))
@@ -398,6 +355,77 @@ async fn start(
     kuport_testkit::fs::write_atomically(&args.describe, &text)
         .with_context(|| format!("writing {}", args.describe.display()))?;
     Ok(cp)
+}
+
+/// The Node objects, each with the lab's pod range (routed over the mesh to that node): the
+/// kubelet finds its Node already there and keeps it.
+async fn create_nodes(nodes: &Api<Node>, specs: &[NodeSpec]) -> Result<()> {
+    for n in specs {
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": n.name},
+            "spec": {"podCIDR": n.pod_cidr, "podCIDRs": [n.pod_cidr]},
+        }))
+        .context("building a Node")?;
+        nodes
+            .create(&PostParams::default(), &node)
+            .await
+            .with_context(|| format!("creating Node {}", n.name))?;
+    }
+    Ok(())
+}
+
+/// Cilium's configuration first (kuport reads it too), then the operator, which registers the
+/// CRDs every agent waits for.
+async fn start_cilium_operator(
+    lab: &mut Lab,
+    client: &kube::Client,
+    topo: &Topology,
+    cilium: &Path,
+    settings: &crate::realcilium::Config,
+) -> Result<()> {
+    let maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), "kube-system");
+    let map = serde_json::from_value(crate::realcilium::config_map(settings))
+        .context("building cilium-config")?;
+    maps.create(&PostParams::default(), &map)
+        .await
+        .context("creating kube-system/cilium-config")?;
+    let data = Path::new(realnode::DATA_ROOT).join("cilium-operator");
+    lab.create_host_dir(Path::new(realnode::DATA_ROOT))?;
+    lab.add_data_dir(&data)?;
+    crate::realcilium::start_operator(lab, cilium, &topo.kubeconfig, settings, &data)?;
+    Ok(())
+}
+
+/// As a DaemonSet's agent would, each agent starts once its kubelet registered the Node's
+/// addresses: an agent that finds none picks a node address of its own (here the underlay's),
+/// and its peers then tunnel to that instead of the InternalIP. Every agent at once (each
+/// compiles its datapath, the slow part), then each node's CNI configuration once its agent is
+/// ready.
+async fn start_cilium_agents(
+    lab: &mut Lab,
+    nodes: &Api<Node>,
+    specs: &[NodeSpec],
+    containerd: &[i32],
+    cilium: &Path,
+    settings: &crate::realcilium::Config,
+) -> Result<()> {
+    wait_addresses(nodes, specs).await?;
+    for (n, pid) in specs.iter().zip(containerd) {
+        crate::realcilium::start_agent(
+            lab,
+            n,
+            *pid,
+            cilium,
+            &n.dir().join("kube-proxy.kubeconfig"),
+            settings,
+            &realnode::join_cgroup_line(&n.cgroup()),
+        )?;
+    }
+    for n in specs {
+        crate::realcilium::install_cni_config(lab, n, Duration::from_secs(300))?;
+    }
+    Ok(())
 }
 
 /// Waits until every kubelet registered its Node's InternalIP (the node's mesh address).

@@ -155,46 +155,11 @@ fn write_config_dir(dir: &Path, config: &Config) -> Result<()> {
     Ok(())
 }
 
-/// The node's private CNI binary directory: Debian's plugins and `cilium-cni`.
-pub fn cni_bin_dir(n: &NodeSpec) -> PathBuf {
-    n.dir().join("cni-bin")
-}
-
-/// The node's `/run/cilium` (bound over it in the node's mount namespace): the agent's API
-/// socket is `<this>/cilium.sock` on the host, for `cilium-dbg -H`.
-pub fn run_dir(n: &NodeSpec) -> PathBuf {
-    n.dir().join("cilium-run")
-}
+pub use crate::realnode::run_dir;
 
 /// `unix://` address of the node's agent API, as `cilium-dbg -H` takes it.
 pub fn api_socket(n: &NodeSpec) -> String {
     format!("unix://{}", run_dir(n).join("cilium.sock").display())
-}
-
-/// Prepares the node's CNI binaries (before containerd starts).
-pub fn prepare_node(n: &NodeSpec, cilium: &Path) -> Result<()> {
-    let bin = cni_bin_dir(n);
-    std::fs::create_dir_all(&bin).with_context(|| format!("creating {}", bin.display()))?;
-    for entry in std::fs::read_dir(crate::realnode::CNI_BIN_DIR)
-        .with_context(|| format!("reading {}", crate::realnode::CNI_BIN_DIR))?
-    {
-        let entry = entry?;
-        std::os::unix::fs::symlink(entry.path(), bin.join(entry.file_name()))
-            .with_context(|| format!("linking {}", entry.path().display()))?;
-    }
-    std::os::unix::fs::symlink(cilium.join("cilium-cni"), bin.join("cilium-cni"))
-        .context("linking cilium-cni")?;
-    std::fs::create_dir_all(run_dir(n)).context("creating the node's /run/cilium")?;
-    Ok(())
-}
-
-/// Lines of the node's mount-namespace script (containerd's wrapper) that give the node its own
-/// bpffs and `/run/cilium`.
-pub fn node_mounts(n: &NodeSpec) -> Vec<String> {
-    vec![
-        "mount -t bpf bpf /sys/fs/bpf".to_owned(),
-        format!("mount --bind {} /run/cilium", run_dir(n).display()),
-    ]
 }
 
 /// Starts the operator in the underlay namespace (the API server's), with its own

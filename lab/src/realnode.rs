@@ -77,6 +77,11 @@ impl NodeSpec {
         Path::new(DATA_ROOT).join(&self.name)
     }
 
+    /// Where a node with real Cilium keeps its CNI plugins: the bridge plugins and Cilium's.
+    pub fn cilium_cni_bin_dir(&self) -> PathBuf {
+        self.dir().join("cni-bin")
+    }
+
     /// The cgroup root of this node, under every hierarchy.
     pub fn cgroup(&self) -> String {
         format!("kl-{}", self.name)
@@ -96,7 +101,7 @@ impl NodeSpec {
 /// directory.
 pub fn containerd_config(n: &NodeSpec) -> String {
     let cni_bin = match n.cilium {
-        Some(_) => crate::realcilium::cni_bin_dir(n).display().to_string(),
+        Some(_) => n.cilium_cni_bin_dir().display().to_string(),
         None => CNI_BIN_DIR.to_owned(),
     };
     format!(
@@ -311,7 +316,7 @@ pub fn start_containerd(lab: &mut Lab, n: &NodeSpec) -> Result<i32> {
         Some(cilium) => {
             std::fs::create_dir_all(dir.join("cni/net.d")).context("creating cni/net.d")?;
             lab.create_host_dir(Path::new("/run/cilium"))?;
-            crate::realcilium::prepare_node(n, cilium)?;
+            prepare_cilium_node(n, cilium)?;
         }
         None => write(
             &dir.join("cni/net.d/10-kuport-lab.conflist"),
@@ -324,7 +329,7 @@ pub fn start_containerd(lab: &mut Lab, n: &NodeSpec) -> Result<i32> {
         script.push(format!("mount --bind {} {host}", dir.join(own).display()));
     }
     if n.cilium.is_some() {
-        script.extend(crate::realcilium::node_mounts(n));
+        script.extend(cilium_mounts(n));
     }
     script.push(format!(
         "exec containerd --config {}",
@@ -423,6 +428,38 @@ pub fn start_kube_proxy(lab: &mut Lab, n: &NodeSpec, bin: &Path, kubeconfig: &Pa
         "nsenter",
         &[&netns, "--", &proxy, &config, "--v=1"],
     )
+}
+
+/// The node's `/run/cilium` (bound over it in the node's mount namespace): the agent's API
+/// socket is `<this>/cilium.sock` on the host, for `cilium-dbg -H`.
+pub fn run_dir(n: &NodeSpec) -> PathBuf {
+    n.dir().join("cilium-run")
+}
+
+/// Prepares the node's CNI binaries (before containerd starts).
+pub fn prepare_cilium_node(n: &NodeSpec, cilium: &Path) -> Result<()> {
+    let bin = n.cilium_cni_bin_dir();
+    std::fs::create_dir_all(&bin).with_context(|| format!("creating {}", bin.display()))?;
+    for entry in
+        std::fs::read_dir(CNI_BIN_DIR).with_context(|| format!("reading {}", CNI_BIN_DIR))?
+    {
+        let entry = entry?;
+        std::os::unix::fs::symlink(entry.path(), bin.join(entry.file_name()))
+            .with_context(|| format!("linking {}", entry.path().display()))?;
+    }
+    std::os::unix::fs::symlink(cilium.join("cilium-cni"), bin.join("cilium-cni"))
+        .context("linking cilium-cni")?;
+    std::fs::create_dir_all(run_dir(n)).context("creating the node's /run/cilium")?;
+    Ok(())
+}
+
+/// Lines of the node's mount-namespace script (containerd's wrapper) that give the node its own
+/// bpffs and `/run/cilium`.
+pub fn cilium_mounts(n: &NodeSpec) -> Vec<String> {
+    vec![
+        "mount -t bpf bpf /sys/fs/bpf".to_owned(),
+        format!("mount --bind {} /run/cilium", run_dir(n).display()),
+    ]
 }
 
 #[cfg(test)]
