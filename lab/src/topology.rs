@@ -685,8 +685,9 @@ fn cni(topo: &Topology, node: &NodeInfo) -> Result<()> {
     }
     let rules = match cni {
         Cni::CiliumTunnel | Cni::CiliumNative => format!(
-            "oifname \"cilium_host\" ip saddr != {cidr} counter masquerade\n\
+            "{}oifname \"cilium_host\" ip saddr != {cidr} counter masquerade\n\
              ip saddr 10.244.0.0/16 oifname != \"cilium_*\" ip daddr != 10.244.0.0/16 counter masquerade",
+            native_node_exception(topo, node, IpFamily::IPv4),
             cidr = node.pod_cidr
         ),
         Cni::Kindnet => "ip saddr 10.244.0.0/16 ip daddr != 10.244.0.0/16 counter masquerade\n\
@@ -695,7 +696,7 @@ fn cni(topo: &Topology, node: &NodeInfo) -> Result<()> {
     };
     let table = format!(
         "table ip cni {{\n chain post {{\n  type nat hook postrouting priority srcnat; policy accept;\n{rules}\n }}\n}}\n{}",
-        cni_table6(cni, node)
+        cni_table6(topo, cni, node)
     );
     sys::run_with_input("ip", &["netns", "exec", ns, "nft", "-f", "-"], &table)?;
     mark_keyed_neighbours(topo, node)
@@ -761,6 +762,40 @@ fn cilium_vxlan(topo: &Topology, node: &NodeInfo) -> Result<()> {
     Ok(())
 }
 
+/// Under native routing, the rule ahead of the masquerade that leaves this node's pods' traffic
+/// to any Node's InternalIP of `family` as it is, with the pod's own address (one line, or
+/// nothing in tunnel mode or with no such address): real Cilium accepts it first in
+/// `CILIUM_POST_nat` (`-s <node range> -m set --match-set cilium_node_set_v4 dst -j ACCEPT`, an
+/// ipset of every node's InternalIP), so a pod dialing a node's address is never masqueraded.
+fn native_node_exception(topo: &Topology, node: &NodeInfo, family: IpFamily) -> String {
+    if topo.scenario.cni != Cni::CiliumNative {
+        return String::new();
+    }
+    let mut addresses: Vec<String> = topo
+        .nodes
+        .iter()
+        .filter_map(|n| {
+            let (v4, v6) = topo.internal_ips(n);
+            match family {
+                IpFamily::IPv4 => v4.map(|a| a.to_string()),
+                IpFamily::IPv6 => v6.map(|a| a.to_string()),
+            }
+        })
+        .collect();
+    addresses.sort();
+    if addresses.is_empty() {
+        return String::new();
+    }
+    let (ip, cidr) = match family {
+        IpFamily::IPv4 => ("ip", &node.pod_cidr),
+        IpFamily::IPv6 => ("ip6", &node.pod_cidr6),
+    };
+    format!(
+        "{ip} saddr {cidr} {ip} daddr {{ {} }} counter accept\n",
+        addresses.join(", ")
+    )
+}
+
 /// Node `index`'s `cilium_vxlan` MAC address, fixed so its peers can write their IPv6 neighbour
 /// entry for its gateway.
 /// The fixed MAC of node `index`'s pod gateway (`cilium_host`).
@@ -775,11 +810,12 @@ fn vxlan_mac(index: u8) -> String {
 /// The CNI's IPv6 masquerade, shaped as its IPv4 one (Cilium masquerades IPv6 too; kindnet's
 /// IPv6 masquerade covers pod traffic to non-pod destinations; link-local IPv6 destinations are
 /// never routed, so its 169.254.0.0/16 rule has no twin).
-fn cni_table6(cni: Cni, node: &NodeInfo) -> String {
+fn cni_table6(topo: &Topology, cni: Cni, node: &NodeInfo) -> String {
     let rules = match cni {
         Cni::CiliumTunnel | Cni::CiliumNative => format!(
-            "oifname \"cilium_host\" ip6 saddr != {cidr} counter masquerade\n\
+            "{}oifname \"cilium_host\" ip6 saddr != {cidr} counter masquerade\n\
              ip6 saddr {POD_SUPERNET6} oifname != \"cilium_*\" ip6 daddr != {POD_SUPERNET6} counter masquerade",
+            native_node_exception(topo, node, IpFamily::IPv6),
             cidr = node.pod_cidr6
         ),
         Cni::Kindnet => {
@@ -1342,6 +1378,75 @@ pub fn kuport_leftovers(ns: &str) -> Result<Vec<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A topology of nodes a and b under `cni`, built without a network (only what the rules
+    /// read).
+    fn two_nodes(cni: &str, mesh6: bool) -> Topology {
+        let yaml = format!(
+            "name: t\ncni: {cni}\nmesh: {{ipv6: {mesh6}}}\nnodes: [{{name: a, public: true}}, {{name: b}}]\nsteps: []\n"
+        );
+        let scenario: Scenario = serde_saphyr::from_str(&yaml).expect("a scenario");
+        let nodes = (1..=2u8)
+            .map(|i| NodeInfo {
+                name: if i == 1 { "a" } else { "b" }.to_owned(),
+                ns: format!("kl-{i}"),
+                index: i,
+                public: None,
+                mesh: Ipv4Addr::new(100, 64, 0, i),
+                mesh6: mesh6.then(|| Ipv6Addr::new(0xfd00, 0x100, 0x64, 0, 0, 0, 0, i.into())),
+                pod_cidr: format!("10.244.{i}.0/24"),
+                pod_gateway: Ipv4Addr::new(10, 244, i, 1),
+                public6: None,
+                pod_cidr6: format!("fd00:10:244:{i}::/64"),
+                pod_gateway6: Ipv6Addr::new(0xfd00, 0x10, 0x244, i.into(), 0, 0, 0, 1),
+            })
+            .collect();
+        Topology {
+            scenario,
+            nodes,
+            mesh: Vec::new(),
+            pods: BTreeMap::new(),
+            bins: PathBuf::new(),
+            kubeconfig: PathBuf::new(),
+            api_pid: None,
+            agents: BTreeMap::new(),
+            next_pod: 0,
+            key_dir: PathBuf::new(),
+        }
+    }
+
+    #[test]
+    fn native_routing_leaves_a_pods_traffic_to_node_addresses_unmasqueraded() {
+        let topo = two_nodes("cilium-native", true);
+        let b = &topo.nodes[1];
+        assert_eq!(
+            native_node_exception(&topo, b, IpFamily::IPv4),
+            "ip saddr 10.244.2.0/24 ip daddr { 100.64.0.1, 100.64.0.2 } counter accept\n"
+        );
+        assert_eq!(
+            native_node_exception(&topo, b, IpFamily::IPv6),
+            "ip6 saddr fd00:10:244:2::/64 ip6 daddr { fd00:100:64::1, fd00:100:64::2 } counter accept\n"
+        );
+        // The exception comes before the masquerade it exempts from.
+        let table = cni_table6(&topo, Cni::CiliumNative, b);
+        let accept = table.find("counter accept").expect("the exception");
+        assert!(
+            accept < table.find("masquerade").expect("the masquerade"),
+            "{table}"
+        );
+        // An IPv4-only mesh has no IPv6 InternalIP to exempt.
+        let v4_only = two_nodes("cilium-native", false);
+        assert_eq!(
+            native_node_exception(&v4_only, &v4_only.nodes[0], IpFamily::IPv6),
+            ""
+        );
+        // Tunnel mode masquerades it, as real Cilium does (to the node's mesh address).
+        let tunnel = two_nodes("cilium-tunnel", true);
+        assert_eq!(
+            native_node_exception(&tunnel, &tunnel.nodes[1], IpFamily::IPv4),
+            ""
+        );
+    }
 
     #[test]
     fn counters_do_not_make_a_foreign_listing_differ() {

@@ -393,17 +393,21 @@ pub enum Rule {
         mark: u32,
     },
     /// kup-post, on an accepting node: a flow toward the pod's node over a link whose client is
-    /// the InternalIP of either end takes this node's end of the link as its source. The pod's
-    /// node itself (or a pod it masquerades) dialing a published address: that node drops a
-    /// request with its own address as source, and would deliver the reply to itself before any
-    /// route of the link. This node's own process dialing its own InternalIP: the pod node's
+    /// the InternalIP of either end, or in the pod node's pod CIDR, takes this node's end of
+    /// the link as its source. The pod's node itself, a pod it masquerades, or one of its pods
+    /// arriving with its own address (Cilium's native routing leaves a pod's traffic to a node
+    /// address unmasqueraded) dialing a published address: that node drops a request with its
+    /// own address as source, would deliver the reply to itself before any route of the link,
+    /// and would hand a pod's reply straight back to the client pod, or to the pod itself, from
+    /// the wrong address. This node's own process dialing its own InternalIP: the pod node's
     /// loop guard sends a reply to that address over the mesh instead of the link, with a
     /// source the mesh does not admit. Rendered ahead of the identity SNAT.
     LinkPeerSnat {
         /// The flow mark (the local mark).
         mark: u32,
-        /// The client address translated: the InternalIP of one end of the link.
-        client: IpAddr,
+        /// The clients translated: the InternalIP of one end of the link or a host address the
+        /// pod's node lists (host-length), or one of the pod node's pod CIDRs.
+        client: IpNet,
         /// The pod node's end of the link: the DNAT target.
         peer_end: IpAddr,
         /// This node's end of the link: the new source.

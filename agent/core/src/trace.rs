@@ -475,7 +475,7 @@ fn identity_snat(state: &HostState, p: &Packet, t: &mut Trace) {
                 client,
                 peer_end,
                 own_end,
-            } if p.ct_mark & mask == *mark && p.saddr == *client && p.daddr == *peer_end => {
+            } if p.ct_mark & mask == *mark && client.contains(&p.saddr) && p.daddr == *peer_end => {
                 t.snat_to = Some(*own_end);
                 return;
             }

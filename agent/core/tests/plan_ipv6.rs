@@ -782,17 +782,30 @@ fn the_pod_nodes_ipv6_request_takes_the_link_end_as_its_source_and_its_reply_the
         let t = trace(&edge, &other.leaving_by(&link.name));
         assert!(t.identity_snat && t.snat_to.is_none(), "{kept}: {t:?}");
     }
-    // The rule is in the ip6 table only, and names no IPv4 address.
+    // A pod of worker-b arriving with its own IPv6 address (not masqueraded) too: it is in
+    // worker-b's IPv6 pod CIDR, which only its Node lists.
+    let mut pod = p.clone();
+    pod.saddr = v6("fd00:10:244:1::9");
+    let t = trace(&edge, &pod.leaving_by(&link.name));
+    assert_eq!(t.snat_to, Some(IpAddr::V6(own6)), "{t:?}");
+    // The rules are in the ip6 table only, and name no IPv4 address: worker-b's address, then
+    // its pod CIDR (edge-a's own is not translated).
     let snats: Vec<&Rule> = edge
         .table(Family::V6)
         .rules(ChainId::Post)
         .iter()
         .filter(|r| matches!(r, Rule::LinkPeerSnat { .. }))
         .collect();
-    assert_eq!(snats.len(), 1, "{snats:?}");
-    assert!(nft_text(edge.table(Family::V6)).contains(&format!(
-        "ip6 saddr {WORKER_MESH6} ip6 daddr {peer6} counter packets 0 bytes 0 snat to {own6}"
-    )));
+    assert_eq!(snats.len(), 2, "{snats:?}");
+    let text = nft_text(edge.table(Family::V6));
+    for client in [WORKER_MESH6, "fd00:10:244:1::/64"] {
+        assert!(
+            text.contains(&format!(
+                "ip6 saddr {client} ip6 daddr {peer6} counter packets 0 bytes 0 snat to {own6}"
+            )),
+            "{client}: {text}"
+        );
+    }
 
     // Control: a worker without an IPv6 InternalIP gets no rule (nothing to translate), and
     // without the rule worker-b's own address would reach its pod.

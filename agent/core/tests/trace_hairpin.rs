@@ -283,6 +283,118 @@ fn the_pod_nodes_own_request_takes_the_link_end_as_its_source_and_its_reply_the_
     assert!(t.identity_snat && t.snat_to.is_none());
 }
 
+/// `c` with each Node's pod CIDR its own (edge-a 10.244.0.0/24, worker-b 10.244.1.0/24, a
+/// third node worker-c 10.244.2.0/24), as the control plane allocates them.
+fn own_pod_cidrs(c: Cluster) -> Cluster {
+    let mut c = c.node("worker-c", "100.64.0.3");
+    for node in &mut c.snapshot.nodes {
+        let cidr = match node.metadata.name.as_deref() {
+            Some("edge-a") => "10.244.0.0/24",
+            Some("worker-b") => "10.244.1.0/24",
+            _ => "10.244.2.0/24",
+        };
+        let spec = node.spec.get_or_insert_default();
+        spec.pod_cidr = Some(cidr.to_owned());
+        spec.pod_cidrs = Some(vec![cidr.to_owned()]);
+    }
+    c
+}
+
+/// Under Cilium's native routing a pod's traffic to a node address is not masqueraded: a pod
+/// of the pod's node reaches the edge with its own address. It is in that node's pod CIDR, so
+/// the edge takes it to its link end as it does the node's InternalIP; the endpoint dialing
+/// its own mapping the same. A pod of the edge or of a third node keeps its own address.
+#[test]
+fn an_unmasqueraded_pod_of_the_pod_node_takes_the_link_end_as_its_source() {
+    let edge = own_pod_cidrs(remote())
+        .plan_with("edge-a", &edge_facts())
+        .host_state;
+    let link = edge.links[0].clone();
+    let arriving = |saddr: IpAddr, iif: &str| {
+        let mut p = Packet::new(iif, saddr, EDGE_MESH, Protocol::Udp, 3000);
+        p.local = vec![EDGE_PUBLIC, EDGE_MESH];
+        p.leaving_by(&link.name)
+    };
+    let worker_pod = IpAddr::V4(Ipv4Addr::new(10, 244, 1, 9));
+    for client in [worker_pod, REMOTE_ENDPOINT] {
+        let t = trace(&edge, &arriving(client, "wt0"));
+        assert_eq!(t.dnat, Some((IpAddr::V4(link.peer_address), 3000)));
+        assert_eq!(
+            t.snat_to,
+            Some(IpAddr::V4(link.address.addr())),
+            "{client}: {t:?}"
+        );
+    }
+    let third_pod = IpAddr::V4(Ipv4Addr::new(10, 244, 2, 9));
+    let t = trace(&edge, &arriving(third_pod, "wt0"));
+    assert!(t.identity_snat && t.snat_to.is_none(), "{t:?}");
+    let t = trace(
+        &edge,
+        &from_pod(EDGE_POD, EDGE_MESH, Protocol::Udp, 3000).leaving_by(&link.name),
+    );
+    assert!(t.identity_snat && t.snat_to.is_none(), "{t:?}");
+    // Only worker-b's pod CIDR, toward worker-b's end of the link.
+    let prefixes: Vec<String> = edge
+        .nft
+        .rules(ChainId::Post)
+        .iter()
+        .filter_map(|r| match r {
+            Rule::LinkPeerSnat {
+                client, peer_end, ..
+            } if client.prefix_len() < 32 => Some(format!("{client} {peer_end}")),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(prefixes, [format!("10.244.1.0/24 {}", link.peer_address)]);
+    // Control: without that rule the pod's own address goes over the link, and worker-b
+    // would hand the reply to the client pod (or the pod itself) from the wrong address.
+    let bare = without(
+        &edge,
+        ChainId::Post,
+        |r| matches!(r, Rule::LinkPeerSnat { client, .. } if client.prefix_len() < 32),
+    );
+    let t = trace(&bare, &arriving(worker_pod, "wt0"));
+    assert!(t.identity_snat && t.snat_to.is_none(), "{t:?}");
+}
+
+/// A pod CIDR is the node's pods only when no other Node lists an overlapping one and it holds
+/// no Node's address: a pool every Node lists, or a range a node's address is in, would
+/// translate other nodes' pods or outside clients too.
+#[test]
+fn a_pod_cidr_shared_with_another_node_or_holding_a_node_address_is_not_translated() {
+    let prefix_snats = |c: Cluster| {
+        c.plan_with("edge-a", &edge_facts())
+            .host_state
+            .nft
+            .rules(ChainId::Post)
+            .iter()
+            .filter(|r| matches!(r, Rule::LinkPeerSnat { client, .. } if client.prefix_len() < 32))
+            .count()
+    };
+    // Every Node lists the cluster's /16 (the fixtures' default).
+    assert_eq!(prefix_snats(remote()), 0);
+    // worker-b's CIDR inside edge-a's, and one holding worker-b's own InternalIP.
+    for (edge_cidr, worker_cidr) in [
+        ("10.244.0.0/16", "10.244.1.0/24"),
+        ("10.244.0.0/24", "100.64.0.0/24"),
+    ] {
+        let mut c = own_pod_cidrs(remote());
+        for node in &mut c.snapshot.nodes {
+            let cidr = match node.metadata.name.as_deref() {
+                Some("edge-a") => edge_cidr,
+                Some("worker-b") => worker_cidr,
+                _ => continue,
+            };
+            let spec = node.spec.get_or_insert_default();
+            spec.pod_cidr = Some(cidr.to_owned());
+            spec.pod_cidrs = Some(vec![cidr.to_owned()]);
+        }
+        assert_eq!(prefix_snats(c), 0, "{edge_cidr} {worker_cidr}");
+    }
+    // Control: apart, each its own node's.
+    assert_eq!(prefix_snats(own_pod_cidrs(remote())), 1);
+}
+
 #[test]
 fn a_pod_reaching_a_pod_of_its_own_node_or_itself_is_masqueraded() {
     let edge = same_node();

@@ -67,6 +67,8 @@ struct LinkEnds<'a> {
     peer_ip6: Option<Ipv6Addr>,
     /// The peer's row in the link's class: its `hostAddresses` are client addresses too.
     peer_row: Option<&'a ClassNodeStatus>,
+    /// The peer's own pod CIDRs, from its Node: its pods are clients to translate too.
+    peer_pods: &'a [IpNet],
     slot: u32,
 }
 
@@ -87,21 +89,41 @@ impl LinkEnds<'_> {
     /// node reaching this node over a LAN or public segment arrives from one of those, and
     /// would drop a request with its own address as the source. A peer listing an address not
     /// its own changes only flows to its own endpoints (the rule matches the peer's end).
+    /// Last the peer's own pod CIDRs from its Node (the control plane's word, not the peer's):
+    /// a pod there reaching this node unmasqueraded (Cilium's native routing leaves a pod's
+    /// traffic to a node address alone) would get the pod node's reply straight from the
+    /// endpoint, or its own packet back when it dials its own mapping.
     fn peer_snats(&self, family: Family, mark: u32) -> Vec<Rule> {
-        let (peer_end, own_end, mut clients): (IpAddr, IpAddr, Vec<IpAddr>) = match family {
-            Family::V4 => (
-                self.peer.into(),
-                self.own.into(),
-                vec![self.own_ip.into(), self.peer_ip.into()],
-            ),
-            Family::V6 => match (self.peer6, self.own6) {
-                (Some(p), Some(o)) => (
-                    p.into(),
-                    o.into(),
-                    self.peer_ip6.into_iter().map(IpAddr::V6).collect(),
-                ),
-                _ => return Vec::new(),
-            },
+        let mut clients: Vec<IpNet> = self
+            .peer_hosts(family)
+            .into_iter()
+            .map(IpNet::from)
+            .collect();
+        let Some((peer_end, own_end)) = self.peer_in(family).zip(self.own_in(family)) else {
+            return Vec::new();
+        };
+        let pods = self
+            .peer_pods
+            .iter()
+            .filter(|n| Family::of(n.addr()) == family);
+        clients.extend(pods);
+        clients
+            .into_iter()
+            .map(|client| Rule::LinkPeerSnat {
+                mark,
+                client,
+                peer_end,
+                own_end,
+            })
+            .collect()
+    }
+
+    /// The host addresses [`Self::peer_snats`] translates in `family`, sorted after the
+    /// InternalIPs.
+    fn peer_hosts(&self, family: Family) -> Vec<IpAddr> {
+        let mut clients: Vec<IpAddr> = match family {
+            Family::V4 => vec![self.own_ip.into(), self.peer_ip.into()],
+            Family::V6 => self.peer_ip6.into_iter().map(IpAddr::V6).collect(),
         };
         let mut listed: Vec<IpAddr> = self
             .peer_row
@@ -114,14 +136,6 @@ impl LinkEnds<'_> {
         listed.dedup();
         clients.extend(listed);
         clients
-            .into_iter()
-            .map(|client| Rule::LinkPeerSnat {
-                mark,
-                client,
-                peer_end,
-                own_end,
-            })
-            .collect()
     }
 
     /// The peer's end in `family`.
@@ -136,7 +150,7 @@ impl LinkEnds<'_> {
 /// The link between `this_node` and `peer`, if its claim landed and both ends have an
 /// InternalIP. Nothing that uses a slot is emitted before that.
 fn usable_link<'a>(
-    index: &Index<'a>,
+    index: &'a Index<'a>,
     class: &ClassState,
     this_node: &str,
     peer: &str,
@@ -167,6 +181,7 @@ fn usable_link<'a>(
         peer_ip: index.internal_ip(peer)?,
         peer_ip6: index.internal_ip6(peer),
         peer_row: index.row(class.name, peer),
+        peer_pods: index.addresses.pod_cidrs_of(peer),
         slot,
     })
 }

@@ -44,6 +44,8 @@ pub struct AddressPolicy<'a> {
     gateways: FastMap<IpAddr, &'a str>,
     /// Every Vxlan class's link subnets (IPv4 and IPv6), with its class, sorted.
     link_subnets: Vec<(IpNet, &'a str)>,
+    /// Each node's own pod CIDRs ([`own_pod_cidrs`]), sorted: the sources its pods have.
+    node_pod_cidrs: BTreeMap<&'a str, Vec<IpNet>>,
 }
 
 /// The cluster's pod networks: every Node's pod CIDRs and the CNI's own pool, sorted.
@@ -67,6 +69,60 @@ fn pod_networks(nodes: &[Node], cni: Option<&CniFacts>) -> Vec<IpNet> {
     pod_networks.sort();
     pod_networks.dedup();
     pod_networks
+}
+
+/// A Node's `spec.podCIDRs` and `spec.podCIDR`, as prefixes.
+fn pod_cidrs_of(node: &Node) -> impl Iterator<Item = IpNet> + '_ {
+    node.spec
+        .iter()
+        .flat_map(|s| s.pod_cidrs.iter().flatten().chain(s.pod_cidr.iter()))
+        .filter_map(|c| parse_net(c))
+}
+
+/// Each node's pod CIDRs that hold only its own pods: from its Node's `spec` (the control
+/// plane's allocation, not anything the node reports), leaving out a CIDR that overlaps
+/// another Node's (the same pool listed on every Node says nothing of which node a pod is on)
+/// or holds an address a Node lists (then it is not only pods). Sorted.
+fn own_pod_cidrs(nodes: &[Node]) -> BTreeMap<&str, Vec<IpNet>> {
+    let mut all: Vec<(IpNet, &str)> = nodes
+        .iter()
+        .filter_map(|n| Some((n.metadata.name.as_deref()?, n)))
+        .flat_map(|(name, n)| pod_cidrs_of(n).map(move |c| (c, name)))
+        .collect();
+    all.sort_unstable();
+    all.dedup();
+    let mut node_ips: Vec<IpAddr> = nodes
+        .iter()
+        .filter_map(|n| n.status.as_ref()?.addresses.as_ref())
+        .flatten()
+        .filter_map(|a| a.address.trim().parse().ok())
+        .collect();
+    node_ips.sort_unstable();
+    // Sorted by network address then length, each CIDR comes after every CIDR containing it
+    // (prefixes either nest or are apart): the stack holds those still open.
+    let mut shared = vec![false; all.len()];
+    let mut open: Vec<usize> = Vec::new();
+    for (i, (net, node)) in all.iter().enumerate() {
+        while open.last().is_some_and(|&j| !all[j].0.contains(net)) {
+            open.pop();
+        }
+        for &j in &open {
+            if all[j].1 != *node {
+                shared[i] = true;
+                shared[j] = true;
+            }
+        }
+        open.push(i);
+    }
+    let mut out: BTreeMap<&str, Vec<IpNet>> = BTreeMap::new();
+    for ((net, node), shared) in all.into_iter().zip(shared) {
+        let first = node_ips.partition_point(|a| *a < net.network());
+        let holds_node_ip = node_ips.get(first).is_some_and(|a| net.contains(a));
+        if !shared && !holds_node_ip {
+            out.entry(node).or_default().push(net);
+        }
+    }
+    out
 }
 
 /// Each node's CNI gateway addresses, to the node (the first by name when two claim one).
@@ -159,7 +215,16 @@ impl<'a> AddressPolicy<'a> {
             row_addresses,
             gateways: gateways(nodes),
             link_subnets,
+            node_pod_cidrs: own_pod_cidrs(nodes),
         }
+    }
+
+    /// `node`'s own pod CIDRs (see [`own_pod_cidrs`]), sorted; none when its Node lists none.
+    pub fn pod_cidrs_of(&self, node: &str) -> &[IpNet] {
+        self.node_pod_cidrs
+            .get(node)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
     }
 
     /// Every pod network the cluster knows (the Nodes' and the CNI's, and every class's

@@ -85,6 +85,16 @@ fn ip_of(addr: std::net::IpAddr) -> &'static str {
     Family::of(addr).nft()
 }
 
+/// A prefix as nft lists it: a host-length one as the bare address, any other as
+/// `address/length` (its host bits cleared).
+fn prefix_text(net: ipnet::IpNet) -> String {
+    if net.prefix_len() == net.max_prefix_len() {
+        net.addr().to_string()
+    } else {
+        net.trunc().to_string()
+    }
+}
+
 /// An address and port as nft writes a NAT target: `[addr]:port` for IPv6.
 fn addr_port(addr: std::net::IpAddr, port: u16) -> String {
     match addr {
@@ -167,10 +177,11 @@ pub fn rule_text(rule: &Rule, marks: MarkLayout, family: Family) -> String {
             peer_end,
             own_end,
         } => {
-            let ip = ip_of(*client);
+            let ip = ip_of(client.addr());
             format!(
-                "{} {ip} saddr {client} {ip} daddr {peer_end} counter packets 0 bytes 0 snat to {own_end}",
-                masked_eq("ct mark", marks, *mark)
+                "{} {ip} saddr {} {ip} daddr {peer_end} counter packets 0 bytes 0 snat to {own_end}",
+                masked_eq("ct mark", marks, *mark),
+                prefix_text(*client)
             )
         }
         Rule::IdentitySnat(r) => format!(
@@ -298,6 +309,32 @@ mod tests {
             masked_cmp("meta mark", 0xffff_00ff, false, 0),
             "meta mark & 0xffff00ff == 0x00000000"
         );
+    }
+
+    #[test]
+    fn a_link_peer_snat_names_a_host_as_its_address_and_a_range_as_its_prefix() {
+        let snat = |client: &str| {
+            let rule = Rule::LinkPeerSnat {
+                mark: 1,
+                client: client.parse().expect("a prefix"),
+                peer_end: "169.254.77.1".parse().expect("an address"),
+                own_end: "169.254.77.0".parse().expect("an address"),
+            };
+            rule_text(&rule, MarkLayout::default(), Family::V4)
+        };
+        assert_eq!(
+            snat("100.64.0.2/32"),
+            "ct mark & 0x000000ff == 0x00000001 ip saddr 100.64.0.2 ip daddr 169.254.77.1 counter packets 0 bytes 0 snat to 169.254.77.0"
+        );
+        assert_eq!(
+            snat("10.244.2.0/24"),
+            "ct mark & 0x000000ff == 0x00000001 ip saddr 10.244.2.0/24 ip daddr 169.254.77.1 counter packets 0 bytes 0 snat to 169.254.77.0"
+        );
+        assert_eq!(
+            prefix_text("fd00:10:244:2::/64".parse().expect("v6")),
+            "fd00:10:244:2::/64"
+        );
+        assert_eq!(prefix_text("fd00::2/128".parse().expect("v6")), "fd00::2");
     }
 
     #[test]

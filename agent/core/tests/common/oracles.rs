@@ -360,7 +360,7 @@ pub fn rule_addresses(rule: &Rule) -> Vec<IpAddr> {
             peer_end,
             own_end,
             ..
-        } => vec![*client, *peer_end, *own_end],
+        } => vec![client.addr(), *peer_end, *own_end],
         Rule::IdentitySnat(s) => vec![s.daddr],
         Rule::GuardDrop { .. }
         | Rule::RestoreReplyMark { .. }
@@ -459,7 +459,7 @@ pub fn table_family_faults(p: &Plan, facts: &HostFacts, family: Family) -> Vec<S
                         && facts
                             .interfaces6
                             .values()
-                            .any(|a| IpAddr::V6(*a) == *client);
+                            .any(|a| client.contains(&IpAddr::V6(*a)));
                     !on_a_link || own_client
                 }
                 _ => false,
